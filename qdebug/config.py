@@ -1,0 +1,362 @@
+"""The unified quantization config: the single source of truth for how a model is quantized.
+
+One frozen dataclass, :class:`QuantConfig`, describes every knob qdebug exposes (types, symmetry,
+per-channel, calibration, synthetic data, target and per-tensor overrides). It is validated on
+construction, round-trips through JSON, and is turned into ONNX Runtime's own config in exactly one
+function, :func:`to_ort_config` (``get_qnn_qdq_config`` for the ``qnn`` target, ORT's generic
+``get_qdq_config`` otherwise). Nothing else in qdebug builds ORT quantization options.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdebug.errors import ConfigError
+
+if TYPE_CHECKING:
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, StaticQuantConfig
+
+SCHEMA_VERSION = 1
+
+#: qdebug's type names → ORT ``QuantType`` member names.
+QUANT_TYPES: dict[str, str] = {
+    "uint8": "QUInt8",
+    "int8": "QInt8",
+    "uint16": "QUInt16",
+    "int16": "QInt16",
+}
+_ORT_TYPE_TO_NAME = {v: k for k, v in QUANT_TYPES.items()}
+CALIBRATION_METHODS: dict[str, str] = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+DISTRIBUTIONS = ("uniform", "normal")
+TARGETS = ("cpu", "qnn", "deeploy")
+
+
+def normalize_quant_type(name: str) -> str:
+    """Accept ``uint8`` / ``QUInt8`` / ``u8`` spellings and return qdebug's canonical name."""
+    key = str(name).strip()
+    if key in QUANT_TYPES:
+        return key
+    if key in _ORT_TYPE_TO_NAME:
+        return _ORT_TYPE_TO_NAME[key]
+    short = {"u8": "uint8", "s8": "int8", "i8": "int8", "u16": "uint16", "s16": "int16", "i16": "int16"}
+    if key.lower() in short:
+        return short[key.lower()]
+    raise ConfigError(f"unknown quantization type {name!r}; expected one of {sorted(QUANT_TYPES)}")
+
+
+@dataclass(frozen=True)
+class ConvertOverride:
+    """A type conversion of a tensor at some of its consumers (ORT's ``convert`` entry)."""
+
+    quant_type: str
+    recv_nodes: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "quant_type", normalize_quant_type(self.quant_type))
+        if self.recv_nodes is not None:
+            object.__setattr__(self, "recv_nodes", tuple(sorted(self.recv_nodes)))
+
+
+@dataclass(frozen=True)
+class TensorOverride:
+    """One entry of ORT's ``TensorQuantOverrides`` list for a tensor (one per channel if per-channel)."""
+
+    quant_type: str | None = None
+    scale: float | None = None
+    zero_point: int | None = None
+    symmetric: bool | None = None
+    reduce_range: bool | None = None
+    rmin: float | None = None
+    rmax: float | None = None
+    axis: int | None = None
+    convert: ConvertOverride | None = None
+
+    def __post_init__(self) -> None:
+        if self.quant_type is not None:
+            object.__setattr__(self, "quant_type", normalize_quant_type(self.quant_type))
+
+    def problems(self, tensor: str) -> list[str]:
+        """Every rule of ORT's override checker this entry breaks (empty when valid)."""
+        out: list[str] = []
+        if (self.scale is None) != (self.zero_point is None):
+            out.append(f"{tensor}: 'scale' and 'zero_point' must be given together")
+        if self.scale is not None:
+            if not math.isfinite(self.scale) or self.scale <= 0:
+                out.append(f"{tensor}: scale must be a finite positive number, got {self.scale}")
+            clash = [
+                k for k in ("symmetric", "reduce_range", "rmin", "rmax") if getattr(self, k) is not None
+            ]
+            if clash:
+                out.append(f"{tensor}: {', '.join(clash)} cannot be combined with an explicit scale/zero_point")
+        for k in ("rmin", "rmax"):
+            v = getattr(self, k)
+            if v is not None and not math.isfinite(v):
+                out.append(f"{tensor}: {k} must be finite, got {v}")
+        if self.rmin is not None and self.rmax is not None and self.rmin > self.rmax:
+            out.append(f"{tensor}: rmin {self.rmin} > rmax {self.rmax}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, omitting unset fields."""
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            if isinstance(v, ConvertOverride):
+                c: dict[str, Any] = {"quant_type": v.quant_type}
+                if v.recv_nodes is not None:
+                    c["recv_nodes"] = list(v.recv_nodes)
+                d[f.name] = c
+            else:
+                d[f.name] = v
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TensorOverride:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown tensor-override keys {unknown}; allowed: {sorted(known)}")
+        kw = dict(d)
+        if "convert" in kw and kw["convert"] is not None:
+            c = kw["convert"]
+            kw["convert"] = ConvertOverride(
+                quant_type=c["quant_type"],
+                recv_nodes=tuple(c["recv_nodes"]) if c.get("recv_nodes") is not None else None,
+            )
+        return cls(**kw)
+
+    def to_ort(self) -> dict[str, Any]:
+        """ORT's dict form (``QuantType`` members, ``recv_nodes`` as a set)."""
+        from onnxruntime.quantization import QuantType
+
+        d: dict[str, Any] = {}
+        for key, v in self.to_dict().items():
+            if key == "quant_type":
+                d[key] = QuantType[QUANT_TYPES[v]]
+            elif key == "convert":
+                conv: dict[str, Any] = {"quant_type": QuantType[QUANT_TYPES[v["quant_type"]]]}
+                if "recv_nodes" in v:
+                    conv["recv_nodes"] = set(v["recv_nodes"])
+                d[key] = conv
+            else:
+                d[key] = v
+        return d
+
+
+Overrides = tuple[tuple[str, tuple[TensorOverride, ...]], ...]
+
+
+def make_overrides(mapping: Mapping[str, Any]) -> Overrides:
+    """Normalise ``{tensor: [TensorOverride | dict, ...]}`` into the config's frozen form."""
+    out: list[tuple[str, tuple[TensorOverride, ...]]] = []
+    for name in sorted(mapping):
+        entries = mapping[name]
+        if isinstance(entries, TensorOverride | Mapping):
+            entries = [entries]
+        out.append(
+            (name, tuple(e if isinstance(e, TensorOverride) else TensorOverride.from_dict(e) for e in entries))
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How to quantize a float model. Validated on construction; see ``docs/config.md``.
+
+    ``weight_symmetric=None`` means "the target's default" (ORT: symmetric for signed weight types).
+    """
+
+    activation_type: str = "uint8"
+    weight_type: str = "uint8"
+    per_channel: bool = False
+    activation_symmetric: bool = False
+    weight_symmetric: bool | None = None
+    calibration_method: str = "minmax"
+    num_samples: int = 32
+    seed: int = 0
+    synthetic_distribution: str = "uniform"
+    target: str = "cpu"
+    tensor_overrides: Overrides = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "activation_type", normalize_quant_type(self.activation_type))
+        object.__setattr__(self, "weight_type", normalize_quant_type(self.weight_type))
+        if isinstance(self.tensor_overrides, Mapping):
+            object.__setattr__(self, "tensor_overrides", make_overrides(self.tensor_overrides))
+        problems = self.problems()
+        if problems:
+            raise ConfigError("invalid quantization config: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every invalid or conflicting setting, all at once."""
+        p: list[str] = []
+        if self.calibration_method not in CALIBRATION_METHODS:
+            p.append(
+                f"calibration_method {self.calibration_method!r} not in {sorted(CALIBRATION_METHODS)}"
+            )
+        if self.synthetic_distribution not in DISTRIBUTIONS:
+            p.append(f"synthetic_distribution {self.synthetic_distribution!r} not in {list(DISTRIBUTIONS)}")
+        if self.target not in TARGETS:
+            p.append(f"target {self.target!r} not in {list(TARGETS)}")
+        if not isinstance(self.num_samples, int) or self.num_samples < 1:
+            p.append(f"num_samples must be a positive integer, got {self.num_samples!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            p.append(f"seed must be a non-negative integer, got {self.seed!r}")
+        wbits16 = self.weight_type.endswith("16")
+        if self.target == "qnn" and wbits16 and self.weight_symmetric is False:
+            p.append("target 'qnn' needs symmetric 16-bit weights (weight_symmetric=False conflicts)")
+        if self.target == "deeploy":
+            if self.activation_type != "int8" or self.weight_type != "int8":
+                p.append(
+                    "target 'deeploy' takes int8 activations and int8 weights, got "
+                    f"activation_type={self.activation_type}, weight_type={self.weight_type}"
+                )
+            if self.weight_symmetric is False:
+                p.append("target 'deeploy' needs symmetric weights (weight_symmetric=False conflicts)")
+        if self.calibration_method == "entropy" and self.activation_symmetric:
+            p.append("calibration_method 'entropy' already picks a range; activation_symmetric conflicts")
+        seen: set[str] = set()
+        for name, entries in self.tensor_overrides:
+            if name in seen:
+                p.append(f"tensor {name!r} is overridden twice")
+            seen.add(name)
+            if not entries:
+                p.append(f"tensor {name!r} has an empty override list")
+            for e in entries:
+                p.extend(e.problems(name))
+        return p
+
+    # ----------------------------------------------------------------- conversions
+    @property
+    def overrides_dict(self) -> dict[str, tuple[TensorOverride, ...]]:
+        """Tensor overrides as a plain mapping."""
+        return dict(self.tensor_overrides)
+
+    def replace(self, **changes: Any) -> QuantConfig:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with ``schema_version``."""
+        d = asdict(self)
+        d["tensor_overrides"] = {n: [e.to_dict() for e in es] for n, es in self.tensor_overrides}
+        d["schema_version"] = SCHEMA_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QuantConfig:
+        """Inverse of :meth:`to_dict`. Unknown keys are an error, not silently ignored."""
+        data = dict(d)
+        version = data.pop("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise ConfigError(f"quantization config schema_version {version} is not supported")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown quantization config keys {unknown}; allowed: {sorted(known)}")
+        if "tensor_overrides" in data:
+            data["tensor_overrides"] = make_overrides(data["tensor_overrides"] or {})
+        return cls(**data)
+
+    def to_json(self) -> str:
+        """Serialise to JSON text."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> QuantConfig:
+        """Parse JSON text (see :meth:`from_dict`)."""
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"quantization config is not valid JSON: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: str | Path) -> QuantConfig:
+        """Read a JSON config file."""
+        from qdebug.errors import InputFileError
+
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputFileError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
+        try:
+            return cls.from_json(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+
+    def merged(self, **flags: Any) -> QuantConfig:
+        """Apply explicitly given settings on top of this config.
+
+        A flag that contradicts a value this config set explicitly (i.e. not the default) is an error,
+        never a silent override: the user said two different things.
+        """
+        defaults = QuantConfig()
+        conflicts = []
+        changes = {}
+        for key, value in flags.items():
+            if value is None:
+                continue
+            current = getattr(self, key)
+            if key in ("activation_type", "weight_type"):
+                value = normalize_quant_type(value)
+            if current != value and current != getattr(defaults, key):
+                conflicts.append(f"{key}: config says {current!r}, command line says {value!r}")
+            changes[key] = value
+        if conflicts:
+            raise ConfigError("conflicting quantization settings: " + "; ".join(conflicts))
+        return self.replace(**changes) if changes else self
+
+    def ort_overrides(self) -> dict[str, list[dict[str, Any]]]:
+        """The tensor overrides in ORT's ``TensorQuantOverrides`` dict form."""
+        return {name: [e.to_ort() for e in entries] for name, entries in self.tensor_overrides}
+
+
+def to_ort_config(
+    config: QuantConfig,
+    model: str | Path | onnx.ModelProto,
+    reader: CalibrationDataReader,
+) -> StaticQuantConfig:
+    """Map a :class:`QuantConfig` to ONNX Runtime's ``StaticQuantConfig`` (the only place that does)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantType, get_qdq_config
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    act = QuantType[QUANT_TYPES[config.activation_type]]
+    wgt = QuantType[QUANT_TYPES[config.weight_type]]
+    method = CalibrationMethod[CALIBRATION_METHODS[config.calibration_method]]
+    overrides = config.ort_overrides() or None
+    model_arg = str(model) if isinstance(model, Path) else model
+    try:
+        if config.target == "qnn":
+            return get_qnn_qdq_config(
+                model_arg,
+                reader,
+                calibrate_method=method,
+                activation_type=act,
+                weight_type=wgt,
+                per_channel=config.per_channel,
+                init_overrides=overrides,
+                activation_symmetric=config.activation_symmetric,
+                weight_symmetric=config.weight_symmetric,
+            )
+        return get_qdq_config(
+            model_arg,
+            reader,
+            calibrate_method=method,
+            activation_type=act,
+            weight_type=wgt,
+            activation_symmetric=config.activation_symmetric,
+            weight_symmetric=config.weight_symmetric,
+            per_channel=config.per_channel,
+            tensor_quant_overrides=overrides,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"ONNX Runtime rejected the quantization config: {exc}") from exc

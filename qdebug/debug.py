@@ -1,0 +1,228 @@
+"""``debug()``: where a quantized model loses accuracy, tensor by tensor."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qdebug import __version__
+from qdebug.capture import ProgressFn, capture
+from qdebug.data import DataSource, open_data
+from qdebug.errors import ConfigError
+from qdebug.graph import GraphIndex, Pairing, file_sha256, input_specs, load_model, pair_models, weight_arrays
+from qdebug.metrics import ErrorSums, SqnrStatus, Summary, sqnr_from_energies
+from qdebug.report import (
+    ActivationResult,
+    DebugReport,
+    OutputResult,
+    PerSample,
+    ReportMeta,
+    Summaries,
+    WeightResult,
+)
+
+ModelLike = str | Path | onnx.ModelProto
+DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
+
+
+@dataclass(frozen=True)
+class DebugOptions:
+    """Options of one debug run (validated on construction).
+
+    ``num_samples`` caps the data (and sets how many synthetic samples are drawn when no data is given);
+    ``input_shapes`` fixes dynamic input dimensions for synthetic data.
+    """
+
+    num_samples: int | None = None
+    seed: int = 0
+    distribution: str = "uniform"
+    input_shapes: Mapping[str, Sequence[int]] | None = None
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    ignore_data_keys: tuple[str, ...] = ()
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
+            raise ConfigError(f"num_samples must be a positive integer, got {self.num_samples!r}")
+        if self.distribution not in ("uniform", "normal"):
+            raise ConfigError(f"distribution must be 'uniform' or 'normal', got {self.distribution!r}")
+        if not self.providers:
+            raise ConfigError("at least one execution provider is needed")
+
+
+def _load(model: ModelLike, role: str) -> tuple[onnx.ModelProto, str, str]:
+    if isinstance(model, onnx.ModelProto):
+        return model, f"<in-memory {role}>", hashlib.sha256(model.SerializeToString()).hexdigest()
+    return load_model(model, role), str(model), file_sha256(model)
+
+
+def _status(s: ErrorSums) -> tuple[float | None, str]:
+    v, st = s.sqnr
+    return v, st.value
+
+
+def _weight_results(pairing: Pairing, fm: onnx.ModelProto, qm: onnx.ModelProto) -> list[WeightResult]:
+    fi, qi = GraphIndex(fm), GraphIndex(qm)
+    out = []
+    for w in pairing.weights:
+        ref, test = weight_arrays(w, fi, qi)
+        d = ref - test
+        v, st = sqnr_from_energies(float(np.dot(ref.ravel(), ref.ravel())), float(np.dot(d.ravel(), d.ravel())))
+        worst: float | None = None
+        if w.params.axis is not None and ref.ndim > 0:
+            ax = w.params.axis % ref.ndim
+            r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
+            e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
+            per = [sqnr_from_energies(float(r[c] @ r[c]), float(e[c] @ e[c]))[0] for c in range(r.shape[0])]
+            finite = [p for p in per if p is not None]
+            worst = min(finite) if finite else None
+        out.append(
+            WeightResult(
+                weight_name=w.weight_name,
+                consumer_node=w.consumer_node,
+                consumer_op=w.consumer_op,
+                kind=w.kind,
+                quant_type=w.params.quant_type,
+                channels=w.params.channels,
+                weight_sqnr_db=v,
+                weight_status=st.value,
+                worst_channel_sqnr_db=worst,
+                max_abs_error=float(np.max(np.abs(d))) if d.size else None,
+                elements=int(ref.size),
+                shape=tuple(int(s) for s in ref.shape),
+            )
+        )
+    return out
+
+
+def _worst_sample(col: np.ndarray) -> int | None:
+    finite = np.where(np.isnan(col), np.inf, col)
+    if not np.isfinite(finite).any():
+        return None
+    return int(np.argmin(finite))
+
+
+def debug(
+    float_model: ModelLike,
+    quant_model: ModelLike,
+    data: DataLike = None,
+    options: DebugOptions | None = None,
+    *,
+    progress: ProgressFn | None = None,
+) -> DebugReport:
+    """Compare a float model with its QDQ-quantized counterpart on the same samples.
+
+    Returns local, cumulative, weight and output SQNR per tensor. ``data`` is an ``.npz`` path, a
+    folder of them, a mapping of arrays, a :class:`~qdebug.data.DataSource`, or ``None`` for seeded
+    synthetic inputs. Memory stays flat in the number of samples.
+    """
+    import onnxruntime as ort
+
+    opts = options or DebugOptions()
+    t0 = time.perf_counter()
+    fm, f_path, f_sha = _load(float_model, "float model")
+    qm, q_path, q_sha = _load(quant_model, "quantized model")
+    pairing = pair_models(fm, qm)
+    source = open_data(
+        data,
+        input_specs(fm),
+        num_samples=opts.num_samples,
+        seed=opts.seed,
+        distribution=opts.distribution,
+        input_shapes=opts.input_shapes,
+        ignore=opts.ignore_data_keys,
+    )
+    cap = capture(fm, qm, pairing, source, opts.providers, progress)
+
+    activations = []
+    for j, a in enumerate(pairing.activations):
+        cum_v, cum_s = _status(cap.cumulative[j])
+        loc = cap.local[j]
+        loc_v, loc_s = _status(loc) if loc is not None else (None, SqnrStatus.NOT_QUANTIZED.value)
+        p = a.params
+        activations.append(
+            ActivationResult(
+                tensor_name=a.tensor_name,
+                producer_op=a.producer_op,
+                producer_node=a.producer_node,
+                topo_index=a.topo_index,
+                quantized=a.quantized,
+                quant_type=p.quant_type if p else None,
+                scale=p.scale if p else None,
+                zero_point=p.zero_point if p else None,
+                local_sqnr_db=loc_v,
+                local_status=loc_s,
+                cumulative_sqnr_db=cum_v,
+                cumulative_status=cum_s,
+                mse=cap.cumulative[j].mse,
+                max_abs_error=cap.cumulative[j].max_abs,
+                float_min=cap.float_min[j],
+                float_max=cap.float_max[j],
+                elements=cap.elements[j],
+                nonfinite_float=cap.cumulative[j].nonfinite_reference,
+                nonfinite_quant=cap.cumulative[j].nonfinite_test,
+                worst_sample=_worst_sample(cap.per_sample[:, j]),
+                converted_to=a.converted_to,
+                fused_activation=a.fused_activation[0] if a.fused_activation else None,
+            )
+        )
+    outputs = []
+    for j, o in enumerate(pairing.outputs):
+        v, st = _status(cap.outputs[j])
+        outputs.append(
+            OutputResult(
+                output_name=o.output_name,
+                cumulative_sqnr_db=v,
+                cumulative_status=st,
+                mse=cap.outputs[j].mse,
+                max_abs_error=cap.outputs[j].max_abs,
+                worst_sample=_worst_sample(cap.per_sample_outputs[:, j]),
+                nonfinite_float=cap.outputs[j].nonfinite_reference,
+                nonfinite_quant=cap.outputs[j].nonfinite_test,
+            )
+        )
+    weights = _weight_results(pairing, fm, qm)
+    summaries = Summaries(
+        local=Summary.of([a.local_sqnr_db for a in activations if a.quantized]),
+        cumulative=Summary.of([a.cumulative_sqnr_db for a in activations]),
+        weight=Summary.of([w.weight_sqnr_db for w in weights]),
+        output=Summary.of([o.cumulative_sqnr_db for o in outputs]),
+    )
+    warnings = list(pairing.warnings)
+    flagged = [a.tensor_name for a in activations if a.flagged]
+    if flagged:
+        warnings.append(f"{len(flagged)} tensor(s) hold NaN/Inf, first: {flagged[0]!r}")
+    meta = ReportMeta(
+        float_model=f_path,
+        quant_model=q_path,
+        float_sha256=f_sha,
+        quant_sha256=q_sha,
+        num_samples=cap.num_samples,
+        data=source.description,
+        qdebug_version=__version__,
+        onnxruntime_version=ort.__version__,
+        seconds=round(time.perf_counter() - t0, 4),
+        unmatched_float_tensors=len(pairing.unmatched_float_tensors),
+        warnings=tuple(warnings),
+    )
+    return DebugReport(
+        activations=tuple(activations),
+        weights=tuple(weights),
+        model_outputs=tuple(outputs),
+        summary=summaries,
+        per_sample=PerSample(tuple(a.tensor_name for a in pairing.activations), cap.per_sample),
+        per_sample_outputs=PerSample(tuple(o.output_name for o in pairing.outputs), cap.per_sample_outputs),
+        meta=meta,
+    )
+
+
+def is_finite_db(v: float | None) -> bool:
+    """True for a real, finite dB value."""
+    return v is not None and math.isfinite(v)

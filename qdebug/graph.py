@@ -1,0 +1,638 @@
+"""ONNX graph helpers: loading with clear errors, model kinds, input specs, topological order,
+constants, and the float↔quant pairing that walks QuantizeLinear→DequantizeLinear chains.
+
+Pairing is structural: an activation is quantized where a QuantizeLinear (default or
+``com.microsoft`` domain, any bit width) reads a float tensor and a DequantizeLinear reads the Q's
+output; the pre-QDQ tensor keeps the float model's name because the quantizer inserts Q/DQ *after*
+the producer. Weights are DequantizeLinear nodes fed by an integer constant (initializer or
+``Constant`` node); their float counterpart is found through the consuming node, matched to the
+float model by its outputs, not by any name suffix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from qdebug.errors import InputFileError, ModelError
+
+QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
+QOPERATOR_OPS = frozenset(
+    {
+        "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSigmoid",
+        "QLinearLeakyRelu", "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool",
+        "QLinearSoftmax", "QAttention", "QLinearWhere", "QEmbedLayerNormalization", "QLinearReduceMean",
+        "QLinearConvTranspose",
+    }
+)  # fmt: skip
+DYNAMIC_QUANT_OPS = frozenset(
+    {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul",
+     "DynamicQuantizeLSTM", "MatMulIntegerToFloat"}
+)  # fmt: skip
+FLOAT_DTYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                          onnx.TensorProto.BFLOAT16})  # fmt: skip
+_INT_TYPE_NAMES = {
+    np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8", np.dtype(np.uint16): "uint16",
+    np.dtype(np.int16): "int16", np.dtype(np.int32): "int32", np.dtype(np.uint32): "uint32",
+}  # fmt: skip
+
+
+class ModelKind(StrEnum):
+    """What quantization, if any, a model carries."""
+
+    FLOAT = "float"
+    QDQ = "qdq"
+    QOPERATOR = "qoperator"
+    DYNAMIC = "dynamic"
+
+
+def is_q(node: onnx.NodeProto) -> bool:
+    """A QuantizeLinear of either domain."""
+    return node.op_type == "QuantizeLinear" and node.domain in QDQ_DOMAINS
+
+
+def is_dq(node: onnx.NodeProto) -> bool:
+    """A DequantizeLinear of either domain."""
+    return node.op_type == "DequantizeLinear" and node.domain in QDQ_DOMAINS
+
+
+def file_sha256(path: str | Path) -> str:
+    """Checksum of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
+    """Load an ONNX file (with its external data) or raise :class:`InputFileError` naming it.
+
+    The file is only read, never rewritten.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputFileError(f"{role} {p}: no such file")
+    if p.is_dir():
+        raise InputFileError(f"{role} {p}: is a directory, expected an .onnx file")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as exc:  # protobuf raises several unrelated types on garbage
+        raise InputFileError(f"{role} {p}: not a valid ONNX file ({type(exc).__name__}: {exc})") from exc
+    if model.ir_version <= 0 or not model.opset_import or len(model.graph.node) == 0:
+        raise InputFileError(f"{role} {p}: not a valid ONNX model (no IR version, opset or nodes)")
+    if any(_is_external(t) for t in _all_tensors(model)):
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+        except (OSError, ValueError) as exc:
+            raise InputFileError(f"{role} {p}: cannot read its external data: {exc}") from exc
+    return model
+
+
+def _is_external(t: onnx.TensorProto) -> bool:
+    return t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _all_tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:
+    yield from model.graph.initializer
+    for node in model.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+
+
+def model_kind(model: onnx.ModelProto) -> ModelKind:
+    """Classify a model by the quantization operators it contains."""
+    ops = {n.op_type for n in model.graph.node}
+    if ops & QOPERATOR_OPS:
+        return ModelKind.QOPERATOR
+    if ops & DYNAMIC_QUANT_OPS:
+        return ModelKind.DYNAMIC
+    if any(is_q(n) or is_dq(n) for n in model.graph.node):
+        return ModelKind.QDQ
+    return ModelKind.FLOAT
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One graph input: name, shape (int for static dims, str/None for dynamic ones) and dtype."""
+
+    name: str
+    shape: tuple[int | str | None, ...]
+    dtype: np.dtype  # type: ignore[type-arg]
+
+    @property
+    def is_static(self) -> bool:
+        """True when every dimension is a fixed positive integer."""
+        return all(isinstance(d, int) and d > 0 for d in self.shape)
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The model's real inputs (graph inputs that are not initializers)."""
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(
+            np.float32
+        )
+        specs.append(InputSpec(vi.name, tuple(dims), dtype))
+    return specs
+
+
+def topological_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes in a topological order (the stored order when it already is one)."""
+    nodes = list(graph.node)
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    ok = True
+    seen = set(available)
+    for n in nodes:
+        if any(i not in seen for i in n.input):
+            ok = False
+            break
+        seen.update(n.output)
+    if ok:
+        return nodes
+    # Kahn's algorithm, stable with respect to the stored order.
+    producers = {o: idx for idx, n in enumerate(nodes) for o in n.output}
+    deps = [
+        {producers[i] for i in n.input if i in producers and i not in available} for n in nodes
+    ]
+    done: set[int] = set()
+    order: list[onnx.NodeProto] = []
+    while len(order) < len(nodes):
+        progressed = False
+        for idx, n in enumerate(nodes):
+            if idx not in done and deps[idx] <= done:
+                done.add(idx)
+                order.append(n)
+                progressed = True
+        if not progressed:
+            raise ModelError(f"graph {graph.name!r} has a cycle or reads tensors nothing produces")
+    return order
+
+
+def constant_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto | onnx.NodeProto]:
+    """Where each constant tensor lives: initializers and ``Constant`` node outputs (decoded lazily)."""
+    out: dict[str, onnx.TensorProto | onnx.NodeProto] = {i.name: i for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.domain in QDQ_DOMAINS:
+            out[n.output[0]] = n
+    return out
+
+
+def decode_constant(c: onnx.TensorProto | onnx.NodeProto) -> np.ndarray:
+    """Decode an initializer or a ``Constant`` node's value to numpy."""
+    if isinstance(c, onnx.TensorProto):
+        return numpy_helper.to_array(c)
+    for a in c.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+        if a.name == "value_float":
+            return np.array(a.f, dtype=np.float32)
+        if a.name == "value_floats":
+            return np.array(list(a.floats), dtype=np.float32)
+        if a.name == "value_int":
+            return np.array(a.i, dtype=np.int64)
+        if a.name == "value_ints":
+            return np.array(list(a.ints), dtype=np.int64)
+    raise ModelError(f"Constant node {c.name or c.output[0]!r} has no supported value attribute")
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    for a in node.attribute:
+        if a.name == name:
+            return int(a.i)
+    return default
+
+
+def dequantize(
+    q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int = 1, block_size: int = 0
+) -> np.ndarray:
+    """DequantizeLinear in float64: (q − zp)·scale, widened *before* the subtraction.
+
+    Handles per-tensor, per-axis and blocked parameters and 0-d tensors (which numpy would
+    otherwise return as scalars that break ``len()``).
+    """
+    qf = np.asarray(q).astype(np.float64)
+    s = np.asarray(scale).astype(np.float64)
+    z = np.zeros_like(s) if zero_point is None else np.asarray(zero_point).astype(np.float64)
+    if s.size == 1:  # per-tensor, whatever the rank of the stored scale
+        return np.asarray((qf - z.reshape(())) * s.reshape(()), dtype=np.float64)
+    ax = axis if axis >= 0 else axis + qf.ndim
+    if block_size > 0:
+        s = np.repeat(s, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
+        z = np.repeat(z, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
+        return (qf - z) * s
+    shape = [1] * qf.ndim
+    shape[ax] = s.size
+    return (qf - z.reshape(shape)) * s.reshape(shape)
+
+
+def quant_type_name(dtype: np.dtype) -> str:  # type: ignore[type-arg]
+    """``uint8``/``int16``/… for an integer numpy dtype."""
+    return _INT_TYPE_NAMES.get(np.dtype(dtype), str(np.dtype(dtype)))
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Scale / zero point of one Q or DQ node (per-tensor values as Python scalars)."""
+
+    quant_type: str
+    domain: str
+    scale: float | None
+    zero_point: int | None
+    axis: int | None = None
+    channels: int = 1
+
+
+@dataclass(frozen=True)
+class ActivationPair:
+    """A float-model tensor and where its value lives in the quantized model."""
+
+    tensor_name: str
+    pre_qdq: str
+    post_qdq: str
+    quantized: bool
+    producer_op: str
+    producer_node: str
+    topo_index: int
+    params: QuantParams | None = None
+    converted_to: tuple[str, ...] = ()
+    # A Relu/Clip of the float model that the quantizer removed because the Q's saturation does its job:
+    # the local reference is then the clipped pre-QDQ tensor, as the float graph would have computed it.
+    fused_activation: tuple[str, float, float] | None = None
+
+
+@dataclass(frozen=True)
+class WeightPair:
+    """A float weight and the integer constant + DequantizeLinear that replaced it."""
+
+    weight_name: str
+    quant_name: str
+    dq_node: str
+    consumer_node: str
+    consumer_op: str
+    input_index: int
+    kind: str  # "weight" or "bias"
+    params: QuantParams
+
+
+@dataclass(frozen=True)
+class OutputPair:
+    """A model output in the float and the quantized model."""
+
+    output_name: str
+    quant_name: str
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """The explicit float↔quant correspondence used by the engine."""
+
+    activations: tuple[ActivationPair, ...]
+    weights: tuple[WeightPair, ...]
+    outputs: tuple[OutputPair, ...]
+    unmatched_float_tensors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _params(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto | onnx.NodeProto]) -> QuantParams:
+    scale = decode_constant(consts[node.input[1]]) if len(node.input) > 1 and node.input[1] in consts else None
+    zp = (
+        decode_constant(consts[node.input[2]])
+        if len(node.input) > 2 and node.input[2] and node.input[2] in consts
+        else None
+    )
+    if zp is not None:
+        qtype = quant_type_name(zp.dtype)
+    else:
+        out_dtype = _attr(node, "output_dtype", 0)
+        qtype = (
+            quant_type_name(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(out_dtype))) if out_dtype else "uint8"
+        )
+    per_tensor = scale is not None and scale.size == 1
+    return QuantParams(
+        quant_type=qtype,
+        domain=node.domain or "ai.onnx",
+        scale=float(scale.reshape(-1)[0]) if per_tensor and scale is not None else None,
+        zero_point=int(zp.reshape(-1)[0]) if per_tensor and zp is not None else (0 if per_tensor else None),
+        axis=None if per_tensor else _attr(node, "axis", 1),
+        channels=1 if scale is None else int(scale.size),
+    )
+
+
+def _fused_activation(
+    fnode: onnx.NodeProto | None,
+    qproducer: onnx.NodeProto | None,
+    f_consts: dict[str, onnx.TensorProto | onnx.NodeProto],
+) -> tuple[str, float, float] | None:
+    if fnode is None or fnode.op_type not in ("Relu", "Clip"):
+        return None
+    if qproducer is not None and qproducer.op_type == fnode.op_type:
+        return None
+    if fnode.op_type == "Relu":
+        return ("Relu", 0.0, float("inf"))
+    lo, hi = -float("inf"), float("inf")
+    for a in fnode.attribute:  # opset < 11
+        if a.name == "min":
+            lo = a.f
+        elif a.name == "max":
+            hi = a.f
+    if len(fnode.input) > 1 and fnode.input[1] in f_consts:
+        lo = float(decode_constant(f_consts[fnode.input[1]]))
+    if len(fnode.input) > 2 and fnode.input[2] in f_consts:
+        hi = float(decode_constant(f_consts[fnode.input[2]]))
+    return ("Clip", lo, hi)
+
+
+def _float_value_types(model: onnx.ModelProto) -> dict[str, int]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # inference is best-effort; untyped tensors are then treated as float
+        inferred = model
+    g = inferred.graph
+    types: dict[str, int] = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Pairing:
+    """Build the float↔quant pairing from the quantized graph's Q/DQ structure.
+
+    Raises :class:`ModelError` when the quantized model is not QDQ, or when the two models do not
+    correspond (different inputs, outputs that cannot be matched, or no shared quantized tensor).
+    """
+    qkind = model_kind(quant_model)
+    if qkind is ModelKind.QOPERATOR:
+        raise ModelError(
+            "the quantized model is in QOperator format (QLinearConv, QGemm, ...); qdebug needs a QDQ "
+            "model: quantize with quant_format=QuantFormat.QDQ"
+        )
+    if qkind is ModelKind.DYNAMIC:
+        raise ModelError(
+            "the quantized model is dynamically quantized (DynamicQuantizeLinear/MatMulInteger); it has no "
+            "static activation quantization to debug: quantize statically in QDQ format"
+        )
+    if qkind is ModelKind.FLOAT:
+        raise ModelError("the 'quantized' model contains no QuantizeLinear/DequantizeLinear nodes")
+    fkind = model_kind(float_model)
+    if fkind is not ModelKind.FLOAT:
+        raise ModelError(f"the float model is already quantized ({fkind.value}); pass the float parent")
+
+    f_inputs = {s.name: s for s in input_specs(float_model)}
+    q_inputs = {s.name: s for s in input_specs(quant_model)}
+    if set(f_inputs) != set(q_inputs):
+        raise ModelError(
+            "the models do not correspond: float inputs "
+            f"{sorted(f_inputs)} vs quantized inputs {sorted(q_inputs)}"
+        )
+    for name, fs in f_inputs.items():
+        qs = q_inputs[name]
+        if len(fs.shape) != len(qs.shape) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(fs.shape, qs.shape, strict=True)
+        ):
+            raise ModelError(f"the models do not correspond: input {name!r} is {fs.shape} vs {qs.shape}")
+
+    warnings: list[str] = []
+    fg, qg = float_model.graph, quant_model.graph
+    f_nodes = topological_nodes(fg)
+    f_producer = {o: (idx, n) for idx, n in enumerate(f_nodes) for o in n.output}
+    f_types = _float_value_types(float_model)
+    f_consts = constant_values(float_model)
+    float_tensors = [i.name for i in fg.input if i.name in f_inputs]
+    float_tensors += [o for n in f_nodes if n.op_type != "Constant" for o in n.output if o]
+    float_tensor_set = set(float_tensors)
+
+    q_consts = constant_values(quant_model)
+    q_consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    q_producer: dict[str, onnx.NodeProto] = {}
+    for n in qg.node:
+        for i in n.input:
+            q_consumers[i].append(n)
+        for o in n.output:
+            q_producer[o] = n
+
+    # ---- activations: Q(float tensor) -> DQ
+    quantized: dict[str, ActivationPair] = {}
+    for q in qg.node:
+        if not is_q(q) or q.input[0] in q_consts:
+            continue
+        src = q.input[0]
+        producer = q_producer.get(src)
+        if producer is not None and is_dq(producer):
+            continue  # a DQ→Q type conversion inside a mixed-precision region, not a new tensor
+        dqs = [c for c in q_consumers[q.output[0]] if is_dq(c)]
+        if not dqs:
+            continue
+        dq = dqs[0]
+        # The quantizer keeps the producer's output name, except at graph outputs, where the DQ takes
+        # the output's name and the producer writes '<out>_QuantizeLinear_Input'.
+        if src in float_tensor_set:
+            name = src
+        elif dq.output[0] in float_tensor_set:
+            name = dq.output[0]
+        else:
+            continue
+        converted = tuple(sorted(_params(c, q_consts).quant_type for c in q_consumers[dq.output[0]] if is_q(c)))
+        idx, fnode = f_producer.get(name, (-1, None))
+        quantized[name] = ActivationPair(
+            tensor_name=name,
+            pre_qdq=src,
+            post_qdq=dq.output[0],
+            quantized=True,
+            producer_op=fnode.op_type if fnode is not None else "<input>",
+            producer_node=(fnode.name or fnode.output[0]) if fnode is not None else name,
+            topo_index=idx,
+            params=_params(q, q_consts),
+            converted_to=converted,
+            fused_activation=_fused_activation(fnode, producer, f_consts),
+        )
+    if not quantized:
+        raise ModelError(
+            "the models do not correspond: no QuantizeLinear in the quantized model reads a tensor of the "
+            "float model (were they exported from different graphs?)"
+        )
+
+    q_tensor_set = set(q_producer) | set(q_inputs)
+    activations: list[ActivationPair] = []
+    unmatched: list[str] = []
+    for name in float_tensors:
+        if name in quantized:
+            activations.append(quantized[name])
+            continue
+        if f_types.get(name, onnx.TensorProto.FLOAT) not in FLOAT_DTYPES:
+            continue
+        if name in q_tensor_set and not (name in q_producer and (is_q(q_producer[name]) or is_dq(q_producer[name]))):
+            idx, fnode = f_producer.get(name, (-1, None))
+            activations.append(
+                ActivationPair(
+                    tensor_name=name,
+                    pre_qdq=name,
+                    post_qdq=name,
+                    quantized=False,
+                    producer_op=fnode.op_type if fnode is not None else "<input>",
+                    producer_node=(fnode.name or fnode.output[0]) if fnode is not None else name,
+                    topo_index=idx,
+                )
+            )
+        else:
+            unmatched.append(name)
+
+    # ---- weights: DQ(integer constant) -> consumer; counterpart via the consumer's float twin
+    f_by_output = {o: n for n in f_nodes for o in n.output if o}
+    f_by_name = {n.name: n for n in f_nodes if n.name}
+    weights: list[WeightPair] = []
+    seen_w: set[tuple[str, str]] = set()
+
+    def _const_source(t: str) -> str | None:
+        # The quantizer may put a Q on a float constant (in-graph weight quantization) or the DQ may
+        # read an integer constant directly.
+        if t in q_consts:
+            return t
+        prod = q_producer.get(t)
+        if prod is not None and is_q(prod) and prod.input[0] in q_consts:
+            return prod.input[0]
+        return None
+
+    for dq in qg.node:
+        if not is_dq(dq):
+            continue
+        src = _const_source(dq.input[0])
+        if src is None:
+            continue
+        for consumer in q_consumers[dq.output[0]]:
+            twin = f_by_name.get(consumer.name) if consumer.name else None
+            if twin is None or twin.op_type != consumer.op_type:
+                twin = next((f_by_output[o] for o in consumer.output if o in f_by_output), None)
+            if twin is None:
+                continue
+            for idx, inp in enumerate(consumer.input):
+                if inp != dq.output[0] or idx >= len(twin.input):
+                    continue
+                fname = twin.input[idx]
+                if fname not in f_consts or (fname, dq.name) in seen_w:
+                    continue
+                seen_w.add((fname, dq.name))
+                params = _params(dq, q_consts)
+                if dq.input[0] != src:  # Q on a float constant: the type lives on the Q node
+                    params = _params(q_producer[dq.input[0]], q_consts)
+                kind = "bias" if idx == 2 and consumer.op_type in ("Conv", "Gemm", "ConvTranspose") else "weight"
+                weights.append(
+                    WeightPair(
+                        weight_name=fname,
+                        quant_name=src,
+                        dq_node=dq.name or dq.output[0],
+                        consumer_node=consumer.name or consumer.output[0],
+                        consumer_op=consumer.op_type,
+                        input_index=idx,
+                        kind=kind,
+                        params=params,
+                    )
+                )
+
+    # ---- model outputs: by name, else by position when the counts agree
+    f_outs = [o.name for o in fg.output]
+    q_outs = [o.name for o in qg.output]
+    outputs: list[OutputPair] = []
+    if set(f_outs) <= set(q_outs):
+        outputs = [OutputPair(n, n) for n in f_outs]
+    elif len(f_outs) == len(q_outs):
+        warnings.append(
+            f"model output names differ ({f_outs} vs {q_outs}); paired by position"
+        )
+        outputs = [OutputPair(a, b) for a, b in zip(f_outs, q_outs, strict=True)]
+    else:
+        raise ModelError(f"the models do not correspond: outputs {f_outs} vs {q_outs}")
+
+    return Pairing(
+        activations=tuple(activations),
+        weights=tuple(weights),
+        outputs=tuple(outputs),
+        unmatched_float_tensors=tuple(unmatched),
+        warnings=tuple(warnings),
+    )
+
+
+class GraphIndex:
+    """Constants, producers and Q/DQ nodes of one model, built once and reused."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.consts = constant_values(model)
+        self.producer = {o: n for n in model.graph.node for o in n.output if o}
+        self.qdq_nodes = {(n.name or n.output[0]): n for n in model.graph.node if is_dq(n) or is_q(n)}
+
+    def value(self, name: str) -> np.ndarray:
+        """Decoded value of a constant tensor."""
+        return decode_constant(self.consts[name])
+
+
+def weight_arrays(pair: WeightPair, float_index: GraphIndex, quant_index: GraphIndex) -> tuple[np.ndarray, np.ndarray]:
+    """(float weight, dequantized weight) as float64 arrays of the same shape."""
+    dq = quant_index.qdq_nodes[pair.dq_node]
+    ref = float_index.value(pair.weight_name).astype(np.float64)
+    q_in = dq.input[0]
+    if q_in in quant_index.consts:
+        q_val = quant_index.value(q_in)
+    else:  # Q applied in-graph to a float constant: quantize it here exactly as QuantizeLinear does
+        qnode = quant_index.producer[q_in]
+        q_val = quantize_array(
+            quant_index.value(qnode.input[0]),
+            quant_index.value(qnode.input[1]),
+            quant_index.value(qnode.input[2]) if len(qnode.input) > 2 and qnode.input[2] else None,
+            _attr(qnode, "axis", 1),
+        )
+    scale = quant_index.value(dq.input[1])
+    zp = quant_index.value(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    test = dequantize(q_val, scale, zp, _attr(dq, "axis", 1), _attr(dq, "block_size", 0))
+    if ref.shape != test.shape:
+        if ref.size != test.size:
+            raise ModelError(
+                f"weight {pair.weight_name!r}: float shape {ref.shape} vs quantized shape {test.shape}"
+            )
+        test = test.reshape(ref.shape)
+    return ref, test
+
+
+def quantize_array(
+    x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int = 1
+) -> np.ndarray:
+    """QuantizeLinear in numpy (round half to even, saturate), for in-graph weight quantization."""
+    xf = np.asarray(x, dtype=np.float64)
+    s = np.asarray(scale, dtype=np.float64)
+    z = np.zeros((), dtype=np.uint8) if zero_point is None else np.asarray(zero_point)
+    info = np.iinfo(z.dtype)
+    if s.size > 1 and xf.ndim:
+        shape = [1] * xf.ndim
+        shape[axis if axis >= 0 else axis + xf.ndim] = s.size
+        s = s.reshape(shape)
+        zf = z.astype(np.float64).reshape(shape)
+    else:
+        s = s.reshape(())
+        zf = z.astype(np.float64).reshape(())
+    return np.clip(np.rint(xf / s) + zf, info.min, info.max).astype(z.dtype)
+
+
+def tensor_names(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    """Every tensor name produced by the given nodes."""
+    return {o for n in nodes for o in n.output if o}

@@ -1,0 +1,224 @@
+"""``quantize()``: float model + data + :class:`~qdebug.config.QuantConfig` → QDQ model.
+
+Two timed phases, both ONNX Runtime's own code:
+
+1. **calibration** — ORT's calibrator over the data; the tensor ranges are saved as ORT's calibration
+   cache (JSON) next to the output, so a later re-quantization (e.g. a 16-bit promotion) skips it;
+2. **QDQ insertion** — ``quantize_static`` fed from that cache.
+
+The float model file is only read; the QDQ model is written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qdebug.config import QuantConfig, to_ort_config
+from qdebug.data import DataSource, as_ort_reader, open_data
+from qdebug.errors import ConfigError, InputFileError, ModelError
+from qdebug.graph import ModelKind, input_specs, is_dq, is_q, load_model, model_kind
+from qdebug.io import refuse_overwrite_input
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """What :func:`quantize` produced and how long each phase took."""
+
+    model_path: str
+    calibration_cache: str
+    config: QuantConfig
+    nodes_quantized: int
+    nodes_total: int
+    qdq_nodes: int
+    calibration_seconds: float
+    qdq_seconds: float
+    num_calibration_samples: int
+    reused_calibration: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with ``schema_version``."""
+        d = asdict(self)
+        d["config"] = self.config.to_dict()
+        d["schema_version"] = SCHEMA_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuantizeResult:
+        """Inverse of :meth:`to_dict`."""
+        kw = {k: v for k, v in d.items() if k != "schema_version"}
+        kw["config"] = QuantConfig.from_dict(kw["config"])
+        return cls(**kw)
+
+    def to_json(self) -> str:
+        """JSON text."""
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def count_quantized_nodes(model: onnx.ModelProto) -> tuple[int, int, int]:
+    """(compute nodes reading a dequantized tensor, all compute nodes, Q/DQ nodes)."""
+    dq_outputs = {n.output[0] for n in model.graph.node if is_dq(n)}
+    compute = [n for n in model.graph.node if not (is_q(n) or is_dq(n))]
+    quantized = sum(1 for n in compute if any(i in dq_outputs for i in n.input))
+    return quantized, len(compute), len(model.graph.node) - len(compute)
+
+
+def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
+    """ORT's calibration exactly as ``quantize_static`` runs it, returning its ``TensorsData``."""
+    from onnxruntime.quantization.calibrate import create_calibrator
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    extra = ort_cfg.extra_options or {}
+    op_types = ort_cfg.op_types_to_quantize or sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+    model = load_model_with_shape_infer(model_path)
+    updated = update_opset_version(
+        model,
+        ort_cfg.weight_type,
+        ort_cfg.activation_type,
+        tensor_quant_overrides=extra.get("TensorQuantOverrides"),
+        block_size=extra.get("BlockSize", 0),
+    )
+    calib_input = model_path
+    if updated is not model:
+        calib_input = work / "opset_updated.onnx"
+        onnx.save_model(updated, str(calib_input), save_as_external_data=True)
+    calib_keys = {
+        "CalibTensorRangeSymmetric": "symmetric",
+        "CalibMovingAverage": "moving_average",
+        "CalibMovingAverageConstant": "averaging_constant",
+        "CalibMaxIntermediateOutputs": "max_intermediate_outputs",
+        "CalibPercentile": "percentile",
+    }
+    calibrator = create_calibrator(
+        Path(calib_input),
+        op_types,
+        augmented_model_path=str(work / "augmented_model.onnx"),
+        calibrate_method=ort_cfg.calibrate_method,
+        use_external_data_format=ort_cfg.use_external_data_format,
+        providers=ort_cfg.calibration_providers,
+        extra_options={k: extra[n] for n, k in calib_keys.items() if n in extra},
+    )
+    calibrator.collect_data(ort_cfg.calibration_data_reader)
+    return calibrator.compute_data()
+
+
+def quantize(
+    float_model: str | Path | onnx.ModelProto,
+    data: str | Path | DataSource | None,
+    config: QuantConfig | None = None,
+    output: str | Path | None = None,
+    *,
+    calibration_cache: str | Path | None = None,
+) -> QuantizeResult:
+    """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted).
+
+    ``data`` feeds calibration (``None``: ``config.num_samples`` seeded synthetic samples). With an
+    existing ``calibration_cache`` (from an earlier result) calibration is skipped and its ranges reused.
+    """
+    from onnxruntime.quantization import quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    cfg = config or QuantConfig()
+    with tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
+        work = Path(tmp)
+        if isinstance(float_model, onnx.ModelProto):
+            model = float_model
+            model_path = work / "float.onnx"
+            onnx.save_model(model, str(model_path))
+        else:
+            model_path = Path(float_model)
+            model = load_model(model_path, "float model")
+        kind = model_kind(model)
+        if kind is not ModelKind.FLOAT:
+            raise ModelError(f"{model_path}: is already quantized ({kind.value}); quantize the float model")
+        if output is None:
+            output = Path(tempfile.mkdtemp(prefix="qdebug-")) / "model.qdq.onnx"
+        out = Path(output)
+        if not isinstance(float_model, onnx.ModelProto):
+            refuse_overwrite_input(out, model_path)
+        cache = Path(calibration_cache) if calibration_cache is not None else out.with_suffix(".calib.json")
+        reuse = calibration_cache is not None and cache.is_file()
+        if calibration_cache is not None and not reuse:
+            raise InputFileError(f"{cache}: calibration cache not found")
+
+        source = open_data(
+            data,
+            input_specs(model),
+            num_samples=cfg.num_samples,
+            seed=cfg.seed,
+            distribution=cfg.synthetic_distribution,
+        )
+        reader = as_ort_reader(source)
+        ort_cfg = to_ort_config(cfg, model_path, reader)
+
+        calib_s = 0.0
+        if not reuse:
+            t0 = time.perf_counter()
+            try:
+                ranges = _calibrate(model_path, ort_cfg, work)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelError(f"{model_path}: calibration failed: {exc}") from exc
+            calib_s = time.perf_counter() - t0
+            save_tensors_data(ranges, cache)
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_out = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+        os.close(fd)
+        t1 = time.perf_counter()
+        try:
+            quantize_static(
+                str(model_path),
+                tmp_out,
+                None,
+                calibrate_method=ort_cfg.calibrate_method,
+                quant_format=ort_cfg.quant_format,
+                activation_type=ort_cfg.activation_type,
+                weight_type=ort_cfg.weight_type,
+                op_types_to_quantize=ort_cfg.op_types_to_quantize,
+                nodes_to_quantize=ort_cfg.nodes_to_quantize,
+                nodes_to_exclude=ort_cfg.nodes_to_exclude,
+                per_channel=ort_cfg.per_channel,
+                reduce_range=ort_cfg.reduce_range,
+                use_external_data_format=False,
+                calibration_providers=ort_cfg.calibration_providers,
+                extra_options=ort_cfg.extra_options,
+                calibration_cache_path=str(cache),
+            )
+            qdq_s = time.perf_counter() - t1
+            os.replace(tmp_out, out)
+        except (ValueError, KeyError, TypeError, AssertionError) as exc:
+            Path(tmp_out).unlink(missing_ok=True)
+            raise ConfigError(f"ONNX Runtime could not quantize {model_path}: {exc}") from exc
+        except BaseException:
+            Path(tmp_out).unlink(missing_ok=True)
+            raise
+    qmodel = onnx.load(str(out))
+    quantized, total, qdq = count_quantized_nodes(qmodel)
+    return QuantizeResult(
+        model_path=str(out),
+        calibration_cache=str(cache),
+        config=cfg,
+        nodes_quantized=quantized,
+        nodes_total=total,
+        qdq_nodes=qdq,
+        calibration_seconds=round(calib_s, 4),
+        qdq_seconds=round(qdq_s, 4),
+        num_calibration_samples=len(source),
+        reused_calibration=reuse,
+    )
+
+
+def model_checksum(model: onnx.ModelProto) -> str:
+    """sha256 of a model's serialised bytes."""
+    return hashlib.sha256(model.SerializeToString()).hexdigest()

@@ -1,0 +1,319 @@
+"""Typed results of a debug run, with JSON (``schema_version``) and pandas views.
+
+``DebugReport.to_dict()`` has the shape::
+
+    {"schema_version": 1,
+     "activations":   [{"tensor_name", "local_sqnr_db", "cumulative_sqnr_db", ...}],
+     "weights":       [{"weight_name", "weight_sqnr_db", ...}],
+     "model_outputs": [{"output_name", "cumulative_sqnr_db", ...}],
+     "summary": {"local"|"cumulative"|"weight"|"output": {"count", "mean", "std", "min", "max", ...}},
+     "per_sample": {...}, "meta": {...}}
+
++inf (identical tensors) is written as the string ``"inf"``; undefined values as ``null`` with the reason
+in the matching ``*_status`` field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from qdebug.errors import InputFileError
+from qdebug.io import atomic_write_text
+from qdebug.metrics import Summary
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA_VERSION = 1
+T = TypeVar("T")
+
+
+def encode_number(v: float | None) -> float | str | None:
+    """JSON-safe number: +inf/-inf as strings, NaN as null."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def decode_number(v: Any) -> float | None:
+    """Inverse of :func:`encode_number`."""
+    if v is None:
+        return None
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    return float(v)
+
+
+_FLOAT_FIELDS = {
+    "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "worst_channel_sqnr_db", "float_min",
+    "float_max", "mse", "max_abs_error", "scale", "mean", "std", "min", "max",
+}  # fmt: skip
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    return {k: encode_number(v) if k in _FLOAT_FIELDS else v for k, v in asdict(obj).items()}
+
+
+def _from_dict(cls: type[T], d: dict[str, Any]) -> T:
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    kw = {k: (decode_number(v) if k in _FLOAT_FIELDS else v) for k, v in d.items() if k in names}
+    for k, v in list(kw.items()):
+        if isinstance(v, list):
+            kw[k] = tuple(v)
+    return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ActivationResult:
+    """SQNR of one activation tensor (local: its own Q/DQ rounding; cumulative: vs the float model)."""
+
+    tensor_name: str
+    producer_op: str
+    producer_node: str
+    topo_index: int
+    quantized: bool
+    quant_type: str | None
+    scale: float | None
+    zero_point: int | None
+    local_sqnr_db: float | None
+    local_status: str
+    cumulative_sqnr_db: float | None
+    cumulative_status: str
+    mse: float | None = None
+    max_abs_error: float | None = None
+    float_min: float | None = None
+    float_max: float | None = None
+    elements: int = 0
+    nonfinite_float: int = 0
+    nonfinite_quant: int = 0
+    worst_sample: int | None = None
+    converted_to: tuple[str, ...] = ()
+    fused_activation: str | None = None
+
+    @property
+    def flagged(self) -> bool:
+        """True when a tensor held NaN/Inf in either model."""
+        return bool(self.nonfinite_float or self.nonfinite_quant)
+
+
+@dataclass(frozen=True)
+class WeightResult:
+    """SQNR of one quantized weight or bias against the float model's value."""
+
+    weight_name: str
+    consumer_node: str
+    consumer_op: str
+    kind: str
+    quant_type: str
+    channels: int
+    weight_sqnr_db: float | None
+    weight_status: str
+    worst_channel_sqnr_db: float | None = None
+    max_abs_error: float | None = None
+    elements: int = 0
+    shape: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class OutputResult:
+    """SQNR of one model output, quantized vs float, over all samples."""
+
+    output_name: str
+    cumulative_sqnr_db: float | None
+    cumulative_status: str
+    mse: float | None = None
+    max_abs_error: float | None = None
+    worst_sample: int | None = None
+    nonfinite_float: int = 0
+    nonfinite_quant: int = 0
+
+
+@dataclass(frozen=True)
+class PerSample:
+    """Per-sample cumulative SQNR: a samples × tensors matrix (NaN where undefined, +inf if identical)."""
+
+    tensor_names: tuple[str, ...]
+    values: np.ndarray  # shape (samples, tensors), float64
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (rows of encoded numbers)."""
+        return {
+            "tensor_names": list(self.tensor_names),
+            "values": [[encode_number(float(v)) for v in row] for row in self.values],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PerSample:
+        """Inverse of :meth:`to_dict`."""
+        names = tuple(d.get("tensor_names", ()))
+        rows = [[math.nan if (x := decode_number(v)) is None else x for v in row] for row in d.get("values", [])]
+        arr = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+        return cls(names, arr)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Samples as rows, tensors as columns."""
+        import pandas as pd
+
+        return pd.DataFrame(self.values, columns=list(self.tensor_names)).rename_axis("sample")
+
+
+@dataclass(frozen=True)
+class Summaries:
+    """Summary of each SQNR kind."""
+
+    local: Summary
+    cumulative: Summary
+    weight: Summary
+    output: Summary
+
+
+@dataclass(frozen=True)
+class ReportMeta:
+    """Where a report came from."""
+
+    float_model: str
+    quant_model: str
+    float_sha256: str
+    quant_sha256: str
+    num_samples: int
+    data: str
+    qdebug_version: str
+    onnxruntime_version: str
+    seconds: float
+    unmatched_float_tensors: int = 0
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class DebugReport:
+    """The result of :func:`qdebug.debug`."""
+
+    activations: tuple[ActivationResult, ...]
+    weights: tuple[WeightResult, ...]
+    model_outputs: tuple[OutputResult, ...]
+    summary: Summaries
+    per_sample: PerSample
+    per_sample_outputs: PerSample
+    meta: ReportMeta
+
+    # ----------------------------------------------------------------- lookups
+    def activation(self, name: str) -> ActivationResult:
+        """The result for one activation tensor (KeyError if absent)."""
+        for a in self.activations:
+            if a.tensor_name == name:
+                return a
+        raise KeyError(name)
+
+    def output(self, name: str) -> OutputResult:
+        """The result for one model output (KeyError if absent)."""
+        for o in self.model_outputs:
+            if o.output_name == name:
+                return o
+        raise KeyError(name)
+
+    def worst(self, kind: str, n: int = 10) -> list[Any]:
+        """The ``n`` lowest finite-or-undefined SQNR entries of ``kind`` (local/cumulative/weight)."""
+
+        def key(v: float | None, status: str) -> tuple[int, float]:
+            # Non-finite/undefined first (they need attention), then ascending dB, +inf last.
+            if v is None:
+                return (0, 0.0)
+            return (1, v)
+
+        if kind == "local":
+            items = [a for a in self.activations if a.quantized]
+            return sorted(items, key=lambda a: key(a.local_sqnr_db, a.local_status))[:n]
+        if kind == "cumulative":
+            return sorted(self.activations, key=lambda a: key(a.cumulative_sqnr_db, a.cumulative_status))[:n]
+        if kind == "weight":
+            return sorted(self.weights, key=lambda w: key(w.weight_sqnr_db, w.weight_status))[:n]
+        raise ValueError(f"unknown kind {kind!r}; use local, cumulative or weight")
+
+    @property
+    def min_output_sqnr_db(self) -> float | None:
+        """The lowest model-output SQNR (None if any output is undefined/non-finite)."""
+        vals = [o.cumulative_sqnr_db for o in self.model_outputs]
+        if not vals or any(v is None for v in vals):
+            return None
+        return min(v for v in vals if v is not None)
+
+    # ----------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (see the module docstring for the shape)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "activations": [_to_dict(a) for a in self.activations],
+            "weights": [_to_dict(w) for w in self.weights],
+            "model_outputs": [_to_dict(o) for o in self.model_outputs],
+            "summary": {k: _to_dict(getattr(self.summary, k)) for k in ("local", "cumulative", "weight", "output")},
+            "per_sample": self.per_sample.to_dict(),
+            "per_sample_outputs": self.per_sample_outputs.to_dict(),
+            "meta": asdict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DebugReport:
+        """Inverse of :meth:`to_dict`; refuses other schema versions."""
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise InputFileError(f"debug report schema_version {version!r} is not supported (need {SCHEMA_VERSION})")
+        meta = dict(d["meta"])
+        meta["warnings"] = tuple(meta.get("warnings", ()))
+        return cls(
+            activations=tuple(_from_dict(ActivationResult, a) for a in d["activations"]),
+            weights=tuple(_from_dict(WeightResult, w) for w in d["weights"]),
+            model_outputs=tuple(_from_dict(OutputResult, o) for o in d["model_outputs"]),
+            summary=Summaries(**{k: _from_dict(Summary, v) for k, v in d["summary"].items()}),
+            per_sample=PerSample.from_dict(d.get("per_sample", {})),
+            per_sample_outputs=PerSample.from_dict(d.get("per_sample_outputs", {})),
+            meta=ReportMeta(**meta),
+        )
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """JSON text (strict JSON: no NaN/Infinity literals)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> DebugReport:
+        """Parse JSON text."""
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the report as JSON, atomically."""
+        return atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> DebugReport:
+        """Read a report written by :meth:`save`."""
+        try:
+            return cls.from_json(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise InputFileError(f"{path}: not a qdebug debug report ({exc})") from exc
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per activation tensor in topological order (the main table of the views)."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(a) for a in self.activations])
+
+    def weights_dataframe(self) -> pd.DataFrame:
+        """One row per weight/bias."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(w) for w in self.weights])
+
+    def outputs_dataframe(self) -> pd.DataFrame:
+        """One row per model output."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(o) for o in self.model_outputs])
