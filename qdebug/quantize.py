@@ -11,8 +11,10 @@ The float model file is only read; the QDQ model is written atomically.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -63,6 +65,24 @@ class QuantizeResult:
     def to_json(self) -> str:
         """JSON text."""
         return json.dumps(self.to_dict(), indent=2)
+
+
+class _DropOrtAdvice(logging.Filter):
+    """ORT logs a pre-processing advice on every call; it is noise for qdebug's users."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-process" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_ort() -> Any:
+    root = logging.getLogger()
+    flt = _DropOrtAdvice()
+    root.addFilter(flt)
+    try:
+        yield
+    finally:
+        root.removeFilter(flt)
 
 
 def count_quantized_nodes(model: onnx.ModelProto) -> tuple[int, int, int]:
@@ -130,7 +150,7 @@ def quantize(
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     cfg = config or QuantConfig()
-    with tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
+    with _quiet_ort(), tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
         if isinstance(float_model, onnx.ModelProto):
             model = float_model

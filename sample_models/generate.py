@@ -65,9 +65,7 @@ def load_splits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     digits = load_digits()
     x = (digits.data.astype(np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
     y = digits.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=TEST_SIZE, random_state=SEED, stratify=y
-    )
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=TEST_SIZE, random_state=SEED, stratify=y)
     return (
         np.ascontiguousarray(x_tr),
         np.ascontiguousarray(y_tr),
@@ -109,9 +107,7 @@ class ResidualBlock(nn.Module):
 
     def __init__(self, channels: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(
-            ConvBnRelu(channels, channels), ConvBnRelu(channels, channels, relu=False)
-        )
+        self.body = nn.Sequential(ConvBnRelu(channels, channels), ConvBnRelu(channels, channels, relu=False))
         self.act = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -202,6 +198,7 @@ def train(
     model: nn.Module,
     x: np.ndarray,
     y: np.ndarray,
+    *,
     epochs: int,
     lr: float,
     weight_decay: float,
@@ -355,6 +352,7 @@ def sha256(path: Path) -> str:
 def build_entry(
     name: str,
     description: str,
+    *,
     model: nn.Module,
     onnx_model: onnx.ModelProto,
     accuracy: float,
@@ -423,7 +421,9 @@ def main() -> int:
             f"train+export {time.perf_counter() - t1:.1f}s  "
             f"size {(HERE / f'{name}.onnx').stat().st_size} B"
         )
-        entries.append(build_entry(name, desc, model, m, acc_ort, len(y_te)))
+        entries.append(
+            build_entry(name, desc, model=model, onnx_model=m, accuracy=acc_ort, num_eval=len(y_te))
+        )
 
     registry = {"schema_version": 1, "models": entries}
     (HERE / "registry.json").write_text(json.dumps(registry, indent=2) + "\n")

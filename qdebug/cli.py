@@ -1,0 +1,277 @@
+"""The ``qdebug`` command line: ``main(argv) -> int``; errors become messages and exit codes here only."""
+
+from __future__ import annotations
+
+import argparse
+
+import math
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from typing import Any, TextIO
+
+from qdebug import __version__
+from qdebug.errors import EXIT_CODES, EXIT_GATE, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, QDebugError
+
+GREEN, YELLOW, RED, DIM, RESET = "\033[32m", "\033[33m", "\033[31m", "\033[2m", "\033[0m"
+
+
+def _shape_arg(text: str) -> tuple[str, list[int]]:
+    try:
+        name, dims = text.rsplit(":", 1)
+        return name, [int(d) for d in dims.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected NAME:D0,D1,..., got {text!r}") from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for docs and tests)."""
+    epilog = "exit codes:\n" + "\n".join(f"  {k:>2}  {v}" for k, v in EXIT_CODES.items())
+    p = argparse.ArgumentParser(
+        prog="qdebug",
+        description="Find where a quantized ONNX model loses accuracy, and fix it.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"qdebug {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("quantize", help="quantize a float model to QDQ", epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    q.add_argument("--model", "-m", required=True, help="float ONNX model")
+    q.add_argument("--data", "-d", help=".npz file or folder of them (default: synthetic)")
+    q.add_argument("--output", "-o", required=True, help="where to write the QDQ model")
+    q.add_argument("--config", "-c", help="QuantConfig JSON; flags below must not contradict it")
+    q.add_argument("--activation-type", choices=["uint8", "int8", "uint16", "int16"])
+    q.add_argument("--weight-type", choices=["uint8", "int8", "uint16", "int16"])
+    q.add_argument("--per-channel", action="store_true", default=None)
+    q.add_argument("--activation-symmetric", action="store_true", default=None)
+    q.add_argument("--weight-symmetric", action=argparse.BooleanOptionalAction, default=None)
+    q.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"])
+    q.add_argument("--samples", type=int, dest="num_samples", help="number of calibration samples")
+    q.add_argument("--seed", type=int)
+    q.add_argument("--distribution", dest="synthetic_distribution", choices=["uniform", "normal"])
+    q.add_argument("--target", choices=["cpu", "qnn", "deeploy"])
+    q.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    d = sub.add_parser("debug", help="per-tensor SQNR of a quantized model against its float parent",
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    d.add_argument("--float-model", "-f", required=True)
+    d.add_argument("--quant-model", "-q", required=True)
+    g = d.add_mutually_exclusive_group()
+    g.add_argument("--data", "-d", help=".npz file or folder of them")
+    g.add_argument("--samples", type=int, help="number of synthetic samples (default 8)")
+    d.add_argument("--max-samples", type=int, help="use at most this many samples of --data")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--distribution", choices=["uniform", "normal"], default="uniform")
+    d.add_argument("--input-shape", type=_shape_arg, action="append", default=[],
+                   help="fix a dynamic input shape, NAME:D0,D1,... (repeatable)")  # fmt: skip
+    d.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
+    d.add_argument("--output", "-o", help="write the full report as JSON here")
+    d.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    d.add_argument("--top", type=int, default=10, help="rows in each worst-N table")
+    d.add_argument("--fail-below", type=float, metavar="DB",
+                   help=f"exit {EXIT_GATE} if any model output's SQNR is below DB (or undefined)")  # fmt: skip
+    d.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    return p
+
+
+def _use_color(mode: str, stream: TextIO) -> bool:
+    if mode == "always":
+        return True
+    if mode == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def fmt_db(v: float | None, status: str = "ok", color: bool = False) -> str:
+    """A dB value for a table: coloured > 40 green, 20–40 yellow, < 20 red; degenerate cases spelled out."""
+    if v is None:
+        text, c = status, RED
+    elif math.isinf(v):
+        text, c = "inf", GREEN
+    else:
+        text = f"{v:7.2f}"
+        c = GREEN if v > 40 else YELLOW if v >= 20 else RED
+    return f"{c}{text}{RESET}" if color else text
+
+
+def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    import re
+
+    strip = re.compile(r"\033\[[0-9;]*m")
+    widths = [len(h) for h in header]
+    for r in rows:
+        widths = [max(w, len(strip.sub("", c))) for w, c in zip(widths, r, strict=True)]
+    print(f"\n{title}", file=out)
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for r in rows:
+        print("  ".join(c + " " * (w - len(strip.sub("", c))) for c, w in zip(r, widths, strict=True)), file=out)
+    if not rows:
+        print("(none)", file=out)
+
+
+def _summary_line(name: str, s: Any) -> str:
+    if s.count == 0:
+        body = "no finite values"
+    else:
+        body = f"count {s.count}  mean {s.mean:.2f}  std {s.std:.2f}  min {s.min:.2f}  max {s.max:.2f} dB"
+    extra = []
+    if s.infinite:
+        extra.append(f"{s.infinite} identical (inf)")
+    if s.undefined:
+        extra.append(f"{s.undefined} undefined")
+    return f"{name}: {body}" + (f"  [{', '.join(extra)}]" if extra else "")
+
+
+def print_report(report: Any, out: TextIO, top: int = 10, color: bool = False) -> None:
+    """The four tables of ``qdebug debug``, each followed by its one-line summary."""
+    m = report.meta
+    print(f"float: {m.float_model}\nquant: {m.quant_model}\ndata:  {m.data}", file=out)
+    rows = [
+        [o.output_name, fmt_db(o.cumulative_sqnr_db, o.cumulative_status, color),
+         f"{o.max_abs_error:.4g}" if o.max_abs_error is not None else "-",
+         "" if o.worst_sample is None else str(o.worst_sample)]
+        for o in report.model_outputs
+    ]  # fmt: skip
+    _table("Model outputs (quantized vs float)", ["output", "SQNR dB", "max |err|", "worst sample"], rows, out)
+    print(_summary_line("outputs", report.summary.output), file=out)
+
+    rows = [
+        [a.tensor_name, a.producer_op, a.quant_type or "-", fmt_db(a.local_sqnr_db, a.local_status, color),
+         fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color)]
+        for a in report.worst("local", top)
+    ]  # fmt: skip
+    _table(f"Worst {top} local SQNR (this tensor's own rounding)", ["tensor", "op", "type", "local", "cumulative"],
+           rows, out)  # fmt: skip
+    print(_summary_line("local", report.summary.local), file=out)
+
+    rows = [
+        [a.tensor_name, a.producer_op, a.quant_type or "float", fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color),
+         fmt_db(a.local_sqnr_db, a.local_status, color) if a.quantized else "-"]
+        for a in report.worst("cumulative", top)
+    ]  # fmt: skip
+    _table(f"Worst {top} cumulative SQNR (damage so far)", ["tensor", "op", "type", "cumulative", "local"], rows, out)
+    print(_summary_line("cumulative", report.summary.cumulative), file=out)
+
+    rows = [
+        [w.weight_name, w.consumer_op, w.kind, w.quant_type, str(w.channels),
+         fmt_db(w.weight_sqnr_db, w.weight_status, color)]
+        for w in report.worst("weight", top)
+    ]  # fmt: skip
+    _table(f"Worst {top} weight SQNR", ["weight", "used by", "kind", "type", "channels", "SQNR dB"], rows, out)
+    print(_summary_line("weight", report.summary.weight), file=out)
+    flagged = [a.tensor_name for a in report.activations if a.flagged]
+    if flagged:
+        print(f"\n{len(flagged)} tensor(s) hold NaN/Inf: {', '.join(flagged[:5])}", file=out)
+    for w in m.warnings:
+        print(f"warning: {w}", file=out)
+
+
+def _cmd_quantize(args: argparse.Namespace, out: TextIO) -> int:
+    from qdebug.config import QuantConfig
+    from qdebug.quantize import quantize
+
+    base = QuantConfig.load(args.config) if args.config else QuantConfig()
+    flags = {
+        k: getattr(args, k)
+        for k in ("activation_type", "weight_type", "per_channel", "activation_symmetric", "weight_symmetric",
+                  "calibration_method", "num_samples", "seed", "synthetic_distribution", "target")
+    }  # fmt: skip
+    cfg = base.merged(**flags)
+    result = quantize(args.model, args.data, cfg, args.output)
+    if args.json:
+        print(result.to_json(), file=out)
+    else:
+        print(
+            f"wrote {result.model_path}\n"
+            f"  nodes quantized {result.nodes_quantized}/{result.nodes_total} ({result.qdq_nodes} Q/DQ nodes)\n"
+            f"  calibration {result.calibration_seconds:.3f} s on {result.num_calibration_samples} samples, "
+            f"QDQ insertion {result.qdq_seconds:.3f} s\n"
+            f"  calibration ranges: {result.calibration_cache}",
+            file=out,
+        )
+    return EXIT_OK
+
+
+def _cmd_debug(args: argparse.Namespace, out: TextIO) -> int:
+    from qdebug.debug import DebugOptions, debug
+    from qdebug.errors import ConfigError
+
+    if args.samples is not None and args.samples < 1:
+        raise ConfigError("--samples must be a positive integer")
+    opts = DebugOptions(
+        num_samples=args.samples if args.data is None else args.max_samples,
+        seed=args.seed,
+        distribution=args.distribution,
+        input_shapes=dict(args.input_shape) or None,
+        ignore_data_keys=tuple(args.ignore_key),
+    )
+    report = debug(args.float_model, args.quant_model, args.data, opts)
+    if args.output:
+        from qdebug.io import refuse_overwrite_input
+
+        refuse_overwrite_input(args.output, args.float_model, args.quant_model)
+        report.save(args.output)
+    if args.json:
+        print(report.to_json(), file=out)
+    else:
+        print_report(report, out, args.top, _use_color(args.color, out))
+        if args.output:
+            print(f"\nreport written to {args.output}", file=out)
+    if args.fail_below is not None:
+        low = [
+            o for o in report.model_outputs
+            if o.cumulative_sqnr_db is None or o.cumulative_sqnr_db < args.fail_below
+        ]  # fmt: skip
+        if low:
+            names = ", ".join(
+                f"{o.output_name} ({fmt_db(o.cumulative_sqnr_db, o.cumulative_status).strip()})" for o in low
+            )
+            print(f"qdebug: FAIL: output SQNR below {args.fail_below} dB: {names}", file=sys.stderr)
+            return EXIT_GATE
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the CLI and return its exit code (never raises for user errors)."""
+    out = out or sys.stdout
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help / bad usage
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        if args.command == "quantize":
+            return _cmd_quantize(args, out)
+        if args.command == "debug":
+            return _cmd_debug(args, out)
+        parser.error(f"unknown command {args.command}")
+    except QDebugError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"qdebug: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("qdebug: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        traceback.print_exc()
+        print(f"qdebug: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+    return EXIT_USAGE
+
+
+def console_main() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()
+
+
