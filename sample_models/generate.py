@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,8 @@ import onnx
 import onnxruntime as ort
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
@@ -111,7 +112,8 @@ class ResidualBlock(nn.Module):
         self.act = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(x + self.body(x))
+        out: torch.Tensor = self.act(x + self.body(x))
+        return out
 
 
 class DigitsCNN(nn.Module):
@@ -129,7 +131,8 @@ class DigitsCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(self.block(self.stem(x)))
         x = self.gap(self.conv(x))
-        return self.head(torch.flatten(x, 1))
+        logits: torch.Tensor = self.head(torch.flatten(x, 1))
+        return logits
 
 
 class SelfAttention(nn.Module):
@@ -155,7 +158,8 @@ class SelfAttention(nn.Module):
         q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
         att = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * self.scale, dim=-1)
         out = torch.matmul(att, v).transpose(1, 2).reshape(-1, t, d)
-        return self.proj(out)
+        projected: torch.Tensor = self.proj(out)
+        return projected
 
 
 class EncoderBlock(nn.Module):
@@ -170,7 +174,8 @@ class EncoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class DigitsTransformer(nn.Module):
@@ -188,7 +193,8 @@ class DigitsTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(-1, 8, 8)  # [B,1,8,8] -> [B, tokens=8, features=8]
         x = self.blocks(self.embed(x) + self.pos)
-        return self.head(self.norm(x.mean(dim=1)))
+        logits: torch.Tensor = self.head(self.norm(x.mean(dim=1)))
+        return logits
 
 
 # ----------------------------------------------------------------------- training
@@ -221,7 +227,7 @@ def train(
                 xb = augment(xb, gen)
             loss = F.cross_entropy(model(xb), yt[idx])
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             sched.step()
     model.eval()
@@ -300,18 +306,20 @@ def export_onnx(model: nn.Module, path: Path) -> onnx.ModelProto:
     dummy = torch.zeros(INPUT_SHAPE, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "raw.onnx"
-        torch.onnx.export(
-            model,
-            (dummy,),
-            str(raw),
-            input_names=["input"],
-            output_names=["logits"],
-            opset_version=OPSET,
-            dynamo=False,
-            do_constant_folding=True,
-            keep_initializers_as_inputs=False,
-            export_params=True,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # legacy exporter on purpose
+            torch.onnx.export(
+                model,
+                (dummy,),
+                str(raw),
+                input_names=["input"],
+                output_names=["logits"],
+                opset_version=OPSET,
+                dynamo=False,
+                do_constant_folding=True,
+                keep_initializers_as_inputs=False,
+                export_params=True,
+            )
         m = onnx.load(str(raw))
     _strip(m)
     _tidy(m)
@@ -415,9 +423,12 @@ def main() -> int:
         train(model, x_tr, y_tr, **hp)
         acc_torch = torch_accuracy(model, x_te, y_te)
         m = export_onnx(model, HERE / f"{name}.onnx")
-        acc_ort, _ = ort_eval(HERE / f"{name}.onnx", x_te[:, None], y_te)
+        acc_ort, logits = ort_eval(HERE / f"{name}.onnx", x_te[:, None], y_te)
+        with torch.no_grad():
+            diff = np.abs(model(torch.from_numpy(x_te)).numpy() - logits).max()
         print(
             f"{name}: torch acc {acc_torch:.4f}  onnxruntime acc {acc_ort:.4f}  "
+            f"max|torch-ort| {diff:.2e}  "
             f"train+export {time.perf_counter() - t1:.1f}s  "
             f"size {(HERE / f'{name}.onnx').stat().st_size} B"
         )

@@ -1,0 +1,59 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+OUT ?= out/demo
+SAMPLE ?= digits_transformer
+
+.PHONY: demo test lint typecheck unit install install-dev browser bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PIP) install -q -e '.[dev,bench]'
+	@touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+# The main job on the bundled sample model: quantize it to 8-bit QDQ, then debug it against its float parent.
+demo: $(VENV)/.installed
+	@mkdir -p $(OUT)
+	$(BIN)/qdebug quantize --model sample_models/$(SAMPLE).onnx --data sample_models/digits_calib.npz \
+		--output $(OUT)/$(SAMPLE).qdq.onnx
+	$(BIN)/qdebug debug --float-model sample_models/$(SAMPLE).onnx --quant-model $(OUT)/$(SAMPLE).qdq.onnx \
+		--data sample_models/digits_eval.npz --ignore-key label --max-samples 128 --output $(OUT)/report.json
+	@echo
+	@echo "demo report: $(abspath $(OUT))/report.json"
+
+# Browser tests (later issues) drive Debian's chromium; Playwright's own download does not work here.
+browser:
+	@if command -v chromium >/dev/null; then echo "chromium: $$(command -v chromium)"; \
+	elif [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+		|| { echo "could not install chromium"; [ "$$CI" != true ]; }; \
+	else echo "chromium missing and not root: browser tests will be skipped"; [ "$$CI" != true ]; fi
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check qdebug widgets tests benchmarks sample_models
+	$(BIN)/ruff format --check qdebug widgets || true
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
+
+unit: $(VENV)/.installed-dev
+	$(BIN)/pytest -q
+
+test: $(VENV)/.installed-dev browser lint typecheck unit
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/bench_debug.py --markdown docs/benchmarks-latest.md
+
+clean:
+	rm -rf out .pytest_cache .mypy_cache .ruff_cache
