@@ -7,9 +7,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from qdebug.config import ConvertOverride, QuantConfig, TensorOverride, to_ort_config  # noqa: E402
-from qdebug.debug import DebugOptions, debug  # noqa: E402
-from qdebug.errors import (  # noqa: E402
+from qdebug.config import ConvertOverride, QuantConfig, TensorOverride, to_ort_config
+from qdebug.debug import DebugOptions, debug
+from qdebug.errors import (
     ConfigError,
     DataError,
     InputFileError,
@@ -18,8 +18,8 @@ from qdebug.errors import (  # noqa: E402
     QDebugError,
     TargetError,
 )
-from qdebug.quantize import QuantizeResult, quantize  # noqa: E402
-from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult  # noqa: E402
+from qdebug.quantize import QuantizeResult, quantize
+from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult
 
 __all__ = [
     "ActivationResult",

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-
 import math
 import os
 import sys
 import traceback
 from collections.abc import Sequence
-
 from typing import Any, TextIO
 
 from qdebug import __version__
@@ -39,8 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = p.add_subparsers(dest="command", required=True)
 
-    q = sub.add_parser("quantize", help="quantize a float model to QDQ", epilog=epilog,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    q = sub.add_parser(
+        "quantize",
+        help="quantize a float model to QDQ",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     q.add_argument("--model", "-m", required=True, help="float ONNX model")
     q.add_argument("--data", "-d", help=".npz file or folder of them (default: synthetic)")
     q.add_argument("--output", "-o", required=True, help="where to write the QDQ model")
@@ -57,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--target", choices=["cpu", "qnn", "deeploy"])
     q.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    d = sub.add_parser("debug", help="per-tensor SQNR of a quantized model against its float parent",
-                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    d = sub.add_parser(
+        "debug",
+        help="per-tensor SQNR of a quantized model against its float parent",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     d.add_argument("--float-model", "-f", required=True)
     d.add_argument("--quant-model", "-q", required=True)
     g = d.add_mutually_exclusive_group()
@@ -67,14 +73,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-samples", type=int, help="use at most this many samples of --data")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--distribution", choices=["uniform", "normal"], default="uniform")
-    d.add_argument("--input-shape", type=_shape_arg, action="append", default=[],
-                   help="fix a dynamic input shape, NAME:D0,D1,... (repeatable)")  # fmt: skip
+    d.add_argument(
+        "--input-shape",
+        type=_shape_arg,
+        action="append",
+        default=[],
+        help="fix a dynamic input shape, NAME:D0,D1,... (repeatable)",
+    )
     d.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
     d.add_argument("--output", "-o", help="write the full report as JSON here")
     d.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     d.add_argument("--top", type=int, default=10, help="rows in each worst-N table")
-    d.add_argument("--fail-below", type=float, metavar="DB",
-                   help=f"exit {EXIT_GATE} if any model output's SQNR is below DB (or undefined)")  # fmt: skip
+    d.add_argument(
+        "--fail-below",
+        type=float,
+        metavar="DB",
+        help=f"exit {EXIT_GATE} if any model output's SQNR is below DB (or undefined)",
+    )
     d.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     return p
 
@@ -133,36 +148,64 @@ def print_report(report: Any, out: TextIO, top: int = 10, color: bool = False) -
     m = report.meta
     print(f"float: {m.float_model}\nquant: {m.quant_model}\ndata:  {m.data}", file=out)
     rows = [
-        [o.output_name, fmt_db(o.cumulative_sqnr_db, o.cumulative_status, color),
-         f"{o.max_abs_error:.4g}" if o.max_abs_error is not None else "-",
-         "" if o.worst_sample is None else str(o.worst_sample)]
+        [
+            o.output_name,
+            fmt_db(o.cumulative_sqnr_db, o.cumulative_status, color),
+            f"{o.max_abs_error:.4g}" if o.max_abs_error is not None else "-",
+            "" if o.worst_sample is None else str(o.worst_sample),
+        ]
         for o in report.model_outputs
-    ]  # fmt: skip
+    ]
     _table("Model outputs (quantized vs float)", ["output", "SQNR dB", "max |err|", "worst sample"], rows, out)
     print(_summary_line("outputs", report.summary.output), file=out)
 
     rows = [
-        [a.tensor_name, a.producer_op, a.quant_type or "-", fmt_db(a.local_sqnr_db, a.local_status, color),
-         fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color)]
+        [
+            a.tensor_name,
+            a.producer_op,
+            a.quant_type or "-",
+            fmt_db(a.local_sqnr_db, a.local_status, color),
+            fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color),
+        ]
         for a in report.worst("local", top)
-    ]  # fmt: skip
-    _table(f"Worst {top} local SQNR (this tensor's own rounding)", ["tensor", "op", "type", "local", "cumulative"],
-           rows, out)  # fmt: skip
+    ]
+    _table(
+        f"Worst {top} local SQNR (this tensor's own rounding)",
+        ["tensor", "op", "type", "local", "cumulative"],
+        rows,
+        out,
+    )
     print(_summary_line("local", report.summary.local), file=out)
 
     rows = [
-        [a.tensor_name, a.producer_op, a.quant_type or "float", fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color),
-         fmt_db(a.local_sqnr_db, a.local_status, color) if a.quantized else "-"]
+        [
+            a.tensor_name,
+            a.producer_op,
+            a.quant_type or "float",
+            fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color),
+            fmt_db(a.local_sqnr_db, a.local_status, color) if a.quantized else "-",
+        ]
         for a in report.worst("cumulative", top)
-    ]  # fmt: skip
-    _table(f"Worst {top} cumulative SQNR (damage so far)", ["tensor", "op", "type", "cumulative", "local"], rows, out)
+    ]
+    _table(
+        f"Worst {top} cumulative SQNR (damage so far)",
+        ["tensor", "op", "type", "cumulative", "local"],
+        rows,
+        out,
+    )
     print(_summary_line("cumulative", report.summary.cumulative), file=out)
 
     rows = [
-        [w.weight_name, w.consumer_op, w.kind, w.quant_type, str(w.channels),
-         fmt_db(w.weight_sqnr_db, w.weight_status, color)]
+        [
+            w.weight_name,
+            w.consumer_op,
+            w.kind,
+            w.quant_type,
+            str(w.channels),
+            fmt_db(w.weight_sqnr_db, w.weight_status, color),
+        ]
         for w in report.worst("weight", top)
-    ]  # fmt: skip
+    ]
     _table(f"Worst {top} weight SQNR", ["weight", "used by", "kind", "type", "channels", "SQNR dB"], rows, out)
     print(_summary_line("weight", report.summary.weight), file=out)
     flagged = [a.tensor_name for a in report.activations if a.flagged]
@@ -179,9 +222,19 @@ def _cmd_quantize(args: argparse.Namespace, out: TextIO) -> int:
     base = QuantConfig.load(args.config) if args.config else QuantConfig()
     flags = {
         k: getattr(args, k)
-        for k in ("activation_type", "weight_type", "per_channel", "activation_symmetric", "weight_symmetric",
-                  "calibration_method", "num_samples", "seed", "synthetic_distribution", "target")
-    }  # fmt: skip
+        for k in (
+            "activation_type",
+            "weight_type",
+            "per_channel",
+            "activation_symmetric",
+            "weight_symmetric",
+            "calibration_method",
+            "num_samples",
+            "seed",
+            "synthetic_distribution",
+            "target",
+        )
+    }
     cfg = base.merged(**flags)
     result = quantize(args.model, args.data, cfg, args.output)
     if args.json:
@@ -225,9 +278,8 @@ def _cmd_debug(args: argparse.Namespace, out: TextIO) -> int:
             print(f"\nreport written to {args.output}", file=out)
     if args.fail_below is not None:
         low = [
-            o for o in report.model_outputs
-            if o.cumulative_sqnr_db is None or o.cumulative_sqnr_db < args.fail_below
-        ]  # fmt: skip
+            o for o in report.model_outputs if o.cumulative_sqnr_db is None or o.cumulative_sqnr_db < args.fail_below
+        ]
         if low:
             names = ", ".join(
                 f"{o.output_name} ({fmt_db(o.cumulative_sqnr_db, o.cumulative_status).strip()})" for o in low
@@ -273,5 +325,3 @@ def console_main() -> None:
 
 if __name__ == "__main__":
     console_main()
-
-

@@ -89,11 +89,11 @@ class TensorOverride:
         if self.scale is not None:
             if not math.isfinite(self.scale) or self.scale <= 0:
                 out.append(f"{tensor}: scale must be a finite positive number, got {self.scale}")
-            clash = [
-                k for k in ("symmetric", "reduce_range", "rmin", "rmax") if getattr(self, k) is not None
-            ]
+            clash = [k for k in ("symmetric", "reduce_range", "rmin", "rmax") if getattr(self, k) is not None]
             if clash:
-                out.append(f"{tensor}: {', '.join(clash)} cannot be combined with an explicit scale/zero_point")
+                out.append(
+                    f"{tensor}: {', '.join(clash)} cannot be combined with an explicit scale/zero_point"
+                )
         for k in ("rmin", "rmax"):
             v = getattr(self, k)
             if v is not None and not math.isfinite(v):
@@ -163,7 +163,10 @@ def make_overrides(mapping: Mapping[str, Any]) -> Overrides:
         if isinstance(entries, TensorOverride | Mapping):
             entries = [entries]
         out.append(
-            (name, tuple(e if isinstance(e, TensorOverride) else TensorOverride.from_dict(e) for e in entries))
+            (
+                name,
+                tuple(e if isinstance(e, TensorOverride) else TensorOverride.from_dict(e) for e in entries),
+            )
         )
     return tuple(out)
 
@@ -200,9 +203,7 @@ class QuantConfig:
         """Every invalid or conflicting setting, all at once."""
         p: list[str] = []
         if self.calibration_method not in CALIBRATION_METHODS:
-            p.append(
-                f"calibration_method {self.calibration_method!r} not in {sorted(CALIBRATION_METHODS)}"
-            )
+            p.append(f"calibration_method {self.calibration_method!r} not in {sorted(CALIBRATION_METHODS)}")
         if self.synthetic_distribution not in DISTRIBUTIONS:
             p.append(f"synthetic_distribution {self.synthetic_distribution!r} not in {list(DISTRIBUTIONS)}")
         if self.target not in TARGETS:
@@ -302,12 +303,11 @@ class QuantConfig:
         defaults = QuantConfig()
         conflicts = []
         changes = {}
-        for key, value in flags.items():
-            if value is None:
+        for key, raw in flags.items():
+            if raw is None:
                 continue
             current = getattr(self, key)
-            if key in ("activation_type", "weight_type"):
-                value = normalize_quant_type(value)
+            value = normalize_quant_type(raw) if key in ("activation_type", "weight_type") else raw
             if current != value and current != getattr(defaults, key):
                 conflicts.append(f"{key}: config says {current!r}, command line says {value!r}")
             changes[key] = value

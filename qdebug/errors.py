@@ -80,7 +80,7 @@ class TargetError(QDebugError):
     exit_code = EXIT_TARGET
 
 
-class GateFailed(QDebugError):
+class QualityGateError(QDebugError):
     """A user-requested quality threshold was not met."""
 
     exit_code = EXIT_GATE

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -127,7 +128,7 @@ class InputSpec:
 
     name: str
     shape: tuple[int | str | None, ...]
-    dtype: np.dtype  # type: ignore[type-arg]
+    dtype: np.dtype[Any]
 
     @property
     def is_static(self) -> bool:
@@ -247,7 +248,7 @@ def dequantize(
     return (qf - z.reshape(shape)) * s.reshape(shape)
 
 
-def quant_type_name(dtype: np.dtype) -> str:  # type: ignore[type-arg]
+def quant_type_name(dtype: np.dtype[Any]) -> str:
     """``uint8``/``int16``/… for an integer numpy dtype."""
     return _INT_TYPE_NAMES.get(np.dtype(dtype), str(np.dtype(dtype)))
 
@@ -512,7 +513,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
             return t
         prod = q_producer.get(t)
         if prod is not None and is_q(prod) and prod.input[0] in q_consts:
-            return prod.input[0]
+            return str(prod.input[0])
         return None
 
     for dq in qg.node:

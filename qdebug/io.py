@@ -12,7 +12,7 @@ import onnx
 from qdebug.errors import InputFileError
 
 
-def _atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
+def _atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
