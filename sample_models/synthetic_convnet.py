@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = build_synthetic_convnet(args.seed)
     path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(path))
     flops = count_flops(model)
     print(f"saved {path} ({path.stat().st_size} bytes), {flops:,} FLOPs ({flops / 1e6:.1f} MFLOPs)")
