@@ -156,13 +156,18 @@ def capture(
                     f"tensor {a.tensor_name!r} has shape {ref.shape} in the float model but {post.shape} in "
                     "the quantized model: the models do not correspond"
                 )
-            s = reduce_pair(ref, post)
+            ref_c, post_c = ref, post
+            if a.measured_through is not None:
+                lo, hi = a.measured_through[1], a.measured_through[2]
+                ref_c, post_c = np.clip(ref, lo, hi), np.clip(post, lo, hi)
+            s = reduce_pair(ref_c, post_c)
             per_sample[i, j] = cum.add(j, s)
             if a.quantized:
                 pre = q_vals[q_index[a.pre_qdq]]
-                if a.fused_activation is not None:
-                    pre = np.clip(pre, a.fused_activation[1], a.fused_activation[2])
-                loc.add(j, reduce_pair(pre, post))
+                for act in (a.fused_activation, a.measured_through):
+                    if act is not None:
+                        pre = np.clip(pre, act[1], act[2])
+                loc.add(j, reduce_pair(pre, post_c))
             if ref.size and s.nonfinite_reference == 0:
                 fmin[j] = min(fmin[j], float(ref.min()))
                 fmax[j] = max(fmax[j], float(ref.max()))

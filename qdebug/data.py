@@ -114,19 +114,30 @@ def _read_npz(path: Path, specs: Sequence[InputSpec], ignore: Sequence[str]) -> 
     if not path.exists():
         raise InputFileError(f"{where}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            keys = list(npz.files)
-            names = {s.name for s in specs}
-            missing = sorted(names - set(keys))
-            extra = sorted(set(keys) - names - set(ignore))
-            if missing or extra:
-                parts = []
-                if missing:
-                    parts.append(f"missing input(s) {missing}")
-                if extra:
-                    parts.append(f"unknown array(s) {extra}")
-                raise DataError(f"{where}: {'; '.join(parts)}; the model's inputs are {sorted(names)}")
-            arrays = {s.name: split_samples(s, npz[s.name], where) for s in specs}
+        # np.load leaks its file handle when the zip is corrupt: own the handle here.
+        with open(path, "rb") as fh:
+            try:
+                loaded = np.load(fh, allow_pickle=False)
+            except ValueError as exc:  # neither zip nor .npy: numpy then tries (and refuses) to unpickle it
+                raise InputFileError(f"{where}: not an .npz file (neither a zip archive nor a numpy array)") from exc
+            if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array under an .npz name
+                raise InputFileError(
+                    f"{where}: holds a single unnamed array, not an .npz archive of named inputs; "
+                    "save with np.savez(path, <input name>=array)"
+                )
+            with loaded as npz:
+                keys = list(npz.files)
+                names = {s.name for s in specs}
+                missing = sorted(names - set(keys))
+                extra = sorted(set(keys) - names - set(ignore))
+                if missing or extra:
+                    parts = []
+                    if missing:
+                        parts.append(f"missing input(s) {missing}")
+                    if extra:
+                        parts.append(f"unknown array(s) {extra}")
+                    raise DataError(f"{where}: {'; '.join(parts)}; the model's inputs are {sorted(names)}")
+                arrays = {s.name: split_samples(s, npz[s.name], where) for s in specs}
     except DataError:
         raise
     except ValueError as exc:

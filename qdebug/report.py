@@ -99,6 +99,7 @@ class ActivationResult:
     worst_sample: int | None = None
     converted_to: tuple[str, ...] = ()
     fused_activation: str | None = None
+    measured_through: str | None = None
 
     @property
     def flagged(self) -> bool:

@@ -1,0 +1,364 @@
+"""Bad input: the right error class and a message naming the file/tensor, through the Python API and
+the CLI (documented exit code, one-line message, no traceback), and the inputs are never modified.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import builders
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_one_line_error, save, sha256, tree_hashes
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
+
+from qdebug.config import QuantConfig
+from qdebug.debug import DebugOptions, debug
+from qdebug.errors import (
+    EXIT_DATA,
+    EXIT_INPUT_FILE,
+    EXIT_MODEL,
+    DataError,
+    InputFileError,
+    ModelError,
+    QDebugError,
+)
+from qdebug.quantize import quantize
+
+SHAPE = (1, 1, 6, 6)
+
+
+class _Reader(CalibrationDataReader):
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self._it = iter([{"x": rng.random(SHAPE).astype(np.float32)} for _ in range(4)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+@dataclass
+class Env:
+    root: Path
+    float_model: Path
+    quant_model: Path
+
+
+@pytest.fixture
+def env(tmp_path: Path, tiny_float: Path, tiny_quant) -> Iterator[Env]:
+    """A float/quant pair copied into a fresh folder; every file in it must be unchanged afterwards."""
+    f = Path(shutil.copy(tiny_float, tmp_path / "float.onnx"))
+    q = Path(shutil.copy(tiny_quant("u8"), tmp_path / "quant.onnx"))
+    shared_before = {p: sha256(p) for p in (tiny_float, tiny_quant("u8"))}
+    e = Env(tmp_path, f, q)
+    yield e
+    assert {p: sha256(p) for p in shared_before} == shared_before
+
+
+def _check(
+    env: Env,
+    run_cli,
+    make: Callable[[Env], tuple[Path, Path, Path | None]],
+    exc_type: type[QDebugError],
+    code: int,
+    needles: Callable[[Path, Path, Path | None], list[str]],
+) -> None:
+    """Make the bad input, then assert API error, CLI error, and untouched inputs."""
+    float_model, quant_model, data = make(env)
+    before = tree_hashes(env.root)
+    with pytest.raises(exc_type) as info:
+        debug(float_model, quant_model, data, DebugOptions(num_samples=2))
+    for n in needles(float_model, quant_model, data):
+        assert n in str(info.value), (n, str(info.value))
+    assert "\n" not in str(info.value)
+    argv = ["debug", "-f", float_model, "-q", quant_model]
+    argv += ["--data", data] if data is not None else ["--samples", "2"]
+    result = run_cli(*argv)
+    assert_one_line_error(result, code, *needles(float_model, quant_model, data))
+    assert result.out == ""
+    assert tree_hashes(env.root) == before
+
+
+# ------------------------------------------------------------------ unreadable model files
+def _random_bytes(e: Env) -> Path:
+    p = e.root / "random.onnx"
+    p.write_bytes(np.random.default_rng(1).bytes(4096))
+    return p
+
+
+def _text(e: Env) -> Path:
+    p = e.root / "notes.onnx"
+    p.write_text("this is not an ONNX model\njust text\n", encoding="utf-8")
+    return p
+
+
+def _missing(e: Env) -> Path:
+    return e.root / "does_not_exist.onnx"
+
+
+def _directory(e: Env) -> Path:
+    p = e.root / "a_folder.onnx"
+    p.mkdir()
+    return p
+
+
+@pytest.mark.parametrize("role", ["quant", "float"])
+@pytest.mark.parametrize("bad", [_random_bytes, _text, _missing, _directory], ids=lambda f: f.__name__[1:])
+def test_unreadable_model_file(env: Env, run_cli, bad, role: str) -> None:
+    def make(e: Env) -> tuple[Path, Path, None]:
+        p = bad(e)
+        return (e.float_model, p, None) if role == "quant" else (p, e.quant_model, None)
+
+    def needles(f: Path, q: Path, _: None) -> list[str]:
+        return [str(q if role == "quant" else f)]
+
+    _check(env, run_cli, make, InputFileError, EXIT_INPUT_FILE, needles)
+
+
+# ------------------------------------------------------------------ models of the wrong kind
+def _qoperator(e: Env) -> tuple[Path, Path, None]:
+    p = e.root / "qop.onnx"
+    quantize_static(str(e.float_model), str(p), _Reader(), quant_format=QuantFormat.QOperator)
+    assert "QLinearConv" in {n.op_type for n in onnx.load(str(p)).graph.node}
+    return e.float_model, p, None
+
+
+def _dynamic(e: Env) -> tuple[Path, Path, None]:
+    p = e.root / "dyn.onnx"
+    quantize_dynamic(str(e.float_model), str(p), weight_type=QuantType.QUInt8)
+    return e.float_model, p, None
+
+
+def _float_as_quant(e: Env) -> tuple[Path, Path, None]:
+    return e.float_model, e.float_model, None
+
+
+def _quant_as_float(e: Env) -> tuple[Path, Path, None]:
+    return e.quant_model, e.quant_model, None
+
+
+def _swapped(e: Env) -> tuple[Path, Path, None]:
+    return e.quant_model, e.float_model, None
+
+
+def _other_inputs(e: Env) -> tuple[Path, Path, None]:
+    _, q, _ = builders.matmul_constant_weight()
+    return e.float_model, save(q, e.root / "other_inputs.qdq.onnx"), None
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (_qoperator, ["QOperator"]),
+        (_dynamic, ["dynamically quantized"]),
+        (_float_as_quant, ["no QuantizeLinear"]),
+        (_quant_as_float, ["already quantized"]),
+        (_swapped, ["no QuantizeLinear"]),
+        (_other_inputs, ["do not correspond"]),
+    ],
+    ids=lambda v: v.__name__[1:] if callable(v) else "",
+)
+def test_wrong_kind_of_model(env: Env, run_cli, make, words: list[str]) -> None:
+    def needles(f: Path, q: Path, _: None) -> list[str]:
+        return [*words, str(f), str(q)]
+
+    _check(env, run_cli, make, ModelError, EXIT_MODEL, needles)
+
+
+def test_quantized_model_of_a_different_graph(env: Env, run_cli) -> None:
+    def make(e: Env) -> tuple[Path, Path, None]:
+        other = save(builders.other_convnet(), e.root / "other.onnx")
+        q = e.root / "other.qdq.onnx"
+        quantize(other, None, QuantConfig(num_samples=4), q)
+        return e.float_model, q, None
+
+    _check(env, run_cli, make, ModelError, EXIT_MODEL, lambda f, q, d: ["'y'", "do not correspond"])
+
+
+# ------------------------------------------------------------------ bad data
+X = np.random.default_rng(0).random((3, *SHAPE)).astype(np.float32)
+
+
+def _npz(name: str, **arrays: np.ndarray) -> Callable[[Env], tuple[Path, Path, Path]]:
+    def make(e: Env) -> tuple[Path, Path, Path]:
+        p = e.root / name
+        np.savez(p, **arrays)
+        return e.float_model, e.quant_model, p
+
+    make.__name__ = name
+    return make
+
+
+def _with_nan() -> np.ndarray:
+    x = X.copy()
+    x[1, 0, 0, 2, 2] = np.nan
+    return x
+
+
+def _empty_folder(e: Env) -> tuple[Path, Path, Path]:
+    p = e.root / "no_npz_here"
+    p.mkdir()
+    (p / "readme.txt").write_text("no data\n")
+    return e.float_model, e.quant_model, p
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (_npz("missing_input.npz", image=X), ["missing input", "'x'", "'image'"]),
+        (_npz("extra_input.npz", x=X, extra=X), ["unknown array", "'extra'"]),
+        (_npz("float64.npz", x=X.astype(np.float64)), ["'x'", "float64", "float32"]),
+        (_npz("wrong_shape.npz", x=X[..., :5]), ["'x'", "[1, 1, 6, 5]"]),
+        (_npz("nan.npz", x=_with_nan()), ["'x'", "NaN", "sample 1"]),
+        (_npz("pickled.npz", x=np.array([X[0], "text"], dtype=object)), ["pickled"]),
+        (_npz("empty.npz", x=X[:0]), ["no samples"]),
+        (_empty_folder, ["no .npz files"]),
+    ],
+    ids=lambda v: getattr(v, "__name__", "").lstrip("_") if callable(v) else "",
+)
+def test_bad_data(env: Env, run_cli, make, words: list[str]) -> None:
+    def needles(f: Path, q: Path, d: Path | None) -> list[str]:
+        return [str(d), *words]
+
+    _check(env, run_cli, make, DataError, EXIT_DATA, needles)
+
+
+def test_data_file_of_the_wrong_format(env: Env, run_cli) -> None:
+    def make(e: Env) -> tuple[Path, Path, Path]:
+        return e.float_model, e.quant_model, _text(e)
+
+    _check(env, run_cli, make, InputFileError, EXIT_INPUT_FILE, lambda f, q, d: [str(d)])
+
+
+def test_missing_data_file(env: Env, run_cli) -> None:
+    def make(e: Env) -> tuple[Path, Path, Path]:
+        return e.float_model, e.quant_model, e.root / "nope.npz"
+
+    _check(env, run_cli, make, InputFileError, EXIT_INPUT_FILE, lambda f, q, d: [str(d), "no such file"])
+
+
+def _corrupt_zip(p: Path) -> None:
+    p.write_bytes(b"PK\x03\x04" + np.random.default_rng(2).bytes(200))
+
+
+def _random_npz(p: Path) -> None:
+    p.write_bytes(np.random.default_rng(3).bytes(500))
+
+
+def _bare_npy(p: Path) -> None:
+    with open(p, "wb") as fh:
+        np.save(fh, X)  # a single .npy array under an .npz name
+
+
+@pytest.mark.parametrize("write", [_corrupt_zip, _random_npz, _bare_npy], ids=lambda f: f.__name__[1:])
+def test_corrupt_npz(env: Env, run_cli, write) -> None:
+    def make(e: Env) -> tuple[Path, Path, Path]:
+        p = e.root / "corrupt.npz"
+        write(p)
+        return e.float_model, e.quant_model, p
+
+    _check(env, run_cli, make, InputFileError, EXIT_INPUT_FILE, lambda f, q, d: [str(d)])
+
+
+# ------------------------------------------------------------------ dynamic shapes and external data
+def test_dynamic_batch_uses_documented_defaults_and_input_shape(tmp_path: Path, run_cli) -> None:
+    fp = save(builders.tiny_convnet(batch="N"), tmp_path / "dyn.onnx")
+    qp = tmp_path / "dyn.qdq.onnx"
+    quantize(fp, None, QuantConfig(num_samples=4), qp)
+    before = tree_hashes(tmp_path)
+    report = debug(fp, qp, None, DebugOptions(num_samples=2))
+    assert report.activation("x").elements == 1 * 1 * 6 * 6  # batch 'N' → 1
+    assert report.activation("y").elements == 3
+    report = debug(fp, qp, None, DebugOptions(num_samples=2, input_shapes={"x": (3, 1, 6, 6)}))
+    assert report.activation("x").elements == 3 * 36
+    assert report.activation("y").elements == 9
+    result = run_cli("debug", "-f", fp, "-q", qp, "--samples", "2", "--input-shape", "x:2,1,6,6", "--json")
+    assert result.code == 0, result.stderr
+    d = json.loads(result.out)
+    assert next(a for a in d["activations"] if a["tensor_name"] == "x")["elements"] == 72
+    bad = run_cli("debug", "-f", fp, "-q", qp, "--samples", "2", "--input-shape", "x:2,3,6,6")
+    assert_one_line_error(bad, EXIT_DATA, "'x'", "[2, 3, 6, 6]")
+    assert tree_hashes(tmp_path) == before
+
+
+def _save_external(model: onnx.ModelProto, folder: Path) -> Path:
+    folder.mkdir()
+    p = folder / "model.onnx"
+    onnx.save(model, str(p), save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin",
+              size_threshold=0)  # fmt: skip
+    assert (folder / "weights.bin").stat().st_size > 0
+    assert not onnx.load(str(p), load_external_data=False).graph.initializer[0].raw_data
+    return p
+
+
+def test_external_data_model_loads_and_debugs(tmp_path: Path, tiny_float: Path, tiny_quant) -> None:
+    ext = _save_external(builders.tiny_convnet(), tmp_path / "ext")
+    before = tree_hashes(tmp_path)
+    qpath = tiny_quant("u8")
+    report = debug(ext, qpath, None, DebugOptions(num_samples=3))
+    inline = debug(tiny_float, qpath, None, DebugOptions(num_samples=3))
+    assert len(report.weights) == 6
+    assert [w.weight_sqnr_db for w in report.weights] == [w.weight_sqnr_db for w in inline.weights]
+    assert report.output("y").cumulative_sqnr_db == inline.output("y").cumulative_sqnr_db
+    # and it can be quantized from its external-data form
+    qp = tmp_path / "ext.qdq.onnx"
+    quantize(ext, None, QuantConfig(num_samples=4), qp)
+    assert debug(ext, qp, None, DebugOptions(num_samples=2)).output("y").cumulative_status == "ok"
+    qp.unlink()
+    qp.with_suffix(".calib.json").unlink()
+    assert tree_hashes(tmp_path) == before
+
+
+def test_missing_external_data_file(tmp_path: Path, tiny_quant, run_cli) -> None:
+    ext = _save_external(builders.tiny_convnet(), tmp_path / "ext")
+    (tmp_path / "ext" / "weights.bin").unlink()
+    before = tree_hashes(tmp_path)
+    with pytest.raises(InputFileError) as info:
+        debug(ext, tiny_quant("u8"), None, DebugOptions(num_samples=2))
+    assert str(ext) in str(info.value) and "external data" in str(info.value)
+    result = run_cli("debug", "-f", ext, "-q", tiny_quant("u8"), "--samples", "2")
+    assert_one_line_error(result, EXIT_INPUT_FILE, str(ext), "external data")
+    assert tree_hashes(tmp_path) == before
+
+
+# ------------------------------------------------------------------ quantize never overwrites its input
+def test_quantize_refuses_to_overwrite_its_input(tmp_path: Path, tiny_float: Path, run_cli) -> None:
+    fp = Path(shutil.copy(tiny_float, tmp_path / "model.onnx"))
+    before = tree_hashes(tmp_path)
+    with pytest.raises(InputFileError) as info:
+        quantize(fp, None, QuantConfig(num_samples=2), fp)
+    assert str(fp) in str(info.value) and "overwrite" in str(info.value)
+    # the same file reached through another spelling of its path
+    with pytest.raises(InputFileError):
+        quantize(fp, None, QuantConfig(num_samples=2), tmp_path / "." / "model.onnx")
+    result = run_cli("quantize", "-m", fp, "-o", fp, "--samples", "2")
+    assert_one_line_error(result, EXIT_INPUT_FILE, str(fp), "overwrite")
+    assert tree_hashes(tmp_path) == before
+
+
+def test_quantize_refuses_an_already_quantized_model(tmp_path: Path, tiny_quant, run_cli) -> None:
+    qp = Path(shutil.copy(tiny_quant("u8"), tmp_path / "q.onnx"))
+    before = tree_hashes(tmp_path)
+    with pytest.raises(ModelError, match="already quantized"):
+        quantize(qp, None, QuantConfig(num_samples=2), tmp_path / "again.onnx")
+    result = run_cli("quantize", "-m", qp, "-o", tmp_path / "again.onnx")
+    assert_one_line_error(result, EXIT_MODEL, str(qp), "already quantized")
+    assert tree_hashes(tmp_path) == before
+
+
+def test_debug_refuses_to_write_its_report_over_an_input(env: Env, run_cli) -> None:
+    before = tree_hashes(env.root)
+    result = run_cli("debug", "-f", env.float_model, "-q", env.quant_model, "--samples", "2", "-o", env.quant_model)
+    assert_one_line_error(result, EXIT_INPUT_FILE, "overwrite")
+    assert tree_hashes(env.root) == before

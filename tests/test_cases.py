@@ -1,0 +1,358 @@
+"""One purpose-built model per failure mode of ORT's qdq_loss_debug recipe, each asserting the numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import builders
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import save
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+from qdebug.config import QuantConfig
+from qdebug.debug import DebugOptions, debug
+from qdebug.quantize import quantize
+from qdebug.report import DebugReport
+
+
+def _sqnr64(ref: np.ndarray, test: np.ndarray) -> float:
+    x = np.asarray(ref, dtype=np.float64).ravel()
+    y = np.asarray(test, dtype=np.float64).ravel()
+    return 10 * math.log10(float(x @ x) / float((x - y) @ (x - y)))
+
+
+def _run(tmp_path: Path, f: onnx.ModelProto, q: onnx.ModelProto, data=None, n: int = 4) -> DebugReport:
+    fp, qp = save(f, tmp_path / "float.onnx"), save(q, tmp_path / "quant.onnx")
+    return debug(fp, qp, data, DebugOptions(num_samples=n))
+
+
+def _activation_q_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """QuantizeLinear nodes on activations (not on constants, not a DQ→Q convert)."""
+    consts = {i.name for i in model.graph.initializer} | {
+        n.output[0] for n in model.graph.node if n.op_type == "Constant"
+    }
+    dq_out = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    return [
+        n
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] not in consts and n.input[0] not in dq_out
+    ]
+
+
+def _tensors(model: onnx.ModelProto, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for n in names:
+        m.graph.output.append(onnx.ValueInfoProto(name=n))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(names, feed)
+
+
+class _Reader(CalibrationDataReader):
+    def __init__(self, shape: tuple[int, ...], n: int = 8) -> None:
+        rng = np.random.default_rng(0)
+        self._it = iter([{"x": rng.random(shape).astype(np.float32)} for _ in range(n)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+# ------------------------------------------------------------------ (a) 16-bit com.microsoft Q/DQ
+def test_16bit_com_microsoft_qdq_is_paired(tiny_float: Path, tiny_quant) -> None:
+    qpath = tiny_quant("u16_qnn")
+    qm = onnx.load(str(qpath))
+    qdq = [n for n in qm.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert qdq and {n.domain for n in qdq} == {"com.microsoft"}
+    # The trap of the recipe: ONNX shape inference leaves these outputs untyped.
+    inferred = onnx.shape_inference.infer_shapes(qm)
+    typed = {vi.name for vi in inferred.graph.value_info if vi.type.tensor_type.elem_type}
+    q_outs = [n.output[0] for n in qdq if n.op_type == "QuantizeLinear"]
+    assert not any(o in typed for o in q_outs)
+
+    report = debug(tiny_float, qpath, None, DebugOptions(num_samples=3))
+    quantized = [a for a in report.activations if a.quantized]
+    assert len(quantized) > 0
+    assert len(quantized) == len(_activation_q_nodes(qm)) == 7
+    assert {a.quant_type for a in quantized} == {"uint16"}
+    # 16-bit activations: the input's own rounding is ~100 dB, far above any 8-bit value.
+    assert report.activation("x").local_sqnr_db > 90
+    assert len(report.weights) == 6
+
+
+# ------------------------------------------------------------------ (b) Constant-node weights
+def test_constant_node_weights_are_found(tmp_path: Path) -> None:
+    f, q, info = builders.matmul_constant_weight()
+    assert not f.graph.initializer  # the float weight really is a Constant node
+    report = _run(tmp_path, f, q)
+    assert len(report.weights) == 1
+    w = report.weights[0]
+    assert (w.weight_name, w.kind, w.quant_type, w.channels, w.shape) == ("W", "weight", "int8", 1, (8, 4))
+    expected = _sqnr64(info["w"], info["w_q"].astype(np.float64) * np.float64(np.float32(info["w_scale"])))
+    assert w.weight_sqnr_db == pytest.approx(expected, abs=1e-9)
+    assert 35 < w.weight_sqnr_db < 60
+    # the Constant outputs are not mistaken for activations
+    assert [a.tensor_name for a in report.activations] == ["x", "y"]
+
+
+# ------------------------------------------------------------------ (c) 0-d scalar weight
+def test_scalar_weight(tmp_path: Path) -> None:
+    f, q, info = builders.scalar_weight_mul()
+    report = _run(tmp_path, f, q)
+    assert len(report.weights) == 1
+    w = report.weights[0]
+    assert (w.weight_name, w.shape, w.elements, w.quant_type) == ("s", (), 1, "uint8")
+    ref = np.float64(np.float32(info["value"]))
+    deq = (float(info["s_q"]) - info["zero_point"]) * np.float64(np.float32(info["scale"]))
+    assert deq == pytest.approx(0.74)
+    expected = 20 * math.log10(abs(ref) / abs(ref - deq))
+    assert w.weight_sqnr_db == pytest.approx(expected, abs=1e-9)
+    assert w.weight_sqnr_db == pytest.approx(48.10, abs=0.01)
+    assert w.max_abs_error == pytest.approx(abs(ref - deq), rel=1e-9)
+
+
+# ------------------------------------------------------------------ (d) per-channel weights
+def test_per_channel_weights_and_worst_channel(tmp_path: Path) -> None:
+    f, q, info = builders.per_channel_weights()
+    report = _run(tmp_path, f, q)
+    by_name = {w.weight_name: w for w in report.weights}
+    assert set(by_name) == {"W1", "W2", "W3"}
+    for name, w in info["weights"].items():
+        axis = (info["axes"][name] if info["axes"][name] is not None else 1) % w.ndim
+        scales = info["scales"][name].astype(np.float64)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        deq = info["quantized"][name].astype(np.float64) * scales.reshape(shape)
+        wm = np.moveaxis(w.astype(np.float64), axis, 0)
+        dm = np.moveaxis(deq, axis, 0)
+        per = [_sqnr64(wm[c], dm[c]) for c in range(wm.shape[0])]
+        got = by_name[name]
+        assert got.channels == w.shape[axis]
+        assert got.weight_sqnr_db == pytest.approx(_sqnr64(w, deq), abs=1e-9)
+        assert got.worst_channel_sqnr_db == pytest.approx(min(per), abs=1e-9)
+        assert int(np.argmin(per)) == info["coarse"][name]  # the deliberately coarse channel
+        assert got.worst_channel_sqnr_db < got.weight_sqnr_db - 3
+
+
+def test_per_channel_quantized_by_ort(tiny_float: Path, tiny_quant) -> None:
+    report = debug(tiny_float, tiny_quant("s8_per_channel"), None, DebugOptions(num_samples=2))
+    w1 = next(w for w in report.weights if w.weight_name == "w1")
+    assert (w1.channels, w1.quant_type, w1.shape) == (4, "int8", (4, 1, 3, 3))
+    assert w1.worst_channel_sqnr_db is not None
+    assert w1.worst_channel_sqnr_db <= w1.weight_sqnr_db
+
+
+# ------------------------------------------------------------------ (e) uint8 weights, non-zero zero point
+def test_unsigned_weight_with_zero_point_is_not_wrapped(tmp_path: Path) -> None:
+    f, q, info = builders.uint8_weight_with_zero_point()
+    assert info["zero_point"] > 0 and (info["w_q"] < info["zero_point"]).any()
+    report = _run(tmp_path, f, q)
+    (w,) = report.weights
+    scale64 = np.float64(info["scale"])
+    expected = _sqnr64(info["w"], (info["w_q"].astype(np.float64) - info["zero_point"]) * scale64)
+    with np.errstate(over="ignore"):  # what dequantizing in uint8 arithmetic gives
+        wrapped = (info["w_q"] - np.uint8(info["zero_point"])).astype(np.float64) * scale64
+    wrapped_db = _sqnr64(info["w"], wrapped)
+    assert expected > 40
+    assert wrapped_db < 0
+    assert w.weight_sqnr_db == pytest.approx(expected, abs=1e-9)
+    assert w.quant_type == "uint8"
+
+
+# ------------------------------------------------------------------ (f) outputs of non-quantized ops
+def test_outputs_of_non_quantized_ops(tmp_path: Path) -> None:
+    fp = save(builders.matmul_div_unsqueeze(), tmp_path / "f.onnx")
+    qp = tmp_path / "q.onnx"
+    quantize_static(str(fp), str(qp), _Reader((1, 8)), quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"])
+    qm = onnx.load(str(qp))
+    producers = {o: n.op_type for n in qm.graph.node for o in n.output}
+    assert producers["out_div"] == "Div" and producers["out_unsq"] == "Unsqueeze"  # not re-quantized by ORT
+    report = debug(fp, qp, None, DebugOptions(num_samples=4))
+    assert {o.output_name for o in report.model_outputs} == {"out_div", "out_unsq"}
+    m = report.activation("m")
+    assert m.quantized
+    for name in ("out_div", "out_unsq"):
+        a = report.activation(name)
+        assert not a.quantized
+        assert a.local_status == "not_quantized" and a.local_sqnr_db is None
+        # Div by 2 and Unsqueeze are exact: the damage is the MatMul's, to the last digit.
+        assert a.cumulative_sqnr_db == pytest.approx(m.cumulative_sqnr_db, abs=1e-6)
+        assert report.output(name).cumulative_sqnr_db == pytest.approx(m.cumulative_sqnr_db, abs=1e-6)
+
+
+# ------------------------------------------------------------------ (g) all-zero and identical tensors
+def test_all_zero_tensors_are_never_zero_db(tmp_path: Path) -> None:
+    f, q = builders.zero_tensors()
+    report = _run(tmp_path, f, q)
+    zeros = report.activation("zeros")
+    assert zeros.quantized
+    assert (zeros.cumulative_sqnr_db, zeros.cumulative_status) == (math.inf, "identical")
+    assert (zeros.local_sqnr_db, zeros.local_status) == (math.inf, "identical")
+    cz = report.activation("cz")
+    assert (cz.producer_op, cz.cumulative_sqnr_db, cz.cumulative_status) == ("ConstantOfShape", math.inf, "identical")
+    diff = report.activation("diff")  # 0 in the float model, DQ(Q(x)) − x ≠ 0 in the quantized one
+    assert (diff.cumulative_sqnr_db, diff.cumulative_status) == (None, "undefined")
+    assert diff.mse is not None and diff.mse > 0
+    assert (report.output("diff").cumulative_sqnr_db, report.output("diff").cumulative_status) == (None, "undefined")
+    assert report.output("zsum").cumulative_status == "identical"
+    assert all(a.cumulative_sqnr_db != 0.0 for a in report.activations)
+    assert "shp" not in {a.tensor_name for a in report.activations}  # int64 Shape output is not compared
+    weight = report.weights[0]
+    assert (weight.weight_name, weight.weight_sqnr_db, weight.weight_status) == ("Z", math.inf, "identical")
+    assert report.summary.cumulative.undefined == 1
+    assert report.summary.cumulative.infinite == 3
+    assert report.worst("cumulative", 1)[0].tensor_name == "diff"  # undefined sorts first: it needs a look
+    d = json.loads(report.to_json())
+    row = next(a for a in d["activations"] if a["tensor_name"] == "diff")
+    assert row["cumulative_sqnr_db"] is None and row["cumulative_status"] == "undefined"
+
+
+def test_identical_tensors_are_plus_inf(tmp_path: Path) -> None:
+    f, q = builders.exact_grid()
+    data = {"x": (np.arange(24, dtype=np.float32) % 11).reshape(3, 1, 8)}  # on the scale-1 grid
+    report = _run(tmp_path, f, q, data)
+    for name in ("x", "r"):
+        a = report.activation(name)
+        assert (a.cumulative_sqnr_db, a.cumulative_status) == (math.inf, "identical")
+        assert a.max_abs_error == 0.0
+    assert report.activation("x").local_status == "identical"
+    assert report.activation("r").local_status == "not_quantized"
+    assert report.output("r").cumulative_sqnr_db == math.inf
+    assert np.isposinf(report.per_sample.values).all()
+    assert report.summary.cumulative.count == 0 and report.summary.cumulative.infinite == 2
+    assert json.loads(report.to_json())["model_outputs"][0]["cumulative_sqnr_db"] == "inf"
+
+
+# ------------------------------------------------------------------ (h) NaN/Inf inside tensors
+def test_nan_and_inf_inside_tensors_are_flagged(tmp_path: Path) -> None:
+    f, q = builders.nonfinite_model()
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 1, 8)
+    x[:, 0, 3] = 0.0
+    report = _run(tmp_path, f, q, {"x": x})
+    xq = np.clip(np.rint(x.astype(np.float64) / np.float32(2.0 / 255.0)), -128, 127)
+    logx = report.activation("logx")
+    assert logx.nonfinite_float == int((x <= 0).sum()) == 13
+    assert logx.nonfinite_quant == int((xq <= 0).sum())
+    assert (logx.cumulative_sqnr_db, logx.cumulative_status, logx.flagged) == (None, "nonfinite", True)
+    recip = report.activation("recip")  # 1/0 = inf in the float model; the Q saturates it
+    assert recip.quantized
+    assert (recip.nonfinite_float, recip.nonfinite_quant) == (3, 0)
+    assert recip.cumulative_status == "nonfinite" and recip.local_status == "nonfinite"
+    assert recip.max_abs_error is None and report.output("neg").max_abs_error is None  # not a fake 0.0
+    assert report.output("neg").cumulative_status == "nonfinite"
+    assert report.output("logx").nonfinite_float == 13
+    assert report.activation("x").cumulative_status == "ok"
+    assert any("NaN/Inf" in w for w in report.meta.warnings)
+    assert report.summary.cumulative.undefined == 3
+    json.loads(report.to_json(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+
+
+# ------------------------------------------------------------------ (i) −inf constant feeding a Max
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:onnxruntime")  # ORT's own scale computation on −inf
+def test_neg_inf_constant_into_max_is_localised(tmp_path: Path) -> None:
+    fp = save(builders.max_with_neg_inf(), tmp_path / "f.onnx")
+    qp = tmp_path / "q.onnx"
+    quantize(fp, None, QuantConfig(activation_type="uint16", weight_type="uint8", target="qnn", num_samples=8), qp)
+    report = debug(fp, qp, None, DebugOptions(num_samples=4))
+    ninf = next(w for w in report.weights if w.weight_name == "ninf")
+    assert ninf.weight_status == "nonfinite" and ninf.weight_sqnr_db is None
+    assert report.worst("weight", 1)[0].weight_name == "ninf"
+    mx = report.activation("mx")
+    assert mx.local_status == "nonfinite"
+    assert report.worst("local", 1)[0].tensor_name == "mx"
+    # Everything before the Max is fine; the damage starts exactly there.
+    assert report.activation("x").cumulative_sqnr_db > 60
+    assert report.activation("m").cumulative_sqnr_db > 30
+    first_bad = next(a for a in report.activations if a.cumulative_sqnr_db is None or a.cumulative_sqnr_db < 20)
+    assert first_bad.tensor_name == "mx"
+    assert report.output("y").cumulative_sqnr_db < 10  # the recipe's symptom, reproduced
+
+
+def test_infinite_weight_on_both_sides(tmp_path: Path) -> None:
+    # −inf − (−inf) is NaN: the weight is reported as non-finite, with no numpy warning and a clean JSON.
+    f, q = builders.neg_inf_weight()
+    report = _run(tmp_path, f, q)
+    (w,) = report.weights
+    assert (w.weight_name, w.weight_sqnr_db, w.weight_status, w.max_abs_error) == ("ninf", None, "nonfinite", None)
+    assert report.output("y").cumulative_status == "ok"  # Max(x, −inf) = x on both sides
+    text = report.to_json()
+    assert DebugReport.from_json(text).weights == report.weights
+
+
+# ------------------------------------------------------------------ (j) fused Relu / Clip
+def test_fused_relu_local_sqnr_is_high(tiny_float: Path, tiny_quant) -> None:
+    qpath = tiny_quant("u8")
+    qm = onnx.load(str(qpath))
+    assert "Relu" not in {n.op_type for n in qm.graph.node}  # ORT folded the Relu into the Q
+    report = debug(tiny_float, qpath, None, DebugOptions(num_samples=4))
+    r1 = report.activation("r1")
+    assert r1.fused_activation == "Relu"
+    assert r1.local_sqnr_db > 30
+    # What a comparison without the folded Relu gives (the recipe's ~1 dB): this test can fail.
+    x = np.random.default_rng(0).random((1, 1, 6, 6)).astype(np.float32)
+    pre, post = _tensors(qm, ["r1", "r1_DequantizeLinear_Output"], {"x": x})
+    assert _sqnr64(pre, post) < 10
+    assert _sqnr64(np.maximum(pre, 0), post) > 30
+
+
+def test_fused_clip_local_sqnr_is_high(tmp_path: Path) -> None:
+    fp = save(builders.conv_clip(), tmp_path / "f.onnx")
+    qp = tmp_path / "q.onnx"
+    quantize(fp, None, QuantConfig(num_samples=8), qp)
+    assert "Clip" not in {n.op_type for n in onnx.load(str(qp)).graph.node}
+    report = debug(fp, qp, None, DebugOptions(num_samples=4))
+    r = report.activation("r")
+    assert r.fused_activation == "Clip"
+    assert r.local_sqnr_db > 30
+    assert r.float_min == 0.0 and r.float_max == 1.0
+
+
+# ------------------------------------------------------------------ (k) mixed precision with a convert
+def test_mixed_precision_convert(tiny_float: Path, tmp_path: Path) -> None:
+    cfg = QuantConfig(
+        num_samples=8,
+        tensor_overrides={
+            "r1": [{"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": ["conv2"]}}]
+        },
+    )
+    qp = tmp_path / "mixed.onnx"
+    quantize(tiny_float, None, cfg, qp)
+    qm = onnx.load(str(qp))
+    converts = [n for n in qm.graph.node if n.op_type == "QuantizeLinear" and "convert" in n.output[0]]
+    assert len(converts) == 1
+    report = debug(tiny_float, qp, None, DebugOptions(num_samples=4))
+    names = [a.tensor_name for a in report.activations]
+    assert len(names) == len(set(names))
+    assert len([a for a in report.activations if a.quantized]) == len(_activation_q_nodes(qm))
+    r1 = report.activation("r1")
+    assert r1.quant_type == "uint8"
+    assert r1.converted_to == ("uint16",)
+    assert all(a.converted_to == () for a in report.activations if a.tensor_name != "r1")
+    assert r1.cumulative_status == "ok" and report.output("y").cumulative_sqnr_db > 25
+    assert DebugReport.from_json(report.to_json()).activation("r1").converted_to == ("uint16",)
+
+
+def test_unfused_relu_input_clipped_by_its_q_is_not_a_false_alarm(tiny_float: Path, tmp_path: Path) -> None:
+    cfg = QuantConfig(
+        num_samples=8,
+        tensor_overrides={
+            "r1": [{"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": ["conv2"]}}]
+        },
+    )
+    qp = tmp_path / "q.onnx"
+    quantize(tiny_float, None, cfg, qp)
+    qm = onnx.load(str(qp))
+    assert "Relu" in {n.op_type for n in qm.graph.node}
+    init = {i.name: onnx.numpy_helper.to_array(i) for i in qm.graph.initializer}
+    assert float(init["c1_zero_point"]) == 0 and init["c1_zero_point"].dtype == np.uint8  # range [0, max]
+    report = debug(tiny_float, qp, None, DebugOptions(num_samples=4))
+    assert report.activation("r1").local_sqnr_db > 30
+    c1 = report.activation("c1")
+    assert c1.measured_through == "Relu"
+    assert c1.local_sqnr_db > 30
+    assert c1.cumulative_sqnr_db > 30
