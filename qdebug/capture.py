@@ -10,7 +10,6 @@ the number of samples.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ import onnx
 from qdebug.data import DataSource
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing
-from qdebug.metrics import ErrorSums, reduce_pair, sqnr_from_energies
+from qdebug.metrics import BatchSums, ErrorSums, reduce_pairs, value_ranges
 
 ProgressFn = Callable[[int, int], None]
 
@@ -68,17 +67,13 @@ class _Acc:
         self.nf_test = np.zeros(self.n, dtype=np.int64)
         self.samples = 0
 
-    def add(self, j: int, s: ErrorSums) -> float:
-        self.signal[j] += s.signal
-        self.noise[j] += s.noise
-        self.count[j] += s.count
-        self.max_abs[j] = max(self.max_abs[j], s.max_abs)
-        self.nf_ref[j] += s.nonfinite_reference
-        self.nf_test[j] += s.nonfinite_test
-        if s.nonfinite_reference or s.nonfinite_test:
-            return math.nan
-        v, _ = sqnr_from_energies(s.signal, s.noise)
-        return math.nan if v is None else v
+    def add(self, idx: np.ndarray, b: BatchSums) -> None:
+        self.signal[idx] += b.signal
+        self.noise[idx] += b.noise
+        self.count[idx] += b.count
+        self.max_abs[idx] = np.maximum(self.max_abs[idx], b.max_abs)
+        self.nf_ref[idx] += b.nonfinite_reference
+        self.nf_test[idx] += b.nonfinite_test
 
     def sums(self, j: int) -> ErrorSums:
         return ErrorSums(
@@ -139,6 +134,21 @@ def capture(
     per_sample = np.full((n_total, len(acts)), np.nan)
     per_sample_out = np.full((n_total, len(outs)), np.nan)
 
+    # Fixed per-run plan: which fetched array feeds which comparison, and which are seen through an activation.
+    act_f = [f_index[a.tensor_name] for a in acts]
+    act_post = [q_index[a.post_qdq] for a in acts]
+    all_idx = np.arange(len(acts))
+    quant_idx = np.array([j for j, a in enumerate(acts) if a.quantized], dtype=np.intp)
+    through = [(j, a.measured_through) for j, a in enumerate(acts) if a.measured_through is not None]
+    pre_plan = [
+        (q_index[a.pre_qdq], [act for act in (a.fused_activation, a.measured_through) if act is not None])
+        for a in acts
+        if a.quantized
+    ]
+    out_f = [f_index[o.output_name] for o in outs]
+    out_q = [q_index[o.quant_name] for o in outs]
+    out_idx = np.arange(len(outs))
+
     i = -1
     for i, sample in enumerate(data):
         if i >= n_total:  # a source that yields more than it announced
@@ -148,37 +158,41 @@ def capture(
             q_vals = q_sess.run(q_names, sample)  # type: ignore[attr-defined]
         except Exception as exc:
             raise DataError(f"sample {i}: ONNX Runtime failed to run the models: {exc}") from exc
-        for j, a in enumerate(acts):
-            ref = f_vals[f_index[a.tensor_name]]
-            post = q_vals[q_index[a.post_qdq]]
+        refs = [f_vals[k] for k in act_f]
+        posts = [q_vals[k] for k in act_post]
+        for j, (ref, post) in enumerate(zip(refs, posts, strict=True)):
             if ref.shape != post.shape:
                 raise ModelError(
-                    f"tensor {a.tensor_name!r} has shape {ref.shape} in the float model but {post.shape} in "
-                    "the quantized model: the models do not correspond"
+                    f"tensor {acts[j].tensor_name!r} has shape {ref.shape} in the float model but {post.shape} "
+                    "in the quantized model: the models do not correspond"
                 )
-            ref_c, post_c = ref, post
-            if a.measured_through is not None:
-                lo, hi = a.measured_through[1], a.measured_through[2]
-                ref_c, post_c = np.clip(ref, lo, hi), np.clip(post, lo, hi)
-            s = reduce_pair(ref_c, post_c)
-            per_sample[i, j] = cum.add(j, s)
-            if a.quantized:
-                pre = q_vals[q_index[a.pre_qdq]]
-                for act in (a.fused_activation, a.measured_through):
-                    if act is not None:
-                        pre = np.clip(pre, act[1], act[2])
-                loc.add(j, reduce_pair(pre, post_c))
-            if ref.size and s.nonfinite_reference == 0:
-                fmin[j] = min(fmin[j], float(ref.min()))
-                fmax[j] = max(fmax[j], float(ref.max()))
-            elements[j] = ref.size
-        for j, o in enumerate(outs):
-            ref = f_vals[f_index[o.output_name]]
-            test = q_vals[q_index[o.quant_name]]
-            if ref.shape != test.shape:
-                raise ModelError(f"model output {o.output_name!r}: shape {ref.shape} vs {test.shape}")
-            per_sample_out[i, j] = out_acc.add(j, reduce_pair(ref, test))
-        del f_vals, q_vals
+        ref_c, post_c = list(refs), list(posts)
+        for j, (_, lo, hi) in through:
+            ref_c[j], post_c[j] = np.clip(refs[j], lo, hi), np.clip(posts[j], lo, hi)
+        cum_b = reduce_pairs(ref_c, post_c)
+        cum.add(all_idx, cum_b)
+        per_sample[i] = cum_b.sqnr_db()
+        if len(quant_idx):
+            pres = []
+            for k, clips in pre_plan:
+                pre = q_vals[k]
+                for _, lo, hi in clips:
+                    pre = np.clip(pre, lo, hi)
+                pres.append(pre)
+            loc.add(quant_idx, reduce_pairs(pres, [post_c[j] for j in quant_idx]))
+        lo_v, hi_v = value_ranges(refs)
+        fmin = np.fmin(fmin, lo_v)
+        fmax = np.fmax(fmax, hi_v)
+        elements[:] = [r.size for r in refs]
+        o_refs = [f_vals[k] for k in out_f]
+        o_tests = [q_vals[k] for k in out_q]
+        for o, r, t in zip(outs, o_refs, o_tests, strict=True):
+            if r.shape != t.shape:
+                raise ModelError(f"model output {o.output_name!r}: shape {r.shape} vs {t.shape}")
+        out_b = reduce_pairs(o_refs, o_tests)
+        out_acc.add(out_idx, out_b)
+        per_sample_out[i] = out_b.sqnr_db()
+        del f_vals, q_vals, refs, posts, ref_c, post_c
         if progress is not None:
             progress(i + 1, n_total)
     n_done = i + 1
