@@ -42,7 +42,7 @@ browser:
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check qdebug widgets tests benchmarks sample_models
-	$(BIN)/ruff format --check qdebug widgets || true
+	$(BIN)/ruff format --check qdebug widgets tests benchmarks sample_models
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy

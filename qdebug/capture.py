@@ -116,9 +116,7 @@ def capture(
     f_names = list(dict.fromkeys([a.tensor_name for a in acts] + [o.output_name for o in outs]))
     q_names = list(
         dict.fromkeys(
-            [a.pre_qdq for a in acts if a.quantized]
-            + [a.post_qdq for a in acts]
-            + [o.quant_name for o in outs]
+            [a.pre_qdq for a in acts if a.quantized] + [a.post_qdq for a in acts] + [o.quant_name for o in outs]
         )
     )
     f_sess = make_session(expose_outputs(float_model, f_names), providers)

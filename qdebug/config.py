@@ -91,9 +91,7 @@ class TensorOverride:
                 out.append(f"{tensor}: scale must be a finite positive number, got {self.scale}")
             clash = [k for k in ("symmetric", "reduce_range", "rmin", "rmax") if getattr(self, k) is not None]
             if clash:
-                out.append(
-                    f"{tensor}: {', '.join(clash)} cannot be combined with an explicit scale/zero_point"
-                )
+                out.append(f"{tensor}: {', '.join(clash)} cannot be combined with an explicit scale/zero_point")
         for k in ("rmin", "rmax"):
             v = getattr(self, k)
             if v is not None and not math.isfinite(v):

@@ -69,8 +69,7 @@ class MissingExtraError(QDebugError, ImportError):
         self.module = module
         self.extra = extra
         super().__init__(
-            f"{purpose} needs the optional package '{module}', which is not installed: "
-            f"pip install 'qdebug[{extra}]'"
+            f"{purpose} needs the optional package '{module}', which is not installed: pip install 'qdebug[{extra}]'"
         )
 
 

@@ -152,9 +152,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                 dims.append(d.dim_param)
             else:
                 dims.append(None)
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(
-            np.float32
-        )
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
         specs.append(InputSpec(vi.name, tuple(dims), dtype))
     return specs
 
@@ -174,9 +172,7 @@ def topological_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
         return nodes
     # Kahn's algorithm, stable with respect to the stored order.
     producers = {o: idx for idx, n in enumerate(nodes) for o in n.output}
-    deps = [
-        {producers[i] for i in n.input if i in producers and i not in available} for n in nodes
-    ]
+    deps = [{producers[i] for i in n.input if i in producers and i not in available} for n in nodes]
     done: set[int] = set()
     order: list[onnx.NodeProto] = []
     while len(order) < len(nodes):
@@ -334,9 +330,7 @@ def _params(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto | onnx.Node
         qtype = quant_type_name(zp.dtype)
     else:
         out_dtype = _attr(node, "output_dtype", 0)
-        qtype = (
-            quant_type_name(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(out_dtype))) if out_dtype else "uint8"
-        )
+        qtype = quant_type_name(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(out_dtype))) if out_dtype else "uint8"
     per_tensor = scale is not None and scale.size == 1
     return QuantParams(
         quant_type=qtype,
@@ -427,8 +421,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     q_inputs = {s.name: s for s in input_specs(quant_model)}
     if set(f_inputs) != set(q_inputs):
         raise ModelError(
-            "the models do not correspond: float inputs "
-            f"{sorted(f_inputs)} vs quantized inputs {sorted(q_inputs)}"
+            f"the models do not correspond: float inputs {sorted(f_inputs)} vs quantized inputs {sorted(q_inputs)}"
         )
     for name, fs in f_inputs.items():
         qs = q_inputs[name]
@@ -499,9 +492,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
             params=_params(q, q_consts),
             converted_to=converted,
             fused_activation=_fused_activation(fnode, producer, f_consts),
-            measured_through=_consumer_activation(f_consumers[name], f_consts)
-            if name not in f_outputs
-            else None,
+            measured_through=_consumer_activation(f_consumers[name], f_consts) if name not in f_outputs else None,
         )
     if not quantized:
         raise ModelError(
@@ -593,9 +584,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     if set(f_outs) <= set(q_outs):
         outputs = [OutputPair(n, n) for n in f_outs]
     elif len(f_outs) == len(q_outs):
-        warnings.append(
-            f"model output names differ ({f_outs} vs {q_outs}); paired by position"
-        )
+        warnings.append(f"model output names differ ({f_outs} vs {q_outs}); paired by position")
         outputs = [OutputPair(a, b) for a, b in zip(f_outs, q_outs, strict=True)]
     else:
         raise ModelError(f"the models do not correspond: outputs {f_outs} vs {q_outs}")
@@ -642,16 +631,12 @@ def weight_arrays(pair: WeightPair, float_index: GraphIndex, quant_index: GraphI
     test = dequantize(q_val, scale, zp, _attr(dq, "axis", 1), _attr(dq, "block_size", 0))
     if ref.shape != test.shape:
         if ref.size != test.size:
-            raise ModelError(
-                f"weight {pair.weight_name!r}: float shape {ref.shape} vs quantized shape {test.shape}"
-            )
+            raise ModelError(f"weight {pair.weight_name!r}: float shape {ref.shape} vs quantized shape {test.shape}")
         test = test.reshape(ref.shape)
     return ref, test
 
 
-def quantize_array(
-    x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int = 1
-) -> np.ndarray:
+def quantize_array(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int = 1) -> np.ndarray:
     """QuantizeLinear in numpy (round half to even, saturate), for in-graph weight quantization."""
     xf = np.asarray(x, dtype=np.float64)
     s = np.asarray(scale, dtype=np.float64)
