@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int)
     q.add_argument("--distribution", dest="synthetic_distribution", choices=["uniform", "normal"])
     q.add_argument("--target", choices=["cpu", "qnn", "deeploy"])
+    q.add_argument(
+        "--input-shape",
+        type=_shape_arg,
+        action="append",
+        default=[],
+        help="fix a dynamic input shape for synthetic calibration data, NAME:D0,D1,... (repeatable)",
+    )
     q.add_argument("--json", action="store_true", help="print the result as JSON")
 
     d = sub.add_parser(
@@ -236,7 +243,7 @@ def _cmd_quantize(args: argparse.Namespace, out: TextIO) -> int:
         )
     }
     cfg = base.merged(**flags)
-    result = quantize(args.model, args.data, cfg, args.output)
+    result = quantize(args.model, args.data, cfg, args.output, input_shapes=dict(args.input_shape) or None)
     if args.json:
         print(result.to_json(), file=out)
     else:

@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -140,11 +141,13 @@ def quantize(
     output: str | Path | None = None,
     *,
     calibration_cache: str | Path | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> QuantizeResult:
     """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted).
 
     ``data`` feeds calibration (``None``: ``config.num_samples`` seeded synthetic samples). With an
     existing ``calibration_cache`` (from an earlier result) calibration is skipped and its ranges reused.
+    ``input_shapes`` fixes dynamic input dimensions of synthetic calibration data (see ``docs/data.md``).
     """
     from onnxruntime.quantization import quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
@@ -178,6 +181,7 @@ def quantize(
             num_samples=cfg.num_samples,
             seed=cfg.seed,
             distribution=cfg.synthetic_distribution,
+            input_shapes=input_shapes,
         )
         reader = as_ort_reader(source)
         ort_cfg = to_ort_config(cfg, model_path, reader)

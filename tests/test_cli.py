@@ -257,3 +257,15 @@ def test_debug_with_data_max_samples_and_ignore_key(pair: tuple[Path, Path], tmp
     d = json.loads(r.out)
     assert d["meta"]["num_samples"] == 4 and len(d["per_sample"]["values"]) == 4
     assert_one_line_error(run_cli("debug", "-f", f, "-q", q, "--data", data), 5, str(data), "'label'")
+
+
+def test_quantize_dynamic_batch_with_input_shape(tmp_path: Path, run_cli) -> None:
+    f = save(builders.tiny_convnet(batch="N"), tmp_path / "dyn.onnx")
+    q = tmp_path / "dyn.qdq.onnx"
+    r = run_cli("quantize", "-m", f, "-o", q, "--samples", "4", "--input-shape", "x:2,1,6,6")
+    assert r.code == EXIT_OK, r.stderr
+    r = run_cli("debug", "-f", f, "-q", q, "--samples", "2", "--input-shape", "x:2,1,6,6", "--json")
+    assert r.code == EXIT_OK, r.stderr
+    assert json.loads(r.out)["meta"]["num_samples"] == 2
+    r = run_cli("quantize", "-m", f, "-o", q, "--samples", "4", "--input-shape", "x:2,3,6,6")
+    assert_one_line_error(r, 5, "'x'", "[2, 3, 6, 6]")
