@@ -182,6 +182,7 @@ def debug(
                 converted_to=a.converted_to,
                 fused_activation=a.fused_activation[0] if a.fused_activation else None,
                 measured_through=a.measured_through[0] if a.measured_through else None,
+                inputs=a.inputs,
             )
         )
     outputs = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -284,6 +284,8 @@ class ActivationPair:
     # gives such a tensor the activation's range, so its Q clips them), so both sides are compared
     # through that activation.
     measured_through: tuple[str, float, float] | None = None
+    # Float-model activation tensors read by this tensor's producer (graph edges for the views/suggestions).
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,12 @@ def _fused_activation(
     if qproducer is not None and qproducer.op_type == fnode.op_type:
         return None
     return _activation_bounds(fnode, f_consts)
+
+
+def _activation_inputs(fnode: onnx.NodeProto | None, float_tensors: set[str]) -> tuple[str, ...]:
+    if fnode is None:
+        return ()
+    return tuple(dict.fromkeys(i for i in fnode.input if i in float_tensors))
 
 
 def _consumer_activation(
@@ -493,6 +501,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
             converted_to=converted,
             fused_activation=_fused_activation(fnode, producer, f_consts),
             measured_through=_consumer_activation(f_consumers[name], f_consts) if name not in f_outputs else None,
+            inputs=_activation_inputs(fnode, float_tensor_set),
         )
     if not quantized:
         raise ModelError(
@@ -520,10 +529,26 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
                     producer_op=fnode.op_type if fnode is not None else "<input>",
                     producer_node=(fnode.name or fnode.output[0]) if fnode is not None else name,
                     topo_index=idx,
+                    inputs=_activation_inputs(fnode, float_tensor_set),
                 )
             )
         else:
             unmatched.append(name)
+
+    # Edges skip float tensors that have no counterpart (e.g. a Conv output whose Relu the quantizer
+    # removed): the edge then points at the nearest matched ancestors.
+    matched = {a.tensor_name for a in activations}
+
+    def _resolve(names: tuple[str, ...], depth: int = 0) -> tuple[str, ...]:
+        out: list[str] = []
+        for n in names:
+            if n in matched or depth > 16:
+                out.append(n)
+            elif n in f_producer:
+                out.extend(_resolve(_activation_inputs(f_producer[n][1], float_tensor_set), depth + 1))
+        return tuple(dict.fromkeys(out))
+
+    activations = [replace(a, inputs=_resolve(a.inputs)) for a in activations]
 
     # ---- weights: DQ(integer constant) -> consumer; counterpart via the consumer's float twin
     f_by_output = {o: n for n in f_nodes for o in n.output if o}

@@ -100,6 +100,7 @@ class ActivationResult:
     converted_to: tuple[str, ...] = ()
     fused_activation: str | None = None
     measured_through: str | None = None
+    inputs: tuple[str, ...] = ()
 
     @property
     def flagged(self) -> bool:

@@ -1,0 +1,236 @@
+"""Promote activation tensors to 16 bits with ORT's mixed-precision fixer, and show the result first.
+
+``promote()`` turns "run tensor T in 16 bits" into a *valid* set of ``TensorQuantOverrides``: ORT's
+``MixedPrecisionTensorQuantOverridesFixer`` (the one ``get_qnn_qdq_config(init_overrides=...)`` runs)
+extends the request to the whole region whose ops need one type for all inputs and outputs, and adds
+``convert`` entries (DQ→Q type conversions) at the region's borders. Nothing is quantized here: the
+returned :class:`PromotionPlan` shows which tensors were overridden and where the converts are, and
+carries the :class:`~qdebug.config.QuantConfig` to quantize with.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qdebug.config import (
+    QUANT_TYPES,
+    ConvertOverride,
+    Overrides,
+    QuantConfig,
+    TensorOverride,
+    make_overrides,
+    normalize_quant_type,
+)
+from qdebug.errors import ConfigError
+from qdebug.graph import load_model
+
+#: Activation types each target can run (QNN HTP: unsigned 8/16-bit activations; Deeploy: int8 only).
+TARGET_ACTIVATION_TYPES: dict[str, frozenset[str]] = {
+    "cpu": frozenset({"uint8", "int8", "uint16", "int16"}),
+    "qnn": frozenset({"uint8", "uint16"}),
+    "deeploy": frozenset({"int8"}),
+}
+
+
+@dataclass(frozen=True)
+class ConvertBoundary:
+    """A conversion ORT will insert: ``tensor`` produced as ``from_type``, read as ``to_type`` by ``recv_nodes``."""
+
+    tensor: str
+    from_type: str
+    to_type: str
+    recv_nodes: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class PromotionPlan:
+    """What a promotion will do, before anything is re-quantized."""
+
+    requested: tuple[str, ...]
+    to: str
+    base_config: QuantConfig
+    config: QuantConfig
+    promoted: tuple[str, ...]  # every tensor produced in the new type (requested + region)
+    converts: tuple[ConvertBoundary, ...]
+
+    @property
+    def overrides(self) -> Overrides:
+        """The fixed overrides (also in ``config.tensor_overrides``)."""
+        return self.config.tensor_overrides
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        """Tensors the fixer moved to the new type beyond the requested ones."""
+        return tuple(t for t in self.promoted if t not in self.requested)
+
+    def describe(self) -> str:
+        """Human-readable summary of the fixed overrides."""
+        lines = [f"promote {len(self.requested)} tensor(s) to {self.to} (default {self.base_config.activation_type}):"]
+        for t in self.promoted:
+            tag = "requested" if t in self.requested else "region (fixer)"
+            lines.append(f"  {t}: {self.to}  [{tag}]")
+        for c in self.converts:
+            who = ", ".join(c.recv_nodes) if c.recv_nodes else "all consumers"
+            lines.append(f"  convert {c.tensor}: {c.from_type} -> {c.to_type} for {who}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "requested": list(self.requested),
+            "to": self.to,
+            "promoted": list(self.promoted),
+            "converts": [
+                {
+                    "tensor": c.tensor,
+                    "from_type": c.from_type,
+                    "to_type": c.to_type,
+                    "recv_nodes": None if c.recv_nodes is None else list(c.recv_nodes),
+                }
+                for c in self.converts
+            ],
+            "config": self.config.to_dict(),
+            "base_config": self.base_config.to_dict(),
+        }
+
+
+def activation_tensors(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    """(activation tensor names, weight/constant names) of a float model."""
+    weights = {i.name for i in model.graph.initializer}
+    weights |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    acts = {i.name for i in model.graph.input if i.name not in weights}
+    acts |= {o for n in model.graph.node if n.op_type != "Constant" for o in n.output if o}
+    return acts, weights
+
+
+def check_promotable(model: onnx.ModelProto, tensors: Iterable[str], to: str, target: str) -> None:
+    """Raise :class:`ConfigError` listing every tensor/type that cannot be promoted."""
+    acts, weights = activation_tensors(model)
+    problems = []
+    for t in tensors:
+        if t in weights:
+            problems.append(
+                f"{t!r} is a weight/constant: promotion applies to activations (weights follow weight_type)"
+            )
+        elif t not in acts:
+            close = difflib.get_close_matches(t, sorted(acts), n=3)
+            hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+            problems.append(f"{t!r} is not a tensor of the model{hint}")
+    allowed = TARGET_ACTIVATION_TYPES.get(target, frozenset(QUANT_TYPES))
+    if to not in allowed:
+        problems.append(f"target {target!r} cannot run activations as {to}; it takes {sorted(allowed)}")
+    if problems:
+        raise ConfigError("cannot promote: " + "; ".join(problems))
+
+
+def fix_overrides(
+    model: onnx.ModelProto, init: Mapping[str, list[dict[str, Any]]], default_type: str, symmetric: bool
+) -> dict[str, list[dict[str, Any]]]:
+    """Run ORT's mixed-precision fixer on ORT-form overrides (returns a new dict)."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.execution_providers.qnn.mixed_precision_overrides_utils import (
+        MixedPrecisionTensorQuantOverridesFixer,
+    )
+    from onnxruntime.quantization.tensor_quant_overrides import TensorQuantOverridesHelper
+
+    helper = TensorQuantOverridesHelper(copy.deepcopy(dict(init)))
+    default = QuantType[QUANT_TYPES[default_type]]
+    try:
+        fixer = MixedPrecisionTensorQuantOverridesFixer.create_from_model(helper, model, default)
+        fixer.apply(default, symmetric)
+    except (ValueError, KeyError, AssertionError) as exc:
+        raise ConfigError(f"ONNX Runtime's mixed-precision fixer rejected the overrides: {exc}") from exc
+    return dict(helper.get_dict())
+
+
+def overrides_from_ort(d: Mapping[str, list[dict[str, Any]]]) -> Overrides:
+    """ORT's dict form (QuantType members, sets) → the typed config form."""
+    out: dict[str, list[TensorOverride]] = {}
+    for name, entries in d.items():
+        typed = []
+        for e in entries:
+            kw = dict(e)
+            if "quant_type" in kw:
+                kw["quant_type"] = normalize_quant_type(getattr(kw["quant_type"], "name", kw["quant_type"]))
+            if "convert" in kw:
+                c = kw["convert"]
+                recv = c.get("recv_nodes")
+                kw["convert"] = ConvertOverride(
+                    quant_type=normalize_quant_type(getattr(c["quant_type"], "name", c["quant_type"])),
+                    recv_nodes=None if recv is None else tuple(sorted(recv)),
+                )
+            typed.append(TensorOverride(**kw))
+        out[name] = typed
+    return make_overrides(out)
+
+
+def promote(
+    source: Any,
+    tensors: Iterable[str],
+    to: str = "uint16",
+    *,
+    config: QuantConfig | None = None,
+) -> PromotionPlan:
+    """Plan the promotion of ``tensors`` to ``to`` (default uint16) with valid, fixed overrides.
+
+    ``source`` is a :class:`~qdebug.mixed.session.MixedPrecisionSession`, a float model path or a
+    ``ModelProto``. ``config`` is the base config (default: the session's, else ``QuantConfig()``);
+    overrides it already carries that are not type overrides (e.g. rmin/rmax) are kept.
+    Nothing is quantized: inspect :meth:`PromotionPlan.describe`, then re-quantize with ``plan.config``.
+    """
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    if isinstance(source, MixedPrecisionSession):
+        model = source.float_proto
+        base = config or source.base_config
+    elif isinstance(source, onnx.ModelProto):
+        model, base = source, config or QuantConfig()
+    elif isinstance(source, str | Path):
+        model, base = load_model(source, "float model"), config or QuantConfig()
+    else:
+        raise ConfigError(f"promote() needs a session, a model path or a ModelProto, got {type(source).__name__}")
+    requested = tuple(dict.fromkeys(tensors))
+    if not requested:
+        raise ConfigError("promote() needs at least one tensor")
+    to = normalize_quant_type(to)
+    if to == base.activation_type:
+        raise ConfigError(f"activations are already {to} by default; choose another type to promote to")
+    check_promotable(model, requested, to, base.target)
+
+    init = base.ort_overrides()
+    from onnxruntime.quantization import QuantType
+
+    qt = QuantType[QUANT_TYPES[to]]
+    for t in requested:
+        entries = init.setdefault(t, [{}])
+        if any("convert" in e for e in entries):
+            raise ConfigError(f"{t!r} already has a mixed-precision convert; start from the base config")
+        entries[0]["quant_type"] = qt
+    fixed = fix_overrides(model, init, base.activation_type, base.activation_symmetric)
+    typed = overrides_from_ort(fixed)
+    promoted = tuple(name for name, es in typed if es and es[0].quant_type == to)
+    converts = tuple(
+        ConvertBoundary(
+            tensor=name,
+            from_type=es[0].quant_type or base.activation_type,
+            to_type=es[0].convert.quant_type,
+            recv_nodes=es[0].convert.recv_nodes,
+        )
+        for name, es in typed
+        if es and es[0].convert is not None
+    )
+    return PromotionPlan(
+        requested=requested,
+        to=to,
+        base_config=base,
+        config=base.replace(tensor_overrides=typed),
+        promoted=promoted,
+        converts=converts,
+    )

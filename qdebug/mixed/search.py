@@ -1,0 +1,296 @@
+"""Automatic mixed-precision search: a small promotion set that reaches a goal, with its curve.
+
+Every point is *measured* (re-quantized from the cached calibration, re-debugged), never just estimated.
+Two strategies:
+
+* ``prefix`` (default) — rank all promotable tensors once by estimated output gain
+  (:mod:`qdebug.mixed.suggest`), then measure growing prefixes of that ranking (1, 2, 4, 8, …) until one
+  meets the goal, and bisect between the last miss and the first hit. ~2·log2(T) evaluations for T
+  tensors, and it still works when the error is spread thinly over many tensors (each one alone gains
+  little, which stalls a greedy search).
+* ``greedy`` — at each step measure the best ``candidates_per_step`` candidates of the *current* report
+  and keep the best; stops when no candidate gains ``min_gain_db``. Finer, but needs many evaluations.
+
+Both stop as soon as the goal is met.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from qdebug.errors import ConfigError
+from qdebug.mixed.promote import PromotionPlan
+from qdebug.mixed.session import Evaluation, MixedPrecisionSession, sixteen_bit_cost
+from qdebug.mixed.suggest import Role, analyse
+from qdebug.report import encode_number
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SearchGoal:
+    """Stop when the worst output reaches ``output_sqnr_db`` and/or the top-1 accuracy drop vs float is at
+    most ``max_accuracy_drop`` (a fraction, e.g. 0.005 for half a point)."""
+
+    output_sqnr_db: float | None = None
+    max_accuracy_drop: float | None = None
+    max_steps: int = 8
+    candidates_per_step: int = 4
+    min_gain_db: float = 0.05
+    to: str = "uint16"
+    strategy: str = "prefix"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("prefix", "greedy"):
+            raise ConfigError(f"search strategy must be 'prefix' or 'greedy', got {self.strategy!r}")
+        if self.output_sqnr_db is None and self.max_accuracy_drop is None:
+            raise ConfigError("a search goal needs output_sqnr_db and/or max_accuracy_drop")
+        if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
+            raise ConfigError(f"max_accuracy_drop is a fraction in [0, 1), got {self.max_accuracy_drop}")
+        if self.max_steps < 1 or self.candidates_per_step < 1:
+            raise ConfigError("max_steps and candidates_per_step must be positive")
+
+
+@dataclass(frozen=True)
+class SearchPoint:
+    """One measured configuration: a point of the cost/quality curve."""
+
+    step: int
+    promoted: tuple[str, ...]
+    cost_fraction_16bit: float
+    num_16bit_tensors: int
+    output_sqnr_db: float | None
+    accuracy: float | None
+    chosen: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The accepted steps (the curve), every evaluated point, and whether the goal was reached."""
+
+    goal: SearchGoal
+    steps: tuple[SearchPoint, ...]
+    evaluated: tuple[SearchPoint, ...]
+    reached: bool
+    stop_reason: str
+    requantizations: int
+    seconds: float
+    float_accuracy: float | None
+    plan: PromotionPlan | None = field(default=None, compare=False)
+    chosen_step: int = -1
+
+    @property
+    def final(self) -> SearchPoint:
+        """The chosen point: the smallest measured set meeting the goal (else the best tried)."""
+        return self.steps[self.chosen_step]
+
+    def pareto(self) -> tuple[SearchPoint, ...]:
+        """Evaluated points not dominated in (lower cost, higher output SQNR)."""
+        pts = [p for p in (*self.steps, *self.evaluated) if p.output_sqnr_db is not None]
+        front: list[SearchPoint] = []
+        for p in sorted(pts, key=lambda p: (p.cost_fraction_16bit, -(p.output_sqnr_db or 0.0))):
+            if not front or (p.output_sqnr_db or 0.0) > (front[-1].output_sqnr_db or 0.0):
+                front.append(p)
+        return tuple(front)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with ``schema_version``."""
+
+        def pt(p: SearchPoint) -> dict[str, Any]:
+            return {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(p).items()}
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "goal": asdict(self.goal),
+            "steps": [pt(p) for p in self.steps],
+            "evaluated": [pt(p) for p in self.evaluated],
+            "reached": self.reached,
+            "stop_reason": self.stop_reason,
+            "requantizations": self.requantizations,
+            "seconds": self.seconds,
+            "float_accuracy": self.float_accuracy,
+            "promoted": list(self.final.promoted),
+            "chosen_step": self.chosen_step,
+        }
+
+    def to_json(self) -> str:
+        """JSON text."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """The curve: one row per accepted step."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(p) for p in self.steps])
+
+
+def _met(goal: SearchGoal, ev: Evaluation, float_acc: float | None) -> bool:
+    ok = True
+    if goal.output_sqnr_db is not None:
+        ok &= ev.output_sqnr_db is not None and ev.output_sqnr_db >= goal.output_sqnr_db
+    if goal.max_accuracy_drop is not None:
+        if ev.accuracy is None or float_acc is None:
+            raise ConfigError("an accuracy goal needs a labelled evaluation set (eval_data)")
+        ok &= float_acc - ev.accuracy <= goal.max_accuracy_drop + 1e-12
+    return ok
+
+
+def _point(step: int, promoted: tuple[str, ...], ev: Evaluation, chosen: bool) -> SearchPoint:
+    frac, n16 = sixteen_bit_cost(ev.report)
+    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds)
+
+
+def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
+    ranked = analyse(ev.report)
+    by_name = {a.tensor_name: a for a in ev.report.activations}
+    out: list[str] = []
+
+    def add(name: str) -> None:
+        if name not in promoted and name not in out and len(out) < k:
+            out.append(name)
+
+    for s in ranked:
+        if s.role == Role.ORIGINATOR.value:
+            add(s.tensor_name)
+    for s in ranked:  # an amplifier is fixed upstream: try its quantized inputs
+        if s.role == Role.AMPLIFIER.value:
+            for i in by_name[s.tensor_name].inputs:
+                if i in by_name and by_name[i].quantized and not (by_name[i].quant_type or "").endswith("16"):
+                    add(i)
+    for s in ranked:
+        add(s.tensor_name)
+    return out
+
+
+def search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
+    """Find a small promotion set that meets ``goal``; see the module docstring."""
+    if goal.strategy == "prefix":
+        return _prefix_search(session, goal)
+    return _greedy_search(session, goal)
+
+
+def _prefix_search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
+    t0 = time.perf_counter()
+    start_requant = session.requantizations
+    base = session.base
+    float_acc = session.float_accuracy
+    results: dict[int, tuple[SearchPoint, Evaluation, PromotionPlan | None]] = {
+        0: (_point(0, (), base, True), base, None)
+    }
+    if _met(goal, base, float_acc):
+        return _result(goal, results, 0, True, "goal met by the base quantization", session, start_requant, t0)
+    order = _candidates(base, (), 1 << 30)
+    if not order:
+        return _result(goal, results, 0, False, "no promotable tensors", session, start_requant, t0)
+
+    def measure(n: int) -> bool:
+        plan = session.promote(order[:n], goal.to)
+        ev = session.evaluate(plan, name=f"prefix{n}")
+        results[n] = (_point(len(results), tuple(order[:n]), ev, False), ev, plan)
+        return _met(goal, ev, float_acc)
+
+    lo, hi, n = 0, None, 1
+    while len(results) - 1 < goal.max_steps:
+        if measure(n):
+            hi = n
+            break
+        lo = n
+        if n == len(order):
+            break
+        n = min(2 * n, len(order))
+    if hi is None:
+        why = "even promoting every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
+        return _result(goal, results, lo, False, why, session, start_requant, t0)
+    while hi - lo > 1 and len(results) - 1 < goal.max_steps:
+        mid = (lo + hi) // 2
+        if measure(mid):
+            hi = mid
+        else:
+            lo = mid
+    return _result(goal, results, hi, True, "goal met", session, start_requant, t0)
+
+
+def _result(
+    goal: SearchGoal,
+    results: dict[int, tuple[SearchPoint, Evaluation, PromotionPlan | None]],
+    chosen: int,
+    reached: bool,
+    reason: str,
+    session: MixedPrecisionSession,
+    start_requant: int,
+    t0: float,
+) -> SearchResult:
+    from dataclasses import replace
+
+    curve = tuple(replace(results[n][0], step=i, chosen=(n == chosen)) for i, n in enumerate(sorted(results)))
+    return SearchResult(
+        goal=goal,
+        steps=curve,
+        evaluated=(),
+        reached=reached,
+        stop_reason=reason,
+        requantizations=session.requantizations - start_requant,
+        seconds=round(time.perf_counter() - t0, 3),
+        float_accuracy=session.float_accuracy,
+        plan=results[chosen][2],
+        chosen_step=next(i for i, n in enumerate(sorted(results)) if n == chosen),
+    )
+
+
+def _greedy_search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
+    t0 = time.perf_counter()
+    start_requant = session.requantizations
+    base = session.base
+    float_acc = session.float_accuracy
+    current = base
+    promoted: tuple[str, ...] = ()
+    steps = [_point(0, (), base, True)]
+    evaluated: list[SearchPoint] = []
+    plan: PromotionPlan | None = None
+    reason = "goal met by the base quantization"
+    reached = _met(goal, base, float_acc)
+    while not reached:
+        if len(steps) - 1 >= goal.max_steps:
+            reason = f"max_steps ({goal.max_steps}) reached"
+            break
+        cands = _candidates(current, promoted, goal.candidates_per_step)
+        if not cands:
+            reason = "no candidates left"
+            break
+        trials: list[tuple[float, str, PromotionPlan, Evaluation]] = []
+        for c in cands:
+            p = session.promote([*promoted, c], goal.to)
+            ev = session.evaluate(p, name=f"step{len(steps)}_{len(trials)}")
+            evaluated.append(_point(len(steps), (*promoted, c), ev, False))
+            score = ev.output_sqnr_db if ev.output_sqnr_db is not None else -math.inf
+            trials.append((score, c, p, ev))
+        best_score, best_c, best_plan, best_ev = max(trials, key=lambda t: t[0])
+        cur_score = current.output_sqnr_db if current.output_sqnr_db is not None else -math.inf
+        if best_score - cur_score < goal.min_gain_db and not _met(goal, best_ev, float_acc):
+            reason = f"stalled: no candidate gains ≥ {goal.min_gain_db} dB"
+            break
+        promoted = (*promoted, best_c)
+        current, plan = best_ev, best_plan
+        steps.append(_point(len(steps), promoted, best_ev, True))
+        reached = _met(goal, current, float_acc)
+        reason = "goal met" if reached else reason
+    return SearchResult(
+        goal=goal,
+        steps=tuple(steps),
+        evaluated=tuple(evaluated),
+        reached=reached,
+        stop_reason=reason,
+        requantizations=session.requantizations - start_requant,
+        seconds=round(time.perf_counter() - t0, 3),
+        float_accuracy=float_acc,
+        plan=plan,
+        chosen_step=len(steps) - 1,
+    )

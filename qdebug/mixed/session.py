@@ -1,0 +1,204 @@
+"""A mixed-precision session: one float model, its data and base config; quantize once, then
+promote, re-quantize from the cached calibration, re-debug and compare — as many times as needed.
+
+The session owns the engine calls and caches (base quantization, calibration ranges, accuracies);
+every operation returns a typed result. It is what the notebook views drive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from qdebug.config import QuantConfig
+from qdebug.data import DataSource
+from qdebug.debug import DebugOptions, debug
+from qdebug.errors import ConfigError
+from qdebug.graph import file_sha256, load_model
+from qdebug.mixed.compare import Accuracy, Comparison, compare
+from qdebug.mixed.promote import PromotionPlan, promote
+from qdebug.mixed.suggest import Suggestion, suggest
+from qdebug.quantize import QuantizeResult, quantize
+from qdebug.report import DebugReport
+
+DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A quantized variant measured: its quantization, its debug report, and the comparison to the base."""
+
+    name: str
+    config: QuantConfig
+    quantization: QuantizeResult
+    report: DebugReport
+    comparison: Comparison | None
+    accuracy: float | None
+    seconds: float
+
+    @property
+    def output_sqnr_db(self) -> float | None:
+        """The worst model output's SQNR."""
+        return self.report.min_output_sqnr_db
+
+
+def sixteen_bit_cost(report: DebugReport) -> tuple[float, int]:
+    """(fraction of quantized activation elements held in 16 bits, number of 16-bit activation tensors)."""
+    quant = [a for a in report.activations if a.quantized and a.quant_type]
+    total = sum(a.elements for a in quant)
+    wide = [a for a in quant if a.quant_type is not None and a.quant_type.endswith("16")]
+    return (sum(a.elements for a in wide) / total if total else 0.0), len(wide)
+
+
+class MixedPrecisionSession:
+    """Quantize ``float_model`` once, then explore promotions without re-calibrating.
+
+    ``data`` calibrates; ``debug_data`` (default: ``data``) feeds every debug pass; ``eval_data`` is an
+    optional labelled ``.npz`` (``label_key``) for top-1 accuracy.
+    """
+
+    def __init__(
+        self,
+        float_model: str | Path,
+        data: DataLike = None,
+        config: QuantConfig | None = None,
+        *,
+        debug_data: DataLike = None,
+        eval_data: str | Path | None = None,
+        label_key: str = "label",
+        debug_options: DebugOptions | None = None,
+        workdir: str | Path | None = None,
+    ) -> None:
+        self.float_path = Path(float_model)
+        self.float_proto = load_model(self.float_path, "float model")
+        self.float_sha256 = file_sha256(self.float_path)
+        self.data = data
+        self.debug_data = debug_data if debug_data is not None else data
+        self.base_config = config or QuantConfig()
+        if self.base_config.tensor_overrides and any(
+            e.convert is not None for _, es in self.base_config.tensor_overrides for e in es
+        ):
+            raise ConfigError("the base config already holds mixed-precision converts; start from a plain config")
+        self.eval_data = Path(eval_data) if eval_data is not None else None
+        self.label_key = label_key
+        self.debug_options = debug_options or DebugOptions(
+            ignore_data_keys=(label_key,) if self.eval_data is not None else ()
+        )
+        self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-mixed-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._base: Evaluation | None = None
+        self._accuracy: dict[str, float] = {}
+        self.requantizations = 0
+
+    # ------------------------------------------------------------------ base
+    @property
+    def base(self) -> Evaluation:
+        """The base quantization (calibrated once) and its debug report."""
+        if self._base is None:
+            t0 = time.perf_counter()
+            q = quantize(self.float_path, self.data, self.base_config, self.workdir / "base.qdq.onnx")
+            report = debug(self.float_path, q.model_path, self.debug_data, self.debug_options)
+            self._base = Evaluation(
+                name="base",
+                config=self.base_config,
+                quantization=q,
+                report=report,
+                comparison=None,
+                accuracy=self.accuracy(q.model_path),
+                seconds=round(time.perf_counter() - t0, 4),
+            )
+        return self._base
+
+    @property
+    def float_accuracy(self) -> float | None:
+        """Top-1 accuracy of the float model (None without ``eval_data``)."""
+        return self.accuracy(self.float_path)
+
+    def accuracy(self, model_path: str | Path) -> float | None:
+        """Top-1 accuracy on ``eval_data`` (cached per model file content)."""
+        if self.eval_data is None:
+            return None
+        from qdebug.evaluate import top1_accuracy
+
+        key = file_sha256(model_path)
+        if key not in self._accuracy:
+            self._accuracy[key] = top1_accuracy(model_path, self.eval_data, self.label_key)
+        return self._accuracy[key]
+
+    # ------------------------------------------------------------------ operations
+    def suggest(self, top: int | None = 10, report: DebugReport | None = None) -> tuple[Suggestion, ...]:
+        """Ranked promotion candidates (from the base report unless another is given)."""
+        return suggest(report or self.base.report, top)
+
+    def promote(self, tensors: Iterable[str], to: str = "uint16") -> PromotionPlan:
+        """Plan a promotion (fixed overrides, shown before anything is re-quantized)."""
+        return promote(self, tensors, to, config=self.base_config)
+
+    def requantize(self, config: QuantConfig, name: str | None = None) -> QuantizeResult:
+        """Quantize with ``config`` reusing the base calibration ranges (one QDQ insertion, no calibration)."""
+        base = self.base
+        tag = name or hashlib.sha256(config.to_json().encode()).hexdigest()[:12]
+        self.requantizations += 1
+        return quantize(
+            self.float_path,
+            self.data,
+            config,
+            self.workdir / f"{tag}.qdq.onnx",
+            calibration_cache=base.quantization.calibration_cache,
+        )
+
+    def evaluate(self, config_or_plan: QuantConfig | PromotionPlan, name: str | None = None) -> Evaluation:
+        """Re-quantize (no re-calibration), re-debug, and compare with the base."""
+        config = config_or_plan.config if isinstance(config_or_plan, PromotionPlan) else config_or_plan
+        t0 = time.perf_counter()
+        q = self.requantize(config, name)
+        report = debug(self.float_path, q.model_path, self.debug_data, self.debug_options)
+        acc = self.accuracy(q.model_path)
+        base = self.base
+        accuracy = None
+        if acc is not None and base.accuracy is not None and self.float_accuracy is not None:
+            accuracy = Accuracy(self.float_accuracy, base.accuracy, acc, _num_eval(self.eval_data))
+        return Evaluation(
+            name=name or Path(q.model_path).stem,
+            config=config,
+            quantization=q,
+            report=report,
+            comparison=compare(base.report, report, accuracy),
+            accuracy=acc,
+            seconds=round(time.perf_counter() - t0, 4),
+        )
+
+    def apply(self, plan: PromotionPlan) -> Evaluation:
+        """Quantize and measure a promotion plan."""
+        return self.evaluate(plan)
+
+    def search(self, goal: Any) -> Any:
+        """Automatic promotion search (see :func:`qdebug.mixed.search.search`)."""
+        from qdebug.mixed.search import search
+
+        return search(self, goal)
+
+
+def _num_eval(path: Path | None) -> int:
+    if path is None:
+        return 0
+    with np.load(path, allow_pickle=False) as npz:
+        return int(next(iter(npz[k].shape[0] for k in npz.files)))
+
+
+def model_sha256(model: onnx.ModelProto | str | Path) -> str:
+    """Checksum of a model file (or of a ModelProto's bytes)."""
+    if isinstance(model, onnx.ModelProto):
+        return hashlib.sha256(model.SerializeToString()).hexdigest()
+    return file_sha256(model)
+
+
+__all__: Sequence[str] = ["Evaluation", "MixedPrecisionSession", "sixteen_bit_cost"]
