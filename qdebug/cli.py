@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--data", "-d", help=".npz file or folder of them (default: synthetic)")
     q.add_argument("--output", "-o", required=True, help="where to write the QDQ model")
     q.add_argument("--config", "-c", help="QuantConfig JSON; flags below must not contradict it")
+    q.add_argument(
+        "--overrides",
+        help="tensor overrides JSON (ORT TensorQuantOverrides, docs/overrides.md), checked against --model; "
+        "its base_config is the config unless --config is given (then both must agree)",
+    )
     q.add_argument("--activation-type", choices=["uint8", "int8", "uint16", "int16"])
     q.add_argument("--weight-type", choices=["uint8", "int8", "uint16", "int16"])
     q.add_argument("--per-channel", action="store_true", default=None)
@@ -226,7 +231,24 @@ def _cmd_quantize(args: argparse.Namespace, out: TextIO) -> int:
     from qdebug.config import QuantConfig
     from qdebug.quantize import quantize
 
-    base = QuantConfig.load(args.config) if args.config else QuantConfig()
+    ofile = None
+    model_warnings: list[str] = []
+    if args.overrides:
+        from qdebug.graph import file_sha256, load_model
+        from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
+
+        ofile = OverridesFile.load(args.overrides)
+        model = load_model(args.model, "float model")
+        try:
+            model_warnings = check_against_model(ofile, model, file_sha256(args.model))
+        except OverridesError as exc:
+            model_warnings = exc.warnings  # e.g. "made for another model file": it explains the error
+            raise
+        finally:
+            for w in model_warnings:
+                print(f"qdebug: warning: {w}", file=sys.stderr)
+    config = QuantConfig.load(args.config) if args.config else None
+    base = ofile.resolve_base(config) if ofile is not None else config or QuantConfig()
     flags = {
         k: getattr(args, k)
         for k in (
@@ -243,6 +265,10 @@ def _cmd_quantize(args: argparse.Namespace, out: TextIO) -> int:
         )
     }
     cfg = base.merged(**flags)
+    if ofile is not None:
+        cfg = ofile.apply_to(cfg)  # validated before anything is written
+        for w in ofile.drift(cfg):
+            print(f"qdebug: warning: {w}", file=sys.stderr)
     result = quantize(args.model, args.data, cfg, args.output, input_shapes=dict(args.input_shape) or None)
     if args.json:
         print(result.to_json(), file=out)
@@ -255,6 +281,8 @@ def _cmd_quantize(args: argparse.Namespace, out: TextIO) -> int:
             f"  calibration ranges: {result.calibration_cache}",
             file=out,
         )
+        if ofile is not None:
+            print(f"  tensor overrides: {len(ofile.overrides)} tensor(s) from {args.overrides}", file=out)
     return EXIT_OK
 
 
