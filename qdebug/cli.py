@@ -77,22 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    d.add_argument("--float-model", "-f", required=True)
-    d.add_argument("--quant-model", "-q", required=True)
-    g = d.add_mutually_exclusive_group()
-    g.add_argument("--data", "-d", help=".npz file or folder of them")
-    g.add_argument("--samples", type=int, help="number of synthetic samples (default 8)")
-    d.add_argument("--max-samples", type=int, help="use at most this many samples of --data")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--distribution", choices=["uniform", "normal"], default="uniform")
-    d.add_argument(
-        "--input-shape",
-        type=_shape_arg,
-        action="append",
-        default=[],
-        help="fix a dynamic input shape, NAME:D0,D1,... (repeatable)",
-    )
-    d.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
+    _add_debug_inputs(d)
     d.add_argument("--output", "-o", help="write the full report as JSON here")
     d.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     d.add_argument("--top", type=int, default=10, help="rows in each worst-N table")
@@ -103,7 +88,67 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"exit {EXIT_GATE} if any model output's SQNR is below DB (or undefined)",
     )
     d.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+
+    sg = sub.add_parser(
+        "suggest",
+        help="rank tensors to promote to 16 bits; optionally write the fixed overrides JSON",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_debug_inputs(sg)
+    sg.add_argument("--top", type=int, default=10, help="suggestions to list")
+    sg.add_argument("--all", action="store_true", help="list every promotable tensor with its role")
+    sg.add_argument("--promote-top", type=int, metavar="K", help="promote the top K suggestions (fixer applied)")
+    sg.add_argument("--to", default="uint16", help="type to promote to (default uint16)")
+    sg.add_argument("--config", "-c", help="base QuantConfig JSON (default: inferred from the quantized model)")
+    sg.add_argument("--overrides-out", help="write the promotion as overrides JSON here (needs --promote-top)")
+    sg.add_argument("--json", action="store_true", help="print suggestions (and the plan) as JSON")
+
+    se = sub.add_parser(
+        "search",
+        help="find a small 16-bit promotion set that meets a goal; write its overrides JSON",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    se.add_argument("--model", "-m", required=True, help="float ONNX model")
+    se.add_argument("--calib", help="calibration .npz / folder (default: synthetic)")
+    se.add_argument("--data", "-d", help="debug data (default: the calibration data)")
+    se.add_argument("--eval", help="labelled .npz for top-1 accuracy")
+    se.add_argument("--label-key", default="label")
+    se.add_argument("--debug-samples", type=int, default=64, help="samples per debug pass (default 64)")
+    se.add_argument("--config", "-c", help="base QuantConfig JSON")
+    se.add_argument("--target", choices=["cpu", "qnn", "deeploy"])
+    goal = se.add_argument_group("goal (at least one)")
+    goal.add_argument("--goal-sqnr", type=float, metavar="DB", help="worst model output SQNR to reach")
+    goal.add_argument(
+        "--max-accuracy-drop", type=float, metavar="POINTS", help="top-1 drop vs float, in percentage points"
+    )
+    se.add_argument("--strategy", choices=["prefix", "greedy"], default="prefix")
+    se.add_argument("--max-steps", type=int, default=12, help="evaluations (prefix) or steps (greedy) at most")
+    se.add_argument("--to", default="uint16")
+    se.add_argument("--workdir", help="keep the evaluated models here (default: a temp folder)")
+    se.add_argument("--output", "-o", required=True, help="overrides JSON of the chosen point")
+    se.add_argument("--json", action="store_true", help="print the search result as JSON")
     return p
+
+
+def _add_debug_inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--float-model", "-f", required=True)
+    p.add_argument("--quant-model", "-q", required=True)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--data", "-d", help=".npz file or folder of them")
+    g.add_argument("--samples", type=int, help="number of synthetic samples (default 8)")
+    p.add_argument("--max-samples", type=int, help="use at most this many samples of --data")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distribution", choices=["uniform", "normal"], default="uniform")
+    p.add_argument(
+        "--input-shape",
+        type=_shape_arg,
+        action="append",
+        default=[],
+        help="fix a dynamic input shape, NAME:D0,D1,... (repeatable)",
+    )
+    p.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
 
 
 def _use_color(mode: str, stream: TextIO) -> bool:
@@ -286,7 +331,7 @@ def _cmd_quantize(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _cmd_debug(args: argparse.Namespace, out: TextIO) -> int:
+def _run_debug(args: argparse.Namespace) -> Any:
     from qdebug.debug import DebugOptions, debug
     from qdebug.errors import ConfigError
 
@@ -299,7 +344,11 @@ def _cmd_debug(args: argparse.Namespace, out: TextIO) -> int:
         input_shapes=dict(args.input_shape) or None,
         ignore_data_keys=tuple(args.ignore_key),
     )
-    report = debug(args.float_model, args.quant_model, args.data, opts)
+    return debug(args.float_model, args.quant_model, args.data, opts)
+
+
+def _cmd_debug(args: argparse.Namespace, out: TextIO) -> int:
+    report = _run_debug(args)
     if args.output:
         from qdebug.io import refuse_overwrite_input
 
@@ -324,6 +373,160 @@ def _cmd_debug(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _inferred_base(report: Any, config_path: str | None) -> Any:
+    """The base config: --config, else the quantized model's dominant activation type."""
+    from collections import Counter
+
+    from qdebug.config import QuantConfig
+
+    if config_path:
+        return QuantConfig.load(config_path)
+    types = Counter(a.quant_type for a in report.activations if a.quantized and a.quant_type)
+    act = types.most_common(1)[0][0] if types else "uint8"
+    return QuantConfig(activation_type=act)
+
+
+def _cmd_suggest(args: argparse.Namespace, out: TextIO) -> int:
+    import json
+
+    from qdebug.errors import ConfigError
+    from qdebug.mixed.suggest import analyse, suggest
+
+    if args.overrides_out and not args.promote_top:
+        raise ConfigError("--overrides-out needs --promote-top K (how many suggestions to promote)")
+    if args.promote_top is not None and args.promote_top < 1:
+        raise ConfigError("--promote-top must be a positive integer")
+    report = _run_debug(args)
+    items = analyse(report) if args.all else suggest(report, None if args.promote_top else args.top)
+    shown = items if args.all else items[: max(args.top, args.promote_top or 0)]
+    plan = None
+    if args.promote_top:
+        from qdebug.mixed.promote import promote
+
+        chosen = [s.tensor_name for s in suggest(report, args.promote_top)]
+        if not chosen:
+            raise ConfigError("no originator to promote: the report has no promotion candidate")
+        plan = promote(args.float_model, chosen, args.to, config=_inferred_base(report, args.config))
+    if args.json:
+        doc: dict[str, Any] = {"schema_version": 1, "suggestions": [s.to_dict() for s in shown]}
+        if plan is not None:
+            doc["plan"] = plan.to_dict()
+        print(json.dumps(doc, indent=2, allow_nan=False), file=out)
+    else:
+        rows = [
+            [
+                str(s.rank),
+                s.tensor_name,
+                s.producer_op,
+                s.role,
+                fmt_db(s.local_sqnr_db),
+                fmt_db(s.cumulative_sqnr_db),
+                f"{s.estimated_output_gain_db:.2f}",
+            ]
+            for s in shown
+        ]
+        _table(
+            "Promotion candidates (estimated gains; measure with qdebug search or quantize --overrides)",
+            ["#", "tensor", "op", "role", "local", "cumulative", "est. output gain dB"],
+            rows,
+            out,
+        )
+        for s in shown:
+            print(f"{s.rank:>3}. {s.reason}", file=out)
+        if plan is not None:
+            print("\n" + plan.describe(), file=out)
+    if plan is not None and args.overrides_out:
+        from qdebug.graph import file_sha256
+        from qdebug.io import refuse_overwrite_input
+        from qdebug.mixed.overrides import OverridesFile
+
+        refuse_overwrite_input(args.overrides_out, args.float_model, args.quant_model)
+        OverridesFile.from_config(
+            plan.config, model_sha256=file_sha256(args.float_model), requested=plan.requested, note="qdebug suggest"
+        ).save(args.overrides_out)
+        if not args.json:
+            print(f"\noverrides written to {args.overrides_out}", file=out)
+    return EXIT_OK
+
+
+def _cmd_search(args: argparse.Namespace, out: TextIO) -> int:
+    from qdebug.config import QuantConfig
+    from qdebug.debug import DebugOptions
+    from qdebug.errors import ConfigError
+    from qdebug.graph import file_sha256
+    from qdebug.io import refuse_overwrite_input
+    from qdebug.mixed.overrides import OverridesFile
+    from qdebug.mixed.search import SearchGoal
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    if args.goal_sqnr is None and args.max_accuracy_drop is None:
+        raise ConfigError("search needs a goal: --goal-sqnr DB and/or --max-accuracy-drop POINTS")
+    if args.max_accuracy_drop is not None and args.eval is None:
+        raise ConfigError("--max-accuracy-drop needs a labelled evaluation set (--eval)")
+    refuse_overwrite_input(args.output, args.model)
+    base = (QuantConfig.load(args.config) if args.config else QuantConfig()).merged(target=args.target)
+    goal = SearchGoal(
+        output_sqnr_db=args.goal_sqnr,
+        max_accuracy_drop=None if args.max_accuracy_drop is None else args.max_accuracy_drop / 100.0,
+        max_steps=args.max_steps,
+        to=args.to,
+        strategy=args.strategy,
+    )
+    ignore = (args.label_key,)  # the label array named by --label-key is never a model input
+    session = MixedPrecisionSession(
+        args.model,
+        args.calib,
+        base,
+        debug_data=args.data or args.calib,
+        eval_data=args.eval,
+        label_key=args.label_key,
+        debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore),
+        workdir=args.workdir,
+    )
+    result = session.search(goal)
+    if args.json:
+        print(result.to_json(), file=out)
+    else:
+        rows = [
+            [
+                str(p.step),
+                str(len(p.promoted)),
+                f"{p.cost_fraction_16bit:.1%}",
+                str(p.num_16bit_tensors),
+                fmt_db(p.output_sqnr_db),
+                "-" if p.accuracy is None else f"{p.accuracy:.2%}",
+                "<-" if p.chosen else "",
+            ]
+            for p in result.steps
+        ]
+        _table(
+            "Search curve (measured)",
+            ["step", "promoted", "16-bit elements", "16-bit tensors", "output SQNR", "top-1", "chosen"],
+            rows,
+            out,
+        )
+        fa = "" if result.float_accuracy is None else f", float top-1 {result.float_accuracy:.2%}"
+        print(
+            f"{'reached' if result.reached else 'NOT reached'}: {result.stop_reason}; "
+            f"{result.requantizations} re-quantizations (calibration reused) in {result.seconds:.1f} s{fa}",
+            file=out,
+        )
+    if not result.reached:
+        print("qdebug: FAIL: the goal was not reached; no overrides written", file=sys.stderr)
+        return EXIT_GATE
+    plan = result.plan
+    cfg = plan.config if plan is not None else base
+    OverridesFile.from_config(
+        cfg,
+        model_sha256=file_sha256(args.model),
+        requested=plan.requested if plan is not None else (),
+        note=f"qdebug search: {result.stop_reason}",
+    ).save(args.output)
+    if not args.json:
+        print(f"overrides written to {args.output}", file=out)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI and return its exit code (never raises for user errors)."""
     out = out or sys.stdout
@@ -337,6 +540,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return _cmd_quantize(args, out)
         if args.command == "debug":
             return _cmd_debug(args, out)
+        if args.command == "suggest":
+            return _cmd_suggest(args, out)
+        if args.command == "search":
+            return _cmd_search(args, out)
         parser.error(f"unknown command {args.command}")
     except QDebugError as exc:
         if args.debug:

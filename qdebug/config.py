@@ -35,6 +35,7 @@ _ORT_TYPE_TO_NAME = {v: k for k, v in QUANT_TYPES.items()}
 CALIBRATION_METHODS: dict[str, str] = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 DISTRIBUTIONS = ("uniform", "normal")
 TARGETS = ("cpu", "qnn", "deeploy")
+DEFAULT_SYNTHETIC_SAMPLES = 32
 
 
 def normalize_quant_type(name: str) -> str:
@@ -132,14 +133,22 @@ class TensorOverride:
             )
         return cls(**kw)
 
-    def to_ort(self) -> dict[str, Any]:
-        """ORT's dict form (``QuantType`` members, ``recv_nodes`` as a set)."""
+    def to_ort(self, default_type: str = "uint8") -> dict[str, Any]:
+        """ORT's dict form: ``QuantType`` members, ``recv_nodes`` as a set, and numbers as the numpy values
+        ORT's quantizer computes with (it reads ``rmin.dtype`` and squeezes ``scale``). ``default_type`` is
+        the type a ``zero_point`` takes when the entry sets no ``quant_type``."""
+        import numpy as np
         from onnxruntime.quantization import QuantType
 
+        np_types = {"uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16}
         d: dict[str, Any] = {}
         for key, v in self.to_dict().items():
             if key == "quant_type":
                 d[key] = QuantType[QUANT_TYPES[v]]
+            elif key in ("rmin", "rmax", "scale"):
+                d[key] = np.array(v, dtype=np.float32)
+            elif key == "zero_point":
+                d[key] = np.array(v, dtype=np_types[self.quant_type or normalize_quant_type(default_type)])
             elif key == "convert":
                 conv: dict[str, Any] = {"quant_type": QuantType[QUANT_TYPES[v["quant_type"]]]}
                 if "recv_nodes" in v:
@@ -174,6 +183,8 @@ class QuantConfig:
     """How to quantize a float model. Validated on construction; see ``docs/config.md``.
 
     ``weight_symmetric=None`` means "the target's default" (ORT: symmetric for signed weight types).
+    ``num_samples=None`` means every sample of the given data, or :data:`DEFAULT_SYNTHETIC_SAMPLES`
+    synthetic ones when there is no data.
     """
 
     activation_type: str = "uint8"
@@ -182,7 +193,7 @@ class QuantConfig:
     activation_symmetric: bool = False
     weight_symmetric: bool | None = None
     calibration_method: str = "minmax"
-    num_samples: int = 32
+    num_samples: int | None = None
     seed: int = 0
     synthetic_distribution: str = "uniform"
     target: str = "cpu"
@@ -206,8 +217,8 @@ class QuantConfig:
             p.append(f"synthetic_distribution {self.synthetic_distribution!r} not in {list(DISTRIBUTIONS)}")
         if self.target not in TARGETS:
             p.append(f"target {self.target!r} not in {list(TARGETS)}")
-        if not isinstance(self.num_samples, int) or self.num_samples < 1:
-            p.append(f"num_samples must be a positive integer, got {self.num_samples!r}")
+        if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
+            p.append(f"num_samples must be a positive integer or null, got {self.num_samples!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             p.append(f"seed must be a non-negative integer, got {self.seed!r}")
         wbits16 = self.weight_type.endswith("16")
@@ -315,7 +326,7 @@ class QuantConfig:
 
     def ort_overrides(self) -> dict[str, list[dict[str, Any]]]:
         """The tensor overrides in ORT's ``TensorQuantOverrides`` dict form."""
-        return {name: [e.to_ort() for e in entries] for name, entries in self.tensor_overrides}
+        return {name: [e.to_ort(self.activation_type) for e in entries] for name, entries in self.tensor_overrides}
 
 
 def to_ort_config(

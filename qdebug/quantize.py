@@ -25,7 +25,7 @@ from typing import Any
 
 import onnx
 
-from qdebug.config import QuantConfig, to_ort_config
+from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QuantConfig, to_ort_config
 from qdebug.data import DataSource, as_ort_reader, open_data
 from qdebug.errors import ConfigError, InputFileError, ModelError
 from qdebug.graph import ModelKind, input_specs, is_dq, is_q, load_model, model_kind
@@ -147,7 +147,8 @@ def quantize(
 ) -> QuantizeResult:
     """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted).
 
-    ``data`` feeds calibration (``None``: ``config.num_samples`` seeded synthetic samples). With an
+    ``data`` feeds calibration (``None``: ``config.num_samples`` seeded synthetic samples, default 32; a file
+    or folder is used whole unless ``config.num_samples`` caps it). With an
     existing ``calibration_cache`` (from an earlier result) calibration is skipped and its ranges reused.
     ``input_shapes`` fixes dynamic input dimensions of synthetic calibration data (see ``docs/data.md``).
     """
@@ -180,7 +181,7 @@ def quantize(
         source = open_data(
             data,
             input_specs(model),
-            num_samples=cfg.num_samples,
+            num_samples=cfg.num_samples if data is not None else (cfg.num_samples or DEFAULT_SYNTHETIC_SAMPLES),
             seed=cfg.seed,
             distribution=cfg.synthetic_distribution,
             input_shapes=input_shapes,

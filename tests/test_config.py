@@ -96,7 +96,7 @@ def test_every_problem_is_reported_at_once() -> None:
     for needle in (
         "calibration_method 'median'",
         "synthetic_distribution 'laplace'",
-        "num_samples must be a positive integer, got 0",
+        "num_samples must be a positive integer or null, got 0",
         "seed must be a non-negative integer, got -1",
         "target 'deeploy' takes int8 activations and int8 weights",
         "target 'deeploy' needs symmetric weights",

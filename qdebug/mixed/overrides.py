@@ -97,7 +97,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     if hasattr(value, "dtype") and hasattr(value, "item") and getattr(value, "size", 1) == 1:
-        return value.item()  # numpy scalar or 1-element array (ORT's QNN helper writes np.array scale/zp)
+        # numpy scalar or 1-element array (ORT needs float32 scale/rmin/rmax): float32 values come back as their
+        # shortest decimal, so 0.1 → float32 → 0.1 round-trips instead of becoming 0.10000000149.
+        if getattr(value.dtype, "kind", "") == "f" and value.dtype.itemsize == 4:
+            return float(str(value.reshape(())[()]))
+        return value.item()
     return value
 
 

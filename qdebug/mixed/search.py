@@ -172,6 +172,9 @@ def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
 
 def search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
     """Find a small promotion set that meets ``goal``; see the module docstring."""
+    if goal.max_accuracy_drop is not None and session.eval_data is None:
+        # Say so before the base quantization and debug pass, which can take minutes on a large model.
+        raise ConfigError("an accuracy goal needs a labelled evaluation set (eval_data)")
     if goal.strategy == "prefix":
         return _prefix_search(session, goal)
     return _greedy_search(session, goal)
@@ -215,7 +218,10 @@ def _prefix_search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchRe
             hi = mid
         else:
             lo = mid
-    return _result(goal, results, hi, True, "goal met", session, start_requant, t0)
+    reason = "goal met"
+    if hi - lo > 1:  # max_steps cut the bisection short: a smaller set may also meet the goal
+        reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} tensors untried"
+    return _result(goal, results, hi, True, reason, session, start_requant, t0)
 
 
 def _result(
