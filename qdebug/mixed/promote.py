@@ -21,10 +21,8 @@ import onnx
 
 from qdebug.config import (
     QUANT_TYPES,
-    ConvertOverride,
     Overrides,
     QuantConfig,
-    TensorOverride,
     make_overrides,
     normalize_quant_type,
 )
@@ -150,25 +148,15 @@ def fix_overrides(
     return dict(helper.get_dict())
 
 
+#: Override keys that carry values rather than types (kept through the fixer, see :func:`promote`).
+_VALUE_KEYS = ("rmin", "rmax", "scale", "zero_point")
+
+
 def overrides_from_ort(d: Mapping[str, list[dict[str, Any]]]) -> Overrides:
-    """ORT's dict form (QuantType members, sets) → the typed config form."""
-    out: dict[str, list[TensorOverride]] = {}
-    for name, entries in d.items():
-        typed = []
-        for e in entries:
-            kw = dict(e)
-            if "quant_type" in kw:
-                kw["quant_type"] = normalize_quant_type(getattr(kw["quant_type"], "name", kw["quant_type"]))
-            if "convert" in kw:
-                c = kw["convert"]
-                recv = c.get("recv_nodes")
-                kw["convert"] = ConvertOverride(
-                    quant_type=normalize_quant_type(getattr(c["quant_type"], "name", c["quant_type"])),
-                    recv_nodes=None if recv is None else tuple(sorted(recv)),
-                )
-            typed.append(TensorOverride(**kw))
-        out[name] = typed
-    return make_overrides(out)
+    """ORT's dict form (QuantType members, sets, numpy numbers) → the typed config form (validated)."""
+    from qdebug.mixed.overrides import OverridesFile
+
+    return OverridesFile.from_ort(d).overrides
 
 
 def promote(
@@ -208,13 +196,39 @@ def promote(
     from onnxruntime.quantization import QuantType
 
     qt = QuantType[QUANT_TYPES[to]]
+    # ORT's fixer reasons about types only: an existing entry that holds values (rmin/rmax, scale/zero_point)
+    # but no quant_type fails its "existing type" check when the tensor joins the region or gets a convert.
+    # So fix the types alone, then put the values back: the config's own numbers, not ORT's float32 copies.
+    acts, _ = activation_tensors(model)
+    originals = base.overrides_dict
+    values: dict[str, dict[str, Any]] = {}
+    for name in [n for n, es in init.items() if n in acts and len(es) == 1]:
+        vals = {k: getattr(originals[name][0], k) for k in _VALUE_KEYS if k in init[name][0]}
+        if vals:
+            values[name] = vals
+            for k in vals:
+                del init[name][0][k]
+            if not init[name][0]:
+                del init[name]
     for t in requested:
         entries = init.setdefault(t, [{}])
         if any("convert" in e for e in entries):
             raise ConfigError(f"{t!r} already has a mixed-precision convert; start from the base config")
         entries[0]["quant_type"] = qt
     fixed = fix_overrides(model, init, base.activation_type, base.activation_symmetric)
-    typed = overrides_from_ort(fixed)
+    clashes = []
+    for name, vals in values.items():
+        entry = fixed.setdefault(name, [{}])[0]
+        entry.update(vals)
+        was = originals[name][0].quant_type or base.activation_type
+        now = normalize_quant_type(entry["quant_type"].name) if "quant_type" in entry else base.activation_type
+        if "scale" in vals and now != was:  # a scale/zero_point is only meaningful for the type it was set for
+            clashes.append(f"{name!r} has an explicit scale/zero_point for {was} but the promotion makes it {now}")
+    if clashes:
+        raise ConfigError("cannot promote: " + "; ".join(clashes))
+    # Entries the fixer never reads (weights, per-channel lists) stay exactly as the config had them.
+    untouched = {n: es for n, es in originals.items() if n not in acts or len(es) != 1}
+    typed = make_overrides({**dict(overrides_from_ort(fixed)), **untouched})
     promoted = tuple(name for name, es in typed if es and es[0].quant_type == to)
     converts = tuple(
         ConvertBoundary(
