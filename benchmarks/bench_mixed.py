@@ -226,6 +226,7 @@ class PrefixRun:
 
 def prefix_to_goal(session: Any, order: Sequence[str], goal_db: float, tag: str) -> PrefixRun:
     """The prefix search's schedule (1, 2, 4, … then bisection) on an arbitrary ranking."""
+    from qdebug.mixed.search import smallest_passing_prefix
     from qdebug.mixed.session import sixteen_bit_cost
 
     t0 = time.perf_counter()
@@ -236,23 +237,9 @@ def prefix_to_goal(session: Any, order: Sequence[str], goal_db: float, tag: str)
         measured[n] = (ev.output_sqnr_db, sixteen_bit_cost(ev.report)[0])
         return ev.output_sqnr_db is not None and ev.output_sqnr_db >= goal_db
 
-    lo, hi, n = 0, None, 1
-    while True:
-        if meets(n):
-            hi = n
-            break
-        lo = n
-        if n == len(order):
-            break
-        n = min(2 * n, len(order))
+    lo, hi = smallest_passing_prefix(len(order), meets)
     if hi is None:
         return PrefixRun(None, len(measured), time.perf_counter() - t0, *measured.get(lo, (None, None)))
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if meets(mid):
-            hi = mid
-        else:
-            lo = mid
     return PrefixRun(hi, len(measured), time.perf_counter() - t0, *measured[hi])
 
 

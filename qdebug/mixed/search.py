@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -200,28 +201,49 @@ def _prefix_search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchRe
         results[n] = (_point(len(results), tuple(order[:n]), ev, False), ev, plan)
         return _met(goal, ev, float_acc)
 
-    lo, hi, n = 0, None, 1
-    while len(results) - 1 < goal.max_steps:
-        if measure(n):
-            hi = n
-            break
-        lo = n
-        if n == len(order):
-            break
-        n = min(2 * n, len(order))
+    lo, hi = smallest_passing_prefix(len(order), measure, goal.max_steps)
     if hi is None:
         why = "even promoting every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
         return _result(goal, results, lo, False, why, session, start_requant, t0)
-    while hi - lo > 1 and len(results) - 1 < goal.max_steps:
-        mid = (lo + hi) // 2
-        if measure(mid):
-            hi = mid
-        else:
-            lo = mid
     reason = "goal met"
     if hi - lo > 1:  # max_steps cut the bisection short: a smaller set may also meet the goal
         reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} tensors untried"
     return _result(goal, results, hi, True, reason, session, start_requant, t0)
+
+
+def smallest_passing_prefix(
+    n_max: int, meets: Callable[[int], bool], budget: int | None = None
+) -> tuple[int, int | None]:
+    """Probe prefix sizes 1, 2, 4, … (capped at ``n_max``) until ``meets``, then bisect.
+
+    Returns ``(largest size seen failing, smallest size seen passing or None)``; at most ``budget`` probes.
+    Assumes the goal is roughly monotone in the prefix size, which is what ranking by estimated gain buys.
+    """
+    probes = 0
+
+    def probe(n: int) -> bool:
+        nonlocal probes
+        probes += 1
+        return meets(n)
+
+    lo, hi, n = 0, None, 1
+    while budget is None or probes < budget:
+        if probe(n):
+            hi = n
+            break
+        lo = n
+        if n >= n_max:
+            break
+        n = min(2 * n, n_max)
+    if hi is None:
+        return lo, None
+    while hi - lo > 1 and (budget is None or probes < budget):
+        mid = (lo + hi) // 2
+        if probe(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo, hi
 
 
 def _result(

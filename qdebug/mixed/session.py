@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource
@@ -28,6 +27,9 @@ from qdebug.mixed.promote import PromotionPlan, promote
 from qdebug.mixed.suggest import Suggestion, suggest
 from qdebug.quantize import QuantizeResult, quantize
 from qdebug.report import DebugReport
+
+if TYPE_CHECKING:
+    from qdebug.mixed.search import SearchGoal, SearchResult
 
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
 
@@ -180,7 +182,7 @@ class MixedPrecisionSession:
         """Quantize and measure a promotion plan."""
         return self.evaluate(plan)
 
-    def search(self, goal: Any) -> Any:
+    def search(self, goal: SearchGoal) -> SearchResult:
         """Automatic promotion search (see :func:`qdebug.mixed.search.search`)."""
         from qdebug.mixed.search import search
 
@@ -194,11 +196,4 @@ def _num_eval(path: Path | None) -> int:
         return int(next(iter(npz[k].shape[0] for k in npz.files)))
 
 
-def model_sha256(model: onnx.ModelProto | str | Path) -> str:
-    """Checksum of a model file (or of a ModelProto's bytes)."""
-    if isinstance(model, onnx.ModelProto):
-        return hashlib.sha256(model.SerializeToString()).hexdigest()
-    return file_sha256(model)
-
-
-__all__: Sequence[str] = ["Evaluation", "MixedPrecisionSession", "sixteen_bit_cost"]
+__all__ = ["Evaluation", "MixedPrecisionSession", "sixteen_bit_cost"]
