@@ -55,6 +55,7 @@ def decode_number(v: Any) -> float | None:
 
 
 _FLOAT_FIELDS = {
+    "target_vs_float_db", "cpu_vs_float_db", "target_vs_cpu_db", "sqnr_db",
     "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "worst_channel_sqnr_db", "float_min",
     "float_max", "mse", "max_abs_error", "scale", "mean", "std", "min", "max",
 }  # fmt: skip
@@ -197,6 +198,72 @@ class ReportMeta:
 
 
 @dataclass(frozen=True)
+class TargetOutputAccuracy:
+    """One model output on a target (e.g. the HTP simulator) against float and against CPU-QDQ."""
+
+    output_name: str
+    target_vs_float_db: float | None
+    cpu_vs_float_db: float | None
+    target_vs_cpu_db: float | None
+
+
+@dataclass(frozen=True)
+class TargetTensorDiff:
+    """One quantized activation: the target's integer values vs ONNX Runtime CPU's, in steps (LSB)."""
+
+    tensor_name: str
+    topo_index: int
+    quant_type: str
+    max_lsb: int
+    fraction_differ: float
+    sqnr_db: float | None  # dequantized target vs dequantized CPU-QDQ
+
+
+@dataclass(frozen=True)
+class TargetAccuracy:
+    """How a compiled model's numbers differ from the CPU QDQ model's, per output and per tensor."""
+
+    target: str
+    device: str
+    num_samples: int
+    seconds_per_sample: float
+    outputs: tuple[TargetOutputAccuracy, ...]
+    tensors: tuple[TargetTensorDiff, ...] = ()
+    lsb_threshold: int = 1
+    first_divergent: str | None = None  # first tensor in topological order with max_lsb > lsb_threshold
+    probe_single_partition: bool | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            **{k: getattr(self, k) for k in ("target", "device", "num_samples", "seconds_per_sample")},
+            "outputs": [_to_dict(o) for o in self.outputs],
+            "tensors": [_to_dict(t) for t in self.tensors],
+            "lsb_threshold": self.lsb_threshold,
+            "first_divergent": self.first_divergent,
+            "probe_single_partition": self.probe_single_partition,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TargetAccuracy:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            target=d["target"],
+            device=d["device"],
+            num_samples=d["num_samples"],
+            seconds_per_sample=d["seconds_per_sample"],
+            outputs=tuple(_from_dict(TargetOutputAccuracy, o) for o in d.get("outputs", ())),
+            tensors=tuple(_from_dict(TargetTensorDiff, t) for t in d.get("tensors", ())),
+            lsb_threshold=d.get("lsb_threshold", 1),
+            first_divergent=d.get("first_divergent"),
+            probe_single_partition=d.get("probe_single_partition"),
+            notes=tuple(d.get("notes", ())),
+        )
+
+
+@dataclass(frozen=True)
 class DebugReport:
     """The result of :func:`qdebug.debug`."""
 
@@ -207,6 +274,13 @@ class DebugReport:
     per_sample: PerSample
     per_sample_outputs: PerSample
     meta: ReportMeta
+    target_accuracy: TargetAccuracy | None = None
+
+    def with_target_accuracy(self, acc: TargetAccuracy) -> DebugReport:
+        """A copy carrying a target's accuracy (e.g. the HTP simulator's), for the views."""
+        from dataclasses import replace
+
+        return replace(self, target_accuracy=acc)
 
     # ----------------------------------------------------------------- lookups
     def activation(self, name: str) -> ActivationResult:
@@ -261,6 +335,7 @@ class DebugReport:
             "per_sample": self.per_sample.to_dict(),
             "per_sample_outputs": self.per_sample_outputs.to_dict(),
             "meta": asdict(self.meta),
+            "target_accuracy": None if self.target_accuracy is None else self.target_accuracy.to_dict(),
         }
 
     @classmethod
@@ -279,6 +354,9 @@ class DebugReport:
             per_sample=PerSample.from_dict(d.get("per_sample", {})),
             per_sample_outputs=PerSample.from_dict(d.get("per_sample_outputs", {})),
             meta=ReportMeta(**meta),
+            target_accuracy=None
+            if d.get("target_accuracy") is None
+            else TargetAccuracy.from_dict(d["target_accuracy"]),
         )
 
     def to_json(self, indent: int | None = 2) -> str:
