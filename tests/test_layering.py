@@ -8,11 +8,15 @@ import sys
 
 FORBIDDEN = ("ipywidgets", "plotly", "voila", "widgets", "IPython", "matplotlib", "onnxruntime_qnn", "torch")
 
+# Every submodule of qdebug (Polygraphy-style): a new module that imports a UI library or an optional
+# backend at import time fails here without anyone having to list it.
 SCRIPT = """
-import json, sys
+import importlib, json, pkgutil, sys
 import qdebug
-import qdebug.cli, qdebug.debug, qdebug.quantize
-import qdebug.capture, qdebug.config, qdebug.data, qdebug.graph, qdebug.metrics, qdebug.report
+for info in pkgutil.walk_packages(qdebug.__path__, "qdebug."):
+    importlib.import_module(info.name)
+import qdebug.targets
+qdebug.targets.available_targets()  # listing targets must not need their backends either
 print(json.dumps(sorted(sys.modules)))
 """
 

@@ -1,0 +1,1080 @@
+"""The QNN HTP target: compile a QDQ model to an EPContext model, run it on the HTP (simulator on x86),
+and measure how its numbers differ from ONNX Runtime's CPU.
+
+* :func:`compile_qnn` compiles in a worker process (:mod:`qdebug.targets._qnn_worker`) with ORT's verbose
+  log on, because node placement and QNN's rejection reasons are only visible there, and because a crash
+  in the QNN libraries must not take the caller down. The log is kept next to the compiled model and
+  parsed into a :class:`~qdebug.targets.base.CompileReport`.
+* :func:`run_compiled` runs a compiled model sample by sample, in-process, and checks that the QNN
+  provider really runs it (Python falls back to the CPU provider silently in some failure modes).
+* :func:`htp_accuracy` compares HTP, CPU-QDQ and float model outputs, and, through a *probe* copy of the
+  QDQ model whose activation QuantizeLinear outputs are extra graph outputs, every quantized activation's
+  integer values on the HTP against ONNX Runtime CPU's, in steps of the quantization grid (LSB).
+
+``onnxruntime_qnn`` is imported only through :func:`qdebug._lazy.require` (the ``qnn`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from qdebug._lazy import OPTIONAL_MODULES, require
+from qdebug.capture import expose_outputs, make_session
+from qdebug.data import DataSource, Sample
+from qdebug.errors import ConfigError, DataError, MissingExtraError, ModelError, TargetError
+from qdebug.graph import (
+    ModelKind,
+    Pairing,
+    constant_values,
+    decode_constant,
+    dequantize,
+    input_specs,
+    is_dq,
+    is_q,
+    load_model,
+    model_kind,
+    pair_models,
+    quant_type_name,
+)
+from qdebug.io import refuse_overwrite_input
+from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energies
+from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
+from qdebug.targets.base import CompileReport, FallbackNode, register_target
+
+__all__ = [
+    "DATA_MOVEMENT_OPS",
+    "SOC_MODELS",
+    "CompileLog",
+    "NodeUnitValidation",
+    "QnnOptions",
+    "QnnTarget",
+    "compile_qnn",
+    "htp_accuracy",
+    "parse_compile_log",
+    "qnn_available",
+    "qnn_session",
+    "run_compiled",
+]
+
+QNN_EP = "QNNExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+
+#: SoC name → (QNN ``soc_model`` id, HTP architecture). Without a SoC the provider's default is used,
+#: an HTP v68 (SM8350) on x86.
+SOC_MODELS: dict[str, tuple[int, str]] = {
+    "SM8350": (30, "v68"),
+    "SM8450": (36, "v69"),
+    "SM8475": (42, "v69"),
+    "SM8550": (43, "v73"),
+    "SM8635": (68, "v73"),
+    "SM8650": (57, "v75"),
+    "SM8735": (85, "v79"),
+    "SM8750": (69, "v79"),
+    "SM8850": (87, "v81"),
+}
+DEFAULT_HTP_ARCH = "v68"
+
+#: Reasons for which QNN leaves a node on the CPU on purpose (``offload_graph_io_quantization``): the
+#: graph-input QuantizeLinear and graph-output DequantizeLinear. Not a fallback the user has to fix.
+BY_DESIGN_REASONS = (
+    "QNN EP is configured to not take Q nodes that consume a graph input",
+    "QNN EP is configured to not take DQ nodes that generate a graph output",
+)
+
+#: Ops that only move data. Exposing the quantized tensors around them as probe outputs can split the
+#: HTP graph (QNN then can no longer fold the Q/DQ pair around the op), so the probe drops them on retry.
+DATA_MOVEMENT_OPS = frozenset(
+    {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Gather", "Slice", "Concat", "Split"}
+)
+
+_EP_CONTEXT = "EPContext"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class QnnOptions:
+    """How to compile for (and run on) the QNN HTP. Validated on construction.
+
+    ``soc`` is a name of :data:`SOC_MODELS` (case-insensitive; ``None``: the provider's default, HTP
+    v68). ``fail_on_fallback`` makes a compile that leaves any node on the CPU (graph-I/O Q/DQ aside) a
+    failure. ``enable_fp16`` runs float parts in fp16 on the HTP; it needs ``soc`` because without a
+    ``soc_model`` QNN silently takes no node of a float model. ``timeout_s`` bounds the compile.
+    """
+
+    soc: str | None = None
+    fail_on_fallback: bool = False
+    enable_fp16: bool = False
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.soc is not None:
+            norm = str(self.soc).strip().upper()
+            if norm in SOC_MODELS:
+                object.__setattr__(self, "soc", norm)
+            else:
+                problems.append(f"unknown soc {self.soc!r}; known: {', '.join(SOC_MODELS)}")
+        for flag in ("fail_on_fallback", "enable_fp16"):
+            if not isinstance(getattr(self, flag), bool):
+                problems.append(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        if self.enable_fp16 is True and self.soc is None:
+            problems.append(
+                "enable_fp16 needs a soc (e.g. soc='SM8650'): without a soc_model QNN silently takes no node "
+                "of a float model"
+            )
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
+            problems.append(f"timeout_s must be a positive number of seconds, got {t!r}")
+        if problems:
+            raise ConfigError("invalid QNN options: " + "; ".join(problems))
+
+    @property
+    def soc_model(self) -> int | None:
+        """QNN's ``soc_model`` id, ``None`` for the provider's default."""
+        return SOC_MODELS[self.soc][0] if self.soc else None
+
+    @property
+    def htp_arch(self) -> str:
+        """The HTP architecture compiled for (``v68`` by default)."""
+        return SOC_MODELS[self.soc][1] if self.soc else DEFAULT_HTP_ARCH
+
+    def device_label(self) -> str:
+        """E.g. ``"SM8650 (HTP v75)"`` or ``"default SoC (HTP v68)"``."""
+        return f"{self.soc or 'default SoC'} (HTP {self.htp_arch})"
+
+    def provider_options(self) -> dict[str, str]:
+        """The QNN provider options these options map to (the only place that maps them)."""
+        opts = {"backend_type": "htp"}
+        if self.soc_model is not None:
+            opts["soc_model"] = str(self.soc_model)
+        if self.enable_fp16:
+            opts["enable_htp_fp16_precision"] = "1"
+        return opts
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "soc": self.soc,
+            "fail_on_fallback": self.fail_on_fallback,
+            "enable_fp16": self.enable_fp16,
+            "timeout_s": self.timeout_s,
+        }
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> QnnOptions:
+        """Build from a plain mapping (e.g. the target interface's ``options``); strings are parsed.
+
+        Unknown keys and unparsable values are reported together in one :class:`ConfigError`.
+        """
+        known = ("soc", "fail_on_fallback", "enable_fp16", "timeout_s")
+        problems = [f"unknown QNN option {k!r}; known: {', '.join(known)}" for k in options if k not in known]
+        kw: dict[str, Any] = {}
+        if "soc" in options:
+            soc = options["soc"]
+            kw["soc"] = None if soc is None or (isinstance(soc, str) and not soc.strip()) else soc
+        for flag in ("fail_on_fallback", "enable_fp16"):
+            if flag in options:
+                v = options[flag]
+                if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+                    v = v.strip().lower() in _TRUE
+                kw[flag] = v
+        if "timeout_s" in options:
+            v = options["timeout_s"]
+            if isinstance(v, str):
+                try:
+                    v = float(v)
+                except ValueError:
+                    problems.append(f"timeout_s must be a number of seconds, got {v!r}")
+            kw["timeout_s"] = v
+        if problems:
+            raise ConfigError("invalid QNN options: " + "; ".join(problems))
+        return cls(**kw)
+
+
+def qnn_available() -> tuple[bool, str]:
+    """(usable here, a short description or why not); never raises.
+
+    Looks for the package and its provider library without importing either: listing targets (the UI's
+    dropdown, ``qdebug targets``) must not load optional backends.
+    """
+    try:
+        import importlib.util
+        from importlib.metadata import PackageNotFoundError, version
+
+        spec = importlib.util.find_spec("onnxruntime_qnn")
+        if spec is None or not spec.submodule_search_locations:
+            extra, purpose = OPTIONAL_MODULES["onnxruntime_qnn"]
+            return False, str(MissingExtraError("onnxruntime_qnn", extra, purpose))
+        pkg_dir = Path(next(iter(spec.submodule_search_locations)))
+        libs = [p for p in pkg_dir.rglob("*onnxruntime_providers_qnn*") if p.suffix in (".so", ".dll")]
+        if not libs:
+            return False, f"onnxruntime_qnn is installed but has no provider library under {pkg_dir}"
+        import onnxruntime as ort
+
+        if not hasattr(ort, "register_execution_provider_library"):
+            return False, f"onnxruntime {ort.__version__} cannot load the QNN plugin provider (too old)"
+        try:
+            ver = version("onnxruntime-qnn")
+        except PackageNotFoundError:
+            ver = "?"
+        where = "HTP simulator" if platform.machine().lower() in ("x86_64", "amd64") else "HTP"
+        return True, f"onnxruntime-qnn {ver} ({where})"
+    except Exception as exc:  # a broken install can raise anything
+        return False, f"onnxruntime-qnn is unusable here: {type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- the compile log
+
+
+@dataclass(frozen=True)
+class NodeUnitValidation:
+    """One ``Validation PASSED/FAILED for N nodes in OrtNodeUnit (Op)`` entry of the verbose log."""
+
+    op_type: str
+    passed: bool
+    nodes: int
+    node_names: tuple[str, ...]
+    reason: str = ""
+    #: QNN backend errors logged while building this unit, e.g. ``"FullyConnected: error 3110"``.
+    backend_errors: tuple[str, ...] = ()
+
+    @property
+    def by_design(self) -> bool:
+        """A graph-input Q / graph-output DQ that QNN leaves on the CPU on purpose."""
+        return any(self.reason.startswith(r) for r in BY_DESIGN_REASONS)
+
+    def describe(self) -> str:
+        """The backend's reason, with QNN's own error codes when it logged any."""
+        text = self.reason or "no reason logged"
+        if self.backend_errors:
+            text += f" (QNN backend: {', '.join(self.backend_errors)})"
+        return text
+
+
+@dataclass(frozen=True)
+class CompileLog:
+    """What ORT's verbose log says about a QNN compile.
+
+    ``units`` are from the *last* capability pass only: ORT asks QNN twice (before and after the layout
+    transformation to NHWC), and only the last answer decides the partitioning. ``placements`` counts
+    nodes per provider in the partitioned graph (where a whole QNN partition is *one* node);
+    ``cpu_placed`` lists (op type, node name) of what ORT placed on the CPU provider.
+    """
+
+    units: tuple[NodeUnitValidation, ...]
+    passes: int
+    placements: Mapping[str, int]
+    cpu_placed: tuple[tuple[str, str], ...]
+
+    @property
+    def failed(self) -> tuple[NodeUnitValidation, ...]:
+        """The node units QNN refused."""
+        return tuple(u for u in self.units if not u.passed)
+
+
+_PASS_RE = re.compile(r"GetCapability pass (\d+)")
+_UNIT_RE = re.compile(r"Validation (PASSED|FAILED) for (\d+) nodes? in OrtNodeUnit \(([^)]*)\)")
+_UNIT_NODE_RE = re.compile(r"^\s*Operator type: (\S+) Node name: (.*?) Node index: \d+\s*$")
+_REASON_RE = re.compile(r"^\s*REASON\s*:\s*(.*?)\s*$")
+_PLACED_RE = re.compile(r"(?:Node\(s\)|All nodes) placed on \[([^\]]+)\]\. Number of nodes: (\d+)")
+_PLACED_NODE_RE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{3,}(\S+) \((.*)\)\s*$")
+_BACKEND_RE = re.compile(r"backendValidateOpConfig\(\) failed for node `[^`]*` of type `([^`]*)` with error code (\d+)")
+
+
+def parse_compile_log(text: str) -> CompileLog:
+    """Parse ORT's verbose log of a QNN compile (see :class:`CompileLog`)."""
+    units: list[NodeUnitValidation] = []
+    passes = 0
+    placements: dict[str, int] = {}
+    cpu_placed: list[tuple[str, str]] = []
+    current: dict[str, Any] | None = None
+    pending_backend: list[str] = []
+    placing: str | None = None
+
+    def flush() -> None:
+        nonlocal current
+        if current is not None:
+            units.append(NodeUnitValidation(**{**current, "node_names": tuple(current["node_names"])}))
+            current = None
+
+    for line in text.splitlines():
+        if m := _PASS_RE.search(line):
+            flush()
+            units.clear()
+            pending_backend.clear()
+            passes = max(passes, int(m.group(1)))
+            continue
+        if m := _UNIT_RE.search(line):
+            flush()
+            passed = m.group(1) == "PASSED"
+            current = {
+                "op_type": m.group(3),
+                "passed": passed,
+                "nodes": int(m.group(2)),
+                "node_names": [],
+                "reason": "",
+                # QNN's backend errors are logged just before the unit they belong to.
+                "backend_errors": () if passed else tuple(dict.fromkeys(pending_backend)),
+            }
+            pending_backend.clear()
+            continue
+        if m := _BACKEND_RE.search(line):
+            pending_backend.append(f"{m.group(1)}: error {m.group(2)}")
+            continue
+        if current is not None:
+            if m := _UNIT_NODE_RE.match(line):
+                current["node_names"].append(m.group(2))
+                continue
+            if m := _REASON_RE.match(line):
+                current["reason"] = m.group(1)
+                continue
+        if m := _PLACED_RE.search(line):
+            flush()
+            placing = m.group(1)
+            placements[placing] = placements.get(placing, 0) + int(m.group(2))
+            continue
+        if placing is not None:
+            if m := _PLACED_NODE_RE.search(line):
+                if placing == CPU_EP:
+                    cpu_placed.append((m.group(1), m.group(2)))
+                continue
+            placing = None
+    flush()
+    return CompileLog(tuple(units), passes, placements, tuple(cpu_placed))
+
+
+# --------------------------------------------------------------------------- compiled models
+
+
+@dataclass(frozen=True)
+class _CompiledGraph:
+    partitions: int  # EPContext nodes
+    other_nodes: tuple[tuple[str, str], ...]  # (op type, name) of every other node: these run on the CPU
+    graph_io_qdq: int  # of which graph-input Q / graph-output DQ
+    context_bytes: int
+
+    @property
+    def cpu_nodes(self) -> int:
+        return len(self.other_nodes) - self.graph_io_qdq
+
+
+def _is_ep_context(node: onnx.NodeProto) -> bool:
+    return node.op_type == _EP_CONTEXT and node.domain == "com.microsoft"
+
+
+def _inspect_compiled(model: onnx.ModelProto, base_dir: Path) -> _CompiledGraph:
+    g = model.graph
+    inputs = {i.name for i in g.input}
+    outputs = {o.name for o in g.output}
+    partitions = 0
+    context_bytes = 0
+    others: list[tuple[str, str]] = []
+    io_qdq = 0
+    for n in g.node:
+        if _is_ep_context(n):
+            partitions += 1
+            attrs = {a.name: a for a in n.attribute}
+            embed = attrs["embed_mode"].i if "embed_mode" in attrs else 1
+            if "ep_cache_context" in attrs:  # only the main context node of a split graph carries it
+                blob = attrs["ep_cache_context"].s
+                if embed == 1:
+                    context_bytes += len(blob)
+                else:  # embed mode 0: a file name relative to the model
+                    f = base_dir / blob.decode("utf-8", "replace")
+                    context_bytes += f.stat().st_size if f.is_file() else 0
+            continue
+        others.append((n.op_type, n.name or n.output[0]))
+        if (is_q(n) and n.input[0] in inputs) or (is_dq(n) and n.output[0] in outputs):
+            io_qdq += 1
+    return _CompiledGraph(partitions, tuple(others), io_qdq, context_bytes)
+
+
+def _check_compilable(model: onnx.ModelProto, path: Path, options: QnnOptions) -> None:
+    if any(_is_ep_context(n) for n in model.graph.node):
+        raise ModelError(f"{path}: is already a compiled QNN model (EPContext); compile its QDQ model instead")
+    kind = model_kind(model)
+    if kind is ModelKind.QOPERATOR:
+        raise ModelError(
+            f"{path}: is in QOperator format (QLinearConv, QGemm, ...); QNN compiles QDQ models: quantize "
+            "with quant_format=QuantFormat.QDQ (qdebug quantize --target qnn)"
+        )
+    if kind is ModelKind.DYNAMIC:
+        raise ModelError(
+            f"{path}: is dynamically quantized (DynamicQuantizeLinear/MatMulInteger), which the HTP does not run; "
+            "quantize statically in QDQ format (qdebug quantize --target qnn)"
+        )
+    if kind is ModelKind.FLOAT and not options.enable_fp16:
+        raise ModelError(
+            f"{path}: is a float model (no QuantizeLinear/DequantizeLinear); quantize it first "
+            "(qdebug quantize --target qnn), or compile it in fp16 with enable_fp16=True and a soc"
+        )
+    dynamic = [f"{s.name!r} {list(s.shape)}" for s in input_specs(model) if not s.is_static]
+    if dynamic:
+        # QNN needs static shapes; with a symbolic dimension it silently takes nothing ("Cannot get shape").
+        raise ModelError(
+            f"{path}: QNN needs fixed input shapes, but input(s) {', '.join(dynamic)} have dynamic dimensions; "
+            "fix them first (python -m onnxruntime.tools.make_dynamic_shape_fixed)"
+        )
+
+
+def _hints(model: onnx.ModelProto, options: QnnOptions) -> list[str]:
+    """Known causes of failure worth saying up front (they come back as vague backend errors)."""
+    hints: list[str] = []
+    consts = constant_values(model)
+    sixteen = {onnx.TensorProto.INT16, onnx.TensorProto.UINT16}
+
+    def dtype(c: onnx.TensorProto | onnx.NodeProto) -> int:
+        if isinstance(c, onnx.TensorProto):
+            return int(c.data_type)
+        return next((int(a.t.data_type) for a in c.attribute if a.name == "value"), 0)
+
+    if int(options.htp_arch[1:]) < 73 and any(
+        is_dq(n) and n.input[0] in consts and dtype(consts[n.input[0]]) in sixteen for n in model.graph.node
+    ):
+        newer = ", ".join(k for k, (_, arch) in SOC_MODELS.items() if int(arch[1:]) >= 73)
+        hints.append(
+            f"the model has 16-bit weights, which need HTP v73 or newer (soc {newer}); "
+            f"{options.device_label()} rejects the ops that use them"
+        )
+    return hints
+
+
+def _check_name(name: str) -> None:
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0") or name != name.strip():
+        raise ConfigError(f"invalid output name {name!r}: use a plain file stem such as 'model'")
+
+
+def _worker_env() -> dict[str, str]:
+    # The worker must import this very qdebug, installed or not.
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _log_tail(text: str, lines: int = 12) -> str:
+    """The last non-verbose lines of a log (a traceback or an error), each cut to 400 characters."""
+    all_lines = [ln for ln in text.splitlines() if ln.strip()]
+    quiet = [ln for ln in all_lines if "[V:onnxruntime" not in ln and "[I:onnxruntime" not in ln]
+    return "\n".join(ln[:400] for ln in (quiet or all_lines)[-lines:])
+
+
+def _fallback_summary(fallback: Sequence[FallbackNode], limit: int = 8) -> str:
+    items = [f for f in fallback if not f.by_design]
+    parts = [f"{f.op_type} ({f.nodes} node{'s' if f.nodes != 1 else ''}): {f.reason}" for f in items[:limit]]
+    if len(items) > limit:
+        parts.append(f"… and {len(items) - limit} more group(s)")
+    return "; ".join(parts)
+
+
+def compile_qnn(
+    model: str | Path,
+    out_dir: str | Path,
+    options: QnnOptions = QnnOptions(),
+    name: str = "model",
+) -> CompileReport:
+    """Compile a QDQ model for the QNN HTP into ``out_dir/<name>.qnn_ctx.onnx`` (EPContext, embed mode 1).
+
+    The compile runs in a worker process with ORT's verbose log, kept whole in
+    ``out_dir/<name>.qnn_compile.log`` and parsed into the report. Outputs are produced in a hidden temp
+    folder inside ``out_dir`` and moved into place only on success; on failure the log is still written
+    and a stale ``<name>.qnn_ctx.onnx`` from an earlier run is removed, so the folder never shows a
+    compiled model that does not match its log.
+
+    The report's counts mean:
+
+    * ``accelerator_partitions``: EPContext nodes in the compiled model (HTP graphs);
+    * ``accelerator_nodes``: nodes of the *input* graph taken by QNN = input nodes (``Constant`` nodes
+      excluded, ORT folds them) − nodes left outside the EPContext nodes of the compiled model. ORT's own
+      "placed on [QNNExecutionProvider]" count is of the partitioned graph, one node per partition;
+    * ``graph_io_qdq_on_cpu``: the graph-input Q / graph-output DQ nodes QNN leaves on the CPU by design;
+    * ``cpu_nodes``: every other node left on the CPU (a real fallback);
+    * ``fallback``: one entry per node unit QNN refused, with the backend's reason from the log;
+    * ``compile_seconds``: the compiling session's creation in the worker (process start-up excluded).
+
+    ``ok`` is False (with ``error``) when the worker fails, times out, QNN takes *no* node (ORT then
+    "succeeds" silently and writes no context), or ``options.fail_on_fallback`` and ``cpu_nodes > 0``.
+    Bad input raises: a missing/corrupt file (:class:`~qdebug.errors.InputFileError`); a float (unless
+    ``enable_fp16``), QOperator, dynamically quantized, already compiled, dynamic-shape model, or one
+    ONNX Runtime itself cannot load (:class:`~qdebug.errors.ModelError`).
+    """
+    if not isinstance(options, QnnOptions):
+        raise ConfigError(f"options must be QnnOptions, got {type(options).__name__}")
+    _check_name(name)
+    src = Path(model)
+    m = load_model(src, "model")
+    _check_compilable(m, src, options)
+    input_nodes = sum(1 for n in m.graph.node if n.op_type != "Constant")
+    hints = _hints(m, options)
+    del m
+    require("onnxruntime_qnn")
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx_dest = out / f"{name}.qnn_ctx.onnx"
+    log_dest = out / f"{name}.qnn_compile.log"
+    refuse_overwrite_input(ctx_dest, src)
+    refuse_overwrite_input(log_dest, src)
+    session_config = {
+        "ep.context_enable": "1",
+        "ep.context_embed_mode": "1",
+    }
+    report_options = {**options.provider_options(), **session_config, "fail_on_fallback": str(options.fail_on_fallback)}
+
+    with tempfile.TemporaryDirectory(prefix=f".{name}.qnn-", dir=out) as tmp:
+        work = Path(tmp)
+        ctx_tmp = work / ctx_dest.name
+        log_tmp = work / log_dest.name
+        result_path = work / "result.json"
+        request_path = work / "request.json"
+        request = {
+            "model": str(src.resolve()),
+            "result": str(result_path),
+            "provider_options": options.provider_options(),
+            "session_config": {**session_config, "ep.context_file_path": str(ctx_tmp)},
+        }
+        request_path.write_text(json.dumps(request), encoding="utf-8")
+        timed_out = False
+        returncode: int | None = None
+        t0 = time.perf_counter()
+        try:
+            with open(log_tmp, "wb") as log_fh:
+                try:
+                    proc = subprocess.run(
+                        [sys.executable, "-m", "qdebug.targets._qnn_worker", str(request_path)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log_fh,
+                        stderr=subprocess.STDOUT,
+                        env=_worker_env(),
+                        timeout=options.timeout_s,
+                        check=False,
+                    )
+                    returncode = proc.returncode
+                except subprocess.TimeoutExpired:  # run() has killed the worker
+                    timed_out = True
+            wall = time.perf_counter() - t0
+            result: dict[str, Any] | None = (
+                json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
+            )
+            log_text = log_tmp.read_text(encoding="utf-8", errors="replace")
+            if result is not None and result.get("stage") == "load":
+                raise ModelError(f"{src}: ONNX Runtime cannot load the model: {result.get('error')}")
+            report = _make_report(
+                result=result,
+                log_text=log_text,
+                ctx=ctx_tmp,
+                input_nodes=input_nodes,
+                options=options,
+                timed_out=timed_out,
+                returncode=returncode,
+                wall=wall,
+                src=src,
+                hints=hints,
+            )
+            if report.ok:
+                os.replace(ctx_tmp, ctx_dest)
+            os.replace(log_tmp, log_dest)
+        except BaseException:
+            ctx_dest.unlink(missing_ok=True)  # a stale context from an earlier run must not pass for this one
+            raise
+    if not report.ok:
+        ctx_dest.unlink(missing_ok=True)
+    return replace(
+        report,
+        compiled_model=str(ctx_dest) if report.ok else None,
+        log_path=str(log_dest),
+        options=report_options,
+    )
+
+
+def _make_report(
+    *,
+    result: dict[str, Any] | None,
+    log_text: str,
+    ctx: Path,
+    input_nodes: int,
+    options: QnnOptions,
+    timed_out: bool,
+    returncode: int | None,
+    wall: float,
+    src: Path,
+    hints: Sequence[str] = (),
+) -> CompileReport:
+    log = parse_compile_log(log_text)
+    fallback = [FallbackNode(u.op_type, u.nodes, u.describe(), u.by_design) for u in log.failed]
+    by_design = sum(f.nodes for f in fallback if f.by_design)
+    refused = sum(f.nodes for f in fallback if not f.by_design)
+    seconds = float(result["seconds"]) if result and "seconds" in result else wall
+    compiled: _CompiledGraph | None = None
+    error: str | None = None
+    warnings: list[str] = list(hints)
+
+    if timed_out:
+        error = f"QNN compile of {src.name} did not finish within {options.timeout_s:g} s (worker stopped)"
+    elif result is None:
+        tail = _log_tail(log_text)
+        error = f"the QNN compile worker died (exit code {returncode}) without a result; log tail:\n{tail}"
+    elif result.get("stage") != "done":
+        error = f"QNN could not compile {src.name}: {result.get('error')}"
+        if fallback:
+            error += f" (refused: {_fallback_summary(fallback)})"
+    elif QNN_EP not in result.get("providers", []):
+        error = f"ONNX Runtime did not create the QNN provider (providers: {result.get('providers')})"
+    elif ctx.is_file():
+        compiled = _inspect_compiled(onnx.load(str(ctx)), ctx.parent)
+        if compiled.partitions == 0:
+            compiled = None
+    if error is None and compiled is None:
+        # ORT creates the session and writes nothing when QNN takes no node: a failure, never a success.
+        why = _fallback_summary(fallback) or "no reason in the log"
+        error = f"QNN took none of the {input_nodes} nodes of {src.name}, so no context was written: {why}"
+        refused = input_nodes - by_design
+
+    if compiled is not None:
+        partitions = compiled.partitions
+        graph_io = compiled.graph_io_qdq
+        cpu_nodes = compiled.cpu_nodes
+        accelerator_nodes = max(0, input_nodes - len(compiled.other_nodes))
+        context_bytes = compiled.context_bytes
+        placed = log.placements.get(QNN_EP)
+        if placed is not None and placed != partitions:
+            warnings.append(f"the log places {placed} node(s) on QNN but the compiled model has {partitions} EPContext")
+        if cpu_nodes and not any(not f.by_design for f in fallback):
+            # The log format changed or said nothing: still say what is on the CPU.
+            ops = Counter(op for op, _ in compiled.other_nodes)
+            fallback += [FallbackNode(op, k, "left on the CPU (no reason in the QNN log)") for op, k in ops.items()]
+    else:
+        partitions, graph_io, cpu_nodes, accelerator_nodes, context_bytes = 0, by_design, refused, 0, 0
+
+    if error is None and cpu_nodes > 0:
+        msg = (
+            f"{cpu_nodes} node(s) left on the CPU, the HTP graph is split into {partitions} partition(s): "
+            f"{_fallback_summary(fallback)}"
+        )
+        if options.fail_on_fallback:
+            error = f"fail_on_fallback: {msg}"
+        else:
+            warnings.append(msg)
+    if error is not None and hints:
+        error += " — hint: " + "; ".join(hints)
+    return CompileReport(
+        target="qnn",
+        ok=error is None,
+        compiled_model=None,
+        compile_seconds=round(seconds, 4),
+        accelerator_partitions=partitions,
+        accelerator_nodes=accelerator_nodes,
+        cpu_nodes=cpu_nodes,
+        graph_io_qdq_on_cpu=graph_io,
+        fallback=tuple(fallback),
+        context_bytes=context_bytes,
+        device=options.device_label(),
+        error=error,
+        warnings=tuple(warnings),
+    )
+
+
+# --------------------------------------------------------------------------- running on the HTP
+
+_REGISTER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr for a while.
+
+    The HTP simulator prints a banner (``# LIBNATIVE: ...``) to stdout when it first loads; it must not
+    end up in a CLI's JSON output.
+    """
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no real stdout (e.g. some embedded interpreters): nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None).fflush(None)  # C stdio buffers of the native libraries
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def qnn_session(path: str | Path, options: QnnOptions = QnnOptions()) -> Any:
+    """An in-process ONNX Runtime session of a compiled model on the QNN provider (the HTP simulator on x86).
+
+    Raises :class:`~qdebug.errors.TargetError` when QNN cannot load the model or the session would not
+    run on QNN (Python falls back to the CPU provider silently in some failure modes).
+    """
+    require("onnxruntime_qnn")
+    import onnxruntime as ort
+
+    from qdebug.targets._qnn_worker import register_qnn
+
+    with _REGISTER_LOCK:
+        devices = register_qnn(ort)
+    if not devices:
+        raise TargetError("onnxruntime-qnn registered no QNN device")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_provider_for_devices(devices, options.provider_options())
+    try:
+        with _stdout_to_stderr():
+            sess = ort.InferenceSession(str(path), so)
+    except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
+        raise TargetError(f"{path}: QNN could not load the compiled model: {exc}") from exc
+    providers = list(sess.get_providers())
+    if QNN_EP not in providers:
+        # Python can fall back to the CPU provider silently; numbers from it would not be the HTP's.
+        raise TargetError(f"{path}: the session runs on {providers}, not on {QNN_EP}")
+    return sess
+
+
+def _load_compiled(path: Path) -> tuple[onnx.ModelProto, _CompiledGraph]:
+    m = load_model(path, "compiled model")
+    compiled = _inspect_compiled(m, path.parent)
+    if compiled.partitions == 0:
+        raise ModelError(f"{path}: is not a compiled QNN model (no EPContext node); compile it with compile_qnn")
+    return m, compiled
+
+
+def run_compiled(
+    compiled_model: str | Path,
+    data: DataSource,
+    output_names: Sequence[str] | None = None,
+    options: QnnOptions = QnnOptions(),
+) -> Iterator[dict[str, np.ndarray]]:
+    """Run a compiled (EPContext) model on the HTP, one sample at a time, yielding its outputs by name.
+
+    The model and the session are checked before the first sample (bad input raises here, not on
+    iteration): :class:`~qdebug.errors.ModelError` for a model that is not compiled,
+    :class:`~qdebug.errors.TargetError` when QNN cannot load it or the session does not run on QNN.
+    """
+    path = Path(compiled_model)
+    m, _ = _load_compiled(path)
+    del m
+    sess = qnn_session(path, options)
+    available = [o.name for o in sess.get_outputs()]
+    names = list(output_names) if output_names is not None else available
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ConfigError(f"unknown output name(s) {unknown}; the compiled model's outputs are {available}")
+    return _run_samples(sess, names, data, path)
+
+
+def _run_samples(sess: Any, names: list[str], data: DataSource, path: Path) -> Iterator[dict[str, np.ndarray]]:
+    for i, sample in enumerate(data):
+        try:
+            values = sess.run(names, sample)
+        except Exception as exc:
+            raise TargetError(f"{path}: sample {i}: the HTP run failed: {exc}") from exc
+        yield dict(zip(names, values, strict=True))
+
+
+# --------------------------------------------------------------------------- accuracy on the HTP
+
+
+@dataclass(frozen=True)
+class _ProbeTensor:
+    tensor_name: str  # the float model's name (joins DebugReport.activations)
+    topo_index: int
+    q_output: str  # the QuantizeLinear output (integer tensor) in the QDQ model
+    quant_type: str
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    axis: int
+    near_data_movement: bool
+
+
+def _probe_tensors(qmodel: onnx.ModelProto, pairing: Pairing) -> list[_ProbeTensor]:
+    """Every quantized activation's QuantizeLinear output, in the float model's topological order."""
+    consts = constant_values(qmodel)
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    producer: dict[str, onnx.NodeProto] = {}
+    for n in qmodel.graph.node:
+        for i in n.input:
+            consumers[i].append(n)
+        for o in n.output:
+            producer[o] = n
+    out: list[_ProbeTensor] = []
+    for a in pairing.activations:
+        if not a.quantized:
+            continue
+        q = next(
+            (
+                n
+                for n in consumers[a.pre_qdq]
+                if is_q(n) and any(is_dq(c) and c.output[0] == a.post_qdq for c in consumers[n.output[0]])
+            ),
+            None,
+        )
+        if q is None or q.input[1] not in consts:
+            continue
+        scale = decode_constant(consts[q.input[1]])
+        zp = decode_constant(consts[q.input[2]]) if len(q.input) > 2 and q.input[2] in consts else None
+        axis = next((int(at.i) for at in q.attribute if at.name == "axis"), 1)
+        src = producer.get(a.pre_qdq)
+        dq_users = [u for c in consumers[q.output[0]] if is_dq(c) for u in consumers[c.output[0]]]
+        near = (src is not None and src.op_type in DATA_MOVEMENT_OPS) or any(
+            u.op_type in DATA_MOVEMENT_OPS for u in dq_users
+        )
+        qtype = a.params.quant_type if a.params is not None else quant_type_name(np.dtype(np.uint8))
+        out.append(_ProbeTensor(a.tensor_name, a.topo_index, q.output[0], qtype, scale, zp, axis, near))
+    return out
+
+
+@dataclass(frozen=True)
+class _Probe:
+    compiled: Path | None
+    tensors: tuple[_ProbeTensor, ...]
+    faithful: bool  # the probe kept the compiled model's partitioning
+    notes: tuple[str, ...]
+
+
+def _build_probe(
+    qmodel: onnx.ModelProto,
+    pairing: Pairing,
+    target: _CompiledGraph,
+    out_dir: Path,
+    options: QnnOptions,
+) -> _Probe:
+    """Compile the probe (``out_dir/probe.qnn_ctx.onnx``), retrying without data-movement tensors if it splits."""
+    tensors = _probe_tensors(qmodel, pairing)
+    if not tensors:
+        return _Probe(None, (), False, ("probe: the QDQ model has no quantized activation to compare",))
+    notes: list[str] = []
+    probe_options = replace(options, fail_on_fallback=False)
+    attempts = [tensors]
+    kept = [t for t in tensors if not t.near_data_movement]
+    if kept and len(kept) < len(tensors):
+        attempts.append(kept)
+    report: CompileReport | None = None
+    used: list[_ProbeTensor] = []
+    faithful = False
+    with tempfile.TemporaryDirectory(prefix=".probe.qdq-", dir=out_dir) as tmp:
+        for k, attempt in enumerate(attempts):
+            probe_path = Path(tmp) / "probe.qdq.onnx"
+            onnx.save(expose_outputs(qmodel, [t.q_output for t in attempt]), str(probe_path))
+            report = compile_qnn(probe_path, out_dir, probe_options, name="probe")
+            used = attempt
+            faithful = (
+                report.ok
+                and report.accelerator_partitions <= target.partitions
+                and report.cpu_nodes <= target.cpu_nodes
+            )
+            if faithful:
+                if k > 0:
+                    dropped = [t.tensor_name for t in tensors if t.near_data_movement]
+                    shown = ", ".join(dropped[:12]) + (f", … ({len(dropped) - 12} more)" if len(dropped) > 12 else "")
+                    notes.append(
+                        f"probe: {len(dropped)} tensor(s) next to data-movement ops "
+                        f"({'/'.join(sorted(DATA_MOVEMENT_OPS))}) are not compared, because exposing them "
+                        f"split the HTP graph: {shown}"
+                    )
+                break
+    assert report is not None
+    if not report.ok:
+        notes.append(f"probe: compiling the probe model failed, no per-tensor comparison: {report.error}")
+        return _Probe(None, (), False, tuple(notes))
+    if not faithful:
+        notes.append(
+            f"probe: exposing the quantized tensors split the HTP graph into {report.accelerator_partitions} "
+            f"partition(s) with {report.cpu_nodes} CPU node(s) (compiled model: {target.partitions}, "
+            f"{target.cpu_nodes}); per-tensor values may differ from the compiled model's"
+        )
+    return _Probe(Path(str(report.compiled_model)), tuple(used), faithful, tuple(notes))
+
+
+def _run(sess: Any, names: list[str], sample: Sample, i: int, what: str, error: type[Exception]) -> list[Any]:
+    try:
+        return list(sess.run(names, sample))
+    except Exception as exc:
+        raise error(f"sample {i}: {what} failed: {exc}") from exc
+
+
+def _sqnr(s: ErrorSums) -> float | None:
+    return s.sqnr[0]
+
+
+def htp_accuracy(
+    float_model: str | Path,
+    qdq_model: str | Path,
+    compiled_model: str | Path,
+    data: DataSource,
+    *,
+    out_dir: str | Path,
+    options: QnnOptions = QnnOptions(),
+    probe_tensors: bool = True,
+    lsb_threshold: int = 1,
+) -> TargetAccuracy:
+    """How the compiled model's numbers on the HTP differ from the float and the CPU-QDQ model's.
+
+    Per model output, over all samples (streaming sums): SQNR of HTP vs float, CPU-QDQ vs float and HTP
+    vs CPU-QDQ (the CPU-QDQ model runs on ORT CPU with graph optimizations off, as written). With
+    ``probe_tensors``, a probe copy of the QDQ model exposing every activation QuantizeLinear output is
+    compiled into ``out_dir`` (``probe.qnn_ctx.onnx``) and run on the HTP; each quantized activation's
+    integer values are compared with ORT CPU's: the largest difference in LSB, the fraction of elements
+    that differ, and the SQNR of the dequantized values. Tensors carry the float model's names, so they
+    join :attr:`qdebug.report.DebugReport.activations`; ``first_divergent`` is the first in topological
+    order whose difference exceeds ``lsb_threshold`` LSB. ``probe_single_partition`` says whether the
+    probe kept the compiled model's partitioning (one partition when the model compiles to one), i.e.
+    whether its per-tensor values come from the same HTP graph.
+    """
+    if isinstance(lsb_threshold, bool) or not isinstance(lsb_threshold, int) or lsb_threshold < 0:
+        raise ConfigError(f"lsb_threshold must be a non-negative integer, got {lsb_threshold!r}")
+    fpath, qpath, cpath, out = Path(float_model), Path(qdq_model), Path(compiled_model), Path(out_dir)
+    fmodel = load_model(fpath, "float model")
+    qmodel = load_model(qpath, "QDQ model")
+    cmodel, target = _load_compiled(cpath)
+    pairing = pair_models(fmodel, qmodel)
+    c_outputs = [o.name for o in cmodel.graph.output]
+    del cmodel
+    missing = [o.quant_name for o in pairing.outputs if o.quant_name not in c_outputs]
+    if missing:
+        raise ModelError(
+            f"{cpath}: has outputs {c_outputs}, not the QDQ model's {missing}: was it compiled from {qpath.name}?"
+        )
+    if len(data) == 0:
+        raise DataError(f"{data.description}: no samples")
+    out.mkdir(parents=True, exist_ok=True)
+
+    notes: list[str] = []
+    probe = _Probe(None, (), False, ())
+    if probe_tensors:
+        probe = _build_probe(qmodel, pairing, target, out, options)
+        notes += probe.notes
+
+    f_names = [o.output_name for o in pairing.outputs]
+    q_names = [o.quant_name for o in pairing.outputs]
+    t_names = [t.q_output for t in probe.tensors]
+    f_sess = make_session(fmodel, [CPU_EP])
+    c_sess = make_session(expose_outputs(qmodel, t_names), [CPU_EP])
+    del fmodel, qmodel
+    htp = qnn_session(cpath, options)
+    probe_sess = qnn_session(probe.compiled, options) if probe.compiled is not None else None
+
+    n_out = len(q_names)
+    hf, cf, hc = ([ErrorSums()] * n_out for _ in range(3))
+    n_t = len(t_names)
+    max_lsb = np.zeros(n_t, dtype=np.int64)
+    n_differ = np.zeros(n_t, dtype=np.int64)
+    n_elems = np.zeros(n_t, dtype=np.int64)
+    signal, noise = np.zeros(n_t), np.zeros(n_t)
+    probe_vs_compiled = 0.0
+    htp_seconds = 0.0
+    n = 0
+    for i, sample in enumerate(data):
+        f_vals = _run(f_sess, f_names, sample, i, "the float model on the CPU", DataError)
+        c_vals = _run(c_sess, q_names + t_names, sample, i, "the QDQ model on the CPU", DataError)
+        t0 = time.perf_counter()
+        h_vals = _run(htp, q_names, sample, i, "the compiled model on the HTP", TargetError)
+        htp_seconds += time.perf_counter() - t0
+        for k in range(n_out):
+            f, c, h = f_vals[k], c_vals[k], h_vals[k]
+            if not (f.shape == c.shape == h.shape):
+                raise ModelError(f"model output {f_names[k]!r}: shapes float {f.shape}, CPU {c.shape}, HTP {h.shape}")
+            hf[k] = hf[k].merge(reduce_pair(f, h))
+            cf[k] = cf[k].merge(reduce_pair(f, c))
+            hc[k] = hc[k].merge(reduce_pair(c, h))
+        if probe_sess is not None:
+            p_vals = _run(probe_sess, t_names + q_names, sample, i, "the probe model on the HTP", TargetError)
+            for k in range(n_out):
+                d = np.abs(p_vals[n_t + k].astype(np.float64) - h_vals[k].astype(np.float64))
+                probe_vs_compiled = max(probe_vs_compiled, float(d.max()) if d.size else 0.0)
+            refs, tests = [], []
+            for j, t in enumerate(probe.tensors):
+                qc, qh = c_vals[n_out + j], p_vals[j]
+                if qc.shape != qh.shape:
+                    raise TargetError(f"tensor {t.tensor_name!r}: HTP shape {qh.shape} vs CPU shape {qc.shape}")
+                diff = np.abs(qh.astype(np.int64) - qc.astype(np.int64))
+                if diff.size:
+                    max_lsb[j] = max(int(max_lsb[j]), int(diff.max()))
+                n_differ[j] += int(np.count_nonzero(diff))
+                n_elems[j] += diff.size
+                refs.append(dequantize(qc, t.scale, t.zero_point, t.axis))
+                tests.append(dequantize(qh, t.scale, t.zero_point, t.axis))
+            if refs:
+                b = reduce_pairs(refs, tests)
+                signal += b.signal
+                noise += b.noise
+        n += 1
+    if n == 0:
+        raise DataError(f"{data.description}: no samples")
+
+    outputs = tuple(TargetOutputAccuracy(f_names[k], _sqnr(hf[k]), _sqnr(cf[k]), _sqnr(hc[k])) for k in range(n_out))
+    diffs = tuple(
+        TargetTensorDiff(
+            tensor_name=t.tensor_name,
+            topo_index=t.topo_index,
+            quant_type=t.quant_type,
+            max_lsb=int(max_lsb[j]),
+            fraction_differ=float(n_differ[j] / n_elems[j]) if n_elems[j] else 0.0,
+            sqnr_db=sqnr_from_energies(float(signal[j]), float(noise[j]))[0],
+        )
+        for j, t in enumerate(probe.tensors)
+    )
+    first = next((d.tensor_name for d in diffs if d.max_lsb > lsb_threshold), None)
+    if probe_sess is not None and probe_vs_compiled > 0.0:
+        notes.append(
+            f"probe: its model outputs differ from the compiled model's by up to {probe_vs_compiled:.3g} "
+            "(exposing tensors changed the HTP graph); per-tensor values are indicative"
+        )
+    return TargetAccuracy(
+        target="qnn",
+        device=options.device_label(),
+        num_samples=n,
+        seconds_per_sample=htp_seconds / n,
+        outputs=outputs,
+        tensors=diffs,
+        lsb_threshold=lsb_threshold,
+        first_divergent=first,
+        probe_single_partition=probe.faithful if probe_tensors else None,
+        notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------- the target
+
+
+class QnnTarget:
+    """The ``qnn`` target of :mod:`qdebug.targets.base`: options are :class:`QnnOptions` fields (+ ``name``)."""
+
+    name = "qnn"
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here, why not) — never raises."""
+        return qnn_available()
+
+    def compile(self, qdq_model: Path, out_dir: Path, options: Mapping[str, Any]) -> CompileReport:
+        """Compile with :func:`compile_qnn`; ``options`` may also hold ``name`` (default ``"model"``)."""
+        opts = dict(options)
+        name = str(opts.pop("name", "model"))
+        return compile_qnn(qdq_model, out_dir, QnnOptions.from_mapping(opts), name=name)
+
+
+register_target("qnn", QnnTarget)
