@@ -129,7 +129,55 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--workdir", help="keep the evaluated models here (default: a temp folder)")
     se.add_argument("--output", "-o", required=True, help="overrides JSON of the chosen point")
     se.add_argument("--json", action="store_true", help="print the search result as JSON")
+    _add_build_parser(sub, epilog)
     return p
+
+
+def _add_build_parser(sub: Any, epilog: str) -> None:
+    b = sub.add_parser(
+        "build",
+        help="fix, quantize and compile a float ONNX model for a device (QNN HTP or ORT CPU); write out/",
+        description="Quantize and compile a float ONNX model for --device at --precision. Writes into the new "
+        "folder -o: the (fixed) float model, the QDQ model, the compiled model, manifest.json and report.json "
+        "(docs/qnn.md). Nothing is written when the build fails.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("--onnx", required=True, help="the float ONNX model")
+    b.add_argument("--device", required=True, choices=["qnn", "cpu"])
+    b.add_argument(
+        "--precision",
+        required=True,
+        choices=["uint8", "uint16", "int8", "fp16"],
+        help="qnn: uint8 (u8/u8), uint16 (u16 act, u8 weights), int8 (u8 act, s8 symmetric weights), fp16 "
+        "(needs --soc); cpu: uint8, uint16, int8 (u8 act, s8 weights)",
+    )
+    b.add_argument("--data", "-d", help="calibration .npz or folder (default: synthetic); also the debug samples")
+    b.add_argument("--eval", help="labelled .npz: top-1 of the float, QDQ and compiled models; debug samples")
+    b.add_argument("--label-key", default="label", help="label array in --eval (ignored in --data)")
+    b.add_argument("--overrides", help="tensor overrides JSON (docs/overrides.md) for the float model")
+    b.add_argument("--config", "-c", help="QuantConfig JSON; --device/--precision must not contradict it")
+    b.add_argument("--soc", help="QNN SoC, e.g. SM8650 (default: the provider's, HTP v68)")
+    b.add_argument(
+        "--input-shape",
+        type=_shape_arg,
+        action="append",
+        default=[],
+        help="fix a dynamic input shape, NAME:D0,D1,... (repeatable; default: the first data sample's)",
+    )
+    b.add_argument("--fail-on-fallback", action="store_true", help="fail (exit 7) if any node falls back to CPU")
+    b.add_argument("--debug-samples", type=int, default=32, help="samples for debug and the simulator (32)")
+    b.add_argument(
+        "--skip-fix",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="do not apply a QNN fix (repeatable): static_shapes, batchnorm_folding, gelu_fusion, "
+        "layernorm_gamma_unsigned",
+    )
+    b.add_argument("--no-tensor-probe", action="store_true", help="skip the per-tensor HTP vs CPU comparison")
+    b.add_argument("--output", "-o", required=True, help="output folder (must be new or empty)")
+    b.add_argument("--json", action="store_true", help="print the manifest as JSON instead of tables")
 
 
 def _add_debug_inputs(p: argparse.ArgumentParser) -> None:
@@ -527,6 +575,157 @@ def _cmd_search(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _kib(n: int) -> str:
+    return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+
+def print_fixes(fixes: Sequence[Any], out: TextIO) -> None:
+    """The QNN fixes table of ``qdebug build``."""
+    if fixes:
+        rows = [[f.name, "yes" if f.changed else "no", f.detail] for f in fixes]
+        _table("QNN compatibility fixes (applied before quantizing)", ["fix", "changed", "what"], rows, out)
+
+
+def print_compile_report(rep: Any, out: TextIO, folder: Any = None) -> None:
+    """The compile report of ``qdebug build``: partitions, CPU fallback by op type with reasons, size, time."""
+    if rep.target == "cpu":
+        state = "OK" if rep.ok else "FAILED"
+        print(
+            f"\nCPU check {state}: {rep.device}, {rep.accelerator_nodes} nodes, {rep.compile_seconds:.2f} s", file=out
+        )
+    else:
+        state = "OK" if rep.ok else "FAILED"
+        print(f"\nCompile report (QNN {rep.device}): {state}", file=out)
+        print(
+            f"  EPContext partitions {rep.accelerator_partitions}, nodes on the HTP {rep.accelerator_nodes}, "
+            f"CPU fallback {rep.cpu_nodes} node(s), graph-I/O Q/DQ on CPU by design {rep.graph_io_qdq_on_cpu}",
+            file=out,
+        )
+        print(f"  context {_kib(rep.context_bytes)}, compile {rep.compile_seconds:.2f} s", file=out)
+        import re
+
+        groups: dict[tuple[str, str], int] = {}
+        for f in rep.fallback:
+            if not f.by_design:  # one row per op type and reason: node names would make one row per node
+                key = (f.op_type, re.sub(r"node `[^`]*`", "node `…`", f.reason))
+                groups[key] = groups.get(key, 0) + f.nodes
+        if groups:
+            rows = [[op, str(n), reason] for (op, reason), n in sorted(groups.items())]
+            _table("CPU fallback by op type (the backend's reason)", ["op", "nodes", "reason"], rows, out)
+        if rep.log_path:  # relative to the output folder in a manifest
+            print(f"  log: {rep.log_path if folder is None else os.path.join(folder, rep.log_path)}", file=out)
+    for w in rep.warnings:
+        print(f"  warning: {w}", file=out)
+    if rep.error:
+        print(f"  error: {rep.error}", file=out)
+
+
+def print_build(result: Any, out: TextIO) -> None:
+    """Everything ``qdebug build`` prints after a successful build."""
+    m = result.manifest
+    print_fixes(m.fixes, out)
+    q = m.quantization
+    if q is not None:
+        print(
+            f"\nquantized {q.nodes_quantized}/{q.nodes_total} nodes ({q.qdq_nodes} Q/DQ) with "
+            f"{m.config.activation_type} activations and {m.config.weight_type} weights; calibration "
+            f"{q.calibration_seconds:.2f} s on {q.num_calibration_samples} samples, "
+            f"QDQ insertion {q.qdq_seconds:.2f} s",
+            file=out,
+        )
+    print_compile_report(m.compile, out, result.out_dir)
+    acc = m.target_accuracy
+    cpu = {o.output_name: o for o in m.cpu_qdq_vs_float}
+    names = list(cpu) or ([o.output_name for o in acc.outputs] if acc else [])
+    if names:
+        by_t = {o.output_name: o for o in acc.outputs} if acc is not None else {}
+        rows = []
+        for n in names:
+            c = cpu.get(n)
+            t = by_t.get(n)
+            rows.append(
+                [
+                    n,
+                    fmt_db(c.sqnr_db, c.status) if c else "-",
+                    fmt_db(t.target_vs_float_db) if t else "-",
+                    fmt_db(t.target_vs_cpu_db) if t and t.target_vs_cpu_db is not None else "-",
+                ]
+            )
+        where = f"HTP simulator, {acc.device}" if acc is not None else "no target run"
+        _table(
+            f"Output SQNR (dB) on {m.num_debug_samples} samples ({where})",
+            ["output", "CPU-QDQ vs float", "target vs float", "target vs CPU-QDQ"],
+            rows,
+            out,
+        )
+    if acc is not None:
+        if acc.tensors:
+            differ = sum(1 for t in acc.tensors if t.max_lsb > acc.lsb_threshold)
+            first = acc.first_divergent or "none"
+            print(
+                f"per tensor: {len(acc.tensors)} quantized activations compared, {differ} differ by more than "
+                f"{acc.lsb_threshold} LSB on the HTP; first: {first}",
+                file=out,
+            )
+        print(f"simulator: {acc.seconds_per_sample * 1000:.1f} ms per sample", file=out)
+        for note in acc.notes:
+            print(f"note: {note}", file=out)
+    if m.top1 is not None:
+        t1 = m.top1
+
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2%}"
+
+        print(
+            f"top-1 on {t1.num_samples} samples: float {pct(t1.float_model)}, QDQ (CPU) {pct(t1.qdq_model)}, "
+            f"compiled ({m.device}) {pct(t1.compiled_model)}",
+            file=out,
+        )
+    for w in m.warnings:
+        print(f"warning: {w}", file=out)
+    files = ", ".join(m.files.values())
+    print(f"\nwrote {result.out_dir}/: {files} ({m.timings.get('total_s', 0.0):.1f} s)", file=out)
+
+
+def _cmd_build(args: argparse.Namespace, out: TextIO) -> int:
+    from qdebug.build import BuildError, BuildOptions, build
+
+    options = BuildOptions(
+        device=args.device,
+        precision=args.precision,
+        soc=args.soc,
+        fail_on_fallback=args.fail_on_fallback,
+        debug_samples=args.debug_samples,
+        input_shapes=dict(args.input_shape) or None,
+        label_key=args.label_key,
+        skip_fixes=tuple(args.skip_fix),
+        probe_tensors=not args.no_tensor_probe,
+    )
+    progress = None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
+    try:
+        result = build(
+            args.onnx,
+            args.output,
+            options,
+            data=args.data,
+            eval_data=args.eval,
+            config=args.config,
+            overrides=args.overrides,
+            progress=progress,
+        )
+    except BuildError as exc:
+        if not args.json:  # what was learned before the failure; the one-line error follows on stderr
+            print_fixes(exc.fixes, out)
+            if exc.compile_report is not None:
+                print_compile_report(exc.compile_report, out)
+        raise
+    if args.json:
+        print(result.manifest.to_json(), file=out, end="")
+    else:
+        print_build(result, out)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI and return its exit code (never raises for user errors)."""
     out = out or sys.stdout
@@ -544,6 +743,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return _cmd_suggest(args, out)
         if args.command == "search":
             return _cmd_search(args, out)
+        if args.command == "build":
+            return _cmd_build(args, out)
         parser.error(f"unknown command {args.command}")
     except QDebugError as exc:
         if args.debug:

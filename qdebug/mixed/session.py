@@ -29,7 +29,9 @@ from qdebug.quantize import QuantizeResult, quantize
 from qdebug.report import DebugReport
 
 if TYPE_CHECKING:
+    from qdebug.build import RecompileResult
     from qdebug.mixed.search import SearchGoal, SearchResult
+    from qdebug.targets.qnn import QnnOptions
 
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
 
@@ -187,6 +189,29 @@ class MixedPrecisionSession:
         from qdebug.mixed.search import search
 
         return search(self, goal)
+
+    def recompile(
+        self, evaluation: Evaluation, target: str = "qnn", options: QnnOptions | None = None
+    ) -> RecompileResult:
+        """Compile an evaluated variant for ``target`` and check it there (:func:`qdebug.build.recompile`): for QNN
+        the EPContext model in the workdir and the HTP simulator's accuracy on the debug samples."""
+        from qdebug.build import recompile
+        from qdebug.data import open_data
+        from qdebug.graph import input_specs
+
+        o = self.debug_options
+        data = open_data(
+            self.debug_data, input_specs(self.float_proto), num_samples=o.num_samples, seed=o.seed,
+            distribution=o.distribution, input_shapes=o.input_shapes, ignore=o.ignore_data_keys,
+        )  # fmt: skip
+        return recompile(
+            evaluation.quantization.model_path,
+            self.workdir / f"{evaluation.name}.{target}",
+            target,
+            float_model=self.float_path,
+            data=data,
+            options=options,
+        )
 
 
 def _num_eval(path: Path | None) -> int:

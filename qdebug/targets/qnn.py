@@ -822,8 +822,11 @@ def _probe_tensors(qmodel: onnx.ModelProto, pairing: Pairing) -> list[_ProbeTens
         for o in n.output:
             producer[o] = n
     out: list[_ProbeTensor] = []
+    graph_outputs = {o.name for o in qmodel.graph.output}
     for a in pairing.activations:
-        if not a.quantized:
+        # A model output's own Q is compared per output already; exposing it makes the compiled probe define
+        # that tensor twice (the EPContext node and the by-design CPU DQ both reference it).
+        if not a.quantized or a.post_qdq in graph_outputs:
             continue
         q = next(
             (

@@ -1,0 +1,465 @@
+"""QNN HTP compatibility rewrites, applied to the *float* model (or its config) before quantizing and compiling.
+
+Each rule is a small named function that returns what it produced plus a :class:`~qdebug.targets.base.FixReport`
+saying what it changed; :func:`apply_qnn_fixes` runs them in order. None of them touches the caller's model:
+every rewrite works on a copy. Why each exists (measured with onnxruntime-qnn 2.7.0, see ``docs/qnn.md``):
+
+``static_shapes``
+    QNN needs a static shape on every tensor. With a symbolic dimension on a graph input it refuses every node
+    ("Cannot get shape") and the compile "succeeds" with zero nodes on the HTP; on a large detector it left two
+    EPContext partitions and ~1,100 CPU nodes. Fixing the input dimensions *before quantizing* and re-running
+    shape inference gives one partition (ORT's session then constant-folds the Shape→Gather→Reshape chains).
+``batchnorm_folding``
+    A BatchNormalization kept as its own node after a Conv (common in exports with BN "preserved") runs on the HTP
+    as a separate quantized op, and its numbers are far from ORT CPU's: on the sample CNN (one partition all the
+    same) the HTP output was 20.3 dB from float with uint8 activations (CPU-QDQ: 32.8 dB), 10.0 dB with uint16
+    activations (CPU: 36.4 dB) and 9.9 dB with int8 weights, costing 6 points of top-1. Folding each BN into its
+    Conv's weights and bias (exact in float) gives 33.2 / 34.5 / 33.2 dB on the HTP, level with the CPU.
+``gelu_fusion``
+    PyTorch exports exact GELU as Div→Erf→Add→Mul→Mul; QNN has no Erf ("Operators of type `Erf` are not supported
+    by QNN EP"), so each GELU splits the graph. ORT's transformer fusion turns the pattern into one
+    ``com.microsoft`` Gelu, which both ORT's quantizer and QNN accept. (In onnxruntime 1.31 the basic graph
+    optimizations do *not* fuse it, the extended ones do but also emit CPU-only FusedMatMul; ``qnn_preprocess_model``
+    does not fuse it either.)
+``layernorm_gamma_unsigned``
+    With signed 8-bit weights the HTP rejects LayerNormalization ("Supported INT8: (u8,u8,u8→u8) (u8,u8,s32→u8)
+    (s8,s8,s32→s8)"): activations are unsigned, so the gamma must be too. The fix is a ``TensorQuantOverrides``
+    entry on each gamma initializer (asymmetric uint8), merged into
+    the :class:`~qdebug.config.QuantConfig`; everything else keeps its signed weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qdebug.config import QuantConfig, TensorOverride, make_overrides
+from qdebug.errors import ConfigError, DataError, ModelError
+from qdebug.graph import input_specs
+from qdebug.targets.base import FixReport
+
+__all__ = [
+    "FIX_NAMES",
+    "FixedModel",
+    "apply_qnn_fixes",
+    "dynamic_tensors",
+    "fix_static_shapes",
+    "fold_batchnorm",
+    "fuse_gelu",
+    "layernorm_gamma_unsigned",
+]
+
+#: The rules in the order :func:`apply_qnn_fixes` runs them.
+FIX_NAMES = ("static_shapes", "batchnorm_folding", "gelu_fusion", "layernorm_gamma_unsigned")
+_MS_DOMAIN = "com.microsoft"
+_MAX_LISTED = 5
+#: Signed weight types whose LayerNorm gamma the HTP needs unsigned, and the type it gets instead.
+_UNSIGNED_GAMMA = {"int8": "uint8"}
+
+
+@dataclass(frozen=True)
+class FixedModel:
+    """The result of :func:`apply_qnn_fixes`: the rewritten float model, the config to quantize it with, and
+    one report per rule (in order, including the rules that changed nothing or were skipped)."""
+
+    model: onnx.ModelProto
+    config: QuantConfig | None
+    reports: tuple[FixReport, ...]
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        """Names of the rules that changed something."""
+        return tuple(r.name for r in self.reports if r.changed)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
+    return shown + (f" and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else "")
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim]
+
+
+def _is_static(vi: onnx.ValueInfoProto) -> bool:
+    tt = vi.type.tensor_type
+    return tt.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim)
+
+
+def dynamic_tensors(model: onnx.ModelProto) -> list[str]:
+    """Node outputs (in graph order) whose shape is unknown or symbolic in the model's value_info/outputs.
+
+    Run shape inference first: this only reads what the model declares.
+    """
+    g = model.graph
+    known = {vi.name: vi for vi in [*g.input, *g.value_info, *g.output]}
+    out = []
+    for node in g.node:
+        for name in node.output:
+            if name and (name not in known or not _is_static(known[name])):
+                out.append(name)
+    return out
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX shape inference with data propagation (folds Shape→Gather→Concat chains into static shapes)."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise ModelError(f"ONNX shape inference failed on the model with static input shapes: {exc}") from exc
+
+
+def _symbolic_infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """ORT's symbolic shape inference: knows ORT's contrib ops, which ONNX inference leaves untyped."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        result = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    except Exception:  # it asserts/raises on ops it does not know; ONNX inference's result then stands
+        return None
+    return result if isinstance(result, onnx.ModelProto) else None
+
+
+def fix_static_shapes(
+    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> tuple[onnx.ModelProto, FixReport]:
+    """Give every dynamic graph-input dimension the value in ``input_shapes`` and infer every tensor's shape.
+
+    ``input_shapes`` maps input names to full shapes (e.g. the first data sample's, or ``--input-shape``); it must
+    cover every input with a symbolic or unknown dimension (:class:`~qdebug.errors.DataError` otherwise, and when
+    a shape contradicts a fixed dimension). Symbolic dimensions of graph outputs and stale ``value_info`` entries
+    are cleared so that inference recomputes them. Returns the new model and a report naming the changed inputs
+    and any tensor that is still not static.
+    """
+    shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
+    specs = input_specs(model)
+    names = {s.name for s in specs}
+    unknown = sorted(set(shapes) - names)
+    if unknown:
+        raise DataError(f"input shape given for unknown input(s) {unknown}; the model has {sorted(names)}")
+    problems: list[str] = []
+    for s in specs:
+        if s.is_static and s.name not in shapes:
+            continue
+        if s.name not in shapes:
+            problems.append(f"input {s.name!r} has dynamic dimensions {list(s.shape)} and no shape was given")
+            continue
+        want = shapes[s.name]
+        if len(want) != len(s.shape) or any(isinstance(m, int) and m != d for m, d in zip(s.shape, want, strict=True)):
+            problems.append(f"input {s.name!r}: shape {list(want)} does not fit the model's {list(s.shape)}")
+        elif any(d <= 0 for d in want):
+            problems.append(f"input {s.name!r}: shape {list(want)} has non-positive dimensions")
+    if problems:
+        raise DataError("cannot fix static shapes: " + "; ".join(problems) + " (pass --input-shape NAME:D0,D1,...)")
+
+    m = _copy(model)
+    inputs = {vi.name: vi for vi in m.graph.input}
+    changes = []
+    for s in specs:
+        if s.is_static:
+            continue
+        vi = inputs[s.name]
+        before = _dims(vi)
+        for d, v in zip(vi.type.tensor_type.shape.dim, shapes[s.name], strict=True):
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                d.Clear()
+                d.dim_value = v
+        changes.append(f"{s.name} {before} -> {list(shapes[s.name])}")
+    out_changes = []
+    for vi in m.graph.output:
+        if vi.type.tensor_type.HasField("shape") and not _is_static(vi):
+            out_changes.append(vi.name)
+            for d in vi.type.tensor_type.shape.dim:
+                if not d.HasField("dim_value"):
+                    d.Clear()  # unknown: inference fills it in
+    # value_info with symbolic dims would be merged back by inference; drop it and let inference recompute it.
+    keep = [vi for vi in m.graph.value_info if _is_static(vi)]
+    del m.graph.value_info[:]
+    m.graph.value_info.extend(keep)
+
+    inferred = _infer(m)
+    dynamic = dynamic_tensors(inferred)
+    via = "ONNX shape inference"
+    if dynamic:
+        symbolic = _symbolic_infer(inferred)
+        if symbolic is not None and len(dynamic_tensors(symbolic)) < len(dynamic):
+            inferred, dynamic, via = symbolic, dynamic_tensors(symbolic), "ORT symbolic shape inference"
+    total = sum(1 for n in inferred.graph.node for o in n.output if o)
+    parts = [("inputs " + "; ".join(changes)) if changes else "all inputs already static"]
+    if out_changes:
+        parts.append(f"output shapes re-inferred for {_listing(out_changes)}")
+    parts.append(f"{total - len(dynamic)}/{total} tensors static after {via}")
+    if dynamic:
+        parts.append(f"still dynamic: {_listing(dynamic)} (QNN will leave their nodes on the CPU)")
+    return inferred, FixReport("static_shapes", bool(changes or out_changes), "; ".join(parts))
+
+
+def _const_array(inits: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray | None:
+    t = inits.get(name)
+    return None if t is None else onnx.numpy_helper.to_array(t)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    out, k = name, 1
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    taken.add(out)
+    return out
+
+
+def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
+    """Fold every inference-mode BatchNormalization that directly follows a Conv into that Conv.
+
+    ``W' = W·s``, ``b' = (b − mean)·s + beta`` with ``s = gamma / sqrt(var + eps)`` per output channel, computed in
+    float64. The Conv then produces the BatchNormalization's output tensor (its name, and so debug reports and
+    overrides on it, stay valid); the Conv's own output tensor disappears. A BN whose Conv output has other
+    consumers, is a graph output, or whose parameters are not initializers is left (and counted in the report).
+    """
+    g = model.graph
+    bns = [n for n in g.node if n.op_type == "BatchNormalization"]
+    if not bns:
+        return model, FixReport("batchnorm_folding", False, "no BatchNormalization node")
+    m = _copy(model)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output if o}
+    uses: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    graph_outputs = {o.name for o in g.output}
+    taken = {t.name for t in g.initializer} | set(producer) | {i.name for i in g.input}
+    folded: list[onnx.NodeProto] = []
+    left: list[str] = []
+    for bn in [n for n in g.node if n.op_type == "BatchNormalization"]:
+        conv = producer.get(bn.input[0])
+        attrs = {a.name: a for a in bn.attribute}
+        params = [_const_array(inits, i) for i in bn.input[1:5]]
+        weight = _const_array(inits, conv.input[1]) if conv is not None and len(conv.input) > 1 else None
+        if (
+            conv is None
+            or conv.op_type != "Conv"
+            or uses.get(conv.output[0], 0) != 1
+            or conv.output[0] in graph_outputs
+            or sum(1 for o in bn.output if o) != 1  # training mode: running statistics are outputs too
+            or ("spatial" in attrs and attrs["spatial"].i == 0)
+            or weight is None
+            or any(p is None for p in params)
+        ):
+            left.append(bn.name or bn.output[0])
+            continue
+        gamma, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params)
+        eps = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
+        scale = gamma / np.sqrt(var + eps)
+        has_bias = len(conv.input) > 2 and bool(conv.input[2])
+        bias = _const_array(inits, conv.input[2]) if has_bias else np.zeros(weight.shape[0])
+        if bias is None:  # a bias that is computed, not constant: cannot fold
+            left.append(bn.name or bn.output[0])
+            continue
+        w_new = (weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
+        b_new = ((bias.astype(np.float64) - mean) * scale + beta).astype(weight.dtype)
+        # A weight shared with another node keeps its value there: the folded copy gets a new name.
+        w_name = conv.input[1] if uses.get(conv.input[1], 0) == 1 else _unique(f"{conv.input[1]}_bn_folded", taken)
+        b_default = f"{conv.name or conv.output[0]}_bias"
+        b_name = conv.input[2] if has_bias and uses.get(conv.input[2], 0) == 1 else _unique(b_default, taken)
+        for name, value in ((w_name, w_new), (b_name, b_new)):
+            t = onnx.numpy_helper.from_array(value, name)
+            if name in inits:
+                inits[name].CopyFrom(t)
+            else:
+                g.initializer.append(t)
+                inits[name] = g.initializer[-1]
+        del conv.input[1:]
+        conv.input.extend([w_name, b_name])
+        conv.output[0] = bn.output[0]
+        folded.append(bn)
+    if not folded:
+        return model, FixReport("batchnorm_folding", False, f"{len(bns)} BatchNormalization node(s), none after a Conv")
+    for bn in folded:
+        g.node.remove(bn)
+    used = {i for n in g.node for i in n.input}
+    dead = {t.name for t in g.initializer if t.name not in used}
+    keep = [t for t in g.initializer if t.name not in dead]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    inputs = [vi for vi in g.input if vi.name not in dead]  # old IR versions list initializers as inputs too
+    del g.input[:]
+    g.input.extend(inputs)
+    produced = {o for n in g.node for o in n.output}
+    vis = [vi for vi in g.value_info if vi.name in produced]
+    del g.value_info[:]
+    g.value_info.extend(vis)
+    detail = f"{len(folded)} BatchNormalization node(s) folded into the preceding Conv"
+    if left:
+        detail += f"; {len(left)} left (not after a single-consumer Conv with constant parameters): {_listing(left)}"
+    return m, FixReport("batchnorm_folding", True, detail)
+
+
+def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
+    """Fuse exact-erf GELU subgraphs (Div→Erf→Add→Mul→Mul, as exported by PyTorch/Keras) into ``com.microsoft``
+    Gelu with ORT's own transformer fusion; Erf nodes that are not part of a GELU are left (and reported)."""
+    erfs = sum(1 for n in model.graph.node if n.op_type == "Erf")
+    if erfs == 0:
+        return model, FixReport("gelu_fusion", False, "no Erf node")
+    from onnxruntime.transformers.fusion_gelu import FusionGelu
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    m = _copy(model)
+    om = OnnxModel(m)
+    before = len(m.graph.node)
+    FusionGelu(om).apply()
+    fused = sum(1 for n in om.model.graph.node if n.op_type == "Gelu" and n.domain == _MS_DOMAIN) - sum(
+        1 for n in model.graph.node if n.op_type == "Gelu" and n.domain == _MS_DOMAIN
+    )
+    if fused == 0:
+        return model, FixReport("gelu_fusion", False, f"{erfs} Erf node(s), none part of a GELU pattern")
+    om.remove_unused_constant()
+    om.topological_sort()
+    out = om.model
+    if not any(o.domain == _MS_DOMAIN for o in out.opset_import):  # the fusion adds the node, not its domain
+        out.opset_import.append(onnx.helper.make_opsetid(_MS_DOMAIN, 1))
+    out = _type_gelu_outputs(out)
+    left = sum(1 for n in out.graph.node if n.op_type == "Erf")
+    detail = f"{fused} Erf GELU(s) fused into com.microsoft Gelu ({before} -> {len(out.graph.node)} nodes)"
+    if left:
+        detail += f"; {left} Erf node(s) are not a GELU and stay (QNN has no Erf: they run on the CPU)"
+    return out, FixReport("gelu_fusion", True, detail)
+
+
+def _type_gelu_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Declare each Gelu output's type and shape (those of its input: Gelu is elementwise).
+
+    ONNX shape inference does not know ``com.microsoft`` ops, so a Gelu output and everything after it would be
+    untyped, and ORT's quantizer skips untyped tensors ("failed to infer the type of tensor"): the GELU and the op
+    after it would stay float. With the Gelu outputs declared, inference types the rest of the graph again.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        inferred = model
+    g = inferred.graph
+    known = {vi.name: vi for vi in [*g.input, *g.value_info, *g.output]}
+    added = False
+    for n in g.node:
+        if n.op_type == "Gelu" and n.domain == _MS_DOMAIN and n.output[0] not in known and n.input[0] in known:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(known[n.input[0]])
+            vi.name = n.output[0]
+            g.value_info.append(vi)
+            known[vi.name] = vi
+            added = True
+    if not added:
+        return inferred
+    try:
+        return onnx.shape_inference.infer_shapes(inferred, strict_mode=False)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return inferred
+
+
+def _gamma_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    """(LayerNorm gammas that are constants, gammas that are activations) in graph order, deduplicated."""
+    consts = {i.name for i in model.graph.initializer}
+    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    weights: dict[str, None] = {}
+    acts: dict[str, None] = {}
+    for n in model.graph.node:
+        if n.op_type == "LayerNormalization" and len(n.input) > 1 and n.input[1]:
+            (weights if n.input[1] in consts else acts)[n.input[1]] = None
+    return list(weights), list(acts)
+
+
+def layernorm_gamma_unsigned(model: onnx.ModelProto, config: QuantConfig) -> tuple[QuantConfig, FixReport]:
+    """With signed 8-bit weights, override every LayerNormalization gamma to unsigned 8-bit.
+
+    Returns ``config`` with the overrides merged in. A gamma the config already overrides with an explicit
+    ``quant_type`` is left as the user set it (and named in the report); an existing entry without a type (e.g.
+    rmin/rmax) gets the type added.
+    """
+    unsigned = _UNSIGNED_GAMMA.get(config.weight_type)
+    if unsigned is None:
+        why = "unsigned" if config.weight_type.startswith("u") else f"{config.weight_type} (not handled)"
+        return config, FixReport("layernorm_gamma_unsigned", False, f"weights are {why}; nothing to do")
+    gammas, act_gammas = _gamma_names(model)
+    if not gammas:
+        detail = "no LayerNormalization with a constant gamma"
+        if act_gammas:
+            detail += f"; {len(act_gammas)} gamma(s) are activations, quantized like any activation"
+        return config, FixReport("layernorm_gamma_unsigned", False, detail)
+    overrides: dict[str, tuple[TensorOverride, ...]] = config.overrides_dict
+    changed: list[str] = []
+    kept: list[tuple[str, str]] = []
+    # Always asymmetric: QNN needs symmetric weights only at 16 bits, gammas are mostly positive, and a symmetric
+    # uint8 grid (zero point 128) spends half its levels on values that never occur (measured: ~6 dB lower weight
+    # SQNR on the sample transformer's gammas).
+    for g in gammas:
+        entries = overrides.get(g)
+        if entries and entries[0].quant_type is not None:
+            kept.append((g, entries[0].quant_type))
+            continue
+        if entries:
+            first = entries[0]
+            upd = TensorOverride.from_dict({**first.to_dict(), "quant_type": unsigned})
+            overrides[g] = (upd, *entries[1:])
+        else:
+            overrides[g] = (TensorOverride(quant_type=unsigned, symmetric=False),)
+        changed.append(g)
+    try:
+        new = config.replace(tensor_overrides=make_overrides(overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"the LayerNorm gamma overrides do not fit the config: {exc}") from exc
+    parts = []
+    if changed:
+        parts.append(
+            f"{len(changed)} LayerNorm gamma(s) quantized as asymmetric {unsigned} instead of {config.weight_type}: "
+            f"{_listing(changed)}"
+        )
+    if kept:
+        parts.append("kept the type the config gives " + ", ".join(f"{g!r} ({t})" for g, t in kept[:_MAX_LISTED]))
+        signed = [g for g, t in kept if not t.startswith("u")]
+        if signed:
+            parts.append(f"the HTP rejects LayerNorm with a signed gamma: expect CPU fallback at {_listing(signed)}")
+    return new, FixReport("layernorm_gamma_unsigned", bool(changed), "; ".join(parts))
+
+
+def apply_qnn_fixes(
+    model: onnx.ModelProto,
+    config: QuantConfig | None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    skip: Sequence[str] = (),
+) -> FixedModel:
+    """Run every rule of :data:`FIX_NAMES` not in ``skip`` on ``model`` (never modified) and ``config``.
+
+    ``config=None`` means "not quantized" (fp16): the gamma rule then has nothing to do. ``input_shapes`` feeds
+    :func:`fix_static_shapes`. Skipped rules are reported as such, so the manifest always lists all of them.
+    """
+    unknown = sorted(set(skip) - set(FIX_NAMES))
+    if unknown:
+        raise ConfigError(f"unknown fix name(s) {unknown}; known: {list(FIX_NAMES)}")
+    reports: list[FixReport] = []
+    m, cfg = model, config
+    for name in FIX_NAMES:
+        if name in skip:
+            reports.append(FixReport(name, False, "skipped on request"))
+            continue
+        if name == "static_shapes":
+            m, rep = fix_static_shapes(m, input_shapes)
+        elif name == "batchnorm_folding":
+            m, rep = fold_batchnorm(m)
+        elif name == "gelu_fusion":
+            m, rep = fuse_gelu(m)
+        elif cfg is None:
+            rep = FixReport(name, False, "not quantized (fp16); nothing to do")
+        else:
+            cfg, rep = layernorm_gamma_unsigned(m, cfg)
+        reports.append(rep)
+    return FixedModel(m if m is not model else _copy(m), cfg, tuple(reports))
