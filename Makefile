@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser bench clean
+.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ browser:
 		|| { echo "could not install chromium"; [ "$$CI" != true ]; }; \
 	else echo "chromium missing and not root: browser tests will be skipped"; [ "$$CI" != true ]; fi
 
+# Deeploy's own environment (deeploy-pulp pins numpy<2): created once, ~75 s and ~410 MB; see docs/deeploy.md.
+deeploy-env: $(VENV)/.installed
+	$(BIN)/python -c "from qdebug.targets.deeploy_env import ensure_env; print(ensure_env())"
+
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check qdebug widgets tests benchmarks sample_models
 	$(BIN)/ruff format --check qdebug widgets tests benchmarks sample_models
@@ -50,7 +54,7 @@ typecheck: $(VENV)/.installed-dev
 unit: $(VENV)/.installed-dev
 	$(BIN)/pytest -q
 
-test: $(VENV)/.installed-dev browser lint typecheck unit
+test: $(VENV)/.installed-dev browser deeploy-env lint typecheck unit
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_debug.py --markdown docs/benchmarks-latest.md
