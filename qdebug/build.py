@@ -58,11 +58,13 @@ __all__ = [
     "BuildManifest",
     "BuildOptions",
     "BuildResult",
+    "DeeployBuild",
     "InputFile",
     "OutputSqnr",
     "RecompileResult",
     "TopOne",
     "build",
+    "compile_deeploy",
     "compile_problems",
     "qnn_options",
     "recompile",
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 MANIFEST_SCHEMA_VERSION = 1
-DEVICES = ("qnn", "cpu")
+DEVICES = ("qnn", "cpu", "deeploy")
 PRECISIONS = ("uint8", "uint16", "int8", "fp16")
 
 #: device → precision → the QuantConfig settings it stands for (``None``: not quantized). A pair that is missing
@@ -90,7 +92,19 @@ PRECISION_FLAGS: dict[str, dict[str, dict[str, Any] | None]] = {
         # ORT's recommended CPU format ("U8S8"): uint8 activations, signed symmetric int8 weights.
         "int8": {"activation_type": "uint8", "weight_type": "int8", "weight_symmetric": True},
     },
+    # Deeploy's integer kernels: signed int8 activations and int8 symmetric weights, nothing else.
+    "deeploy": {
+        "int8": {"activation_type": "int8", "weight_type": "int8", "weight_symmetric": True},
+    },
 }
+
+#: What ``--device deeploy`` takes, for the error message of any other precision.
+DEEPLOY_PRECISION_HINT = "Deeploy takes --precision int8 only (int8 activations, int8 symmetric weights)"
+#: The fixes that apply to a Deeploy build (Deeploy has no BatchNormalization and needs static shapes).
+DEEPLOY_FIXES = ("static_shapes", "batchnorm_folding")
+#: Deeploy platforms a build generates code for: the first must succeed, the others are tried ("where the ops
+#: allow") and a failure there is a warning.
+DEEPLOY_PLATFORMS = ("Generic", "Siracusa")
 
 ProgressFn = Callable[[str], None]
 
@@ -143,6 +157,8 @@ class BuildOptions:
         elif self.precision not in PRECISION_FLAGS[self.device]:
             ok = sorted(PRECISION_FLAGS[self.device])
             hint = " (fp16 runs on --device qnn with --soc)" if self.precision == "fp16" else ""
+            if self.device == "deeploy":
+                hint = f" ({DEEPLOY_PRECISION_HINT})"
             p.append(f"precision {self.precision!r} is not supported on device {self.device!r}; use one of {ok}{hint}")
         if self.device == "cpu":
             if self.soc is not None:
@@ -151,6 +167,14 @@ class BuildOptions:
                 p.append("--fail-on-fallback applies to --device qnn only (the CPU has no fallback)")
             if self.skip_fixes:
                 p.append("--skip-fix applies to --device qnn only (no fixes run for the CPU)")
+        if self.device == "deeploy":
+            if self.soc is not None:
+                p.append("--soc applies to --device qnn only")
+            if self.fail_on_fallback:
+                p.append("--fail-on-fallback applies to --device qnn only (Deeploy has no CPU fallback)")
+            not_here = sorted(set(self.skip_fixes) & (set(FIX_NAMES) - set(DEEPLOY_FIXES)))
+            if not_here:
+                p.append(f"--skip-fix {not_here} does not apply to --device deeploy (its fixes: {list(DEEPLOY_FIXES)})")
         if self.device == "qnn" and self.precision == "fp16" and not self.soc:
             p.append(
                 "precision fp16 on QNN needs --soc (e.g. SM8650): without a SoC model the HTP takes no node in fp16"
@@ -184,7 +208,8 @@ def resolve_config(
     """
     flags = PRECISION_FLAGS.get(device, {}).get(precision, "missing")
     if flags == "missing":
-        raise ConfigError(f"precision {precision!r} is not supported on device {device!r}")
+        hint = f" ({DEEPLOY_PRECISION_HINT})" if device == "deeploy" else ""
+        raise ConfigError(f"precision {precision!r} is not supported on device {device!r}{hint}")
     if flags is None:
         if config is not None or overrides is not None:
             raise ConfigError(f"precision {precision} quantizes nothing: --config and --overrides do not apply")
@@ -248,6 +273,9 @@ class BuildManifest:
     timings: Mapping[str, float]
     files: Mapping[str, str]
     warnings: tuple[str, ...] = ()
+    #: ``--device deeploy`` only: ``{"export": {...bit-exactness, files}, "codegen": {platform: {ok, files,
+    #: integer_only, float_buffers, error}}}`` (paths relative to the output folder).
+    deeploy: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with ``schema_version`` (+inf SQNR as the string ``"inf"``)."""
@@ -276,6 +304,7 @@ class BuildManifest:
             "timings": dict(self.timings),
             "files": dict(self.files),
             "warnings": list(self.warnings),
+            "deeploy": None if self.deeploy is None else json.loads(json.dumps(self.deeploy)),
         }
 
     @classmethod
@@ -308,6 +337,7 @@ class BuildManifest:
             timings=dict(d["timings"]),
             files=dict(d["files"]),
             warnings=tuple(d.get("warnings", ())),
+            deeploy=d.get("deeploy"),
         )
 
     def to_json(self) -> str:
@@ -415,6 +445,123 @@ def compile_problems(report: CompileReport, fail_on_fallback: bool = False) -> l
         by_op = ", ".join(f"{op} {n}" for op, n in sorted(report.fallback_by_op().items()))
         out.append(f"--fail-on-fallback: {report.cpu_nodes} node(s) fall back to the CPU ({by_op})")
     return out
+
+
+@dataclass(frozen=True)
+class DeeployBuild:
+    """What :func:`compile_deeploy` did: the compile report, the manifest's ``deeploy`` entry, the warnings."""
+
+    compile: CompileReport
+    info: dict[str, Any]
+    warnings: tuple[str, ...]
+
+
+def _deeploy_failure(device: str, t0: float, error: str, nodes: int = 0) -> CompileReport:
+    return CompileReport(
+        target="deeploy",
+        ok=False,
+        compiled_model=None,
+        compile_seconds=round(time.perf_counter() - t0, 4),
+        accelerator_partitions=0,
+        accelerator_nodes=nodes,
+        cpu_nodes=0,
+        graph_io_qdq_on_cpu=0,
+        device=device,
+        error=error,
+    )
+
+
+def compile_deeploy(
+    qdq_model: str | Path,
+    out_dir: str | Path,
+    samples: DataSource | Sequence[Mapping[str, np.ndarray]] | None = None,
+    *,
+    platforms: Sequence[str] = DEEPLOY_PLATFORMS,
+    progress: ProgressFn | None = None,
+) -> DeeployBuild:
+    """Export the int8 QDQ model to Deeploy's integer network in ``out_dir`` (``network.onnx``, ``inputs.npz``,
+    ``outputs.npz``) and generate ``Network.c``/``Network.h`` per platform into ``out_dir/<platform lower>/``.
+
+    The first platform must succeed with an integer-only network; the others are tried and their failure is a
+    warning. An unsupported op (the export names the node), a Deeploy rejection or a float buffer in the
+    generated code raise :class:`~qdebug.errors.TargetError` with the reason.
+    """
+    from qdebug.targets import deeploy_env, deeploy_export
+
+    say = progress or (lambda _msg: None)
+    out = Path(out_dir)
+    device = f"Deeploy {deeploy_env.DEEPLOY_VERSION} ({', '.join(platforms)})"
+    t0 = time.perf_counter()
+    data = None if samples is None else [dict(s) for s in samples]
+    say("exporting the QDQ model to Deeploy's integer network")
+    exp = deeploy_export.export(
+        qdq_model, out, data=data, verbose=False, num_samples=len(data) if data else 16
+    )  # raises TargetError naming the node or tensors it cannot export
+    network = onnx.load(str(out / "network.onnx"))
+    nodes = len(network.graph.node)
+    info: dict[str, Any] = {
+        "export": {
+            "dir": out.name,
+            "files": [f"{out.name}/{f}" for f in ("network.onnx", "inputs.npz", "outputs.npz")],
+            "num_samples": exp.num_samples,
+            "equal_fraction": exp.equal_fraction,
+            "max_lsb_diff": exp.max_lsb_diff,
+            "bit_exact_ok": exp.bit_exact_ok,
+            "worst_requant_rel_error": exp.worst_requant_rel_error,
+            "nodes": nodes,
+        },
+        "codegen": {},
+    }
+    warnings: list[str] = []
+    if not exp.bit_exact_ok:
+        warnings.append(
+            f"the integer network matches the CPU QDQ model on {exp.equal_fraction:.2%} of the output elements "
+            f"(max {exp.max_lsb_diff} LSB, {exp.num_samples} samples); the target is ≥ 99.9 % and ≤ 1 LSB "
+            "(docs/deeploy.md, Bit-exactness)"
+        )
+    compiled: str | None = None
+    for i, plat in enumerate(platforms):
+        say(f"generating Deeploy code for {plat}")
+        dest = out / plat.lower()
+        res = deeploy_env.generate(out, dest, plat)
+        rel = f"{out.name}/{plat.lower()}"
+        entry: dict[str, Any] = {
+            "ok": res.ok,
+            "dir": rel,
+            "files": [f"{rel}/{f}" for f in res.files],
+            "integer_only": res.integer_only,
+            "float_buffers": list(res.float_buffers),
+            "error": res.error,
+            "seconds": round(res.seconds, 4),
+        }
+        info["codegen"][plat] = entry
+        problem = None
+        if not res.ok:
+            problem = f"Deeploy rejected the network for {plat}: {res.error}"
+        elif res.integer_only is not True:
+            problem = (
+                f"Deeploy generated code for {plat} but it is not integer-only (float buffers: "
+                f"{', '.join(res.float_buffers) or 'unknown'})"
+            )
+        if problem is None:
+            if compiled is None:
+                compiled = str(dest / "Network.c")
+            continue
+        if i == 0:
+            raise TargetError(problem)
+        warnings.append(f"{problem} (the {platforms[0]} code is complete; {plat} is optional)")
+    report = CompileReport(
+        target="deeploy",
+        ok=True,
+        compiled_model=compiled,
+        compile_seconds=round(time.perf_counter() - t0, 4),
+        accelerator_partitions=sum(1 for e in info["codegen"].values() if e["ok"]),
+        accelerator_nodes=nodes,
+        cpu_nodes=0,
+        graph_io_qdq_on_cpu=0,
+        device=device,
+    )
+    return DeeployBuild(report, info, tuple(warnings))
 
 
 def _first_sample(source: DataSource) -> dict[str, np.ndarray]:
@@ -677,6 +824,7 @@ def build(
     staging = _staging_dir(out)
     fixes: tuple[FixReport, ...] = ()
     compile_report: CompileReport | None = None
+    deeploy_info: dict[str, Any] | None = None
     try:
         # 1. QNN compatibility fixes on the float model: before quantizing, so that calibration, the Q/DQ placement
         #    and the overrides all see the graph QNN will compile (fixing shapes after quantizing left ~1,100 CPU
@@ -695,6 +843,12 @@ def build(
             fixed_model, cfg = fixed.model, fixed.config
             if ofile is not None and cfg is not None and fixed.changed:
                 _check_overrides_after_fixes(ofile, fixed_model, fixed.changed)
+        elif options.device == "deeploy":
+            say("applying the Deeploy fixes (static shapes, BatchNorm folding)")
+            fixed_model, fixes = _deeploy_fixes(model, options, data)
+            changed = [f.name for f in fixes if f.changed]
+            if ofile is not None and changed:
+                _check_overrides_after_fixes(ofile, fixed_model, changed)
         float_path = staging / f"{stem}.float.onnx"
         atomic_save_model(fixed_model, float_path)
         timings["fixes_s"] = round(time.perf_counter() - t0, 4)
@@ -702,7 +856,7 @@ def build(
         # 2. Quantize (not for fp16). Label arrays in the data are ignored, not an error.
         quant: QuantizeResult | None = None
         qdq_path: Path | None = None
-        shapes_after = None if options.device == "qnn" else options.input_shapes
+        shapes_after = None if options.device in ("qnn", "deeploy") else options.input_shapes
         if cfg is not None:
             say(f"quantizing ({cfg.activation_type} activations, {cfg.weight_type} weights)")
             from qdebug.quantize import quantize
@@ -725,6 +879,11 @@ def build(
             assert qnn is not None and qopts is not None
             say(f"compiling for QNN {qopts.device_label()}")
             compile_report = qnn.compile_qnn(qdq_path or float_path, staging, qopts, name=stem)
+        elif options.device == "deeploy":
+            assert qdq_path is not None
+            dbuild = compile_deeploy(qdq_path, staging / "deeploy", samples, progress=say)
+            compile_report, deeploy_info = dbuild.compile, dbuild.info
+            warnings += dbuild.warnings
         else:
             assert qdq_path is not None
             say("checking that ONNX Runtime CPU runs the QDQ model")
@@ -780,7 +939,16 @@ def build(
             files["qdq_model"] = qdq_path.name
             files["calibration_cache"] = Path(quant.calibration_cache).name
             quant = replace(quant, model_path=qdq_path.name, calibration_cache=Path(quant.calibration_cache).name)
-        files["compiled_model"] = compiled_path.name
+        if deeploy_info is not None:
+            files["compiled_model"] = str(compiled_path.relative_to(staging))
+            files["deeploy_network"] = "deeploy/network.onnx"
+            files["deeploy_inputs"] = "deeploy/inputs.npz"
+            files["deeploy_outputs"] = "deeploy/outputs.npz"
+            for plat, entry in deeploy_info["codegen"].items():
+                for f in entry["files"]:
+                    files[f"{plat.lower()}_{Path(f).stem.lower()}_{Path(f).suffix.lstrip('.')}"] = f
+        else:
+            files["compiled_model"] = compiled_path.name
         if compile_report.log_path:
             files["compile_log"] = Path(compile_report.log_path).name
         if report is not None and qdq_path is not None:
@@ -818,6 +986,7 @@ def build(
             timings=timings,
             files=files,
             warnings=tuple(warnings),
+            deeploy=deeploy_info,
         )
         atomic_write_text(staging / "manifest.json", manifest.to_json())
         if out.exists():
@@ -875,6 +1044,33 @@ def _rescue_log(report: CompileReport) -> CompileReport:
     return replace(report, log_path=str(keep), compiled_model=None)
 
 
+def _deeploy_fixes(
+    model: onnx.ModelProto, options: BuildOptions, data: Any
+) -> tuple[onnx.ModelProto, tuple[FixReport, ...]]:
+    """The QNN fixes that also apply to Deeploy: static shapes (its buffers are static) and BatchNorm folding (it
+    has no BatchNormalization kernel)."""
+    from qdebug.targets.qnn_fixes import fix_static_shapes, fold_batchnorm
+
+    reports: list[FixReport] = []
+    m = model
+    for name in DEEPLOY_FIXES:
+        if name in options.skip_fixes:
+            reports.append(FixReport(name, False, "skipped on request"))
+            continue
+        if name == "static_shapes":
+            shapes, source = _dynamic_shapes(m, options.input_shapes, data, options.label_key)
+            m, rep = fix_static_shapes(m, shapes)
+            if rep.changed:
+                rep = replace(rep, detail=f"{rep.detail} (shapes {source})")
+        else:
+            m, rep = fold_batchnorm(m)
+        reports.append(rep)
+    if m is model:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+    return m, tuple(reports)
+
+
 def _check_overrides_after_fixes(ofile: OverridesFile, model: onnx.ModelProto, changed: Sequence[str]) -> None:
     """The user's overrides must still name tensors (and consumers) of the *fixed* model."""
     from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
@@ -904,6 +1100,8 @@ def _top1(
     q = None if qdq_path is None else top1_accuracy(qdq_path, eval_data, options.label_key)
     if options.device == "cpu":
         c = q
+    elif options.device == "deeploy":
+        c = None  # the generated C is not run here (no PULP simulator); the integer network matches q (export)
     else:
         assert qopts is not None
         c = _top1_compiled(compiled, eval_data, options.label_key, model, qopts)
@@ -923,7 +1121,10 @@ def recompile(
     num_samples: int | None = None,
 ) -> RecompileResult:
     """Compile an already-quantized QDQ model for ``target`` (``"qnn"``: EPContext; ``"cpu"``: check that ORT CPU
-    loads and runs it) into ``out_dir``, e.g. after a mixed-precision promotion (promote → re-quantize → recompile).
+    loads and runs it; ``"deeploy"``: export to ``out_dir/deeploy/`` and generate Network.c/.h for Generic, and
+    Siracusa where the ops allow, via :func:`compile_deeploy`) into ``out_dir``, e.g. after a mixed-precision
+    promotion (promote → re-quantize → recompile). A Deeploy failure (e.g. the 16-bit tensors a promotion made,
+    all named) is reported in ``problems``.
 
     With ``float_model`` the QNN result carries the HTP simulator's :class:`TargetAccuracy` on ``data`` (any data
     spec; ``None``: 8 seeded synthetic samples; ``num_samples`` caps it). A compile that fails or takes no node is
@@ -946,6 +1147,22 @@ def recompile(
     elif data is not None:
         source = open_data(data, input_specs(qmodel), num_samples=num_samples)
     out.mkdir(parents=True, exist_ok=True)
+    if target == "deeploy":
+        # Export + code generation; a model Deeploy cannot take (16-bit tensors after a promotion, an op with no
+        # integer form, a Deeploy rejection) is reported with the reason, as a failed QNN compile is.
+        t0 = time.perf_counter()
+        dest = out / "deeploy"
+        if dest.exists():
+            shutil.rmtree(dest)  # a previous recompile's output in this (qdebug-owned) folder
+        samples = None
+        if source is not None:
+            samples = [dict(s) for s in source]
+        try:
+            dbuild = compile_deeploy(path, dest, samples)
+        except TargetError as exc:
+            report = _deeploy_failure(f"Deeploy ({', '.join(DEEPLOY_PLATFORMS)})", t0, str(exc))
+            return RecompileResult(report, None, tuple(compile_problems(report)))
+        return RecompileResult(dbuild.compile, None, ())
     if target == "cpu":
         report = validate_cpu(path, source)
         return RecompileResult(report, None, tuple(compile_problems(report)))

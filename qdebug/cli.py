@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_build_parser(sub: Any, epilog: str) -> None:
     b = sub.add_parser(
         "build",
-        help="fix, quantize and compile a float ONNX model for a device (QNN HTP or ORT CPU); write out/",
+        help="fix, quantize and compile a float ONNX model for a device (QNN HTP, ORT CPU, Deeploy); write out/",
         description="Quantize and compile a float ONNX model for --device at --precision. Writes into the new "
         "folder -o: the (fixed) float model, the QDQ model, the compiled model, manifest.json and report.json "
         "(docs/qnn.md). Nothing is written when the build fails.",
@@ -144,13 +144,14 @@ def _add_build_parser(sub: Any, epilog: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     b.add_argument("--onnx", required=True, help="the float ONNX model")
-    b.add_argument("--device", required=True, choices=["qnn", "cpu"])
+    b.add_argument("--device", required=True, choices=["qnn", "cpu", "deeploy"])
     b.add_argument(
         "--precision",
         required=True,
         choices=["uint8", "uint16", "int8", "fp16"],
         help="qnn: uint8 (u8/u8), uint16 (u16 act, u8 weights), int8 (u8 act, s8 symmetric weights), fp16 "
-        "(needs --soc); cpu: uint8, uint16, int8 (u8 act, s8 weights)",
+        "(needs --soc); cpu: uint8, uint16, int8 (u8 act, s8 weights); deeploy: int8 only (s8 act, s8 symmetric "
+        "weights; writes deeploy/ with network.onnx and Network.c/.h for Generic and Siracusa)",
     )
     b.add_argument("--data", "-d", help="calibration .npz or folder (default: synthetic); also the debug samples")
     b.add_argument("--eval", help="labelled .npz: top-1 of the float, QDQ and compiled models; debug samples")
@@ -583,12 +584,16 @@ def print_fixes(fixes: Sequence[Any], out: TextIO) -> None:
     """The QNN fixes table of ``qdebug build``."""
     if fixes:
         rows = [[f.name, "yes" if f.changed else "no", f.detail] for f in fixes]
-        _table("QNN compatibility fixes (applied before quantizing)", ["fix", "changed", "what"], rows, out)
+        _table("Compatibility fixes (applied before quantizing)", ["fix", "changed", "what"], rows, out)
 
 
 def print_compile_report(rep: Any, out: TextIO, folder: Any = None) -> None:
     """The compile report of ``qdebug build``: partitions, CPU fallback by op type with reasons, size, time."""
-    if rep.target == "cpu":
+    if rep.target == "deeploy":
+        state = "OK" if rep.ok else "FAILED"
+        print(f"\nDeeploy code generation {state}: {rep.device}, {rep.accelerator_nodes} integer nodes, "
+              f"{rep.compile_seconds:.2f} s", file=out)  # fmt: skip
+    elif rep.target == "cpu":
         state = "OK" if rep.ok else "FAILED"
         print(
             f"\nCPU check {state}: {rep.device}, {rep.accelerator_nodes} nodes, {rep.compile_seconds:.2f} s", file=out
@@ -634,6 +639,18 @@ def print_build(result: Any, out: TextIO) -> None:
             file=out,
         )
     print_compile_report(m.compile, out, result.out_dir)
+    if m.deeploy is not None:
+        e = m.deeploy["export"]
+        print(
+            f"  integer network vs CPU QDQ on {e['num_samples']} samples: {e['equal_fraction']:.2%} of output "
+            f"elements equal, max {e['max_lsb_diff']} LSB",
+            file=out,
+        )
+        for plat, c in m.deeploy["codegen"].items():
+            what = (
+                f"{', '.join(c['files'])} (integer only: {c['integer_only']})" if c["ok"] else f"failed: {c['error']}"
+            )
+            print(f"  {plat}: {what}", file=out)
     acc = m.target_accuracy
     cpu = {o.output_name: o for o in m.cpu_qdq_vs_float}
     names = list(cpu) or ([o.output_name for o in acc.outputs] if acc else [])
@@ -683,7 +700,7 @@ def print_build(result: Any, out: TextIO) -> None:
         )
     for w in m.warnings:
         print(f"warning: {w}", file=out)
-    files = ", ".join(m.files.values())
+    files = ", ".join(dict.fromkeys(m.files.values()))
     print(f"\nwrote {result.out_dir}/: {files} ({m.timings.get('total_s', 0.0):.1f} s)", file=out)
 
 

@@ -221,15 +221,22 @@ def check_supported(state: GraphState) -> int:
     if kind is not ModelKind.QDQ:
         raise TargetError(f"the model is {kind.value}, not a QDQ model: quantize it first (target 'deeploy')")
     consts = {k: decode_constant(v) for k, v in constant_values(state.model).items()}
+    # Every non-int8 tensor at once: after a mixed-precision promotion the user needs the whole list to undo.
+    wide: dict[str, str] = {}
     for node in topological_nodes(state.graph):
         if is_q(node) or is_dq(node):
             _, zp = _qparams(node, consts)
             if zp.dtype != np.int8 and not (is_dq(node) and zp.dtype == np.int32):
                 tensor = node.output[0] if is_q(node) else node.input[0]
-                raise TargetError(
-                    f"tensor {tensor!r} is quantized to {zp.dtype} by {_label(node)}; Deeploy export supports int8 "
-                    "activations/weights and int32 biases only"
-                )
+                wide.setdefault(tensor, f"tensor {tensor!r} is quantized to {zp.dtype} by {_label(node)}")
+    if wide:
+        what = "" if len(wide) == 1 else f"{len(wide)} tensors are not int8: "
+        raise TargetError(
+            f"{what}{'; '.join(wide.values())}; Deeploy export supports int8 "
+            "activations/weights and int32 biases only (drop these 16-bit promotions for target 'deeploy')"
+        )
+    for node in topological_nodes(state.graph):
+        if is_q(node) or is_dq(node):
             continue
         if node.op_type == "Constant":
             continue
@@ -240,6 +247,45 @@ def check_supported(state: GraphState) -> int:
                 f"(supported: {', '.join(sorted(SUPPORTED_OPS))})"
             )
     return 0
+
+
+def quantize_pass_through_outputs(state: GraphState) -> int:
+    """DQ → Reshape/Flatten/MaxPool → (no QuantizeLinear) becomes DQ → op → Q → DQ with the input's parameters.
+
+    Why: QAT exports (and hand-written QDQ graphs) often leave the reshape before a Gemm unquantized, since it
+    changes no value; every op of the integer network must end in an int8 tensor. Re-quantizing with the same
+    per-tensor scale and zero point is the identity on values already on that grid, so this is exact.
+    """
+    g = state.graph
+    producers, consumers = _producers(g), _consumers(g)
+    n = 0
+    for node in list(g.node):
+        if node.op_type not in _PASS_THROUGH or not node.input:
+            continue
+        dq = producers.get(node.input[0])
+        users = consumers.get(node.output[0], [])
+        if dq is None or not is_dq(dq) or (len(users) == 1 and is_q(users[0])):
+            continue
+        out = node.output[0]
+        q_out, dq_out = state.unique(f"{out}_quantized"), state.unique(f"{out}_dequantized")
+        zp = list(dq.input[2:3])
+        q = _node("QuantizeLinear", [out, dq.input[1], *zp], [q_out], state.unique(f"{node.name or out}_q"))
+        d = _node("DequantizeLinear", [q_out, dq.input[1], *zp], [dq_out], state.unique(f"{node.name or out}_dq"))
+        for user in users:
+            for i, t in enumerate(user.input):
+                if t == out:
+                    user.input[i] = dq_out
+        for o in g.output:
+            if o.name == out:  # a graph output keeps its name: the new DQ produces it
+                node.output[0], d.output[0] = dq_out, out
+                q.input[0] = dq_out
+        g.node.extend([q, d])
+        n += 1
+    if n:
+        sorted_nodes = list(topological_nodes(g))
+        del g.node[:]
+        g.node.extend(sorted_nodes)
+    return n
 
 
 def fold_weight_quantization(state: GraphState) -> int:
@@ -724,6 +770,8 @@ def explicit_attributes(state: GraphState) -> int:
             want |= {"kernel_shape": kshape, "strides": [1] * len(kshape), "pads": [0] * (2 * len(kshape))}
         elif node.op_type == "Gemm":
             want = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
+        elif node.op_type == "Flatten":
+            want = {"axis": 1}  # Deeploy's FlattenParser requires it (measured: "Did not find adequate mapping")
         for key, val in want.items():
             if key not in a:
                 node.attribute.append(helper.make_attribute(key, val))
@@ -807,6 +855,7 @@ def check_integer_only(state: GraphState) -> int:
 #: The export passes in order, by name.
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("check_supported", check_supported),
+    ("quantize_pass_through_outputs", quantize_pass_through_outputs),
     ("fold_weight_quantization", fold_weight_quantization),
     ("strip_input_quant", strip_input_quant),
     ("fold_dequant_quant_to_requantshift", fold_dequant_quant_to_requantshift),

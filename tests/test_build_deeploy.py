@@ -1,0 +1,112 @@
+"""``qdebug build --device deeploy`` and ``recompile(..., target="deeploy")`` with the real Deeploy code generator
+(the environment from ``make deeploy-env``; these tests fail, not skip, under ``CI=true``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import SAMPLE_MODELS, CliResult, assert_one_line_error
+from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
+
+from qdebug.build import BuildManifest, BuildOptions, recompile
+from qdebug.config import QuantConfig
+from qdebug.errors import EXIT_TARGET, EXIT_USAGE, ConfigError
+
+CNN = SAMPLE_MODELS / "digits_cnn.onnx"
+CALIB = SAMPLE_MODELS / "digits_calib.npz"
+TRANSFORMER = SAMPLE_MODELS / "digits_transformer.onnx"
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir())
+
+
+def test_digits_cnn_builds_for_deeploy_end_to_end(
+    deeploy: Path,  # noqa: F811
+    run_cli: Callable[..., CliResult],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    res = run_cli("build", "--onnx", CNN, "--device", "deeploy", "--precision", "int8", "--data", CALIB, "-o", out)
+    assert res.code == 0, res.stderr
+    assert _leftovers(tmp_path) == ["out"]  # the staging folder was renamed into place
+    m = BuildManifest.load(out / "manifest.json")
+    assert m.device == "deeploy" and m.config is not None
+    assert (m.config.target, m.config.activation_type, m.config.weight_type) == ("deeploy", "int8", "int8")
+    assert {f.name: f.changed for f in m.fixes} == {"static_shapes": False, "batchnorm_folding": True}
+    assert m.compile.ok and m.compile.target == "deeploy"
+    assert m.deeploy is not None
+    export = m.deeploy["export"]
+    assert export["max_lsb_diff"] <= 1 and export["equal_fraction"] > 0.8, export
+    generic = m.deeploy["codegen"]["Generic"]
+    assert generic["ok"] and generic["integer_only"] is True and generic["error"] is None
+    for name in ("network.onnx", "inputs.npz", "outputs.npz", "generic/Network.c", "generic/Network.h"):
+        assert (out / "deeploy" / name).is_file(), name
+    assert "Siracusa" in m.deeploy["codegen"]  # tried; a failure there would be a warning, not a failed build
+    for rel in m.files.values():
+        assert (out / rel).is_file(), rel
+    assert "Generic: deeploy/generic/Network.c" in res.out
+    assert json.loads((out / "manifest.json").read_text())["deeploy"]["codegen"]["Generic"]["integer_only"] is True
+
+
+def test_transformer_names_the_layernorm_and_writes_nothing(
+    deeploy: Path,  # noqa: F811
+    run_cli: Callable[..., CliResult],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    res = run_cli("build", "--onnx", TRANSFORMER, "--device", "deeploy", "--precision", "int8", "-o", out)
+    assert_one_line_error(res, EXIT_TARGET, "/blocks/blocks.0/ln1/LayerNormalization", "Deeploy")
+    assert _leftovers(tmp_path) == []
+
+
+def test_deeploy_takes_int8_only(run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = run_cli("build", "--onnx", CNN, "--device", "deeploy", "--precision", "uint16", "-o", out)
+    assert_one_line_error(res, EXIT_USAGE, "Deeploy takes --precision int8 only")
+    assert _leftovers(tmp_path) == []
+    with pytest.raises(ConfigError, match="--soc applies to --device qnn only"):
+        BuildOptions("deeploy", "int8", soc="SM8650")
+    with pytest.raises(ConfigError, match="does not apply to --device deeploy"):
+        BuildOptions("deeploy", "int8", skip_fixes=("gelu_fusion",))
+
+
+def test_recompile_for_deeploy_names_every_16_bit_tensor(deeploy: Path, tmp_path: Path) -> None:  # noqa: F811
+    from qdebug.debug import DebugOptions
+    from qdebug.mixed.session import MixedPrecisionSession
+    from qdebug.targets.qnn_fixes import fold_batchnorm
+
+    folded, _ = fold_batchnorm(onnx.load(str(CNN)))  # Deeploy has no BatchNorm
+    float_path = tmp_path / "cnn.float.onnx"
+    onnx.save(folded, str(float_path))
+    # promote() refuses 16-bit for target "deeploy": promote with target cpu, then recompile for Deeploy.
+    cfg = QuantConfig(activation_type="int8", weight_type="int8", target="cpu", num_samples=16)
+    session = MixedPrecisionSession(
+        float_path, CALIB, cfg, debug_options=DebugOptions(num_samples=4), workdir=tmp_path / "work"
+    )
+    ok = recompile(
+        session.base.quantization.model_path, tmp_path / "base", "deeploy", float_model=float_path, data=CALIB
+    )
+    assert ok.ok, ok.problems
+    assert (tmp_path / "base" / "deeploy" / "generic" / "Network.c").is_file()
+
+    wanted = [s.tensor_name for s in session.suggest(2)]
+    plan = session.promote(wanted)
+    evaluation = session.evaluate(plan, name="promoted")
+    qdq = onnx.load(str(evaluation.quantization.model_path))
+    from qdebug.graph import constant_values, decode_constant, is_q
+
+    consts = {k: decode_constant(v) for k, v in constant_values(qdq).items()}
+    sixteen = sorted({n.output[0] for n in qdq.graph.node if is_q(n) and consts[n.input[2]].dtype.itemsize == 2})
+    assert len(sixteen) >= 2  # more than one, so "all of them" is tested
+    res = recompile(evaluation.quantization.model_path, tmp_path / "promoted", "deeploy")
+    assert not res.ok and res.compile.target == "deeploy"
+    msg = "; ".join(res.problems)
+    assert f"{len(sixteen)} tensors are not int8" in msg, msg
+    for t in sixteen:
+        assert f"tensor {t!r} is quantized to" in msg, (t, msg)
+    assert not (tmp_path / "promoted" / "deeploy").exists()
