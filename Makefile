@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
-	$(PIP) install -q -e '.[dev,bench,qnn]'
+	$(PIP) install -q -e '.[dev,bench,qnn,ui]'
 	@touch $@
 
 install: $(VENV)/.installed
