@@ -1,11 +1,28 @@
 """qdebug's UI layer (ipywidgets + plotly). It imports :mod:`qdebug`; :mod:`qdebug` never imports it.
 
-The interactive views arrive with the "interactive debugger" issue; this package exists now so the layering
-rule (and its test) hold from the start.
+``QuantDebugger`` (the session: data, computation, history) and ``DebuggerApp`` (the dashboard: view state
+only) load lazily, so ``import widgets`` stays light and needs neither ipywidgets nor plotly.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import qdebug
 
-__all__ = ["qdebug"]
+if TYPE_CHECKING:
+    from widgets.app import DebuggerApp
+    from widgets.session import QuantDebugger
+
+_LAZY = {"QuantDebugger": "widgets.session", "DebuggerApp": "widgets.app"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'widgets' has no attribute {name!r}")
+
+
+__all__ = ["DebuggerApp", "QuantDebugger", "qdebug"]

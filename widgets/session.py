@@ -1,0 +1,330 @@
+"""``QuantDebugger``: the user-facing object behind the dashboard. It owns the engine calls, the current
+quantized variant and the history of applied promotions; it holds no widget (the views in
+:mod:`widgets.app` keep only view state and call into it).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdebug.config import QuantConfig
+from qdebug.debug import DebugOptions, debug
+from qdebug.errors import ConfigError
+from qdebug.graph import file_sha256, load_model, pair_models
+from qdebug.mixed.session import DataLike, Evaluation, MixedPrecisionSession
+
+if TYPE_CHECKING:
+    from qdebug.build import RecompileResult
+    from qdebug.mixed.promote import PromotionPlan
+    from qdebug.mixed.search import SearchGoal, SearchResult
+    from qdebug.mixed.suggest import Suggestion
+    from qdebug.quantize import QuantizeResult
+    from qdebug.report import DebugReport
+
+#: ``progress(done, total, message)`` — called by long operations so a view can show where they are.
+ProgressCallback = Callable[[int, int, str], None]
+
+#: Targets every machine has (ORT's CPU provider validates the QDQ model); the others come from the registry.
+CPU_TARGET = "cpu"
+
+
+@dataclass(frozen=True)
+class TensorValues:
+    """One tensor of one sample in both models, with the quantization parameters of its Q/DQ pair."""
+
+    name: str
+    float_values: np.ndarray
+    quant_values: np.ndarray
+    scale: float | None
+    zero_point: int | None
+
+    def __iter__(self) -> Any:
+        # Unpacks as (float_values, quant_values, scale, zero_point), the order the histogram figure takes.
+        return iter((self.float_values, self.quant_values, self.scale, self.zero_point))
+
+
+class QuantDebugger:
+    """Debug a quantized model and fix it by promoting tensors to 16 bits, one undoable step at a time.
+
+    With ``quant_model=None`` the float model is quantized (``data`` calibrates, ``config`` the settings)
+    through a :class:`~qdebug.mixed.session.MixedPrecisionSession`. With a ``quant_model`` the given pair is
+    debugged as is; a promotion then re-quantizes the float model with ``config`` (a given QDQ model has no
+    calibration to reuse), and the comparison is against that re-quantized base.
+
+    ``progress(done, total, message)`` is called by every long operation.
+    """
+
+    def __init__(
+        self,
+        float_model: str | Path,
+        quant_model: str | Path | None = None,
+        data: DataLike = None,
+        config: QuantConfig | None = None,
+        *,
+        debug_data: DataLike = None,
+        eval_data: str | Path | None = None,
+        label_key: str = "label",
+        workdir: str | Path | None = None,
+        debug_options: DebugOptions | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self.float_model = Path(float_model)
+        self.quant_model = Path(quant_model) if quant_model is not None else None
+        self.progress = progress
+        self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-ui-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.session = MixedPrecisionSession(
+            self.float_model,
+            data,
+            config,
+            debug_data=debug_data,
+            eval_data=eval_data,
+            label_key=label_key,
+            debug_options=debug_options,
+            workdir=self.workdir / "mixed",
+        )
+        self._given: DebugReport | None = None
+        self._history: list[Evaluation] = []
+        self._plans: list[PromotionPlan] = []
+        self._tensor_cache: dict[tuple[str, int, str], TensorValues] = {}
+        self.report  # noqa: B018 — quantize and debug now, so the object is ready when the view shows it
+
+    # ------------------------------------------------------------------ progress
+    def _step(self, done: int, total: int, message: str) -> None:
+        if self.progress is not None:
+            self.progress(done, total, message)
+
+    def _debug_progress(self, message: str) -> Callable[[int, int], None]:
+        def cb(done: int, total: int) -> None:
+            self._step(done, total, f"{message} ({done}/{total} samples)")
+
+        return cb
+
+    # ------------------------------------------------------------------ state
+    @property
+    def history(self) -> tuple[Evaluation, ...]:
+        """Applied promotions, oldest first (the last one is current)."""
+        return tuple(self._history)
+
+    @property
+    def current(self) -> Evaluation | None:
+        """The evaluation the report comes from (None for a given pair before any promotion)."""
+        if self._history:
+            return self._history[-1]
+        if self.quant_model is not None:
+            return None
+        return self._base_eval()
+
+    def _base_eval(self) -> Evaluation:
+        if self.session._base is not None:
+            return self.session._base
+        self._step(0, 2, "quantizing and debugging the base model")
+        base = self.session.base
+        self._step(2, 2, "base model quantized and debugged")
+        return base
+
+    @property
+    def report(self) -> DebugReport:
+        """The current :class:`~qdebug.report.DebugReport` (the last applied promotion, else the base)."""
+        if self._history:
+            return self._history[-1].report
+        if self.quant_model is not None:
+            if self._given is None:
+                self._step(0, 1, "debugging the given pair")
+                o = self.session.debug_options
+                self._given = debug(
+                    self.float_model,
+                    self.quant_model,
+                    self.session.debug_data,
+                    o,
+                    progress=self._debug_progress("debugging"),
+                )
+                self._step(1, 1, "debugged")
+            return self._given
+        return self._base_eval().report
+
+    @property
+    def config(self) -> QuantConfig:
+        """The quantization config of the current variant (overrides included)."""
+        return self._history[-1].config if self._history else self.session.base_config
+
+    @property
+    def quant_model_path(self) -> Path:
+        """The QDQ model the current report describes."""
+        if self._history:
+            return Path(self._history[-1].quantization.model_path)
+        if self.quant_model is not None:
+            return self.quant_model
+        return Path(self._base_eval().quantization.model_path)
+
+    @property
+    def promoted(self) -> tuple[str, ...]:
+        """The tensors the current config overrides."""
+        return tuple(name for name, _ in self.config.tensor_overrides)
+
+    # ------------------------------------------------------------------ operations
+    def suggestions(self, top: int | None = 10) -> tuple[Suggestion, ...]:
+        """Ranked promotion candidates for the current report (already-16-bit tensors excluded)."""
+        picks = self.session.suggest(None, self.report)
+        wide = {a.tensor_name for a in self.report.activations if a.quant_type and a.quant_type.endswith("16")}
+        picks = tuple(s for s in picks if s.tensor_name not in wide)
+        return picks if top is None else picks[:top]
+
+    def promote(self, tensors: Iterable[str], to: str = "uint16") -> PromotionPlan:
+        """Plan promoting ``tensors`` (on top of what is promoted already): the fixed overrides, nothing quantized."""
+        wanted = tuple(dict.fromkeys([*self._requested(), *tensors]))
+        if not wanted:
+            raise ConfigError("select at least one tensor to promote")
+        self._step(0, 1, f"planning the promotion of {len(wanted)} tensor(s)")
+        plan = self.session.promote(wanted, to)
+        self._step(1, 1, "promotion planned")
+        return plan
+
+    def _requested(self) -> tuple[str, ...]:
+        return self._plans[-1].requested if self._plans else ()
+
+    def apply(self, plan: PromotionPlan) -> Evaluation:
+        """Re-quantize with ``plan`` (no re-calibration), re-debug, compare with the base; becomes current."""
+        total = 3
+        self._step(0, total, "re-quantizing (calibration reused)" if self.session._base else "quantizing the base")
+        self.session.base  # noqa: B018 — calibrate once, reported as its own step
+        self._step(1, total, "re-quantizing and re-debugging")
+        ev = self.session.evaluate(plan, name=f"step{len(self._history) + 1}")
+        self._history.append(ev)
+        self._plans.append(plan)
+        self._tensor_cache.clear()
+        self._step(total, total, f"applied: worst output SQNR {_db(ev.output_sqnr_db)}")
+        return ev
+
+    def undo(self) -> Evaluation | None:
+        """Drop the last applied promotion; returns it (None if there was nothing to undo)."""
+        if not self._history:
+            return None
+        self._plans.pop()
+        self._tensor_cache.clear()
+        return self._history.pop()
+
+    def targets(self) -> dict[str, tuple[bool, str]]:
+        """Every compile target with (available here, why not): ``cpu`` plus the registered ones."""
+        from qdebug.targets.base import available_targets
+
+        out: dict[str, tuple[bool, str]] = {CPU_TARGET: (True, "ONNX Runtime CPU (validates the QDQ model)")}
+        try:
+            out.update(available_targets())
+        except Exception as exc:  # a broken backend must not hide the others
+            out["qnn"] = (False, f"target registry failed: {exc}")
+        if "deeploy" not in out:
+            from qdebug.targets.deeploy_env import deeploy_available
+
+            out["deeploy"] = deeploy_available()
+        return out
+
+    def recompile(self, target: str = CPU_TARGET) -> RecompileResult:
+        """Compile the current variant for ``target`` (``cpu``, ``qnn`` or ``deeploy``)."""
+        self._step(0, 1, f"compiling for {target}")
+        ev = self.current
+        if ev is None:  # a given pair: compile the given QDQ model
+            from qdebug.build import recompile
+
+            res = recompile(
+                self.quant_model_path,
+                self.workdir / f"given.{target}",
+                target,
+                float_model=self.float_model,
+                data=self.session.debug_data,
+            )
+        else:
+            res = self.session.recompile(ev, target)
+        self._step(1, 1, f"compiled for {target}: {'ok' if res.ok else 'failed'}")
+        return res
+
+    def search(self, goal: SearchGoal) -> SearchResult:
+        """Automatic promotion search from the base (the history is not changed)."""
+        self._step(0, 1, "searching promotions")
+        res = self.session.search(goal)
+        self._step(1, 1, "search done")
+        return res
+
+    def export_overrides(self, path: str | Path) -> Path:
+        """Write the current config's overrides as an overrides JSON (loadable by ``OverridesFile.load``)."""
+        from qdebug.mixed.overrides import OverridesFile
+
+        ofile = OverridesFile.from_config(
+            self.config,
+            model_sha256=self.session.float_sha256,
+            requested=self._requested(),
+            note="exported from the qdebug dashboard",
+        )
+        return ofile.save(path)
+
+    # ------------------------------------------------------------------ on-demand values
+    def tensor_values(self, name: str, sample: int = 0) -> TensorValues:
+        """One tensor's values on one sample in the float and the quantized model, fetched now for that tensor
+        only (it is exposed as an extra output of both models and one sample is run)."""
+        from qdebug.capture import expose_outputs, make_session
+        from qdebug.data import open_data
+        from qdebug.graph import input_specs
+
+        qpath = self.quant_model_path
+        key = (name, sample, str(qpath))
+        if key in self._tensor_cache:
+            return self._tensor_cache[key]
+        act = self.report.activation(name)  # KeyError for an unknown tensor
+        fm = self.session.float_proto
+        qm = load_model(qpath, "quantized model")
+        pair = next((p for p in pair_models(fm, qm).activations if p.tensor_name == name), None)
+        if pair is None:
+            raise KeyError(name)
+        o = self.session.debug_options
+        source = open_data(
+            self.session.debug_data, input_specs(fm), num_samples=o.num_samples, seed=o.seed,
+            distribution=o.distribution, input_shapes=o.input_shapes, ignore=o.ignore_data_keys,
+        )  # fmt: skip
+        if not 0 <= sample < len(source):
+            raise IndexError(f"sample {sample} out of range: the data has {len(source)} sample(s)")
+        feed = next(s for i, s in enumerate(source) if i == sample)
+        values = []
+        for model, tensor in ((fm, name), (qm, pair.post_qdq)):
+            sess: Any = make_session(expose_outputs(model, [tensor]), o.providers)
+            inputs = {i.name for i in sess.get_inputs()}
+            out = sess.run([tensor], {k: v for k, v in dict(feed).items() if k in inputs})
+            values.append(np.asarray(out[0]))
+        tv = TensorValues(name, values[0], values[1], act.scale, act.zero_point)
+        self._tensor_cache[key] = tv
+        return tv
+
+    # ------------------------------------------------------------------ text for views
+    def summary(self) -> Mapping[str, Any]:
+        """The headline numbers of the current variant (worst output SQNR, accuracy, 16-bit tensors)."""
+        ev = self.current
+        return {
+            "output_sqnr_db": self.report.min_output_sqnr_db,
+            "accuracy": None if ev is None else ev.accuracy,
+            "float_accuracy": self.session.float_accuracy,
+            "promoted": self.promoted,
+            "steps": len(self._history),
+        }
+
+    @property
+    def quantization(self) -> QuantizeResult | None:
+        """The current variant's quantization (None for a given pair)."""
+        ev = self.current
+        return None if ev is None else ev.quantization
+
+    @property
+    def model_sha256(self) -> str:
+        """Checksum of the current QDQ model."""
+        return file_sha256(self.quant_model_path)
+
+
+def _db(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f} dB"
+
+
+__all__ = ["CPU_TARGET", "ProgressCallback", "QuantDebugger", "TensorValues"]
