@@ -12,7 +12,6 @@ The float model file is only read; the QDQ model is written atomically.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -244,8 +243,3 @@ def quantize(
         num_calibration_samples=len(source),
         reused_calibration=reuse,
     )
-
-
-def model_checksum(model: onnx.ModelProto) -> str:
-    """sha256 of a model's serialised bytes."""
-    return hashlib.sha256(model.SerializeToString()).hexdigest()

@@ -1071,12 +1071,9 @@ def _compare(
     qdq: onnx.ModelProto, state: GraphState, exported: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
 ) -> tuple[float, int, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run ORT CPU (optimizations off) on the dequantized inputs and the integer graph; compare on the q grid."""
-    import onnxruntime as ort
+    from qdebug.capture import make_session
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(qdq.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess: Any = make_session(qdq, ("CPUExecutionProvider",))  # the engine's own CPU-QDQ session (optimizations off)
     equal = total = 0
     worst = 0
     first_in: dict[str, np.ndarray] = {}
