@@ -1,0 +1,324 @@
+"""What the UI costs: the graph overlay of a ~900-node model in Python and in a real browser (Debian's chromium).
+
+(a) **graph overlay** — a real model whose graph view has ~900 nodes: a residual MLP built with ``onnx.helper``
+    (per block MatMul → Add(bias) → Tanh → Add(residual); Tanh keeps 225 residual blocks finite; every
+    node's output is a captured tensor), quantized with ``qdebug.quantize`` (uint8/uint8, MinMax, 32 synthetic
+    samples) and debugged with ``qdebug.debug`` on 4 synthetic samples (both untimed). Then, timed:
+
+    * ``layered_layout`` (grandalf's Sugiyama) on the report's tensors and edges, and ``graph_figure`` with
+      that layout, in this process;
+    * **browser render**: the figure written with ``fig.to_html(include_plotlyjs=True, full_html=True)`` to a
+      temp file, served by ``http.server`` on 127.0.0.1 (free port, a thread), opened by Playwright in Debian's
+      chromium (never Playwright's own download) in a fresh context per round, every non-local request
+      aborted. The time is measured **in the page**: a ``MutationObserver`` installed before the page's own
+      scripts records ``performance.now()`` (milliseconds since navigation start) when the marker trace has
+      one ``path`` per tensor (``.js-plotly-plot .scatterlayer .trace .points path``). The wall time seen by
+      Python from ``page.goto`` to that selector is reported too.
+
+    Each is repeated ``--repeats`` times (default 3); best and median are shown. Target (issue): ≤ 3 s to
+    show the graph of a ~900-node model.
+
+(b) **dashboard ready / promote round trip** — measured only when ``notebooks/dashboard.ipynb`` exists (the
+    Voila dashboard); otherwise reported as not measured. Nothing is estimated.
+
+This is a measurement report, not a test: it never fails on timing.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_ui.py [--nodes 900] [--repeats 3] [--markdown PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+LOCAL = re.compile(r"^https?://(127\.0\.0\.1|localhost)(:\d+)?/")
+TARGET_MS = 3000.0
+DASHBOARD = ROOT / "notebooks" / "dashboard.ipynb"
+WIDTH = 8
+
+
+def residual_mlp(nodes: int, seed: int = 0) -> onnx.ModelProto:
+    """A float residual MLP with ``nodes`` nodes (rounded down to a multiple of 4), input ``x`` [1, WIDTH]."""
+    rng = np.random.default_rng(seed)
+    blocks = max(1, nodes // 4)
+    graph_nodes, inits = [], []
+    h = "x"
+    for i in range(blocks):
+        w = numpy_helper.from_array((rng.standard_normal((WIDTH, WIDTH)) * 0.3).astype(np.float32), f"w{i}")
+        b = numpy_helper.from_array((rng.standard_normal(WIDTH) * 0.05).astype(np.float32), f"b{i}")
+        inits += [w, b]
+        graph_nodes += [
+            helper.make_node("MatMul", [h, f"w{i}"], [f"mm{i}"], name=f"matmul{i}"),
+            helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"lin{i}"], name=f"bias{i}"),
+            helper.make_node("Tanh", [f"lin{i}"], [f"act{i}"], name=f"tanh{i}"),
+            helper.make_node("Add", [f"act{i}", h], [f"res{i}"], name=f"residual{i}"),
+        ]
+        h = f"res{i}"
+    graph = helper.make_graph(
+        graph_nodes,
+        "residual_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, WIDTH])],
+        [helper.make_tensor_value_info(h, TensorProto.FLOAT, [1, WIDTH])],
+        inits,
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m
+
+
+def report_dataframe(nodes: int, work: Path) -> tuple[Any, float]:
+    """Quantize and debug the residual MLP; returns (the report's DataFrame, seconds spent, untimed setup)."""
+    import qdebug
+    from qdebug.config import QuantConfig
+
+    t0 = time.perf_counter()
+    float_path = work / "residual_mlp.onnx"
+    onnx.save(residual_mlp(nodes), float_path)
+    q = qdebug.quantize(float_path, None, QuantConfig(), work / "residual_mlp.qdq.onnx")
+    report = qdebug.debug(float_path, q.model_path, None, qdebug.DebugOptions(num_samples=4))
+    return report.to_dataframe(), time.perf_counter() - t0
+
+
+@dataclass
+class Timings:
+    name: str
+    unit: str = "ms"
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def best(self) -> float:
+        return min(self.values)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+
+def bench_python(df: Any, repeats: int) -> tuple[list[Timings], Any, int, int]:
+    from widgets.figures import graph_edges, graph_figure
+    from widgets.graph_layout import layered_layout
+
+    lay, fig_t, total = Timings("layered_layout"), Timings("graph_figure"), Timings("layout + figure (Python)")
+    fig = None
+    names = [str(n) for n in df.sort_values("topo_index")["tensor_name"]]
+    edges = graph_edges(df)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        pos = layered_layout(names, edges)
+        t1 = time.perf_counter()
+        fig = graph_figure(df, metric="cumulative", layout=pos)
+        t2 = time.perf_counter()
+        lay.values.append((t1 - t0) * 1e3)
+        fig_t.values.append((t2 - t1) * 1e3)
+        total.values.append((t2 - t0) * 1e3)
+    return [lay, fig_t, total], fig, len(names), len(edges)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def serve_dir(directory: Path) -> Iterator[int]:
+    """Serve ``directory`` on 127.0.0.1 (free port) from a thread; yields the port."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+# Installed before the page's own scripts: records when the marker trace has one <path> per tensor.
+_OBSERVER = """
+(() => {
+  const want = %d;
+  const check = () => {
+    if (window.__qdRendered !== undefined) return true;
+    const n = document.querySelectorAll('.js-plotly-plot .scatterlayer .trace .points path').length;
+    if (n >= want) { window.__qdRendered = performance.now(); return true; }
+    return false;
+  };
+  const obs = new MutationObserver(() => { if (check()) obs.disconnect(); });
+  obs.observe(document, {childList: true, subtree: true});
+})();
+"""
+
+
+def _local_only(route: Any) -> None:
+    """Playwright route handler: let 127.0.0.1/localhost through, abort everything else."""
+    if LOCAL.match(route.request.url):
+        route.continue_()
+    else:
+        route.abort()
+
+
+def bench_browser(fig: Any, n_nodes: int, repeats: int, work: Path) -> tuple[list[Timings], str, int]:
+    """Render the figure in chromium ``repeats`` times (fresh context each); returns timings, note, HTML bytes."""
+    if not Path(CHROMIUM).exists():
+        return [], f"browser: not measured ({CHROMIUM} missing; `make browser` installs it)", 0
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return [], "browser: not measured (playwright missing: pip install 'qdebug[dev]')", 0
+    page_dir = work / "page"
+    page_dir.mkdir()
+    html_path = page_dir / "graph.html"
+    html_path.write_text(fig.to_html(include_plotlyjs=True, full_html=True), encoding="utf-8")
+    size = html_path.stat().st_size
+    in_page, wall = (
+        Timings("browser render (in page, since navigation start)"),
+        Timings("browser render (goto → markers, Python)"),
+    )
+    errors: list[str] = []
+    with serve_dir(page_dir) as port, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            for _ in range(repeats):
+                context = browser.new_context(viewport={"width": 1400, "height": 900})
+                page = context.new_page()
+                page.route(
+                    re.compile(r".*"),
+                    lambda route: route.continue_() if LOCAL.match(route.request.url) else route.abort(),
+                )
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.add_init_script(_OBSERVER % n_nodes)
+                t0 = time.perf_counter()
+                page.goto(f"http://127.0.0.1:{port}/graph.html", wait_until="commit")
+                page.wait_for_function("window.__qdRendered !== undefined", timeout=60_000)
+                t1 = time.perf_counter()
+                wall.values.append((t1 - t0) * 1e3)
+                in_page.values.append(float(page.evaluate("window.__qdRendered")))
+                context.close()
+        finally:
+            browser.close()
+    version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    note = f"browser: {version}; page {size / 1e6:.1f} MB (plotly.js inlined)"
+    if errors:
+        note += f"; page errors: {errors[:3]}"
+    return [in_page, wall], note, size
+
+
+def bench_dashboard() -> tuple[list[Timings], str]:
+    """Dashboard ready / promote round trip in Voila: measured only when the dashboard notebook exists."""
+    if not DASHBOARD.exists():
+        return [], "dashboard: not measured (notebooks/dashboard.ipynb missing)"
+    # The notebook exists but this script does not drive it yet: say so rather than guess a number.
+    return (
+        [],
+        "dashboard: not measured (notebooks/dashboard.ipynb exists; its Voila measurement is not implemented yet)",
+    )
+
+
+def render(rows: list[Timings], notes: list[str], meta: dict[str, Any], repeats: int) -> str:
+    lines = [
+        "# UI benchmark (bench_ui.py)",
+        "",
+        f"Model: residual MLP, {meta['graph_nodes']} ONNX nodes → {meta['tensors']} activation tensors, "
+        f"{meta['edges']} edges in the graph view (quantized uint8/uint8 and debugged on 4 samples, "
+        f"{meta['setup_s']:.1f} s untimed setup). {repeats} rounds; best and median.",
+        "",
+        "| measurement | best ms | median ms | all ms |",
+        "|---|---|---|---|",
+    ]
+    for t in rows:
+        vals = ", ".join(f"{v:.0f}" for v in t.values)
+        lines.append(f"| {t.name} | {t.best:.0f} | {t.median:.0f} | {vals} |")
+    lines.append("")
+    render_rows = [t for t in rows if t.name.startswith("browser render (in page")]
+    py_rows = [t for t in rows if t.name.startswith("layout + figure")]
+    if render_rows and py_rows:
+        total = py_rows[0].median + render_rows[0].median
+        verdict = "PASS" if total <= TARGET_MS else "MISS"
+        lines.append(
+            f"Target ≤ {TARGET_MS / 1e3:.0f} s for a ~900-node graph (Python layout + figure + browser render, "
+            f"medians): {total:.0f} ms — {verdict}."
+        )
+        lines.append("")
+    for n in notes:
+        lines.append(f"- {n}")
+    lines.append(
+        f"- machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
+        f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=900, help="ONNX nodes of the residual MLP (default 900)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per measurement (default 3)")
+    parser.add_argument("--no-browser", action="store_true", help="skip the chromium render")
+    parser.add_argument("--markdown", type=Path, help="also write the report here (atomically)")
+    args = parser.parse_args(argv)
+
+    import plotly
+
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="qdebug-bench-ui-") as tmp:
+        work = Path(tmp)
+        df, setup_s = report_dataframe(args.nodes, work)
+        rows, fig, n_tensors, n_edges = bench_python(df, args.repeats)
+        notes.append(f"plotly {plotly.__version__}; layout: grandalf Sugiyama (widgets.graph_layout)")
+        if args.no_browser:
+            notes.append("browser: not measured (--no-browser)")
+        else:
+            brows, note, _ = bench_browser(fig, n_tensors, args.repeats, work)
+            rows += brows
+            notes.append(note)
+    drows, dnote = bench_dashboard()
+    rows += drows
+    notes.append(dnote)
+    notes.append("promote round trip: not measured (needs the Voila dashboard)" if not drows else "")
+    meta = {"graph_nodes": 4 * max(1, args.nodes // 4), "tensors": n_tensors, "edges": n_edges, "setup_s": setup_s}
+    report = render(rows, [n for n in notes if n], meta, args.repeats)
+    print(report)
+    if args.markdown is not None:
+        from qdebug.io import atomic_write_text
+
+        atomic_write_text(args.markdown, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
