@@ -126,15 +126,17 @@ def test_app_select_updates_inspector(dbg: QuantDebugger) -> None:
     assert "c2" in app.inspector.value and "c2" in app.status_line.value
     assert app.tensor_picker.value == "c2"
     assert app.histogram_box.children  # a figure or a placeholder saying why not
-    for box in (app.heatmap_box, app.graph_box, app.histogram_box):
+    import plotly.graph_objects as go
+
+    for box in (app.heatmap_box, app.samples_box, app.graph_box, app.histogram_box):
         (child,) = box.children
-        assert hasattr(child, "figure") or hasattr(child, "data") or "unavailable" in child.value
+        assert isinstance(child, go.FigureWidget), getattr(child, "value", child)  # live, never a placeholder
     app.on_select("a1")
     assert app.selected == "a1" and "a1" in app.inspector.value
     app.tensor_picker.value = "r1"  # the dropdown writes the trait
     assert app.selected == "r1"
     app.sort_key = "cumulative_sqnr_db"
-    assert "r1" in app.table.value
+    assert "r1" in app.table_names()
 
 
 def test_app_promote_undo_export(dbg: QuantDebugger, tmp_path: Path) -> None:
@@ -198,3 +200,143 @@ def test_digits_cnn_accuracy_in_before_after(tmp_path: Path) -> None:
     app.suggestion_boxes[next(iter(app.suggestion_boxes))].value = True
     app.on_promote_clicked()
     assert "accuracy" in app.status and "top-1 accuracy" in app.before_after.value
+
+
+# ---------------------------------------------------------------------------------------------- table, clicks, search
+def _row_names(app: DebuggerApp) -> list[str]:
+    return [row.children[1].tooltip for row in app.table.children[1:] if hasattr(row, "children")]
+
+
+def test_table_filters_sorts_pages_and_ticks(dbg: QuantDebugger) -> None:
+    app = DebuggerApp(dbg)
+    df = dbg.report.to_dataframe()
+    assert _row_names(app) == app.table_names() == list(df.sort_values("topo_index")["tensor_name"])[:20]
+    app.sort_key = "cumulative_sqnr_db"
+    cum = app.table_frame()["cumulative_sqnr_db"].dropna().tolist()
+    assert cum == sorted(cum)
+    app.descending = True
+    cum = app.table_frame()["cumulative_sqnr_db"].dropna().tolist()
+    assert cum == sorted(cum, reverse=True)
+    app.filter_text = "conv"  # matches the op column, case-insensitively
+    assert set(app.table_frame()["op"]) == {"Conv"}
+    app.filter_text = "no-such-tensor"
+    assert app.table_names() == [] and "no tensor matches" in app.table.children[-1].value
+    app.filter_text = ""
+    app.threshold = 1000.0
+    app.only_low = True  # every finite SQNR is below 1000 dB
+    assert len(app.table_frame()) > 0
+    app.only_low = False
+    # ticking a row's checkbox adds the tensor to the promotion set, mirrored in the suggestions
+    name = app.table_names()[0]
+    app.row_boxes[name].value = True
+    assert app.promotion == [name] and name in app.promotion_view.value
+    if name in app.suggestion_boxes:
+        assert app.suggestion_boxes[name].value
+    app.row_boxes[name].value = False
+    assert app.promotion == []
+    # the name button selects
+    app.table.children[1].children[1].click()
+    assert app.selected == app.table_names()[0]
+
+
+def test_table_pages(tmp_path: Path) -> None:
+    d = QuantDebugger(
+        SAMPLE_MODELS / "digits_transformer.onnx",
+        data=SAMPLE_MODELS / "digits_calib.npz",
+        config=QuantConfig(num_samples=8),
+        workdir=tmp_path,
+    )
+    app = DebuggerApp(d)
+    total = len(d.report.activations)
+    assert total > 2 * 20
+    first = app.table_names()
+    app.next_button.click()
+    assert app.page == 1 and app.table_names() != first and "21–40 of" in app.page_label.value
+    for _ in range(total):
+        app.next_button.click()
+    assert app.page == (total - 1) // 20  # clamps at the last page
+    app.prev_button.click()
+    assert app.page == (total - 1) // 20 - 1
+    app.sort_key = "local_sqnr_db"  # a new order starts at page 0
+    assert app.page == 0
+
+
+class _Points:
+    def __init__(self, inds: list[int], xs: list[object]) -> None:
+        self.point_inds, self.xs = inds, xs
+
+
+def test_figure_clicks_select(dbg: QuantDebugger) -> None:
+    import plotly.graph_objects as go
+
+    app = DebuggerApp(dbg)
+    heat = app.heatmap_box.children[0]
+    assert isinstance(heat, go.FigureWidget) and "qd-heatmap" in heat._dom_classes
+    c2 = dbg.report.activation("c2")
+    app.on_heatmap_click(heat.data[0], _Points([0], [c2.topo_index]))
+    assert app.selected == "c2"
+    samples = app.samples_box.children[0]
+    assert isinstance(samples, go.FigureWidget)
+    names = dbg.report.per_sample.tensor_names
+    app.on_samples_click(samples.data[0], _Points([0], [names.index("r1")]))
+    assert app.selected == "r1"
+    graph = app.graph_box.children[0]
+    nodes = next(t for t in graph.data if t.name == "tensors")
+    i = list(nodes.customdata).index("a1")
+    app._on_graph_click(nodes, _Points([i], [nodes.x[i]]))
+    assert app.selected == "a1"
+    ring = next(t for t in app.graph_box.children[0].data if t.name == "selected")
+    assert list(ring.customdata) == ["a1"]
+    app.on_select("c2")  # the ring moves in place
+    ring = next(t for t in app.graph_box.children[0].data if t.name == "selected")
+    assert list(ring.customdata) == ["c2"]
+
+
+def test_search_pareto_click_applies_point(dbg: QuantDebugger) -> None:
+    app = DebuggerApp(dbg)
+    base_db = dbg.report.min_output_sqnr_db
+    assert base_db is not None
+    app.goal_db.value = base_db + 60  # unreachable: every step of the curve gets measured
+    app.on_search_clicked()
+    res = app.last_search
+    assert res is not None and res.steps and "points measured" in app.search_summary.value
+    assert dbg.history == ()  # searching does not change the current variant
+    fig = app.pareto_box.children[0]
+    steps = next(t for t in fig.data if t.name == "steps")
+    last = len(steps.customdata) - 1
+    app._on_pareto_click(steps, _Points([last], [steps.x[last]]))
+    point = app.search_point(int(steps.customdata[last]))
+    assert point is not None and point.promoted
+    assert set(dbg.promoted) >= set(point.promoted) and len(dbg.history) == 1
+    assert abs((dbg.report.min_output_sqnr_db or 0) - (point.output_sqnr_db or 0)) < 1e-6
+    assert "before" in app.before_after.value
+    # a second point replaces (does not add to) the first one's promotion
+    first = next(p for p in res.steps if p.promoted)
+    app.on_pareto_point(first.step)
+    assert set(dbg.config.tensor_overrides and dbg._requested()) == set(first.promoted)
+    base = next((p for p in res.steps if not p.promoted), None)
+    if base is not None:
+        app.on_pareto_point(base.step)
+        assert dbg.history == () and "base" in app.status
+    app.on_pareto_point(10_000)
+    assert "no search point" in app.status
+
+
+def test_bad_search_goal_is_a_message(dbg: QuantDebugger) -> None:
+    app = DebuggerApp(dbg)
+    app.goal_db.value = 0.0
+    app.goal_drop.value = 0.0
+    app.on_search_clicked()
+    assert app.status.startswith("search failed: ConfigError") and app.last_search is None
+
+
+def test_comparison_after_promotion(dbg: QuantDebugger) -> None:
+    app = DebuggerApp(dbg)
+    app.promotion = [dbg.suggestions()[0].tensor_name]
+    assert all(b.value for n, b in app.suggestion_boxes.items() if n in app.promotion)
+    app.on_promote_clicked()
+    (fig,) = app.comparison_box.children
+    assert [t.name for t in fig.data] == ["before", "after", "delta"]
+    assert app.promotion == []
+    app.on_undo_clicked()
+    assert app.comparison_box.children == ()

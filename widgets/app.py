@@ -1,8 +1,11 @@
-"""``DebuggerApp``: the dashboard. It holds only view state (traitlets) and composes widgets; every number comes
-from a :class:`~widgets.session.QuantDebugger`, every figure from a pure function of :mod:`widgets.figures`.
+"""``DebuggerApp``: the interactive debugger. It holds only view state (traitlets) and composes widgets; every
+number comes from a :class:`~widgets.session.QuantDebugger`, every figure from a pure function of
+:mod:`widgets.figures`, shown as a live plotly ``FigureWidget`` (clicks select tensors and search points).
 
-Handlers are plain methods (``on_promote_clicked``, ``on_undo_clicked``, ``on_export_clicked``, ``on_select``)
-so behaviour is tested in Python by setting traits and calling them, without a browser.
+Handlers are plain methods (``on_select``, ``on_promote_clicked``, ``on_undo_clicked``, ``on_export_clicked``,
+``on_search_clicked``, ``on_pareto_point``, ``on_heatmap_click``, ``on_netron_clicked``…) so behaviour is tested in
+Python by setting traits and calling them, without a browser; the browser tests click the same widgets by their
+``qd-*`` CSS classes.
 """
 
 from __future__ import annotations
@@ -18,18 +21,25 @@ import ipywidgets as w
 import traitlets as tr
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from qdebug.build import RecompileResult
+    from qdebug.mixed.promote import PromotionPlan
+    from qdebug.mixed.search import SearchPoint, SearchResult
     from qdebug.mixed.session import Evaluation
     from qdebug.mixed.suggest import Suggestion
     from widgets.session import QuantDebugger
 
-#: Metrics the table sorts by and the graph colours by (columns of ``DebugReport.to_dataframe()``).
+#: Metrics the graph colours by (columns of ``DebugReport.to_dataframe()``).
 METRICS = ("local_sqnr_db", "cumulative_sqnr_db", "mse", "max_abs_error")
-SORT_KEYS = ("topo_index", *METRICS)
+#: Columns the tensor table sorts by (columns of :func:`widgets.figures.tensor_table`).
+SORT_KEYS = ("topo_index", "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "op", "tensor_name")
+#: Rows per page of the tensor table: one widget row per tensor keeps a ~900-tensor model responsive.
+PAGE_SIZE = 20
 
 
 def _db(v: float | None) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     if math.isinf(v):
         return "+inf dB" if v > 0 else "-inf dB"
@@ -54,9 +64,9 @@ def _weight_owners(float_model: Any, df: Any) -> dict[str, str] | None:
         return None
 
 
-def _figure(name: str, *args: Any) -> w.Widget:
-    """The figure ``widgets.figures.<name>(*args)`` as a widget, or a placeholder saying why there is none (the
-    figures module may lack the function, plotly's FigureWidget needs anywidget)."""
+def _figure(name: str, *args: Any, css: str | None = None) -> w.Widget:
+    """The figure ``widgets.figures.<name>(*args)`` as a live ``FigureWidget``, or a placeholder saying why
+    there is none (a figure bug must not take the dashboard down; plotly's FigureWidget needs anywidget)."""
     try:
         from widgets import figures
     except Exception as exc:
@@ -66,69 +76,113 @@ def _figure(name: str, *args: Any) -> w.Widget:
         return _placeholder(name, f"widgets.figures has no {name}()")
     try:
         fig = fn(*args)
-    except Exception as exc:  # a figure bug must not take the dashboard down
+    except Exception as exc:
         return _placeholder(name, f"{type(exc).__name__}: {exc}")
     try:
         import plotly.graph_objects as go
 
-        return go.FigureWidget(fig)
-    except Exception:  # no anywidget: a static render in an Output, shown by the front end
-        out = w.Output()
-        out.figure = fig  # kept for callers and tests (there is no front end outside a kernel)
-        try:
-            from IPython import get_ipython
+        widget = go.FigureWidget(fig)
+    except Exception as exc:  # no anywidget: say so rather than show a static image nobody can click
+        return _placeholder(name, f"plotly FigureWidget unavailable ({exc}); pip install 'qdebug[ui]'")
+    if css:
+        widget._dom_classes = (*widget._dom_classes, css)  # a stable selector for the browser tests
+    return widget
 
-            if get_ipython() is not None:
-                with out:
-                    from IPython.display import display
 
-                    display(fig)  # type: ignore[no-untyped-call]
-        except ImportError:
-            pass
-        return out
+def _sqnr_cell(v: Any, low: float) -> str:
+    """One SQNR table cell, red below the threshold (the same 20/40 dB reading as the heatmap)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return "<span>n/a</span>"
+    if math.isnan(f):
+        return "<span class='qd-na'>n/a</span>"
+    style = "background:#f8d7da" if f < low else ("background:#fff3bf" if f < 40 else "")
+    return f"<span style='{style};padding:0 4px'>{html.escape(_db(f))}</span>"
 
 
 class DebuggerApp(w.VBox):  # type: ignore[misc]
     """The interactive debugger for one :class:`~widgets.session.QuantDebugger`.
 
-    View state lives in traitlets (``selected``, ``metric``, ``threshold``, ``sort_key``, ``target``,
-    ``status``); the session owns the data and computation.
+    View state lives in traitlets (``selected``, ``promotion``, ``metric``, ``threshold``, ``sort_key``,
+    ``descending``, ``filter_text``, ``only_low``, ``page``, ``target``, ``status``); the session owns the data
+    and the computation. ``export_path`` is where "Export overrides JSON" writes.
     """
 
     selected = tr.Unicode("", help="the inspected tensor").tag(sync=True)
+    promotion = tr.List(tr.Unicode(), help="tensors ticked for promotion").tag(sync=True)
     metric = tr.Enum(METRICS, default_value="cumulative_sqnr_db").tag(sync=True)
     threshold = tr.Float(20.0, help="SQNR below this (dB) is highlighted").tag(sync=True)
     sort_key = tr.Enum(SORT_KEYS, default_value="topo_index").tag(sync=True)
+    descending = tr.Bool(False).tag(sync=True)
+    filter_text = tr.Unicode("", help="substring of tensor name or op").tag(sync=True)
+    only_low = tr.Bool(False, help="only tensors below the threshold").tag(sync=True)
+    page = tr.Int(0).tag(sync=True)
     target = tr.Unicode("cpu").tag(sync=True)
     status = tr.Unicode("").tag(sync=True)
 
-    def __init__(self, debugger: QuantDebugger, *, export_path: str | Path | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        debugger: QuantDebugger,
+        *,
+        export_path: str | Path | None = None,
+        target: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.debugger = debugger
         self.export_path = Path(export_path) if export_path is not None else debugger.workdir / "overrides.json"
         self.last_plan_text = ""
         self.last_recompile: RecompileResult | None = None
+        self.last_search: SearchResult | None = None
+        self.netron: Any = None
         self._layout: Any = None
+        self._syncing = False
+        self.targets_info: dict[str, tuple[bool, str]] = {}
         self.progress = w.IntProgress(value=0, min=0, max=1, description="", layout=w.Layout(width="320px"))
         self.status_line = w.HTML("")
-        self.table = w.HTML("")
-        self.inspector = w.HTML("<i>select a tensor</i>")
+        # Tensor table: filter/sort/page controls, then one widget row per visible tensor.
+        self.table = w.VBox()
+        self.filter_box = w.Text(placeholder="filter: name or op", description="filter", continuous_update=False)
+        self.sort_picker = w.Dropdown(description="sort by", options=list(SORT_KEYS), value=self.sort_key)
+        self.desc_box = w.Checkbox(description="descending", value=False, indent=False)
+        self.low_box = w.Checkbox(description="only below threshold", value=False, indent=False)
+        self.threshold_picker = w.FloatText(description="threshold dB", value=self.threshold)
+        self.prev_button = w.Button(description="◀", layout=w.Layout(width="40px"))
+        self.next_button = w.Button(description="▶", layout=w.Layout(width="40px"))
+        self.page_label = w.HTML("")
+        self.row_boxes: dict[str, w.Checkbox] = {}
+        # Figures.
         self.heatmap_box = w.Box()
+        self.samples_box = w.Box()
         self.graph_box = w.Box()
         self.histogram_box = w.Box()
+        self.comparison_box = w.Box()
+        self.pareto_box = w.Box()
+        self.metric_picker = w.Dropdown(description="colour by", options=list(METRICS), value=self.metric)
+        # Netron: an explicit opt-in (docs/netron.md), never the primary graph view.
+        self.netron_button = w.Button(description="Open in Netron (opt-in)", icon="external-link")
+        self.netron_view = w.HTML("")
+        # Inspector.
+        self.tensor_picker = w.Dropdown(description="tensor", options=[])
+        self.inspector = w.HTML("<i>select a tensor</i>")
+        # Fix panel.
         self.suggestion_boxes: dict[str, w.Checkbox] = {}
         self.suggestions_box = w.VBox()
-        self.plan_view = w.HTML("")
-        self.before_after = w.HTML("")
-        self.download = w.HTML("")
-        self.tensor_picker = w.Dropdown(description="tensor", options=[])
-        self.metric_picker = w.Dropdown(description="metric", options=list(METRICS), value=self.metric)
-        self.sort_picker = w.Dropdown(description="sort by", options=list(SORT_KEYS), value=self.sort_key)
-        self.threshold_picker = w.FloatText(description="threshold dB", value=self.threshold)
+        self.promotion_view = w.HTML("")
         self.target_picker = w.Dropdown(description="target")
         self.target_note = w.HTML("")
         self.promote_button = w.Button(description="Promote to 16-bit", button_style="primary", icon="arrow-up")
         self.undo_button = w.Button(description="Undo", icon="undo")
         self.export_button = w.Button(description="Export overrides JSON", icon="download")
+        self.plan_view = w.HTML("")
+        self.before_after = w.HTML("")
+        self.download = w.HTML("")
+        # Search.
+        self.goal_db = w.FloatText(description="goal dB", value=0.0)
+        self.goal_drop = w.FloatText(description="max drop %", value=0.0)
+        self.strategy_picker = w.Dropdown(description="strategy", options=["prefix", "greedy"], value="prefix")
+        self.search_button = w.Button(description="Search", icon="search")
+        self.search_summary = w.HTML("")
         for widget, cls in (
             (self.promote_button, "qd-promote"),
             (self.undo_button, "qd-undo"),
@@ -136,43 +190,93 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             (self.status_line, "qd-status"),
             (self.progress, "qd-progress"),
             (self.table, "qd-table"),
+            (self.filter_box, "qd-filter"),
+            (self.sort_picker, "qd-sort"),
+            (self.next_button, "qd-next-page"),
+            (self.prev_button, "qd-prev-page"),
             (self.inspector, "qd-inspector"),
             (self.target_picker, "qd-target"),
+            (self.before_after, "qd-before-after-box"),
+            (self.plan_view, "qd-plan-box"),
+            (self.search_button, "qd-search"),
+            (self.search_summary, "qd-search-summary"),
+            (self.netron_button, "qd-netron"),
+            (self.promotion_view, "qd-promotion"),
         ):
             widget.add_class(cls)
         self.promote_button.on_click(self.on_promote_clicked)
         self.undo_button.on_click(self.on_undo_clicked)
         self.export_button.on_click(self.on_export_clicked)
+        self.search_button.on_click(self.on_search_clicked)
+        self.netron_button.on_click(self.on_netron_clicked)
+        self.prev_button.on_click(lambda b: self._turn(-1))
+        self.next_button.on_click(lambda b: self._turn(+1))
         # Widgets ↔ traits: the pickers write the view state, the observers below redraw from it.
-        w.link((self.metric_picker, "value"), (self, "metric"))
-        w.link((self.sort_picker, "value"), (self, "sort_key"))
-        w.link((self.threshold_picker, "value"), (self, "threshold"))
+        for src, trait in (
+            (self.metric_picker, "metric"),
+            (self.sort_picker, "sort_key"),
+            (self.threshold_picker, "threshold"),
+            (self.desc_box, "descending"),
+            (self.low_box, "only_low"),
+            (self.filter_box, "filter_text"),
+        ):
+            w.link((src, "value"), (self, trait))
         self.tensor_picker.observe(self._on_picker, names="value")
         self.target_picker.observe(self._on_target_picker, names="value")
 
-        controls = w.HBox([self.metric_picker, self.sort_picker, self.threshold_picker])
+        table_tab = w.VBox(
+            [
+                w.HBox([self.filter_box, self.sort_picker, self.desc_box]),
+                w.HBox([self.threshold_picker, self.low_box, self.prev_button, self.page_label, self.next_button]),
+                self.table,
+            ]
+        )
+        graph_tab = w.VBox([w.HBox([self.metric_picker, self.netron_button]), self.graph_box, self.netron_view])
+        search_tab = w.VBox(
+            [
+                w.HTML(
+                    "<b>Automatic search</b>: promote the fewest tensors that reach the goal (0 = no goal on "
+                    "that axis). Click a point of the curve to apply it."
+                ),
+                w.HBox([self.goal_db, self.goal_drop, self.strategy_picker, self.search_button]),
+                self.search_summary,
+                self.pareto_box,
+            ]
+        )
+        self.tabs = w.Tab(
+            children=[table_tab, self.heatmap_box, self.samples_box, graph_tab, search_tab, self.comparison_box]
+        )
+        for i, title in enumerate(("Tensors", "Heatmap", "Samples", "Graph", "Search", "Before/after")):
+            self.tabs.set_title(i, title)
+        inspect = w.VBox(
+            [w.HTML("<b>Tensor inspector</b>"), self.tensor_picker, self.inspector, self.histogram_box],
+            layout=w.Layout(width="50%"),
+        )
         fix = w.VBox(
             [
-                w.HTML("<b>Suggestions</b>"),
+                w.HTML("<b>Mixed precision</b> — tick suggestions or table rows, then promote"),
                 self.suggestions_box,
+                self.promotion_view,
                 w.HBox([self.target_picker, self.promote_button, self.undo_button, self.export_button]),
                 self.target_note,
                 self.plan_view,
                 self.before_after,
                 self.download,
-            ]
+            ],
+            layout=w.Layout(width="50%"),
         )
-        tabs = w.Tab(children=[w.VBox([controls, self.table]), self.heatmap_box, self.graph_box])
-        for i, title in enumerate(("Tensors", "Heatmap", "Graph")):
-            tabs.set_title(i, title)
-        inspect = w.VBox([self.tensor_picker, self.inspector, self.histogram_box])
         super().__init__(
-            [w.HBox([self.progress, self.status_line]), tabs, w.HBox([inspect, fix])],
+            [w.HBox([self.progress, self.status_line]), self.tabs, w.HBox([inspect, fix])],
             **kwargs,
         )
         self.add_class("qd-app")
         debugger.progress = self._on_progress
         self._refresh_targets()
+        if target is not None:
+            self.target = target
+            self.target_picker.value = target if target in self.targets_info else "cpu"
+        base = debugger.report.min_output_sqnr_db
+        self.goal_db.value = round(base + 2.0, 1) if base is not None and math.isfinite(base) else 30.0
         self.refresh()
 
     # ------------------------------------------------------------------ progress and status
@@ -190,6 +294,32 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.progress.value = 0
         self.status = message
 
+    # ------------------------------------------------------------------ data for the views
+    def table_frame(self) -> pd.DataFrame:
+        """The tensor table as shown: :func:`widgets.figures.tensor_table` filtered and sorted by the view
+        state (all pages)."""
+        from widgets.figures import tensor_table
+
+        report = self.debugger.report
+        df = report.to_dataframe()
+        owners = _weight_owners(self.debugger.session.float_proto, df)
+        t = tensor_table(df, self.debugger.suggestions(top=None), report.weights_dataframe(), owners)
+        if self.filter_text:
+            needle = self.filter_text.lower()
+            keep = t["tensor_name"].str.lower().str.contains(needle, regex=False) | t["op"].str.lower().str.contains(
+                needle, regex=False
+            )
+            t = t[keep]
+        if self.only_low:
+            low = float(self.threshold)
+            t = t[(t["local_sqnr_db"] < low) | (t["cumulative_sqnr_db"] < low)]
+        return t.sort_values(self.sort_key, ascending=not self.descending, na_position="first", kind="stable")
+
+    def table_names(self) -> list[str]:
+        """Tensor names on the current page of the table, in display order."""
+        t = self.table_frame()
+        return [str(n) for n in t["tensor_name"].iloc[self.page * PAGE_SIZE : (self.page + 1) * PAGE_SIZE]]
+
     # ------------------------------------------------------------------ rendering
     def refresh(self) -> None:
         """Redraw everything that depends on the current report."""
@@ -198,56 +328,87 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.tensor_picker.options = names
         if self.selected not in names:
             self.selected = ""
-        self._render_table()
+        self.promotion = [n for n in self.promotion if n in names]
         self._render_suggestions()
+        self._render_table()
         df = report.to_dataframe()
         owners = _weight_owners(self.debugger.session.float_proto, df)
-        self.heatmap_box.children = [_figure("layer_heatmap", df, report.weights_dataframe(), "h", owners)]
+        heat = _figure("layer_heatmap", df, report.weights_dataframe(), "h", 40, owners, css="qd-heatmap")
+        self._on_click(heat, self.on_heatmap_click)
+        self.heatmap_box.children = [heat]
+        samples = _figure("samples_heatmap", report.per_sample.to_dataframe(), css="qd-samples-heatmap")
+        self._on_click(samples, self.on_samples_click)
+        self.samples_box.children = [samples]
         self._render_graph()
         self._render_inspector()
 
+    @staticmethod
+    def _on_click(fig: Any, handler: Callable[..., None]) -> None:
+        for trace in getattr(fig, "data", ()):
+            if hasattr(trace, "on_click"):
+                trace.on_click(handler)
+
     def _render_table(self) -> None:
-        df = self.debugger.report.to_dataframe()
-        cols = [
-            c
-            for c in (
-                "topo_index",
-                "tensor_name",
-                "producer_op",
-                "quant_type",
-                "local_sqnr_db",
-                "cumulative_sqnr_db",
-                "mse",
-                "max_abs_error",
+        t = self.table_frame()
+        pages = max(1, math.ceil(len(t) / PAGE_SIZE))
+        if self.page >= pages:
+            self.page = pages - 1  # the observer redraws
+            return
+        start = self.page * PAGE_SIZE
+        shown = t.iloc[start : start + PAGE_SIZE]
+        self.page_label.value = (
+            f"<span class='qd-page'>{start + 1 if len(t) else 0}–{start + len(shown)} of {len(t)}</span>"
+        )
+        widths = ("28px", "280px", "110px", "70px", "95px", "95px", "95px", "360px")
+        head = ("", "tensor", "op", "type", "local", "cumulative", "weight", "suggestion")
+        rows: list[w.Widget] = [
+            w.HBox(
+                [w.HTML(f"<b>{h}</b>", layout=w.Layout(width=wd)) for h, wd in zip(head, widths, strict=True)],
+                layout=w.Layout(border_bottom="1px solid #adb5bd"),
             )
-            if c in df.columns
         ]
-        df = df[cols].sort_values(self.sort_key, na_position="first")
+        self.row_boxes = {}
         low = float(self.threshold)
-
-        def shade(v: Any) -> str:
-            return "background-color: #f8d7da" if isinstance(v, float) and v < low else ""
-
-        def mark(row: Any) -> list[str]:
-            bold = "font-weight: bold" if row["tensor_name"] == self.selected else ""
-            return [bold] * len(row)
-
-        try:
-            styler = df.style.apply(mark, axis=1).format(precision=2)
-            styler = styler.map(shade, subset=[c for c in ("local_sqnr_db", "cumulative_sqnr_db") if c in cols])
-            self.table.value = styler.hide(axis="index").to_html()
-        except Exception:  # Styler needs jinja2: plain HTML then
-            self.table.value = df.to_html(index=False, float_format=lambda v: f"{v:.2f}")
+        for r in shown.itertuples(index=False):
+            name = str(r.tensor_name)
+            box = w.Checkbox(value=name in self.promotion, indent=False, layout=w.Layout(width=widths[0]))
+            box.add_class("qd-row-check")
+            box.observe(lambda ch, n=name: self._tick(n, bool(ch["new"])), names="value")
+            self.row_boxes[name] = box
+            short = name if len(name) <= 36 else "…" + name[-35:]
+            btn = w.Button(description=short, tooltip=name, layout=w.Layout(width=widths[1]))
+            btn.add_class("qd-row-name")
+            btn.on_click(lambda b, n=name: self.on_select(n))
+            reason = f"{r.role}: {r.reason}" if r.role else ""
+            cells = [
+                html.escape(str(r.op)),
+                html.escape(str(r.type)),
+                _sqnr_cell(r.local_sqnr_db, low),
+                _sqnr_cell(r.cumulative_sqnr_db, low),
+                _sqnr_cell(r.weight_sqnr_db, low),
+                f"<span title='{html.escape(reason)}'>{html.escape(reason[:60])}</span>",
+            ]
+            row = w.HBox(
+                [box, btn, *(w.HTML(c, layout=w.Layout(width=wd)) for c, wd in zip(cells, widths[2:], strict=True))]
+            )
+            row.add_class("qd-row")
+            if name == self.selected:
+                row.add_class("qd-row-selected")
+                btn.button_style = "info"
+            rows.append(row)
+        if len(rows) == 1:
+            rows.append(w.HTML("<i>no tensor matches the filter</i>"))
+        self.table.children = rows
 
     def _render_suggestions(self) -> None:
         picks: tuple[Suggestion, ...] = self.debugger.suggestions()
-        old = {n: b.value for n, b in self.suggestion_boxes.items()}
         self.suggestion_boxes = {}
         rows = []
         for s in picks:
             label = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. +{s.estimated_output_gain_db:.1f} dB at output"
-            box = w.Checkbox(value=old.get(s.tensor_name, False), description=label, indent=False)
+            box = w.Checkbox(value=s.tensor_name in self.promotion, description=label, indent=False)
             box.add_class("qd-suggestion")
+            box.observe(lambda ch, n=s.tensor_name: self._tick(n, bool(ch["new"])), names="value")
             self.suggestion_boxes[s.tensor_name] = box
             rows.append(box)
         if not rows:
@@ -266,21 +427,21 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             except Exception:
                 self._layout = None
         metric = "local" if self.metric.startswith("local") else "cumulative"
-        fig = _figure("graph_figure", report.to_dataframe(), metric, self._layout, self.selected or None)
-        for trace in getattr(fig, "data", ()):  # a FigureWidget: clicking a node selects its tensor
-            if getattr(trace, "customdata", None) is not None and hasattr(trace, "on_click"):
-                trace.on_click(self._on_graph_click)
+        fig = _figure(
+            "graph_figure", report.to_dataframe(), metric, self._layout, self.selected or None, css="qd-graph"
+        )
+        self._on_click(fig, self._on_graph_click)
         self.graph_box.children = [fig]
 
     def _on_graph_click(self, trace: Any, points: Any, state: Any = None) -> None:
         idx = list(getattr(points, "point_inds", []) or [])
-        if idx:
+        if idx and getattr(trace, "customdata", None) is not None:
             self.on_select(str(trace.customdata[idx[0]]))
 
     def _render_inspector(self) -> None:
         name = self.selected
         if not name:
-            self.inspector.value = "<i>select a tensor</i>"
+            self.inspector.value = "<i>select a tensor (table, heatmap, graph or this list)</i>"
             self.histogram_box.children = []
             return
         a = self.debugger.report.activation(name)
@@ -301,7 +462,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             self.histogram_box.children = [_placeholder("histogram", f"{type(exc).__name__}: {exc}")]
             return
         self.histogram_box.children = [
-            _figure("histogram_figure", tv.float_values, tv.quant_values, tv.scale, tv.zero_point)
+            _figure("histogram_figure", tv.float_values, tv.quant_values, tv.scale, tv.zero_point, css="qd-histogram")
         ]
 
     def _refresh_targets(self) -> None:
@@ -326,18 +487,53 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             self.status = f"inspecting {change['new']}"
         self._render_inspector()
         self._render_table()
+        self._highlight_graph(change["new"])
+
+    def _highlight_graph(self, name: str) -> None:
+        # Move the highlight ring of the live figure instead of rebuilding a ~900-node figure per click.
+        fig = self.graph_box.children[0] if self.graph_box.children else None
+        ring = [t for t in getattr(fig, "data", ()) if getattr(t, "name", None) == "selected"]
+        pos = (self._layout or {}).get(name) if name else None
+        if fig is None or not ring or pos is None:
+            self._render_graph()
+            return
+        with fig.batch_update():
+            ring[0].x, ring[0].y, ring[0].customdata = [pos[0]], [pos[1]], [name]
 
     @tr.observe("metric")
     def _metric_changed(self, change: dict[str, Any]) -> None:
         self._render_graph()
 
-    @tr.observe("sort_key", "threshold")
+    @tr.observe("sort_key", "threshold", "descending", "filter_text", "only_low")
     def _table_changed(self, change: dict[str, Any]) -> None:
+        if self.page != 0:
+            self.page = 0  # the page observer redraws
+        else:
+            self._render_table()
+
+    @tr.observe("page")
+    def _page_changed(self, change: dict[str, Any]) -> None:
         self._render_table()
+
+    @tr.observe("promotion")
+    def _promotion_changed(self, change: dict[str, Any]) -> None:
+        wanted = set(change["new"])
+        self._syncing = True
+        try:
+            for boxes in (self.suggestion_boxes, self.row_boxes):
+                for n, b in boxes.items():
+                    if b.value != (n in wanted):
+                        b.value = n in wanted
+        finally:
+            self._syncing = False
+        names = list(change["new"])
+        self.promotion_view.value = (
+            f"<span>to promote ({len(names)}): {html.escape(', '.join(names))}</span>" if names else ""
+        )
 
     @tr.observe("target")
     def _target_changed(self, change: dict[str, Any]) -> None:
-        if self.target_picker.value != change["new"]:
+        if self.target_picker.value != change["new"] and change["new"] in self.targets_info:
             self.target_picker.value = change["new"]
 
     def _on_picker(self, change: dict[str, Any]) -> None:
@@ -348,44 +544,80 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         if change["new"]:
             self.target = change["new"]
 
-    # ------------------------------------------------------------------ handlers
+    def _tick(self, name: str, on: bool) -> None:
+        if self._syncing:
+            return
+        cur = list(self.promotion)
+        if on and name not in cur:
+            self.promotion = [*cur, name]
+        elif not on and name in cur:
+            self.promotion = [n for n in cur if n != name]
+
+    def _turn(self, step: int) -> None:
+        pages = max(1, math.ceil(len(self.table_frame()) / PAGE_SIZE))
+        self.page = min(max(self.page + step, 0), pages - 1)
+
+    # ------------------------------------------------------------------ selection handlers
     def on_select(self, tensor: str) -> None:
         """Inspect ``tensor`` (what a click on the table, heatmap or graph does)."""
         self.selected = tensor
 
-    def checked(self) -> list[str]:
-        """The suggestions ticked by the user."""
-        return [n for n, b in self.suggestion_boxes.items() if b.value]
+    def on_heatmap_click(self, trace: Any, points: Any, state: Any = None) -> None:
+        """A click on the layer heatmap: its x is the tensor's topological index."""
+        xs = list(getattr(points, "xs", []) or [])
+        if not xs:
+            return
+        by_index = {int(a.topo_index): a.tensor_name for a in self.debugger.report.activations}
+        name = by_index.get(int(xs[0]))
+        if name is not None:
+            self.on_select(name)
 
+    def on_samples_click(self, trace: Any, points: Any, state: Any = None) -> None:
+        """A click on the samples × tensors heatmap: its x is the tensor's column."""
+        xs = list(getattr(points, "xs", []) or [])
+        names = self.debugger.report.per_sample.tensor_names
+        if xs and 0 <= int(xs[0]) < len(names):
+            self.on_select(names[int(xs[0])])
+
+    def checked(self) -> list[str]:
+        """The tensors ticked for promotion (suggestions and table rows)."""
+        return list(self.promotion)
+
+    # ------------------------------------------------------------------ promotion
     def on_promote_clicked(self, b: Any = None) -> None:
-        """Promote the ticked suggestions (or the selected tensor): plan → apply → recompile → before/after."""
+        """Promote the ticked tensors (or the selected one): plan → apply → recompile → before/after."""
         tensors = self.checked() or ([self.selected] if self.selected else [])
         if not tensors:
-            self.status = "tick at least one suggestion (or select a tensor) to promote"
+            self.status = "tick at least one suggestion or table row (or select a tensor) to promote"
             return
+        self._apply(lambda: self.debugger.promote(tensors), f"the promotion of {', '.join(tensors)}")
+
+    def _apply(self, make_plan: Callable[[], PromotionPlan], what: str) -> Evaluation | None:
         before = self.debugger.report
         before_ev = self.debugger.current
         try:
-            self._busy(f"planning the promotion of {', '.join(tensors)}")
-            plan = self.debugger.promote(tensors)
+            self._busy(f"planning {what}")
+            plan = make_plan()
             self.last_plan_text = plan.describe()
             self.plan_view.value = f"<pre class='qd-plan'>{html.escape(self.last_plan_text)}</pre>"
-            self._busy(f"re-quantizing with {len(plan.overrides)} override(s) and re-debugging")
+            self._busy(f"re-quantizing with {len(plan.overrides)} override(s) (calibration reused) and re-debugging")
             ev = self.debugger.apply(plan)
         except Exception as exc:
             self.status = f"promotion failed: {type(exc).__name__}: {exc}"
-            return
+            return None
         compiled, note = self._recompile()
-        for box in self.suggestion_boxes.values():
-            box.value = False
+        self.promotion = []
         self.refresh()
         self.before_after.value = self._before_after_html(before.min_output_sqnr_db, before_ev, ev, compiled)
+        if ev.comparison is not None:
+            self.comparison_box.children = [_figure("comparison_figure", ev.comparison, css="qd-comparison")]
         self.status = (
             f"promoted {len(plan.promoted)} tensor(s): output SQNR {_db(before.min_output_sqnr_db)} → "
             f"{_db(ev.output_sqnr_db)}"
             + ("" if ev.accuracy is None else f", accuracy {_pct(ev.accuracy)}")
             + (f", {note}" if compiled is None else f", {self.target}: {'ok' if compiled.ok else 'failed'}")
         )
+        return ev
 
     def _recompile(self) -> tuple[RecompileResult | None, str]:
         ok, reason = self.targets_info.get(self.target, (False, "unknown target"))
@@ -410,16 +642,18 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         if ev.accuracy is not None:
             rows.append(("top-1 accuracy", _pct(None if before_ev is None else before_ev.accuracy), _pct(ev.accuracy)))
         body = "".join(
-            f"<tr><th>{html.escape(k)}</th><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>" for k, a, b in rows
+            f"<tr><th>{html.escape(k)}</th><td class='qd-before'>{html.escape(a)}</td>"
+            f"<td class='qd-after'>{html.escape(b)}</td></tr>"
+            for k, a, b in rows
         )
         out = f"<table class='qd-before-after'><tr><th></th><th>before</th><th>after</th></tr>{body}</table>"
         if compiled is not None:
             c = compiled.compile
             fallback = ", ".join(f"{op}×{n}" for op, n in c.fallback_by_op().items()) or "none"
             out += (
-                f"<p>{html.escape(c.target)} {html.escape(c.device)}: {'ok' if compiled.ok else 'FAILED'}; "
-                f"{c.accelerator_partitions} accelerator partition(s), {c.accelerator_nodes} node(s) on it, "
-                f"{c.cpu_nodes} on the CPU; fallback: {html.escape(fallback)}</p>"
+                f"<p class='qd-compile'>{html.escape(c.target)} {html.escape(c.device)}: "
+                f"{'ok' if compiled.ok else 'FAILED'}; {c.accelerator_partitions} accelerator partition(s), "
+                f"{c.accelerator_nodes} node(s) on it, {c.cpu_nodes} on the CPU; fallback: {html.escape(fallback)}</p>"
             )
             if compiled.problems:
                 out += "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in compiled.problems) + "</ul>"
@@ -434,10 +668,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.refresh()
         self.before_after.value = ""
         self.plan_view.value = ""
+        self.comparison_box.children = []
         self.status = f"undone {undone.name}: output SQNR back to {_db(self.debugger.report.min_output_sqnr_db)}"
 
     def on_export_clicked(self, b: Any = None) -> None:
-        """Write the current overrides JSON and offer it as a download link."""
+        """Write the current overrides JSON (atomically) and offer it as a download link."""
         try:
             path = self.debugger.export_overrides(self.export_path)
         except Exception as exc:
@@ -447,12 +682,102 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.download.value = (
             f"<a class='qd-download' download='{html.escape(path.name)}' "
             f"href='data:application/json;base64,{data}'>download {html.escape(path.name)}</a>"
+            f" <span class='qd-export-path'>{html.escape(str(path))}</span>"
         )
         self.status = f"overrides written to {path}"
+
+    # ------------------------------------------------------------------ search
+    def on_search_clicked(self, b: Any = None) -> None:
+        """Run the automatic search from the base and draw its cost/quality curve (the history is unchanged)."""
+        from qdebug.mixed.search import SearchGoal
+
+        db = float(self.goal_db.value) or None
+        drop = float(self.goal_drop.value) / 100 or None
+        try:
+            goal = SearchGoal(output_sqnr_db=db, max_accuracy_drop=drop, strategy=str(self.strategy_picker.value))
+            self._busy("searching promotions (each point is re-quantized and measured)")
+            res = self.debugger.search(goal)
+        except Exception as exc:
+            self.status = f"search failed: {type(exc).__name__}: {exc}"
+            return
+        self.last_search = res
+        fig = _figure("pareto_figure", res, css="qd-pareto")
+        self._on_click(fig, self._on_pareto_click)
+        self.pareto_box.children = [fig]
+        chosen = res.steps[res.chosen_step] if res.steps else None
+        self.search_summary.value = (
+            f"<span class='qd-search-result'>{'goal reached' if res.reached else 'goal not reached'} "
+            f"({html.escape(res.stop_reason)}); {len(res.evaluated)} points measured, {res.requantizations} "
+            f"re-quantizations, {res.seconds:.1f} s"
+            + (
+                ""
+                if chosen is None
+                else f"; chosen: step {chosen.step}, {len(chosen.promoted)} tensor(s), {_db(chosen.output_sqnr_db)}"
+            )
+            + "</span>"
+        )
+        self.status = "search done: click a point of the curve to apply it"
+
+    def _on_pareto_click(self, trace: Any, points: Any, state: Any = None) -> None:
+        idx = list(getattr(points, "point_inds", []) or [])
+        if idx and getattr(trace, "customdata", None) is not None:
+            self.on_pareto_point(int(trace.customdata[idx[0]]))
+
+    def search_point(self, step: int) -> SearchPoint | None:
+        """The measured point of the last search with that step number."""
+        if self.last_search is None:
+            return None
+        for p in (*self.last_search.steps, *self.last_search.evaluated):
+            if p.step == step:
+                return p
+        return None
+
+    def on_pareto_point(self, step: int) -> None:
+        """Apply a point of the search curve: promote exactly its tensors (replacing the current promotion)."""
+        point = self.search_point(step)
+        if point is None:
+            self.status = f"no search point {step}"
+            return
+        if not point.promoted:
+            self.debugger.reset()
+            self.refresh()
+            self.before_after.value = ""
+            self.status = "search point 0 is the base: every promotion dropped"
+            return
+        tensors = list(point.promoted)
+        self._apply(lambda: self.debugger.promote(tensors, replace=True), f"search point {step}")
+
+    # ------------------------------------------------------------------ Netron (opt-in)
+    def on_netron_clicked(self, b: Any = None) -> None:
+        """Open (or close) the current quantized model in Netron, served from 127.0.0.1 (docs/netron.md)."""
+        if self.netron is not None:
+            try:
+                self.netron.stop()
+            finally:
+                self.netron = None
+                self.netron_view.value = ""
+                self.netron_button.description = "Open in Netron (opt-in)"
+            self.status = "Netron stopped"
+            return
+        try:
+            from widgets import netron_view
+
+            self.netron = netron_view.open_in_netron(self.debugger.quant_model_path)
+            frame = netron_view.netron_iframe_html(self.netron.url)
+        except Exception as exc:
+            self.status = f"Netron unavailable: {type(exc).__name__}: {exc}"
+            return
+        self.netron_view.value = (
+            "<p><i>Netron is a third-party viewer: offline it needs a consent cookie, after consent it contacts "
+            "Google Analytics, and its releases stop working 180 days after their build (docs/netron.md). "
+            f"It only shows the graph; the colours by error are in the view above.</i></p>{frame}"
+        )
+        self.netron_button.description = "Stop Netron"
+        self.status = f"Netron serving a copy of the model at {self.netron.url}"
 
     def show(self) -> DebuggerApp:
         """The root widget (display it in a notebook or Voila)."""
         return self
 
 
-__all__ = ["METRICS", "SORT_KEYS", "DebuggerApp"]
+__all__ = ["METRICS", "PAGE_SIZE", "SORT_KEYS", "DebuggerApp"]

@@ -176,9 +176,13 @@ class QuantDebugger:
         picks = tuple(s for s in picks if s.tensor_name not in wide)
         return picks if top is None else picks[:top]
 
-    def promote(self, tensors: Iterable[str], to: str = "uint16") -> PromotionPlan:
-        """Plan promoting ``tensors`` (on top of what is promoted already): the fixed overrides, nothing quantized."""
-        wanted = tuple(dict.fromkeys([*self._requested(), *tensors]))
+    def promote(self, tensors: Iterable[str], to: str = "uint16", *, replace: bool = False) -> PromotionPlan:
+        """Plan promoting ``tensors``: the fixed overrides, nothing quantized yet.
+
+        On top of what is promoted already, or instead of it with ``replace=True`` (applying a point of a
+        search, which was measured from the base).
+        """
+        wanted = tuple(dict.fromkeys([*(() if replace else self._requested()), *tensors]))
         if not wanted:
             raise ConfigError("select at least one tensor to promote")
         self._step(0, 1, f"planning the promotion of {len(wanted)} tensor(s)")
@@ -209,6 +213,14 @@ class QuantDebugger:
         self._plans.pop()
         self._tensor_cache.clear()
         return self._history.pop()
+
+    def reset(self) -> int:
+        """Drop every applied promotion (back to the base); returns how many were dropped."""
+        n = len(self._history)
+        self._history.clear()
+        self._plans.clear()
+        self._tensor_cache.clear()
+        return n
 
     def targets(self) -> dict[str, tuple[bool, str]]:
         """Every compile target with (available here, why not): ``cpu`` plus the registered ones."""
