@@ -140,6 +140,11 @@ class BuildOptions:
     skip_fixes: tuple[str, ...] = ()
     probe_tensors: bool = True
     timeout_s: float = 600.0
+    #: ``--device deeploy``: snap the QDQ model's scales so every requantization is exactly ``mul/2^k`` inside
+    #: Deeploy's int32 RequantShift (:func:`qdebug.targets.deeploy_snap.snap_scales_for_deeploy`); the snapped
+    #: QDQ model is the one written, debugged and exported. ``False`` (``--no-snap-scales``) keeps the calibrated
+    #: scales (the integer network then matches them on ~87–97 % of the elements, docs/deeploy.md).
+    snap_scales: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "skip_fixes", tuple(self.skip_fixes))
@@ -175,6 +180,8 @@ class BuildOptions:
             not_here = sorted(set(self.skip_fixes) & (set(FIX_NAMES) - set(DEEPLOY_FIXES)))
             if not_here:
                 p.append(f"--skip-fix {not_here} does not apply to --device deeploy (its fixes: {list(DEEPLOY_FIXES)})")
+        elif not self.snap_scales:
+            p.append("--no-snap-scales applies to --device deeploy only")
         if self.device == "qnn" and self.precision == "fp16" and not self.soc:
             p.append(
                 "precision fp16 on QNN needs --soc (e.g. SM8650): without a SoC model the HTP takes no node in fp16"
@@ -379,6 +386,10 @@ class RecompileResult:
     compile: CompileReport
     target_accuracy: TargetAccuracy | None = None
     problems: tuple[str, ...] = ()
+    #: the QDQ model the compiled network corresponds to, when it is not the one given (Deeploy: the snapped copy)
+    qdq_model: str | None = None
+    #: what the recompile did besides compiling (Deeploy: the scale snapping, the bit-exactness figures)
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -393,6 +404,8 @@ class RecompileResult:
             "problems": list(self.problems),
             "compile": self.compile.to_dict(),
             "target_accuracy": None if self.target_accuracy is None else self.target_accuracy.to_dict(),
+            "qdq_model": self.qdq_model,
+            "notes": list(self.notes),
         }
 
     @classmethod
@@ -403,6 +416,8 @@ class RecompileResult:
             compile=CompileReport.from_dict(d["compile"]),
             target_accuracy=None if acc is None else TargetAccuracy.from_dict(acc),
             problems=tuple(d.get("problems", ())),
+            qdq_model=d.get("qdq_model"),
+            notes=tuple(d.get("notes", ())),
         )
 
 
@@ -825,6 +840,7 @@ def build(
     fixes: tuple[FixReport, ...] = ()
     compile_report: CompileReport | None = None
     deeploy_info: dict[str, Any] | None = None
+    snap_info: dict[str, Any] | None = None
     try:
         # 1. QNN compatibility fixes on the float model: before quantizing, so that calibration, the Q/DQ placement
         #    and the overrides all see the graph QNN will compile (fixing shapes after quantizing left ~1,100 CPU
@@ -868,6 +884,8 @@ def build(
             )  # fmt: skip
             qdq_path = staging / f"{stem}.qdq.onnx"
             quant = quantize(float_path, calib, cfg, qdq_path, input_shapes=shapes_after)
+            if options.device == "deeploy":
+                snap_info = _snap_for_deeploy(qdq_path, qdq_path, options.snap_scales, say)
             timings["quantize_s"] = round(time.perf_counter() - t0, 4)
 
         debug_src = eval_data if eval_data is not None else data
@@ -882,7 +900,7 @@ def build(
         elif options.device == "deeploy":
             assert qdq_path is not None
             dbuild = compile_deeploy(qdq_path, staging / "deeploy", samples, progress=say)
-            compile_report, deeploy_info = dbuild.compile, dbuild.info
+            compile_report, deeploy_info = dbuild.compile, {**dbuild.info, "snap": snap_info}
             warnings += dbuild.warnings
         else:
             assert qdq_path is not None
@@ -1044,6 +1062,18 @@ def _rescue_log(report: CompileReport) -> CompileReport:
     return replace(report, log_path=str(keep), compiled_model=None)
 
 
+def _snap_for_deeploy(src: Path, dest: Path, enabled: bool, say: ProgressFn) -> dict[str, Any]:
+    """Snap the QDQ model ``src`` for Deeploy into ``dest`` (may be ``src``); the manifest's ``deeploy.snap``."""
+    if not enabled:
+        return {"enabled": False}
+    from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
+
+    say("snapping the requantization scales to Deeploy's int32 RequantShift")
+    snapped, rep = snap_scales_for_deeploy(load_model(src, "QDQ model"))
+    atomic_save_model(snapped, dest)
+    return {"enabled": True, **rep.to_dict()}
+
+
 def _deeploy_fixes(
     model: onnx.ModelProto, options: BuildOptions, data: Any
 ) -> tuple[onnx.ModelProto, tuple[FixReport, ...]]:
@@ -1119,12 +1149,20 @@ def recompile(
     data: Any = None,
     options: QnnOptions | None = None,
     num_samples: int | None = None,
+    snap_scales: bool = True,
 ) -> RecompileResult:
     """Compile an already-quantized QDQ model for ``target`` (``"qnn"``: EPContext; ``"cpu"``: check that ORT CPU
     loads and runs it; ``"deeploy"``: export to ``out_dir/deeploy/`` and generate Network.c/.h for Generic, and
     Siracusa where the ops allow, via :func:`compile_deeploy`) into ``out_dir``, e.g. after a mixed-precision
     promotion (promote → re-quantize → recompile). A Deeploy failure (e.g. the 16-bit tensors a promotion made,
     all named) is reported in ``problems``.
+
+    Deeploy and ``snap_scales`` (default): the QDQ model's scales are first snapped so that every requantization
+    is exactly ``mul/2^k`` in Deeploy's int32 RequantShift (:mod:`qdebug.targets.deeploy_snap`, relative scale
+    changes ≤ ~1e-3). The given file is untouched; the snapped copy is written to ``out_dir/<stem>.snapped.onnx``
+    and named in ``qdq_model``: the generated network corresponds to *it* (bit-exact on ≥ 99.8 % of the output
+    elements measured), not to the given model (87–97 % there, docs/deeploy.md). ``snap_scales=False`` exports
+    the given scales as they are; ``notes`` gives the equal fraction either way.
 
     With ``float_model`` the QNN result carries the HTP simulator's :class:`TargetAccuracy` on ``data`` (any data
     spec; ``None``: 8 seeded synthetic samples; ``num_samples`` caps it). A compile that fails or takes no node is
@@ -1157,12 +1195,29 @@ def recompile(
         samples = None
         if source is not None:
             samples = [dict(s) for s in source]
+        notes: list[str] = []
+        export_from = path
+        if snap_scales:
+            export_from = out / f"{path.name.removesuffix('.onnx')}.snapped.onnx"
+            snap = _snap_for_deeploy(path, export_from, True, lambda _msg: None)
+            notes.append(
+                f"scales snapped for Deeploy's int32 RequantShift: {len(snap['snapped'])} requantization(s), "
+                f"largest relative scale change {snap['max_rel_change']:.2e}; the network corresponds to "
+                f"{export_from}"
+            )
         try:
-            dbuild = compile_deeploy(path, dest, samples)
+            dbuild = compile_deeploy(export_from, dest, samples)
         except TargetError as exc:
             report = _deeploy_failure(f"Deeploy ({', '.join(DEEPLOY_PLATFORMS)})", t0, str(exc))
-            return RecompileResult(report, None, tuple(compile_problems(report)))
-        return RecompileResult(dbuild.compile, None, ())
+            return RecompileResult(report, None, tuple(compile_problems(report)), None, tuple(notes))
+        e = dbuild.info["export"]
+        notes.append(
+            f"integer network vs CPU QDQ on {e['num_samples']} samples: {e['equal_fraction']:.2%} of output "
+            f"elements equal, max {e['max_lsb_diff']} LSB"
+        )
+        notes += dbuild.warnings
+        qdq_out = str(export_from) if snap_scales else None
+        return RecompileResult(dbuild.compile, None, (), qdq_out, tuple(notes))
     if target == "cpu":
         report = validate_cpu(path, source)
         return RecompileResult(report, None, tuple(compile_problems(report)))

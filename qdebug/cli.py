@@ -177,6 +177,12 @@ def _add_build_parser(sub: Any, epilog: str) -> None:
         "layernorm_gamma_unsigned",
     )
     b.add_argument("--no-tensor-probe", action="store_true", help="skip the per-tensor HTP vs CPU comparison")
+    b.add_argument(
+        "--no-snap-scales",
+        action="store_true",
+        help="deeploy: keep the calibrated scales instead of snapping each requantization to mul/2^k for Deeploy's "
+        "int32 RequantShift (the integer network then matches the QDQ model less often; docs/deeploy.md)",
+    )
     b.add_argument("--output", "-o", required=True, help="output folder (must be new or empty)")
     b.add_argument("--json", action="store_true", help="print the manifest as JSON instead of tables")
 
@@ -641,6 +647,15 @@ def print_build(result: Any, out: TextIO) -> None:
     print_compile_report(m.compile, out, result.out_dir)
     if m.deeploy is not None:
         e = m.deeploy["export"]
+        snap = m.deeploy.get("snap") or {}
+        if snap.get("enabled"):
+            print(
+                f"  scales snapped to Deeploy's int32 RequantShift: {len(snap['snapped'])} requantization(s), "
+                f"largest relative scale change {snap['max_rel_change']:.2e}",
+                file=out,
+            )
+        elif snap:
+            print("  scales not snapped (--no-snap-scales)", file=out)
         print(
             f"  integer network vs CPU QDQ on {e['num_samples']} samples: {e['equal_fraction']:.2%} of output "
             f"elements equal, max {e['max_lsb_diff']} LSB",
@@ -717,6 +732,7 @@ def _cmd_build(args: argparse.Namespace, out: TextIO) -> int:
         label_key=args.label_key,
         skip_fixes=tuple(args.skip_fix),
         probe_tensors=not args.no_tensor_probe,
+        snap_scales=not args.no_snap_scales,
     )
     progress = None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
     try:
