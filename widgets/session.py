@@ -224,6 +224,11 @@ class QuantDebugger:
 
     def targets(self) -> dict[str, tuple[bool, str]]:
         """Every compile target with (available here, why not): ``cpu`` plus the registered ones."""
+        return self.available_targets()
+
+    @staticmethod
+    def available_targets() -> dict[str, tuple[bool, str]]:
+        """:meth:`targets` without a session (the dashboard lists them before anything is loaded)."""
         from qdebug.targets.base import available_targets
 
         out: dict[str, tuple[bool, str]] = {CPU_TARGET: (True, "ONNX Runtime CPU (validates the QDQ model)")}

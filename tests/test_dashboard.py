@@ -1,0 +1,139 @@
+"""The Voila dashboard's form (``widgets.dashboard.Dashboard``) driven from Python without a browser: every way
+of choosing a model and data, the target list, and bad input becoming a message in the page (never a traceback)
+while the form stays usable. Real models through real ONNX Runtime."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SAMPLE_MODELS, sha256
+
+from qdebug.mixed.overrides import OverridesFile
+from widgets.app import DebuggerApp
+from widgets.dashboard import MAX_UPLOAD_MB, Dashboard
+
+
+def _upload(name: str, content: bytes) -> tuple[dict[str, object], ...]:
+    """What ipywidgets' FileUpload holds after the browser sent one file."""
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    return ({"name": name, "type": "", "size": len(content), "content": memoryview(content), "last_modified": when},)
+
+
+@pytest.fixture
+def dash(tmp_path: Path) -> Dashboard:
+    return Dashboard(root=SAMPLE_MODELS, workdir=tmp_path / "work", debug_samples=16)
+
+
+def test_sample_run_promote_export(dash: Dashboard) -> None:
+    assert dash.source.value == "sample" and "digits_cnn" in dash.sample_picker.options
+    assert [v for _, v in dash.target_picker.options][:1] == ["cpu"]
+    assert dash.precision_picker.options == ("uint8", "int8", "uint16")
+    dash.sample_picker.value = "digits_cnn"
+    dash.run_button.click()
+    assert "qd-dash-ok" in dash.message.value and "worst output SQNR" in dash.message.value
+    app = dash.app
+    assert isinstance(app, DebuggerApp) and dash.app_box.children == (app,)
+    before = dash.debugger.report.min_output_sqnr_db
+    app.sort_key = "local_sqnr_db"  # worst own rounding first: what a user promotes
+    app.table.children[1].children[1].click()  # select the first row
+    assert app.selected == app.table_names()[0]
+    app.promote_button.click()
+    assert dash.debugger.report.min_output_sqnr_db != before
+    assert "top-1 accuracy" in app.before_after.value  # the sample has labels
+    app.export_button.click()
+    exported = dash.workdir / "run1" / "overrides.json"
+    assert OverridesFile.load(exported).tensors
+
+
+def test_target_changes_precisions(dash: Dashboard) -> None:
+    dash.target_picker.value = "deeploy"
+    assert dash.precision_picker.options == ("int8",)
+    dash.target_picker.value = "qnn"
+    assert "uint16" in dash.precision_picker.options
+
+
+def test_server_file_browser_and_synthetic_data(dash: Dashboard, tmp_path: Path) -> None:
+    dash.source.value = "server"
+    assert dash.model_browser in dash.model_panel.children
+    assert [v for _, v in dash.data_choice.options] == ["synthetic", "server", "upload"]  # no sample data here
+    listing = dict(dash.model_browser.listing.options)
+    assert "digits_cnn.onnx" in listing and not any(k.endswith(".npz") for k in listing)
+    dash.model_browser.listing.value = listing["digits_transformer.onnx"]
+    assert dash.model_browser.path.endswith("digits_transformer.onnx")
+    up = next(v for k, v in dash.model_browser.listing.options if k.startswith("⬆"))
+    dash.model_browser.listing.value = up  # entering a folder lists it
+    assert dash.model_browser.cwd == SAMPLE_MODELS.parent
+    dash.data_choice.value = "synthetic"
+    dash.run_button.click()
+    assert "qd-dash-ok" in dash.message.value, dash.message.value
+    assert dash.debugger.report.min_output_sqnr_db is not None
+
+
+def test_bad_inputs_are_messages_and_the_form_stays_usable(dash: Dashboard, tmp_path: Path) -> None:
+    dash.source.value = "server"
+    dash.run_button.click()
+    assert "choose a float model" in dash.message.value and dash.app is None
+    notes = tmp_path / "notes.onnx"
+    notes.write_text("not a model")
+    before = sha256(notes)
+    dash.model_browser.path = str(notes)
+    dash.data_choice.value = "synthetic"
+    dash.run_button.click()
+    assert "qd-dash-error" in dash.message.value and "not a valid ONNX file" in dash.message.value
+    assert "Traceback" not in dash.message.value and sha256(notes) == before
+    # data that does not fit the model: the engine's DataError, as a sentence
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, wrong_name=np.zeros((1, 1, 8, 8), np.float32))
+    dash.model_browser.path = str(SAMPLE_MODELS / "digits_cnn.onnx")
+    dash.data_choice.value = "server"
+    dash.data_path.value = str(bad)
+    dash.run_button.click()
+    assert "qd-dash-error" in dash.message.value and "wrong_name" in dash.message.value
+    # uploads: a non-ONNX file, an oversized one, then a good one — same form, no restart
+    dash.source.value = "upload"
+    dash.data_choice.value = "synthetic"
+    dash.run_button.click()
+    assert "upload a float model" in dash.message.value
+    dash.model_upload.value = _upload("model.onnx", b"\x00garbage")
+    dash.run_button.click()
+    assert "not a valid ONNX file" in dash.message.value
+    dash.model_upload.value = _upload("notes.txt", b"hello")
+    dash.run_button.click()
+    assert "is not a .onnx file" in dash.message.value
+    big = b"\0" * int(MAX_UPLOAD_MB * 1e6 + 1)
+    dash.model_upload.value = _upload("big.onnx", big)
+    dash.run_button.click()
+    assert "upload limit" in dash.message.value
+    assert not any(p.name == "big.onnx" for p in dash.workdir.rglob("*"))  # nothing written for a refused upload
+    dash.model_upload.value = _upload("cnn.onnx", (SAMPLE_MODELS / "digits_cnn.onnx").read_bytes())
+    dash.run_button.click()
+    assert "qd-dash-ok" in dash.message.value, dash.message.value
+    stored = [p for p in dash.workdir.rglob("cnn.onnx")]
+    assert len(stored) == 1 and not list(dash.workdir.rglob("*.tmp*"))
+
+
+def test_unexpected_error_is_logged_not_shown(dash: Dashboard, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr("widgets.session.QuantDebugger.__init__", boom)
+    dash.run_button.click()
+    assert "Unexpected error (RuntimeError: kaboom)" in dash.message.value
+    (log,) = dash.workdir.rglob("error.log")
+    assert "Traceback" in log.read_text() and "Traceback" not in dash.message.value
+    assert not dash.run_button.disabled
+
+
+def test_deeploy_target_folds_batchnorm_into_a_copy(dash: Dashboard) -> None:
+    original = sha256(SAMPLE_MODELS / "digits_cnn.onnx")
+    dash.sample_picker.value = "digits_cnn"
+    dash.target_picker.value = "deeploy"
+    dash.run_button.click()
+    assert "qd-dash-ok" in dash.message.value, dash.message.value
+    assert dash.debugger.float_model.name == "digits_cnn.bn-folded.onnx"
+    assert dash.app.target == "deeploy"
+    assert all(a.quant_type in (None, "int8") for a in dash.debugger.report.activations)
+    assert sha256(SAMPLE_MODELS / "digits_cnn.onnx") == original

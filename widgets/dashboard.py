@@ -1,0 +1,404 @@
+"""``Dashboard``: the no-code entry point behind ``notebooks/dashboard.ipynb`` (served by Voila, ``make dashboard``).
+
+The user picks a float model (a bundled sample, a file on the server via a small file browser, or an upload of at
+most :data:`MAX_UPLOAD_MB` MB), optionally a quantized model and a data file (or synthetic data), a target and a
+precision, and presses Run; the :class:`~widgets.app.DebuggerApp` then appears below. Every failure becomes a
+readable message in the page (an unexpected one also writes its traceback to ``error.log`` in the run's folder),
+and the form stays usable for the next attempt. Uploads are written atomically into a private run folder; the
+user's own files are only read.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as w
+import traitlets as tr
+
+from qdebug.errors import EXIT_USAGE, QDebugError
+from qdebug.samples import SAMPLE_DIR, list_samples
+
+#: Largest upload accepted (MB). Uploads travel through the kernel's websocket as one message; bigger models belong
+#: on the server, chosen with the file browser. ``QDEBUG_MAX_UPLOAD_MB`` changes it.
+MAX_UPLOAD_MB = float(os.environ.get("QDEBUG_MAX_UPLOAD_MB", "25"))
+#: Debug samples used by the dashboard (enough for stable SQNR on the samples, quick on a laptop).
+DEBUG_SAMPLES = 64
+#: The precisions offered per target (fp16 compiles without quantizing: nothing for the debugger to show).
+TARGET_PRECISIONS = {"cpu": ("uint8", "int8", "uint16"), "qnn": ("uint8", "uint16", "int8"), "deeploy": ("int8",)}
+
+SOURCES = (("bundled sample", "sample"), ("file on the server", "server"), ("upload", "upload"))
+DATA_CHOICES = (
+    ("the sample's calibration data", "sample"),
+    ("synthetic (random inputs)", "synthetic"),
+    ("file on the server (.npz)", "server"),
+    ("upload (.npz)", "upload"),
+)
+
+
+class DashboardInputError(QDebugError):
+    """The form is incomplete or an upload is unusable (shown in the page, never raised to Voila)."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What one press of Run resolved the form to."""
+
+    float_model: Path
+    quant_model: Path | None
+    data: Path | None
+    eval_data: Path | None
+    target: str
+    precision: str
+
+
+def _safe_name(name: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name).lstrip(".")
+    return base or "upload"
+
+
+def _upload_item(value: Any) -> tuple[str, bytes] | None:
+    """(name, content) of a FileUpload's single file (ipywidgets 8: a tuple of dicts with a memoryview)."""
+    items = list(value or ())
+    if not items:
+        return None
+    item = items[0]
+    return str(item["name"]), bytes(item["content"])
+
+
+class FileBrowser(w.VBox):  # type: ignore[misc]
+    """A minimal server-side file chooser: a folder listing (folders and files with ``suffixes``) and a path box.
+
+    Selecting a folder enters it; selecting a file puts its path in :attr:`path`, which can also be typed.
+    """
+
+    path = tr.Unicode("")
+
+    def __init__(self, root: Path, suffixes: tuple[str, ...], css: str, **kwargs: Any) -> None:
+        self.cwd = root.resolve()
+        self.suffixes = suffixes
+        self.listing = w.Select(options=[], rows=8, layout=w.Layout(width="520px"))
+        self.path_box = w.Text(placeholder=f"path to a {'/'.join(suffixes)} file", layout=w.Layout(width="520px"))
+        self.here = w.HTML("")
+        self.listing.add_class(f"{css}-browser")
+        self.path_box.add_class(f"{css}-path")
+        self.listing.observe(self._picked, names="value")
+        w.link((self.path_box, "value"), (self, "path"))
+        super().__init__([self.here, self.listing, self.path_box], **kwargs)
+        self.show_dir(self.cwd)
+
+    def show_dir(self, folder: Path) -> None:
+        """List ``folder`` (unreadable folders say so instead of failing)."""
+        self.cwd = folder
+        self.here.value = f"<code>{html.escape(str(folder))}</code>"
+        try:
+            entries = sorted(folder.iterdir(), key=lambda p: (not p.is_dir(), p.name.lower()))
+        except OSError as exc:
+            self.here.value += f" <i>cannot list: {html.escape(str(exc))}</i>"
+            entries = []
+        opts: list[tuple[str, str]] = [("⬆ ..", str(folder.parent))] if folder.parent != folder else []
+        for p in entries:
+            if p.name.startswith("."):
+                continue
+            if p.is_dir():
+                opts.append((f"📁 {p.name}/", str(p)))
+            elif p.suffix.lower() in self.suffixes:
+                opts.append((p.name, str(p)))
+        self.listing.unobserve(self._picked, names="value")
+        self.listing.options = opts
+        self.listing.value = None
+        self.listing.observe(self._picked, names="value")
+
+    def _picked(self, change: dict[str, Any]) -> None:
+        if not change["new"]:
+            return
+        p = Path(change["new"])
+        if p.is_dir():
+            self.show_dir(p)
+        else:
+            self.path = str(p)
+
+
+class Dashboard(w.VBox):  # type: ignore[misc]
+    """Pick model/data/target, Run, then debug and fix in the embedded :class:`~widgets.app.DebuggerApp`.
+
+    ``root`` is where the server-side file browser starts (default: ``$QDEBUG_DASHBOARD_ROOT``, else the working
+    directory); ``workdir`` holds each run's uploads and outputs (default: ``$QDEBUG_DASHBOARD_WORKDIR``, else a new
+    temporary folder); ``samples_dir`` the bundled samples.
+    """
+
+    def __init__(
+        self,
+        *,
+        root: str | Path | None = None,
+        workdir: str | Path | None = None,
+        samples_dir: Path = SAMPLE_DIR,
+        debug_samples: int = DEBUG_SAMPLES,
+        **kwargs: Any,
+    ) -> None:
+        # ``make dashboard`` passes these through the environment: Voila starts the kernel in notebooks/.
+        root = root if root is not None else os.environ.get("QDEBUG_DASHBOARD_ROOT") or Path.cwd()
+        workdir = workdir if workdir is not None else os.environ.get("QDEBUG_DASHBOARD_WORKDIR")
+        self.root = Path(root)
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="qdebug-dashboard-"))
+        self.debug_samples = debug_samples
+        self.runs = 0
+        self.app: Any = None
+        self.debugger: Any = None
+        try:
+            self.samples = {s.name: s for s in list_samples(samples_dir)}
+        except QDebugError:
+            self.samples = {}
+        self.source = w.ToggleButtons(options=SOURCES, value="sample" if self.samples else "server")
+        self.sample_picker = w.Dropdown(options=sorted(self.samples), description="sample")
+        self.sample_note = w.HTML("")
+        self.model_browser = FileBrowser(self.root, (".onnx",), "qd-dash-model")
+        self.model_upload = w.FileUpload(accept=".onnx", multiple=False, description="float model")
+        self.quant_path = w.Text(placeholder="optional: path of its quantized QDQ model", description="quantized")
+        self.quant_upload = w.FileUpload(accept=".onnx", multiple=False, description="quantized (opt.)")
+        self.data_choice = w.Dropdown(options=DATA_CHOICES, value="sample", description="data")
+        self.data_path = w.Text(placeholder="path of an .npz with one array per model input", description="data file")
+        self.data_upload = w.FileUpload(accept=".npz", multiple=False, description="data (.npz)")
+        self.target_picker = w.Dropdown(description="target")
+        self.precision_picker = w.Dropdown(description="precision")
+        self.run_button = w.Button(description="Run", button_style="success", icon="play")
+        self.message = w.HTML("")
+        self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="320px"))
+        self.progress_text = w.HTML("")
+        self.app_box = w.VBox()
+        for widget, cls in (
+            (self.source, "qd-dash-source"),
+            (self.sample_picker, "qd-dash-sample"),
+            (self.model_upload, "qd-dash-upload"),
+            (self.quant_path, "qd-dash-quant"),
+            (self.quant_upload, "qd-dash-quant-upload"),
+            (self.data_choice, "qd-dash-data-choice"),
+            (self.data_path, "qd-dash-data"),
+            (self.data_upload, "qd-dash-data-upload"),
+            (self.target_picker, "qd-dash-target"),
+            (self.precision_picker, "qd-dash-precision"),
+            (self.run_button, "qd-dash-run"),
+            (self.message, "qd-dash-message"),
+            (self.progress, "qd-dash-progress"),
+            (self.app_box, "qd-dash-app"),
+        ):
+            widget.add_class(cls)
+        self.model_panel = w.VBox()
+        self.data_panel = w.VBox()
+        self.source.observe(lambda ch: self._layout_form(), names="value")
+        self.data_choice.observe(lambda ch: self._layout_form(), names="value")
+        self.sample_picker.observe(lambda ch: self._layout_form(), names="value")
+        self.target_picker.observe(self._target_changed, names="value")
+        self.run_button.on_click(self.on_run_clicked)
+        self._fill_targets()
+        form = w.VBox(
+            [
+                w.HTML(
+                    "<h2>qdebug — where did my quantized model lose accuracy?</h2>"
+                    "<p>1. Choose the float model (and, if you have one, its quantized version). 2. Choose data "
+                    "(or synthetic inputs). 3. Choose where it will run. 4. Press <b>Run</b>. Then read the "
+                    "heatmap and the table, select the worst tensors, press <b>Promote to 16-bit</b>, and export "
+                    "the overrides file for the command line.</p>"
+                ),
+                w.HTML("<b>Model</b>"),
+                self.source,
+                self.model_panel,
+                w.HTML("<b>Data</b>"),
+                self.data_panel,
+                w.HTML("<b>Target</b>"),
+                w.HBox([self.target_picker, self.precision_picker]),
+                w.HBox([self.run_button, self.progress, self.progress_text]),
+                self.message,
+            ]
+        )
+        super().__init__([form, self.app_box], **kwargs)
+        self.add_class("qd-dashboard")
+        self._layout_form()
+
+    # ------------------------------------------------------------------ form
+    def _fill_targets(self) -> None:
+        from widgets.session import QuantDebugger
+
+        self.targets_info = QuantDebugger.available_targets()
+        self.target_picker.options = [
+            (name if ok else f"{name} (unavailable: {reason[:60]})", name)
+            for name, (ok, reason) in self.targets_info.items()
+        ]
+        self.target_picker.value = "cpu"
+        self._target_changed({"new": "cpu"})
+
+    def _target_changed(self, change: dict[str, Any]) -> None:
+        opts = TARGET_PRECISIONS.get(str(change["new"]), ("uint8",))
+        self.precision_picker.options = list(opts)
+        self.precision_picker.value = opts[0]
+
+    def _layout_form(self) -> None:
+        src = self.source.value
+        if src == "sample":
+            s = self.samples.get(str(self.sample_picker.value))
+            self.sample_note.value = f"<i>{html.escape(s.description)}</i>" if s else ""
+            self.model_panel.children = [self.sample_picker, self.sample_note]
+        elif src == "server":
+            self.model_panel.children = [self.model_browser, self.quant_path]
+        else:
+            self.model_panel.children = [
+                w.HTML(f"<i>at most {MAX_UPLOAD_MB:g} MB per file; larger models: use a file on the server</i>"),
+                self.model_upload,
+                self.quant_upload,
+            ]
+        choices = [c for c in DATA_CHOICES if src == "sample" or c[1] != "sample"]
+        if [v for _, v in choices] != [v for _, v in self.data_choice.options]:
+            current = self.data_choice.value
+            self.data_choice.options = choices
+            self.data_choice.value = current if current in [v for _, v in choices] else choices[0][1]
+        extra: list[w.Widget] = []
+        if self.data_choice.value == "server":
+            extra = [self.data_path]
+        elif self.data_choice.value == "upload":
+            extra = [self.data_upload]
+        self.data_panel.children = [self.data_choice, *extra]
+
+    # ------------------------------------------------------------------ run
+    def _store_upload(self, upload: w.FileUpload, what: str, suffix: str, run_dir: Path) -> Path | None:
+        from qdebug.io import atomic_write_bytes
+
+        item = _upload_item(upload.value)
+        if item is None:
+            return None
+        name, content = item
+        if len(content) > MAX_UPLOAD_MB * 1e6:
+            raise DashboardInputError(
+                f"{what} {name!r} is {len(content) / 1e6:.1f} MB, above the {MAX_UPLOAD_MB:g} MB upload limit: "
+                "put it on the server and choose it there"
+            )
+        if not name.lower().endswith(suffix):
+            raise DashboardInputError(f"{what} {name!r} is not a {suffix} file")
+        return atomic_write_bytes(run_dir / "uploads" / _safe_name(name), content)
+
+    def resolve_inputs(self, run_dir: Path) -> RunInputs:
+        """The form as paths (uploads stored in ``run_dir``); a :class:`DashboardInputError` says what is missing."""
+        src = self.source.value
+        eval_data: Path | None = None
+        quant: Path | None = None
+        if src == "sample":
+            s = self.samples.get(str(self.sample_picker.value))
+            if s is None:
+                raise DashboardInputError("choose a sample model")
+            model = s.path
+            eval_data = s.evaluation
+        elif src == "server":
+            if not self.model_browser.path.strip():
+                raise DashboardInputError("choose a float model: click an .onnx file in the list or type its path")
+            model = Path(self.model_browser.path.strip()).expanduser()
+            if self.quant_path.value.strip():
+                quant = Path(self.quant_path.value.strip()).expanduser()
+        else:
+            stored = self._store_upload(self.model_upload, "the float model", ".onnx", run_dir)
+            if stored is None:
+                raise DashboardInputError("upload a float model (.onnx)")
+            model = stored
+            quant = self._store_upload(self.quant_upload, "the quantized model", ".onnx", run_dir)
+        choice = self.data_choice.value
+        data: Path | None
+        if choice == "sample":
+            s = self.samples[str(self.sample_picker.value)]
+            data = s.calibration
+        elif choice == "synthetic":
+            data = None
+        elif choice == "server":
+            if not self.data_path.value.strip():
+                raise DashboardInputError("type the path of the data file (.npz), or choose synthetic data")
+            data = Path(self.data_path.value.strip()).expanduser()
+        else:
+            data = self._store_upload(self.data_upload, "the data file", ".npz", run_dir)
+            if data is None:
+                raise DashboardInputError("upload a data file (.npz), or choose synthetic data")
+        target = str(self.target_picker.value)
+        return RunInputs(model, quant, data, eval_data, target, str(self.precision_picker.value))
+
+    def _progress(self, done: int, total: int, message: str) -> None:
+        self.progress.max = max(total, 1)
+        self.progress.value = min(done, self.progress.max)
+        self.progress_text.value = html.escape(message)
+
+    def _say(self, text: str, kind: str = "info") -> None:
+        colour = {"error": "#c92a2a", "ok": "#2b8a3e"}.get(kind, "#495057")
+        self.message.value = f"<div class='qd-dash-{kind}' style='color:{colour}'>{html.escape(text)}</div>"
+
+    def on_run_clicked(self, b: Any = None) -> None:
+        """Resolve the form, quantize/debug, and show the debugger; failures become a message, never a traceback."""
+        from qdebug.build import resolve_config
+        from qdebug.debug import DebugOptions
+        from widgets.app import DebuggerApp
+        from widgets.session import QuantDebugger
+
+        self.runs += 1
+        run_dir = self.workdir / f"run{self.runs}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_button.disabled = True
+        self._say("working…")
+        try:
+            inputs = self.resolve_inputs(run_dir)
+            config = resolve_config(inputs.target, inputs.precision)
+            float_model = self._prepare_float(inputs, run_dir)
+            label = "label" if inputs.eval_data is not None else None
+            dbg = QuantDebugger(
+                float_model,
+                inputs.quant_model,
+                data=inputs.data,
+                config=config,
+                debug_data=inputs.eval_data if inputs.eval_data is not None else inputs.data,
+                eval_data=inputs.eval_data,
+                workdir=run_dir / "session",
+                debug_options=DebugOptions(num_samples=self.debug_samples, ignore_data_keys=(label,) if label else ()),
+                progress=self._progress,
+            )
+            app = DebuggerApp(dbg, export_path=run_dir / "overrides.json", target=inputs.target)
+        except QDebugError as exc:
+            self._say(f"Could not debug this model: {exc}", "error")
+            return
+        except Exception as exc:  # a bug: the page still gets a sentence, the traceback goes to a file
+            log = run_dir / "error.log"
+            log.write_text(traceback.format_exc(), encoding="utf-8")
+            self._say(f"Unexpected error ({type(exc).__name__}: {exc}); details in {log}", "error")
+            return
+        finally:
+            self.run_button.disabled = False
+        self.debugger, self.app = dbg, app
+        self.app_box.children = [app]
+        out = dbg.report.min_output_sqnr_db
+        shown = "n/a" if out is None else f"{out:.2f} dB"
+        self._say(
+            f"{float_model.name}: {len(dbg.report.activations)} tensors debugged, worst output SQNR {shown}. "
+            "Select tensors below and press Promote to 16-bit.",
+            "ok",
+        )
+
+    def _prepare_float(self, inputs: RunInputs, run_dir: Path) -> Path:
+        """The float model as the target needs it: Deeploy has no BatchNormalization, so it is folded first
+        (into a copy in the run folder; the user's file is only read)."""
+        if inputs.target != "deeploy" or inputs.quant_model is not None:
+            return inputs.float_model
+        import onnx
+
+        from qdebug.graph import load_model
+        from qdebug.io import atomic_save_model
+        from qdebug.targets.qnn_fixes import fold_batchnorm
+
+        model = load_model(inputs.float_model, "float model")
+        if not any(n.op_type == "BatchNormalization" for n in model.graph.node):
+            return inputs.float_model
+        folded, _ = fold_batchnorm(model)
+        assert isinstance(folded, onnx.ModelProto)
+        return atomic_save_model(folded, run_dir / f"{inputs.float_model.stem}.bn-folded.onnx")
+
+
+__all__ = ["DATA_CHOICES", "MAX_UPLOAD_MB", "Dashboard", "DashboardInputError", "FileBrowser", "RunInputs"]
