@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench clean
+.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench dashboard clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,13 @@ unit: $(VENV)/.installed-dev
 	$(BIN)/pytest -q
 
 test: $(VENV)/.installed-dev browser deeploy-env lint typecheck unit
+
+# The no-code dashboard (Voila) on 127.0.0.1 only; PORT=... to change the port. docs/ui.md is the user guide.
+PORT ?= 8866
+dashboard: $(VENV)/.installed-dev
+	@echo "qdebug dashboard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops it)"
+	QDEBUG_DASHBOARD_ROOT="$(CURDIR)" $(BIN)/voila notebooks/dashboard.ipynb --no-browser --port=$(PORT) \
+		--Voila.ip=127.0.0.1 --Voila.port_retries=0
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_debug.py --markdown docs/benchmarks-latest.md

@@ -359,7 +359,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.page_label.value = (
             f"<span class='qd-page'>{start + 1 if len(t) else 0}–{start + len(shown)} of {len(t)}</span>"
         )
-        widths = ("28px", "280px", "110px", "70px", "95px", "95px", "95px", "360px")
+        widths = ("28px", "280px", "150px", "70px", "95px", "95px", "95px", "420px")
         head = ("", "tensor", "op", "type", "local", "cumulative", "weight", "suggestion")
         rows: list[w.Widget] = [
             w.HBox(
@@ -379,14 +379,14 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             btn = w.Button(description=short, tooltip=name, layout=w.Layout(width=widths[1]))
             btn.add_class("qd-row-name")
             btn.on_click(lambda b, n=name: self.on_select(n))
-            reason = f"{r.role}: {r.reason}" if r.role else ""
+            reason = str(r.reason) if r.role else ""  # the reason starts with the role
             cells = [
                 html.escape(str(r.op)),
                 html.escape(str(r.type)),
                 _sqnr_cell(r.local_sqnr_db, low),
                 _sqnr_cell(r.cumulative_sqnr_db, low),
                 _sqnr_cell(r.weight_sqnr_db, low),
-                f"<span title='{html.escape(reason)}'>{html.escape(reason[:60])}</span>",
+                f"<span title='{html.escape(reason)}'>{html.escape(reason[:70])}</span>",
             ]
             row = w.HBox(
                 [box, btn, *(w.HTML(c, layout=w.Layout(width=wd)) for c, wd in zip(cells, widths[2:], strict=True))]
@@ -406,7 +406,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         rows = []
         for s in picks:
             label = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. +{s.estimated_output_gain_db:.1f} dB at output"
-            box = w.Checkbox(value=s.tensor_name in self.promotion, description=label, indent=False)
+            box = w.Checkbox(
+                value=s.tensor_name in self.promotion, description=label, indent=False, layout=w.Layout(width="auto")
+            )
             box.add_class("qd-suggestion")
             box.observe(lambda ch, n=s.tensor_name: self._tick(n, bool(ch["new"])), names="value")
             self.suggestion_boxes[s.tensor_name] = box
