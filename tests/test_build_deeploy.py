@@ -15,6 +15,7 @@ from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
 from qdebug.build import BuildManifest, BuildOptions, recompile
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_TARGET, EXIT_USAGE, ConfigError
+from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
 
 CNN = SAMPLE_MODELS / "digits_cnn.onnx"
 CALIB = SAMPLE_MODELS / "digits_calib.npz"
@@ -41,7 +42,13 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
     assert m.compile.ok and m.compile.target == "deeploy"
     assert m.deeploy is not None
     export = m.deeploy["export"]
-    assert export["max_lsb_diff"] <= 1 and export["equal_fraction"] > 0.8, export
+    # The QDQ model written, debugged and exported is the snapped one (docs/deeploy.md, scale snapping).
+    snap = m.deeploy["snap"]
+    assert snap["enabled"] and len(snap["snapped"]) == 7 and 0 < snap["max_rel_change"] < 2e-3, snap
+    assert export["max_lsb_diff"] <= 1 and export["equal_fraction"] >= 0.999, export
+    assert "scales snapped to Deeploy's int32 RequantShift: 7 requantization(s)" in res.out
+    _, again = snap_scales_for_deeploy(onnx.load(str(out / m.files["qdq_model"])))
+    assert again.max_rel_change < 1e-6  # the QDQ model in out/ is the snapped one
     generic = m.deeploy["codegen"]["Generic"]
     assert generic["ok"] and generic["integer_only"] is True and generic["error"] is None
     for name in ("network.onnx", "inputs.npz", "outputs.npz", "generic/Network.c", "generic/Network.h"):
@@ -51,6 +58,23 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
         assert (out / rel).is_file(), rel
     assert "Generic: deeploy/generic/Network.c" in res.out
     assert json.loads((out / "manifest.json").read_text())["deeploy"]["codegen"]["Generic"]["integer_only"] is True
+
+
+def test_no_snap_scales_keeps_the_calibrated_scales(
+    deeploy: Path,  # noqa: F811
+    run_cli: Callable[..., CliResult],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    args = ("build", "--onnx", CNN, "--device", "deeploy", "--precision", "int8", "--data", CALIB, "-o", out)
+    res = run_cli(*args, "--no-snap-scales")
+    assert res.code == 0, res.stderr
+    m = BuildManifest.load(out / "manifest.json")
+    assert m.deeploy is not None and m.deeploy["snap"] == {"enabled": False}
+    export = m.deeploy["export"]
+    assert export["max_lsb_diff"] <= 1 and export["equal_fraction"] < 0.999, export  # measured 91.25 %
+    assert any("the target is ≥ 99.9 %" in w for w in m.warnings), m.warnings
+    assert "scales not snapped (--no-snap-scales)" in res.out
 
 
 def test_transformer_names_the_layernorm_and_writes_nothing(
@@ -73,6 +97,8 @@ def test_deeploy_takes_int8_only(run_cli: Callable[..., CliResult], tmp_path: Pa
         BuildOptions("deeploy", "int8", soc="SM8650")
     with pytest.raises(ConfigError, match="does not apply to --device deeploy"):
         BuildOptions("deeploy", "int8", skip_fixes=("gelu_fusion",))
+    with pytest.raises(ConfigError, match="--no-snap-scales applies to --device deeploy only"):
+        BuildOptions("cpu", "int8", snap_scales=False)
 
 
 def test_recompile_for_deeploy_names_every_16_bit_tensor(deeploy: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -110,3 +136,44 @@ def test_recompile_for_deeploy_names_every_16_bit_tensor(deeploy: Path, tmp_path
     for t in sixteen:
         assert f"tensor {t!r} is quantized to" in msg, (t, msg)
     assert not (tmp_path / "promoted" / "deeploy").exists()
+
+
+def test_session_recompile_for_deeploy_snaps_an_int8_model_and_names_16_bit_tensors(
+    deeploy: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from qdebug.debug import DebugOptions
+    from qdebug.mixed.session import MixedPrecisionSession
+    from qdebug.targets.qnn_fixes import fold_batchnorm
+
+    folded, _ = fold_batchnorm(onnx.load(str(CNN)))
+    float_path = tmp_path / "cnn.float.onnx"
+    onnx.save(folded, str(float_path))
+    cfg = QuantConfig(activation_type="int8", weight_type="int8", target="cpu", num_samples=16)
+    session = MixedPrecisionSession(
+        float_path, CALIB, cfg, debug_options=DebugOptions(num_samples=4), workdir=tmp_path / "work"
+    )
+    given = Path(session.base.quantization.model_path)
+    before = given.read_bytes()
+    res = session.recompile(session.base, target="deeploy")
+    assert res.ok, res.problems
+    assert res.compile.target == "deeploy" and res.compile.compiled_model is not None
+    assert Path(res.compile.compiled_model).is_file()
+    # The network corresponds to the snapped copy, written next to it; the given model is untouched.
+    assert res.qdq_model is not None and Path(res.qdq_model).is_file() and Path(res.qdq_model) != given
+    assert given.read_bytes() == before
+    assert any("scales snapped" in n for n in res.notes) and any("100.00% of output" in n for n in res.notes)
+    assert type(res).from_dict(res.to_dict()) == res
+
+    plan = session.promote([s.tensor_name for s in session.suggest(2)])
+    evaluation = session.evaluate(plan, name="promoted")
+    promoted = session.recompile(evaluation, target="deeploy")
+    assert not promoted.ok and promoted.compile.target == "deeploy"
+    from qdebug.graph import constant_values, decode_constant, is_q
+
+    qdq = onnx.load(str(evaluation.quantization.model_path))
+    consts = {k: decode_constant(v) for k, v in constant_values(qdq).items()}
+    sixteen = {n.output[0] for n in qdq.graph.node if is_q(n) and consts[n.input[2]].dtype.itemsize == 2}
+    msg = "; ".join(promoted.problems)
+    assert len(sixteen) >= 2 and f"{len(sixteen)} tensors are not int8" in msg, msg
+    assert all(f"tensor {t!r} is quantized to" in msg for t in sixteen), msg

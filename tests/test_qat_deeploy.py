@@ -1,12 +1,13 @@
 """The QAT-to-Deeploy path end to end: a decomposed-QCDQ QAT export (tests/qat_models.py) → ``qat.canonicalize`` →
-``debug`` against its float parent → ``deeploy_export.export`` → Deeploy code generation for Generic (the real
-Deeploy environment; fails, not skips, under ``CI=true``)."""
+``debug`` against its float parent → ``deeploy_snap`` → ``deeploy_export.export`` → Deeploy code generation for
+Generic (the real Deeploy environment; fails, not skips, under ``CI=true``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import onnx
 import qat_models as qm
 from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
 
@@ -14,6 +15,7 @@ from qdebug import qat
 from qdebug.debug import DebugOptions, debug
 from qdebug.targets import deeploy_env as denv
 from qdebug.targets import deeploy_export as de
+from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
 
 
 def test_qcdq_qat_model_canonicalizes_debugs_exports_and_generates(deeploy: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -27,8 +29,13 @@ def test_qcdq_qat_model_canonicalizes_debugs_exports_and_generates(deeploy: Path
 
     rng = np.random.default_rng(3)
     data = {"x": rng.uniform(-1.0, 1.0, (64, *qm.INPUT_SHAPE[1:])).astype(np.float32)[:, None]}
-    exported = de.export(canonical.path, tmp_path / "net", data=data, verbose=False, num_samples=64)
-    assert exported.max_lsb_diff <= 1 and exported.equal_fraction > 0.9, exported
+    as_is = de.export(canonical.path, tmp_path / "as_is", data=data, verbose=False, num_samples=64)
+    assert as_is.max_lsb_diff <= 1 and as_is.equal_fraction > 0.9, as_is
+    # Snapped (what build/recompile for Deeploy export): every requantization exact in int32 (docs/deeploy.md).
+    snapped, rep = snap_scales_for_deeploy(onnx.load(str(canonical.path)))
+    assert not rep.skipped, rep.skipped  # the Gemm behind the unquantized Flatten is snapped too
+    exported = de.export(snapped, tmp_path / "net", data=data, verbose=False, num_samples=64)
+    assert exported.max_lsb_diff <= 1 and exported.equal_fraction >= 0.999, exported
     assert {"network.onnx", "inputs.npz", "outputs.npz"} <= {p.name for p in (tmp_path / "net").iterdir()}
 
     res = denv.generate(tmp_path / "net", tmp_path / "generic", "Generic")
