@@ -340,3 +340,19 @@ def test_comparison_after_promotion(dbg: QuantDebugger) -> None:
     assert app.promotion == []
     app.on_undo_clicked()
     assert app.comparison_box.children == ()
+
+
+def test_netron_is_an_explicit_opt_in(dbg: QuantDebugger) -> None:
+    pytest.importorskip("netron", reason="netron is part of the ui extra: pip install -e '.[ui]'")
+    app = DebuggerApp(dbg)
+    assert app.netron is None and app.netron_view.value == ""  # nothing served until asked
+    app.on_netron_clicked()
+    try:
+        assert app.netron is not None, app.status
+        assert app.netron.url.startswith("http://127.0.0.1:") and app.netron.url in app.netron_view.value
+        assert "Google Analytics" in app.netron_view.value and "<iframe" in app.netron_view.value
+        assert app.netron_button.description == "Stop Netron"
+    finally:
+        handle = app.netron
+        app.on_netron_clicked()
+    assert app.netron is None and app.netron_view.value == "" and handle is not None and not handle.running
