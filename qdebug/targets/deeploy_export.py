@@ -17,7 +17,9 @@ Requantization constants. For an accumulator ``acc`` (real value ``acc·s_in·s_
 the exact target is ``round(acc·M) + zp`` with ``M = s_in·s_w/s_out``. We take ``div = 2^k`` with the largest
 ``k ≤ 30`` such that ``|acc|·mul + |add| + div/2 < 2^31`` for the worst-case ``|acc|`` (Σ|w|·255 + |bias|, since
 Deeploy computes in int32), ``mul = round(M·div)``, ``add = zp·div`` (no ``div/2``: Deeploy adds it). The largest
-relative error ``|mul/div − M| / M`` over the network is reported as ``worst_requant_rel_error``.
+relative error ``|mul/div − M| / M`` over the network is reported as ``worst_requant_rel_error``. The export never
+changes a scale: :func:`qdebug.targets.deeploy_snap.snap_scales_for_deeploy` makes the QDQ model's ratios exactly
+``mul/2^k`` beforehand (``build``/``recompile`` for Deeploy do), and this export then finds that same ``mul``.
 """
 
 from __future__ import annotations
