@@ -1,0 +1,1 @@
+"""Real-browser tests (Playwright driving Debian chromium); infrastructure in conftest.py."""
