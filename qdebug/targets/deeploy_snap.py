@@ -304,6 +304,9 @@ def _snap_linear(
     w_dq = producers.get(node.input[1])
     if w_dq is None or not is_dq(w_dq) or w_dq.input[0] not in scales.values:
         return "its weight is not a dequantized constant"
+    shared = [t for t in (w_dq.output[0], *node.input[2:3]) if t and len(consumers.get(t, [])) > 1]
+    if shared:  # one weight scale cannot be snapped for two different ratios
+        return f"{shared[0]!r} is read by several nodes"
     w = scales.values[w_dq.input[0]]
     s_w = np.asarray(scales.values[w_dq.input[1]], np.float64)
     if w.dtype != np.int8:
@@ -324,6 +327,8 @@ def _snap_linear(
     in_act: Activation = _activation(s_in, zp_in)
     zp_res = _activation(s_out, zp_out).residual_zp
     m = np.broadcast_to(s_in * s_w.reshape(-1) / s_out, (channels,)).astype(np.float64)
+    if np.all(m >= 1) and np.all(m == np.rint(m)):
+        return "its ratio is an integer (nothing rounds)"
     m_exact = m.copy()
     b_new = b_int
     for _ in range(6):  # the bias (part of the budget) moves with s_w': settle on a k the export will also pick
