@@ -18,8 +18,10 @@
     Each is repeated ``--repeats`` times (default 3); best and median are shown. Target (issue): ≤ 3 s to
     show the graph of a ~900-node model.
 
-(b) **dashboard ready / promote round trip** — measured only when ``notebooks/dashboard.ipynb`` exists (the
-    Voila dashboard); otherwise reported as not measured. Nothing is estimated.
+(b) **Voila dashboard** (``notebooks/dashboard.ipynb``, a fresh Voila server per round, measured only when the
+    notebook exists; otherwise reported as not measured — nothing is estimated): Voila listening, **dashboard
+    ready** (port listening → ``.qd-dash-run`` visible), Run on the default sample model → the debugger shown,
+    and the **promote round trip** (tick the first suggestion, click ``.qd-promote`` → status "promoted").
 
 This is a measurement report, not a test: it never fails on timing.
 
@@ -36,6 +38,9 @@ import http.server
 import os
 import platform
 import re
+import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -239,15 +244,132 @@ def bench_browser(fig: Any, n_nodes: int, repeats: int, work: Path) -> tuple[lis
     return [in_page, wall], note, size
 
 
-def bench_dashboard() -> tuple[list[Timings], str]:
-    """Dashboard ready / promote round trip in Voila: measured only when the dashboard notebook exists."""
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def voila(notebook: Path, work: Path) -> Iterator[tuple[int, float]]:
+    """Serve a copy of ``notebook`` with Voila on 127.0.0.1 (free port); yields (port, seconds until listening).
+
+    Its own process group, its own Jupyter runtime/config dirs; stopped with SIGTERM (kernels shut down), SIGKILL
+    after 15 s.
+    """
+    nbdir = work / "notebooks"
+    nbdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(notebook, nbdir / notebook.name)
+    port = _free_port()
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(work / "config"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "QDEBUG_DASHBOARD_ROOT": str(nbdir),
+        "QDEBUG_DASHBOARD_WORKDIR": str(work / "dashboard-work"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        str(Path(sys.executable).parent / "voila"),
+        str(nbdir / notebook.name),
+        "--no-browser",
+        f"--port={port}",
+        "--Voila.ip=127.0.0.1",
+        "--Voila.port_retries=0",
+    ]
+    log = (work / "voila.log").open("wb")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=nbdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = t0 + 90
+        while not _port_open(port):
+            if proc.poll() is not None or time.perf_counter() > deadline:
+                raise RuntimeError(f"voila did not listen on {port}: {(work / 'voila.log').read_text()[-2000:]}")
+            time.sleep(0.05)  # polling the port
+        yield port, time.perf_counter() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+        log.close()
+
+
+def bench_dashboard(repeats: int, work: Path) -> tuple[list[Timings], list[str]]:
+    """Voila dashboard (``notebooks/dashboard.ipynb``): measured only when it exists; nothing is estimated.
+
+    Per round, a fresh Voila server and browser context:
+    * **voila listening**: process start → port accepts connections;
+    * **dashboard ready**: port listening → ``page.goto`` → ``.qd-dash-run`` visible (the kernel ran the
+      notebook and the widgets rendered);
+    * **run → debugger shown**: click Run with the form's defaults (the first bundled sample) → ``.qd-app``
+      shows its tensor table and promote button;
+    * **promote round trip**: tick the first suggestion (else the first table row) → click ``.qd-promote`` →
+      ``.qd-status`` says "promoted" (plan, re-quantize, re-debug, recompile, before/after shown).
+    """
     if not DASHBOARD.exists():
-        return [], "dashboard: not measured (notebooks/dashboard.ipynb missing)"
-    # The notebook exists but this script does not drive it yet: say so rather than guess a number.
-    return (
-        [],
-        "dashboard: not measured (notebooks/dashboard.ipynb exists; its Voila measurement is not implemented yet)",
-    )
+        return [], ["dashboard: not measured (notebooks/dashboard.ipynb missing)"]
+    if not Path(CHROMIUM).exists():
+        return [], [f"dashboard: not measured ({CHROMIUM} missing)"]
+    from playwright.sync_api import expect, sync_playwright
+
+    listen, ready = Timings("voila listening (process start → port)"), Timings("dashboard ready (port → .qd-dash-run)")
+    run, promote = Timings("run → debugger shown (sample model)"), Timings("promote round trip (click → status)")
+    notes: list[str] = []
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            for i in range(repeats):
+                with voila(DASHBOARD, work / f"voila{i}") as (port, listen_s):
+                    listen.values.append(listen_s * 1e3)
+                    context = browser.new_context(viewport={"width": 1600, "height": 1200})
+                    context.set_default_timeout(180_000)
+                    page = context.new_page()
+                    page.route(re.compile(r".*"), _local_only)
+                    page.on("pageerror", lambda e: errors.append(str(e)))
+                    t0 = time.perf_counter()
+                    page.goto(f"http://127.0.0.1:{port}/")
+                    expect(page.locator(".qd-dash-run")).to_be_visible(timeout=180_000)
+                    ready.values.append((time.perf_counter() - t0) * 1e3)
+                    t0 = time.perf_counter()
+                    page.locator(".qd-dash-run").click()
+                    expect(page.locator(".qd-app .qd-table")).to_be_visible(timeout=180_000)
+                    expect(page.locator(".qd-app .qd-promote")).to_be_visible(timeout=180_000)
+                    run.values.append((time.perf_counter() - t0) * 1e3)
+                    boxes = page.locator(".qd-suggestion input[type=checkbox]")
+                    if boxes.count() == 0:
+                        boxes = page.locator(".qd-row-check input[type=checkbox]")
+                    if boxes.count() == 0:
+                        notes.append("promote round trip: not measured (nothing to tick in the dashboard)")
+                    else:
+                        boxes.first.check()
+                        t0 = time.perf_counter()
+                        page.locator(".qd-promote").click()
+                        status = page.locator(".qd-app .qd-status")
+                        expect(status).to_contain_text(re.compile("promoted|promotion failed"), timeout=180_000)
+                        text = status.text_content() or ""
+                        if "promotion failed" in text:
+                            notes.append(f"promote round trip failed: {text[:200]}")
+                        else:
+                            promote.values.append((time.perf_counter() - t0) * 1e3)
+                    context.close()
+        finally:
+            browser.close()
+    if errors:
+        notes.append(f"dashboard page errors: {sorted(set(errors))[:3]}")
+    return [t for t in (listen, ready, run, promote) if t.values], notes
 
 
 def render(rows: list[Timings], notes: list[str], meta: dict[str, Any], repeats: int) -> str:
@@ -289,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=900, help="ONNX nodes of the residual MLP (default 900)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per measurement (default 3)")
     parser.add_argument("--no-browser", action="store_true", help="skip the chromium render")
+    parser.add_argument("--no-dashboard", action="store_true", help="skip the Voila dashboard measurements")
     parser.add_argument("--markdown", type=Path, help="also write the report here (atomically)")
     args = parser.parse_args(argv)
 
@@ -306,10 +429,12 @@ def main(argv: list[str] | None = None) -> int:
             brows, note, _ = bench_browser(fig, n_tensors, args.repeats, work)
             rows += brows
             notes.append(note)
-    drows, dnote = bench_dashboard()
-    rows += drows
-    notes.append(dnote)
-    notes.append("promote round trip: not measured (needs the Voila dashboard)" if not drows else "")
+        if args.no_dashboard:
+            notes.append("dashboard: not measured (--no-dashboard)")
+        else:
+            drows, dnotes = bench_dashboard(args.repeats, work)
+            rows += drows
+            notes += dnotes
     meta = {"graph_nodes": 4 * max(1, args.nodes // 4), "tensors": n_tensors, "edges": n_edges, "setup_s": setup_s}
     report = render(rows, [n for n in notes if n], meta, args.repeats)
     print(report)
