@@ -4,6 +4,7 @@ with nbclient, as a user would run them from ``notebooks/``, and check what they
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,15 @@ def run(stem: str, cache: dict[str, Any]) -> Any:
         cache[stem] = execute(NOTEBOOKS / f"{stem}.ipynb")
         print(f"{stem}.ipynb executed in {time.perf_counter() - t0:.1f} s")
     return cache[stem]
+
+
+def test_python3_kernel_is_this_interpreter() -> None:
+    """The ``python3`` kernelspec starts this interpreter (jupyter_client swaps a bare ``python`` for
+    ``sys.executable``), so the notebooks see the qdebug under test, not another environment's."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.argv[0] in ("python", "python3", sys.executable), (spec.resource_dir, spec.argv)
 
 
 def test_notebooks_exist() -> None:

@@ -223,6 +223,11 @@ def server_env(tmp: Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- page errors
+#: Known harmless page errors, to pass explicitly to :func:`assert_no_page_errors` where they apply: a static
+#: ``fig.show()`` inside Voila makes plotly's renderer raise this (FigureWidgets do not).
+STATIC_PLOTLY_IN_VOILA = r"r\.setData is not a function"
+
+
 def assert_no_page_errors(errors: Sequence[str], allowed: Sequence[str] = ()) -> None:
     """No uncaught page error except those matching one of the ``allowed`` regexes (each documented where
     allowed, e.g. "r.setData is not a function" from a static ``fig.show()`` in Voila)."""
