@@ -118,6 +118,12 @@ def test_recompile_for_deeploy_names_every_16_bit_tensor(deeploy: Path, tmp_path
         session.base.quantization.model_path, tmp_path / "base", "deeploy", float_model=float_path, data=CALIB
     )
     assert ok.ok, ok.problems
+    as_given = recompile(
+        session.base.quantization.model_path, tmp_path / "as_given", "deeploy", data=CALIB, snap_scales=False
+    )
+    assert as_given.ok and as_given.qdq_model is None, as_given
+    assert not any("snapped" in n for n in as_given.notes) and "of output elements equal" in as_given.notes[0]
+    assert not list((tmp_path / "as_given").glob("*.snapped.onnx"))
     assert (tmp_path / "base" / "deeploy" / "generic" / "Network.c").is_file()
 
     wanted = [s.tensor_name for s in session.suggest(2)]
