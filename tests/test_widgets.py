@@ -356,3 +356,21 @@ def test_netron_is_an_explicit_opt_in(dbg: QuantDebugger) -> None:
         handle = app.netron
         app.on_netron_clicked()
     assert app.netron is None and app.netron_view.value == "" and handle is not None and not handle.running
+
+
+def test_expired_netron_is_refused_with_the_reason(dbg: QuantDebugger, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("netron", reason="netron is part of the ui extra: pip install -e '.[ui]'")
+    import datetime as dt
+
+    from widgets import netron_view
+
+    info = netron_view.netron_build_info()
+    if info.expires is None:
+        pytest.skip("the installed netron has no build date")
+    later = info.expires + dt.timedelta(days=1)
+    monkeypatch.setattr(
+        netron_view, "netron_expired", lambda now=None: netron_view.netron_build_info().days_left(later) < 0
+    )
+    app = DebuggerApp(dbg)
+    app.on_netron_clicked()
+    assert app.netron is None and "refuses to run since" in app.status and "pip install -U netron" in app.status

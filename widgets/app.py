@@ -160,7 +160,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.pareto_box = w.Box()
         self.metric_picker = w.Dropdown(description="colour by", options=list(METRICS), value=self.metric)
         # Netron: an explicit opt-in (docs/netron.md), never the primary graph view.
-        self.netron_button = w.Button(description="Open in Netron (opt-in)", icon="external-link")
+        self.netron_button = w.Button(
+            description="Open in Netron (opt-in)", icon="external-link", layout=w.Layout(width="auto")
+        )
         self.netron_view = w.HTML("")
         # Inspector.
         self.tensor_picker = w.Dropdown(description="tensor", options=[])
@@ -171,9 +173,13 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.promotion_view = w.HTML("")
         self.target_picker = w.Dropdown(description="target")
         self.target_note = w.HTML("")
-        self.promote_button = w.Button(description="Promote to 16-bit", button_style="primary", icon="arrow-up")
-        self.undo_button = w.Button(description="Undo", icon="undo")
-        self.export_button = w.Button(description="Export overrides JSON", icon="download")
+        self.promote_button = w.Button(
+            description="Promote to 16-bit", button_style="primary", icon="arrow-up", layout=w.Layout(width="auto")
+        )
+        self.undo_button = w.Button(description="Undo", icon="undo", layout=w.Layout(width="auto"))
+        self.export_button = w.Button(
+            description="Export overrides JSON", icon="download", layout=w.Layout(width="auto")
+        )
         self.plan_view = w.HTML("")
         self.before_after = w.HTML("")
         self.download = w.HTML("")
@@ -181,7 +187,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.goal_db = w.FloatText(description="goal dB", value=0.0)
         self.goal_drop = w.FloatText(description="max drop %", value=0.0)
         self.strategy_picker = w.Dropdown(description="strategy", options=["prefix", "greedy"], value="prefix")
-        self.search_button = w.Button(description="Search", icon="search")
+        self.search_button = w.Button(description="Search", icon="search", layout=w.Layout(width="auto"))
         self.search_summary = w.HTML("")
         for widget, cls in (
             (self.promote_button, "qd-promote"),
@@ -764,6 +770,14 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         try:
             from widgets import netron_view
 
+            info = netron_view.netron_build_info()
+            if netron_view.netron_expired():
+                # Its page would loop on "Please update to the newest version": say so instead of opening it.
+                self.status = (
+                    f"Netron {info.version} refuses to run since {info.expires:%Y-%m-%d} (180 days after its "
+                    "build): upgrade it with pip install -U netron"
+                )
+                return
             self.netron = netron_view.open_in_netron(self.debugger.quant_model_path)
             frame = netron_view.netron_iframe_html(self.netron.url)
         except Exception as exc:
@@ -775,7 +789,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             f"It only shows the graph; the colours by error are in the view above.</i></p>{frame}"
         )
         self.netron_button.description = "Stop Netron"
-        self.status = f"Netron serving a copy of the model at {self.netron.url}"
+        left = info.days_left()
+        self.status = f"Netron serving a copy of the model at {self.netron.url}" + (
+            "" if left is None else f" (netron {info.version} stops working in {left:.0f} days)"
+        )
 
     def show(self) -> DebuggerApp:
         """The root widget (display it in a notebook or Voila)."""
