@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench dashboard clean
+.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench dashboard screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ dashboard: $(VENV)/.installed-dev
 	@echo "qdebug dashboard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops it)"
 	QDEBUG_DASHBOARD_ROOT="$(CURDIR)" $(BIN)/voila notebooks/dashboard.ipynb --no-browser --port=$(PORT) \
 		--Voila.ip=127.0.0.1 --Voila.port_retries=0
+
+# The user guide's screenshots (docs/ui.md) come from the browser tests.
+SHOTS := dashboard_form dashboard_table dashboard_heatmap dashboard_graph dashboard_after_promote jupyterlab_quickstart_app
+screenshots: $(VENV)/.installed-dev browser
+	$(BIN)/pytest -q tests/browser/test_dashboard_voila.py tests/browser/test_jupyterlab.py
+	@mkdir -p docs/images
+	@for s in $(SHOTS); do cp test-output/screenshots/$$s.png docs/images/; done; echo "copied to docs/images/"
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_debug.py --markdown docs/benchmarks-latest.md

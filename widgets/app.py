@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 METRICS = ("local_sqnr_db", "cumulative_sqnr_db", "mse", "max_abs_error")
 #: Columns the tensor table sorts by (columns of :func:`widgets.figures.tensor_table`).
 SORT_KEYS = ("topo_index", "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "op", "tensor_name")
+#: Largest graph laid out with grandalf's Sugiyama; bigger ones use the linear longest-path layering.
+SUGIYAMA_MAX_NODES = 3000
 #: Rows per page of the tensor table: one widget row per tensor keeps a ~900-tensor model responsive.
 PAGE_SIZE = 20
 
@@ -431,7 +433,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
 
                 names = [a.tensor_name for a in report.activations]
                 edges = [(i, a.tensor_name) for a in report.activations for i in a.inputs]
-                self._layout = layered_layout(names, edges, method="longest_path")
+                # grandalf's Sugiyama (crossing reduction): ~0.45 s on 900 nodes (benchmarks/bench_ui.py); the
+                # linear longest-path layering only for graphs far beyond that.
+                method = "sugiyama" if len(names) <= SUGIYAMA_MAX_NODES else "longest_path"
+                self._layout = layered_layout(names, edges, method=method)
             except Exception:
                 self._layout = None
         metric = "local" if self.metric.startswith("local") else "cumulative"
