@@ -429,13 +429,13 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         report = self.debugger.report
         if self._layout is None:  # promotions keep the graph's tensors: lay it out once
             try:
-                from widgets.graph_layout import layered_layout
+                from widgets.graph_layout import Method, layered_layout
 
                 names = [a.tensor_name for a in report.activations]
                 edges = [(i, a.tensor_name) for a in report.activations for i in a.inputs]
                 # grandalf's Sugiyama (crossing reduction): ~0.45 s on 900 nodes (benchmarks/bench_ui.py); the
                 # linear longest-path layering only for graphs far beyond that.
-                method = "sugiyama" if len(names) <= SUGIYAMA_MAX_NODES else "longest_path"
+                method: Method = "sugiyama" if len(names) <= SUGIYAMA_MAX_NODES else "longest_path"
                 self._layout = layered_layout(names, edges, method=method)
             except Exception:
                 self._layout = None
