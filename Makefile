@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench dashboard screenshots clean
+.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench bench-ui dashboard screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,10 @@ screenshots: $(VENV)/.installed-dev browser
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_debug.py --markdown docs/benchmarks-latest.md
+
+# UI timings (graph overlay of a 900-node model in chromium, Voila dashboard ready, promote round trip).
+bench-ui: $(VENV)/.installed-dev browser
+	$(BIN)/python benchmarks/bench_ui.py --markdown docs/benchmarks-ui-latest.md
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
