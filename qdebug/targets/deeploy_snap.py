@@ -101,14 +101,6 @@ class SnapReport:
             "max_rel_change": self.max_rel_change,
         }
 
-    def summary(self) -> str:
-        """One line."""
-        return (
-            f"{len(self.snapped)} requantization(s) snapped to mul/2^k (largest scale change "
-            f"{self.max_rel_change:.2e} relative)"
-            + (f"; {len(self.skipped)} left as they were" if self.skipped else "")
-        )
-
 
 def _odd_muls(m: np.ndarray, k: int) -> np.ndarray:
     """The odd integers nearest to ``m·2^k`` (on the side of the exact value when the nearest is even)."""
