@@ -137,3 +137,14 @@ def test_deeploy_target_folds_batchnorm_into_a_copy(dash: Dashboard) -> None:
     assert dash.app.target == "deeploy"
     assert all(a.quant_type in (None, "int8") for a in dash.debugger.report.activations)
     assert sha256(SAMPLE_MODELS / "digits_cnn.onnx") == original
+
+
+def test_a_model_the_engine_rejects_is_a_message(dash: Dashboard) -> None:
+    """A quantized model that is not the float model's counterpart: the engine's ModelError, in the page."""
+    dash.source.value = "server"
+    dash.model_browser.path = str(SAMPLE_MODELS / "digits_cnn.onnx")
+    dash.quant_path.value = str(SAMPLE_MODELS / "digits_transformer.onnx")
+    dash.data_choice.value = "synthetic"
+    dash.run_button.click()
+    assert "qd-dash-error" in dash.message.value and "Could not debug this model" in dash.message.value
+    assert dash.app is None

@@ -152,3 +152,16 @@ def test_targets_reports_each_target_or_why_not(executed: dict[str, Any]) -> Non
         assert "fold_dequant_quant_to_requantshift" in text  # the export passes
     else:
         assert "Deeploy skipped:" in text
+
+
+@pytest.mark.slow
+def test_dashboard_notebook_executes(executed: dict[str, Any]) -> None:
+    """The Voila entry point also runs under nbclient (its browser test is tests/browser/test_dashboard_voila.py):
+    clean, no error, and its one output is the Dashboard widget."""
+    path = NOTEBOOKS / "dashboard.ipynb"
+    nb0 = nbformat.read(path, as_version=4)
+    assert all(not c.outputs for c in nb0.cells if c.cell_type == "code"), "strip the outputs"
+    nb = run("dashboard", executed)
+    assert not [o for o in outputs(nb) if o.output_type == "error"]
+    last = [o for o in nb.cells[-1].outputs if o.output_type == "execute_result"]
+    assert last and WIDGET_MIME in last[0].data and "Dashboard" in last[0].data["text/plain"]
