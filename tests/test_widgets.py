@@ -122,6 +122,7 @@ def test_given_pair_is_debugged_as_is(tiny_float: Path, tiny_quant, tmp_path: Pa
 def test_app_select_updates_inspector(dbg: QuantDebugger) -> None:
     app = DebuggerApp(dbg)
     assert app.show() is app
+    assert app.selected == "" and app.tensor_picker.value is None  # nothing selected until the user does
     app.selected = "c2"
     assert "c2" in app.inspector.value and "c2" in app.status_line.value
     assert app.tensor_picker.value == "c2"
@@ -214,6 +215,7 @@ def test_table_filters_sorts_pages_and_ticks(dbg: QuantDebugger) -> None:
     app.sort_key = "cumulative_sqnr_db"
     cum = app.table_frame()["cumulative_sqnr_db"].dropna().tolist()
     assert cum == sorted(cum)
+    assert "qd-sort-cumulative_sqnr_db" in app.table._dom_classes
     app.descending = True
     cum = app.table_frame()["cumulative_sqnr_db"].dropna().tolist()
     assert cum == sorted(cum, reverse=True)
@@ -334,7 +336,9 @@ def test_comparison_after_promotion(dbg: QuantDebugger) -> None:
     app = DebuggerApp(dbg)
     app.promotion = [dbg.suggestions()[0].tensor_name]
     assert all(b.value for n, b in app.suggestion_boxes.items() if n in app.promotion)
+    app.on_select("r1")
     app.on_promote_clicked()
+    assert app.selected == "r1" and app.tensor_picker.value == "r1"  # a redraw keeps the selection
     (fig,) = app.comparison_box.children
     assert [t.name for t in fig.data] == ["before", "after", "delta"]
     assert app.promotion == []

@@ -148,7 +148,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.sort_picker = w.Dropdown(description="sort by", options=list(SORT_KEYS), value=self.sort_key)
         self.desc_box = w.Checkbox(description="descending", value=False, indent=False)
         self.low_box = w.Checkbox(description="only below threshold", value=False, indent=False)
-        self.threshold_picker = w.FloatText(description="threshold dB", value=self.threshold)
+        self.threshold_picker = w.FloatText(
+            description="threshold dB", value=self.threshold, style={"description_width": "initial"}
+        )
         self.prev_button = w.Button(description="◀", layout=w.Layout(width="40px"))
         self.next_button = w.Button(description="▶", layout=w.Layout(width="40px"))
         self.page_label = w.HTML("")
@@ -333,7 +335,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         """Redraw everything that depends on the current report."""
         report = self.debugger.report
         names = [a.tensor_name for a in report.activations]
+        # New options would make the dropdown pick its first entry (and so "select" it): keep the user's choice.
+        self.tensor_picker.unobserve(self._on_picker, names="value")
         self.tensor_picker.options = names
+        self.tensor_picker.value = self.selected if self.selected in names else None
+        self.tensor_picker.observe(self._on_picker, names="value")
         if self.selected not in names:
             self.selected = ""
         self.promotion = [n for n in self.promotion if n in names]
@@ -407,6 +413,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         if len(rows) == 1:
             rows.append(w.HTML("<i>no tensor matches the filter</i>"))
         self.table.children = rows
+        # The order on display as classes: a browser waits for them instead of guessing when a re-sort landed.
+        order = f"qd-sort-{self.sort_key}" + ("-desc" if self.descending else "")
+        self.table._dom_classes = ("qd-table", order, f"qd-page-{self.page}")
 
     def _render_suggestions(self) -> None:
         picks: tuple[Suggestion, ...] = self.debugger.suggestions()

@@ -73,6 +73,7 @@ def test_dashboard_debug_promote_export(
         # Select the tensor with the worst own rounding in the table, promote it.
         app.get_by_role("tab", name="Tensors").click()
         app.locator(".qd-sort select").select_option(label="local_sqnr_db")
+        expect(app.locator(".qd-table.qd-sort-local_sqnr_db")).to_be_visible()  # the re-sorted rows are shown
         first = app.locator(".qd-row .qd-row-name").first
         name = first.get_attribute("title")
         assert name
