@@ -1,11 +1,12 @@
 """Bit-exactness of the Deeploy export with and without scale snapping (the table in docs/deeploy.md).
 
 For each model the script quantizes for target ``deeploy`` (int8), exports the QDQ model as it is and after
-``qdebug.targets.deeploy_snap.snap_scales_for_deeploy``, and prints the fraction of output elements equal to ONNX
-Runtime's CPU run of that QDQ model (requantized to the output grid), the largest difference in LSB and the
-largest relative scale change. ``--layers`` adds, for ``digits_cnn``, the per-layer *local* mismatches: every
-integer layer is fed ONNX Runtime's own quantized input, so only differences born in that layer count, with the
-distance of each one's exact value from a rounding half.
+``qdebug.targets.deeploy_snap.snap_scales_for_deeploy`` on the fine and on the tie-free grid, and prints the
+fraction of output elements equal to ONNX Runtime's CPU run of that QDQ model (requantized to the output grid),
+the largest difference in LSB and the largest relative scale change. ``--layers`` adds, for ``digits_cnn``, the
+per-layer *local* mismatches: every integer layer is fed ONNX Runtime's own quantized input, so only differences
+born in that layer count, with the distance of each one's exact value from a rounding half; ``--accuracy`` the QDQ
+models' top-1 and logits SQNR vs the float model on the eval digits.
 
 Models: the residual conv test model (tests/test_deeploy_export.py; per-tensor and per-channel weights, 256
 seeded int8 samples; calibrated as in that test file), the QAT end-to-end model (tests/qat_models.py, 256
@@ -14,7 +15,7 @@ digits of digits_eval.npz, ``label`` ignored). This is a measurement report, not
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_deeploy_snap.py [--models conv,conv_pc,qat,digits] [--layers]
+    .venv/bin/python benchmarks/bench_deeploy_snap.py [--models conv,conv_pc,qat,digits] [--layers] [--accuracy]
 """
 
 from __future__ import annotations
@@ -146,28 +147,61 @@ def local_mismatches(qdq: onnx.ModelProto, data: dict[str, np.ndarray], n: int) 
         print(f"  their exact values lie {min(halves):.2e} .. {max(halves):.2e} LSB from a rounding half")
 
 
+def _run_ort(model: onnx.ModelProto, data: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    return np.concatenate([sess.run(None, {name: x})[0] for x in data[name]])
+
+
+def accuracy(models: dict[str, onnx.ModelProto], data: dict[str, np.ndarray]) -> None:
+    """digits_cnn: top-1 on the eval labels and logits SQNR vs the (BatchNorm-folded) float model."""
+    folded, _ = fold_batchnorm(onnx.load(str(SAMPLES / "digits_cnn.onnx")))
+    labels = np.load(SAMPLES / "digits_eval.npz")["label"]
+    ref = _run_ort(folded, data)
+    print(f"  digits top-1: float {np.mean(ref.argmax(1) == labels):.2%}")
+    for name, model in models.items():
+        y = _run_ort(model, data)
+        sqnr = 10 * np.log10(np.sum(ref**2) / np.sum((ref - y) ** 2))
+        print(f"  digits {name} QDQ: top-1 {np.mean(y.argmax(1) == labels):.2%}, logits SQNR vs float {sqnr:.2f} dB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--layers", action="store_true", help="per-layer local mismatches for digits")
+    ap.add_argument("--accuracy", action="store_true", help="digits: top-1 and logits SQNR vs float per variant")
     args = ap.parse_args()
-    print("| model | samples | without snapping: equal / max LSB | snapped: equal / max LSB | largest scale change |")
+    print(
+        "| model | samples | without snapping: equal / max LSB | fine grid: equal / max LSB, largest scale change "
+        "| tie-free grid (default): equal / max LSB, largest scale change |"
+    )
     print("| --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="bench-deeploy-snap-") as tmp:
         work = Path(tmp)
         for name in args.models.split(","):
             path, data, n = MODELS[name](work)
             qdq = onnx.load(path)
-            snapped, rep = snap_scales_for_deeploy(qdq)
+            fine, rep_fine = snap_scales_for_deeploy(qdq, grid="fine")
+            tie_free, rep_tf = snap_scales_for_deeploy(qdq, grid="tie_free")
             row = []
-            for i, model in enumerate((qdq, snapped)):
+            for i, (model, rep) in enumerate(((qdq, None), (fine, rep_fine), (tie_free, rep_tf))):
                 res = de.export(model, work / f"{name}_{i}", data=data, num_samples=n, verbose=False)
-                row.append(f"{res.equal_fraction:.2%} / {res.max_lsb_diff}")
-            print(f"| {name} | {n} | {row[0]} | {row[1]} | {rep.max_rel_change:.1e} |", flush=True)
-            if rep.skipped:
-                print(f"  skipped: {rep.skipped}")
+                cell = f"{res.equal_fraction:.2%} / {res.max_lsb_diff}"
+                row.append(cell if rep is None else f"{cell}, {rep.max_rel_change:.1e}")
+            print(f"| {name} | {n} | {' | '.join(row)} |", flush=True)
+            for rep in (rep_fine, rep_tf):
+                if rep.skipped:
+                    print(f"  skipped ({rep.grid}): {rep.skipped}")
+            if args.accuracy and name == "digits":
+                accuracy({"unsnapped": qdq, "fine": fine, "tie-free": tie_free}, data)
             if args.layers and name == "digits":
-                local_mismatches(snapped, data, n)
+                for grid, model in (("fine", fine), ("tie-free", tie_free)):
+                    print(f"  {grid} grid:")
+                    local_mismatches(model, data, n)
 
 
 if __name__ == "__main__":

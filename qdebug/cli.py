@@ -183,6 +183,13 @@ def _add_build_parser(sub: Any, epilog: str) -> None:
         help="deeploy: keep the calibrated scales instead of snapping each requantization to mul/2^k for Deeploy's "
         "int32 RequantShift (the integer network then matches the QDQ model less often; docs/deeploy.md)",
     )
+    b.add_argument(
+        "--snap-grid",
+        choices=("tie_free", "fine"),
+        default="tie_free",
+        help="deeploy: the snapping grid: tie_free (default; coarse requantization shifts, no exact value near a "
+        "rounding half, output scales move up to a few %%) or fine (largest shifts, scale changes <= ~1e-3)",
+    )
     b.add_argument("--output", "-o", required=True, help="output folder (must be new or empty)")
     b.add_argument("--json", action="store_true", help="print the manifest as JSON instead of tables")
 
@@ -650,7 +657,8 @@ def print_build(result: Any, out: TextIO) -> None:
         snap = m.deeploy.get("snap") or {}
         if snap.get("enabled"):
             print(
-                f"  scales snapped to Deeploy's int32 RequantShift: {len(snap['snapped'])} requantization(s), "
+                f"  scales snapped to Deeploy's int32 RequantShift ({snap.get('grid', 'fine')} grid): "
+                f"{len(snap['snapped'])} requantization(s), "
                 f"largest relative scale change {snap['max_rel_change']:.2e}",
                 file=out,
             )
@@ -733,6 +741,7 @@ def _cmd_build(args: argparse.Namespace, out: TextIO) -> int:
         skip_fixes=tuple(args.skip_fix),
         probe_tensors=not args.no_tensor_probe,
         snap_scales=not args.no_snap_scales,
+        snap_grid=args.snap_grid,
     )
     progress = None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
     try:

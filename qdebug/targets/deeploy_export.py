@@ -20,6 +20,11 @@ Deeploy computes in int32), ``mul = round(M·div)``, ``add = zp·div`` (no ``div
 relative error ``|mul/div − M| / M`` over the network is reported as ``worst_requant_rel_error``. The export never
 changes a scale: :func:`qdebug.targets.deeploy_snap.snap_scales_for_deeploy` makes the QDQ model's ratios exactly
 ``mul/2^k`` beforehand (``build``/``recompile`` for Deeploy do), and this export then finds that same ``mul``.
+
+A bias whose scale is the accumulator scale over ``2^j`` (``s_in·s_w/2^j``, j ≤ 4; the tie-free snapping writes
+odd biases with ``j = 1``) is split: its integer part (floor) stays the Conv/Gemm bias, its fraction ``r/2^j`` goes
+into the RequantShift add as ``r·mul/2^j``, with ``mul`` chosen a multiple of ``2^j``. Any other bias scale is
+read in accumulator units, as the quantizers write it.
 """
 
 from __future__ import annotations
@@ -346,10 +351,26 @@ def strip_input_quant(state: GraphState) -> int:
     return n
 
 
-def _choose_requant(m: np.ndarray, acc_max: np.ndarray | float, zp: int) -> tuple[np.ndarray, int]:
-    """(mul, k) with div = 2^k: the most precise pair whose int32 arithmetic cannot overflow (module docstring)."""
+def _bias_fraction_bits(acc_scale: np.ndarray, bias_scale: np.ndarray) -> int:
+    """j when the bias scale is the accumulator scale / 2^j (1 ≤ j ≤ 4, to float32 rounding), else 0.
+
+    0 also covers a bias scale that merely approximates ``s_in·s_w`` (the quantizers' own): such a bias is read
+    in accumulator units, as always.
+    """
+    ratio = np.asarray(acc_scale, np.float64).reshape(-1) / np.asarray(bias_scale, np.float64).reshape(-1)
+    for j in range(1, 5):
+        if np.allclose(ratio, 2.0**j, rtol=1e-5, atol=0):
+            return j
+    return 0
+
+
+def _choose_requant(
+    m: np.ndarray, acc_max: np.ndarray | float, zp: int, multiple_of: int = 1
+) -> tuple[np.ndarray, int]:
+    """(mul, k) with div = 2^k: the most precise pair whose int32 arithmetic cannot overflow (module docstring).
+    ``multiple_of`` (a power of two) forces every mul to be a multiple of it."""
     for k in range(_MAX_SHIFT, -1, -1):
-        mul = np.rint(m * 2.0**k)
+        mul = np.rint(m * 2.0**k / multiple_of) * multiple_of
         if np.max(mul * acc_max) + (abs(zp) + 1) * 2.0**k < _INT32_LIMIT and mul.min() >= 1:
             return mul.astype(np.int64), k
     raise TargetError(f"requantization factor {float(m.max()):.3g} cannot be represented in int32 RequantShift")
@@ -545,9 +566,21 @@ def _integer_linear(
         if ins[2] not in state.weights:
             raise TargetError(f"{_label(node)}: bias {node.input[2]!r} is not a quantized int32 constant")
         bias = state.weights[ins[2]][0].astype(np.int64).reshape(-1)
+        frac_bits = _bias_fraction_bits(in_act.scale * np.asarray(w_scale, np.float64), state.weights[ins[2]][1])
+    else:
+        frac_bits = 0
+    # A bias on a 2^-j finer grid than the accumulator (scale s_in·s_w/2^j, e.g. the tie-free snapping's half
+    # unit): its integer part stays the Conv/Gemm bias, the fraction r/2^j goes into the RequantShift add as
+    # r·mul/2^j, so mul must be a multiple of 2^j.
+    frac = np.zeros(channels, np.int64)
+    if frac_bits:
+        frac = bias % 2**frac_bits
+        bias = bias >> frac_bits  # floor
     m = np.broadcast_to(in_act.scale * np.asarray(w_scale, np.float64) / out_act.scale, (channels,))
     acc_max = _accumulator_bound(w_int, out_axis, in_act, bias)
-    mul, k = _choose_requant(m, acc_max, out_act.residual_zp)
+    if np.any(frac):  # the real bias lies between the integer part and the next integer
+        acc_max = np.maximum(acc_max, _accumulator_bound(w_int, out_axis, in_act, bias + 1))
+    mul, k = _choose_requant(m, acc_max, out_act.residual_zp, multiple_of=2**frac_bits if np.any(frac) else 1)
     acc = state.unique(f"{node.output[0]}_acc")
     new_ins = [x, _weight_initializer(state, w_name, w_int)]
     if op in ("Conv", "Gemm"):
@@ -561,10 +594,11 @@ def _integer_linear(
     if in_act.residual_zp != 0:
         state.pending_zp[integer.name] = in_act.residual_zp
     ch_shape = (channels, 1, 1) if op == "Conv" else (channels,)
-    add = np.full(channels, out_act.residual_zp * 2**k, np.int64)
+    add = out_act.residual_zp * 2**k + frac * mul // 2**frac_bits
     rq = _requant_node(state, acc, out, mul, add, k, out_act, ch_shape)
     state.requant_errors[rq.name] = float(np.max(np.abs(mul / 2.0**k - m) / m))
-    state.requant_targets[rq.name] = (np.asarray(m, np.float64), out_act.residual_zp, acc_max)
+    if not np.any(frac):  # tighten_requant_to_observed_range rebuilds add from the integer bias alone
+        state.requant_targets[rq.name] = (np.asarray(m, np.float64), out_act.residual_zp, acc_max)
     return [integer, rq]
 
 

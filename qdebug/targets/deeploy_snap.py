@@ -25,6 +25,19 @@ worst-case accumulator, bias included), and ``mul`` is made **odd**: with ``M = 
 (where ONNX Runtime rounds half to even and Deeploy half up) needs ``acc ≡ c (mod 2^k)``, probability ~2^-k. An
 ``M`` that is already an integer (no rounding at all, e.g. an Add whose input and output scales are equal) is kept.
 
+**Tie-free grid** (``grid="tie_free"``, the default). With the fine grid above the exact pre-rounding values of a
+wide layer lie on a 2^-19–2^-20 LSB grid, so a few lie within ONNX Runtime's float32 error (measured up to ~3e-5
+LSB) of a rounding half, and ORT's QDQ run rounds them the other way (``digits_cnn``: 8 of 5,400 logits differ). A
+biased **Conv / Gemm with a per-tensor weight scale** is instead snapped to a coarse grid: ``M = mul/2^k`` with
+``k ≤ tie_free_shift`` (13: ``mul`` ≈ 8–60), by moving its *output* scale, ``s_out' = s_in·s_w·2^k/mul`` (the
+layer's gain stays, only its output grid moves; up to ``0.5/mul`` relative, rounded so that it never grows past an
+absorbed Relu/Clip), and its bias becomes an **odd**
+integer on the half-unit scale ``s_in·s_w/2``. Every exact value is then ``(2·acc + b)·mul/2^(k+1)`` = odd/2^(k+1)
+LSB: never a tie, and at least ``2^-(k+1)`` (6.1e-5 for k=13) from a rounding half. The export puts the bias's
+integer part in the Conv/Gemm and its half (``mul/2`` with an even ``mul``) in the RequantShift add. Per-channel
+weights (a per-channel gain change of up to 0.5/mul), unbiased Conv/Gemm, MatMul, GlobalAveragePool and Add keep
+the fine grid.
+
 Scale initializers shared with tensors outside what is snapped get their own copies; the input model is never
 modified (a new model is returned).
 """
@@ -53,7 +66,7 @@ from qdebug.targets.deeploy_export import (
     _static_shapes,
 )
 
-__all__ = ["SNAPPED_OPS", "SnapReport", "SnappedScale", "snap_scales_for_deeploy"]
+__all__ = ["GRIDS", "SNAPPED_OPS", "TIE_FREE_SHIFT", "SnapReport", "SnappedScale", "snap_scales_for_deeploy"]
 
 #: The ops whose requantization ratio is snapped.
 SNAPPED_OPS = ("Conv", "Gemm", "MatMul", "GlobalAveragePool", "Add")
@@ -65,7 +78,8 @@ class SnappedScale:
 
     node: str
     op_type: str
-    #: "weight" (Conv/Gemm/MatMul: the weight scale, per channel if so quantized) or "output" (GAP/Add)
+    #: "weight" (Conv/Gemm/MatMul on the fine grid: the weight scale, per channel if so quantized) or "output"
+    #: (GAP/Add; a biased per-tensor Conv/Gemm on the tie-free grid)
     what: str
     #: the scale tensor (initializer) now holding the snapped value
     scale: str
@@ -87,6 +101,8 @@ class SnapReport:
     snapped: tuple[SnappedScale, ...]
     #: nodes of a snappable op type left alone, with the reason (the export names the real problem later)
     skipped: tuple[str, ...]
+    #: "tie_free" or "fine" (:data:`GRIDS`)
+    grid: str = "fine"
 
     @property
     def max_rel_change(self) -> float:
@@ -99,6 +115,7 @@ class SnapReport:
             "snapped": [s.to_dict() for s in self.snapped],
             "skipped": list(self.skipped),
             "max_rel_change": self.max_rel_change,
+            "grid": self.grid,
         }
 
 
@@ -120,10 +137,12 @@ def _choose(m: np.ndarray, acc_max: np.ndarray | float, zp: int) -> tuple[np.nda
     return None
 
 
-def _export_choice(m: np.ndarray, acc_max: np.ndarray | float, zp: int) -> tuple[np.ndarray, int] | None:
+def _export_choice(
+    m: np.ndarray, acc_max: np.ndarray | float, zp: int, multiple_of: int = 1
+) -> tuple[np.ndarray, int] | None:
     """What the export's ``_choose_requant`` will pick for these exact ratios."""
     for k in range(_MAX_SHIFT, -1, -1):
-        mul = np.rint(m * 2.0**k)
+        mul = np.rint(m * 2.0**k / multiple_of) * multiple_of
         if np.max(mul * acc_max) + (abs(zp) + 1) * 2.0**k < _INT32_LIMIT and mul.min() >= 1:
             return mul.astype(np.int64), k
     return None
@@ -197,36 +216,60 @@ def _output_q(node: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]
         return users[0] if len(users) == 1 and is_q(users[0]) else None
 
 
-def _scale_group(q: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
-    """The Q of a tensor, its DQs, and the Q/DQs of the MaxPool/Reshape/Flatten chain after it sharing the scale."""
+def _scale_group(
+    q: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], scales: _Scales
+) -> list[onnx.NodeProto]:
+    """The Q of a tensor, its DQs, and the Q/DQs of the MaxPool/Reshape/Flatten chain after it sharing the scale
+    (the same initializer, or one of the same value and zero point: QAT exports repeat the constants)."""
+
+    def same(n: onnx.NodeProto) -> bool:
+        return n.input[1] == q.input[1] or _scalar_qparams(n, scales) == _scalar_qparams(q, scales)
+
     group = [q]
     todo = [q]
     while todo:
         cur = todo.pop()
         for user in consumers.get(cur.output[0], []):
-            if is_dq(user) and user.input[1] == q.input[1]:
+            if is_dq(user) and same(user):
                 group.append(user)
                 for op in consumers.get(user.output[0], []):
                     if op.op_type in _PASS_THROUGH:
                         for q2 in consumers.get(op.output[0], []):
-                            if is_q(q2) and q2.input[1] == q.input[1] and q2 not in group:
+                            if is_q(q2) and same(q2) and q2 not in group:
                                 group.append(q2)
                                 todo.append(q2)
     return group
 
 
+#: The grids :func:`snap_scales_for_deeploy` can snap to (module docstring).
+GRIDS = ("tie_free", "fine")
+#: The default largest shift of the tie-free grid: every exact value ≥ 2^-14 ≈ 6.1e-5 LSB from a rounding half.
+TIE_FREE_SHIFT = 13
+
+
 def snap_scales_for_deeploy(
-    qdq: onnx.ModelProto, *, ops: Sequence[str] = SNAPPED_OPS
+    qdq: onnx.ModelProto,
+    *,
+    ops: Sequence[str] = SNAPPED_OPS,
+    grid: str = "tie_free",
+    tie_free_shift: int = TIE_FREE_SHIFT,
 ) -> tuple[onnx.ModelProto, SnapReport]:
-    """A copy of the int8 QDQ model ``qdq`` whose requantization ratios are exactly ``odd mul / 2^k`` inside
+    """A copy of the int8 QDQ model ``qdq`` whose requantization ratios are exactly ``mul / 2^k`` inside
     Deeploy's int32 budget (module docstring), and what changed. ``ops`` limits which op types are snapped.
+    ``grid="tie_free"`` (default) puts biased per-tensor Conv/Gemm layers on the coarse tie-free grid of shift
+    ``≤ tie_free_shift``; ``grid="fine"`` snaps every layer to the largest shift with an odd ``mul``.
 
     Nodes this cannot read (16-bit or per-channel activations, non-constant weights, ...) are skipped and listed
     in the report; the export then refuses them with its own message.
     """
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
+    if not 1 <= tie_free_shift <= _MAX_SHIFT:
+        raise ValueError(f"tie_free_shift must be in 1..{_MAX_SHIFT}, got {tie_free_shift}")
     model = onnx.ModelProto()
     model.CopyFrom(qdq)
     g = model.graph
+    used_before = {t for n in g.node for t in n.input}
     scales = _Scales(model)
     producers, consumers = _producers(g), _consumers(g)
     shapes = _static_shapes(model)
@@ -242,14 +285,19 @@ def snap_scales_for_deeploy(
             elif node.op_type == "GlobalAveragePool":
                 res = _snap_gap(node, producers, consumers, scales, shapes)
             else:
-                res = _snap_linear(node, producers, consumers, scales)
+                res = _snap_linear(node, producers, consumers, scales, tie_free_shift if grid == "tie_free" else None)
         except (KeyError, IndexError, ValueError) as exc:
             res = f"{type(exc).__name__}: {exc}"
         if isinstance(res, str):
             skipped.append(f"{label}: {res}")
         else:
             snapped.append(res)
-    return model, SnapReport(tuple(snapped), tuple(skipped))
+    # Scale initializers orphaned by giving a Q/DQ chain one initializer (_set_output_scale).
+    used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+    orphans = [i for i in g.initializer if i.name in used_before and i.name not in used]
+    for init in orphans:
+        g.initializer.remove(init)
+    return model, SnapReport(tuple(snapped), tuple(skipped), grid)
 
 
 def _act_in(
@@ -283,8 +331,13 @@ def _snap_linear(
     producers: Mapping[str, onnx.NodeProto],
     consumers: Mapping[str, list[onnx.NodeProto]],
     scales: _Scales,
+    tie_free: int | None = None,
 ) -> SnappedScale | str:
-    """Conv/Gemm/MatMul: snap the weight scale (per channel if so) and requantize the bias to s_in·s_w'."""
+    """Conv/Gemm/MatMul: snap the weight scale (per channel if so) and requantize the bias to s_in·s_w'.
+
+    ``tie_free`` = K: a biased Conv/Gemm gets ``M = mul/2^k`` with ``k ≤ K`` and an odd bias in half units
+    (scale ``s_in·s_w'/2``), so every exact value is ``odd/2^(k+1)`` output LSB: at least ``2^-(k+1)`` from a half.
+    """
     x = _act_in(node.input[0], producers, scales)
     if isinstance(x, str):
         return x
@@ -321,6 +374,18 @@ def _snap_linear(
     m = np.broadcast_to(s_in * s_w.reshape(-1) / s_out, (channels,)).astype(np.float64)
     if np.all(m >= 1) and np.all(m == np.rint(m)):
         return "its ratio is an integer (nothing rounds)"
+    if tie_free is not None and bias_dq is not None and s_w.size == 1:
+        coarse = _snap_linear_tie_free(
+            node,
+            (w, float(s_w.reshape(())), out_axis),
+            (bias_dq, b_int, s_b),
+            (s_in, in_act, s_out, zp_res, out[0], consumers),
+            float(m[0]),
+            scales,
+            tie_free,
+        )
+        if not isinstance(coarse, str):
+            return coarse  # else (no tie-free scale fits): the fine grid below
     m_exact = m.copy()
     b_new = b_int
     for _ in range(6):  # the bias (part of the budget) moves with s_w': settle on a k the export will also pick
@@ -366,7 +431,9 @@ def _snap_linear(
 def _set_output_scale(
     q: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], scales: _Scales, value: float, base: str
 ) -> str:
-    group = _scale_group(q, consumers)
+    group = _scale_group(q, consumers, scales)
+    for n in group:  # members holding an equal value under another name now name q's initializer
+        n.input[1] = q.input[1]
     return scales.set(group, 1, np.array(value, np.float32), base)
 
 
@@ -450,3 +517,106 @@ def _snap_add(
     label = node.name or node.output[0]
     name = _set_output_scale(q, consumers, scales, s_new, f"{q.output[0]}_scale_snapped")
     return SnappedScale(label, node.op_type, "output", name, k, mul, mul, abs(s_new - s_out) / s_out)
+
+
+def _clip_bounds(
+    node: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], scales: _Scales
+) -> tuple[float, float]:
+    """The tightest (min, max) of the Relu/Clip chain between ``node`` and its output Q (±inf without one)."""
+    lo, hi = -np.inf, np.inf
+    cur = node
+    while True:
+        users = consumers.get(cur.output[0], [])
+        if len(users) != 1 or users[0].op_type not in ("Relu", "Clip"):
+            return lo, hi
+        cur = users[0]
+        if cur.op_type == "Relu":
+            lo = max(lo, 0.0)
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in cur.attribute}
+        c_lo = scales.values.get(cur.input[1]) if len(cur.input) > 1 and cur.input[1] else attrs.get("min")
+        c_hi = scales.values.get(cur.input[2]) if len(cur.input) > 2 and cur.input[2] else attrs.get("max")
+        if c_lo is not None:
+            lo = max(lo, float(np.asarray(c_lo).reshape(())))
+        if c_hi is not None:
+            hi = min(hi, float(np.asarray(c_hi).reshape(())))
+
+
+def _nearest_odd(x: np.ndarray) -> np.ndarray:
+    """The odd integers nearest to ``x`` (on the side of ``x`` when the nearest integer is even)."""
+    r = np.rint(x)
+    out: np.ndarray = np.where(r % 2 == 0, np.where(x >= r, r + 1, r - 1), r).astype(np.int64)
+    return out
+
+
+def _snap_linear_tie_free(
+    node: onnx.NodeProto,
+    weight: tuple[np.ndarray, float, int],
+    bias: tuple[onnx.NodeProto, np.ndarray, np.ndarray],
+    acts: tuple[float, Activation, float, int, onnx.NodeProto, Mapping[str, list[onnx.NodeProto]]],
+    m: float,
+    scales: _Scales,
+    k_max: int,
+) -> SnappedScale | str:
+    """The ``grid="tie_free"`` snapping of a biased Conv/Gemm with a per-tensor weight scale (module docstring).
+
+    The *output* scale is snapped, ``s_out' = s_in·s_w·2^k/mul`` (the layer's gain stays; only its output grid
+    moves), and the bias becomes an odd integer on the half-unit scale ``s_in·s_w/2``. The export reads it as an
+    integer Conv/Gemm bias plus ``mul/2`` in the RequantShift add, with an even ``mul`` on a shift of ``k+1`` or
+    more: ``k`` stays at least one below what the int32 budget allows.
+    """
+    w, s_w, out_axis = weight
+    bias_dq, b_int, s_b = bias
+    s_in, in_act, s_out, zp_res, q, consumers = acts
+    channels = b_int.size
+    fine = _choose(np.array([m]), _accumulator_bound(w, out_axis, in_act, b_int), zp_res)
+    if fine is None:
+        return f"ratio {m:.3g} does not fit int32 RequantShift"
+    b_scale = np.float32(s_in * s_w / 2)
+    b_new = _nearest_odd(b_int * s_b / float(b_scale))
+    half = b_new >> 1  # the export's integer bias; the real one lies between it and the next integer
+    acc_max = np.maximum(
+        _accumulator_bound(w, out_axis, in_act, half), _accumulator_bound(w, out_axis, in_act, half + 1)
+    )
+    clip_lo, clip_hi = _clip_bounds(node, consumers, scales)
+    qp = _scalar_qparams(q, scales)
+    assert qp is not None
+    q_lo, q_hi = -128 - qp[1], 127 - qp[1]  # the Q's range in units of its scale
+
+    # A Clip (e.g. ReLU6) absorbed by the Q: the Q's range may not grow past the Clip's (the export's
+    # _check_absorbed), nor past the calibrated range where that already touches the Clip (float32 rounding).
+    lim_lo, lim_hi = min(clip_lo, s_out * q_lo), max(clip_hi, s_out * q_hi)
+
+    def inside(scale: float) -> bool:
+        return bool(scale * q_lo >= lim_lo and scale * q_hi <= lim_hi)
+
+    k = min(k_max, fine[1] - 1)
+    while k >= 1:
+        mul = max(int(np.rint(m * 2.0**k)), 1)
+        if mul % 2**k == 0:  # an integer M would make every value a tie
+            mul += 1
+        s_out_new = float(np.float32(s_in * s_w * 2.0**k / mul))
+        if not inside(s_out_new):  # round mul up: the output scale shrinks instead
+            mul = int(np.ceil(m * 2.0**k))
+            mul += mul % 2**k == 0
+            s_out_new = float(np.float32(s_in * s_w * 2.0**k / mul))
+            if not inside(s_out_new):
+                return "its Clip bounds its output range at the calibrated scale; no tie-free scale fits inside"
+        # What the export will do with these float32 scales (its _integer_linear, mul a multiple of 2).
+        check = _export_choice(np.array([s_in * s_w / s_out_new]), acc_max, zp_res, multiple_of=2)
+        if check is not None and check[0][0] * 2.0 ** -check[1] == mul / 2.0**k:
+            break
+        k -= 1
+    else:
+        return "no tie-free k on which the export and the snapping agree"
+    if np.abs(b_new).max(initial=0) >= _INT32_LIMIT:
+        return "the requantized bias overflows int32"
+    label = node.name or node.output[0]
+    name = _set_output_scale(q, consumers, scales, s_out_new, f"{q.output[0]}_scale_snapped")
+    s_b_arr = np.asarray(scales.values[bias_dq.input[1]])
+    scales.set([bias_dq], 1, np.full(s_b_arr.shape, b_scale, np.float32), f"{label}_b_scale_snapped")
+    b_shape = scales.values[bias_dq.input[0]].shape
+    scales.set(
+        [bias_dq], 0, np.broadcast_to(b_new, (channels,)).reshape(b_shape).astype(np.int32), f"{label}_b_snapped"
+    )
+    return SnappedScale(label, node.op_type, "output", name, k, mul, mul, abs(s_out_new - s_out) / s_out)
