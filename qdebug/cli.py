@@ -204,6 +204,12 @@ def _add_debug_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--distribution", choices=["uniform", "normal"], default="uniform")
     p.add_argument(
+        "--capture",
+        choices=["graph", "numpy"],
+        default="graph",
+        help="reduce tensors in one merged ONNX Runtime graph (default) or fetch them and reduce in numpy",
+    )
+    p.add_argument(
         "--input-shape",
         type=_shape_arg,
         action="append",
@@ -405,6 +411,7 @@ def _run_debug(args: argparse.Namespace) -> Any:
         distribution=args.distribution,
         input_shapes=dict(args.input_shape) or None,
         ignore_data_keys=tuple(args.ignore_key),
+        capture=args.capture,
     )
     return debug(args.float_model, args.quant_model, args.data, opts)
 

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from qdebug import __version__
-from qdebug.capture import ProgressFn, capture
+from qdebug.capture import CAPTURE_PATHS, ProgressFn, capture
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
 from qdebug.graph import GraphIndex, Pairing, file_sha256, input_specs, load_model, pair_models, weight_arrays
@@ -37,7 +37,10 @@ class DebugOptions:
     """Options of one debug run (validated on construction).
 
     ``num_samples`` caps the data (and sets how many synthetic samples are drawn when no data is given);
-    ``input_shapes`` fixes dynamic input dimensions for synthetic data.
+    ``input_shapes`` fixes dynamic input dimensions for synthetic data. ``capture`` picks how tensors are
+    reduced: ``"graph"`` (default) merges both models into one ONNX Runtime graph that reduces every pair to
+    sums in-graph, falling back to ``"numpy"`` (every paired tensor fetched and reduced in numpy) for a whole run
+    the merged graph cannot express and for any sample with NaN/Inf; both report the same values.
     """
 
     num_samples: int | None = None
@@ -47,12 +50,15 @@ class DebugOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     ignore_data_keys: tuple[str, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
+    capture: str = "graph"
 
     def __post_init__(self) -> None:
         if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
             raise ConfigError(f"num_samples must be a positive integer, got {self.num_samples!r}")
         if self.distribution not in ("uniform", "normal"):
             raise ConfigError(f"distribution must be 'uniform' or 'normal', got {self.distribution!r}")
+        if self.capture not in CAPTURE_PATHS:
+            raise ConfigError(f"capture must be one of {', '.join(CAPTURE_PATHS)}, got {self.capture!r}")
         if not self.providers:
             raise ConfigError("at least one execution provider is needed")
 
@@ -149,7 +155,7 @@ def debug(
         input_shapes=opts.input_shapes,
         ignore=opts.ignore_data_keys,
     )
-    cap = capture(fm, qm, pairing, source, opts.providers, progress)
+    cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture)
 
     activations = []
     for j, a in enumerate(pairing.activations):
