@@ -378,3 +378,18 @@ def test_expired_netron_is_refused_with_the_reason(dbg: QuantDebugger, monkeypat
     app = DebuggerApp(dbg)
     app.on_netron_clicked()
     assert app.netron is None and "refuses to run since" in app.status and "pip install -U netron" in app.status
+
+
+def test_per_report_views_are_derived_once(dbg: QuantDebugger) -> None:
+    app = DebuggerApp(dbg)
+    first = app.views()
+    app.sort_key = "cumulative_sqnr_db"
+    app.on_select("c2")
+    app.filter_text = "r"
+    assert app.views() is first  # view-state changes reuse the report's table, suggestions and owners
+    app.promotion = [dbg.suggestions()[0].tensor_name]
+    app.on_promote_clicked()
+    promoted = app.views()
+    assert promoted is not first and promoted.report is dbg.report
+    app.on_undo_clicked()
+    assert app.views().report is first.report

@@ -14,6 +14,7 @@ import base64
 import html
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from qdebug.mixed.search import SearchPoint, SearchResult
     from qdebug.mixed.session import Evaluation
     from qdebug.mixed.suggest import Suggestion
+    from qdebug.report import DebugReport
     from widgets.session import QuantDebugger
 
 #: Metrics the graph colours by (columns of ``DebugReport.to_dataframe()``).
@@ -36,6 +38,8 @@ METRICS = ("local_sqnr_db", "cumulative_sqnr_db", "mse", "max_abs_error")
 SORT_KEYS = ("topo_index", "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "op", "tensor_name")
 #: Largest graph laid out with grandalf's Sugiyama; bigger ones use the linear longest-path layering.
 SUGIYAMA_MAX_NODES = 3000
+#: Suggestions listed with a checkbox in the mixed-precision panel (the table shows every reason).
+SUGGESTIONS_SHOWN = 10
 #: Rows per page of the tensor table: one widget row per tensor keeps a ~900-tensor model responsive.
 PAGE_SIZE = 20
 
@@ -103,6 +107,18 @@ def _sqnr_cell(v: Any, low: float) -> str:
     return f"<span style='{style};padding:0 4px'>{html.escape(_db(f))}</span>"
 
 
+@dataclass(frozen=True)
+class _ReportViews:
+    """The per-report data behind the views (``report`` is the object it was derived from)."""
+
+    report: DebugReport
+    df: pd.DataFrame
+    weights: pd.DataFrame
+    owners: dict[str, str] | None
+    suggestions: tuple[Suggestion, ...]
+    table: pd.DataFrame
+
+
 class DebuggerApp(w.VBox):  # type: ignore[misc]
     """The interactive debugger for one :class:`~widgets.session.QuantDebugger`.
 
@@ -138,6 +154,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.last_search: SearchResult | None = None
         self.netron: Any = None
         self._layout: Any = None
+        self._views: _ReportViews | None = None
         self._syncing = False
         self.targets_info: dict[str, tuple[bool, str]] = {}
         self.progress = w.IntProgress(value=0, min=0, max=1, description="", layout=w.Layout(width="320px"))
@@ -305,15 +322,24 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.status = message
 
     # ------------------------------------------------------------------ data for the views
-    def table_frame(self) -> pd.DataFrame:
-        """The tensor table as shown: :func:`widgets.figures.tensor_table` filtered and sorted by the view
-        state (all pages)."""
+    def views(self) -> _ReportViews:
+        """What every view derives from the current report, computed once per report (a click, a sort or a
+        page turn only filters and sorts the cached table; an undo brings back the earlier report)."""
         from widgets.figures import tensor_table
 
         report = self.debugger.report
-        df = report.to_dataframe()
-        owners = _weight_owners(self.debugger.session.float_proto, df)
-        t = tensor_table(df, self.debugger.suggestions(top=None), report.weights_dataframe(), owners)
+        if self._views is None or self._views.report is not report:
+            df = report.to_dataframe()
+            weights = report.weights_dataframe()
+            owners = _weight_owners(self.debugger.session.float_proto, df)
+            picks = self.debugger.suggestions(top=None)
+            self._views = _ReportViews(report, df, weights, owners, picks, tensor_table(df, picks, weights, owners))
+        return self._views
+
+    def table_frame(self) -> pd.DataFrame:
+        """The tensor table as shown: :func:`widgets.figures.tensor_table` filtered and sorted by the view
+        state (all pages)."""
+        t = self.views().table
         if self.filter_text:
             needle = self.filter_text.lower()
             keep = t["tensor_name"].str.lower().str.contains(needle, regex=False) | t["op"].str.lower().str.contains(
@@ -345,9 +371,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.promotion = [n for n in self.promotion if n in names]
         self._render_suggestions()
         self._render_table()
-        df = report.to_dataframe()
-        owners = _weight_owners(self.debugger.session.float_proto, df)
-        heat = _figure("layer_heatmap", df, report.weights_dataframe(), "h", 40, owners, css="qd-heatmap")
+        v = self.views()
+        heat = _figure("layer_heatmap", v.df, v.weights, "h", 40, v.owners, css="qd-heatmap")
         self._on_click(heat, self.on_heatmap_click)
         self.heatmap_box.children = [heat]
         samples = _figure("samples_heatmap", report.per_sample.to_dataframe(), css="qd-samples-heatmap")
@@ -418,7 +443,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.table._dom_classes = ("qd-table", order, f"qd-page-{self.page}")
 
     def _render_suggestions(self) -> None:
-        picks: tuple[Suggestion, ...] = self.debugger.suggestions()
+        picks: tuple[Suggestion, ...] = self.views().suggestions[:SUGGESTIONS_SHOWN]
         self.suggestion_boxes = {}
         rows = []
         for s in picks:

@@ -387,8 +387,6 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         (into a copy in the run folder; the user's file is only read)."""
         if inputs.target != "deeploy" or inputs.quant_model is not None:
             return inputs.float_model
-        import onnx
-
         from qdebug.graph import load_model
         from qdebug.io import atomic_save_model
         from qdebug.targets.qnn_fixes import fold_batchnorm
@@ -397,7 +395,6 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         if not any(n.op_type == "BatchNormalization" for n in model.graph.node):
             return inputs.float_model
         folded, _ = fold_batchnorm(model)
-        assert isinstance(folded, onnx.ModelProto)
         return atomic_save_model(folded, run_dir / f"{inputs.float_model.stem}.bn-folded.onnx")
 
 
