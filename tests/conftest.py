@@ -28,6 +28,12 @@ TINY_CONFIGS: dict[str, QuantConfig] = {
     "s8_per_channel": QuantConfig(activation_type="int8", weight_type="int8", per_channel=True, num_samples=16),
 }
 
+#: ``tiny_convnet`` in uint8 with a mixed-precision convert: ``r1`` is also given to ``conv2`` in uint16.
+TINY_R1_CONVERT = QuantConfig(
+    num_samples=8,
+    tensor_overrides={"r1": [{"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": ["conv2"]}}]},
+)
+
 
 def sha256(path: str | Path) -> str:
     """Checksum of one file."""

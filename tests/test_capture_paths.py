@@ -10,7 +10,7 @@ import builders
 import numpy as np
 import onnx
 import pytest
-from conftest import SAMPLE_MODELS, TINY_CONFIGS, save
+from conftest import SAMPLE_MODELS, TINY_CONFIGS, TINY_R1_CONVERT, save
 
 from qdebug import reduce_graph
 from qdebug.capture import capture
@@ -163,12 +163,7 @@ def test_neg_inf_constant_and_16bit_agree(tmp_path: Path) -> None:
 
 
 def test_mixed_precision_convert_agrees(tiny_float: Path, tmp_path: Path) -> None:
-    cfg = QuantConfig(
-        num_samples=8,
-        tensor_overrides={
-            "r1": [{"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": ["conv2"]}}]
-        },
-    )
+    cfg = TINY_R1_CONVERT
     qp = tmp_path / "mixed.onnx"
     quantize(tiny_float, None, cfg, qp)
     both(tiny_float, qp)

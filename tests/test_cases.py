@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import save
+from conftest import TINY_R1_CONVERT, save
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
 from qdebug.config import QuantConfig
@@ -314,12 +314,7 @@ def test_fused_clip_local_sqnr_is_high(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ (k) mixed precision with a convert
 def test_mixed_precision_convert(tiny_float: Path, tmp_path: Path) -> None:
-    cfg = QuantConfig(
-        num_samples=8,
-        tensor_overrides={
-            "r1": [{"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": ["conv2"]}}]
-        },
-    )
+    cfg = TINY_R1_CONVERT
     qp = tmp_path / "mixed.onnx"
     quantize(tiny_float, None, cfg, qp)
     qm = onnx.load(str(qp))
@@ -338,12 +333,7 @@ def test_mixed_precision_convert(tiny_float: Path, tmp_path: Path) -> None:
 
 
 def test_unfused_relu_input_clipped_by_its_q_is_not_a_false_alarm(tiny_float: Path, tmp_path: Path) -> None:
-    cfg = QuantConfig(
-        num_samples=8,
-        tensor_overrides={
-            "r1": [{"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": ["conv2"]}}]
-        },
-    )
+    cfg = TINY_R1_CONVERT
     qp = tmp_path / "q.onnx"
     quantize(tiny_float, None, cfg, qp)
     qm = onnx.load(str(qp))
