@@ -5,8 +5,7 @@ The core imports only numpy, onnx and onnxruntime; UI and target backends load l
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from qdebug._version import __version__
 from qdebug.config import ConvertOverride, QuantConfig, TensorOverride, to_ort_config
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import (

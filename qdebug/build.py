@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from qdebug import __version__
+from qdebug._version import __version__
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError, TargetError

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from qdebug import __version__
+from qdebug._version import __version__
 from qdebug.errors import EXIT_CODES, EXIT_GATE, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, QDebugError
 
 GREEN, YELLOW, RED, DIM, RESET = "\033[32m", "\033[33m", "\033[31m", "\033[2m", "\033[0m"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qdebug import __version__
+from qdebug._version import __version__
 from qdebug.capture import CAPTURE_PATHS, ProgressFn, capture
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
@@ -20,6 +20,7 @@ from qdebug.graph import GraphIndex, Pairing, file_sha256, input_specs, load_mod
 from qdebug.metrics import ErrorSums, SqnrStatus, Summary, sqnr_from_energies
 from qdebug.report import (
     ActivationResult,
+    CaptureInfo,
     DebugReport,
     OutputResult,
     PerSample,
@@ -229,6 +230,16 @@ def debug(
         seconds=round(time.perf_counter() - t0, 4),
         unmatched_float_tensors=len(pairing.unmatched_float_tensors),
         warnings=tuple(warnings),
+        capture=CaptureInfo(
+            requested=opts.capture,
+            backend=cap.path,
+            reason=cap.fallback_reason,
+            fallback_backend="numpy" if cap.fallback_samples else None,
+            fallback_samples=cap.fallback_samples,
+            fallback_reasons=(("in-graph sums not usable for the sample", cap.fallback_samples),)
+            if cap.fallback_samples
+            else (),
+        ),
     )
     return DebugReport(
         activations=tuple(activations),

@@ -181,8 +181,39 @@ class Summaries:
 
 
 @dataclass(frozen=True)
+class CaptureInfo:
+    """Which capture backend produced the sums, and every sample it had to hand to another backend.
+
+    ``requested`` is what the options asked for (e.g. ``"auto"``, ``"graph"``, ``"numpy"``); ``backend`` is the
+    one that ran; ``reason`` says why it was chosen or why the requested one could not run at all;
+    ``fallback_samples`` counts samples redone by the fallback backend, ``fallback_reasons`` groups them as
+    ``(reason, count)`` pairs.
+    """
+
+    requested: str
+    backend: str
+    reason: str | None = None
+    fallback_backend: str | None = None
+    fallback_samples: int = 0
+    fallback_reasons: tuple[tuple[str, int], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        d = asdict(self)
+        d["fallback_reasons"] = [list(r) for r in self.fallback_reasons]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaptureInfo:
+        """Inverse of :meth:`to_dict`."""
+        kw = dict(d)
+        kw["fallback_reasons"] = tuple((str(r), int(n)) for r, n in kw.get("fallback_reasons", ()))
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
 class ReportMeta:
-    """Where a report came from."""
+    """Where a report came from (``capture``: how the tensors were captured; ``None`` in reports before it)."""
 
     float_model: str
     quant_model: str
@@ -195,6 +226,7 @@ class ReportMeta:
     seconds: float
     unmatched_float_tensors: int = 0
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    capture: CaptureInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +378,8 @@ class DebugReport:
             raise InputFileError(f"debug report schema_version {version!r} is not supported (need {SCHEMA_VERSION})")
         meta = dict(d["meta"])
         meta["warnings"] = tuple(meta.get("warnings", ()))
+        if meta.get("capture") is not None:
+            meta["capture"] = CaptureInfo.from_dict(meta["capture"])
         return cls(
             activations=tuple(_from_dict(ActivationResult, a) for a in d["activations"]),
             weights=tuple(_from_dict(WeightResult, w) for w in d["weights"]),

@@ -1,4 +1,4 @@
-"""The target interface: ``compile(qdq_model, out_dir, options) -> CompileReport``, registered by name.
+"""The target interface and its registry: every target-specific fact and step lives behind :class:`Target`.
 
 Targets import their backend lazily (``qdebug._lazy.require``), so listing targets never needs the backend;
 ``available()`` says why a target cannot be used here (the UI's target dropdown shows that reason).
@@ -6,13 +6,14 @@ Targets import their backend lazily (``qdebug._lazy.require``), so listing targe
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from qdebug.errors import ConfigError
+from qdebug.passes import PassReport
 
 SCHEMA_VERSION = 1
 
@@ -27,13 +28,8 @@ class FallbackNode:
     by_design: bool = False  # e.g. QNN leaves graph-input Q / graph-output DQ on the CPU on purpose
 
 
-@dataclass(frozen=True)
-class FixReport:
-    """One compatibility rewrite applied before quantizing/compiling, and what it changed."""
-
-    name: str
-    changed: bool
-    detail: str
+#: A compatibility fix is a pass like any other (:mod:`qdebug.passes`); the old name stays for its users.
+FixReport = PassReport
 
 
 @dataclass(frozen=True)
@@ -90,42 +86,90 @@ class CompileReport:
         return json.dumps(self.to_dict(), indent=2)
 
 
-class Target(Protocol):
-    """A compile target."""
+@dataclass(frozen=True)
+class Precision:
+    """One ``--precision`` a target offers: the :class:`~qdebug.config.QuantConfig` settings it stands for.
+
+    ``config`` is ``None`` for a precision that quantizes nothing (e.g. QNN fp16: the float model is compiled).
+    """
 
     name: str
+    config: Mapping[str, Any] | None
+    help: str = ""
 
-    def available(self) -> tuple[bool, str]:
-        """(usable here, why not) — never raises."""
+    @property
+    def quantized(self) -> bool:
+        """False when the float model is compiled as it is."""
+        return self.config is not None
+
+
+class Availability(NamedTuple):
+    """Whether a target can be used on this machine, and a short description or the reason it cannot."""
+
+    ok: bool
+    reason: str
+
+
+class Target(Protocol):
+    """A compile target: everything target-specific lives behind this interface (see docs/architecture.md).
+
+    The attributes below are what the rest of qdebug reads instead of branching on a target's name: the CLI's
+    choices, the dashboard's target and precision lists, the mixed-precision type checks and ``build``.
+    """
+
+    #: the registry name, e.g. ``"qnn"``
+    name: str
+    #: one line for listings, e.g. ``"Qualcomm QNN HTP (EPContext, HTP simulator)"``
+    description: str
+    #: ``--precision`` name → what it means, in display order (the first is the default)
+    precisions: Mapping[str, Precision]
+    #: activation types the target runs (what a 16-bit promotion may use)
+    activation_types: frozenset[str]
+
+    def available(self) -> Availability:
+        """Usable here, and why not — never raises and never imports the backend."""
         ...
 
-    def compile(self, qdq_model: Path, out_dir: Path, options: Mapping[str, Any]) -> CompileReport:
-        """Compile a QDQ model into ``out_dir``; failures are reported in the result, bad input raises."""
-        ...
+
+TargetFactory = Callable[[], Target]
+
+#: Modules of the built-in targets, imported by name on first use; each calls :func:`register_target`.
+#: (Imported by name rather than statically so that listing targets never loads a backend, and so that the
+#: targets can build on the engine below them without this registry depending on them.)
+BUILTIN_TARGET_MODULES: tuple[str, ...] = ("qdebug.targets.qnn",)
+
+_REGISTRY: dict[str, TargetFactory] = {}
+_LOADED = False
 
 
-_REGISTRY: dict[str, Callable[[], Target]] = {}
-
-
-def register_target(name: str, factory: Callable[[], Target]) -> None:
-    """Register a target factory under ``name``."""
+def register_target(name: str, factory: TargetFactory) -> None:
+    """Register a target factory under ``name`` (a plug-in target calls this when imported)."""
     _REGISTRY[name] = factory
 
 
+def _load_builtin() -> None:
+    global _LOADED  # noqa: PLW0603 - a once-only import of the built-in target modules
+    if _LOADED:
+        return
+    _LOADED = True
+    for module in BUILTIN_TARGET_MODULES:
+        importlib.import_module(module)
+
+
+def target_names() -> tuple[str, ...]:
+    """Every registered target name, in registration order (built-ins first)."""
+    _load_builtin()
+    return tuple(_REGISTRY)
+
+
 def get_target(name: str) -> Target:
-    """The target registered as ``name``."""
+    """The target registered as ``name``; an unknown name is a :class:`ConfigError` listing the known ones."""
     _load_builtin()
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown target {name!r}; known: {sorted(_REGISTRY)}")
+        raise ConfigError(f"unknown target {name!r}; known: {list(_REGISTRY)}")
     return _REGISTRY[name]()
 
 
-def available_targets() -> dict[str, tuple[bool, str]]:
+def available_targets() -> dict[str, Availability]:
     """Every registered target with (available, reason)."""
-    _load_builtin()
-    return {name: factory().available() for name, factory in sorted(_REGISTRY.items())}
-
-
-def _load_builtin() -> None:
-    # Importing the modules registers them; neither imports its backend at module level.
-    import qdebug.targets.qnn  # noqa: F401
+    return {name: Availability(*get_target(name).available()) for name in target_names()}

@@ -58,7 +58,7 @@ from qdebug.graph import (
 from qdebug.io import refuse_overwrite_input
 from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energies
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
-from qdebug.targets.base import CompileReport, FallbackNode, register_target
+from qdebug.targets.base import Availability, CompileReport, FallbackNode, Precision, register_target
 
 __all__ = [
     "DATA_MOVEMENT_OPS",
@@ -1068,10 +1068,25 @@ class QnnTarget:
     """The ``qnn`` target of :mod:`qdebug.targets.base`: options are :class:`QnnOptions` fields (+ ``name``)."""
 
     name = "qnn"
+    description = "Qualcomm QNN HTP (EPContext; the HTP simulator on x86)"
+    precisions: Mapping[str, Precision] = {
+        "uint8": Precision("uint8", {"activation_type": "uint8", "weight_type": "uint8"}, "u8 activations, u8 weights"),
+        "uint16": Precision(
+            "uint16", {"activation_type": "uint16", "weight_type": "uint8"}, "u16 activations, u8 weights"
+        ),
+        # HTP activations are unsigned; "int8" means signed symmetric weights (the LayerNorm-gamma trap).
+        "int8": Precision(
+            "int8",
+            {"activation_type": "uint8", "weight_type": "int8", "weight_symmetric": True},
+            "u8 activations, s8 symmetric weights",
+        ),
+        "fp16": Precision("fp16", None, "the float model in HTP fp16 (needs --soc)"),
+    }
+    activation_types = frozenset({"uint8", "uint16"})
 
-    def available(self) -> tuple[bool, str]:
+    def available(self) -> Availability:
         """(usable here, why not) — never raises."""
-        return qnn_available()
+        return Availability(*qnn_available())
 
     def compile(self, qdq_model: Path, out_dir: Path, options: Mapping[str, Any]) -> CompileReport:
         """Compile with :func:`compile_qnn`; ``options`` may also hold ``name`` (default ``"model"``)."""
