@@ -30,7 +30,7 @@ from qdebug.targets.deeploy_env import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = REPO.parent / "shared" / "deeploy_reference"
+REFERENCE = REPO / "tests" / "data" / "deeploy_reference"  # vendored: see its README.md
 
 #: Deeploy's reference networks that upstream's own driver also fails on, with the node Deeploy stops at.
 FAILS_GENERIC = {"Integer_GEMM_TransB_RQ": "rqs1"}
@@ -70,7 +70,7 @@ def deeploy(deeploy_env: Path | str) -> Path:
 
 @pytest.fixture
 def reference() -> Path:
-    """Deeploy's reference networks (from ``<repo>/../shared``)."""
+    """Deeploy's reference networks (vendored in ``tests/data/deeploy_reference``)."""
     if not NETWORKS:
         _fail_or_skip(f"Deeploy's reference networks are missing at {REFERENCE}")
     return REFERENCE
