@@ -6,7 +6,7 @@ The core imports only numpy, onnx and onnxruntime; UI and target backends load l
 from __future__ import annotations
 
 from qdebug._version import __version__
-from qdebug.config import ConvertOverride, QuantConfig, TensorOverride, to_ort_config
+from qdebug.config import ConvertOverride, QuantConfig, TensorOverride
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import (
     ConfigError,
@@ -19,6 +19,7 @@ from qdebug.errors import (
 )
 from qdebug.quantize import QuantizeResult, quantize
 from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult
+from qdebug.targets.base import to_ort_config
 
 __all__ = [
     "ActivationResult",

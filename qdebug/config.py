@@ -2,9 +2,10 @@
 
 One frozen dataclass, :class:`QuantConfig`, describes every knob qdebug exposes (types, symmetry,
 per-channel, calibration, synthetic data, target and per-tensor overrides). It is validated on
-construction, round-trips through JSON, and is turned into ONNX Runtime's own config in exactly one
-function, :func:`to_ort_config` (``get_qnn_qdq_config`` for the ``qnn`` target, ORT's generic
-``get_qdq_config`` otherwise). Nothing else in qdebug builds ORT quantization options.
+construction (everything that does not depend on the target), round-trips through JSON, and its fields are
+turned into ONNX Runtime's types in exactly one function, :func:`ort_quant_options`. What a target can run and
+which ORT recipe it uses belong to the target (:func:`qdebug.targets.base.validate_config`,
+:func:`qdebug.targets.base.to_ort_config`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from qdebug.errors import ConfigError
-
-if TYPE_CHECKING:
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, StaticQuantConfig
+from qdebug.target_registry import config_problems
 
 SCHEMA_VERSION = 1
 
@@ -34,7 +32,6 @@ QUANT_TYPES: dict[str, str] = {
 _ORT_TYPE_TO_NAME = {v: k for k, v in QUANT_TYPES.items()}
 CALIBRATION_METHODS: dict[str, str] = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 DISTRIBUTIONS = ("uniform", "normal")
-TARGETS = ("cpu", "qnn", "deeploy")
 DEFAULT_SYNTHETIC_SAMPLES = 32
 
 
@@ -215,23 +212,14 @@ class QuantConfig:
             p.append(f"calibration_method {self.calibration_method!r} not in {sorted(CALIBRATION_METHODS)}")
         if self.synthetic_distribution not in DISTRIBUTIONS:
             p.append(f"synthetic_distribution {self.synthetic_distribution!r} not in {list(DISTRIBUTIONS)}")
-        if self.target not in TARGETS:
-            p.append(f"target {self.target!r} not in {list(TARGETS)}")
+        if not isinstance(self.target, str) or not self.target:
+            p.append(f"target must be a target name, got {self.target!r}")
+        else:
+            p.extend(config_problems(self))  # what the target can run (types, symmetry): the target's own rules
         if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
             p.append(f"num_samples must be a positive integer or null, got {self.num_samples!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             p.append(f"seed must be a non-negative integer, got {self.seed!r}")
-        wbits16 = self.weight_type.endswith("16")
-        if self.target == "qnn" and wbits16 and self.weight_symmetric is False:
-            p.append("target 'qnn' needs symmetric 16-bit weights (weight_symmetric=False conflicts)")
-        if self.target == "deeploy":
-            if self.activation_type != "int8" or self.weight_type != "int8":
-                p.append(
-                    "target 'deeploy' takes int8 activations and int8 weights, got "
-                    f"activation_type={self.activation_type}, weight_type={self.weight_type}"
-                )
-            if self.weight_symmetric is False:
-                p.append("target 'deeploy' needs symmetric weights (weight_symmetric=False conflicts)")
         if self.calibration_method == "entropy" and self.activation_symmetric:
             p.append("calibration_method 'entropy' already picks a range; activation_symmetric conflicts")
         seen: set[str] = set()
@@ -329,43 +317,22 @@ class QuantConfig:
         return {name: [e.to_ort(self.activation_type) for e in entries] for name, entries in self.tensor_overrides}
 
 
-def to_ort_config(
-    config: QuantConfig,
-    model: str | Path | onnx.ModelProto,
-    reader: CalibrationDataReader,
-) -> StaticQuantConfig:
-    """Map a :class:`QuantConfig` to ONNX Runtime's ``StaticQuantConfig`` (the only place that does)."""
-    from onnxruntime.quantization import CalibrationMethod, QuantType, get_qdq_config
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+class OrtQuantOptions(NamedTuple):
+    """A :class:`QuantConfig`'s fields as ONNX Runtime's own types (what every ORT recipe takes)."""
 
-    act = QuantType[QUANT_TYPES[config.activation_type]]
-    wgt = QuantType[QUANT_TYPES[config.weight_type]]
-    method = CalibrationMethod[CALIBRATION_METHODS[config.calibration_method]]
-    overrides = config.ort_overrides() or None
-    model_arg = str(model) if isinstance(model, Path) else model
-    try:
-        if config.target == "qnn":
-            return get_qnn_qdq_config(
-                model_arg,
-                reader,
-                calibrate_method=method,
-                activation_type=act,
-                weight_type=wgt,
-                per_channel=config.per_channel,
-                init_overrides=overrides,
-                activation_symmetric=config.activation_symmetric,
-                weight_symmetric=config.weight_symmetric,
-            )
-        return get_qdq_config(
-            model_arg,
-            reader,
-            calibrate_method=method,
-            activation_type=act,
-            weight_type=wgt,
-            activation_symmetric=config.activation_symmetric,
-            weight_symmetric=config.weight_symmetric,
-            per_channel=config.per_channel,
-            tensor_quant_overrides=overrides,
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"ONNX Runtime rejected the quantization config: {exc}") from exc
+    activation_type: Any
+    weight_type: Any
+    method: Any
+    overrides: dict[str, list[dict[str, Any]]] | None
+
+
+def ort_quant_options(config: QuantConfig) -> OrtQuantOptions:
+    """The one place :class:`QuantConfig` values become ORT ``QuantType`` / ``CalibrationMethod`` / overrides."""
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+
+    return OrtQuantOptions(
+        activation_type=QuantType[QUANT_TYPES[config.activation_type]],
+        weight_type=QuantType[QUANT_TYPES[config.weight_type]],
+        method=CalibrationMethod[CALIBRATION_METHODS[config.calibration_method]],
+        overrides=config.ort_overrides() or None,
+    )

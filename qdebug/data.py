@@ -391,3 +391,14 @@ def as_ort_reader(source: DataSource) -> Any:
         pass
 
     return _Reader(source)
+
+
+def read_labels(path: str | Path, label_key: str, n: int | None = None) -> np.ndarray:
+    """The label array ``label_key`` of a labelled ``.npz`` (one label per sample; ``n``: the expected count)."""
+    with np.load(path, allow_pickle=False) as npz:
+        if label_key not in npz.files:
+            raise DataError(f"{path}: no label array {label_key!r}")
+        labels = np.asarray(npz[label_key]).reshape(-1)
+    if n is not None and labels.shape[0] != n:
+        raise DataError(f"{path}: {labels.shape[0]} labels for {n} samples")
+    return labels

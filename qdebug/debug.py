@@ -6,18 +6,30 @@ import hashlib
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
 from qdebug._version import __version__
-from qdebug.capture import CAPTURE_PATHS, ProgressFn, capture
+from qdebug.capture import FALLBACK_BACKEND, CaptureResult, ProgressFn, backend_names, capture
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
-from qdebug.graph import GraphIndex, Pairing, file_sha256, input_specs, load_model, pair_models, weight_arrays
-from qdebug.metrics import ErrorSums, SqnrStatus, Summary, sqnr_from_energies
+from qdebug.graph import (
+    ActivationPair,
+    GraphIndex,
+    OutputPair,
+    Pairing,
+    WeightPair,
+    file_sha256,
+    input_specs,
+    load_model,
+    pair_models,
+    weight_arrays,
+)
+from qdebug.metrics import METRICS, STREAMING_METRICS, ErrorSums, SqnrStatus, Summary, sqnr_from_energies
 from qdebug.report import (
     ActivationResult,
     CaptureInfo,
@@ -38,10 +50,12 @@ class DebugOptions:
     """Options of one debug run (validated on construction).
 
     ``num_samples`` caps the data (and sets how many synthetic samples are drawn when no data is given);
-    ``input_shapes`` fixes dynamic input dimensions for synthetic data. ``capture`` picks how tensors are
-    reduced: ``"graph"`` (default) merges both models into one ONNX Runtime graph that reduces every pair to
-    sums in-graph, falling back to ``"numpy"`` (every paired tensor fetched and reduced in numpy) for a whole run
-    the merged graph cannot express and for any sample with NaN/Inf; both report the same values.
+    ``input_shapes`` fixes dynamic input dimensions for synthetic data. ``capture`` names the capture backend
+    (:func:`qdebug.capture.backend_names`: ``"graph"``, the default, merges both models into one ONNX Runtime
+    graph that reduces every pair in-graph; ``"numpy"`` fetches every paired tensor and reduces it in numpy; both
+    report the same values, and the report's ``meta.capture`` says which ran and which samples fell back).
+    ``metrics`` names the registered metrics the report computes (:data:`qdebug.metrics.STREAMING_METRICS` for
+    activations and outputs, :data:`qdebug.metrics.METRICS` for weights); ``None``: all of them.
     """
 
     num_samples: int | None = None
@@ -50,18 +64,33 @@ class DebugOptions:
     input_shapes: Mapping[str, Sequence[int]] | None = None
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     ignore_data_keys: tuple[str, ...] = ()
-    extra: Mapping[str, str] = field(default_factory=dict)
     capture: str = "graph"
+    metrics: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        problems = []
         if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
-            raise ConfigError(f"num_samples must be a positive integer, got {self.num_samples!r}")
+            problems.append(f"num_samples must be a positive integer, got {self.num_samples!r}")
         if self.distribution not in ("uniform", "normal"):
-            raise ConfigError(f"distribution must be 'uniform' or 'normal', got {self.distribution!r}")
-        if self.capture not in CAPTURE_PATHS:
-            raise ConfigError(f"capture must be one of {', '.join(CAPTURE_PATHS)}, got {self.capture!r}")
+            problems.append(f"distribution must be 'uniform' or 'normal', got {self.distribution!r}")
+        if self.capture not in backend_names():
+            problems.append(f"capture must be one of {', '.join(backend_names())}, got {self.capture!r}")
         if not self.providers:
-            raise ConfigError("at least one execution provider is needed")
+            problems.append("at least one execution provider is needed")
+        if self.metrics is not None:
+            object.__setattr__(self, "metrics", tuple(self.metrics))
+            known = {*STREAMING_METRICS, *METRICS}
+            unknown = sorted(set(self.metrics) - known)
+            if unknown:
+                problems.append(f"unknown metric(s) {unknown}; registered: {sorted(known)}")
+            if len(set(self.metrics)) != len(self.metrics):
+                problems.append(f"metrics named twice: {sorted(m for m in self.metrics if self.metrics.count(m) > 1)}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def selected(self, registry: Mapping[str, Any]) -> list[str]:
+        """The names of ``registry`` this run computes."""
+        return [n for n in registry if self.metrics is None or n in self.metrics]
 
 
 def _load(model: ModelLike, role: str) -> tuple[onnx.ModelProto, str, str]:
@@ -70,45 +99,56 @@ def _load(model: ModelLike, role: str) -> tuple[onnx.ModelProto, str, str]:
     return load_model(model, role), str(model), file_sha256(model)
 
 
-def _status(s: ErrorSums) -> tuple[float | None, str]:
-    v, st = s.sqnr
-    return v, st.value
+def _status(s: ErrorSums) -> tuple[float | None, SqnrStatus]:
+    return s.sqnr
 
 
-def _weight_results(pairing: Pairing, fm: onnx.ModelProto, qm: onnx.ModelProto) -> list[WeightResult]:
+def _streaming(s: ErrorSums, names: Sequence[str]) -> dict[str, float | None]:
+    return {n: STREAMING_METRICS[n](s) for n in names}
+
+
+def _channel_worst(w: WeightPair, ref: np.ndarray, d: np.ndarray) -> float | None:
+    """The worst per-channel SQNR of a per-channel weight (``None`` otherwise)."""
+    if w.params.axis is None or ref.ndim == 0:
+        return None
+    ax = w.params.axis % ref.ndim
+    r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
+    e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
+    per = [sqnr_from_energies(float(r[c] @ r[c]), float(e[c] @ e[c]))[0] for c in range(r.shape[0])]
+    finite = [p for p in per if p is not None]
+    return min(finite) if finite else None
+
+
+def _weight_result(w: WeightPair, ref: np.ndarray, test: np.ndarray, names: Sequence[str]) -> WeightResult:
+    with np.errstate(invalid="ignore", over="ignore"):  # ±inf weights: a NONFINITE status, not a warning
+        d = ref - test
+        v, st = sqnr_from_energies(float(np.dot(ref.ravel(), ref.ravel())), float(np.dot(d.ravel(), d.ravel())))
+        worst = _channel_worst(w, ref, d)
+        metrics = {n: METRICS[n](ref, test) for n in names}
+    max_abs = float(np.max(np.abs(d))) if d.size else None
+    return WeightResult(
+        weight_name=w.weight_name,
+        consumer_node=w.consumer_node,
+        consumer_op=w.consumer_op,
+        kind=w.kind,
+        quant_type=w.params.quant_type,
+        channels=w.params.channels,
+        weight_sqnr_db=v,
+        weight_status=st,
+        worst_channel_sqnr_db=worst,
+        max_abs_error=max_abs if max_abs is not None and math.isfinite(max_abs) else None,
+        elements=int(ref.size),
+        shape=tuple(int(s) for s in ref.shape),
+        metrics={k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in metrics.items()},
+    )
+
+
+def _weight_results(
+    pairing: Pairing, fm: onnx.ModelProto, qm: onnx.ModelProto, opts: DebugOptions
+) -> list[WeightResult]:
     fi, qi = GraphIndex(fm), GraphIndex(qm)
-    out = []
-    for w in pairing.weights:
-        ref, test = weight_arrays(w, fi, qi)
-        with np.errstate(invalid="ignore", over="ignore"):  # ±inf weights: a NONFINITE status, not a warning
-            d = ref - test
-            v, st = sqnr_from_energies(float(np.dot(ref.ravel(), ref.ravel())), float(np.dot(d.ravel(), d.ravel())))
-            worst: float | None = None
-            if w.params.axis is not None and ref.ndim > 0:
-                ax = w.params.axis % ref.ndim
-                r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
-                e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
-                per = [sqnr_from_energies(float(r[c] @ r[c]), float(e[c] @ e[c]))[0] for c in range(r.shape[0])]
-                finite = [p for p in per if p is not None]
-                worst = min(finite) if finite else None
-        max_abs = float(np.max(np.abs(d))) if d.size else None
-        out.append(
-            WeightResult(
-                weight_name=w.weight_name,
-                consumer_node=w.consumer_node,
-                consumer_op=w.consumer_op,
-                kind=w.kind,
-                quant_type=w.params.quant_type,
-                channels=w.params.channels,
-                weight_sqnr_db=v,
-                weight_status=st.value,
-                worst_channel_sqnr_db=worst,
-                max_abs_error=max_abs if max_abs is not None and math.isfinite(max_abs) else None,
-                elements=int(ref.size),
-                shape=tuple(int(s) for s in ref.shape),
-            )
-        )
-    return out
+    names = opts.selected(METRICS)
+    return [_weight_result(w, *weight_arrays(w, fi, qi), names) for w in pairing.weights]
 
 
 def _max_abs(s: ErrorSums) -> float | None:
@@ -123,6 +163,96 @@ def _worst_sample(col: np.ndarray) -> int | None:
     return int(np.argmin(finite))
 
 
+def _activation(j: int, a: ActivationPair, cap: CaptureResult, names: Sequence[str]) -> ActivationResult:
+    cum = cap.cumulative[j]
+    cum_v, cum_s = _status(cum)
+    loc = cap.local[j]
+    loc_v, loc_s = _status(loc) if loc is not None else (None, SqnrStatus.NOT_QUANTIZED)
+    p = a.params
+    return ActivationResult(
+        tensor_name=a.tensor_name,
+        producer_op=a.producer_op,
+        producer_node=a.producer_node,
+        topo_index=a.topo_index,
+        quantized=a.quantized,
+        quant_type=p.quant_type if p else None,
+        scale=p.scale if p else None,
+        zero_point=p.zero_point if p else None,
+        local_sqnr_db=loc_v,
+        local_status=loc_s,
+        cumulative_sqnr_db=cum_v,
+        cumulative_status=cum_s,
+        mse=cum.mse,
+        max_abs_error=_max_abs(cum),
+        float_min=cap.float_min[j],
+        float_max=cap.float_max[j],
+        elements=cap.elements[j],
+        nonfinite_float=cum.nonfinite_reference,
+        nonfinite_quant=cum.nonfinite_test,
+        worst_sample=_worst_sample(cap.per_sample[:, j]),
+        converted_to=a.converted_to,
+        fused_activation=a.fused_activation[0] if a.fused_activation else None,
+        measured_through=a.measured_through[0] if a.measured_through else None,
+        inputs=a.inputs,
+        metrics=_streaming(cum, names),
+    )
+
+
+def _output(j: int, o: OutputPair, cap: CaptureResult, names: Sequence[str]) -> OutputResult:
+    s = cap.outputs[j]
+    v, st = _status(s)
+    return OutputResult(
+        output_name=o.output_name,
+        cumulative_sqnr_db=v,
+        cumulative_status=st,
+        mse=s.mse,
+        max_abs_error=_max_abs(s),
+        worst_sample=_worst_sample(cap.per_sample_outputs[:, j]),
+        nonfinite_float=s.nonfinite_reference,
+        nonfinite_quant=s.nonfinite_test,
+        metrics=_streaming(s, names),
+    )
+
+
+def capture_info(cap: CaptureResult) -> CaptureInfo:
+    """The report's record of how the tensors were captured."""
+    return CaptureInfo(
+        requested=cap.requested,
+        backend=cap.path,
+        reason=cap.fallback_reason,
+        fallback_backend=FALLBACK_BACKEND if cap.fallback_samples else None,
+        fallback_samples=cap.fallback_samples,
+        fallback_reasons=cap.fallback_reasons,
+    )
+
+
+def _meta(
+    paths: tuple[str, str, str, str],
+    source: DataSource,
+    cap: CaptureResult,
+    pairing: Pairing,
+    warnings: list[str],
+    seconds: float,
+) -> ReportMeta:
+    import onnxruntime as ort
+
+    f_path, q_path, f_sha, q_sha = paths
+    return ReportMeta(
+        float_model=f_path,
+        quant_model=q_path,
+        float_sha256=f_sha,
+        quant_sha256=q_sha,
+        num_samples=cap.num_samples,
+        data=source.description,
+        qdebug_version=__version__,
+        onnxruntime_version=ort.__version__,
+        seconds=round(seconds, 4),
+        unmatched_float_tensors=len(pairing.unmatched_float_tensors),
+        warnings=tuple(warnings),
+        capture=capture_info(cap),
+    )
+
+
 def debug(
     float_model: ModelLike,
     quant_model: ModelLike,
@@ -133,12 +263,10 @@ def debug(
 ) -> DebugReport:
     """Compare a float model with its QDQ-quantized counterpart on the same samples.
 
-    Returns local, cumulative, weight and output SQNR per tensor. ``data`` is an ``.npz`` path, a
-    folder of them, a mapping of arrays, a :class:`~qdebug.data.DataSource`, or ``None`` for seeded
-    synthetic inputs. Memory stays flat in the number of samples.
+    Returns local, cumulative, weight and output SQNR per tensor (and every selected registered metric).
+    ``data`` is an ``.npz`` path, a folder of them, a mapping of arrays, a :class:`~qdebug.data.DataSource`, or
+    ``None`` for seeded synthetic inputs. Memory stays flat in the number of samples.
     """
-    import onnxruntime as ort
-
     opts = options or DebugOptions()
     t0 = time.perf_counter()
     fm, f_path, f_sha = _load(float_model, "float model")
@@ -157,57 +285,10 @@ def debug(
         ignore=opts.ignore_data_keys,
     )
     cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture)
-
-    activations = []
-    for j, a in enumerate(pairing.activations):
-        cum_v, cum_s = _status(cap.cumulative[j])
-        loc = cap.local[j]
-        loc_v, loc_s = _status(loc) if loc is not None else (None, SqnrStatus.NOT_QUANTIZED.value)
-        p = a.params
-        activations.append(
-            ActivationResult(
-                tensor_name=a.tensor_name,
-                producer_op=a.producer_op,
-                producer_node=a.producer_node,
-                topo_index=a.topo_index,
-                quantized=a.quantized,
-                quant_type=p.quant_type if p else None,
-                scale=p.scale if p else None,
-                zero_point=p.zero_point if p else None,
-                local_sqnr_db=loc_v,
-                local_status=loc_s,
-                cumulative_sqnr_db=cum_v,
-                cumulative_status=cum_s,
-                mse=cap.cumulative[j].mse,
-                max_abs_error=_max_abs(cap.cumulative[j]),
-                float_min=cap.float_min[j],
-                float_max=cap.float_max[j],
-                elements=cap.elements[j],
-                nonfinite_float=cap.cumulative[j].nonfinite_reference,
-                nonfinite_quant=cap.cumulative[j].nonfinite_test,
-                worst_sample=_worst_sample(cap.per_sample[:, j]),
-                converted_to=a.converted_to,
-                fused_activation=a.fused_activation[0] if a.fused_activation else None,
-                measured_through=a.measured_through[0] if a.measured_through else None,
-                inputs=a.inputs,
-            )
-        )
-    outputs = []
-    for j, o in enumerate(pairing.outputs):
-        v, st = _status(cap.outputs[j])
-        outputs.append(
-            OutputResult(
-                output_name=o.output_name,
-                cumulative_sqnr_db=v,
-                cumulative_status=st,
-                mse=cap.outputs[j].mse,
-                max_abs_error=_max_abs(cap.outputs[j]),
-                worst_sample=_worst_sample(cap.per_sample_outputs[:, j]),
-                nonfinite_float=cap.outputs[j].nonfinite_reference,
-                nonfinite_quant=cap.outputs[j].nonfinite_test,
-            )
-        )
-    weights = _weight_results(pairing, fm, qm)
+    streaming = opts.selected(STREAMING_METRICS)
+    activations = [_activation(j, a, cap, streaming) for j, a in enumerate(pairing.activations)]
+    outputs = [_output(j, o, cap, streaming) for j, o in enumerate(pairing.outputs)]
+    weights = _weight_results(pairing, fm, qm, opts)
     summaries = Summaries(
         local=Summary.of([a.local_sqnr_db for a in activations if a.quantized]),
         cumulative=Summary.of([a.cumulative_sqnr_db for a in activations]),
@@ -218,29 +299,7 @@ def debug(
     flagged = [a.tensor_name for a in activations if a.flagged]
     if flagged:
         warnings.append(f"{len(flagged)} tensor(s) hold NaN/Inf, first: {flagged[0]!r}")
-    meta = ReportMeta(
-        float_model=f_path,
-        quant_model=q_path,
-        float_sha256=f_sha,
-        quant_sha256=q_sha,
-        num_samples=cap.num_samples,
-        data=source.description,
-        qdebug_version=__version__,
-        onnxruntime_version=ort.__version__,
-        seconds=round(time.perf_counter() - t0, 4),
-        unmatched_float_tensors=len(pairing.unmatched_float_tensors),
-        warnings=tuple(warnings),
-        capture=CaptureInfo(
-            requested=opts.capture,
-            backend=cap.path,
-            reason=cap.fallback_reason,
-            fallback_backend="numpy" if cap.fallback_samples else None,
-            fallback_samples=cap.fallback_samples,
-            fallback_reasons=(("in-graph sums not usable for the sample", cap.fallback_samples),)
-            if cap.fallback_samples
-            else (),
-        ),
-    )
+    meta = _meta((f_path, q_path, f_sha, q_sha), source, cap, pairing, warnings, time.perf_counter() - t0)
     return DebugReport(
         activations=tuple(activations),
         weights=tuple(weights),
@@ -250,8 +309,3 @@ def debug(
         per_sample_outputs=PerSample(tuple(o.output_name for o in pairing.outputs), cap.per_sample_outputs),
         meta=meta,
     )
-
-
-def is_finite_db(v: float | None) -> bool:
-    """True for a real, finite dB value."""
-    return v is not None and math.isfinite(v)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qdebug.data import NpzData
-from qdebug.errors import DataError
+from qdebug.data import NpzData, read_labels
 from qdebug.graph import input_specs, load_model
 
 
@@ -17,12 +16,7 @@ def top1_accuracy(model_path: str | Path, eval_npz: str | Path, label_key: str =
 
     model = load_model(model_path)
     data = NpzData(eval_npz, input_specs(model), ignore=(label_key,))
-    with np.load(eval_npz, allow_pickle=False) as npz:
-        if label_key not in npz.files:
-            raise DataError(f"{eval_npz}: no label array {label_key!r}")
-        labels = np.asarray(npz[label_key]).reshape(-1)
-    if labels.shape[0] != len(data):
-        raise DataError(f"{eval_npz}: {labels.shape[0]} labels for {len(data)} samples")
+    labels = read_labels(eval_npz, label_key, len(data))
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

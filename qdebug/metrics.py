@@ -28,7 +28,6 @@ class SqnrStatus(enum.StrEnum):
     UNDEFINED = "undefined"
     NONFINITE = "nonfinite"
     NOT_QUANTIZED = "not_quantized"
-    MISSING = "missing"
 
 
 def sqnr_from_energies(signal: float, noise: float) -> tuple[float | None, SqnrStatus]:
@@ -79,7 +78,9 @@ def cosine_similarity(reference: npt.ArrayLike, test: npt.ArrayLike) -> float:
 
 Metric = Callable[[npt.ArrayLike, npt.ArrayLike], float]
 
-#: Metrics by name. Users may add their own ``(reference, test) -> float`` functions.
+#: Whole-tensor metrics by name, ``(reference, test) -> float``: the debug report computes every one of them for
+#: every weight (weights are whole arrays; activations are streamed, see :data:`STREAMING_METRICS`). Users add
+#: their own with :func:`register_metric`.
 METRICS: dict[str, Metric] = {
     "sqnr_db": sqnr_db,
     "mse": mse,
@@ -89,8 +90,8 @@ METRICS: dict[str, Metric] = {
 
 
 def register_metric(name: str, fn: Metric) -> None:
-    """Add a metric to :data:`METRICS`; re-registering a name is an error."""
-    if name in METRICS:
+    """Add a whole-tensor metric to :data:`METRICS`; re-registering a name is an error."""
+    if name in METRICS or name in STREAMING_METRICS:
         raise ValueError(f"metric {name!r} is already registered")
     METRICS[name] = fn
 
@@ -130,6 +131,32 @@ class ErrorSums:
     def mse(self) -> float | None:
         """Mean squared error over all elements seen."""
         return self.noise / self.count if self.count else None
+
+
+StreamingMetric = Callable[["ErrorSums"], float | None]
+
+
+def _rmse(s: ErrorSums) -> float | None:
+    m = s.mse
+    return None if m is None else math.sqrt(m)
+
+
+#: Metrics computed from the mergeable sums of a tensor pair over all samples (bounded memory): the debug report
+#: computes every one of them for every activation and model output. Users add their own with
+#: :func:`register_streaming_metric` (a function of :class:`ErrorSums`).
+STREAMING_METRICS: dict[str, StreamingMetric] = {
+    "sqnr_db": lambda s: s.sqnr[0],
+    "mse": lambda s: s.mse,
+    "rmse": _rmse,
+    "max_abs_error": lambda s: None if s.nonfinite_reference or s.nonfinite_test else s.max_abs,
+}
+
+
+def register_streaming_metric(name: str, fn: StreamingMetric) -> None:
+    """Add a streaming metric to :data:`STREAMING_METRICS`; re-registering a name is an error."""
+    if name in STREAMING_METRICS or name in METRICS:
+        raise ValueError(f"metric {name!r} is already registered")
+    STREAMING_METRICS[name] = fn
 
 
 def reduce_pair(reference: np.ndarray, test: np.ndarray) -> ErrorSums:

@@ -24,11 +24,12 @@ from typing import Any
 
 import onnx
 
-from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QuantConfig, to_ort_config
+from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QuantConfig
 from qdebug.data import DataSource, as_ort_reader, open_data
 from qdebug.errors import ConfigError, InputFileError, ModelError
 from qdebug.graph import ModelKind, input_specs, is_dq, is_q, load_model, model_kind
 from qdebug.io import refuse_overwrite_input
+from qdebug.targets.base import to_ort_config
 
 SCHEMA_VERSION = 1
 
@@ -135,6 +136,72 @@ def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
     return calibrator.compute_data()
 
 
+def _load_float(float_model: str | Path | onnx.ModelProto, work: Path) -> tuple[onnx.ModelProto, Path]:
+    """The float model and a path ORT can read it from (an in-memory model is written to ``work``)."""
+    if isinstance(float_model, onnx.ModelProto):
+        model_path = work / "float.onnx"
+        onnx.save_model(float_model, str(model_path))
+        model = float_model
+    else:
+        model_path = Path(float_model)
+        model = load_model(model_path, "float model")
+    kind = model_kind(model)
+    if kind is not ModelKind.FLOAT:
+        raise ModelError(f"{model_path}: is already quantized ({kind.value}); quantize the float model")
+    return model, model_path
+
+
+def _calibration(model_path: Path, ort_cfg: Any, work: Path, cache: Path) -> float:
+    """Calibrate and save the ranges to ``cache``; the seconds it took."""
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    t0 = time.perf_counter()
+    try:
+        ranges = _calibrate(model_path, ort_cfg, work)
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(f"{model_path}: calibration failed: {exc}") from exc
+    save_tensors_data(ranges, cache)
+    return time.perf_counter() - t0
+
+
+def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path) -> float:
+    """ORT's ``quantize_static`` from the cached ranges, written atomically to ``out``; the seconds it took."""
+    from onnxruntime.quantization import quantize_static
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_out = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    os.close(fd)
+    t1 = time.perf_counter()
+    try:
+        quantize_static(
+            str(model_path),
+            tmp_out,
+            None,
+            calibrate_method=ort_cfg.calibrate_method,
+            quant_format=ort_cfg.quant_format,
+            activation_type=ort_cfg.activation_type,
+            weight_type=ort_cfg.weight_type,
+            op_types_to_quantize=ort_cfg.op_types_to_quantize,
+            nodes_to_quantize=ort_cfg.nodes_to_quantize,
+            nodes_to_exclude=ort_cfg.nodes_to_exclude,
+            per_channel=ort_cfg.per_channel,
+            reduce_range=ort_cfg.reduce_range,
+            use_external_data_format=False,
+            calibration_providers=ort_cfg.calibration_providers,
+            extra_options=ort_cfg.extra_options,
+            calibration_cache_path=str(cache),
+        )
+        seconds = time.perf_counter() - t1
+        os.replace(tmp_out, out)
+    except (ValueError, KeyError, TypeError, AssertionError) as exc:
+        Path(tmp_out).unlink(missing_ok=True)
+        raise ConfigError(f"ONNX Runtime could not quantize {model_path}: {exc}") from exc
+    except BaseException:
+        Path(tmp_out).unlink(missing_ok=True)
+        raise
+    return seconds
+
+
 def quantize(
     float_model: str | Path | onnx.ModelProto,
     data: str | Path | Mapping[str, Any] | DataSource | None,
@@ -144,29 +211,18 @@ def quantize(
     calibration_cache: str | Path | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> QuantizeResult:
-    """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted).
+    """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted), by the recipe of the
+    config's target (:meth:`qdebug.targets.base.Target.ort_config`; the config is checked against it first).
 
     ``data`` feeds calibration (``None``: ``config.num_samples`` seeded synthetic samples, default 32; a file
     or folder is used whole unless ``config.num_samples`` caps it). With an
     existing ``calibration_cache`` (from an earlier result) calibration is skipped and its ranges reused.
     ``input_shapes`` fixes dynamic input dimensions of synthetic calibration data (see ``docs/data.md``).
     """
-    from onnxruntime.quantization import quantize_static
-    from onnxruntime.quantization.calibrate import save_tensors_data
-
-    cfg = config or QuantConfig()
+    cfg = config or QuantConfig()  # validated on construction, its target's rules included
     with _quiet_ort(), tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
-        if isinstance(float_model, onnx.ModelProto):
-            model = float_model
-            model_path = work / "float.onnx"
-            onnx.save_model(model, str(model_path))
-        else:
-            model_path = Path(float_model)
-            model = load_model(model_path, "float model")
-        kind = model_kind(model)
-        if kind is not ModelKind.FLOAT:
-            raise ModelError(f"{model_path}: is already quantized ({kind.value}); quantize the float model")
+        model, model_path = _load_float(float_model, work)
         if output is None:
             output = Path(tempfile.mkdtemp(prefix="qdebug-")) / "model.qdq.onnx"
         out = Path(output)
@@ -176,7 +232,6 @@ def quantize(
         reuse = calibration_cache is not None and cache.is_file()
         if calibration_cache is not None and not reuse:
             raise InputFileError(f"{cache}: calibration cache not found")
-
         source = open_data(
             data,
             input_specs(model),
@@ -185,52 +240,10 @@ def quantize(
             distribution=cfg.synthetic_distribution,
             input_shapes=input_shapes,
         )
-        reader = as_ort_reader(source)
-        ort_cfg = to_ort_config(cfg, model_path, reader)
-
-        calib_s = 0.0
-        if not reuse:
-            t0 = time.perf_counter()
-            try:
-                ranges = _calibrate(model_path, ort_cfg, work)
-            except (ValueError, RuntimeError) as exc:
-                raise ModelError(f"{model_path}: calibration failed: {exc}") from exc
-            calib_s = time.perf_counter() - t0
-            save_tensors_data(ranges, cache)
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_out = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
-        os.close(fd)
-        t1 = time.perf_counter()
-        try:
-            quantize_static(
-                str(model_path),
-                tmp_out,
-                None,
-                calibrate_method=ort_cfg.calibrate_method,
-                quant_format=ort_cfg.quant_format,
-                activation_type=ort_cfg.activation_type,
-                weight_type=ort_cfg.weight_type,
-                op_types_to_quantize=ort_cfg.op_types_to_quantize,
-                nodes_to_quantize=ort_cfg.nodes_to_quantize,
-                nodes_to_exclude=ort_cfg.nodes_to_exclude,
-                per_channel=ort_cfg.per_channel,
-                reduce_range=ort_cfg.reduce_range,
-                use_external_data_format=False,
-                calibration_providers=ort_cfg.calibration_providers,
-                extra_options=ort_cfg.extra_options,
-                calibration_cache_path=str(cache),
-            )
-            qdq_s = time.perf_counter() - t1
-            os.replace(tmp_out, out)
-        except (ValueError, KeyError, TypeError, AssertionError) as exc:
-            Path(tmp_out).unlink(missing_ok=True)
-            raise ConfigError(f"ONNX Runtime could not quantize {model_path}: {exc}") from exc
-        except BaseException:
-            Path(tmp_out).unlink(missing_ok=True)
-            raise
-    qmodel = onnx.load(str(out))
-    quantized, total, qdq = count_quantized_nodes(qmodel)
+        ort_cfg = to_ort_config(cfg, model_path, as_ort_reader(source))
+        calib_s = 0.0 if reuse else _calibration(model_path, ort_cfg, work, cache)
+        qdq_s = _insert_qdq(model_path, ort_cfg, cache, out)
+    quantized, total, qdq = count_quantized_nodes(onnx.load(str(out)))
     return QuantizeResult(
         model_path=str(out),
         calibration_cache=str(cache),

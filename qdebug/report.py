@@ -2,7 +2,7 @@
 
 ``DebugReport.to_dict()`` has the shape::
 
-    {"schema_version": 1,
+    {"schema_version": 2,
      "activations":   [{"tensor_name", "local_sqnr_db", "cumulative_sqnr_db", ...}],
      "weights":       [{"weight_name", "weight_sqnr_db", ...}],
      "model_outputs": [{"output_name", "cumulative_sqnr_db", ...}],
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,12 +27,14 @@ import numpy as np
 
 from qdebug.errors import InputFileError
 from qdebug.io import atomic_write_text
-from qdebug.metrics import Summary
+from qdebug.metrics import SqnrStatus, Summary
 
 if TYPE_CHECKING:
     import pandas as pd
 
-SCHEMA_VERSION = 1
+#: 2: per-result ``metrics`` and ``meta.capture`` (version-1 reports, which have neither, are still read).
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 T = TypeVar("T")
 
 
@@ -61,17 +65,42 @@ _FLOAT_FIELDS = {
 }  # fmt: skip
 
 
+_STATUS_FIELDS = {"local_status", "cumulative_status", "weight_status"}
+
+
 def _to_dict(obj: Any) -> dict[str, Any]:
-    return {k: encode_number(v) if k in _FLOAT_FIELDS else v for k, v in asdict(obj).items()}
+    d: dict[str, Any] = {k: encode_number(v) if k in _FLOAT_FIELDS else v for k, v in asdict(obj).items()}
+    if "metrics" in d:
+        d["metrics"] = {n: encode_number(v) for n, v in d["metrics"].items()}
+    return {k: str(v) if k in _STATUS_FIELDS else v for k, v in d.items()}
 
 
 def _from_dict(cls: type[T], d: dict[str, Any]) -> T:
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    kw = {k: (decode_number(v) if k in _FLOAT_FIELDS else v) for k, v in d.items() if k in names}
+    kw: dict[str, Any] = {k: (decode_number(v) if k in _FLOAT_FIELDS else v) for k, v in d.items() if k in names}
     for k, v in list(kw.items()):
         if isinstance(v, list):
             kw[k] = tuple(v)
+        elif k in _STATUS_FIELDS:
+            kw[k] = SqnrStatus(v)
+        elif k == "metrics":
+            kw[k] = {n: decode_number(x) for n, x in v.items()}
     return cls(**kw)
+
+
+class SqnrKind(StrEnum):
+    """Which SQNR :meth:`DebugReport.worst` ranks: an activation's own rounding, the damage so far, a weight."""
+
+    LOCAL = "local"
+    CUMULATIVE = "cumulative"
+    WEIGHT = "weight"
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """A result row for a DataFrame: ``metrics`` spread into ``metric.<name>`` columns, statuses as text."""
+    metrics = row.pop("metrics", {}) or {}
+    row = {k: str(v) if k in _STATUS_FIELDS else v for k, v in row.items()}
+    return {**row, **{f"metric.{n}": v for n, v in metrics.items()}}
 
 
 @dataclass(frozen=True)
@@ -87,9 +116,9 @@ class ActivationResult:
     scale: float | None
     zero_point: int | None
     local_sqnr_db: float | None
-    local_status: str
+    local_status: SqnrStatus
     cumulative_sqnr_db: float | None
-    cumulative_status: str
+    cumulative_status: SqnrStatus
     mse: float | None = None
     max_abs_error: float | None = None
     float_min: float | None = None
@@ -102,6 +131,8 @@ class ActivationResult:
     fused_activation: str | None = None
     measured_through: str | None = None
     inputs: tuple[str, ...] = ()
+    #: every streaming metric (:data:`qdebug.metrics.STREAMING_METRICS`) of the cumulative pair
+    metrics: Mapping[str, float | None] = field(default_factory=dict)
 
     @property
     def flagged(self) -> bool:
@@ -120,11 +151,13 @@ class WeightResult:
     quant_type: str
     channels: int
     weight_sqnr_db: float | None
-    weight_status: str
+    weight_status: SqnrStatus
     worst_channel_sqnr_db: float | None = None
     max_abs_error: float | None = None
     elements: int = 0
     shape: tuple[int, ...] = ()
+    #: every whole-tensor metric (:data:`qdebug.metrics.METRICS`) of the weight
+    metrics: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,12 +166,14 @@ class OutputResult:
 
     output_name: str
     cumulative_sqnr_db: float | None
-    cumulative_status: str
+    cumulative_status: SqnrStatus
     mse: float | None = None
     max_abs_error: float | None = None
     worst_sample: int | None = None
     nonfinite_float: int = 0
     nonfinite_quant: int = 0
+    #: every streaming metric (:data:`qdebug.metrics.STREAMING_METRICS`) of the output pair
+    metrics: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -329,23 +364,23 @@ class DebugReport:
                 return o
         raise KeyError(name)
 
-    def worst(self, kind: str, n: int = 10) -> list[Any]:
-        """The ``n`` lowest finite-or-undefined SQNR entries of ``kind`` (local/cumulative/weight)."""
+    def worst(self, kind: SqnrKind | str, n: int = 10) -> list[Any]:
+        """The ``n`` lowest finite-or-undefined SQNR entries of ``kind`` (:class:`SqnrKind`; its value as text too)."""
 
-        def key(v: float | None, status: str) -> tuple[int, float]:
+        def key(v: float | None) -> tuple[int, float]:
             # Non-finite/undefined first (they need attention), then ascending dB, +inf last.
-            if v is None:
-                return (0, 0.0)
-            return (1, v)
+            return (0, 0.0) if v is None else (1, v)
 
-        if kind == "local":
+        try:
+            k = SqnrKind(kind)
+        except ValueError:
+            raise ValueError(f"unknown kind {kind!r}; use local, cumulative or weight") from None
+        if k is SqnrKind.LOCAL:
             items = [a for a in self.activations if a.quantized]
-            return sorted(items, key=lambda a: key(a.local_sqnr_db, a.local_status))[:n]
-        if kind == "cumulative":
-            return sorted(self.activations, key=lambda a: key(a.cumulative_sqnr_db, a.cumulative_status))[:n]
-        if kind == "weight":
-            return sorted(self.weights, key=lambda w: key(w.weight_sqnr_db, w.weight_status))[:n]
-        raise ValueError(f"unknown kind {kind!r}; use local, cumulative or weight")
+            return sorted(items, key=lambda a: key(a.local_sqnr_db))[:n]
+        if k is SqnrKind.CUMULATIVE:
+            return sorted(self.activations, key=lambda a: key(a.cumulative_sqnr_db))[:n]
+        return sorted(self.weights, key=lambda w: key(w.weight_sqnr_db))[:n]
 
     @property
     def min_output_sqnr_db(self) -> float | None:
@@ -374,7 +409,7 @@ class DebugReport:
     def from_dict(cls, d: dict[str, Any]) -> DebugReport:
         """Inverse of :meth:`to_dict`; refuses other schema versions."""
         version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise InputFileError(f"debug report schema_version {version!r} is not supported (need {SCHEMA_VERSION})")
         meta = dict(d["meta"])
         meta["warnings"] = tuple(meta.get("warnings", ()))
@@ -418,16 +453,16 @@ class DebugReport:
         """One row per activation tensor in topological order (the main table of the views)."""
         import pandas as pd
 
-        return pd.DataFrame([asdict(a) for a in self.activations])
+        return pd.DataFrame([_flat(asdict(a)) for a in self.activations])
 
     def weights_dataframe(self) -> pd.DataFrame:
         """One row per weight/bias."""
         import pandas as pd
 
-        return pd.DataFrame([asdict(w) for w in self.weights])
+        return pd.DataFrame([_flat(asdict(w)) for w in self.weights])
 
     def outputs_dataframe(self) -> pd.DataFrame:
         """One row per model output."""
         import pandas as pd
 
-        return pd.DataFrame([asdict(o) for o in self.model_outputs])
+        return pd.DataFrame([_flat(asdict(o)) for o in self.model_outputs])

@@ -342,7 +342,7 @@ def test_quantize_refuses_to_overwrite_its_input(tmp_path: Path, tiny_float: Pat
     # the same file reached through another spelling of its path
     with pytest.raises(InputFileError):
         quantize(fp, None, QuantConfig(num_samples=2), tmp_path / "." / "model.onnx")
-    result = run_cli("quantize", "-m", fp, "-o", fp, "--samples", "2")
+    result = run_cli("quantize", "-f", fp, "-o", fp, "--samples", "2")
     assert_one_line_error(result, EXIT_INPUT_FILE, str(fp), "overwrite")
     assert tree_hashes(tmp_path) == before
 
@@ -352,7 +352,7 @@ def test_quantize_refuses_an_already_quantized_model(tmp_path: Path, tiny_quant,
     before = tree_hashes(tmp_path)
     with pytest.raises(ModelError, match="already quantized"):
         quantize(qp, None, QuantConfig(num_samples=2), tmp_path / "again.onnx")
-    result = run_cli("quantize", "-m", qp, "-o", tmp_path / "again.onnx")
+    result = run_cli("quantize", "-f", qp, "-o", tmp_path / "again.onnx")
     assert_one_line_error(result, EXIT_MODEL, str(qp), "already quantized")
     assert tree_hashes(tmp_path) == before
 

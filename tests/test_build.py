@@ -21,7 +21,6 @@ from conftest import SAMPLE_MODELS, CliResult, assert_one_line_error, sha256
 from test_qnn_fixes import dynamic_convnet, erf_only, ln_gelu_block, require_qnn, samples
 
 from qdebug.build import (
-    PRECISION_FLAGS,
     BuildError,
     BuildManifest,
     BuildOptions,
@@ -41,6 +40,7 @@ from qdebug.errors import (
     ModelError,
 )
 from qdebug.report import DebugReport
+from qdebug.targets.base import get_target
 
 CALIB = SAMPLE_MODELS / "digits_calib.npz"
 EVAL = SAMPLE_MODELS / "digits_eval.npz"
@@ -89,7 +89,7 @@ def test_device_and_precision_map_onto_the_one_config(
 
 
 def test_fp16_quantizes_nothing_and_takes_no_config() -> None:
-    assert PRECISION_FLAGS["qnn"]["fp16"] is None and "fp16" not in PRECISION_FLAGS["cpu"]
+    assert get_target("qnn").precisions["fp16"].config is None and "fp16" not in get_target("cpu").precisions
     assert resolve_config("qnn", "fp16") is None
     with pytest.raises(ConfigError, match="quantizes nothing"):
         resolve_config("qnn", "fp16", QuantConfig())
@@ -126,7 +126,7 @@ def transformer_int8(tmp_path_factory: pytest.TempPathFactory) -> tuple[CliResul
     hashes = {str(p): sha256(p) for p in (TRANSFORMER, CALIB, EVAL)}
     out = root / "out"
     buf = io.StringIO()
-    argv = ["build", "--onnx", TRANSFORMER, "--device", "qnn", "--precision", "int8", "--data", CALIB]
+    argv = ["build", "--float-model", TRANSFORMER, "--target", "qnn", "--precision", "int8", "--calib", CALIB]
     argv += ["--eval", EVAL, "--debug-samples", "16", "-o", out]
     code = main([str(a) for a in argv], out=buf)
     return CliResult(code, buf.getvalue(), "", ""), out, hashes
@@ -186,7 +186,7 @@ def test_transformer_int8_builds_to_one_partition_and_says_what_it_changed(
 def test_transformer_without_the_fixes_is_split(qnn: None, run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
     out = tmp_path / "nofix"
     res = run_cli(
-        "build", "--onnx", TRANSFORMER, "--device", "qnn", "--precision", "int8", "--data", CALIB,
+        "build", "--float-model", TRANSFORMER, "--target", "qnn", "--precision", "int8", "--calib", CALIB,
         "--skip-fix", "gelu_fusion", "--skip-fix", "layernorm_gamma_unsigned",
         "--debug-samples", "4", "--no-tensor-probe", "-o", out,
     )  # fmt: skip
@@ -205,7 +205,7 @@ def test_cnn_builds_with_batchnorm_folded_and_uint16_activations(
 ) -> None:
     out = tmp_path / "cnn16"
     res = run_cli(
-        "build", "--onnx", CNN, "--device", "qnn", "--precision", "uint16", "--data", CALIB,
+        "build", "--float-model", CNN, "--target", "qnn", "--precision", "uint16", "--calib", CALIB,
         "--debug-samples", "8", "-o", out,
     )  # fmt: skip
     assert res.code == 0, res.stderr
@@ -228,7 +228,7 @@ def test_cpu_build_delivers_the_qdq_model(run_cli: Callable[..., CliResult], tmp
     data = tmp_path / "data.npz"
     np.savez(data, **samples(ln_gelu_block(), 8))
     out = tmp_path / "cpu"
-    res = run_cli("build", "--onnx", model, "--device", "cpu", "--precision", "int8", "--data", data, "-o", out)
+    res = run_cli("build", "--float-model", model, "--target", "cpu", "--precision", "int8", "--calib", data, "-o", out)
     assert res.code == 0, res.stderr
     m = BuildManifest.load(out / "manifest.json")
     assert m.compile.target == "cpu" and m.compile.ok and m.fixes == ()
@@ -300,22 +300,27 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 BAD = [  # (id, argv after "build", exit code, part of the message); {name} is a path of the artefacts fixture
-    ("qdq-as-input", "--onnx {qdq} --device qnn --precision uint8", EXIT_MODEL, "already quantized"),
-    ("epcontext", "--onnx {ctx} --device qnn --precision uint8", EXIT_MODEL, "EPContext"),
-    ("missing", "--onnx {block}.nope --device cpu --precision int8", EXIT_INPUT_FILE, "no such"),
-    ("cpu-fp16", "--onnx {block} --device cpu --precision fp16", EXIT_USAGE, "not supported"),
-    ("fp16-no-soc", "--onnx {block} --device qnn --precision fp16", EXIT_USAGE, "needs --soc"),
-    ("unknown-soc", "--onnx {block} --device qnn --precision uint8 --soc SM1234", EXIT_USAGE, "unknown soc 'SM1234'"),
+    ("qdq-as-input", "--float-model {qdq} --target qnn --precision uint8", EXIT_MODEL, "already quantized"),
+    ("epcontext", "--float-model {ctx} --target qnn --precision uint8", EXIT_MODEL, "EPContext"),
+    ("missing", "--float-model {block}.nope --target cpu --precision int8", EXIT_INPUT_FILE, "no such"),
+    ("cpu-fp16", "--float-model {block} --target cpu --precision fp16", EXIT_USAGE, "not supported"),
+    ("fp16-no-soc", "--float-model {block} --target qnn --precision fp16", EXIT_USAGE, "needs --soc"),
+    (
+        "unknown-soc",
+        "--float-model {block} --target qnn --precision uint8 --soc SM1234",
+        EXIT_USAGE,
+        "unknown soc 'SM1234'",
+    ),
     (
         "config-conflict",
-        "--onnx {block} --device qnn --precision uint8 --config {config}",
+        "--float-model {block} --target qnn --precision uint8 --config {config}",
         EXIT_USAGE,
         "weight_type: config says 'uint16'",
     ),
-    ("cannot-compile", "--onnx {erf} --device qnn --precision uint8", EXIT_TARGET, "QNN took none of the"),
+    ("cannot-compile", "--float-model {erf} --target qnn --precision uint8", EXIT_TARGET, "QNN took none of the"),
     (
         "fail-on-fallback",
-        "--onnx {block} --device qnn --precision uint8 --skip-fix gelu_fusion --fail-on-fallback",
+        "--float-model {block} --target qnn --precision uint8 --skip-fix gelu_fusion --fail-on-fallback",
         EXIT_TARGET,
         "fail_on_fallback",
     ),
@@ -347,7 +352,7 @@ def test_bad_input_one_line_error_and_no_output(
 
 def test_a_non_empty_output_folder_is_refused(artefacts: dict[str, Path], run_cli: Callable[..., CliResult]) -> None:
     full = artefacts["full"]
-    res = run_cli("build", "--onnx", artefacts["block"], "--device", "cpu", "--precision", "int8", "-o", full)
+    res = run_cli("build", "--float-model", artefacts["block"], "--target", "cpu", "--precision", "int8", "-o", full)
     assert_one_line_error(res, EXIT_USAGE, "not an empty folder")
     assert sorted(p.name for p in full.iterdir()) == ["keep.txt"]
 
@@ -357,7 +362,7 @@ def test_missing_onnxruntime_qnn_names_the_extra(
 ) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime_qnn", None)  # `import onnxruntime_qnn` now raises ImportError
     res = run_cli(
-        "build", "--onnx", artefacts["block"], "--device", "qnn", "--precision", "uint8", "-o", tmp_path / "o"
+        "build", "--float-model", artefacts["block"], "--target", "qnn", "--precision", "uint8", "-o", tmp_path / "o"
     )
     assert_one_line_error(res, EXIT_MISSING_EXTRA, "pip install 'qdebug[qnn]'")
     _no_leftovers(tmp_path, "o")

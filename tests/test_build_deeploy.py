@@ -1,4 +1,4 @@
-"""``qdebug build --device deeploy`` and ``recompile(..., target="deeploy")`` with the real Deeploy code generator
+"""``qdebug build --target deeploy`` and ``recompile(..., target="deeploy")`` with the real Deeploy code generator
 (the environment from ``make deeploy-env``; these tests fail, not skip, under ``CI=true``)."""
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    res = run_cli("build", "--onnx", CNN, "--device", "deeploy", "--precision", "int8", "--data", CALIB, "-o", out)
+    res = run_cli(
+        "build", "--float-model", CNN, "--target", "deeploy", "--precision", "int8", "--calib", CALIB, "-o", out
+    )
     assert res.code == 0, res.stderr
     assert _leftovers(tmp_path) == ["out"]  # the staging folder was renamed into place
     m = BuildManifest.load(out / "manifest.json")
@@ -40,10 +42,10 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
     assert (m.config.target, m.config.activation_type, m.config.weight_type) == ("deeploy", "int8", "int8")
     assert {f.name: f.changed for f in m.fixes} == {"static_shapes": False, "batchnorm_folding": True}
     assert m.compile.ok and m.compile.target == "deeploy"
-    assert m.deeploy is not None
-    export = m.deeploy["export"]
+    assert "deeploy" in m.target_details
+    export = m.target_details["deeploy"]["export"]
     # The QDQ model written, debugged and exported is the snapped one (docs/deeploy.md, scale snapping).
-    snap = m.deeploy["snap"]
+    snap = m.target_details["deeploy"]["snap"]
     # The tie-free grid (default) moves output scales by up to 0.5/mul (mul ≥ 8 here): measured 2.2e-2.
     assert snap["enabled"] and snap["grid"] == "tie_free" and len(snap["snapped"]) == 7, snap
     assert 0 < snap["max_rel_change"] < 5e-2, snap
@@ -51,11 +53,13 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
     assert "scales snapped to Deeploy's int32 RequantShift (tie_free grid): 7 requantization(s)" in res.out
     _, again = snap_scales_for_deeploy(onnx.load(str(out / m.files["qdq_model"])))
     assert again.max_rel_change < 1e-6  # the QDQ model in out/ is the snapped one
-    generic = m.deeploy["codegen"]["Generic"]
+    generic = m.target_details["deeploy"]["codegen"]["Generic"]
     assert generic["ok"] and generic["integer_only"] is True and generic["error"] is None
     for name in ("network.onnx", "inputs.npz", "outputs.npz", "generic/Network.c", "generic/Network.h"):
         assert (out / "deeploy" / name).is_file(), name
-    assert "Siracusa" in m.deeploy["codegen"]  # tried; a failure there would be a warning, not a failed build
+    assert (
+        "Siracusa" in m.target_details["deeploy"]["codegen"]
+    )  # tried; a failure there would be a warning, not a failed build
     for rel in m.files.values():
         assert (out / rel).is_file(), rel
     assert "Generic: deeploy/generic/Network.c" in res.out
@@ -68,14 +72,14 @@ def test_snap_grid_fine_keeps_scale_changes_small(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    args = ("build", "--onnx", CNN, "--device", "deeploy", "--precision", "int8", "--data", CALIB, "-o", out)
+    args = ("build", "--float-model", CNN, "--target", "deeploy", "--precision", "int8", "--calib", CALIB, "-o", out)
     res = run_cli(*args, "--snap-grid", "fine")
     assert res.code == 0, res.stderr
     m = BuildManifest.load(out / "manifest.json")
-    assert m.deeploy is not None
-    snap = m.deeploy["snap"]
+    assert "deeploy" in m.target_details
+    snap = m.target_details["deeploy"]["snap"]
     assert snap["grid"] == "fine" and len(snap["snapped"]) == 7 and 0 < snap["max_rel_change"] < 2e-3, snap
-    assert m.deeploy["export"]["max_lsb_diff"] <= 1
+    assert m.target_details["deeploy"]["export"]["max_lsb_diff"] <= 1
     assert "(fine grid): 7 requantization(s)" in res.out
     with pytest.raises(ConfigError, match="snap_grid"):
         BuildOptions("deeploy", "int8", snap_grid="coarse")
@@ -87,12 +91,12 @@ def test_no_snap_scales_keeps_the_calibrated_scales(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    args = ("build", "--onnx", CNN, "--device", "deeploy", "--precision", "int8", "--data", CALIB, "-o", out)
+    args = ("build", "--float-model", CNN, "--target", "deeploy", "--precision", "int8", "--calib", CALIB, "-o", out)
     res = run_cli(*args, "--no-snap-scales")
     assert res.code == 0, res.stderr
     m = BuildManifest.load(out / "manifest.json")
-    assert m.deeploy is not None and m.deeploy["snap"] == {"enabled": False}
-    export = m.deeploy["export"]
+    assert m.target_details["deeploy"]["snap"] == {"enabled": False}
+    export = m.target_details["deeploy"]["export"]
     assert export["max_lsb_diff"] <= 1 and export["equal_fraction"] < 0.999, export  # measured 91.25 %
     assert any("the target is ≥ 99.9 %" in w for w in m.warnings), m.warnings
     assert "scales not snapped (--no-snap-scales)" in res.out
@@ -104,21 +108,21 @@ def test_transformer_names_the_layernorm_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    res = run_cli("build", "--onnx", TRANSFORMER, "--device", "deeploy", "--precision", "int8", "-o", out)
+    res = run_cli("build", "--float-model", TRANSFORMER, "--target", "deeploy", "--precision", "int8", "-o", out)
     assert_one_line_error(res, EXIT_TARGET, "/blocks/blocks.0/ln1/LayerNormalization", "Deeploy")
     assert _leftovers(tmp_path) == []
 
 
 def test_deeploy_takes_int8_only(run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
     out = tmp_path / "out"
-    res = run_cli("build", "--onnx", CNN, "--device", "deeploy", "--precision", "uint16", "-o", out)
+    res = run_cli("build", "--float-model", CNN, "--target", "deeploy", "--precision", "uint16", "-o", out)
     assert_one_line_error(res, EXIT_USAGE, "Deeploy takes --precision int8 only")
     assert _leftovers(tmp_path) == []
-    with pytest.raises(ConfigError, match="--soc applies to --device qnn only"):
+    with pytest.raises(ConfigError, match="--soc applies to --target qnn only"):
         BuildOptions("deeploy", "int8", soc="SM8650")
-    with pytest.raises(ConfigError, match="does not apply to --device deeploy"):
+    with pytest.raises(ConfigError, match="does not apply to --target deeploy"):
         BuildOptions("deeploy", "int8", skip_fixes=("gelu_fusion",))
-    with pytest.raises(ConfigError, match="--no-snap-scales applies to --device deeploy only"):
+    with pytest.raises(ConfigError, match="--no-snap-scales applies to --target deeploy only"):
         BuildOptions("cpu", "int8", snap_scales=False)
 
 

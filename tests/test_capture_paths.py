@@ -12,8 +12,8 @@ import onnx
 import pytest
 from conftest import SAMPLE_MODELS, TINY_CONFIGS, TINY_R1_CONVERT, save
 
-from qdebug import reduce_graph
 from qdebug.capture import capture
+from qdebug.capture import graph_reduce as reduce_graph
 from qdebug.config import QuantConfig
 from qdebug.data import open_data
 from qdebug.debug import DebugOptions, debug

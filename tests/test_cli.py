@@ -29,7 +29,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("cli")
     f = save(builders.tiny_convnet(), root / "tiny.onnx")
     q = root / "tiny.qdq.onnx"
-    assert main(["quantize", "-m", str(f), "-o", str(q), "--samples", "8", "--seed", "3"], out=_Sink()) == 0
+    assert main(["quantize", "-f", str(f), "-o", str(q), "--samples", "8", "--seed", "3"], out=_Sink()) == 0
     return f, q
 
 
@@ -44,7 +44,7 @@ class _Sink:
 def test_quantize_then_debug(tmp_path: Path, run_cli) -> None:
     f = save(builders.tiny_convnet(), tmp_path / "m.onnx")
     q = tmp_path / "m.qdq.onnx"
-    r = run_cli("quantize", "-m", f, "-o", q, "--samples", "8", "--activation-type", "uint8")
+    r = run_cli("quantize", "-f", f, "-o", q, "--samples", "8", "--activation-type", "uint8")
     assert r.code == EXIT_OK, r.stderr
     assert f"wrote {q}" in r.out
     assert re.search(r"nodes quantized 6/6 \(20 Q/DQ nodes\)", r.out), r.out
@@ -75,7 +75,7 @@ def test_quantize_then_debug(tmp_path: Path, run_cli) -> None:
 
 def test_quantize_json(tmp_path: Path, run_cli) -> None:
     f = save(builders.tiny_convnet(), tmp_path / "m.onnx")
-    r = run_cli("quantize", "-m", f, "-o", tmp_path / "q.onnx", "--samples", "4", "--per-channel",
+    r = run_cli("quantize", "-f", f, "-o", tmp_path / "q.onnx", "--samples", "4", "--per-channel",
                 "--weight-type", "int8", "--json")  # fmt: skip
     assert r.code == 0, r.stderr
     d = json.loads(r.out)
@@ -89,7 +89,7 @@ def test_debug_json_schema(pair: tuple[Path, Path], run_cli) -> None:
     r = run_cli("debug", "-f", f, "-q", q, "--samples", "3", "--json")
     assert r.code == 0, r.stderr
     d = json.loads(r.out, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2  # the debug report (qdebug.report.SCHEMA_VERSION)
     assert {"activations", "weights", "model_outputs", "summary"} <= set(d)
     assert len(d["activations"]) == 7 and len(d["weights"]) == 6 and len(d["model_outputs"]) == 1
     for a in d["activations"]:
@@ -208,11 +208,11 @@ def test_config_file_and_contradicting_flag(tmp_path: Path, run_cli) -> None:
     f = save(builders.tiny_convnet(), tmp_path / "m.onnx")
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"activation_type": "uint16", "per_channel": True, "num_samples": 4}))
-    r = run_cli("quantize", "-m", f, "-o", tmp_path / "q.onnx", "-c", cfg, "--activation-type", "int8")
+    r = run_cli("quantize", "-f", f, "-o", tmp_path / "q.onnx", "-c", cfg, "--activation-type", "int8")
     assert_one_line_error(r, EXIT_USAGE, "activation_type", "'uint16'", "'int8'", "conflicting")
     assert not (tmp_path / "q.onnx").exists()
     # agreeing flags are fine, and the file's settings are used
-    ok = run_cli("quantize", "-m", f, "-o", tmp_path / "q.onnx", "-c", cfg, "--activation-type", "uint16", "--json")
+    ok = run_cli("quantize", "-f", f, "-o", tmp_path / "q.onnx", "-c", cfg, "--activation-type", "uint16", "--json")
     assert ok.code == 0, ok.stderr
     d = json.loads(ok.out)
     assert d["config"]["activation_type"] == "uint16" and d["config"]["per_channel"] is True
@@ -223,10 +223,10 @@ def test_bad_config_file(tmp_path: Path, run_cli) -> None:
     f = save(builders.tiny_convnet(), tmp_path / "m.onnx")
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"activation_type": "uint16", "colour": "blue", "num_samples": 0}))
-    r = run_cli("quantize", "-m", f, "-o", tmp_path / "q.onnx", "-c", cfg)
+    r = run_cli("quantize", "-f", f, "-o", tmp_path / "q.onnx", "-c", cfg)
     assert_one_line_error(r, EXIT_USAGE, str(cfg), "colour")
     cfg.write_text("{not json")
-    assert_one_line_error(run_cli("quantize", "-m", f, "-o", tmp_path / "q.onnx", "-c", cfg), EXIT_USAGE, "JSON")
+    assert_one_line_error(run_cli("quantize", "-f", f, "-o", tmp_path / "q.onnx", "-c", cfg), EXIT_USAGE, "JSON")
 
 
 def test_usage_errors_and_version(run_cli, capsys: pytest.CaptureFixture[str]) -> None:
@@ -262,10 +262,10 @@ def test_debug_with_data_max_samples_and_ignore_key(pair: tuple[Path, Path], tmp
 def test_quantize_dynamic_batch_with_input_shape(tmp_path: Path, run_cli) -> None:
     f = save(builders.tiny_convnet(batch="N"), tmp_path / "dyn.onnx")
     q = tmp_path / "dyn.qdq.onnx"
-    r = run_cli("quantize", "-m", f, "-o", q, "--samples", "4", "--input-shape", "x:2,1,6,6")
+    r = run_cli("quantize", "-f", f, "-o", q, "--samples", "4", "--input-shape", "x:2,1,6,6")
     assert r.code == EXIT_OK, r.stderr
     r = run_cli("debug", "-f", f, "-q", q, "--samples", "2", "--input-shape", "x:2,1,6,6", "--json")
     assert r.code == EXIT_OK, r.stderr
     assert json.loads(r.out)["meta"]["num_samples"] == 2
-    r = run_cli("quantize", "-m", f, "-o", q, "--samples", "4", "--input-shape", "x:2,3,6,6")
+    r = run_cli("quantize", "-f", f, "-o", q, "--samples", "4", "--input-shape", "x:2,3,6,6")
     assert_one_line_error(r, 5, "'x'", "[2, 3, 6, 6]")

@@ -38,7 +38,7 @@ def test_suggest_table_and_overrides_feed_quantize(quant: Path, tmp_path: Path, 
     assert ofile.model_sha256 == sha256(TRANSFORMER)
     # the file is what `quantize --overrides` consumes
     mixed = tmp_path / "mixed.onnx"
-    r = run_cli("quantize", "-m", TRANSFORMER, "-d", CALIB, "--overrides", o, "-o", mixed)
+    r = run_cli("quantize", "-f", TRANSFORMER, "--calib", CALIB, "--overrides", o, "-o", mixed)
     assert r.code == EXIT_OK, r.stderr
     r = run_cli("debug", "-f", TRANSFORMER, "-q", mixed, "--samples", "2", "--json")
     acts = {a["tensor_name"]: a for a in json.loads(r.out)["activations"]}
@@ -71,21 +71,21 @@ def test_search_reaches_goal_and_writes_overrides(tmp_path: Path, run_cli) -> No
     base_db = debug(TRANSFORMER, base.model_path, EVAL, DebugOptions(ignore_data_keys=("label",), num_samples=32))
     goal = round(base_db.min_output_sqnr_db + 1.0, 2)  # a goal the 8-bit model misses
     o = tmp_path / "search.json"
-    r = run_cli("search", "-m", TRANSFORMER, "--calib", CALIB, "-d", EVAL, "--debug-samples", "32",
+    r = run_cli("search", "-f", TRANSFORMER, "--calib", CALIB, "-d", EVAL, "--debug-samples", "32",
                 "--goal-sqnr", goal, "-o", o, "--workdir", tmp_path / "work")  # fmt: skip
     assert r.code == EXIT_OK, r.stderr
     assert "reached: goal met" in r.out and "<-" in r.out
     ofile = OverridesFile.load(o)
     assert ofile.requested and ofile.base_config is not None
     mixed = tmp_path / "mixed.onnx"
-    assert run_cli("quantize", "-m", TRANSFORMER, "-d", CALIB, "--overrides", o, "-o", mixed).code == EXIT_OK
+    assert run_cli("quantize", "-f", TRANSFORMER, "--calib", CALIB, "--overrides", o, "-o", mixed).code == EXIT_OK
     rep = debug(TRANSFORMER, mixed, EVAL, DebugOptions(ignore_data_keys=("label",), num_samples=32))
     assert rep.min_output_sqnr_db >= goal
 
 
 def test_search_unreachable_goal_writes_nothing(tmp_path: Path, run_cli) -> None:
     o = tmp_path / "search.json"
-    r = run_cli("search", "-m", TRANSFORMER, "--calib", CALIB, "--debug-samples", "8", "--goal-sqnr", "90",
+    r = run_cli("search", "-f", TRANSFORMER, "--calib", CALIB, "--debug-samples", "8", "--goal-sqnr", "90",
                 "--max-steps", "2", "-o", o)  # fmt: skip
     assert r.code == EXIT_GATE
     assert "NOT reached" in r.out
@@ -93,7 +93,7 @@ def test_search_unreachable_goal_writes_nothing(tmp_path: Path, run_cli) -> None
 
 
 def test_search_needs_goal_and_eval_for_accuracy(tmp_path: Path, run_cli) -> None:
-    r = run_cli("search", "-m", TRANSFORMER, "-o", tmp_path / "o.json")
+    r = run_cli("search", "-f", TRANSFORMER, "-o", tmp_path / "o.json")
     assert_one_line_error(r, EXIT_USAGE, "goal")
-    r = run_cli("search", "-m", TRANSFORMER, "--max-accuracy-drop", "0.5", "-o", tmp_path / "o.json")
+    r = run_cli("search", "-f", TRANSFORMER, "--max-accuracy-drop", "0.5", "-o", tmp_path / "o.json")
     assert_one_line_error(r, EXIT_USAGE, "--eval")

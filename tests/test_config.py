@@ -15,11 +15,11 @@ from qdebug.config import (
     TensorOverride,
     make_overrides,
     normalize_quant_type,
-    to_ort_config,
 )
 from qdebug.data import SyntheticData, as_ort_reader
 from qdebug.errors import ConfigError, InputFileError
 from qdebug.graph import input_specs
+from qdebug.targets.base import to_ort_config
 
 OVERRIDES = {
     "r1": [{"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": ["conv2", "add1"]}}],

@@ -462,7 +462,7 @@ def test_exported_file_reproduces_quantization_through_cli(tiny: Path, tmp_path:
     before = sha256(path)
 
     cli_out = tmp_path / "cli.qdq.onnx"
-    r = run_cli("quantize", "-m", tiny, "-o", cli_out, "--overrides", path, "--json")
+    r = run_cli("quantize", "-f", tiny, "-o", cli_out, "--overrides", path, "--json")
     assert r.code == EXIT_OK, r.stderr
     assert r.stderr == ""  # same model file: no checksum warning
     assert json.loads(r.out)["config"] == api.config.to_dict()
@@ -492,22 +492,22 @@ def test_cli_config_must_agree_with_base_config(tiny: Path, tmp_path: Path, ofil
     cfg = tmp_path / "cfg.json"
     cfg.write_text(BASE.replace(num_samples=4, activation_symmetric=True).to_json())
     out = tmp_path / "q.onnx"
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", ofile, "-c", cfg)
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", ofile, "-c", cfg)
     conflict = "num_samples: config says 4, overrides file says 8"
     assert_one_line_error(r, EXIT_USAGE, "disagree", conflict, "activation_symmetric")
     assert not out.exists()
     cfg.write_text(BASE.to_json())  # agreeing config is fine
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", ofile, "-c", cfg)
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", ofile, "-c", cfg)
     assert r.code == EXIT_OK, r.stderr
     assert "tensor overrides: 4 tensor(s) from" in r.out
 
 
 def test_cli_flags_apply_but_cannot_contradict(tiny: Path, tmp_path: Path, ofile: Path, run_cli) -> None:
     out = tmp_path / "q.onnx"
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", ofile, "--target", "cpu")
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", ofile, "--target", "cpu")
     assert_one_line_error(r, EXIT_USAGE, "conflicting", "target")
     assert not out.exists()
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", ofile, "--seed", "3", "--json")
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", ofile, "--seed", "3", "--json")
     assert r.code == EXIT_OK, r.stderr
     d = json.loads(r.out)["config"]
     assert d["seed"] == 3 and d["target"] == "qnn" and d["num_samples"] == 8
@@ -516,7 +516,7 @@ def test_cli_flags_apply_but_cannot_contradict(tiny: Path, tmp_path: Path, ofile
     # A flag may fill a setting the file left at its default, but this one changes what the boundaries mean:
     # the warning explains why ORT's fixer (re-run for qnn with int8 as the default) then rejects them.
     out2 = tmp_path / "q2.onnx"
-    r = run_cli("quantize", "-m", tiny, "-o", out2, "--overrides", ofile, "--activation-type", "int8")
+    r = run_cli("quantize", "-f", tiny, "-o", out2, "--overrides", ofile, "--activation-type", "int8")
     assert r.code == EXIT_USAGE
     warning, error = r.stderr.strip().splitlines()
     assert warning.startswith("qdebug: warning: the overrides were fixed for activation_type='uint8'")
@@ -526,7 +526,7 @@ def test_cli_flags_apply_but_cannot_contradict(tiny: Path, tmp_path: Path, ofile
 
 def test_cli_missing_overrides_file(tiny: Path, tmp_path: Path, run_cli) -> None:
     out = tmp_path / "q.onnx"
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", tmp_path / "nope.json")
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", tmp_path / "nope.json")
     assert_one_line_error(r, EXIT_INPUT_FILE, "nope.json", "no such file")
     assert not out.exists()
 
@@ -535,7 +535,7 @@ def test_cli_invalid_file_writes_nothing(tiny: Path, tmp_path: Path, run_cli) ->
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(_doc({"a1": [{"scale": 0.1}], "c2": [{"quant_type": "QUInt3"}]})))
     out = tmp_path / "q.onnx"
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", bad)
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", bad)
     assert_one_line_error(r, EXIT_USAGE, str(bad), "2 problems", "a1:", "'QUInt3'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]  # no model, no calibration cache
 
@@ -543,7 +543,7 @@ def test_cli_invalid_file_writes_nothing(tiny: Path, tmp_path: Path, run_cli) ->
 def test_cli_model_problems_and_checksum_warning(tiny: Path, tmp_path: Path, run_cli) -> None:
     out = tmp_path / "q.onnx"
     unknown = OverridesFile({**FIXED_A1, "ghost": [{"quant_type": "QUInt16"}]}, model_sha256="0" * 64)
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", unknown.save(tmp_path / "u.json"))
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", unknown.save(tmp_path / "u.json"))
     assert r.code == EXIT_USAGE
     warning, error = r.stderr.strip().splitlines()
     assert warning.startswith("qdebug: warning: the overrides were made for a different model file")
@@ -552,7 +552,7 @@ def test_cli_model_problems_and_checksum_warning(tiny: Path, tmp_path: Path, run
     assert not out.exists()
 
     other = OverridesFile(FIXED_A1, model_sha256="0" * 64)  # made for another file, but fits this model
-    r = run_cli("quantize", "-m", tiny, "-o", out, "--overrides", other.save(tmp_path / "o2.json"))
+    r = run_cli("quantize", "-f", tiny, "-o", out, "--overrides", other.save(tmp_path / "o2.json"))
     assert r.code == EXIT_OK, r.stderr
     assert r.stderr.startswith("qdebug: warning: the overrides were made for a different model file")
     assert "every overridden tensor exists in this model" in r.stderr

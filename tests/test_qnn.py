@@ -331,11 +331,14 @@ def test_the_registered_target(qnn: None, models: dict[str, Path], tmp_path: Pat
     assert available_targets()["qnn"][0] is True
     target = get_target("qnn")
     assert target.name == "qnn"
-    r = target.compile(models["tiny"], tmp_path, {"soc": "SM8650", "name": "tiny"})
+    from qdebug.targets.base import BuildOptions, CompileJob
+
+    options = BuildOptions("qnn", "uint8", soc="SM8650")
+    r = target.compile(CompileJob(model=models["tiny"], out_dir=tmp_path, options=options, stem="tiny")).report
     assert r.ok and r.device == "SM8650 (HTP v75)"
     assert r.compiled_model == str(tmp_path / "tiny.qnn_ctx.onnx")
-    with pytest.raises(ConfigError, match="unknown QNN option"):
-        target.compile(models["tiny"], tmp_path, {"sco": "SM8650"})
+    with pytest.raises(ConfigError, match="unknown soc 'SM1234'"):
+        BuildOptions("qnn", "uint8", soc="SM1234")
 
 
 # --------------------------------------------------------------------------- running

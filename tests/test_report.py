@@ -119,7 +119,7 @@ def test_real_report_round_trip_and_strict_json(tmp_path: Path) -> None:
     text = rep.to_json()
     d = _strict(text)
     assert "Infinity" not in text and "NaN" not in text
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2  # 2: metrics and meta.capture (version 1 is still read)
     _assert_equal(DebugReport.from_json(text), rep)
     assert DebugReport.from_dict(d).activation("diff").cumulative_sqnr_db is None
 
@@ -128,7 +128,8 @@ def test_to_dataframe() -> None:
     rep = _report()
     df = rep.to_dataframe()
     assert len(df) == len(rep.activations) == 4
-    assert list(df.columns) == [f.name for f in fields(ActivationResult)]
+    # every field as a column; the metrics mapping is spread into metric.<name> columns (none in this report)
+    assert list(df.columns) == [f.name for f in fields(ActivationResult) if f.name != "metrics"]
     assert list(df["tensor_name"]) == ["a", "b", "c", "d"]
     assert df.loc[1, "local_sqnr_db"] == math.inf
     assert df.loc[2, "local_status"] == "not_quantized"

@@ -24,12 +24,12 @@ import traitlets as tr
 if TYPE_CHECKING:
     import pandas as pd
 
-    from qdebug.build import RecompileResult
     from qdebug.mixed.promote import PromotionPlan
     from qdebug.mixed.search import SearchPoint, SearchResult
     from qdebug.mixed.session import Evaluation
     from qdebug.mixed.suggest import Suggestion
     from qdebug.report import DebugReport
+    from qdebug.targets.recompile import RecompileResult
     from widgets.session import QuantDebugger
 
 #: Metrics the graph colours by (columns of ``DebugReport.to_dataframe()``).

@@ -22,6 +22,7 @@ from typing import Any
 import ipywidgets as w
 import traitlets as tr
 
+from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_USAGE, QDebugError
 from qdebug.samples import SAMPLE_DIR, list_samples
 
@@ -31,7 +32,6 @@ MAX_UPLOAD_MB = float(os.environ.get("QDEBUG_MAX_UPLOAD_MB", "25"))
 #: Debug samples used by the dashboard (enough for stable SQNR on the samples, quick on a laptop).
 DEBUG_SAMPLES = 64
 #: The precisions offered per target (fp16 compiles without quantizing: nothing for the debugger to show).
-TARGET_PRECISIONS = {"cpu": ("uint8", "int8", "uint16"), "qnn": ("uint8", "uint16", "int8"), "deeploy": ("int8",)}
 
 SOURCES = (("bundled sample", "sample"), ("file on the server", "server"), ("upload", "upload"))
 DATA_CHOICES = (
@@ -232,12 +232,16 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             (name if ok else f"{name} (unavailable: {reason[:60]})", name)
             for name, (ok, reason) in self.targets_info.items()
         ]
-        self.target_picker.value = "cpu"
-        self._target_changed({"new": "cpu"})
+        first = next(iter(self.targets_info))
+        self.target_picker.value = first
+        self._target_changed({"new": first})
 
     def _target_changed(self, change: dict[str, Any]) -> None:
-        opts = TARGET_PRECISIONS.get(str(change["new"]), ("uint8",))
-        self.precision_picker.options = list(opts)
+        from qdebug.targets.base import get_target
+
+        # Only precisions that quantize: the dashboard debugs a QDQ model against its float parent.
+        opts = [p.name for p in get_target(str(change["new"])).precisions.values() if p.quantized]
+        self.precision_picker.options = opts
         self.precision_picker.value = opts[0]
 
     def _layout_form(self) -> None:
@@ -348,7 +352,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         try:
             inputs = self.resolve_inputs(run_dir)
             config = resolve_config(inputs.target, inputs.precision)
-            float_model = self._prepare_float(inputs, run_dir)
+            float_model, config = self._prepare_float(inputs, config, run_dir)
             label = "label" if inputs.eval_data is not None else None
             dbg = QuantDebugger(
                 float_model,
@@ -382,20 +386,24 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             "ok",
         )
 
-    def _prepare_float(self, inputs: RunInputs, run_dir: Path) -> Path:
-        """The float model as the target needs it: Deeploy has no BatchNormalization, so it is folded first
-        (into a copy in the run folder; the user's file is only read)."""
-        if inputs.target != "deeploy" or inputs.quant_model is not None:
-            return inputs.float_model
+    def _prepare_float(
+        self, inputs: RunInputs, config: QuantConfig | None, run_dir: Path
+    ) -> tuple[Path, QuantConfig | None]:
+        """The float model as the target needs it, with its compatibility fixes (e.g. Deeploy has no
+        BatchNormalization), in a copy in the run folder; the user's file is only read."""
+        if inputs.quant_model is not None:
+            return inputs.float_model, config
         from qdebug.graph import load_model
         from qdebug.io import atomic_save_model
-        from qdebug.targets.qnn_fixes import fold_batchnorm
+        from qdebug.targets.base import BuildOptions, ShapeSource
 
+        options = BuildOptions(inputs.target, inputs.precision)
         model = load_model(inputs.float_model, "float model")
-        if not any(n.op_type == "BatchNormalization" for n in model.graph.node):
-            return inputs.float_model
-        folded, _ = fold_batchnorm(model)
-        return atomic_save_model(folded, run_dir / f"{inputs.float_model.stem}.bn-folded.onnx")
+        prepared = options.target.prepare(model, config, options, ShapeSource(None, inputs.data))
+        if not prepared.changed:
+            return inputs.float_model, config
+        path = run_dir / f"{inputs.float_model.stem}.{inputs.target}.onnx"
+        return atomic_save_model(prepared.model, path), prepared.config
 
 
 __all__ = ["DATA_CHOICES", "MAX_UPLOAD_MB", "Dashboard", "DashboardInputError", "FileBrowser", "RunInputs"]

@@ -20,12 +20,12 @@ from qdebug.graph import file_sha256, load_model, pair_models
 from qdebug.mixed.session import DataLike, Evaluation, MixedPrecisionSession
 
 if TYPE_CHECKING:
-    from qdebug.build import RecompileResult
     from qdebug.mixed.promote import PromotionPlan
     from qdebug.mixed.search import SearchGoal, SearchResult
     from qdebug.mixed.suggest import Suggestion
     from qdebug.quantize import QuantizeResult
     from qdebug.report import DebugReport
+    from qdebug.targets.recompile import RecompileResult
 
 #: ``progress(done, total, message)`` — called by long operations so a view can show where they are.
 ProgressCallback = Callable[[int, int, str], None]
@@ -223,7 +223,7 @@ class QuantDebugger:
         return n
 
     def targets(self) -> dict[str, tuple[bool, str]]:
-        """Every compile target with (available here, why not): ``cpu`` plus the registered ones."""
+        """Every registered compile target with (available here, why not)."""
         return self.available_targets()
 
     @staticmethod
@@ -231,23 +231,14 @@ class QuantDebugger:
         """:meth:`targets` without a session (the dashboard lists them before anything is loaded)."""
         from qdebug.targets.base import available_targets
 
-        out: dict[str, tuple[bool, str]] = {CPU_TARGET: (True, "ONNX Runtime CPU (validates the QDQ model)")}
-        try:
-            out.update(available_targets())
-        except Exception as exc:  # a broken backend must not hide the others
-            out["qnn"] = (False, f"target registry failed: {exc}")
-        if "deeploy" not in out:
-            from qdebug.targets.deeploy_env import deeploy_available
-
-            out["deeploy"] = deeploy_available()
-        return out
+        return {name: (a.ok, a.reason) for name, a in available_targets().items()}
 
     def recompile(self, target: str = CPU_TARGET) -> RecompileResult:
-        """Compile the current variant for ``target`` (``cpu``, ``qnn`` or ``deeploy``)."""
+        """Compile the current variant for a registered ``target`` (e.g. ``cpu``, ``qnn``, ``deeploy``)."""
         self._step(0, 1, f"compiling for {target}")
         ev = self.current
         if ev is None:  # a given pair: compile the given QDQ model
-            from qdebug.build import recompile
+            from qdebug.targets.recompile import recompile
 
             res = recompile(
                 self.quant_model_path,

@@ -31,6 +31,7 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError, InputFileError
+from qdebug.targets.base import get_target, target_names
 
 if TYPE_CHECKING:
     import onnx
@@ -278,13 +279,20 @@ def _config_problems(overrides: Overrides, config: QuantConfig) -> list[str]:
                 f"{name}: convert quant_type {e.convert.quant_type} equals the default activation type; "
                 "nothing to convert"
             )
-        if config.target == "deeploy":
-            types = {x.quant_type for x in entries if x.quant_type} | {
-                x.convert.quant_type for x in entries if x.convert
-            }
-            if types - {"int8"}:
-                problems.append(f"{name}: target 'deeploy' takes int8 only, overridden to {sorted(types)}")
+        types = {x.quant_type for x in entries if x.quant_type} | {x.convert.quant_type for x in entries if x.convert}
+        allowed = _target_types(config.target) or types
+        if types - allowed:
+            takes = f"{min(allowed)} only" if len(allowed) == 1 else str(sorted(allowed))
+            problems.append(f"{name}: target {config.target!r} takes {takes}, overridden to {sorted(types)}")
     return problems
+
+
+def _target_types(target: str) -> frozenset[str]:
+    """Every type a target runs (activations or weights; an override may name either); empty if unknown."""
+    if target not in target_names():
+        return frozenset()
+    t = get_target(target)
+    return t.activation_types | getattr(t, "weight_types", frozenset())
 
 
 def _file_problems(overrides: Overrides, sha: str | None, base: QuantConfig | None) -> list[str]:

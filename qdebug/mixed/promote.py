@@ -28,13 +28,9 @@ from qdebug.config import (
 )
 from qdebug.errors import ConfigError
 from qdebug.graph import load_model
+from qdebug.targets.base import get_target
 
 #: Activation types each target can run (QNN HTP: unsigned 8/16-bit activations; Deeploy: int8 only).
-TARGET_ACTIVATION_TYPES: dict[str, frozenset[str]] = {
-    "cpu": frozenset({"uint8", "int8", "uint16", "int16"}),
-    "qnn": frozenset({"uint8", "uint16"}),
-    "deeploy": frozenset({"int8"}),
-}
 
 
 @dataclass(frozen=True)
@@ -121,7 +117,7 @@ def check_promotable(model: onnx.ModelProto, tensors: Iterable[str], to: str, ta
             close = difflib.get_close_matches(t, sorted(acts), n=3)
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
             problems.append(f"{t!r} is not a tensor of the model{hint}")
-    allowed = TARGET_ACTIVATION_TYPES.get(target, frozenset(QUANT_TYPES))
+    allowed = get_target(target).activation_types
     if to not in allowed:
         problems.append(f"target {target!r} cannot run activations as {to}; it takes {sorted(allowed)}")
     if problems:

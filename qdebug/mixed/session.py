@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,11 +27,10 @@ from qdebug.mixed.promote import PromotionPlan, promote
 from qdebug.mixed.suggest import Suggestion, suggest
 from qdebug.quantize import QuantizeResult, quantize
 from qdebug.report import DebugReport
+from qdebug.targets.recompile import RecompileResult, recompile
 
 if TYPE_CHECKING:
-    from qdebug.build import RecompileResult
     from qdebug.mixed.search import SearchGoal, SearchResult
-    from qdebug.targets.qnn import QnnOptions
 
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
 
@@ -190,12 +189,11 @@ class MixedPrecisionSession:
 
         return search(self, goal)
 
-    def recompile(
-        self, evaluation: Evaluation, target: str = "qnn", options: QnnOptions | None = None
-    ) -> RecompileResult:
-        """Compile an evaluated variant for ``target`` and check it there (:func:`qdebug.build.recompile`): for QNN
-        the EPContext model in the workdir and the HTP simulator's accuracy on the debug samples."""
-        from qdebug.build import recompile
+    def recompile(self, evaluation: Evaluation, target: str = "qnn", options: Any = None) -> RecompileResult:
+        """Compile an evaluated variant for ``target`` and check it there
+        (:func:`qdebug.targets.recompile.recompile`; ``options``: a ``BuildOptions`` or the target's own options,
+        e.g. ``QnnOptions``): for QNN the EPContext model in the workdir and the HTP simulator's accuracy on the
+        debug samples."""
         from qdebug.data import open_data
         from qdebug.graph import input_specs
 

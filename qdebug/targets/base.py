@@ -6,14 +6,49 @@ Targets import their backend lazily (``qdebug._lazy.require``), so listing targe
 
 from __future__ import annotations
 
-import importlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from qdebug.errors import ConfigError
 from qdebug.passes import PassReport
+from qdebug.target_registry import config_problems, lookup, register_target, target_names, unregister_target
+
+if TYPE_CHECKING:
+    import onnx
+
+    from qdebug.config import QuantConfig
+    from qdebug.report import TargetAccuracy
+
+__all__ = [
+    "OPTION_FLAGS",
+    "Availability",
+    "BuildOptions",
+    "CompileJob",
+    "CompileReport",
+    "Compiled",
+    "FallbackNode",
+    "FixReport",
+    "Precision",
+    "Prepared",
+    "ProgressFn",
+    "ShapeSource",
+    "Target",
+    "TargetBase",
+    "available_targets",
+    "compile_problems",
+    "config_problems",
+    "failed_report",
+    "get_target",
+    "register_target",
+    "shapes_for",
+    "target_names",
+    "to_ort_config",
+    "unregister_target",
+    "validate_config",
+]
 
 SCHEMA_VERSION = 1
 
@@ -110,66 +145,450 @@ class Availability(NamedTuple):
     reason: str
 
 
-class Target(Protocol):
-    """A compile target: everything target-specific lives behind this interface (see docs/architecture.md).
+#: Build options each target may or may not take, with their command-line spelling (for error messages).
+OPTION_FLAGS: dict[str, str] = {
+    "soc": "--soc",
+    "fail_on_fallback": "--fail-on-fallback",
+    "skip_fixes": "--skip-fix",
+    "probe_tensors": "--no-tensor-probe",
+    "snap_scales": "--no-snap-scales",
+}
+SNAP_GRIDS = ("tie_free", "fine")
+ProgressFn = Callable[[str], None]
 
-    The attributes below are what the rest of qdebug reads instead of branching on a target's name: the CLI's
-    choices, the dashboard's target and precision lists, the mixed-precision type checks and ``build``.
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What to build for, validated on construction against the target's own rules (:meth:`Target.option_problems`).
+
+    ``device`` names a registered target (``--target``); ``precision`` one of its :attr:`Target.precisions`.
+    ``input_shapes`` fixes dynamic input dimensions (static-shape fix, synthetic data); without it the first
+    sample of the data decides. ``debug_samples`` caps the samples used by ``debug`` and the target-side check;
+    ``eval_data`` is always used whole. ``skip_fixes`` names compatibility fixes not to apply. ``snap_scales`` /
+    ``snap_grid``: Deeploy's requantization snapping (docs/deeploy.md); ``probe_tensors``: QNN's per-tensor check.
     """
 
-    #: the registry name, e.g. ``"qnn"``
-    name: str
-    #: one line for listings, e.g. ``"Qualcomm QNN HTP (EPContext, HTP simulator)"``
-    description: str
-    #: ``--precision`` name → what it means, in display order (the first is the default)
-    precisions: Mapping[str, Precision]
-    #: activation types the target runs (what a 16-bit promotion may use)
-    activation_types: frozenset[str]
+    device: str
+    precision: str
+    soc: str | None = None
+    fail_on_fallback: bool = False
+    debug_samples: int = 32
+    input_shapes: Mapping[str, Sequence[int]] | None = None
+    label_key: str = "label"
+    skip_fixes: tuple[str, ...] = ()
+    probe_tensors: bool = True
+    timeout_s: float = 600.0
+    snap_scales: bool = True
+    snap_grid: str = "tie_free"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "skip_fixes", tuple(self.skip_fixes))
+        problems = self.problems()
+        if problems:
+            raise ConfigError("invalid build options: " + "; ".join(problems))
+
+    @property
+    def target(self) -> Target:
+        """The registered target these options build for."""
+        return get_target(self.device)
+
+    def problems(self) -> list[str]:
+        """Every invalid or conflicting option, all at once."""
+        p: list[str] = []
+        if self.device not in target_names():
+            p.append(f"device {self.device!r} not in {list(target_names())}")
+        else:
+            p += self._target_problems(self.target)
+        if self.snap_grid not in SNAP_GRIDS:
+            p.append(f"snap_grid {self.snap_grid!r} not in {list(SNAP_GRIDS)}")
+        if not isinstance(self.debug_samples, int) or self.debug_samples < 1:
+            p.append(f"debug_samples must be a positive integer, got {self.debug_samples!r}")
+        known = sorted({f for n in target_names() for f in get_target(n).fix_names})
+        unknown = sorted(set(self.skip_fixes) - set(known))
+        if unknown:
+            p.append(f"unknown fix name(s) {unknown}; known: {known}")
+        if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
+            p.append(f"timeout_s must be positive, got {self.timeout_s!r}")
+        return p
+
+    def _target_problems(self, t: Target) -> list[str]:
+        p: list[str] = []
+        if self.precision not in t.precisions:
+            everywhere = sorted({q for n in target_names() for q in get_target(n).precisions})
+            if self.precision not in everywhere:
+                return [f"precision {self.precision!r} not in {everywhere}"]
+            p.append(
+                f"precision {self.precision!r} is not supported on device {t.name!r}; use one of "
+                f"{list(t.precisions)}{t.precision_hint(self.precision)}"
+            )
+        defaults = BuildOptions.__dataclass_fields__
+        for option, flag in OPTION_FLAGS.items():
+            if option not in t.options and getattr(self, option) not in ((), None, defaults[option].default):
+                takers = [n for n in target_names() if option in get_target(n).options]
+                p.append(f"{flag} applies to --target {', '.join(takers)} only")
+        stray = sorted(
+            set(self.skip_fixes) & ({f for n in target_names() for f in get_target(n).fix_names} - set(t.fix_names))
+        )
+        if stray and "skip_fixes" in t.options:
+            p.append(f"--skip-fix {stray} does not apply to --target {t.name} (its fixes: {list(t.fix_names)})")
+        if not p:
+            p += t.option_problems(self)
+        return p
+
+    def precision_spec(self) -> Precision:
+        """The chosen precision of the chosen target."""
+        return self.target.precisions[self.precision]
+
+    @property
+    def quantized(self) -> bool:
+        """False when the precision compiles the float model as it is (e.g. QNN fp16)."""
+        return self.precision_spec().quantized
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The float model after a target's compatibility fixes, the config to quantize it with, one report per fix."""
+
+    model: onnx.ModelProto
+    config: QuantConfig | None
+    fixes: tuple[PassReport, ...] = ()
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        """Names of the fixes that changed something."""
+        return tuple(f.name for f in self.fixes if f.changed)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What a target's compile produced.
+
+    ``files`` maps manifest roles to paths relative to the build folder; ``manifest`` holds the target's own
+    manifest entries (e.g. ``{"deeploy": {...}}``); ``warnings`` are for the user.
+    """
+
+    report: CompileReport
+    files: Mapping[str, str] = field(default_factory=dict)
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    #: what the target did besides compiling, for ``recompile``'s notes (e.g. Deeploy's snapping, bit-exactness)
+    notes: tuple[str, ...] = ()
+
+
+class Target(Protocol):
+    """A compile target: everything target-specific lives behind this interface (docs/architecture.md).
+
+    The attributes are what the rest of qdebug reads instead of branching on a target's name: the CLI's choices,
+    the dashboard's target and precision lists, the mixed-precision type checks and ``build``/``recompile``.
+    :class:`TargetBase` gives every method a default, so a new target writes only what differs.
+    """
+
+    @property
+    def name(self) -> str:
+        """The registry name, e.g. ``"qnn"``."""
+
+    @property
+    def description(self) -> str:
+        """One line for listings, e.g. ``"Qualcomm QNN HTP (EPContext; the HTP simulator on x86)"``."""
+
+    @property
+    def precisions(self) -> Mapping[str, Precision]:
+        """``--precision`` name → what it means, in display order (the first is the default)."""
+
+    @property
+    def activation_types(self) -> frozenset[str]:
+        """Activation types the target runs (what a 16-bit promotion may use)."""
+
+    @property
+    def options(self) -> frozenset[str]:
+        """The target-specific build options it takes (keys of :data:`OPTION_FLAGS`)."""
+
+    @property
+    def fix_names(self) -> tuple[str, ...]:
+        """Names of its compatibility fixes (``--skip-fix``), in the order they run."""
 
     def available(self) -> Availability:
         """Usable here, and why not — never raises and never imports the backend."""
         ...
 
+    def precision_hint(self, precision: str) -> str:
+        """A parenthesised hint appended to "precision X is not supported" (or ``""``)."""
+        ...
 
-TargetFactory = Callable[[], Target]
+    def option_problems(self, options: BuildOptions) -> list[str]:
+        """Rules of its own beyond :data:`OPTION_FLAGS` (e.g. QNN fp16 needs a SoC)."""
+        ...
 
-#: Modules of the built-in targets, imported by name on first use; each calls :func:`register_target`.
-#: (Imported by name rather than statically so that listing targets never loads a backend, and so that the
-#: targets can build on the engine below them without this registry depending on them.)
-BUILTIN_TARGET_MODULES: tuple[str, ...] = ("qdebug.targets.qnn",)
+    def config_problems(self, config: QuantConfig) -> list[str]:
+        """What in a quantization config this target cannot run (types, symmetry)."""
+        ...
 
-_REGISTRY: dict[str, TargetFactory] = {}
-_LOADED = False
+    def ort_config(self, config: QuantConfig, model: str | Path | onnx.ModelProto, reader: Any) -> Any:
+        """ONNX Runtime's ``StaticQuantConfig`` for ``config`` (the target's own ORT recipe)."""
+        ...
+
+    def prepare(
+        self, model: onnx.ModelProto, config: QuantConfig | None, options: BuildOptions, shapes: ShapeSource
+    ) -> Prepared:
+        """Compatibility fixes on the float model (and its config) before quantizing; the input is not modified."""
+        ...
+
+    def after_quantize(
+        self, qdq_model: Path, dest: Path, options: BuildOptions, progress: ProgressFn
+    ) -> tuple[Path, Mapping[str, Any]]:
+        """A step on the QDQ model before it is compiled (e.g. Deeploy's scale snapping), written to ``dest``
+        (which may be ``qdq_model``): the model to compile and what was done (handed to :meth:`compile` as
+        :attr:`CompileJob.after`). ``(qdq_model, {})`` when there is nothing to do."""
+        ...
+
+    def compile(self, job: CompileJob) -> Compiled:
+        """Compile ``job.model`` into ``job.out_dir``; a failure is *reported* in the result, bad input raises."""
+        ...
+
+    def check(self, job: CompileJob, compiled: Compiled) -> TargetAccuracy | None:
+        """The compiled model's accuracy on the target (per output, maybe per tensor), or ``None``."""
+        ...
+
+    def compiled_top1(
+        self, job: CompileJob, compiled: Compiled, eval_data: Path, qdq_top1: float | None
+    ) -> float | None:
+        """Top-1 of the compiled model on the labelled ``eval_data`` (``None``: it cannot be run here)."""
+        ...
+
+    def describe(self, report: CompileReport) -> list[str]:
+        """Plain lines about a compile report for the CLI (no colour; the first is the headline)."""
+        ...
+
+    def describe_manifest(self, manifest: Mapping[str, Any]) -> list[str]:
+        """Plain lines about the target's own manifest entries (:attr:`Compiled.manifest`)."""
+        ...
+
+    def hints(self, report: CompileReport, fixes: Sequence[PassReport]) -> list[str]:
+        """Warnings that tie a fallback to a skipped fix (or anything else the user can act on)."""
+        ...
 
 
-def register_target(name: str, factory: TargetFactory) -> None:
-    """Register a target factory under ``name`` (a plug-in target calls this when imported)."""
-    _REGISTRY[name] = factory
+@dataclass(frozen=True)
+class ShapeSource:
+    """Where the static-shape fix takes shapes from: ``--input-shape``, else the first data sample, else defaults."""
+
+    given: Mapping[str, Sequence[int]] | None
+    data: Any
+    label_key: str = "label"
 
 
-def _load_builtin() -> None:
-    global _LOADED  # noqa: PLW0603 - a once-only import of the built-in target modules
-    if _LOADED:
-        return
-    _LOADED = True
-    for module in BUILTIN_TARGET_MODULES:
-        importlib.import_module(module)
+@dataclass(frozen=True)
+class CompileJob:
+    """Everything a target's compile and check steps get from ``build`` / ``recompile``.
 
+    ``model`` is what to compile (the QDQ model, or the float model for an unquantized precision);
+    ``float_model`` / ``qdq_model`` the reference pair for the accuracy check (``qdq_model`` ``None`` when not
+    quantized); ``samples`` the debug samples; ``stem`` names the outputs.
+    """
 
-def target_names() -> tuple[str, ...]:
-    """Every registered target name, in registration order (built-ins first)."""
-    _load_builtin()
-    return tuple(_REGISTRY)
+    model: Path
+    out_dir: Path
+    options: BuildOptions
+    float_model: Path | None = None
+    qdq_model: Path | None = None
+    samples: Any = None
+    stem: str = "model"
+    progress: ProgressFn = field(default=lambda _msg: None)
+    #: what :meth:`Target.after_quantize` did (its manifest entries)
+    after: Mapping[str, Any] = field(default_factory=dict)
 
 
 def get_target(name: str) -> Target:
     """The target registered as ``name``; an unknown name is a :class:`ConfigError` listing the known ones."""
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown target {name!r}; known: {list(_REGISTRY)}")
-    return _REGISTRY[name]()
+    target: Target = lookup(name)
+    return target
 
 
 def available_targets() -> dict[str, Availability]:
     """Every registered target with (available, reason)."""
     return {name: Availability(*get_target(name).available()) for name in target_names()}
+
+
+def validate_config(config: QuantConfig) -> QuantConfig:
+    """``config`` if its target can run it, else a :class:`ConfigError` listing every problem."""
+    problems = config_problems(config)
+    if problems:
+        raise ConfigError("invalid quantization config: " + "; ".join(problems))
+    return config
+
+
+def to_ort_config(config: QuantConfig, model: str | Path | onnx.ModelProto, reader: Any) -> Any:
+    """ONNX Runtime's ``StaticQuantConfig`` for ``config``, by its target's recipe (validated first)."""
+    return get_target(validate_config(config).target).ort_config(config, model, reader)
+
+
+class TargetBase:
+    """Defaults for every :class:`Target` method: no options, no fixes, nothing after quantizing, no target-side
+    check; ORT's generic QDQ recipe. A target subclasses it and overrides what differs."""
+
+    name: str = ""
+    description: str = ""
+    precisions: Mapping[str, Precision] = {}
+    activation_types: frozenset[str] = frozenset()
+    weight_types: frozenset[str] = frozenset({"uint8", "int8", "uint16", "int16"})
+    options: frozenset[str] = frozenset()
+    fix_names: tuple[str, ...] = ()
+
+    def available(self) -> Availability:
+        """Usable everywhere (override when a backend is needed)."""
+        return Availability(True, self.description)
+
+    def precision_hint(self, precision: str) -> str:
+        """No hint by default."""
+        return ""
+
+    def option_problems(self, options: BuildOptions) -> list[str]:
+        """No rules of its own by default."""
+        return []
+
+    def config_problems(self, config: QuantConfig) -> list[str]:
+        """Activation and weight types outside :attr:`activation_types` / :attr:`weight_types`."""
+        p = []
+        if config.activation_type not in self.activation_types:
+            p.append(
+                f"target {self.name!r} cannot run {config.activation_type} activations; it takes "
+                f"{sorted(self.activation_types)}"
+            )
+        if config.weight_type not in self.weight_types:
+            p.append(
+                f"target {self.name!r} cannot run {config.weight_type} weights; it takes {sorted(self.weight_types)}"
+            )
+        return p
+
+    def ort_config(self, config: QuantConfig, model: str | Path | onnx.ModelProto, reader: Any) -> Any:
+        """ORT's generic ``get_qdq_config`` (the CPU execution provider's recipe)."""
+        from onnxruntime.quantization import get_qdq_config
+
+        from qdebug.config import ort_quant_options
+
+        o = ort_quant_options(config)
+        return _ort_call(
+            get_qdq_config,
+            model,
+            reader,
+            calibrate_method=o.method,
+            activation_type=o.activation_type,
+            weight_type=o.weight_type,
+            activation_symmetric=config.activation_symmetric,
+            weight_symmetric=config.weight_symmetric,
+            per_channel=config.per_channel,
+            tensor_quant_overrides=o.overrides,
+        )
+
+    def prepare(
+        self, model: onnx.ModelProto, config: QuantConfig | None, options: BuildOptions, shapes: ShapeSource
+    ) -> Prepared:
+        """No fixes: a copy of the model, the config as given."""
+        import onnx
+
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return Prepared(copy, config, ())
+
+    def after_quantize(
+        self, qdq_model: Path, dest: Path, options: BuildOptions, progress: ProgressFn
+    ) -> tuple[Path, Mapping[str, Any]]:
+        """Nothing to do by default."""
+        return qdq_model, {}
+
+    def compile(self, job: CompileJob) -> Compiled:  # pragma: no cover - every target implements it
+        """Every target compiles its own way."""
+        raise NotImplementedError
+
+    def check(self, job: CompileJob, compiled: Compiled) -> TargetAccuracy | None:
+        """No target-side accuracy by default."""
+        return None
+
+    def compiled_top1(
+        self, job: CompileJob, compiled: Compiled, eval_data: Path, qdq_top1: float | None
+    ) -> float | None:
+        """Not run by default."""
+        return None
+
+    def describe(self, report: CompileReport) -> list[str]:
+        """A one-line headline (the target's own name, device, nodes and time)."""
+        state = "OK" if report.ok else "FAILED"
+        return [
+            f"{self.name} compile {state}: {report.device}, {report.accelerator_nodes} nodes, "
+            f"{report.compile_seconds:.2f} s"
+        ]
+
+    def describe_manifest(self, manifest: Mapping[str, Any]) -> list[str]:
+        """No manifest entries of its own by default."""
+        return []
+
+    def hints(self, report: CompileReport, fixes: Sequence[PassReport]) -> list[str]:
+        """No hints by default."""
+        return []
+
+
+def _ort_call(fn: Callable[..., Any], model: str | Path | onnx.ModelProto, reader: Any, **kwargs: Any) -> Any:
+    """Call one of ORT's config builders; its complaints about the options become a :class:`ConfigError`."""
+    try:
+        return fn(str(model) if isinstance(model, Path) else model, reader, **kwargs)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"ONNX Runtime rejected the quantization config: {exc}") from exc
+
+
+def compile_problems(report: CompileReport, fail_on_fallback: bool = False) -> list[str]:
+    """Why a compile report is a failure: an error, zero nodes on the accelerator, or (asked for) CPU fallback."""
+    name = report.target.upper()
+    if not report.ok:
+        return [f"{name} compile failed: {report.error or 'no reason given'}"]
+    out = []
+    if report.accelerator_partitions == 0 or report.accelerator_nodes == 0:
+        by_op = ", ".join(f"{op} {n}" for op, n in sorted(report.fallback_by_op().items())) or "see the compile log"
+        out.append(f"{name} took no node of the model: everything would run on the CPU ({by_op})")
+    elif fail_on_fallback and report.cpu_nodes > 0:
+        by_op = ", ".join(f"{op} {n}" for op, n in sorted(report.fallback_by_op().items()))
+        out.append(f"--fail-on-fallback: {report.cpu_nodes} node(s) fall back to the CPU ({by_op})")
+    return out
+
+
+def failed_report(target: str, device: str, t0: float, error: str, nodes: int = 0) -> CompileReport:
+    """A :class:`CompileReport` for a compile that failed before producing anything."""
+    import time
+
+    return CompileReport(
+        target=target,
+        ok=False,
+        compiled_model=None,
+        compile_seconds=round(time.perf_counter() - t0, 4),
+        accelerator_partitions=0,
+        accelerator_nodes=nodes,
+        cpu_nodes=0,
+        graph_io_qdq_on_cpu=0,
+        device=device,
+        error=error,
+    )
+
+
+def shapes_for(model: onnx.ModelProto, source: ShapeSource) -> tuple[dict[str, list[int]], str]:
+    """Shapes for the static-shape fix: ``--input-shape`` first, then the first data sample, then the documented
+    defaults; and where they came from (for the fix's report)."""
+    from qdebug.data import open_data, resolve_shapes
+    from qdebug.graph import input_specs
+
+    specs = input_specs(model)
+    shapes = {k: list(v) for k, v in (source.given or {}).items()}
+    missing = [s for s in specs if not s.is_static and s.name not in shapes]
+    if not missing:
+        return shapes, "from --input-shape" if source.given else ""
+    if source.data is not None:
+        data = open_data(source.data, specs, num_samples=1, ignore=(source.label_key,), input_shapes=source.given)
+        first = next(iter(data), None)
+        if first is None:
+            from qdebug.errors import ModelError
+
+            raise ModelError(f"{data.description}: holds no samples")
+        for s in missing:
+            shapes[s.name] = list(first[s.name].shape)
+        return shapes, "from the first data sample"
+    for s in missing:
+        shapes[s.name] = list(resolve_shapes([s])[s.name])
+    return shapes, "defaults (batch 1, other dims 32: no data and no --input-shape)"

@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -57,8 +57,26 @@ from qdebug.graph import (
 )
 from qdebug.io import refuse_overwrite_input
 from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energies
+from qdebug.passes import PassReport
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
-from qdebug.targets.base import Availability, CompileReport, FallbackNode, Precision, register_target
+from qdebug.targets.base import (
+    Availability,
+    BuildOptions,
+    Compiled,
+    CompileJob,
+    CompileReport,
+    FallbackNode,
+    Precision,
+    Prepared,
+    ShapeSource,
+    TargetBase,
+    register_target,
+    shapes_for,
+)
+from qdebug.targets.qnn_fixes import FIX_NAMES, apply_qnn_fixes
+
+if TYPE_CHECKING:
+    from qdebug.config import QuantConfig
 
 __all__ = [
     "DATA_MOVEMENT_OPS",
@@ -71,6 +89,7 @@ __all__ = [
     "htp_accuracy",
     "parse_compile_log",
     "qnn_available",
+    "qnn_options",
     "qnn_session",
     "run_compiled",
 ]
@@ -1064,8 +1083,76 @@ def htp_accuracy(
 # --------------------------------------------------------------------------- the target
 
 
-class QnnTarget:
-    """The ``qnn`` target of :mod:`qdebug.targets.base`: options are :class:`QnnOptions` fields (+ ``name``)."""
+#: Fallback op type → the fix that removes it (QNN's own reason for these is vague, e.g. "error 3110").
+FIX_FOR_OP = {"Erf": "gelu_fusion", "LayerNormalization": "layernorm_gamma_unsigned"}
+
+
+def qnn_options(options: BuildOptions) -> QnnOptions:
+    """The :class:`QnnOptions` of a QNN build (an unknown SoC is a ConfigError there)."""
+    return QnnOptions(
+        soc=options.soc,
+        fail_on_fallback=options.fail_on_fallback,
+        enable_fp16=not options.quantized,
+        timeout_s=float(options.timeout_s),
+    )
+
+
+def _usable() -> None:
+    """onnxruntime-qnn checked first (a missing one names the ``qnn`` extra), then its provider library."""
+    require("onnxruntime_qnn")
+    ok, why = qnn_available()
+    if not ok:
+        raise TargetError(f"QNN is not usable here: {why}")
+
+
+def _outputs_of(result: Any, names: Sequence[str]) -> list[np.ndarray]:
+    """``run_compiled``'s per-sample result as arrays in ``names`` order (a mapping or a sequence)."""
+    if isinstance(result, Mapping):
+        return [np.asarray(result[n]) for n in names]
+    return [np.asarray(v) for v in result]
+
+
+def fp16_accuracy(float_model: Path, compiled: Path, source: DataSource, options: QnnOptions) -> TargetAccuracy:
+    """HTP fp16 vs the float model per output (there is no CPU QDQ model to compare with)."""
+    ref = make_session(load_model(float_model, "float model"), ["CPUExecutionProvider"], optimize=True)
+    names = [o.name for o in ref.get_outputs()]  # type: ignore[attr-defined]
+    t0 = time.perf_counter()
+    results = list(run_compiled(compiled, source, output_names=names, options=options))
+    seconds = time.perf_counter() - t0
+    sums = [ErrorSums() for _ in names]
+    for sample, res in zip(source, results, strict=True):
+        outs = ref.run(names, dict(sample))  # type: ignore[attr-defined]
+        for j, (r, t) in enumerate(zip(outs, _outputs_of(res, names), strict=True)):
+            sums[j] = sums[j].merge(reduce_pair(np.asarray(r), t))
+    outputs = tuple(TargetOutputAccuracy(n, s.sqnr[0], None, None) for n, s in zip(names, sums, strict=True))
+    return TargetAccuracy(
+        target="qnn",
+        device=options.device_label(),
+        num_samples=len(results),
+        seconds_per_sample=round(seconds / max(len(results), 1), 6),
+        outputs=outputs,
+        notes=("fp16: no QDQ model, so the HTP is compared with the float model only",),
+    )
+
+
+def compiled_top1(
+    compiled: Path, eval_data: Path, label_key: str, model: onnx.ModelProto, options: QnnOptions
+) -> float:
+    """Top-1 of a compiled model on the HTP over a labelled ``.npz``."""
+    from qdebug.data import open_data, read_labels
+
+    source = open_data(eval_data, input_specs(model), ignore=(label_key,))
+    labels = read_labels(eval_data, label_key, len(source))
+    first = model.graph.output[0].name
+    hits = 0
+    for i, res in enumerate(run_compiled(compiled, source, output_names=[first], options=options)):
+        logits = _outputs_of(res, [first])[0]
+        hits += int(int(np.argmax(logits.reshape(-1))) == int(labels[i]))
+    return hits / len(source)
+
+
+class QnnTarget(TargetBase):
+    """The ``qnn`` target: QNN HTP through onnxruntime-qnn (EPContext; the HTP simulator on x86)."""
 
     name = "qnn"
     description = "Qualcomm QNN HTP (EPContext; the HTP simulator on x86)"
@@ -1080,19 +1167,135 @@ class QnnTarget:
             {"activation_type": "uint8", "weight_type": "int8", "weight_symmetric": True},
             "u8 activations, s8 symmetric weights",
         ),
-        "fp16": Precision("fp16", None, "the float model in HTP fp16 (needs --soc)"),
+        "fp16": Precision("fp16", None, "the float model in HTP fp16; needs --soc"),
     }
     activation_types = frozenset({"uint8", "uint16"})
+    options = frozenset({"soc", "fail_on_fallback", "skip_fixes", "probe_tensors"})
+    fix_names = FIX_NAMES
 
     def available(self) -> Availability:
-        """(usable here, why not) — never raises."""
+        """(usable here, why not) — never raises, never imports onnxruntime_qnn."""
         return Availability(*qnn_available())
 
-    def compile(self, qdq_model: Path, out_dir: Path, options: Mapping[str, Any]) -> CompileReport:
-        """Compile with :func:`compile_qnn`; ``options`` may also hold ``name`` (default ``"model"``)."""
-        opts = dict(options)
-        name = str(opts.pop("name", "model"))
-        return compile_qnn(qdq_model, out_dir, QnnOptions.from_mapping(opts), name=name)
+    def precision_hint(self, precision: str) -> str:
+        """No hint needed: every precision name is a QNN one."""
+        return ""
+
+    def option_problems(self, options: BuildOptions) -> list[str]:
+        """fp16 needs a SoC model; the SoC must be one QNN knows."""
+        p = []
+        if not options.quantized and not options.soc:
+            p.append(
+                "precision fp16 on QNN needs --soc (e.g. SM8650): without a SoC model the HTP takes no node in fp16"
+            )
+        if options.soc is not None and str(options.soc).strip().upper() not in SOC_MODELS:
+            p.append(f"unknown soc {options.soc!r}; known: {', '.join(SOC_MODELS)}")
+        return p
+
+    def config_problems(self, config: QuantConfig) -> list[str]:
+        """16-bit weights must be symmetric."""
+        p = []
+        if config.weight_type.endswith("16") and config.weight_symmetric is False:
+            p.append("target 'qnn' needs symmetric 16-bit weights (weight_symmetric=False conflicts)")
+        return p
+
+    def ort_config(self, config: QuantConfig, model: str | Path | onnx.ModelProto, reader: Any) -> Any:
+        """ORT's ``get_qnn_qdq_config`` (QNN's own rules: e.g. 16-bit-weight and LayerNorm overrides)."""
+        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+        from qdebug.config import ort_quant_options
+        from qdebug.targets.base import _ort_call
+
+        o = ort_quant_options(config)
+        return _ort_call(
+            get_qnn_qdq_config,
+            model,
+            reader,
+            calibrate_method=o.method,
+            activation_type=o.activation_type,
+            weight_type=o.weight_type,
+            per_channel=config.per_channel,
+            init_overrides=o.overrides,
+            activation_symmetric=config.activation_symmetric,
+            weight_symmetric=config.weight_symmetric,
+        )
+
+    def prepare(
+        self, model: onnx.ModelProto, config: QuantConfig | None, options: BuildOptions, shapes: ShapeSource
+    ) -> Prepared:
+        """The QNN compatibility fixes (:mod:`qdebug.targets.qnn_fixes`), before quantizing: calibration, the Q/DQ
+        placement and the overrides must all see the graph QNN will compile (fixing shapes after quantizing left
+        ~1,100 CPU nodes on a detector)."""
+        _usable()
+        qnn_options(options)  # an unknown SoC fails here, before any work
+        given, source = shapes_for(model, shapes)
+        fixed = apply_qnn_fixes(model, config, input_shapes=given, skip=options.skip_fixes)
+        fixes = tuple(
+            replace(r, detail=f"{r.detail} (shapes {source})") if r.name == "static_shapes" and r.changed else r
+            for r in fixed.reports
+        )
+        return Prepared(fixed.model, fixed.config, fixes)
+
+    def compile(self, job: CompileJob) -> Compiled:
+        """EPContext with QNN (in a worker process; its verbose log is the report's source)."""
+        _usable()
+        opts = qnn_options(job.options)
+        job.progress(f"compiling for QNN {opts.device_label()}")
+        report = compile_qnn(job.model, job.out_dir, opts, name=job.stem)
+        from importlib.metadata import version
+
+        return Compiled(report, manifest={"onnxruntime_qnn_version": version("onnxruntime-qnn")})
+
+    def check(self, job: CompileJob, compiled: Compiled) -> TargetAccuracy | None:
+        """The HTP simulator against CPU QDQ and float, per output and (probe) per tensor; fp16: vs float only."""
+        opts = qnn_options(job.options)
+        compiled_path = Path(compiled.report.compiled_model or "")
+        job.progress(f"running the HTP simulator on {len(job.samples)} samples")
+        if job.qdq_model is None:
+            assert job.float_model is not None
+            return fp16_accuracy(job.float_model, compiled_path, job.samples, opts)
+        assert job.float_model is not None
+        with tempfile.TemporaryDirectory(prefix="qdebug-htp-") as probe_dir:  # the probe model is not a result
+            return htp_accuracy(
+                job.float_model,
+                job.qdq_model,
+                compiled_path,
+                job.samples,
+                out_dir=Path(probe_dir),
+                options=opts,
+                probe_tensors=job.options.probe_tensors,
+            )
+
+    def compiled_top1(
+        self, job: CompileJob, compiled: Compiled, eval_data: Path, qdq_top1: float | None
+    ) -> float | None:
+        """Top-1 of the EPContext model on the HTP simulator."""
+        assert job.float_model is not None
+        model = load_model(job.float_model, "float model")
+        path = Path(compiled.report.compiled_model or "")
+        return compiled_top1(path, eval_data, job.options.label_key, model, qnn_options(job.options))
+
+    def describe(self, report: CompileReport) -> list[str]:
+        """Partitions, nodes on the HTP, CPU fallback, context size, compile time."""
+        state = "OK" if report.ok else "FAILED"
+        size = report.context_bytes
+        kib = f"{size / 1024:.0f} KiB" if size < 1 << 20 else f"{size / (1 << 20):.1f} MiB"
+        return [
+            f"Compile report (QNN {report.device}): {state}",
+            f"  EPContext partitions {report.accelerator_partitions}, nodes on the HTP {report.accelerator_nodes}, "
+            f"CPU fallback {report.cpu_nodes} node(s), graph-I/O Q/DQ on CPU by design {report.graph_io_qdq_on_cpu}",
+            f"  context {kib}, compile {report.compile_seconds:.2f} s",
+        ]
+
+    def hints(self, report: CompileReport, fixes: Sequence[PassReport]) -> list[str]:
+        """Name the skipped fix (``--skip-fix``) that would have kept a fallen-back op on the HTP."""
+        skipped = {f.name for f in fixes if f.skipped or f.detail == "skipped on request"}
+        hints = []
+        for op, n in sorted(report.fallback_by_op().items()):
+            fix = FIX_FOR_OP.get(op)
+            if fix in skipped:
+                hints.append(f"{n} {op} node(s) fell back to the CPU; the skipped {fix} fix is what removes that")
+        return hints
 
 
 register_target("qnn", QnnTarget)

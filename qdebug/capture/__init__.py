@@ -1,0 +1,161 @@
+"""Run the float and the quantized model on the same samples and reduce every paired tensor to streaming sums,
+one sample at a time, through a capture backend (:class:`~qdebug.capture.base.CaptureBackend`):
+
+* ``graph`` (default, :mod:`qdebug.capture.graph_backend`): both models merged into one ONNX Runtime graph that
+  returns each sample's sums;
+* ``numpy`` (:mod:`qdebug.capture.numpy_backend`): every paired tensor fetched and reduced in numpy by the
+  reference definition (:mod:`qdebug.capture.reduction`).
+
+Graph optimizations are off in both, so the QDQ model is evaluated as written. A backend that cannot capture the
+pair at all hands the whole run to ``numpy``; a sample it cannot reduce exactly is redone by ``numpy``; both are
+recorded (:class:`CaptureResult` → the report's ``meta.capture``). Peak memory is one sample's tensors, whatever
+the number of samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qdebug.capture.base import (
+    CaptureBackend,
+    CaptureRun,
+    CaptureSums,
+    Fallback,
+    SampleSums,
+    UnsupportedPairError,
+    backend_names,
+    get_backend,
+    register_backend,
+)
+from qdebug.capture.graph_backend import GraphBackend
+from qdebug.capture.numpy_backend import NumpyBackend
+from qdebug.capture.session import expose_outputs, make_session
+from qdebug.data import DataSource
+from qdebug.errors import DataError
+from qdebug.graph import Pairing
+from qdebug.metrics import ErrorSums
+
+__all__ = [
+    "CAPTURE_PATHS",
+    "FALLBACK_BACKEND",
+    "CaptureBackend",
+    "CaptureResult",
+    "CaptureRun",
+    "CaptureSums",
+    "Fallback",
+    "ProgressFn",
+    "SampleSums",
+    "UnsupportedPairError",
+    "backend_names",
+    "capture",
+    "expose_outputs",
+    "get_backend",
+    "make_session",
+    "register_backend",
+]
+
+#: The backend that redoes what another cannot (it reduces any pair ORT can run, by the reference definition).
+FALLBACK_BACKEND = "numpy"
+
+register_backend("graph", GraphBackend)  # the default (first registered)
+register_backend(FALLBACK_BACKEND, NumpyBackend)
+
+#: The registered backends at import time, default first (``--capture`` choices).
+CAPTURE_PATHS = backend_names()
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """Streaming reductions of every paired tensor over all samples, and how they were captured."""
+
+    cumulative: tuple[ErrorSums, ...]  # per activation, float vs quant (post-QDQ)
+    local: tuple[ErrorSums | None, ...]  # per activation, pre- vs post-QDQ (None if not quantized)
+    outputs: tuple[ErrorSums, ...]
+    float_min: tuple[float | None, ...]
+    float_max: tuple[float | None, ...]
+    elements: tuple[int, ...]
+    per_sample: np.ndarray  # samples × activations, cumulative SQNR dB
+    per_sample_outputs: np.ndarray  # samples × outputs
+    num_samples: int
+    requested: str = "graph"  # the backend asked for
+    path: str = "numpy"  # the backend that ran
+    fallback_samples: int = 0  # samples redone by the fallback backend
+    fallback_reason: str | None = None  # why the requested backend could not run at all
+    fallback_reasons: tuple[tuple[str, int], ...] = ()  # (reason, samples) of the per-sample fallbacks
+
+    @classmethod
+    def of(cls, sums: CaptureSums, pairing: Pairing, requested: str, used: str, reason: str | None) -> CaptureResult:
+        """The frozen result of accumulated sums."""
+        n = sums.samples
+        ordinal = iter(range(sums.n_quant))
+        return cls(
+            cumulative=tuple(sums.cumulative.sums(j, n) for j in range(sums.n_acts)),
+            local=tuple(sums.local.sums(next(ordinal), n) if a.quantized else None for a in pairing.activations),
+            outputs=tuple(sums.outputs.sums(j, n) for j in range(sums.n_outs)),
+            float_min=tuple(float(v) if np.isfinite(v) else None for v in sums.float_min),
+            float_max=tuple(float(v) if np.isfinite(v) else None for v in sums.float_max),
+            elements=tuple(int(e) for e in sums.elements),
+            per_sample=sums.rows(),
+            per_sample_outputs=sums.rows(outputs=True),
+            num_samples=n,
+            requested=requested,
+            path=used,
+            fallback_samples=sum(sums.fallbacks.values()),
+            fallback_reason=reason,
+            fallback_reasons=tuple(sorted(sums.fallbacks.items())),
+        )
+
+
+def _open(
+    name: str, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+) -> tuple[CaptureRun, str, str | None]:
+    """The requested backend's run, or the fallback backend's with the reason the requested one cannot run."""
+    try:
+        return get_backend(name).open(float_model, quant_model, pairing, providers), name, None
+    except UnsupportedPairError as exc:
+        if name == FALLBACK_BACKEND:
+            raise
+        run = get_backend(FALLBACK_BACKEND).open(float_model, quant_model, pairing, providers)
+        return run, FALLBACK_BACKEND, str(exc)
+
+
+def capture(
+    float_model: onnx.ModelProto,
+    quant_model: onnx.ModelProto,
+    pairing: Pairing,
+    data: DataSource,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    progress: ProgressFn | None = None,
+    path: str = "graph",
+) -> CaptureResult:
+    """Run both models sample by sample through the backend ``path`` and reduce every paired tensor to sums.
+
+    A sample the backend cannot reduce exactly (NaN/Inf, shapes that differ, an ORT error) is redone by the
+    ``numpy`` backend, which raises the precise one-line error if the sample itself is bad.
+    """
+    n_total = len(data)
+    n_quant = sum(1 for a in pairing.activations if a.quantized)
+    sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
+    run, used, reason = _open(path, float_model, quant_model, pairing, providers)
+    fallback: CaptureRun | None = None
+    for i, sample in enumerate(data):
+        if i >= n_total:  # a source that yields more than it announced
+            break
+        res = run.reduce(i, sample)
+        if isinstance(res, Fallback):
+            sums.fallbacks[res.reason] += 1
+            fallback = fallback or get_backend(FALLBACK_BACKEND).open(float_model, quant_model, pairing, providers)
+            res = fallback.reduce(i, sample)
+            assert isinstance(res, SampleSums), "the fallback backend reduces every sample or raises"
+        sums.add(i, res)
+        if progress is not None:
+            progress(i + 1, n_total)
+    if sums.samples == 0:
+        raise DataError(f"{data.description}: no samples")
+    return CaptureResult.of(sums, pairing, path, used, reason)

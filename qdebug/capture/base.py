@@ -1,0 +1,201 @@
+"""The capture backend interface: a backend opens a *run* for a model pair; the run reduces one sample at a time
+to :class:`SampleSums` (or says, with a reason, that another backend must do that sample); a
+:class:`CaptureSums` accumulates and merges them.
+
+Everything a run returns is a sum, a max or a min: shards of samples (other processes, other machines) merge
+exactly, in any order of their sums and in a fixed order for the per-sample rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from qdebug.errors import ConfigError
+from qdebug.graph import Pairing
+from qdebug.metrics import BatchSums, ErrorSums
+
+__all__ = [
+    "CaptureBackend",
+    "CaptureRun",
+    "CaptureSums",
+    "Fallback",
+    "PairSums",
+    "SampleSums",
+    "UnsupportedPairError",
+    "backend_names",
+    "get_backend",
+    "register_backend",
+]
+
+
+class UnsupportedPairError(Exception):
+    """A backend cannot capture this model pair at all (the reason is the message); another one must."""
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A run could not reduce one sample exactly; the reason is counted in the report and another backend
+    redoes the sample."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class SampleSums:
+    """One sample's sums of every pair: cumulative (per activation), local (per quantized activation, by ordinal),
+    model outputs; the float tensors' finite min/max and element counts (per activation)."""
+
+    cumulative: BatchSums
+    local: BatchSums
+    outputs: BatchSums
+    float_min: npt.NDArray[np.float64]
+    float_max: npt.NDArray[np.float64]
+    elements: npt.NDArray[np.int64]
+
+
+class CaptureRun(Protocol):
+    """A backend opened for one model pair (holds its sessions)."""
+
+    def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
+        """Sample ``index``'s sums, or a :class:`Fallback`; bad data raises a one-line :class:`QDebugError`."""
+        ...
+
+
+class CaptureBackend(Protocol):
+    """A way of capturing and reducing the paired tensors (registered by name)."""
+
+    @property
+    def name(self) -> str:
+        """The registry name (``DebugOptions.capture``, ``--capture``)."""
+
+    def open(
+        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+    ) -> CaptureRun:
+        """A run for this pair; :class:`UnsupportedPairError` when the backend cannot capture it at all."""
+        ...
+
+
+class PairSums:
+    """Mutable sums of ``n`` pairs over samples (the accumulator behind :class:`ErrorSums`; mergeable)."""
+
+    def __init__(self, n: int) -> None:
+        self.signal = np.zeros(n)
+        self.noise = np.zeros(n)
+        self.count = np.zeros(n, dtype=np.int64)
+        self.max_abs = np.zeros(n)
+        self.nf_ref = np.zeros(n, dtype=np.int64)
+        self.nf_test = np.zeros(n, dtype=np.int64)
+
+    def add(self, b: BatchSums) -> None:
+        """Add one sample's sums (index = pair)."""
+        self.signal += b.signal
+        self.noise += b.noise
+        self.count += b.count
+        self.max_abs = np.maximum(self.max_abs, b.max_abs)
+        self.nf_ref += b.nonfinite_reference
+        self.nf_test += b.nonfinite_test
+
+    def merge(self, other: PairSums) -> None:
+        """Add another accumulator's sums (another shard of samples)."""
+        self.add(BatchSums(other.signal, other.noise, other.count, other.max_abs, other.nf_ref, other.nf_test))
+
+    def sums(self, j: int, samples: int) -> ErrorSums:
+        """Pair ``j``'s :class:`ErrorSums`."""
+        return ErrorSums(
+            signal=float(self.signal[j]),
+            noise=float(self.noise[j]),
+            count=int(self.count[j]),
+            max_abs=float(self.max_abs[j]),
+            nonfinite_reference=int(self.nf_ref[j]),
+            nonfinite_test=int(self.nf_test[j]),
+            samples=samples,
+        )
+
+
+@dataclass
+class CaptureSums:
+    """Everything a capture accumulates over samples; :meth:`merge` joins two shards exactly."""
+
+    n_acts: int
+    n_quant: int
+    n_outs: int
+    cumulative: PairSums = field(init=False)
+    local: PairSums = field(init=False)
+    outputs: PairSums = field(init=False)
+    per_sample: dict[int, npt.NDArray[np.float64]] = field(default_factory=dict)
+    per_sample_outputs: dict[int, npt.NDArray[np.float64]] = field(default_factory=dict)
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.cumulative, self.local, self.outputs = PairSums(self.n_acts), PairSums(self.n_quant), PairSums(self.n_outs)
+        self.float_min = np.full(self.n_acts, np.inf)
+        self.float_max = np.full(self.n_acts, -np.inf)
+        self.elements = np.zeros(self.n_acts, dtype=np.int64)
+
+    @property
+    def samples(self) -> int:
+        """Samples reduced so far."""
+        return len(self.per_sample)
+
+    def add(self, index: int, s: SampleSums) -> None:
+        """Add sample ``index``."""
+        self.cumulative.add(s.cumulative)
+        self.local.add(s.local)
+        self.outputs.add(s.outputs)
+        self.float_min = np.fmin(self.float_min, s.float_min)
+        self.float_max = np.fmax(self.float_max, s.float_max)
+        self.elements[:] = s.elements
+        self.per_sample[index] = s.cumulative.sqnr_db()
+        self.per_sample_outputs[index] = s.outputs.sqnr_db()
+
+    def merge(self, other: CaptureSums) -> CaptureSums:
+        """Join another shard's sums into this one (sample indices must not overlap); returns ``self``."""
+        overlap = self.per_sample.keys() & other.per_sample.keys()
+        if overlap:
+            raise ValueError(f"shards overlap in samples {sorted(overlap)[:5]}")
+        for mine, theirs in ((self.cumulative, other.cumulative), (self.local, other.local)):
+            mine.merge(theirs)
+        self.outputs.merge(other.outputs)
+        self.float_min = np.fmin(self.float_min, other.float_min)
+        self.float_max = np.fmax(self.float_max, other.float_max)
+        if other.samples:
+            self.elements[:] = other.elements
+        self.per_sample.update(other.per_sample)
+        self.per_sample_outputs.update(other.per_sample_outputs)
+        self.fallbacks.update(other.fallbacks)
+        return self
+
+    def rows(self, outputs: bool = False) -> npt.NDArray[np.float64]:
+        """The per-sample SQNR matrix (samples in index order × pairs)."""
+        rows = self.per_sample_outputs if outputs else self.per_sample
+        width = self.n_outs if outputs else self.n_acts
+        if not rows:
+            return np.zeros((0, width))
+        return np.stack([rows[i] for i in sorted(rows)])
+
+
+_BACKENDS: dict[str, Callable[[], CaptureBackend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], CaptureBackend]) -> None:
+    """Register a capture backend (the first registered is the default of ``--capture``)."""
+    _BACKENDS[name] = factory
+
+
+def backend_names() -> tuple[str, ...]:
+    """Registered backend names, the default first."""
+    return tuple(_BACKENDS)
+
+
+def get_backend(name: str) -> CaptureBackend:
+    """The backend registered as ``name``."""
+    if name not in _BACKENDS:
+        raise ConfigError(f"capture must be one of {', '.join(_BACKENDS)}, got {name!r}")
+    return _BACKENDS[name]()

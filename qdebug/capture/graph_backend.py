@@ -1,0 +1,134 @@
+"""The ``graph`` capture backend: both models merged into one ONNX Runtime graph whose extra nodes reduce every
+pair to sums in-graph (:mod:`qdebug.capture.graph_reduce`), so no activation leaves ONNX Runtime.
+
+A sample whose in-graph sums are not exact — NaN/Inf anywhere (the statuses and non-finite counts need the
+tensors), shapes that differ at run time, or an ONNX Runtime error — is a :class:`~qdebug.capture.base.Fallback`
+with that reason: the numpy backend redoes it and the report counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from qdebug.capture import graph_reduce
+from qdebug.capture.base import Fallback, SampleSums, UnsupportedPairError
+from qdebug.capture.session import make_session, ort_errors
+from qdebug.errors import ModelError
+from qdebug.graph import Pairing
+from qdebug.metrics import BatchSums
+
+__all__ = ["GraphBackend", "GraphRun"]
+
+_SUMS = ("cum_sig", "cum_noise", "cum_max", "f_min", "f_max", "loc_sig", "loc_noise", "loc_max", "out_sig",
+         "out_noise", "out_max")  # fmt: skip
+
+
+class GraphRun:
+    """One session of the merged reduction graph."""
+
+    def __init__(
+        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+    ) -> None:
+        try:
+            model, self.layout = graph_reduce.build(float_model, quant_model, pairing)
+        except graph_reduce.UnsupportedGraphError as exc:
+            raise UnsupportedPairError(str(exc)) from exc
+        try:
+            self.sess = make_session(model, providers)
+        except ModelError as exc:  # an op or dtype the reduction nodes do not accept
+            raise UnsupportedPairError(f"ONNX Runtime rejects the merged reduction graph: {exc}") from exc
+        self.names = list(graph_reduce.OUTPUTS)
+        self.errors = ort_errors()
+        self.quant_idx = np.array([j for j, a in enumerate(pairing.activations) if a.quantized], dtype=np.intp)
+
+    def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
+        """Reduce one sample in-graph, or say why the numpy backend must."""
+        try:
+            out = dict(zip(self.names, self.sess.run(self.names, sample), strict=True))  # type: ignore[attr-defined]
+        except self.errors as exc:  # the numpy backend reruns it and raises the precise error, if any
+            return Fallback(f"ONNX Runtime failed on the merged graph: {type(exc).__name__}")
+        problem = self._problem(out)
+        return Fallback(problem) if problem else self._sums(out)
+
+    def _problem(self, out: dict[str, np.ndarray]) -> str | None:
+        lay = self.layout
+        for name in ("sums64", "stats32", "sizes"):
+            if out[name].shape != (lay.lengths[name],):
+                return "shapes differ at run time"
+        if out["shapes_a"].shape != out["shapes_b"].shape or not np.array_equal(out["shapes_a"], out["shapes_b"]):
+            return "shapes differ at run time"
+        if not all(
+            np.isfinite(out[k]).all() for k in ("sums64", "stats32", "check32", "small_a", "small_b", "small_p")
+        ):
+            return "NaN/Inf in the sample's tensors"
+        return None
+
+    def _sums(self, out: dict[str, np.ndarray]) -> SampleSums:
+        lay = self.layout
+        n, nq, no = lay.n_acts, lay.n_quant, lay.n_outs
+        sizes = {"cum": n, "f": n, "loc": nq, "out": no}
+        arrays = {kind: np.zeros(sizes[kind.split("_")[0]]) for kind in _SUMS}
+        counts, out_counts = np.zeros(n, dtype=np.int64), np.zeros(no, dtype=np.int64)
+        values = np.concatenate([out["sums64"], out["stats32"].astype(np.float64)])
+        for kind, (items, where) in lay.pos.items():
+            if kind == "act_count":
+                counts[items] = out["sizes"][where]
+            elif kind == "out_count":
+                out_counts[items] = out["sizes"][where]
+            else:
+                arrays[kind][items] = values[where]
+        if len(lay.small.acts):
+            self._small(out, arrays, counts)
+        a = arrays
+
+        def batch(kind: str, count: npt.NDArray[np.int64]) -> BatchSums:
+            zeros = np.zeros(len(count), dtype=np.int64)
+            return BatchSums(a[f"{kind}_sig"], a[f"{kind}_noise"], count, a[f"{kind}_max"], zeros, zeros)
+
+        return SampleSums(
+            cumulative=batch("cum", counts),
+            local=batch("loc", counts[self.quant_idx]),
+            outputs=batch("out", out_counts),
+            float_min=a["f_min"],
+            float_max=a["f_max"],
+            elements=counts,
+        )
+
+    def _small(self, out: dict[str, np.ndarray], arrays: dict[str, np.ndarray], counts: np.ndarray) -> None:
+        """The numpy backend's own small-tensor arithmetic (float64 ``reduceat``) on the fetched vectors."""
+        sm = self.layout.small
+        x, y = out["small_a"].astype(np.float64), out["small_b"].astype(np.float64)
+        arrays["f_min"][sm.acts] = np.minimum.reduceat(x, sm.offsets)
+        arrays["f_max"][sm.acts] = np.maximum.reduceat(x, sm.offsets)
+        if sm.through is not None:
+            x, y = np.clip(x, *sm.through), np.clip(y, *sm.through)
+        d = x - y
+        arrays["cum_sig"][sm.acts] = np.add.reduceat(x * x, sm.offsets)
+        arrays["cum_noise"][sm.acts] = np.add.reduceat(d * d, sm.offsets)
+        arrays["cum_max"][sm.acts] = np.maximum.reduceat(np.abs(d), sm.offsets)
+        counts[sm.acts] = sm.sizes
+        if len(sm.quant):
+            pre = out["small_p"].astype(np.float64)
+            for lo, hi in sm.pre_clips:
+                pre = np.clip(pre, lo, hi)
+            dl = pre - y[: sm.quant_elements]
+            offs = sm.offsets[: len(sm.quant)]
+            arrays["loc_sig"][sm.quant] = np.add.reduceat(pre * pre, offs)
+            arrays["loc_noise"][sm.quant] = np.add.reduceat(dl * dl, offs)
+            arrays["loc_max"][sm.quant] = np.maximum.reduceat(np.abs(dl), offs)
+
+
+class GraphBackend:
+    """Reduce in ONNX Runtime, in one merged graph (docs/metrics.md, "capture backends")."""
+
+    name = "graph"
+
+    def open(
+        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+    ) -> GraphRun:
+        """The merged session; :class:`UnsupportedPairError` for a pair the merge cannot express."""
+        return GraphRun(float_model, quant_model, pairing, providers)

@@ -1,0 +1,117 @@
+"""The ``qdebug`` command line: ``main(argv) -> int``, one module per command (a :class:`~qdebug.cli._base.Tool`
+each), shared argument groups in :mod:`qdebug.cli._base`. Errors become messages and exit codes in ``main`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import TextIO
+
+from qdebug._version import __version__
+from qdebug.cli._base import EPILOG, ArgumentParser, Tool
+from qdebug.cli._print import (
+    GREEN,
+    RED,
+    RESET,
+    YELLOW,
+    fmt_db,
+    print_build,
+    print_compile_report,
+    print_fixes,
+    print_report,
+)
+from qdebug.cli.build import Build
+from qdebug.cli.debug import Debug
+from qdebug.cli.quantize import Quantize
+from qdebug.cli.search import Search
+from qdebug.cli.suggest import Suggest
+from qdebug.errors import EXIT_INTERNAL, EXIT_USAGE, QDebugError
+
+#: Every subcommand, in the order ``--help`` lists them.
+TOOLS: tuple[Tool, ...] = (Quantize(), Debug(), Suggest(), Search(), Build())
+
+__all__ = [
+    "GREEN",
+    "RED",
+    "RESET",
+    "TOOLS",
+    "YELLOW",
+    "build_parser",
+    "console_main",
+    "fmt_db",
+    "main",
+    "print_build",
+    "print_compile_report",
+    "print_fixes",
+    "print_report",
+]
+
+
+def build_parser() -> ArgumentParser:
+    """The argument parser with one subparser per :data:`TOOLS` entry (exposed for docs and tests)."""
+    p = ArgumentParser(
+        prog="qdebug",
+        description="Find where a quantized ONNX model loses accuracy, and fix it.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"qdebug {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    for tool in TOOLS:
+        sp = sub.add_parser(
+            tool.name,
+            help=tool.help,
+            description=tool.description or tool.help,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        tool.add_arguments(sp)
+        sp.set_defaults(tool=tool, parser=sp)
+    return p
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """Parsed arguments, or the exit code argparse chose (--help, --version, a usage error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        args.tool.check_required(args.parser, args)
+    except SystemExit as exc:  # argparse exits on --help / --version / bad usage
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    for note in [*(getattr(args, "deprecations", None) or []), *args.tool.notes(args)]:
+        print(f"qdebug: note: {note}", file=sys.stderr)
+    return args
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the CLI and return its exit code (never raises for user errors): the one place errors become
+    one-line messages and exit codes (:mod:`qdebug.errors`)."""
+    out = out or sys.stdout
+    debug = False
+    try:
+        args = _parse(argv)
+        if isinstance(args, int):
+            return args
+        debug = args.debug
+        return int(args.tool.run(args, out))
+    except QDebugError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"qdebug: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("qdebug: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        traceback.print_exc()
+        print(f"qdebug: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def console_main() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""What every ``qdebug`` command shares: the :class:`Tool` base class and the argument groups.
+
+One name per thing, in every command: ``--float-model/-f`` (the float ONNX model), ``--quant-model/-q`` (its QDQ
+counterpart), ``--calib`` (calibration data), ``--data/-d`` (debug data), ``--output/-o``. Older spellings still
+work for one release as hidden aliases that print a one-line notice (:class:`DeprecatedAlias`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, ClassVar, NoReturn, TextIO
+
+from qdebug.errors import EXIT_CODES, EXIT_GATE
+
+#: The release in which the deprecated spellings disappear (said in every notice).
+ALIASES_REMOVED_IN = "0.3"
+
+EPILOG = "exit codes:\n" + "\n".join(f"  {k:>2}  {v}" for k, v in EXIT_CODES.items())
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors ("qdebug debug: error: … (see qdebug debug --help)") instead of the usage
+    block, so that a mistyped flag reads like every other qdebug error."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print one line and exit with the usage exit code (argparse's own exit path, caught by ``main``)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class DeprecatedAlias(argparse.Action):
+    """A hidden old spelling of an option: stores into the new option's ``dest`` and records a notice that
+    ``main`` prints (one line on stderr) before running the command."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        notes = list(getattr(namespace, "deprecations", None) or [])
+        notes.append(f"{option} is deprecated and will be removed in {ALIASES_REMOVED_IN}: use {self.new}")
+        namespace.deprecations = notes
+
+
+def deprecated(parser: argparse.ArgumentParser | Any, *old: str, dest: str, new: str) -> None:
+    """Register ``old`` spellings as hidden aliases of the option ``new`` (whose value lives in ``dest``)."""
+    parser.add_argument(*old, dest=dest, action=DeprecatedAlias, new=new, default=argparse.SUPPRESS)
+
+
+class Tool:
+    """One ``qdebug`` subcommand (Polygraphy style): ``add_arguments`` builds its parser, ``run`` does the work
+    and returns the exit code. Errors are raised, never printed: ``main`` is the one place they become messages.
+    """
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    description: ClassVar[str | None] = None
+    #: ``dest`` → the option that must be given (checked after parsing, because an option and its deprecated
+    #: alias share one ``dest`` and argparse's own ``required`` would reject the alias)
+    required: ClassVar[dict[str, str]] = {}
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Declare this command's options."""
+        raise NotImplementedError
+
+    def run(self, args: argparse.Namespace, out: TextIO) -> int:
+        """Run the command; return its exit code."""
+        raise NotImplementedError
+
+    def notes(self, args: argparse.Namespace) -> list[str]:
+        """One-line notices about how the arguments were read (e.g. an old meaning kept for compatibility)."""
+        return []
+
+    def check_required(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        """argparse's "required" check for options that have deprecated aliases."""
+        missing = [opt for dest, opt in self.required.items() if getattr(args, dest, None) is None]
+        if missing:
+            parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+
+# ---------------------------------------------------------------------------------------------- argument groups
+def shape_arg(text: str) -> tuple[str, list[int]]:
+    """``NAME:D0,D1,...`` → (name, dims)."""
+    try:
+        name, dims = text.rsplit(":", 1)
+        return name, [int(d) for d in dims.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected NAME:D0,D1,..., got {text!r}") from exc
+
+
+def add_float_model(p: argparse.ArgumentParser, *old: str, help: str = "the float ONNX model") -> None:
+    """``--float-model/-f`` (required), with ``old`` as deprecated aliases."""
+    p.add_argument("--float-model", "-f", dest="float_model", default=None, help=f"{help} (required)")
+    if old:
+        deprecated(p, *old, dest="float_model", new="--float-model/-f")
+
+
+def add_quant_model(p: argparse.ArgumentParser) -> None:
+    """``--quant-model/-q`` (required)."""
+    p.add_argument("--quant-model", "-q", dest="quant_model", default=None, help="the quantized (QDQ) model (required)")
+
+
+def add_calib(
+    p: argparse.ArgumentParser, *old: str, help: str = ".npz file or folder of them (default: synthetic)"
+) -> None:
+    """``--calib``: calibration data."""
+    p.add_argument("--calib", dest="calib", default=None, help=f"calibration data: {help}")
+    if old:
+        deprecated(p, *old, dest="calib", new="--calib")
+
+
+def add_output(p: argparse.ArgumentParser, help: str, *, required: bool = False) -> None:
+    """``--output/-o``."""
+    p.add_argument("--output", "-o", dest="output", default=None, help=help + (" (required)" if required else ""))
+
+
+def add_json(p: argparse.ArgumentParser, what: str) -> None:
+    """``--json``: machine-readable output instead of tables."""
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON instead of tables")
+
+
+def add_input_shape(p: argparse.ArgumentParser, help: str) -> None:
+    """``--input-shape NAME:D0,D1,...`` (repeatable)."""
+    p.add_argument("--input-shape", type=shape_arg, action="append", default=[], help=help)
+
+
+def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]) -> None:
+    """The models and debug data of ``debug`` and ``suggest``."""
+    add_float_model(p)
+    add_quant_model(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--data", "-d", help="debug data: .npz file or folder of them")
+    g.add_argument("--samples", type=int, help="number of synthetic samples (default 8)")
+    p.add_argument("--max-samples", type=int, help="use at most this many samples of --data")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distribution", choices=["uniform", "normal"], default="uniform")
+    p.add_argument(
+        "--capture",
+        choices=list(capture_backends),
+        default=capture_backends[0],
+        help="how tensors are captured and reduced: "
+        + ", ".join(capture_backends)
+        + f" (default {capture_backends[0]}; docs/metrics.md)",
+    )
+    add_input_shape(p, "fix a dynamic input shape, NAME:D0,D1,... (repeatable)")
+    p.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
+
+
+def gate_help() -> str:
+    """The help text of a quality gate option."""
+    return f"exit {EXIT_GATE} if any model output's SQNR is below DB (or undefined)"
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr (results go to ``out``, diagnostics to stderr)."""
+    print(f"qdebug: warning: {message}", file=sys.stderr)

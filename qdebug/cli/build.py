@@ -1,0 +1,144 @@
+"""``qdebug build``: fix, quantize and compile a float ONNX model for a target; write a build folder."""
+
+from __future__ import annotations
+
+import argparse
+from typing import ClassVar, TextIO
+
+from qdebug.cli._base import Tool, add_calib, add_float_model, add_input_shape, add_json, add_output, deprecated
+from qdebug.cli._print import print_build, print_compile_report, print_fixes
+from qdebug.errors import EXIT_OK
+
+DATA_COMPAT_NOTE = (
+    "--data without --calib also calibrates on it, as in qdebug 0.1; pass --calib for calibration data "
+    "(--data is the debug data)"
+)
+
+
+def _precision_help() -> str:
+    from qdebug.targets.base import get_target, target_names
+
+    parts = []
+    for name in target_names():
+        t = get_target(name)
+        parts.append(
+            f"{name}: " + ", ".join(f"{p.name} ({p.help})" if p.help else p.name for p in t.precisions.values())
+        )
+    return "; ".join(parts)
+
+
+class Build(Tool):
+    """Quantize and compile for a target; the build folder appears whole or not at all."""
+
+    name = "build"
+    help = "fix, quantize and compile a float ONNX model for a target (QNN HTP, ORT CPU, Deeploy); write out/"
+    description = (
+        "Quantize and compile a float ONNX model for --target at --precision. Writes into the new folder -o: the "
+        "(fixed) float model, the QDQ model, the compiled model, manifest.json and report.json (docs/qnn.md). "
+        "Nothing is written when the build fails."
+    )
+    required: ClassVar[dict[str, str]] = {
+        "float_model": "--float-model/-f",
+        "target": "--target",
+        "precision": "--precision",
+        "output": "--output/-o",
+    }
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Options of ``qdebug build``."""
+        from qdebug.targets.base import get_target, target_names
+
+        add_float_model(parser, "--onnx")
+        parser.add_argument("--target", choices=list(target_names()), default=None, help="the target (required)")
+        deprecated(parser, "--device", dest="target", new="--target")
+        precisions = sorted({p for t in target_names() for p in get_target(t).precisions})
+        parser.add_argument("--precision", choices=precisions, default=None, help=_precision_help() + " (required)")
+        add_calib(parser)
+        parser.add_argument(
+            "--data",
+            "-d",
+            help="debug data: the samples of debug and the target check (default: --eval, else the calibration data)",
+        )
+        parser.add_argument("--eval", help="labelled .npz: top-1 of the float, QDQ and compiled models")
+        parser.add_argument("--label-key", default="label", help="label array in --eval (ignored in the other data)")
+        parser.add_argument("--overrides", help="tensor overrides JSON (docs/overrides.md) for the float model")
+        parser.add_argument("--config", "-c", help="QuantConfig JSON; --target/--precision must not contradict it")
+        parser.add_argument("--soc", help="QNN SoC, e.g. SM8650 (default: the provider's, HTP v68)")
+        add_input_shape(parser, "fix a dynamic input shape, NAME:D0,D1,... (repeatable; default: the first sample's)")
+        parser.add_argument("--fail-on-fallback", action="store_true", help="fail (exit 7) if any node falls back")
+        parser.add_argument("--debug-samples", type=int, default=32, help="samples for debug and the target check")
+        parser.add_argument(
+            "--skip-fix",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="do not apply a compatibility fix (repeatable; the target's fixes are listed in "
+            "docs/qnn.md and docs/deeploy.md)",
+        )
+        parser.add_argument("--no-tensor-probe", action="store_true", help="skip the per-tensor HTP vs CPU comparison")
+        parser.add_argument(
+            "--no-snap-scales",
+            action="store_true",
+            help="deeploy: keep the calibrated scales instead of snapping each requantization to "
+            "mul/2^k for Deeploy's int32 RequantShift (docs/deeploy.md)",
+        )
+        parser.add_argument(
+            "--snap-grid",
+            choices=("tie_free", "fine"),
+            default="tie_free",
+            help="deeploy: the snapping grid: tie_free (default) or fine (docs/deeploy.md)",
+        )
+        add_output(parser, "output folder (must be new or empty)", required=True)
+        add_json(parser, "the manifest")
+
+    def run(self, args: argparse.Namespace, out: TextIO) -> int:
+        """Build; on a target failure print what was learned before the one-line error."""
+        from qdebug.build import BuildError, BuildOptions, build
+
+        calib, data = args.calib, args.data
+        if calib is None and data is not None:
+            calib = data  # the 0.1 meaning of build --data (see DATA_COMPAT_NOTE, printed by main)
+        options = BuildOptions(
+            device=args.target,
+            precision=args.precision,
+            soc=args.soc,
+            fail_on_fallback=args.fail_on_fallback,
+            debug_samples=args.debug_samples,
+            input_shapes=dict(args.input_shape) or None,
+            label_key=args.label_key,
+            skip_fixes=tuple(args.skip_fix),
+            probe_tensors=not args.no_tensor_probe,
+            snap_scales=not args.no_snap_scales,
+            snap_grid=args.snap_grid,
+        )
+        progress = None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
+        try:
+            result = build(
+                args.float_model,
+                args.output,
+                options,
+                data=calib,
+                eval_data=args.eval,
+                debug_data=data,
+                config=args.config,
+                overrides=args.overrides,
+                progress=progress,
+            )
+        except BuildError as exc:
+            if not args.json:  # what was learned before the failure; the one-line error follows on stderr
+                print_fixes(exc.fixes, out)
+                if exc.compile_report is not None:
+                    print_compile_report(exc.compile_report, out)
+            raise
+        if args.json:
+            print(result.manifest.to_json(), file=out, end="")
+        else:
+            print_build(result, out)
+        return EXIT_OK
+
+    def notes(self, args: argparse.Namespace) -> list[str]:
+        """The compatibility note for the old meaning of --data."""
+        return [DATA_COMPAT_NOTE] if args.calib is None and args.data is not None else []
+
+
+__all__ = ["Build"]

@@ -1,0 +1,96 @@
+"""``qdebug debug``: per-tensor SQNR of a quantized model against its float parent."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, ClassVar, TextIO
+
+from qdebug.cli._base import Tool, add_debug_inputs, add_json, add_output, gate_help
+from qdebug.cli._print import fmt_db, print_report, use_color
+from qdebug.errors import EXIT_GATE, EXIT_OK
+
+DEBUG_REQUIRED = {"float_model": "--float-model/-f", "quant_model": "--quant-model/-q"}
+
+
+def capture_backends() -> tuple[str, ...]:
+    """The capture backends ``--capture`` offers (the default first)."""
+    from qdebug.capture import CAPTURE_PATHS
+
+    return tuple(CAPTURE_PATHS)
+
+
+def run_debug(args: argparse.Namespace) -> Any:
+    """``debug()`` with the options of :func:`~qdebug.cli._base.add_debug_inputs`."""
+    from qdebug.debug import DebugOptions, debug
+    from qdebug.errors import ConfigError
+
+    if args.samples is not None and args.samples < 1:
+        raise ConfigError("--samples must be a positive integer")
+    opts = DebugOptions(
+        num_samples=args.samples if args.data is None else args.max_samples,
+        seed=args.seed,
+        distribution=args.distribution,
+        input_shapes=dict(args.input_shape) or None,
+        ignore_data_keys=tuple(args.ignore_key),
+        capture=args.capture,
+    )
+    return debug(args.float_model, args.quant_model, args.data, opts)
+
+
+def _fail_below(value: str) -> float:
+    """A finite dB threshold (``nan`` would make a gate that can never fail)."""
+    try:
+        db = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number of dB, got {value!r}") from exc
+    if not math.isfinite(db):
+        raise argparse.ArgumentTypeError(f"expected a finite number of dB, got {value!r}")
+    return db
+
+
+class Debug(Tool):
+    """Per-tensor SQNR of a quantized model against its float parent."""
+
+    name = "debug"
+    help = "per-tensor SQNR of a quantized model against its float parent"
+    required: ClassVar[dict[str, str]] = DEBUG_REQUIRED
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Options of ``qdebug debug``."""
+        add_debug_inputs(parser, capture_backends())
+        add_output(parser, "write the full report as JSON here")
+        add_json(parser, "the report")
+        parser.add_argument("--top", type=int, default=10, help="rows in each worst-N table")
+        parser.add_argument("--fail-below", type=_fail_below, metavar="DB", help=gate_help())
+        parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+
+    def run(self, args: argparse.Namespace, out: TextIO) -> int:
+        """Debug, print the tables (or JSON), write the report, apply the gate."""
+        if args.output:
+            from qdebug.io import refuse_overwrite_input
+
+            refuse_overwrite_input(args.output, args.float_model, args.quant_model)
+        report = run_debug(args)
+        if args.output:
+            report.save(args.output)
+        if args.json:
+            print(report.to_json(), file=out)
+        else:
+            print_report(report, out, args.top, use_color(args.color, out))
+            if args.output:
+                print(f"\nreport written to {args.output}", file=out)
+        if args.fail_below is None:
+            return EXIT_OK
+        low = [
+            o for o in report.model_outputs if o.cumulative_sqnr_db is None or o.cumulative_sqnr_db < args.fail_below
+        ]
+        if not low:
+            return EXIT_OK
+        names = ", ".join(f"{o.output_name} ({fmt_db(o.cumulative_sqnr_db, o.cumulative_status).strip()})" for o in low)
+        print(f"qdebug: FAIL: output SQNR below {args.fail_below} dB: {names}", file=sys.stderr)
+        return EXIT_GATE
+
+
+__all__ = ["DEBUG_REQUIRED", "Debug", "capture_backends", "run_debug"]

@@ -1,0 +1,123 @@
+"""``qdebug quantize``: a float model → a QDQ model (calibrated, with optional tensor overrides)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, ClassVar, TextIO
+
+from qdebug.cli._base import (
+    Tool,
+    add_calib,
+    add_float_model,
+    add_input_shape,
+    add_json,
+    add_output,
+    warn,
+)
+from qdebug.errors import EXIT_OK
+
+#: The flags that map one to one onto :class:`~qdebug.config.QuantConfig` fields.
+CONFIG_FLAGS = (
+    "activation_type",
+    "weight_type",
+    "per_channel",
+    "activation_symmetric",
+    "weight_symmetric",
+    "calibration_method",
+    "num_samples",
+    "seed",
+    "synthetic_distribution",
+    "target",
+)
+
+
+def add_quant_config(p: argparse.ArgumentParser, targets: tuple[str, ...]) -> None:
+    """The QuantConfig flags (each must agree with --config when both are given)."""
+    from qdebug.config import CALIBRATION_METHODS, DISTRIBUTIONS, QUANT_TYPES
+
+    p.add_argument("--config", "-c", help="QuantConfig JSON; flags below must not contradict it")
+    p.add_argument("--activation-type", choices=list(QUANT_TYPES))
+    p.add_argument("--weight-type", choices=list(QUANT_TYPES))
+    p.add_argument("--per-channel", action="store_true", default=None)
+    p.add_argument("--activation-symmetric", action="store_true", default=None)
+    p.add_argument("--weight-symmetric", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--calibration-method", choices=list(CALIBRATION_METHODS))
+    p.add_argument("--samples", type=int, dest="num_samples", help="number of calibration samples")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--distribution", dest="synthetic_distribution", choices=list(DISTRIBUTIONS))
+    p.add_argument("--target", choices=list(targets), help="the target whose quantization rules apply")
+
+
+class Quantize(Tool):
+    """Quantize a float model to QDQ."""
+
+    name = "quantize"
+    help = "quantize a float model to QDQ"
+    required: ClassVar[dict[str, str]] = {"float_model": "--float-model/-f", "output": "--output/-o"}
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Options of ``qdebug quantize``."""
+        from qdebug.targets.base import target_names
+
+        add_float_model(parser, "--model", "-m")
+        add_calib(parser, "--data", "-d")
+        add_output(parser, "where to write the QDQ model", required=True)
+        parser.add_argument(
+            "--overrides",
+            help="tensor overrides JSON (ORT TensorQuantOverrides, docs/overrides.md), checked against the model; "
+            "its base_config is the config unless --config is given (then both must agree)",
+        )
+        add_quant_config(parser, target_names())
+        add_input_shape(parser, "fix a dynamic input shape for synthetic calibration data, NAME:D0,D1,... (repeatable)")
+        add_json(parser, "the result")
+
+    def run(self, args: argparse.Namespace, out: TextIO) -> int:
+        """Quantize, then print what was written."""
+        from qdebug.config import QuantConfig
+        from qdebug.quantize import quantize
+
+        ofile = _load_overrides(args.overrides, args.float_model) if args.overrides else None
+        config = QuantConfig.load(args.config) if args.config else None
+        base = ofile.resolve_base(config) if ofile is not None else config or QuantConfig()
+        cfg = base.merged(**{k: getattr(args, k) for k in CONFIG_FLAGS})
+        if ofile is not None:
+            cfg = ofile.apply_to(cfg)  # validated before anything is written
+            for w in ofile.drift(cfg):
+                warn(w)
+        result = quantize(args.float_model, args.calib, cfg, args.output, input_shapes=dict(args.input_shape) or None)
+        if args.json:
+            print(result.to_json(), file=out)
+            return EXIT_OK
+        print(
+            f"wrote {result.model_path}\n"
+            f"  nodes quantized {result.nodes_quantized}/{result.nodes_total} ({result.qdq_nodes} Q/DQ nodes)\n"
+            f"  calibration {result.calibration_seconds:.3f} s on {result.num_calibration_samples} samples, "
+            f"QDQ insertion {result.qdq_seconds:.3f} s\n"
+            f"  calibration ranges: {result.calibration_cache}",
+            file=out,
+        )
+        if ofile is not None:
+            print(f"  tensor overrides: {len(ofile.overrides)} tensor(s) from {args.overrides}", file=out)
+        return EXIT_OK
+
+
+def _load_overrides(path: str, float_model: str) -> Any:
+    """The overrides file, checked against the float model; its warnings go to stderr even when it fails."""
+    from qdebug.graph import file_sha256, load_model
+    from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
+
+    ofile = OverridesFile.load(path)
+    model = load_model(float_model, "float model")
+    model_warnings: list[str] = []
+    try:
+        model_warnings = check_against_model(ofile, model, file_sha256(float_model))
+    except OverridesError as exc:
+        model_warnings = exc.warnings  # e.g. "made for another model file": it explains the error
+        raise
+    finally:
+        for w in model_warnings:
+            warn(w)
+    return ofile
+
+
+__all__ = ["Quantize", "add_quant_config"]

@@ -1,0 +1,124 @@
+"""``qdebug suggest``: rank tensors to promote to 16 bits; optionally write the fixed overrides JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, ClassVar, TextIO
+
+from qdebug.cli._base import Tool, add_debug_inputs
+from qdebug.cli._print import fmt_db, table
+from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, run_debug
+from qdebug.errors import EXIT_OK
+
+
+def inferred_base(report: Any, config_path: str | None) -> Any:
+    """The base config: --config, else the quantized model's dominant activation type."""
+    from collections import Counter
+
+    from qdebug.config import QuantConfig
+
+    if config_path:
+        return QuantConfig.load(config_path)
+    types = Counter(a.quant_type for a in report.activations if a.quantized and a.quant_type)
+    act = types.most_common(1)[0][0] if types else "uint8"
+    return QuantConfig(activation_type=act)
+
+
+class Suggest(Tool):
+    """Rank promotion candidates; with --promote-top, plan the promotion (ORT's fixer applied)."""
+
+    name = "suggest"
+    help = "rank tensors to promote to 16 bits; optionally write the fixed overrides JSON"
+    required: ClassVar[dict[str, str]] = DEBUG_REQUIRED
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Options of ``qdebug suggest``."""
+        add_debug_inputs(parser, capture_backends())
+        parser.add_argument("--top", type=int, default=10, help="suggestions to list")
+        parser.add_argument("--all", action="store_true", help="list every promotable tensor with its role")
+        parser.add_argument(
+            "--promote-top", type=int, metavar="K", help="promote the top K suggestions (fixer applied)"
+        )
+        parser.add_argument("--to", default="uint16", help="type to promote to (default uint16)")
+        parser.add_argument("--config", "-c", help="base QuantConfig JSON (default: inferred from the quantized model)")
+        parser.add_argument("--overrides-out", help="write the promotion as overrides JSON here (needs --promote-top)")
+        parser.add_argument("--json", action="store_true", help="print suggestions (and the plan) as JSON")
+
+    def run(self, args: argparse.Namespace, out: TextIO) -> int:
+        """Debug, rank, optionally plan and write the overrides."""
+        from qdebug.errors import ConfigError
+        from qdebug.mixed.suggest import analyse, suggest
+
+        if args.overrides_out and not args.promote_top:
+            raise ConfigError("--overrides-out needs --promote-top K (how many suggestions to promote)")
+        if args.promote_top is not None and args.promote_top < 1:
+            raise ConfigError("--promote-top must be a positive integer")
+        if args.overrides_out:
+            from qdebug.io import refuse_overwrite_input
+
+            refuse_overwrite_input(args.overrides_out, args.float_model, args.quant_model)
+        report = run_debug(args)
+        items = analyse(report) if args.all else suggest(report, None if args.promote_top else args.top)
+        shown = items if args.all else items[: max(args.top, args.promote_top or 0)]
+        plan = _plan(args, report) if args.promote_top else None
+        if args.json:
+            doc: dict[str, Any] = {"schema_version": 1, "suggestions": [s.to_dict() for s in shown]}
+            if plan is not None:
+                doc["plan"] = plan.to_dict()
+            print(json.dumps(doc, indent=2, allow_nan=False), file=out)
+        else:
+            _print_suggestions(shown, plan, out)
+        if plan is not None and args.overrides_out:
+            _write_overrides(args, plan)
+            if not args.json:
+                print(f"\noverrides written to {args.overrides_out}", file=out)
+        return EXIT_OK
+
+
+def _plan(args: argparse.Namespace, report: Any) -> Any:
+    from qdebug.errors import ConfigError
+    from qdebug.mixed.promote import promote
+    from qdebug.mixed.suggest import suggest
+
+    chosen = [s.tensor_name for s in suggest(report, args.promote_top)]
+    if not chosen:
+        raise ConfigError("no originator to promote: the report has no promotion candidate")
+    return promote(args.float_model, chosen, args.to, config=inferred_base(report, args.config))
+
+
+def _print_suggestions(shown: Any, plan: Any, out: TextIO) -> None:
+    rows = [
+        [
+            str(s.rank),
+            s.tensor_name,
+            s.producer_op,
+            str(s.role),
+            fmt_db(s.local_sqnr_db),
+            fmt_db(s.cumulative_sqnr_db),
+            f"{s.estimated_output_gain_db:.2f}",
+        ]
+        for s in shown
+    ]
+    table(
+        "Promotion candidates (estimated gains; measure with qdebug search or quantize --overrides)",
+        ["#", "tensor", "op", "role", "local", "cumulative", "est. output gain dB"],
+        rows,
+        out,
+    )
+    for s in shown:
+        print(f"{s.rank:>3}. {s.reason}", file=out)
+    if plan is not None:
+        print("\n" + plan.describe(), file=out)
+
+
+def _write_overrides(args: argparse.Namespace, plan: Any) -> None:
+    from qdebug.graph import file_sha256
+    from qdebug.mixed.overrides import OverridesFile
+
+    OverridesFile.from_config(
+        plan.config, model_sha256=file_sha256(args.float_model), requested=plan.requested, note="qdebug suggest"
+    ).save(args.overrides_out)
+
+
+__all__ = ["Suggest", "inferred_base"]

@@ -1,0 +1,332 @@
+"""The ``deeploy`` target: PULP microcontrollers through Deeploy (integer RequantShift ONNX + generated C).
+
+The QDQ model's scales are first snapped so every requantization is exactly ``mul/2^k`` inside Deeploy's int32
+RequantShift (:mod:`qdebug.targets.deeploy_snap`), then exported to Deeploy's integer network
+(:mod:`qdebug.targets.deeploy_export`) and handed to Deeploy's own code generation in its separate environment
+(:mod:`qdebug.targets.deeploy_env`) for Generic and, where the ops allow, Siracusa.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from qdebug.data import DataSource
+from qdebug.errors import TargetError
+from qdebug.graph import load_model
+from qdebug.io import atomic_save_model
+from qdebug.targets.base import (
+    Availability,
+    BuildOptions,
+    Compiled,
+    CompileJob,
+    CompileReport,
+    Precision,
+    Prepared,
+    ProgressFn,
+    ShapeSource,
+    TargetBase,
+    failed_report,
+    register_target,
+    shapes_for,
+)
+
+if TYPE_CHECKING:
+    from qdebug.config import QuantConfig
+
+__all__ = [
+    "DEEPLOY_FIXES",
+    "DEEPLOY_PLATFORMS",
+    "DEEPLOY_PRECISION_HINT",
+    "DeeployBuild",
+    "DeeployTarget",
+    "compile_deeploy",
+    "snap_for_deeploy",
+]
+
+#: What ``--target deeploy`` takes, for the error message of any other precision.
+DEEPLOY_PRECISION_HINT = "Deeploy takes --precision int8 only (int8 activations, int8 symmetric weights)"
+#: The fixes that apply to a Deeploy build (Deeploy has no BatchNormalization and needs static shapes).
+DEEPLOY_FIXES = ("static_shapes", "batchnorm_folding")
+#: Deeploy platforms a build generates code for: the first must succeed, the others are tried ("where the ops
+#: allow") and a failure there is a warning.
+DEEPLOY_PLATFORMS = ("Generic", "Siracusa")
+
+
+@dataclass(frozen=True)
+class DeeployBuild:
+    """What :func:`compile_deeploy` did: the compile report, the manifest's ``deeploy`` entry, the warnings."""
+
+    compile: CompileReport
+    info: dict[str, Any]
+    warnings: tuple[str, ...]
+
+
+def snap_for_deeploy(src: Path, dest: Path, enabled: bool, say: ProgressFn, grid: str = "tie_free") -> dict[str, Any]:
+    """Snap the QDQ model ``src`` for Deeploy into ``dest`` (may be ``src``); the manifest's ``deeploy.snap``."""
+    if not enabled:
+        return {"enabled": False}
+    from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
+
+    say(f"snapping the requantization scales to Deeploy's int32 RequantShift ({grid} grid)")
+    snapped, rep = snap_scales_for_deeploy(load_model(src, "QDQ model"), grid=grid)
+    atomic_save_model(snapped, dest)
+    return {"enabled": True, **rep.to_dict()}
+
+
+def _export_info(out: Path, exp: Any, nodes: int) -> dict[str, Any]:
+    return {
+        "dir": out.name,
+        "files": [f"{out.name}/{f}" for f in ("network.onnx", "inputs.npz", "outputs.npz")],
+        "num_samples": exp.num_samples,
+        "equal_fraction": exp.equal_fraction,
+        "max_lsb_diff": exp.max_lsb_diff,
+        "bit_exact_ok": exp.bit_exact_ok,
+        "worst_requant_rel_error": exp.worst_requant_rel_error,
+        "nodes": nodes,
+    }
+
+
+def _codegen(out: Path, plat: str) -> tuple[dict[str, Any], str | None, Path]:
+    """Deeploy's code generation for one platform: the manifest entry, the problem (if any), the folder."""
+    from qdebug.targets import deeploy_env
+
+    dest = out / plat.lower()
+    res = deeploy_env.generate(out, dest, plat)
+    rel = f"{out.name}/{plat.lower()}"
+    entry: dict[str, Any] = {
+        "ok": res.ok,
+        "dir": rel,
+        "files": [f"{rel}/{f}" for f in res.files],
+        "integer_only": res.integer_only,
+        "float_buffers": list(res.float_buffers),
+        "error": res.error,
+        "seconds": round(res.seconds, 4),
+    }
+    problem = None
+    if not res.ok:
+        problem = f"Deeploy rejected the network for {plat}: {res.error}"
+    elif res.integer_only is not True:
+        problem = (
+            f"Deeploy generated code for {plat} but it is not integer-only (float buffers: "
+            f"{', '.join(res.float_buffers) or 'unknown'})"
+        )
+    return entry, problem, dest
+
+
+def compile_deeploy(
+    qdq_model: str | Path,
+    out_dir: str | Path,
+    samples: DataSource | Sequence[Mapping[str, np.ndarray]] | None = None,
+    *,
+    platforms: Sequence[str] = DEEPLOY_PLATFORMS,
+    progress: ProgressFn | None = None,
+) -> DeeployBuild:
+    """Export the int8 QDQ model to Deeploy's integer network in ``out_dir`` (``network.onnx``, ``inputs.npz``,
+    ``outputs.npz``) and generate ``Network.c``/``Network.h`` per platform into ``out_dir/<platform lower>/``.
+
+    The first platform must succeed with an integer-only network; the others are tried and their failure is a
+    warning. An unsupported op (the export names the node), a Deeploy rejection or a float buffer in the
+    generated code raise :class:`~qdebug.errors.TargetError` with the reason.
+    """
+    from qdebug.targets import deeploy_env, deeploy_export
+
+    say = progress or (lambda _msg: None)
+    out = Path(out_dir)
+    t0 = time.perf_counter()
+    data = None if samples is None else [dict(s) for s in samples]
+    say("exporting the QDQ model to Deeploy's integer network")
+    exp = deeploy_export.export(
+        qdq_model, out, data=data, verbose=False, num_samples=len(data) if data else 16
+    )  # raises TargetError naming the node or tensors it cannot export
+    nodes = len(onnx.load(str(out / "network.onnx")).graph.node)
+    info: dict[str, Any] = {"export": _export_info(out, exp, nodes), "codegen": {}}
+    warnings: list[str] = []
+    if not exp.bit_exact_ok:
+        warnings.append(
+            f"the integer network matches the CPU QDQ model on {exp.equal_fraction:.2%} of the output elements "
+            f"(max {exp.max_lsb_diff} LSB, {exp.num_samples} samples); the target is ≥ 99.9 % and ≤ 1 LSB "
+            "(docs/deeploy.md, Bit-exactness)"
+        )
+    compiled: str | None = None
+    for i, plat in enumerate(platforms):
+        say(f"generating Deeploy code for {plat}")
+        entry, problem, dest = _codegen(out, plat)
+        info["codegen"][plat] = entry
+        if problem is None:
+            compiled = compiled or str(dest / "Network.c")
+        elif i == 0:
+            raise TargetError(problem)
+        else:
+            warnings.append(f"{problem} (the {platforms[0]} code is complete; {plat} is optional)")
+    report = CompileReport(
+        target="deeploy",
+        ok=True,
+        compiled_model=compiled,
+        compile_seconds=round(time.perf_counter() - t0, 4),
+        accelerator_partitions=sum(1 for e in info["codegen"].values() if e["ok"]),
+        accelerator_nodes=nodes,
+        cpu_nodes=0,
+        graph_io_qdq_on_cpu=0,
+        device=f"Deeploy {deeploy_env.DEEPLOY_VERSION} ({', '.join(platforms)})",
+    )
+    return DeeployBuild(report, info, tuple(warnings))
+
+
+def _notes(job: CompileJob, info: Mapping[str, Any]) -> tuple[str, ...]:
+    """What ``recompile`` says besides the compile report: the snapping, the integer network's bit-exactness."""
+    notes = []
+    snap = info.get("snap") or {}
+    if snap.get("enabled"):
+        notes.append(
+            f"scales snapped for Deeploy's int32 RequantShift ({job.options.snap_grid} grid): "
+            f"{len(snap['snapped'])} requantization(s), largest relative scale change {snap['max_rel_change']:.2e}; "
+            f"the network corresponds to {job.model}"
+        )
+    e = info["export"]
+    notes.append(
+        f"integer network vs CPU QDQ on {e['num_samples']} samples: {e['equal_fraction']:.2%} of output "
+        f"elements equal, max {e['max_lsb_diff']} LSB"
+    )
+    return tuple(notes)
+
+
+class DeeployTarget(TargetBase):
+    """PULP microcontrollers through Deeploy: int8 activations and int8 symmetric weights, integer kernels only."""
+
+    name = "deeploy"
+    description = "PULP microcontrollers through Deeploy (integer RequantShift ONNX + generated C)"
+    precisions: Mapping[str, Precision] = {
+        "int8": Precision(
+            "int8",
+            {"activation_type": "int8", "weight_type": "int8", "weight_symmetric": True},
+            "s8 activations, s8 symmetric weights; writes deeploy/ with network.onnx and Network.c/.h",
+        ),
+    }
+    activation_types = frozenset({"int8"})
+    weight_types = frozenset({"int8"})
+    options = frozenset({"skip_fixes", "snap_scales"})
+    fix_names = DEEPLOY_FIXES
+
+    def available(self) -> Availability:
+        """Whether Deeploy's own environment exists (it is created on first use, ``make deeploy-env``)."""
+        from qdebug.targets.deeploy_env import deeploy_available
+
+        return Availability(*deeploy_available())
+
+    def precision_hint(self, precision: str) -> str:
+        """What Deeploy takes."""
+        return f" ({DEEPLOY_PRECISION_HINT})"
+
+    def config_problems(self, config: QuantConfig) -> list[str]:
+        """int8 activations and weights, symmetric weights."""
+        p = []
+        if config.activation_type != "int8" or config.weight_type != "int8":
+            p.append(
+                "target 'deeploy' takes int8 activations and int8 weights, got "
+                f"activation_type={config.activation_type}, weight_type={config.weight_type}"
+            )
+        if config.weight_symmetric is False:
+            p.append("target 'deeploy' needs symmetric weights (weight_symmetric=False conflicts)")
+        return p
+
+    def prepare(
+        self, model: onnx.ModelProto, config: QuantConfig | None, options: BuildOptions, shapes: ShapeSource
+    ) -> Prepared:
+        """Static shapes (Deeploy's buffers are static) and BatchNorm folding (it has no BatchNormalization)."""
+        from qdebug.passes import PassReport
+        from qdebug.targets.qnn_fixes import fix_static_shapes, fold_batchnorm
+
+        reports: list[PassReport] = []
+        m = model
+        for name in DEEPLOY_FIXES:
+            if name in options.skip_fixes:
+                reports.append(PassReport(name, False, "skipped on request", skipped=True))
+                continue
+            if name == "static_shapes":
+                given, source = shapes_for(m, shapes)
+                m, rep = fix_static_shapes(m, given)
+                if rep.changed:
+                    rep = replace(rep, detail=f"{rep.detail} (shapes {source})")
+            else:
+                m, rep = fold_batchnorm(m)
+            reports.append(rep)
+        if m is model:
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+        return Prepared(m, config, tuple(reports))
+
+    def after_quantize(
+        self, qdq_model: Path, dest: Path, options: BuildOptions, progress: ProgressFn
+    ) -> tuple[Path, Mapping[str, Any]]:
+        """Snap the requantization scales into ``dest`` (the snapped model is the one debugged and exported)."""
+        snap = snap_for_deeploy(qdq_model, dest, options.snap_scales, progress, options.snap_grid)
+        return (dest if snap["enabled"] else qdq_model), {"snap": snap}
+
+    def compile(self, job: CompileJob) -> Compiled:
+        """Export + Deeploy code generation into ``out_dir/deeploy`` (a previous one there is replaced)."""
+        dest = job.out_dir / "deeploy"
+        if dest.exists():
+            shutil.rmtree(dest)  # a previous recompile's output in this qdebug-owned folder
+        dbuild = compile_deeploy(job.model, dest, job.samples, progress=job.progress)
+        files = {
+            "compiled_model": str(Path(dbuild.compile.compiled_model or "").relative_to(job.out_dir)),
+            "deeploy_network": "deeploy/network.onnx",
+            "deeploy_inputs": "deeploy/inputs.npz",
+            "deeploy_outputs": "deeploy/outputs.npz",
+        }
+        for plat, entry in dbuild.info["codegen"].items():
+            for f in entry["files"]:
+                files[f"{plat.lower()}_{Path(f).stem.lower()}_{Path(f).suffix.lstrip('.')}"] = f
+        info = {**dbuild.info, **job.after}
+        return Compiled(
+            dbuild.compile, files=files, manifest={"deeploy": info}, warnings=dbuild.warnings, notes=_notes(job, info)
+        )
+
+    def compile_failure(self, t0: float, error: str) -> CompileReport:
+        """The report of an export or code generation that failed (for ``recompile``, which reports failures)."""
+        return failed_report("deeploy", f"Deeploy ({', '.join(DEEPLOY_PLATFORMS)})", t0, error)
+
+    def describe(self, report: CompileReport) -> list[str]:
+        """Headline: state, device, integer nodes, time."""
+        state = "OK" if report.ok else "FAILED"
+        return [
+            f"Deeploy code generation {state}: {report.device}, {report.accelerator_nodes} integer nodes, "
+            f"{report.compile_seconds:.2f} s"
+        ]
+
+    def describe_manifest(self, manifest: Mapping[str, Any]) -> list[str]:
+        """Snapping, bit-exactness of the integer network, and each platform's generated files."""
+        d = manifest.get("deeploy")
+        if d is None:
+            return []
+        lines = []
+        snap = d.get("snap") or {}
+        if snap.get("enabled"):
+            lines.append(
+                f"  scales snapped to Deeploy's int32 RequantShift ({snap.get('grid', 'fine')} grid): "
+                f"{len(snap['snapped'])} requantization(s), largest relative scale change {snap['max_rel_change']:.2e}"
+            )
+        elif snap:
+            lines.append("  scales not snapped (--no-snap-scales)")
+        e = d["export"]
+        lines.append(
+            f"  integer network vs CPU QDQ on {e['num_samples']} samples: {e['equal_fraction']:.2%} of output "
+            f"elements equal, max {e['max_lsb_diff']} LSB"
+        )
+        for plat, c in d["codegen"].items():
+            what = (
+                f"{', '.join(c['files'])} (integer only: {c['integer_only']})" if c["ok"] else f"failed: {c['error']}"
+            )
+            lines.append(f"  {plat}: {what}")
+        return lines
+
+
+register_target("deeploy", DeeployTarget)

@@ -1,0 +1,93 @@
+"""The CLI's shape: one Tool per command, the same option names everywhere, deprecated spellings that still work
+with a one-line notice, and one-line usage errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import builders
+import pytest
+from conftest import save
+
+from qdebug.cli import TOOLS, build_parser
+from qdebug.errors import EXIT_OK, EXIT_USAGE
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_one_tool_per_command_with_the_shared_names() -> None:
+    assert [t.name for t in TOOLS] == ["quantize", "debug", "suggest", "search", "build"]
+    p = build_parser()
+    for argv in (
+        ["quantize", "-f", "m", "--calib", "c.npz", "-o", "q"],
+        ["debug", "-f", "m", "-q", "q", "-d", "d.npz", "-o", "r.json"],
+        ["suggest", "-f", "m", "-q", "q", "-d", "d.npz"],
+        ["search", "-f", "m", "--calib", "c.npz", "-d", "d.npz", "-o", "o.json", "--goal-sqnr", "30"],
+        ["build", "-f", "m", "--target", "cpu", "--precision", "int8", "--calib", "c.npz", "-d", "d.npz", "-o", "o"],
+    ):
+        args = p.parse_args(argv)
+        assert args.float_model == "m", argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "old", "new"),
+    [
+        (["quantize", "-m", "{m}", "-o", "{out}/q.onnx", "--samples", "2"], "-m", "--float-model/-f"),
+        (["quantize", "--model", "{m}", "-o", "{out}/q.onnx", "--samples", "2"], "--model", "--float-model/-f"),
+        (["quantize", "-f", "{m}", "--data", "{calib}", "-o", "{out}/q.onnx"], "--data", "--calib"),
+        (["build", "--onnx", "{m}", "--target", "cpu", "--precision", "uint8", "-o", "{out}/b"], "--onnx", "-f"),
+        (["build", "-f", "{m}", "--device", "cpu", "--precision", "uint8", "-o", "{out}/b"], "--device", "--target"),
+    ],
+)
+def test_old_spellings_still_work_with_one_notice(run_cli, tmp_path: Path, argv: list[str], old: str, new: str) -> None:
+    import numpy as np
+
+    m = save(builders.tiny_convnet(), tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(0).random((4, 1, 6, 6), dtype=np.float32))
+    r = run_cli(*[a.format(m=m, out=tmp_path, calib=calib) for a in argv])
+    assert r.code == EXIT_OK, r.stderr
+    notes = [line for line in r.stderr.splitlines() if line.startswith("qdebug: note:")]
+    assert len(notes) == 1 and old in notes[0] and new in notes[0] and "removed in" in notes[0], r.stderr
+
+
+def test_build_data_without_calib_keeps_its_old_meaning(run_cli, tmp_path: Path) -> None:
+    import numpy as np
+
+    m = save(builders.tiny_convnet(), tmp_path / "m.onnx")
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(0).random((4, 1, 6, 6), dtype=np.float32))
+    r = run_cli("build", "-f", m, "--target", "cpu", "--precision", "uint8", "-d", data, "-o", tmp_path / "b",
+                "--json")  # fmt: skip
+    assert r.code == EXIT_OK, r.stderr
+    assert "also calibrates on it" in r.stderr
+    import json
+
+    roles = {i["role"] for i in json.loads(r.out)["inputs"]}
+    assert {"data", "debug_data"} <= roles
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["debug", "-q", "q.onnx"], "--float-model/-f"),
+        (["quantize", "-f", "m.onnx"], "--output/-o"),
+        (["build", "-f", "m.onnx", "-o", "o"], "--target"),
+        (["debug", "-f", "a", "-q", "b", "--fail-below", "nan"], "finite"),
+        (["debug", "-f", "a", "-q", "b", "--capture", "gpu"], "invalid choice"),
+        (["nope"], "invalid choice"),
+    ],
+)
+def test_usage_errors_are_one_line(run_cli, argv: list[str], needle: str) -> None:
+    r = run_cli(*argv)
+    assert r.code == EXIT_USAGE
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "--help" in lines[0], r.stderr
+
+
+def test_python_dash_m() -> None:
+    argv = [sys.executable, "-m", "qdebug.cli", "--version"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
+    assert out.returncode == 0 and out.stdout.startswith("qdebug ")
