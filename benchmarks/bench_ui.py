@@ -135,8 +135,8 @@ class Timings:
 
 
 def bench_python(df: Any, repeats: int) -> tuple[list[Timings], Any, int, int]:
-    from widgets.figures import graph_edges, graph_figure
-    from widgets.graph_layout import layered_layout
+    from qdebug.render.figures import graph_edges, graph_figure
+    from qdebug.render.layout import layered_layout
 
     lay, fig_t, total = Timings("layered_layout"), Timings("graph_figure"), Timings("layout + figure (Python)")
     fig = None
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         df, setup_s = report_dataframe(args.nodes, work)
         rows, fig, n_tensors, n_edges = bench_python(df, args.repeats)
-        notes.append(f"plotly {plotly.__version__}; layout: grandalf Sugiyama (widgets.graph_layout)")
+        notes.append(f"plotly {plotly.__version__}; layout: grandalf Sugiyama (qdebug.render.layout)")
         if args.no_browser:
             notes.append("browser: not measured (--no-browser)")
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 from qdebug.errors import MissingExtraError
 
@@ -15,15 +16,32 @@ from qdebug.errors import MissingExtraError
 OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
     "onnxruntime_qnn": ("qnn", "Compiling for Qualcomm QNN HTP"),
     "plotly": ("ui", "Plotting"),
+    "grandalf": ("ui", "Laying out the model graph"),
     "ipywidgets": ("ui", "The interactive views"),
     "psutil": ("bench", "Measuring memory"),
 }
 
 
 def require(module: str) -> ModuleType:
-    """Import an optional module or raise an error that names the extra providing it."""
+    """Import an optional module (or a submodule of one) or raise an error that names the extra providing it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        extra, purpose = OPTIONAL_MODULES.get(module, ("dev", f"This feature ({module})"))
-        raise MissingExtraError(module, extra, purpose) from exc
+        top = module.split(".", maxsplit=1)[0]
+        extra, purpose = OPTIONAL_MODULES.get(module, OPTIONAL_MODULES.get(top, ("dev", f"This feature ({module})")))
+        raise MissingExtraError(top, extra, purpose) from exc
+
+
+class LazyModule(ModuleType):
+    """A stand-in for an optional module, imported through :func:`require` on first attribute access.
+
+    Lets a core module write ``go.Figure(...)`` with ``go = LazyModule("plotly.graph_objects")`` and still import
+    without plotly: the missing extra is reported only when a figure is actually built.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._target = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(require(self._target), attr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -356,7 +356,7 @@ def _fused_activation(
     return _activation_bounds(fnode, f_consts)
 
 
-def _activation_inputs(fnode: onnx.NodeProto | None, float_tensors: set[str]) -> tuple[str, ...]:
+def _activation_inputs(fnode: onnx.NodeProto | None, float_tensors: Set[str]) -> tuple[str, ...]:
     if fnode is None:
         return ()
     return tuple(dict.fromkeys(i for i in fnode.input if i in float_tensors))
@@ -402,12 +402,7 @@ def _float_value_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Pairing:
-    """Build the float↔quant pairing from the quantized graph's Q/DQ structure.
-
-    Raises :class:`ModelError` when the quantized model is not QDQ, or when the two models do not
-    correspond (different inputs, outputs that cannot be matched, or no shared quantized tensor).
-    """
+def _check_kinds(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> None:
     qkind = model_kind(quant_model)
     if qkind is ModelKind.QOPERATOR:
         raise ModelError(
@@ -425,6 +420,8 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     if fkind is not ModelKind.FLOAT:
         raise ModelError(f"the float model is already quantized ({fkind.value}); pass the float parent")
 
+
+def _check_inputs(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> set[str]:
     f_inputs = {s.name: s for s in input_specs(float_model)}
     q_inputs = {s.name: s for s in input_specs(quant_model)}
     if set(f_inputs) != set(q_inputs):
@@ -437,89 +434,85 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
             isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(fs.shape, qs.shape, strict=True)
         ):
             raise ModelError(f"the models do not correspond: input {name!r} is {fs.shape} vs {qs.shape}")
+    return set(q_inputs)
 
-    warnings: list[str] = []
-    fg, qg = float_model.graph, quant_model.graph
-    f_nodes = topological_nodes(fg)
-    f_producer = {o: (idx, n) for idx, n in enumerate(f_nodes) for o in n.output}
-    f_consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for n in f_nodes:
-        for i in n.input:
-            f_consumers[i].append(n)
-    f_types = _float_value_types(float_model)
-    f_consts = constant_values(float_model)
-    float_tensors = [i.name for i in fg.input if i.name in f_inputs]
-    float_tensors += [o for n in f_nodes if n.op_type != "Constant" for o in n.output if o]
-    float_tensor_set = set(float_tensors)
-    f_outputs = {o.name for o in fg.output}
 
-    q_consts = constant_values(quant_model)
-    q_consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    q_producer: dict[str, onnx.NodeProto] = {}
-    for n in qg.node:
-        for i in n.input:
-            q_consumers[i].append(n)
-        for o in n.output:
-            q_producer[o] = n
+@dataclass(frozen=True)
+class _Sides:
+    """Both models' indexes and the float model's facts the pairing needs."""
 
-    # ---- activations: Q(float tensor) -> DQ
-    quantized: dict[str, ActivationPair] = {}
-    for q in qg.node:
-        if not is_q(q) or q.input[0] in q_consts:
-            continue
-        src = q.input[0]
-        producer = q_producer.get(src)
-        if producer is not None and is_dq(producer):
-            continue  # a DQ→Q type conversion inside a mixed-precision region, not a new tensor
-        dqs = [c for c in q_consumers[q.output[0]] if is_dq(c)]
-        if not dqs:
-            continue
-        dq = dqs[0]
-        # The quantizer keeps the producer's output name, except at graph outputs, where the DQ takes
-        # the output's name and the producer writes '<out>_QuantizeLinear_Input'.
-        if src in float_tensor_set:
-            name = src
-        elif dq.output[0] in float_tensor_set:
-            name = dq.output[0]
-        else:
-            continue
-        # A mixed-precision "convert" hangs off its own DQ of the same Q (Q → DQ → Q' → DQ'), so every
-        # DQ of this Q is searched for the re-quantizing Q', not just the first.
-        converted = tuple(
-            sorted(_params(c, q_consts).quant_type for d in dqs for c in q_consumers[d.output[0]] if is_q(c))
-        )
-        idx, fnode = f_producer.get(name, (-1, None))
-        quantized[name] = ActivationPair(
-            tensor_name=name,
-            pre_qdq=src,
-            post_qdq=dq.output[0],
-            quantized=True,
-            producer_op=fnode.op_type if fnode is not None else "<input>",
-            producer_node=(fnode.name or fnode.output[0]) if fnode is not None else name,
-            topo_index=idx,
-            params=_params(q, q_consts),
-            converted_to=converted,
-            fused_activation=_fused_activation(fnode, producer, f_consts),
-            measured_through=_consumer_activation(f_consumers[name], f_consts) if name not in f_outputs else None,
-            inputs=_activation_inputs(fnode, float_tensor_set),
-        )
+    f: GraphIndex
+    q: GraphIndex
+    float_tensors: list[str]
+    float_set: frozenset[str]
+    f_types: dict[str, int]
+
+    def float_node(self, name: str) -> tuple[int, onnx.NodeProto | None]:
+        """(topological position, producer) of a float tensor; (-1, None) for a graph input."""
+        node = self.f.producer.get(name)
+        return (self.f.position[name], node) if node is not None else (-1, None)
+
+
+def _quantized_pair(s: _Sides, q: onnx.NodeProto) -> ActivationPair | None:
+    """The activation pair of one activation QuantizeLinear (``None``: not a new tensor, or no float twin)."""
+    src = q.input[0]
+    producer = s.q.producer.get(src)
+    if producer is not None and is_dq(producer):
+        return None  # a DQ→Q type conversion inside a mixed-precision region, not a new tensor
+    dqs = [c for c in s.q.consumers_of(q.output[0]) if is_dq(c)]
+    if not dqs:
+        return None
+    dq = dqs[0]
+    # The quantizer keeps the producer's output name, except at graph outputs, where the DQ takes the output's
+    # name and the producer writes '<out>_QuantizeLinear_Input'.
+    name = src if src in s.float_set else dq.output[0] if dq.output[0] in s.float_set else None
+    if name is None:
+        return None
+    # A mixed-precision "convert" hangs off its own DQ of the same Q (Q → DQ → Q' → DQ'), so every DQ of this Q
+    # is searched for the re-quantizing Q', not just the first.
+    qc = s.q.consts
+    converted = tuple(sorted(_params(c, qc).quant_type for d in dqs for c in s.q.consumers_of(d.output[0]) if is_q(c)))
+    idx, fnode = s.float_node(name)
+    through = None if name in s.f.outputs else _consumer_activation(s.f.consumers_of(name), s.f.consts)
+    return ActivationPair(
+        tensor_name=name,
+        pre_qdq=src,
+        post_qdq=dq.output[0],
+        quantized=True,
+        producer_op=fnode.op_type if fnode is not None else "<input>",
+        producer_node=(fnode.name or fnode.output[0]) if fnode is not None else name,
+        topo_index=idx,
+        params=_params(q, qc),
+        converted_to=converted,
+        fused_activation=_fused_activation(fnode, producer, s.f.consts),
+        measured_through=through,
+        inputs=_activation_inputs(fnode, s.float_set),
+    )
+
+
+def _activation_pairs(s: _Sides, q_inputs: set[str]) -> tuple[list[ActivationPair], list[str]]:
+    """Every float activation with a counterpart (quantized or not), and the float tensors without one."""
+    quantized = {}
+    for q in s.q.nodes:
+        if is_q(q) and q.input[0] not in s.q.consts and (pair := _quantized_pair(s, q)) is not None:
+            quantized[pair.tensor_name] = pair
     if not quantized:
         raise ModelError(
             "the models do not correspond: no QuantizeLinear in the quantized model reads a tensor of the "
             "float model (were they exported from different graphs?)"
         )
-
-    q_tensor_set = set(q_producer) | set(q_inputs)
+    q_tensors = set(s.q.producer) | q_inputs
     activations: list[ActivationPair] = []
     unmatched: list[str] = []
-    for name in float_tensors:
+    for name in s.float_tensors:
         if name in quantized:
             activations.append(quantized[name])
+        elif s.f_types.get(name, onnx.TensorProto.FLOAT) not in FLOAT_DTYPES:
             continue
-        if f_types.get(name, onnx.TensorProto.FLOAT) not in FLOAT_DTYPES:
-            continue
-        if name in q_tensor_set and not (name in q_producer and (is_q(q_producer[name]) or is_dq(q_producer[name]))):
-            idx, fnode = f_producer.get(name, (-1, None))
+        elif name in q_tensors and not (
+            name in s.q.producer and (is_q(s.q.producer[name]) or is_dq(s.q.producer[name]))
+        ):
+            idx, fnode = s.float_node(name)
             activations.append(
                 ActivationPair(
                     tensor_name=name,
@@ -529,65 +522,69 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
                     producer_op=fnode.op_type if fnode is not None else "<input>",
                     producer_node=(fnode.name or fnode.output[0]) if fnode is not None else name,
                     topo_index=idx,
-                    inputs=_activation_inputs(fnode, float_tensor_set),
+                    inputs=_activation_inputs(fnode, s.float_set),
                 )
             )
         else:
             unmatched.append(name)
+    return _resolve_edges(s, activations), unmatched
 
-    # Edges skip float tensors that have no counterpart (e.g. a Conv output whose Relu the quantizer
-    # removed): the edge then points at the nearest matched ancestors.
+
+def _resolve_edges(s: _Sides, activations: list[ActivationPair]) -> list[ActivationPair]:
+    """Edges skip float tensors that have no counterpart (e.g. a Conv output whose Relu the quantizer removed):
+    the edge then points at the nearest matched ancestors."""
     matched = {a.tensor_name for a in activations}
 
-    def _resolve(names: tuple[str, ...], depth: int = 0) -> tuple[str, ...]:
+    def resolve(names: tuple[str, ...], depth: int = 0) -> tuple[str, ...]:
         out: list[str] = []
         for n in names:
             if n in matched or depth > 16:
                 out.append(n)
-            elif n in f_producer:
-                out.extend(_resolve(_activation_inputs(f_producer[n][1], float_tensor_set), depth + 1))
+            elif n in s.f.producer:
+                out.extend(resolve(_activation_inputs(s.f.producer[n], s.float_set), depth + 1))
         return tuple(dict.fromkeys(out))
 
-    activations = [replace(a, inputs=_resolve(a.inputs)) for a in activations]
+    return [replace(a, inputs=resolve(a.inputs)) for a in activations]
 
-    # ---- weights: DQ(integer constant) -> consumer; counterpart via the consumer's float twin
-    f_by_output = {o: n for n in f_nodes for o in n.output if o}
-    f_by_name = {n.name: n for n in f_nodes if n.name}
+
+def _const_source(q: GraphIndex, t: str) -> str | None:
+    """The integer (or float) constant a weight DQ reads: directly, or through a Q on a float constant (in-graph
+    weight quantization)."""
+    if t in q.consts:
+        return t
+    prod = q.producer.get(t)
+    if prod is not None and is_q(prod) and prod.input[0] in q.consts:
+        return str(prod.input[0])
+    return None
+
+
+def _float_twin(s: _Sides, consumer: onnx.NodeProto, by_name: dict[str, onnx.NodeProto]) -> onnx.NodeProto | None:
+    twin = by_name.get(consumer.name) if consumer.name else None
+    if twin is None or twin.op_type != consumer.op_type:
+        twin = next((s.f.producer[o] for o in consumer.output if o in s.f.producer), None)
+    return twin
+
+
+def _weight_pairs(s: _Sides) -> list[WeightPair]:
+    """DQ(integer constant) → consumer; the float counterpart is the consumer's float twin's same input."""
+    by_name = {n.name: n for n in s.f.nodes if n.name}
     weights: list[WeightPair] = []
-    seen_w: set[tuple[str, str]] = set()
-
-    def _const_source(t: str) -> str | None:
-        # The quantizer may put a Q on a float constant (in-graph weight quantization) or the DQ may
-        # read an integer constant directly.
-        if t in q_consts:
-            return t
-        prod = q_producer.get(t)
-        if prod is not None and is_q(prod) and prod.input[0] in q_consts:
-            return str(prod.input[0])
-        return None
-
-    for dq in qg.node:
-        if not is_dq(dq):
-            continue
-        src = _const_source(dq.input[0])
+    seen: set[tuple[str, str]] = set()
+    for dq in (n for n in s.q.nodes if is_dq(n)):
+        src = _const_source(s.q, dq.input[0])
         if src is None:
             continue
-        for consumer in q_consumers[dq.output[0]]:
-            twin = f_by_name.get(consumer.name) if consumer.name else None
-            if twin is None or twin.op_type != consumer.op_type:
-                twin = next((f_by_output[o] for o in consumer.output if o in f_by_output), None)
-            if twin is None:
-                continue
+        for consumer in s.q.consumers_of(dq.output[0]):
+            twin = _float_twin(s, consumer, by_name)
             for idx, inp in enumerate(consumer.input):
-                if inp != dq.output[0] or idx >= len(twin.input):
+                if twin is None or inp != dq.output[0] or idx >= len(twin.input):
                     continue
                 fname = twin.input[idx]
-                if fname not in f_consts or (fname, dq.name) in seen_w:
+                if fname not in s.f.consts or (fname, dq.name) in seen:
                     continue
-                seen_w.add((fname, dq.name))
-                params = _params(dq, q_consts)
-                if dq.input[0] != src:  # Q on a float constant: the type lives on the Q node
-                    params = _params(q_producer[dq.input[0]], q_consts)
+                seen.add((fname, dq.name))
+                # Q on a float constant: the type lives on the Q node.
+                typed = dq if dq.input[0] == src else s.q.producer[dq.input[0]]
                 kind = "bias" if idx == 2 and consumer.op_type in ("Conv", "Gemm", "ConvTranspose") else "weight"
                 weights.append(
                     WeightPair(
@@ -598,25 +595,42 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
                         consumer_op=consumer.op_type,
                         input_index=idx,
                         kind=kind,
-                        params=params,
+                        params=_params(typed, s.q.consts),
                     )
                 )
+    return weights
 
-    # ---- model outputs: by name, else by position when the counts agree
-    f_outs = [o.name for o in fg.output]
-    q_outs = [o.name for o in qg.output]
-    outputs: list[OutputPair] = []
+
+def _output_pairs(f: GraphIndex, q: GraphIndex, warnings: list[str]) -> list[OutputPair]:
+    """Model outputs by name, else by position when the counts agree."""
+    f_outs, q_outs = list(f.outputs), list(q.outputs)
     if set(f_outs) <= set(q_outs):
-        outputs = [OutputPair(n, n) for n in f_outs]
-    elif len(f_outs) == len(q_outs):
+        return [OutputPair(n, n) for n in f_outs]
+    if len(f_outs) == len(q_outs):
         warnings.append(f"model output names differ ({f_outs} vs {q_outs}); paired by position")
-        outputs = [OutputPair(a, b) for a, b in zip(f_outs, q_outs, strict=True)]
-    else:
-        raise ModelError(f"the models do not correspond: outputs {f_outs} vs {q_outs}")
+        return [OutputPair(a, b) for a, b in zip(f_outs, q_outs, strict=True)]
+    raise ModelError(f"the models do not correspond: outputs {f_outs} vs {q_outs}")
 
+
+def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Pairing:
+    """Build the float↔quant pairing from the quantized graph's Q/DQ structure.
+
+    Raises :class:`ModelError` when the quantized model is not QDQ, or when the two models do not
+    correspond (different inputs, outputs that cannot be matched, or no shared quantized tensor).
+    """
+    _check_kinds(float_model, quant_model)
+    q_inputs = _check_inputs(float_model, quant_model)
+    f = GraphIndex(float_model)
+    float_tensors = [i for i in f.inputs if i in q_inputs] + [
+        o for n in f.nodes if n.op_type != "Constant" for o in n.output if o
+    ]
+    sides = _Sides(f, GraphIndex(quant_model), float_tensors, frozenset(float_tensors), _float_value_types(float_model))
+    activations, unmatched = _activation_pairs(sides, q_inputs)
+    warnings: list[str] = []
+    outputs = _output_pairs(f, sides.q, warnings)
     return Pairing(
         activations=tuple(activations),
-        weights=tuple(weights),
+        weights=tuple(_weight_pairs(sides)),
         outputs=tuple(outputs),
         unmatched_float_tensors=tuple(unmatched),
         warnings=tuple(warnings),
@@ -624,16 +638,42 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
 
 
 class GraphIndex:
-    """Constants, producers and Q/DQ nodes of one model, built once and reused."""
+    """The one index of a model snapshot, built once: nodes in topological order, each tensor's producer (and its
+    position) and consumers, constant values (initializers and Constant nodes), Q/DQ nodes, graph inputs and
+    outputs. Every pass and analysis reads these maps instead of building its own."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.model = model
         self.consts = constant_values(model)
-        self.producer = {o: n for n in model.graph.node for o in n.output if o}
-        self.qdq_nodes = {(n.name or n.output[0]): n for n in model.graph.node if is_dq(n) or is_q(n)}
+        self.nodes = topological_nodes(g)
+        self.position = {o: idx for idx, n in enumerate(self.nodes) for o in n.output if o}
+        self.producer = {o: n for n in self.nodes for o in n.output if o}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for n in self.nodes:
+            for i in n.input:
+                self.consumers[i].append(n)
+        self.qdq_nodes = {(n.name or n.output[0]): n for n in self.nodes if is_dq(n) or is_q(n)}
+        initializers = {t.name for t in g.initializer}
+        self.inputs = tuple(i.name for i in g.input if i.name not in initializers)
+        self.outputs = tuple(o.name for o in g.output)
 
     def value(self, name: str) -> np.ndarray:
         """Decoded value of a constant tensor."""
         return decode_constant(self.consts[name])
+
+    def consumers_of(self, name: str) -> list[onnx.NodeProto]:
+        """The nodes reading ``name`` (in topological order; empty for a tensor nothing reads)."""
+        return self.consumers.get(name, [])
+
+    def sole_consumer(self, name: str) -> onnx.NodeProto | None:
+        """The one node reading ``name``, if exactly one does (and it is not a graph output)."""
+        users = self.consumers_of(name)
+        return users[0] if len(users) == 1 and name not in self.outputs else None
+
+    def activations(self) -> list[str]:
+        """Graph inputs, then every non-constant node output, in topological order."""
+        return [*self.inputs, *(o for n in self.nodes if n.op_type != "Constant" for o in n.output if o)]
 
 
 def weight_arrays(pair: WeightPair, float_index: GraphIndex, quant_index: GraphIndex) -> tuple[np.ndarray, np.ndarray]:

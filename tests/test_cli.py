@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error, save
 
-from qdebug.cli import GREEN, RED, RESET, YELLOW, build_parser, fmt_db
+from qdebug.cli import build_parser
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import EXIT_CODES, EXIT_GATE, EXIT_OK, EXIT_USAGE
+from qdebug.render.text import GREEN, RED, RESET, YELLOW, fmt_db
 from qdebug.report import DebugReport
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -1,4 +1,4 @@
-"""Figure builders (widgets/figures.py) and the graph layout, on real reports — no browser."""
+"""Figure builders (qdebug/render/figures.py) and the graph layout, on real reports — no browser."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import qdebug
 from qdebug.mixed.compare import compare
 from qdebug.mixed.search import SearchGoal, SearchPoint, SearchResult
 from qdebug.mixed.suggest import analyse
+from qdebug.render import figures
+from qdebug.render.layout import chain_with_skips, layered_layout
 from qdebug.report import DebugReport
-from widgets import figures
-from widgets.graph_layout import chain_with_skips, layered_layout
 
 RED_END, GREEN_END = figures.SQNR_COLORSCALE[0][1], figures.SQNR_COLORSCALE[-1][1]
 
@@ -316,9 +316,40 @@ def test_comparison_figure(tiny_report: DebugReport) -> None:
 
 
 def test_figures_import_and_core_stays_plotly_free() -> None:
-    code = "import widgets.figures, sys; import qdebug; print('plotly' in sys.modules)"
+    # The rendering layer is core: importing it loads no plotly; building the first figure does.
+    code = (
+        "import sys, qdebug.render.figures as f; a = 'plotly' in sys.modules; f.pareto_figure([]); "
+        "print(a, 'plotly' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.strip() == "True"
+    assert out.stdout.strip() == "False True"
     code = "import sys, qdebug, qdebug.mixed.search, qdebug.mixed.compare; print('plotly' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"
+
+
+def test_a_figure_without_plotly_names_the_ui_extra() -> None:
+    """plotly hidden (a meta-path finder refuses it): text rendering works, a figure raises MissingExtraError."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("plotly", "grandalf"):
+            raise ImportError(f"no module named {name!r}")
+        return None
+sys.meta_path.insert(0, Block())
+from qdebug.errors import MissingExtraError
+from qdebug.render import figures, fmt, layout, text
+assert fmt.fmt_db(25.0) == "  25.00"
+try:
+    figures.pareto_figure([])
+except MissingExtraError as exc:
+    print(exc)
+try:
+    layout.layered_layout(["a", "b"], [("a", "b")])
+except MissingExtraError as exc:
+    print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("pip install 'qdebug[ui]'" in line for line in lines), out.stdout

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, SAMPLE_MODELS, TINY_CONFIGS
 
 from qdebug.config import QuantConfig
+from qdebug.metrics import sqnr_db
 from qdebug.mixed.overrides import OverridesFile
 from widgets.app import DebuggerApp
 from widgets.session import QuantDebugger
@@ -94,7 +95,10 @@ def test_tensor_values_one_tensor_on_demand(dbg: QuantDebugger) -> None:
     # The quantized side is dequantized: every value sits on the scale's grid, and close to the float one.
     steps = q / scale
     assert np.allclose(steps, np.round(steps), atol=1e-3)
-    assert np.max(np.abs(f - q)) <= 0.5 * scale + 1e-6 or a.local_sqnr_db is not None
+    # Both sides are the ones the debug pass compared on this sample: their SQNR is the report's sample-0 value.
+    assert a.measured_through is None  # (else the report compares them clipped through the activation)
+    j = dbg.report.per_sample.tensor_names.index("c2")
+    assert sqnr_db(f, q) == pytest.approx(dbg.report.per_sample.values[0, j], abs=1e-3)
     with pytest.raises(KeyError):
         dbg.tensor_values("no-such-tensor")
 

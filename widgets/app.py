@@ -1,6 +1,6 @@
 """``DebuggerApp``: the interactive debugger. It holds only view state (traitlets) and composes widgets; every
 number comes from a :class:`~widgets.session.QuantDebugger`, every figure from a pure function of
-:mod:`widgets.figures`, shown as a live plotly ``FigureWidget`` (clicks select tensors and search points).
+:mod:`qdebug.render.figures`, shown as a live plotly ``FigureWidget`` (clicks select tensors and search points).
 
 Handlers are plain methods (``on_select``, ``on_promote_clicked``, ``on_undo_clicked``, ``on_export_clicked``,
 ``on_search_clicked``, ``on_pareto_point``, ``on_heatmap_click``, ``on_netron_clicked``…) so behaviour is tested in
@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import traitlets as tr
 
+from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
+from qdebug.render.fmt import fmt_db_text, fmt_pct
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 
 #: Metrics the graph colours by (columns of ``DebugReport.to_dataframe()``).
 METRICS = ("local_sqnr_db", "cumulative_sqnr_db", "mse", "max_abs_error")
-#: Columns the tensor table sorts by (columns of :func:`widgets.figures.tensor_table`).
+#: Columns the tensor table sorts by (columns of :func:`qdebug.render.figures.tensor_table`).
 SORT_KEYS = ("topo_index", "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "op", "tensor_name")
 #: Largest graph laid out with grandalf's Sugiyama; bigger ones use the linear longest-path layering.
 SUGIYAMA_MAX_NODES = 3000
@@ -45,15 +48,11 @@ PAGE_SIZE = 20
 
 
 def _db(v: float | None) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "n/a"
-    if math.isinf(v):
-        return "+inf dB" if v > 0 else "-inf dB"
-    return f"{v:.2f} dB"
+    return fmt_db_text(v)
 
 
 def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{100 * v:.2f} %"
+    return fmt_pct(v, missing="n/a")
 
 
 def _placeholder(what: str, why: str) -> w.HTML:
@@ -62,24 +61,21 @@ def _placeholder(what: str, why: str) -> w.HTML:
 
 def _weight_owners(float_model: Any, df: Any) -> dict[str, str] | None:
     """Map fused nodes (Conv followed by a removed Relu) to the tensor that shows their weights."""
-    try:
-        from widgets.figures import weight_owners
+    from qdebug.inspect import weight_owners
 
-        return weight_owners(float_model, df)
-    except Exception:  # the heatmap then leaves those weight cells blank, as documented
-        return None
+    return weight_owners(float_model, map(str, df["tensor_name"]))
 
 
 def _figure(name: str, *args: Any, css: str | None = None) -> w.Widget:
-    """The figure ``widgets.figures.<name>(*args)`` as a live ``FigureWidget``, or a placeholder saying why
+    """The figure ``qdebug.render.figures.<name>(*args)`` as a live ``FigureWidget``, or a placeholder saying why
     there is none (a figure bug must not take the dashboard down; plotly's FigureWidget needs anywidget)."""
     try:
-        from widgets import figures
+        from qdebug.render import figures
     except Exception as exc:
-        return _placeholder(name, f"widgets.figures does not import ({type(exc).__name__}: {exc})")
+        return _placeholder(name, f"qdebug.render.figures does not import ({type(exc).__name__}: {exc})")
     fn: Callable[..., Any] | None = getattr(figures, name, None)
     if fn is None:
-        return _placeholder(name, f"widgets.figures has no {name}()")
+        return _placeholder(name, f"qdebug.render.figures has no {name}()")
     try:
         fig = fn(*args)
     except Exception as exc:
@@ -96,14 +92,15 @@ def _figure(name: str, *args: Any, css: str | None = None) -> w.Widget:
 
 
 def _sqnr_cell(v: Any, low: float) -> str:
-    """One SQNR table cell, red below the threshold (the same 20/40 dB reading as the heatmap)."""
+    """One SQNR table cell: red below the view's threshold, yellow up to the upper band edge (the heatmap's
+    reading, :mod:`qdebug.render.bands`)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
         return "<span>n/a</span>"
     if math.isnan(f):
         return "<span class='qd-na'>n/a</span>"
-    style = "background:#f8d7da" if f < low else ("background:#fff3bf" if f < 40 else "")
+    style = "background:#f8d7da" if f < low else ("background:#fff3bf" if f <= SQNR_HIGH else "")
     return f"<span style='{style};padding:0 4px'>{html.escape(_db(f))}</span>"
 
 
@@ -130,7 +127,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     selected = tr.Unicode("", help="the inspected tensor").tag(sync=True)
     promotion = tr.List(tr.Unicode(), help="tensors ticked for promotion").tag(sync=True)
     metric = tr.Enum(METRICS, default_value="cumulative_sqnr_db").tag(sync=True)
-    threshold = tr.Float(20.0, help="SQNR below this (dB) is highlighted").tag(sync=True)
+    threshold = tr.Float(SQNR_LOW, help="SQNR below this (dB) is highlighted").tag(sync=True)
     sort_key = tr.Enum(SORT_KEYS, default_value="topo_index").tag(sync=True)
     descending = tr.Bool(False).tag(sync=True)
     filter_text = tr.Unicode("", help="substring of tensor name or op").tag(sync=True)
@@ -157,6 +154,24 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self._views: _ReportViews | None = None
         self._syncing = False
         self.targets_info: dict[str, tuple[bool, str]] = {}
+        self._make_table_widgets()
+        self._make_figure_boxes()
+        self._make_fix_widgets()
+        self._wire()
+        super().__init__(self._layout_children(), **kwargs)
+        self.add_class("qd-app")
+        debugger.progress = self._on_progress
+        self._refresh_targets()
+        if target is not None:
+            self.target = target
+            self.target_picker.value = target if target in self.targets_info else "cpu"
+        base = debugger.report.min_output_sqnr_db
+        self.goal_db.value = round(base + 2.0, 1) if base is not None and math.isfinite(base) else 30.0
+        self.refresh()
+
+    # ------------------------------------------------------------------ building the widgets
+    def _make_table_widgets(self) -> None:
+        """Progress, status and the tensor table with its filter/sort/page controls."""
         self.progress = w.IntProgress(value=0, min=0, max=1, description="", layout=w.Layout(width="320px"))
         self.status_line = w.HTML("")
         # Tensor table: filter/sort/page controls, then one widget row per visible tensor.
@@ -172,6 +187,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.next_button = w.Button(description="▶", layout=w.Layout(width="40px"))
         self.page_label = w.HTML("")
         self.row_boxes: dict[str, w.Checkbox] = {}
+
+    def _make_figure_boxes(self) -> None:
+        """The figure containers, the Netron opt-in and the inspector."""
         # Figures.
         self.heatmap_box = w.Box()
         self.samples_box = w.Box()
@@ -188,6 +206,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         # Inspector.
         self.tensor_picker = w.Dropdown(description="tensor", options=[])
         self.inspector = w.HTML("<i>select a tensor</i>")
+
+    def _make_fix_widgets(self) -> None:
+        """The mixed-precision panel and the search tab's controls."""
         # Fix panel.
         self.suggestion_boxes: dict[str, w.Checkbox] = {}
         self.suggestions_box = w.VBox()
@@ -210,6 +231,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.strategy_picker = w.Dropdown(description="strategy", options=["prefix", "greedy"], value="prefix")
         self.search_button = w.Button(description="Search", icon="search", layout=w.Layout(width="auto"))
         self.search_summary = w.HTML("")
+
+    def _wire(self) -> None:
+        """CSS classes for the browser tests, click handlers, and widgets ↔ traits links."""
         for widget, cls in (
             (self.promote_button, "qd-promote"),
             (self.undo_button, "qd-undo"),
@@ -251,6 +275,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.tensor_picker.observe(self._on_picker, names="value")
         self.target_picker.observe(self._on_target_picker, names="value")
 
+    def _layout_children(self) -> list[w.Widget]:
+        """Tabs (tensors, heatmaps, graph, search, before/after) over the inspector and the fix panel."""
         table_tab = w.VBox(
             [
                 w.HBox([self.filter_box, self.sort_picker, self.desc_box]),
@@ -292,19 +318,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             ],
             layout=w.Layout(width="50%"),
         )
-        super().__init__(
-            [w.HBox([self.progress, self.status_line]), self.tabs, w.HBox([inspect, fix])],
-            **kwargs,
-        )
-        self.add_class("qd-app")
-        debugger.progress = self._on_progress
-        self._refresh_targets()
-        if target is not None:
-            self.target = target
-            self.target_picker.value = target if target in self.targets_info else "cpu"
-        base = debugger.report.min_output_sqnr_db
-        self.goal_db.value = round(base + 2.0, 1) if base is not None and math.isfinite(base) else 30.0
-        self.refresh()
+        return [w.HBox([self.progress, self.status_line]), self.tabs, w.HBox([inspect, fix])]
 
     # ------------------------------------------------------------------ progress and status
     def _on_progress(self, done: int, total: int, message: str) -> None:
@@ -325,7 +339,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def views(self) -> _ReportViews:
         """What every view derives from the current report, computed once per report (a click, a sort or a
         page turn only filters and sorts the cached table; an undo brings back the earlier report)."""
-        from widgets.figures import tensor_table
+        from qdebug.render.figures import tensor_table
 
         report = self.debugger.report
         if self._views is None or self._views.report is not report:
@@ -337,7 +351,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         return self._views
 
     def table_frame(self) -> pd.DataFrame:
-        """The tensor table as shown: :func:`widgets.figures.tensor_table` filtered and sorted by the view
+        """The tensor table as shown: :func:`qdebug.render.figures.tensor_table` filtered and sorted by the view
         state (all pages)."""
         t = self.views().table
         if self.filter_text:
@@ -463,7 +477,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         report = self.debugger.report
         if self._layout is None:  # promotions keep the graph's tensors: lay it out once
             try:
-                from widgets.graph_layout import Method, layered_layout
+                from qdebug.render.layout import Method, layered_layout
 
                 names = [a.tensor_name for a in report.activations]
                 edges = [(i, a.tensor_name) for a in report.activations for i in a.inputs]

@@ -157,6 +157,14 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             self.samples = {s.name: s for s in list_samples(samples_dir)}
         except QDebugError:
             self.samples = {}
+        self._make_widgets()
+        self._wire()
+        super().__init__([self._form(), self.app_box], **kwargs)
+        self.add_class("qd-dashboard")
+        self._layout_form()
+
+    def _make_widgets(self) -> None:
+        """The form's widgets, each with a CSS class the browser tests select by."""
         self.source = w.ToggleButtons(options=SOURCES, value="sample" if self.samples else "server")
         self.sample_picker = w.Dropdown(options=sorted(self.samples), description="sample")
         self.sample_note = w.HTML("")
@@ -191,6 +199,9 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             (self.app_box, "qd-dash-app"),
         ):
             widget.add_class(cls)
+
+    def _wire(self) -> None:
+        """Re-layout on source/data/sample changes, precisions per target, the Run button."""
         self.model_panel = w.VBox()
         self.data_panel = w.VBox()
         self.source.observe(lambda ch: self._layout_form(), names="value")
@@ -199,7 +210,10 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.target_picker.observe(self._target_changed, names="value")
         self.run_button.on_click(self.on_run_clicked)
         self._fill_targets()
-        form = w.VBox(
+
+    def _form(self) -> w.VBox:
+        """The form: model, data, target, Run."""
+        return w.VBox(
             [
                 w.HTML(
                     "<h2>qdebug — where did my quantized model lose accuracy?</h2>"
@@ -219,9 +233,6 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                 self.message,
             ]
         )
-        super().__init__([form, self.app_box], **kwargs)
-        self.add_class("qd-dashboard")
-        self._layout_form()
 
     # ------------------------------------------------------------------ form
     def _fill_targets(self) -> None:

@@ -1,6 +1,6 @@
 """The explicit opt-in "Open in Netron" backend: serve ONE model with Netron on 127.0.0.1 and stop it again.
 
-qdebug's own graph view (:func:`widgets.figures.graph_figure`) is the primary one. Netron is offered only as an
+qdebug's own graph view (:func:`qdebug.render.figures.graph_figure`) is the primary one. Netron is offered only as an
 action the user chooses, because of the limits measured with netron 9.3.3 (see ``docs/netron.md``):
 
 * **Consent dialog offline.** Netron looks up the visitor's country (``https://ipinfo.io``); when that fails it

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from qdebug.config import QuantConfig
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import ConfigError
 from qdebug.graph import file_sha256, load_model, pair_models
+from qdebug.inspect import TensorValues
 from qdebug.mixed.session import DataLike, Evaluation, MixedPrecisionSession
+from qdebug.render.fmt import fmt_db_text
 
 if TYPE_CHECKING:
     from qdebug.mixed.promote import PromotionPlan
@@ -32,21 +31,6 @@ ProgressCallback = Callable[[int, int, str], None]
 
 #: Targets every machine has (ORT's CPU provider validates the QDQ model); the others come from the registry.
 CPU_TARGET = "cpu"
-
-
-@dataclass(frozen=True)
-class TensorValues:
-    """One tensor of one sample in both models, with the quantization parameters of its Q/DQ pair."""
-
-    name: str
-    float_values: np.ndarray
-    quant_values: np.ndarray
-    scale: float | None
-    zero_point: int | None
-
-    def __iter__(self) -> Any:
-        # Unpacks as (float_values, quant_values, scale, zero_point), the order the histogram figure takes.
-        return iter((self.float_values, self.quant_values, self.scale, self.zero_point))
 
 
 class QuantDebugger:
@@ -122,8 +106,9 @@ class QuantDebugger:
         return self._base_eval()
 
     def _base_eval(self) -> Evaluation:
-        if self.session._base is not None:
-            return self.session._base
+        done = self.session.base_if_evaluated
+        if done is not None:
+            return done
         self._step(0, 2, "quantizing and debugging the base model")
         base = self.session.base
         self._step(2, 2, "base model quantized and debugged")
@@ -196,14 +181,16 @@ class QuantDebugger:
     def apply(self, plan: PromotionPlan) -> Evaluation:
         """Re-quantize with ``plan`` (no re-calibration), re-debug, compare with the base; becomes current."""
         total = 3
-        self._step(0, total, "re-quantizing (calibration reused)" if self.session._base else "quantizing the base")
+        self._step(
+            0, total, "re-quantizing (calibration reused)" if self.session.base_if_evaluated else "quantizing the base"
+        )
         self.session.base  # noqa: B018 — calibrate once, reported as its own step
         self._step(1, total, "re-quantizing and re-debugging")
         ev = self.session.evaluate(plan, name=f"step{len(self._history) + 1}")
         self._history.append(ev)
         self._plans.append(plan)
         self._tensor_cache.clear()
-        self._step(total, total, f"applied: worst output SQNR {_db(ev.output_sqnr_db)}")
+        self._step(total, total, f"applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
         return ev
 
     def undo(self) -> Evaluation | None:
@@ -274,10 +261,10 @@ class QuantDebugger:
     # ------------------------------------------------------------------ on-demand values
     def tensor_values(self, name: str, sample: int = 0) -> TensorValues:
         """One tensor's values on one sample in the float and the quantized model, fetched now for that tensor
-        only (it is exposed as an extra output of both models and one sample is run)."""
-        from qdebug.capture import expose_outputs, make_session
+        only (:func:`qdebug.inspect.tensor_values`)."""
         from qdebug.data import open_data
         from qdebug.graph import input_specs
+        from qdebug.inspect import tensor_values
 
         qpath = self.quant_model_path
         key = (name, sample, str(qpath))
@@ -294,16 +281,9 @@ class QuantDebugger:
             self.session.debug_data, input_specs(fm), num_samples=o.num_samples, seed=o.seed,
             distribution=o.distribution, input_shapes=o.input_shapes, ignore=o.ignore_data_keys,
         )  # fmt: skip
-        if not 0 <= sample < len(source):
-            raise IndexError(f"sample {sample} out of range: the data has {len(source)} sample(s)")
-        feed = next(s for i, s in enumerate(source) if i == sample)
-        values = []
-        for model, tensor in ((fm, name), (qm, pair.post_qdq)):
-            sess: Any = make_session(expose_outputs(model, [tensor]), o.providers)
-            inputs = {i.name for i in sess.get_inputs()}
-            out = sess.run([tensor], {k: v for k, v in dict(feed).items() if k in inputs})
-            values.append(np.asarray(out[0]))
-        tv = TensorValues(name, values[0], values[1], act.scale, act.zero_point)
+        tv = tensor_values(
+            fm, qm, (name, pair.post_qdq), source, sample, providers=o.providers, params=(act.scale, act.zero_point)
+        )
         self._tensor_cache[key] = tv
         return tv
 
@@ -329,10 +309,6 @@ class QuantDebugger:
     def model_sha256(self) -> str:
         """Checksum of the current QDQ model."""
         return file_sha256(self.quant_model_path)
-
-
-def _db(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f} dB"
 
 
 __all__ = ["CPU_TARGET", "ProgressCallback", "QuantDebugger", "TensorValues"]

@@ -12,7 +12,13 @@ from typing import TextIO
 
 from qdebug._version import __version__
 from qdebug.cli._base import EPILOG, ArgumentParser, Tool
-from qdebug.cli._print import (
+from qdebug.cli.build import Build
+from qdebug.cli.debug import Debug
+from qdebug.cli.quantize import Quantize
+from qdebug.cli.search import Search
+from qdebug.cli.suggest import Suggest
+from qdebug.errors import EXIT_INTERNAL, EXIT_USAGE, QDebugError
+from qdebug.render.text import (
     GREEN,
     RED,
     RESET,
@@ -23,12 +29,6 @@ from qdebug.cli._print import (
     print_fixes,
     print_report,
 )
-from qdebug.cli.build import Build
-from qdebug.cli.debug import Debug
-from qdebug.cli.quantize import Quantize
-from qdebug.cli.search import Search
-from qdebug.cli.suggest import Suggest
-from qdebug.errors import EXIT_INTERNAL, EXIT_USAGE, QDebugError
 
 #: Every subcommand, in the order ``--help`` lists them.
 TOOLS: tuple[Tool, ...] = (Quantize(), Debug(), Suggest(), Search(), Build())

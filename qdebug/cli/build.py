@@ -6,8 +6,8 @@ import argparse
 from typing import ClassVar, TextIO
 
 from qdebug.cli._base import Tool, add_calib, add_float_model, add_input_shape, add_json, add_output, deprecated
-from qdebug.cli._print import print_build, print_compile_report, print_fixes
 from qdebug.errors import EXIT_OK
+from qdebug.render.text import print_build, print_compile_report, print_fixes
 
 DATA_COMPAT_NOTE = (
     "--data without --calib also calibrates on it, as in qdebug 0.1; pass --calib for calibration data "

@@ -8,8 +8,8 @@ import sys
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import Tool, add_debug_inputs, add_json, add_output, gate_help
-from qdebug.cli._print import fmt_db, print_report, use_color
 from qdebug.errors import EXIT_GATE, EXIT_OK
+from qdebug.render.text import fmt_db, print_report, use_color
 
 DEBUG_REQUIRED = {"float_model": "--float-model/-f", "quant_model": "--quant-model/-q"}
 

@@ -7,8 +7,8 @@ import sys
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import Tool, add_calib, add_float_model, add_json, add_output
-from qdebug.cli._print import fmt_db, table
 from qdebug.errors import EXIT_GATE, EXIT_OK
+from qdebug.render.text import fmt_db, table
 
 
 class Search(Tool):

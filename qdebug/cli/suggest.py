@@ -7,9 +7,9 @@ import json
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import Tool, add_debug_inputs
-from qdebug.cli._print import fmt_db, table
 from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, run_debug
 from qdebug.errors import EXIT_OK
+from qdebug.render.text import fmt_db, table
 
 
 def inferred_base(report: Any, config_path: str | None) -> Any:

@@ -121,6 +121,11 @@ class MixedPrecisionSession:
         return self._base
 
     @property
+    def base_if_evaluated(self) -> Evaluation | None:
+        """The base variant if it has been quantized and measured already (``None``: not yet; :attr:`base` makes it)."""
+        return self._base
+
+    @property
     def float_accuracy(self) -> float | None:
         """Top-1 accuracy of the float model (None without ``eval_data``)."""
         return self.accuracy(self.float_path)

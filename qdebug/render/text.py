@@ -1,16 +1,40 @@
-"""What the ``qdebug`` commands print: tables, dB values coloured by band, the build and compile reports."""
+"""Text rendering for the CLI (and any plain-text report): tables, dB values coloured by band, the debug report's
+tables, the build and compile reports."""
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
-GREEN, YELLOW, RED, DIM, RESET = "\033[32m", "\033[33m", "\033[31m", "\033[2m", "\033[0m"
+from qdebug.render.bands import ANSI, ANSI_RESET, Band
+from qdebug.render.fmt import fmt_db, fmt_pct
+from qdebug.report import SqnrKind
+
+__all__ = [
+    "GREEN",
+    "RED",
+    "RESET",
+    "YELLOW",
+    "Column",
+    "TableSpec",
+    "capture_line",
+    "fmt_db",
+    "print_build",
+    "print_compile_report",
+    "print_fixes",
+    "print_report",
+    "table",
+    "use_color",
+    "worst_tables",
+]
+
+GREEN, YELLOW, RED, RESET = ANSI[Band.GOOD], ANSI[Band.MARGINAL], ANSI[Band.BAD], ANSI_RESET
 
 
 def use_color(mode: str, stream: TextIO) -> bool:
+    """``--color auto|always|never`` (auto: a terminal, unless ``NO_COLOR`` is set)."""
     if mode == "always":
         return True
     if mode == "never" or os.environ.get("NO_COLOR"):
@@ -18,19 +42,8 @@ def use_color(mode: str, stream: TextIO) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
-def fmt_db(v: float | None, status: str = "ok", color: bool = False) -> str:
-    """A dB value for a table: coloured > 40 green, 20–40 yellow, < 20 red; degenerate cases spelled out."""
-    if v is None:
-        text, c = status, RED
-    elif math.isinf(v):
-        text, c = "inf", GREEN
-    else:
-        text = f"{v:7.2f}"
-        c = GREEN if v > 40 else YELLOW if v >= 20 else RED
-    return f"{c}{text}{RESET}" if color else text
-
-
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """A titled text table, columns as wide as their widest cell (ANSI colour does not count)."""
     import re
 
     strip = re.compile(r"\033\[[0-9;]*m")
@@ -59,80 +72,113 @@ def _summary_line(name: str, s: Any) -> str:
     return f"{name}: {body}" + (f"  [{', '.join(extra)}]" if extra else "")
 
 
+@dataclass(frozen=True)
+class Column:
+    """One column of a results table: its header and how a row shows it."""
+
+    header: str
+    cell: Callable[[Any, bool], str]  # (row, colour?) -> text
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A results table of ``qdebug debug``: title, columns, and the summary printed under it."""
+
+    title: str
+    columns: tuple[Column, ...]
+    summary: str  # the name of the summary line (and of the :class:`~qdebug.report.Summaries` field)
+
+    def print(self, rows: Sequence[Any], summary: Any, out: TextIO, color: bool) -> None:
+        """The table, then its one-line summary."""
+        cells = [[c.cell(r, color) for c in self.columns] for r in rows]
+        table(self.title, [c.header for c in self.columns], cells, out)
+        print(_summary_line("outputs" if self.summary == "output" else self.summary, summary), file=out)
+
+
+def _db_col(header: str, value: str, status: str, only_quantized: bool = False) -> Column:
+    def cell(r: Any, color: bool) -> str:
+        if only_quantized and not r.quantized:
+            return "-"
+        return fmt_db(getattr(r, value), getattr(r, status), color)
+
+    return Column(header, cell)
+
+
+def _col(header: str, fn: Callable[[Any], str]) -> Column:
+    return Column(header, lambda r, _color: fn(r))
+
+
+_OUTPUTS = TableSpec(
+    "Model outputs (quantized vs float)",
+    (
+        _col("output", lambda o: o.output_name),
+        _db_col("SQNR dB", "cumulative_sqnr_db", "cumulative_status"),
+        _col("max |err|", lambda o: f"{o.max_abs_error:.4g}" if o.max_abs_error is not None else "-"),
+        _col("worst sample", lambda o: "" if o.worst_sample is None else str(o.worst_sample)),
+    ),
+    "output",
+)
+_LOCAL = (
+    _col("tensor", lambda a: a.tensor_name),
+    _col("op", lambda a: a.producer_op),
+    _col("type", lambda a: a.quant_type or "-"),
+    _db_col("local", "local_sqnr_db", "local_status"),
+    _db_col("cumulative", "cumulative_sqnr_db", "cumulative_status"),
+)
+_CUMULATIVE = (
+    _col("tensor", lambda a: a.tensor_name),
+    _col("op", lambda a: a.producer_op),
+    _col("type", lambda a: a.quant_type or "float"),
+    _db_col("cumulative", "cumulative_sqnr_db", "cumulative_status"),
+    _db_col("local", "local_sqnr_db", "local_status", only_quantized=True),
+)
+_WEIGHT = (
+    _col("weight", lambda w: w.weight_name),
+    _col("used by", lambda w: w.consumer_op),
+    _col("kind", lambda w: w.kind),
+    _col("type", lambda w: w.quant_type),
+    _col("channels", lambda w: str(w.channels)),
+    _db_col("SQNR dB", "weight_sqnr_db", "weight_status"),
+)
+
+
+def worst_tables(top: int) -> tuple[tuple[SqnrKind, TableSpec], ...]:
+    """The three worst-N tables of ``qdebug debug`` (local, cumulative, weight)."""
+    return (
+        (SqnrKind.LOCAL, TableSpec(f"Worst {top} local SQNR (this tensor's own rounding)", _LOCAL, "local")),
+        (SqnrKind.CUMULATIVE, TableSpec(f"Worst {top} cumulative SQNR (damage so far)", _CUMULATIVE, "cumulative")),
+        (SqnrKind.WEIGHT, TableSpec(f"Worst {top} weight SQNR", _WEIGHT, "weight")),
+    )
+
+
+def capture_line(info: Any) -> str | None:
+    """How the tensors were captured (``report.meta.capture``), or ``None`` for a report that does not say."""
+    if info is None:
+        return None
+    line = f"capture: {info.backend} backend"
+    if info.backend != info.requested:
+        line += f" ({info.requested} requested; {info.reason or 'not usable here'})"
+    if info.fallback_samples:
+        why = "; ".join(f"{r} ({n})" for r, n in info.fallback_reasons)
+        line += f"; {info.fallback_samples} sample(s) redone by {info.fallback_backend}: {why}"
+    return line
+
+
 def print_report(report: Any, out: TextIO, top: int = 10, color: bool = False) -> None:
     """The four tables of ``qdebug debug``, each followed by its one-line summary."""
     m = report.meta
     print(f"float: {m.float_model}\nquant: {m.quant_model}\ndata:  {m.data}", file=out)
-    rows = [
-        [
-            o.output_name,
-            fmt_db(o.cumulative_sqnr_db, o.cumulative_status, color),
-            f"{o.max_abs_error:.4g}" if o.max_abs_error is not None else "-",
-            "" if o.worst_sample is None else str(o.worst_sample),
-        ]
-        for o in report.model_outputs
-    ]
-    table("Model outputs (quantized vs float)", ["output", "SQNR dB", "max |err|", "worst sample"], rows, out)
-    print(_summary_line("outputs", report.summary.output), file=out)
-
-    rows = [
-        [
-            a.tensor_name,
-            a.producer_op,
-            a.quant_type or "-",
-            fmt_db(a.local_sqnr_db, a.local_status, color),
-            fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color),
-        ]
-        for a in report.worst("local", top)
-    ]
-    table(
-        f"Worst {top} local SQNR (this tensor's own rounding)",
-        ["tensor", "op", "type", "local", "cumulative"],
-        rows,
-        out,
-    )
-    print(_summary_line("local", report.summary.local), file=out)
-
-    rows = [
-        [
-            a.tensor_name,
-            a.producer_op,
-            a.quant_type or "float",
-            fmt_db(a.cumulative_sqnr_db, a.cumulative_status, color),
-            fmt_db(a.local_sqnr_db, a.local_status, color) if a.quantized else "-",
-        ]
-        for a in report.worst("cumulative", top)
-    ]
-    table(
-        f"Worst {top} cumulative SQNR (damage so far)",
-        ["tensor", "op", "type", "cumulative", "local"],
-        rows,
-        out,
-    )
-    print(_summary_line("cumulative", report.summary.cumulative), file=out)
-
-    rows = [
-        [
-            w.weight_name,
-            w.consumer_op,
-            w.kind,
-            w.quant_type,
-            str(w.channels),
-            fmt_db(w.weight_sqnr_db, w.weight_status, color),
-        ]
-        for w in report.worst("weight", top)
-    ]
-    table(f"Worst {top} weight SQNR", ["weight", "used by", "kind", "type", "channels", "SQNR dB"], rows, out)
-    print(_summary_line("weight", report.summary.weight), file=out)
+    line = capture_line(m.capture)
+    if line:
+        print(line, file=out)
+    _OUTPUTS.print(report.model_outputs, report.summary.output, out, color)
+    for kind, spec in worst_tables(top):
+        spec.print(report.worst(kind, top), getattr(report.summary, spec.summary), out, color)
     flagged = [a.tensor_name for a in report.activations if a.flagged]
     if flagged:
         print(f"\n{len(flagged)} tensor(s) hold NaN/Inf: {', '.join(flagged[:5])}", file=out)
     for w in m.warnings:
         print(f"warning: {w}", file=out)
-
-
-def _kib(n: int) -> str:
-    return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
 def print_fixes(fixes: Sequence[Any], out: TextIO) -> None:
@@ -244,11 +290,8 @@ def _print_top1(m: Any, out: TextIO) -> None:
     if m.top1 is not None:
         t1 = m.top1
 
-        def pct(v: float | None) -> str:
-            return "-" if v is None else f"{v:.2%}"
-
         print(
-            f"top-1 on {t1.num_samples} samples: float {pct(t1.float_model)}, QDQ (CPU) {pct(t1.qdq_model)}, "
-            f"compiled ({m.device}) {pct(t1.compiled_model)}",
+            f"top-1 on {t1.num_samples} samples: float {fmt_pct(t1.float_model)}, QDQ (CPU) {fmt_pct(t1.qdq_model)}, "
+            f"compiled ({m.device}) {fmt_pct(t1.compiled_model)}",
             file=out,
         )

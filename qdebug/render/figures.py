@@ -1,77 +1,51 @@
-"""Pure figure builders for qdebug's views: ``DataFrame`` (or a typed result) → ``plotly.graph_objects.Figure``.
+"""Pure figure builders for every view (widgets, the HTML report): ``DataFrame`` (or a typed result) →
+``plotly.graph_objects.Figure``. plotly (the ``ui`` extra) is imported when the first figure is built.
 
 Nothing here touches ipywidgets, the file system or a kernel: every function takes data and options and returns
 a new figure (or, for :func:`tensor_table`, a DataFrame), so the views can be tested without a browser.
 
-**Colour anchoring.** All SQNR colours share one scale with fixed breakpoints at :data:`SQNR_LOW` (20 dB) and
-:data:`SQNR_HIGH` (40 dB): red below 20 dB, yellow from 20 to 40 dB, green above 40 dB. Heatmaps use the custom
-colour scale :data:`SQNR_COLORSCALE` with ``zmin=Z_MIN`` (0 dB) and ``zmax=Z_MAX`` (60 dB), so 20 dB and 40 dB
-sit exactly at 1/3 and 2/3 of the scale whatever the data's range; values outside [0, 60] dB saturate at the
-ends (the hover still shows the true value). ``+inf`` (status ``identical``) is drawn at ``Z_MAX`` — the top
-colour — with hover "identical (inf)". Missing values whose status is ``undefined`` or ``nonfinite`` are drawn in
-:data:`GREY` by a second, single-colour trace and the status is shown on hover; values that simply do not apply
-(``not_quantized`` local SQNR, a node without weights) are left blank.
+**Colour anchoring** (:mod:`qdebug.render.bands`). All SQNR colours share one scale with fixed breakpoints at
+``SQNR_LOW`` (20 dB) and ``SQNR_HIGH`` (40 dB): red below 20 dB, yellow from 20 to 40 dB, green above 40 dB.
+Heatmaps use the custom colour scale ``SQNR_COLORSCALE`` with ``zmin=Z_MIN`` (0 dB) and ``zmax=Z_MAX`` (60 dB), so
+20 dB and 40 dB sit exactly at 1/3 and 2/3 of the scale whatever the data's range; values outside [0, 60] dB
+saturate at the ends (the hover still shows the true value). ``+inf`` (status ``identical``) is drawn at ``Z_MAX`` —
+the top colour — with hover "identical (inf)". Missing values whose status is ``undefined`` or ``nonfinite`` are
+drawn in :data:`GREY` by a second, single-colour trace and the status is shown on hover; values that simply do not
+apply (``not_quantized`` local SQNR, a node without weights) are left blank.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
+from qdebug._lazy import LazyModule
+from qdebug.inspect import weight_owners as _engine_weight_owners
 from qdebug.mixed.compare import Comparison
 from qdebug.mixed.search import SearchPoint, SearchResult
+from qdebug.render.bands import GREY, HIGHLIGHT, SQNR_COLORSCALE, SQNR_HIGH, SQNR_LOW, Z_MAX, Z_MIN, sqnr_color
+from qdebug.render.fmt import fmt_db_text
+from qdebug.render.layout import layered_layout
 from qdebug.report import decode_number
-from widgets.graph_layout import layered_layout
 
-SQNR_LOW = 20.0
-SQNR_HIGH = 40.0
-Z_MIN = 0.0
-Z_MAX = 60.0
-GREY = "#b0b0b0"
-HIGHLIGHT = "#1c7ed6"
-
-# Banded scale: each band is shaded from dark to light so that differences inside a band stay visible, and the
-# band edges (hard steps) sit at 20 and 40 dB given zmin=0, zmax=60.
-_BANDS: tuple[tuple[float, float, str, str], ...] = (
-    (Z_MIN, SQNR_LOW, "#a51111", "#f03e3e"),  # red: < 20 dB
-    (SQNR_LOW, SQNR_HIGH, "#f59f00", "#ffe066"),  # yellow: 20–40 dB
-    (SQNR_HIGH, Z_MAX, "#8ce99a", "#2b8a3e"),  # green: > 40 dB
-)
+if TYPE_CHECKING:
+    import onnx
+    import plotly.graph_objects as go
+else:  # plotly is the ``ui`` extra: imported on the first figure, a missing one names the extra then
+    go = LazyModule("plotly.graph_objects")
 
 
-def _frac(v: float) -> float:
-    return (v - Z_MIN) / (Z_MAX - Z_MIN)
+def make_subplots(*args: Any, **kwargs: Any) -> go.Figure:
+    """plotly's ``make_subplots`` (imported on first use)."""
+    return LazyModule("plotly.subplots").make_subplots(*args, **kwargs)
 
 
-#: Plotly colour scale for ``zmin=Z_MIN, zmax=Z_MAX`` with hard steps at 20 and 40 dB.
-SQNR_COLORSCALE: list[list[float | str]] = [[_frac(x), c] for lo, hi, c0, c1 in _BANDS for x, c in ((lo, c0), (hi, c1))]
 _GREY_SCALE: list[list[float | str]] = [[0.0, GREY], [1.0, GREY]]
 _MISSING_SHOWN = ("undefined", "nonfinite")
-
-
-def _hex(c: str) -> tuple[int, int, int]:
-    return int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
-
-
-def sqnr_color(v: float | None) -> str:
-    """The colour of one SQNR value on the anchored scale (``None``/NaN → :data:`GREY`, ``+inf`` → top colour)."""
-    if v is None or math.isnan(v):
-        return GREY
-    x = min(max(v, Z_MIN), Z_MAX)
-    for lo, hi, c0, c1 in _BANDS:
-        if x < hi or hi == Z_MAX:
-            t = (x - lo) / (hi - lo)
-            a, b = _hex(c0), _hex(c1)
-            r, g, bl = (round(a[i] + (b[i] - a[i]) * t) for i in range(3))
-            return f"#{r:02x}{g:02x}{bl:02x}"
-    return GREY  # pragma: no cover - unreachable, the last band is closed
 
 
 def _num(v: Any) -> float | None:
@@ -85,11 +59,7 @@ def _num(v: Any) -> float | None:
 
 
 def _fmt(v: float | None, status: str | None = None) -> str:
-    if v is None:
-        return status or "n/a"
-    if math.isinf(v):
-        return "identical (inf)" if v > 0 else "-inf"
-    return f"{v:.2f} dB"
+    return fmt_db_text(v, status)
 
 
 def _z(v: float | None) -> float | None:
@@ -117,33 +87,9 @@ def _ordered(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def weight_owners(float_model: onnx.ModelProto, df: pd.DataFrame) -> dict[str, str]:
-    """``{node name: activation tensor}`` for nodes whose output is not itself an activation of ``df``.
-
-    A Conv fused with its Relu has no quantized output of its own (only the Relu's output is captured), so its
-    weights would have no tensor in the views. This follows such a node's output forward through single-consumer
-    nodes to the first tensor that is in ``df``. Pass the result as ``owners`` to the weight-aware builders.
-    """
-    names = set(map(str, df["tensor_name"]))
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in float_model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    out: dict[str, str] = {}
-    for n in float_model.graph.node:
-        node = n
-        for _ in range(8):  # a fused chain is short (Conv → BatchNorm → Relu); bounded against odd graphs
-            if not node.output:
-                break
-            t = node.output[0]
-            if t in names:
-                if node is not n:
-                    out[n.name or n.output[0]] = t
-                break
-            nxt = consumers.get(t, [])
-            if len(nxt) != 1:
-                break
-            node = nxt[0]
-    return out
+    """``{node name: activation tensor}`` for nodes whose output is not an activation of ``df``
+    (:func:`qdebug.inspect.weight_owners` on the table's tensors)."""
+    return _engine_weight_owners(float_model, map(str, df["tensor_name"]))
 
 
 def weight_sqnr_by_tensor(

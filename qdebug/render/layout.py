@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Literal
 
-from grandalf.graphs import Edge, Graph, Vertex
-from grandalf.layouts import SugiyamaLayout, VertexViewer
+from qdebug._lazy import LazyModule
+
+# grandalf is the ``ui`` extra: imported on the first Sugiyama layout (a missing one names the extra then).
+_graphs, _layouts = LazyModule("grandalf.graphs"), LazyModule("grandalf.layouts")
 
 Method = Literal["sugiyama", "longest_path"]
 
@@ -35,14 +37,14 @@ def _check(nodes: Sequence[Hashable], edges: Iterable[tuple[Hashable, Hashable]]
 
 
 def _sugiyama(nodes: Sequence[Hashable], edges: list[tuple[Hashable, Hashable]]) -> dict[Hashable, tuple[float, float]]:
-    verts = {n: Vertex(n) for n in nodes}
+    verts = {n: _graphs.Vertex(n) for n in nodes}
     for v in verts.values():
-        v.view = VertexViewer(w=NODE_W, h=NODE_H)
-    g = Graph(list(verts.values()), [Edge(verts[a], verts[b]) for a, b in dict.fromkeys(edges)])
+        v.view = _layouts.VertexViewer(w=NODE_W, h=NODE_H)
+    g = _graphs.Graph(list(verts.values()), [_graphs.Edge(verts[a], verts[b]) for a, b in dict.fromkeys(edges)])
     pos: dict[Hashable, tuple[float, float]] = {}
     x_offset = 0.0
     for comp in g.C:
-        layout = SugiyamaLayout(comp)
+        layout = _layouts.SugiyamaLayout(comp)
         layout.xspace = NODE_W
         layout.yspace = NODE_H
         layout.init_all()

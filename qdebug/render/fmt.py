@@ -1,0 +1,39 @@
+"""One family of formatters for numbers in every view: dB (degenerate statuses spelled out), percentages, sizes."""
+
+from __future__ import annotations
+
+import math
+
+from qdebug.render.bands import ANSI, ANSI_RESET, band_of
+
+__all__ = ["fmt_bytes", "fmt_db", "fmt_db_text", "fmt_pct"]
+
+
+def fmt_db(v: float | None, status: str = "ok", color: bool = False) -> str:
+    """A dB value for a text table (7 wide), its band's colour on request; ``None`` shows the status instead."""
+    if v is None:
+        text = str(status)
+    elif math.isinf(v):
+        text = "inf"
+    else:
+        text = f"{v:7.2f}"
+    return f"{ANSI[band_of(v)]}{text}{ANSI_RESET}" if color else text
+
+
+def fmt_db_text(v: float | None, status: str | None = None, missing: str = "n/a") -> str:
+    """A dB value in prose and hovers: ``"12.34 dB"``, ``"identical (inf)"``, or the status / ``missing``."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return str(status) if status else missing
+    if math.isinf(v):
+        return "identical (inf)" if v > 0 else "-inf"
+    return f"{v:.2f} dB"
+
+
+def fmt_pct(v: float | None, digits: int = 2, missing: str = "-") -> str:
+    """A fraction as a percentage (``None``: ``missing``)."""
+    return missing if v is None else f"{v:.{digits}%}"
+
+
+def fmt_bytes(n: int) -> str:
+    """A size in KiB or MiB."""
+    return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
