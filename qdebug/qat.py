@@ -276,6 +276,104 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 # --------------------------------------------------------------------------- passes
+def _quant_scale(ctx: _Ctx, first: onnx.NodeProto) -> tuple[str, float] | None:
+    """``Div(x, s)`` or ``Mul(x, 1/s)`` (either operand order): (x, s) for a positive constant scalar s."""
+    if first.op_type == "Div":
+        x = first.input[0]
+        scale = _scalar(ctx.const(first.input[1]))
+    else:
+        a, b = first.input
+        inv_name, x = (b, a) if b in ctx.consts else (a, b)
+        inv = _scalar(ctx.const(inv_name))
+        scale = None if inv is None or inv == 0 else float(np.float32(1.0) / np.float32(inv))
+    return (x, scale) if scale is not None and scale > 0 else None
+
+
+def _round_chain(ctx: _Ctx, first: onnx.NodeProto) -> tuple[list[onnx.NodeProto], float, onnx.NodeProto] | None:
+    """After the scaling: Round and Add(zp) in either order, then Clip — (chain so far, zero point, the Clip)."""
+    chain, zp, seen_round = [first], 0.0, False
+    node = ctx.sole_consumer(first.output[0])
+    while node is not None and node.op_type in ("Round", "Add") and len(chain) < 3:
+        if node.op_type == "Round":
+            if seen_round:
+                break
+            seen_round = True
+        else:
+            other = _other(node, chain[-1].output[0])
+            z = _scalar(ctx.const(other)) if other else None
+            if z is None or z != round(z) or zp != 0.0:
+                break
+            zp = z
+        chain.append(node)
+        node = ctx.sole_consumer(node.output[0])
+    if not seen_round or node is None or node.op_type != "Clip" or node.input[0] != chain[-1].output[0]:
+        return None
+    return chain, zp, node
+
+
+def _fold_int32_constant(
+    ctx: _Ctx, chain: list[onnx.NodeProto], x: str, scale: float, zp: np.ndarray, int_cast: bool
+) -> str | None:
+    """A bias-like int32 fake quantization of a constant, folded to the integer constant (QuantizeLinear has no
+    int32 output); the detail line, or ``None`` when ``x`` is not a constant."""
+    x_val = ctx.const(x)
+    if x_val is None:
+        return None
+    out = chain[-1].output[0]
+    q = quantize_array(x_val, np.array(scale, np.float32), zp)
+    if int_cast:  # the integer tensor itself is the Cast's output name
+        ctx.new_inits.append(numpy_helper.from_array(q, out))
+        ctx.replace(chain, [])
+    else:
+        q_name = ctx.add_init(f"{x.replace('/', '_')}_quantized", q)
+        ctx.replace(chain, [_cast_to_float(ctx, q_name, out, f"{x.replace('/', '_')}_cast")])
+    return f"{x}: int32 constant fake-quant folded (scale {scale:.6g})"
+
+
+def _to_quantize_linear(
+    ctx: _Ctx, chain: list[onnx.NodeProto], x: str, scale: float, zp: np.ndarray, int_cast: bool
+) -> str:
+    """Replace the chain by QuantizeLinear (then a Cast back to float when the chain had no integer Cast)."""
+    out, base = chain[-1].output[0], x.replace("/", "_")
+    s_name = ctx.add_init(f"{base}_scale", np.array(scale, dtype=np.float32))
+    z_name = ctx.add_init(f"{base}_zero_point", zp)
+    q_out = out if int_cast else ctx.fresh(f"{base}_QuantizeLinear_Output")
+    new = [helper.make_node("QuantizeLinear", [x, s_name, z_name], [q_out], name=ctx.fresh(f"{base}_Q"))]
+    if not int_cast:
+        new.append(_cast_to_float(ctx, q_out, out, f"{base}_Q_cast"))
+    ctx.replace(chain, new)
+    return f"{x}: {' → '.join(n.op_type for n in chain)} ⇒ QuantizeLinear ({zp.dtype.name}, scale {scale:.6g})"
+
+
+def _fold_one_quant(ctx: _Ctx, first: onnx.NodeProto, warnings: list[str]) -> str | None:
+    """Fold the decomposed quantization starting at ``first``; the detail line, or ``None`` if it is not one."""
+    xs = _quant_scale(ctx, first)
+    found = _round_chain(ctx, first) if xs is not None else None
+    if xs is None or found is None:
+        return None
+    (x, scale), (chain, zp, clip) = xs, found
+    bounds = _clip_bounds(ctx, clip)
+    dt = _range_dtype(*bounds) if bounds else None
+    if dt is None:
+        if bounds and chain[0].op_type == "Div":
+            warnings.append(f"{clip.name or clip.output[0]}: Clip range {bounds} is not a full integer range; left")
+        return None
+    chain.append(clip)
+    cast = ctx.sole_consumer(clip.output[0])
+    to = next((a.i for a in cast.attribute if a.name == "to"), None) if cast and cast.op_type == "Cast" else None
+    int_cast = cast is not None and to == _ONNX_INT[dt]
+    if cast is not None and int_cast:
+        chain.append(cast)
+    if ctx.taken(*chain):
+        return None
+    if dt == np.dtype(np.int32):
+        detail = _fold_int32_constant(ctx, chain, x, scale, np.array(zp, dtype=dt), int_cast)
+        if detail is None:
+            warnings.append(f"{clip.name or chain[-1].output[0]}: int32 fake quantization of a non-constant; left")
+        return detail
+    return _to_quantize_linear(ctx, chain, x, scale, np.array(zp, dtype=dt), int_cast)
+
+
 def fold_decomposed_quant(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
     """Div(x, s) [→ Add(zp)] → Round [→ Add(zp)] → Clip(qmin, qmax) [→ Cast(int)] ⇒ QuantizeLinear.
 
@@ -292,77 +390,9 @@ def fold_decomposed_quant(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Pass
     for first in ctx.nodes:
         if first.op_type not in ("Div", "Mul") or first.domain not in ("", "ai.onnx") or ctx.taken(first):
             continue
-        if first.op_type == "Div":
-            x = first.input[0]
-            scale = _scalar(ctx.const(first.input[1]))
-        else:  # Mul(x, 1/s), either operand order
-            a, b = first.input
-            inv_name, x = (b, a) if b in ctx.consts else (a, b)
-            inv = _scalar(ctx.const(inv_name))
-            scale = None if inv is None or inv == 0 else float(np.float32(1.0) / np.float32(inv))
-        if scale is None or not scale > 0:
-            continue
-        chain = [first]
-        zp = 0.0
-        node = ctx.sole_consumer(first.output[0])
-        seen_round = False
-        # Round and Add(zp) in either order, then Clip.
-        while node is not None and node.op_type in ("Round", "Add") and len(chain) < 3:
-            if node.op_type == "Round":
-                if seen_round:
-                    break
-                seen_round = True
-            else:
-                other = _other(node, chain[-1].output[0])
-                z = _scalar(ctx.const(other)) if other else None
-                if z is None or z != round(z) or zp != 0.0:
-                    break
-                zp = z
-            chain.append(node)
-            node = ctx.sole_consumer(node.output[0])
-        if not seen_round or node is None or node.op_type != "Clip" or node.input[0] != chain[-1].output[0]:
-            continue
-        bounds = _clip_bounds(ctx, node)
-        dt = _range_dtype(*bounds) if bounds else None
-        if dt is None:
-            if bounds and chain[0].op_type == "Div":
-                warnings.append(f"{node.name or node.output[0]}: Clip range {bounds} is not a full integer range; left")
-            continue
-        clip = node
-        chain.append(clip)
-        cast = ctx.sole_consumer(clip.output[0])
-        to = next((a.i for a in cast.attribute if a.name == "to"), None) if cast and cast.op_type == "Cast" else None
-        int_cast = cast is not None and to == _ONNX_INT[dt]
-        if cast is not None and int_cast:
-            chain.append(cast)
-        if ctx.taken(*chain):
-            continue
-        out = chain[-1].output[0]
-        base = x.replace("/", "_")
-        x_val = ctx.const(x)
-        zp_arr = np.array(zp, dtype=dt)
-        if dt == np.dtype(np.int32):
-            if x_val is None:
-                warnings.append(f"{clip.name or out}: int32 fake quantization of a non-constant; left")
-                continue
-            q = quantize_array(x_val, np.array(scale, np.float32), zp_arr)
-            q_name = ctx.add_init(f"{base}_quantized", q) if not int_cast else None
-            if int_cast:  # the integer tensor itself is the Cast's output name
-                ctx.new_inits.append(numpy_helper.from_array(q, out))
-                ctx.replace(chain, [])
-            else:
-                assert q_name is not None
-                ctx.replace(chain, [_cast_to_float(ctx, q_name, out, f"{base}_cast")])
-            details.append(f"{x}: int32 constant fake-quant folded (scale {scale:.6g})")
-            continue
-        s_name = ctx.add_init(f"{base}_scale", np.array(scale, dtype=np.float32))
-        z_name = ctx.add_init(f"{base}_zero_point", zp_arr)
-        q_out = out if int_cast else ctx.fresh(f"{base}_QuantizeLinear_Output")
-        new = [helper.make_node("QuantizeLinear", [x, s_name, z_name], [q_out], name=ctx.fresh(f"{base}_Q"))]
-        if not int_cast:
-            new.append(_cast_to_float(ctx, q_out, out, f"{base}_Q_cast"))
-        ctx.replace(chain, new)
-        details.append(f"{x}: {' → '.join(n.op_type for n in chain)} ⇒ QuantizeLinear ({dt.name}, scale {scale:.6g})")
+        detail = _fold_one_quant(ctx, first, warnings)
+        if detail is not None:
+            details.append(detail)
     out_model = ctx.commit()
     return out_model, _report("fold_decomposed_quant", model, out_model, details, warnings)
 

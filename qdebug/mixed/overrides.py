@@ -568,28 +568,10 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha256: str) -> list[str]:
-    """Check the overrides against the float ``model`` (whose file has sha256 ``model_sha256``).
-
-    Returns warnings (e.g. a checksum mismatch, an override on a non-float tensor that ORT will ignore) and
-    raises one :class:`OverridesError` listing every hard problem: tensors not in the model, ``recv_nodes``
-    that do not consume the tensor, activation-only keys on weights and weight-only keys on activations,
-    per-channel overrides that do not fit the weight. The error carries the warnings too (``.warnings``).
-    """
-    import onnx
-
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    produced = {o for n in g.node for o in n.output if o}
-    known = produced | {i.name for i in g.input} | set(inits)
-    consumers: dict[str, list[str]] = {}
-    for n in g.node:
-        for i in dict.fromkeys(n.input):
-            if i:
-                consumers.setdefault(i, []).append(n.name)
-
-    warnings: list[str] = []
-    problems: list[str] = []
+def _identity_problems(
+    ofile: OverridesFile, known: set[str], model_sha256: str, warnings: list[str], problems: list[str]
+) -> None:
+    """Which model the file was made for, and overridden/requested tensors the model does not have."""
     unknown = [t for t in ofile.tensors if t not in known]
     if ofile.model_sha256 is not None and ofile.model_sha256 != model_sha256:
         msg = (
@@ -610,6 +592,68 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
     if missing_req:
         warnings.append(f"requested tensor(s) not in the model: {_listing(missing_req)}")
 
+
+def _entry_problems(name: str, entries: tuple[TensorOverride, ...], weight: Any, consumers: list[str]) -> list[str]:
+    """Keys that do not fit the tensor's kind (weight or activation) and ``recv_nodes`` that do not read it."""
+    problems = []
+    for i, e in enumerate(entries):
+        label = name if len(entries) == 1 else f"{name}[{i}]"
+        if weight is not None and e.convert is not None:
+            problems.append(f"{label}: is a weight (initializer); 'convert' applies only to activations")
+        if weight is None and e.reduce_range is not None:
+            problems.append(f"{label}: is an activation; 'reduce_range' applies only to weights")
+        if e.convert is not None and e.convert.recv_nodes is not None:
+            bad = [r for r in e.convert.recv_nodes if r not in consumers]
+            if bad:
+                real = sorted(c for c in consumers if c)
+                problems.append(
+                    f"{label}: recv_nodes {bad} do not consume this tensor (its consumers: {real or 'none'})"
+                )
+    return problems
+
+
+def _channel_problems(name: str, entries: tuple[TensorOverride, ...], weight: Any) -> list[str]:
+    """Per-channel overrides: only on weights, with an axis in range and one entry per channel."""
+    first = entries[0]
+    if weight is None:
+        if first.axis is not None or len(entries) > 1:
+            return [f"{name}: is an activation; per-channel overrides (axis) apply only to weights"]
+        return []
+    if first.axis is None:
+        return []
+    rank = len(weight.dims)
+    axis = first.axis + rank if first.axis < 0 else first.axis
+    if not 0 <= axis < rank:
+        return [f"{name}: axis {first.axis} is out of range for a rank-{rank} weight"]
+    if len(entries) > 1 and len(entries) != weight.dims[axis]:
+        return [
+            f"{name}: {len(entries)} channel overrides but the weight has {weight.dims[axis]} "
+            f"channels along axis {first.axis}"
+        ]
+    return []
+
+
+def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha256: str) -> list[str]:
+    """Check the overrides against the float ``model`` (whose file has sha256 ``model_sha256``).
+
+    Returns warnings (e.g. a checksum mismatch, an override on a non-float tensor that ORT will ignore) and
+    raises one :class:`OverridesError` listing every hard problem: tensors not in the model, ``recv_nodes``
+    that do not consume the tensor, activation-only keys on weights and weight-only keys on activations,
+    per-channel overrides that do not fit the weight. The error carries the warnings too (``.warnings``).
+    """
+    import onnx
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    known = {o for n in g.node for o in n.output if o} | {i.name for i in g.input} | set(inits)
+    consumers: dict[str, list[str]] = {}
+    for n in g.node:
+        for i in dict.fromkeys(n.input):
+            if i:
+                consumers.setdefault(i, []).append(n.name)
+    warnings: list[str] = []
+    problems: list[str] = []
+    _identity_problems(ofile, known, model_sha256, warnings, problems)
     types = _elem_types(model)
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     for name, entries in ofile.overrides:
@@ -618,34 +662,8 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
         if name in types and types[name] not in floats:
             dtype = onnx.TensorProto.DataType.Name(types[name])
             warnings.append(f"{name}: is {dtype}, not float; ORT does not quantize it, so its override has no effect")
-        weight = inits.get(name)
-        for i, e in enumerate(entries):
-            label = name if len(entries) == 1 else f"{name}[{i}]"
-            if weight is not None and e.convert is not None:
-                problems.append(f"{label}: is a weight (initializer); 'convert' applies only to activations")
-            if weight is None and e.reduce_range is not None:
-                problems.append(f"{label}: is an activation; 'reduce_range' applies only to weights")
-            if e.convert is not None and e.convert.recv_nodes is not None:
-                bad = [r for r in e.convert.recv_nodes if r not in consumers.get(name, [])]
-                if bad:
-                    real = sorted(c for c in consumers.get(name, []) if c)
-                    problems.append(
-                        f"{label}: recv_nodes {bad} do not consume this tensor (its consumers: {real or 'none'})"
-                    )
-        first = entries[0]
-        if weight is None:
-            if first.axis is not None or len(entries) > 1:
-                problems.append(f"{name}: is an activation; per-channel overrides (axis) apply only to weights")
-        elif first.axis is not None:
-            rank = len(weight.dims)
-            axis = first.axis + rank if first.axis < 0 else first.axis
-            if not 0 <= axis < rank:
-                problems.append(f"{name}: axis {first.axis} is out of range for a rank-{rank} weight")
-            elif len(entries) > 1 and len(entries) != weight.dims[axis]:
-                problems.append(
-                    f"{name}: {len(entries)} channel overrides but the weight has {weight.dims[axis]} "
-                    f"channels along axis {first.axis}"
-                )
+        problems += _entry_problems(name, entries, inits.get(name), consumers.get(name, []))
+        problems += _channel_problems(name, entries, inits.get(name))
     if problems:
         raise OverridesError(problems, warnings=warnings)
     return warnings

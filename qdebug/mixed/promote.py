@@ -15,7 +15,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import onnx
 
@@ -155,46 +155,17 @@ def overrides_from_ort(d: Mapping[str, list[dict[str, Any]]]) -> Overrides:
     return OverridesFile.from_ort(d).overrides
 
 
-def promote(
-    source: Any,
-    tensors: Iterable[str],
-    to: str = "uint16",
-    *,
-    config: QuantConfig | None = None,
-) -> PromotionPlan:
-    """Plan the promotion of ``tensors`` to ``to`` (default uint16) with valid, fixed overrides.
+def _fixed_types(model: onnx.ModelProto, base: QuantConfig, requested: tuple[str, ...], to: str) -> dict[str, Any]:
+    """ORT's fixer on the base overrides plus the requested promotions, with the config's own values put back.
 
-    ``source`` is a :class:`~qdebug.mixed.session.MixedPrecisionSession`, a float model path or a
-    ``ModelProto``. ``config`` is the base config (default: the session's, else ``QuantConfig()``);
-    overrides it already carries that are not type overrides (e.g. rmin/rmax) are kept.
-    Nothing is quantized: inspect :meth:`PromotionPlan.describe`, then re-quantize with ``plan.config``.
+    ORT's fixer reasons about types only: an existing entry that holds values (rmin/rmax, scale/zero_point) but
+    no quant_type fails its "existing type" check when the tensor joins the region or gets a convert. So the types
+    are fixed alone, then the values are put back: the config's own numbers, not ORT's float32 copies.
     """
-    from qdebug.mixed.session import MixedPrecisionSession
-
-    if isinstance(source, MixedPrecisionSession):
-        model = source.float_proto
-        base = config or source.base_config
-    elif isinstance(source, onnx.ModelProto):
-        model, base = source, config or QuantConfig()
-    elif isinstance(source, str | Path):
-        model, base = load_model(source, "float model"), config or QuantConfig()
-    else:
-        raise ConfigError(f"promote() needs a session, a model path or a ModelProto, got {type(source).__name__}")
-    requested = tuple(dict.fromkeys(tensors))
-    if not requested:
-        raise ConfigError("promote() needs at least one tensor")
-    to = normalize_quant_type(to)
-    if to == base.activation_type:
-        raise ConfigError(f"activations are already {to} by default; choose another type to promote to")
-    check_promotable(model, requested, to, base.target)
-
-    init = base.ort_overrides()
     from onnxruntime.quantization import QuantType
 
+    init = base.ort_overrides()
     qt = QuantType[QUANT_TYPES[to]]
-    # ORT's fixer reasons about types only: an existing entry that holds values (rmin/rmax, scale/zero_point)
-    # but no quant_type fails its "existing type" check when the tensor joins the region or gets a convert.
-    # So fix the types alone, then put the values back: the config's own numbers, not ORT's float32 copies.
     acts, _ = activation_tensors(model)
     originals = base.overrides_dict
     values: dict[str, dict[str, Any]] = {}
@@ -222,8 +193,52 @@ def promote(
             clashes.append(f"{name!r} has an explicit scale/zero_point for {was} but the promotion makes it {now}")
     if clashes:
         raise ConfigError("cannot promote: " + "; ".join(clashes))
+    return fixed
+
+
+@runtime_checkable
+class _HasFloatModel(Protocol):
+    """What :func:`promote` reads of a session: its float model and base config."""
+
+    float_proto: onnx.ModelProto
+    base_config: QuantConfig
+
+
+def promote(
+    source: Any,
+    tensors: Iterable[str],
+    to: str = "uint16",
+    *,
+    config: QuantConfig | None = None,
+) -> PromotionPlan:
+    """Plan the promotion of ``tensors`` to ``to`` (default uint16) with valid, fixed overrides.
+
+    ``source`` is a :class:`~qdebug.mixed.session.MixedPrecisionSession`, a float model path or a
+    ``ModelProto``. ``config`` is the base config (default: the session's, else ``QuantConfig()``);
+    overrides it already carries that are not type overrides (e.g. rmin/rmax) are kept.
+    Nothing is quantized: inspect :meth:`PromotionPlan.describe`, then re-quantize with ``plan.config``.
+    """
+    if isinstance(source, _HasFloatModel):  # a session (duck-typed: the session module sits above this one)
+        model = source.float_proto
+        base = config or source.base_config
+    elif isinstance(source, onnx.ModelProto):
+        model, base = source, config or QuantConfig()
+    elif isinstance(source, str | Path):
+        model, base = load_model(source, "float model"), config or QuantConfig()
+    else:
+        raise ConfigError(f"promote() needs a session, a model path or a ModelProto, got {type(source).__name__}")
+    requested = tuple(dict.fromkeys(tensors))
+    if not requested:
+        raise ConfigError("promote() needs at least one tensor")
+    to = normalize_quant_type(to)
+    if to == base.activation_type:
+        raise ConfigError(f"activations are already {to} by default; choose another type to promote to")
+    check_promotable(model, requested, to, base.target)
+
+    fixed = _fixed_types(model, base, requested, to)
     # Entries the fixer never reads (weights, per-channel lists) stay exactly as the config had them.
-    untouched = {n: es for n, es in originals.items() if n not in acts or len(es) != 1}
+    acts, _ = activation_tensors(model)
+    untouched = {n: es for n, es in base.overrides_dict.items() if n not in acts or len(es) != 1}
     typed = make_overrides({**dict(overrides_from_ort(fixed)), **untouched})
     promoted = tuple(name for name, es in typed if es and es[0].quant_type == to)
     converts = tuple(

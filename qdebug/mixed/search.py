@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from qdebug.errors import ConfigError
+from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan
-from qdebug.mixed.session import Evaluation, MixedPrecisionSession, sixteen_bit_cost
 from qdebug.mixed.suggest import Role, analyse
 from qdebug.report import encode_number
 
@@ -33,6 +33,35 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SCHEMA_VERSION = 1
+
+
+class SearchSession(Protocol):
+    """What a search needs of a session (:class:`~qdebug.mixed.session.MixedPrecisionSession` is one): the
+    measured base, promotion plans, measured variants, and the counts it reports."""
+
+    @property
+    def base(self) -> Evaluation:
+        """The base variant, measured."""
+
+    @property
+    def float_accuracy(self) -> float | None:
+        """Top-1 of the float model (``None`` without evaluation data)."""
+
+    @property
+    def eval_data(self) -> Any:
+        """The labelled evaluation data, if any."""
+
+    @property
+    def requantizations(self) -> int:
+        """Re-quantizations so far."""
+
+    def promote(self, tensors: Iterable[str], to: str = "uint16") -> PromotionPlan:
+        """A promotion plan from the base config."""
+        ...
+
+    def evaluate(self, config_or_plan: Any, name: str | None = None) -> Evaluation:
+        """Quantize (calibration reused) and measure a variant."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -171,7 +200,7 @@ def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
     return out
 
 
-def search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
+def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     """Find a small promotion set that meets ``goal``; see the module docstring."""
     if goal.max_accuracy_drop is not None and session.eval_data is None:
         # Say so before the base quantization and debug pass, which can take minutes on a large model.
@@ -181,7 +210,7 @@ def search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
     return _greedy_search(session, goal)
 
 
-def _prefix_search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
+def _prefix_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     t0 = time.perf_counter()
     start_requant = session.requantizations
     base = session.base
@@ -252,7 +281,7 @@ def _result(
     chosen: int,
     reached: bool,
     reason: str,
-    session: MixedPrecisionSession,
+    session: SearchSession,
     start_requant: int,
     t0: float,
 ) -> SearchResult:
@@ -273,7 +302,7 @@ def _result(
     )
 
 
-def _greedy_search(session: MixedPrecisionSession, goal: SearchGoal) -> SearchResult:
+def _greedy_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     t0 = time.perf_counter()
     start_requant = session.requantizations
     base = session.base

@@ -11,9 +11,8 @@ import hashlib
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -22,43 +21,16 @@ from qdebug.data import DataSource
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import ConfigError
 from qdebug.graph import file_sha256, load_model
-from qdebug.mixed.compare import Accuracy, Comparison, compare
+from qdebug.mixed.compare import Accuracy, compare
+from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan, promote
+from qdebug.mixed.search import SearchGoal, SearchResult, search
 from qdebug.mixed.suggest import Suggestion, suggest
 from qdebug.quantize import QuantizeResult, quantize
 from qdebug.report import DebugReport
 from qdebug.targets.recompile import RecompileResult, recompile
 
-if TYPE_CHECKING:
-    from qdebug.mixed.search import SearchGoal, SearchResult
-
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A quantized variant measured: its quantization, its debug report, and the comparison to the base."""
-
-    name: str
-    config: QuantConfig
-    quantization: QuantizeResult
-    report: DebugReport
-    comparison: Comparison | None
-    accuracy: float | None
-    seconds: float
-
-    @property
-    def output_sqnr_db(self) -> float | None:
-        """The worst model output's SQNR."""
-        return self.report.min_output_sqnr_db
-
-
-def sixteen_bit_cost(report: DebugReport) -> tuple[float, int]:
-    """(fraction of quantized activation elements held in 16 bits, number of 16-bit activation tensors)."""
-    quant = [a for a in report.activations if a.quantized and a.quant_type]
-    total = sum(a.elements for a in quant)
-    wide = [a for a in quant if a.quant_type is not None and a.quant_type.endswith("16")]
-    return (sum(a.elements for a in wide) / total if total else 0.0), len(wide)
 
 
 class MixedPrecisionSession:
@@ -190,8 +162,6 @@ class MixedPrecisionSession:
 
     def search(self, goal: SearchGoal) -> SearchResult:
         """Automatic promotion search (see :func:`qdebug.mixed.search.search`)."""
-        from qdebug.mixed.search import search
-
         return search(self, goal)
 
     def recompile(self, evaluation: Evaluation, target: str = "qnn", options: Any = None) -> RecompileResult:
@@ -224,4 +194,4 @@ def _num_eval(path: Path | None) -> int:
         return int(next(iter(npz[k].shape[0] for k in npz.files)))
 
 
-__all__ = ["Evaluation", "MixedPrecisionSession", "sixteen_bit_cost"]
+__all__ = ["DataLike", "Evaluation", "MixedPrecisionSession", "sixteen_bit_cost"]

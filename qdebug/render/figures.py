@@ -322,6 +322,36 @@ def graph_edges(df: pd.DataFrame) -> list[tuple[str, str]]:
     ]
 
 
+def _edge_lines(
+    edges: Sequence[tuple[str, str]], pos: Mapping[Hashable, tuple[float, float]]
+) -> tuple[list[float | None], list[float | None]]:
+    """All edges as one polyline with ``None`` separators (one trace is fast on ~900 nodes)."""
+    ex: list[float | None] = []
+    ey: list[float | None] = []
+    for a, b in edges:
+        (x0, y0), (x1, y1) = pos[a], pos[b]
+        ex += [x0, x1, None]
+        ey += [y0, y1, None]
+    return ex, ey
+
+
+def _node_styles(d: pd.DataFrame, metric: str) -> tuple[list[str], list[str]]:
+    """Each node's colour (by ``metric``) and hover text."""
+    col, stcol = f"{metric}_sqnr_db", f"{metric}_status"
+    colors, hover = [], []
+    for a in d.itertuples(index=False):
+        v = _num(getattr(a, col))
+        s = str(getattr(a, stcol))
+        colors.append(sqnr_color(v))
+        hover.append(
+            f"<b>{a.tensor_name}</b><br>op: {a.producer_op} ({a.producer_node})<br>type: {a.quant_type or 'float'}"
+            f"<br>local: {_fmt(_num(a.local_sqnr_db), str(a.local_status))}"
+            f"<br>cumulative: {_fmt(_num(a.cumulative_sqnr_db), str(a.cumulative_status))}"
+            + (f"<br>status: {s}" if v is None else "")
+        )
+    return colors, hover
+
+
 def graph_figure(
     df: pd.DataFrame,
     metric: str = "cumulative",
@@ -333,7 +363,7 @@ def graph_figure(
 
     ``metric`` is ``"local"`` or ``"cumulative"``; node colours follow the module's anchoring (undefined/nonfinite
     and not-quantized grey). ``layout`` are precomputed positions (e.g. cached by the session) — by default
-    :func:`widgets.graph_layout.layered_layout` (grandalf's Sugiyama). Edges are one line trace with ``None``
+    :func:`qdebug.render.layout.layered_layout` (grandalf's Sugiyama). Edges are one line trace with ``None``
     separators (fast on ~900 nodes); nodes are one marker trace whose ``customdata`` is the tensor name (for
     click handlers); ``selected`` adds a highlight ring trace. Names are drawn as labels up to ``label_limit``
     nodes; above that only the hover shows them. Traces: ``edges``, ``tensors``, ``scale`` (colour bar only) and
@@ -348,24 +378,8 @@ def graph_figure(
     missing = [n for n in names if n not in pos]
     if missing:
         raise ValueError(f"graph_figure: layout has no position for {len(missing)} tensors, e.g. {missing[0]!r}")
-    ex: list[float | None] = []
-    ey: list[float | None] = []
-    for a, b in edges:
-        (x0, y0), (x1, y1) = pos[a], pos[b]
-        ex += [x0, x1, None]
-        ey += [y0, y1, None]
-    col, stcol = f"{metric}_sqnr_db", f"{metric}_status"
-    colors, hover = [], []
-    for a in d.itertuples(index=False):
-        v = _num(getattr(a, col))
-        s = str(getattr(a, stcol))
-        colors.append(sqnr_color(v))
-        hover.append(
-            f"<b>{a.tensor_name}</b><br>op: {a.producer_op} ({a.producer_node})<br>type: {a.quant_type or 'float'}"
-            f"<br>local: {_fmt(_num(a.local_sqnr_db), str(a.local_status))}"
-            f"<br>cumulative: {_fmt(_num(a.cumulative_sqnr_db), str(a.cumulative_status))}"
-            + (f"<br>status: {s}" if v is None else "")
-        )
+    ex, ey = _edge_lines(edges, pos)
+    colors, hover = _node_styles(d, metric)
     xs = [pos[n][0] for n in names]
     ys = [pos[n][1] for n in names]
     show_labels = len(names) <= label_limit

@@ -267,35 +267,7 @@ def generate(
     t0 = time.perf_counter()
     try:
         request = {"onnx": str(onnx_path), "inputs": str(npz) if npz else None, "platform": platform}
-        request["out_dir"] = str(staging / "out")
-        request_path = staging / "request.json"
-        request_path.write_text(json.dumps(request), encoding="utf-8")
-        record: dict[str, Any] | None = None
-        try:
-            proc = subprocess.run(
-                [str(py), str(_WORKER), str(request_path)],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-                cwd=staging,
-                env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
-            )
-            log = proc.stdout + ("\n--- stderr ---\n" + proc.stderr if proc.stderr else "")
-            for line in reversed(proc.stdout.splitlines()):
-                if line.startswith(_RESULT_PREFIX):
-                    record = json.loads(line[len(_RESULT_PREFIX) :])
-                    break
-            if record is None:
-                record = {
-                    "ok": False,
-                    "error": f"the Deeploy worker died (exit code {proc.returncode}) without a result; "
-                    f"log tail:\n{_tail(log)}",
-                }
-        except subprocess.TimeoutExpired as exc:  # run() has killed the worker
-            log = _decode(exc.stdout) + _decode(exc.stderr)
-            record = {"ok": False, "error": f"Deeploy did not finish within {timeout_s:g} s (worker stopped)"}
+        record, log = _run_worker(py, request, staging, timeout_s)
         seconds = time.perf_counter() - t0
         files = tuple(str(f) for f in record.get("files", ()))
         ok = bool(record.get("ok")) and all((staging / "out" / f).is_file() for f in files)
@@ -319,6 +291,34 @@ def generate(
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run_worker(py: Path, request: dict[str, Any], staging: Path, timeout_s: float) -> tuple[dict[str, Any], str]:
+    """Run the worker in Deeploy's environment on ``request``: (its result record, its log)."""
+    request["out_dir"] = str(staging / "out")
+    request_path = staging / "request.json"
+    request_path.write_text(json.dumps(request), encoding="utf-8")
+    try:
+        proc = subprocess.run(
+            [str(py), str(_WORKER), str(request_path)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            cwd=staging,
+            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
+        )
+    except subprocess.TimeoutExpired as exc:  # run() has killed the worker
+        log = _decode(exc.stdout) + _decode(exc.stderr)
+        return {"ok": False, "error": f"Deeploy did not finish within {timeout_s:g} s (worker stopped)"}, log
+    log = proc.stdout + ("\n--- stderr ---\n" + proc.stderr if proc.stderr else "")
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_RESULT_PREFIX):
+            record: dict[str, Any] = json.loads(line[len(_RESULT_PREFIX) :])
+            return record, log
+    error = f"the Deeploy worker died (exit code {proc.returncode}) without a result; log tail:\n{_tail(log)}"
+    return {"ok": False, "error": error}, log
 
 
 def _decode(data: bytes | str | None) -> str:

@@ -326,6 +326,149 @@ def _act_out(
     return q, qp[0], qp[1]
 
 
+@dataclass(frozen=True)
+class _Linear:
+    """A Conv/Gemm/MatMul's quantization: input, weight, bias and output scales, and the requantization ratios."""
+
+    label: str
+    w_dq: onnx.NodeProto
+    w: np.ndarray
+    s_w: np.ndarray
+    out_axis: int
+    channels: int
+    bias_dq: onnx.NodeProto | None
+    b_int: np.ndarray
+    s_b: np.ndarray
+    s_in: float
+    in_act: Activation
+    s_out: float
+    zp_res: int
+    out_q: onnx.NodeProto
+    m: np.ndarray  # s_in·s_w / s_out per output channel
+
+
+def _weight_of(
+    node: onnx.NodeProto,
+    producers: Mapping[str, onnx.NodeProto],
+    consumers: Mapping[str, list[onnx.NodeProto]],
+    scales: _Scales,
+) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray, int] | str:
+    """(weight DQ, int8 weight, its scale, output axis), or why it cannot be snapped."""
+    w_dq = producers.get(node.input[1])
+    if w_dq is None or not is_dq(w_dq) or w_dq.input[0] not in scales.values:
+        return "its weight is not a dequantized constant"
+    shared = [t for t in (w_dq.output[0], *node.input[2:3]) if t and len(consumers.get(t, [])) > 1]
+    if shared:  # one weight scale cannot be snapped for two different ratios
+        return f"{shared[0]!r} is read by several nodes"
+    w = scales.values[w_dq.input[0]]
+    if w.dtype != np.int8:
+        return f"its weight is {w.dtype}, not int8"
+    a = _attrs(node)
+    if node.op_type == "Gemm" and (a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0):
+        return "Gemm with transA or alpha/beta ≠ 1"
+    out_axis = 0 if node.op_type == "Conv" or (node.op_type == "Gemm" and a.get("transB", 0)) else 1
+    return w_dq, w, np.asarray(scales.values[w_dq.input[1]], np.float64), out_axis
+
+
+def _linear_operands(
+    node: onnx.NodeProto,
+    producers: Mapping[str, onnx.NodeProto],
+    consumers: Mapping[str, list[onnx.NodeProto]],
+    scales: _Scales,
+) -> _Linear | str:
+    """Everything the snapping of a linear node reads, or why it cannot be snapped."""
+    x = _act_in(node.input[0], producers, scales)
+    out = _act_out(node, consumers, scales)
+    weight = _weight_of(node, producers, consumers, scales)
+    for why in (x, out, weight):
+        if isinstance(why, str):
+            return why
+    assert not isinstance(x, str) and not isinstance(out, str) and not isinstance(weight, str)
+    w_dq, w, s_w, out_axis = weight
+    channels = int(w.shape[out_axis])
+    bias_dq = producers.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    b_int, s_b = np.zeros(channels, np.int64), np.ones(channels, np.float64)
+    if bias_dq is not None:
+        if not is_dq(bias_dq) or bias_dq.input[0] not in scales.values:
+            return "its bias is not a dequantized int32 constant"
+        b_int = scales.values[bias_dq.input[0]].astype(np.int64).reshape(-1)
+        s_b = np.broadcast_to(np.asarray(scales.values[bias_dq.input[1]], np.float64).reshape(-1), (channels,))
+    (_, s_in, zp_in), (out_q, s_out, zp_out) = x, out
+    m = np.broadcast_to(s_in * s_w.reshape(-1) / s_out, (channels,)).astype(np.float64)
+    if np.all(m >= 1) and np.all(m == np.rint(m)):
+        return "its ratio is an integer (nothing rounds)"
+    label = node.name or node.output[0]
+    return _Linear(
+        label,
+        w_dq,
+        w,
+        s_w,
+        out_axis,
+        channels,
+        bias_dq,
+        b_int,
+        s_b,
+        s_in,
+        _activation(s_in, zp_in),
+        s_out,
+        _activation(s_out, zp_out).residual_zp,
+        out_q,
+        m,
+    )
+
+
+def _fine_grid(lin: _Linear) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray] | str:
+    """(mul, k, new weight scale, new bias scale, new int bias) on the finest grid the export agrees with."""
+    m_exact, b_new = lin.m.copy(), lin.b_int
+    for _ in range(6):  # the bias (part of the budget) moves with s_w': settle on a k the export will also pick
+        choice = _choose(m_exact, _accumulator_bound(lin.w, lin.out_axis, lin.in_act, b_new), lin.zp_res)
+        if choice is None:
+            return f"ratio {float(m_exact.max()):.3g} does not fit int32 RequantShift"
+        mul, k = choice
+        s_w_new = (mul.astype(np.float64) * lin.s_out / (lin.s_in * 2.0**k)).astype(np.float32)
+        if lin.s_w.size == 1:
+            if np.unique(mul).size != 1:
+                raise ValueError("per-tensor weight scale with per-channel ratios")
+            s_w_new = s_w_new[:1]
+        b_scale_new = (lin.s_in * s_w_new.astype(np.float64)).astype(np.float32)
+        b_scale = np.broadcast_to(b_scale_new.astype(np.float64), (lin.channels,))
+        b_new = np.rint(lin.b_int * lin.s_b / b_scale).astype(np.int64)
+        m_got = np.broadcast_to(lin.s_in * s_w_new.astype(np.float64) / lin.s_out, (lin.channels,))
+        check = _export_choice(m_got, _accumulator_bound(lin.w, lin.out_axis, lin.in_act, b_new), lin.zp_res)
+        if check is not None and check[1] == k and np.array_equal(check[0], np.broadcast_to(mul, (lin.channels,))):
+            return mul, k, s_w_new, b_scale_new, b_new
+        if check is not None:
+            m_exact = check[0] / 2.0 ** check[1]  # the export wants another k: snap to that one
+    return "no k on which the export and the snapping agree"
+
+
+def _store_fine(
+    node: onnx.NodeProto,
+    lin: _Linear,
+    fine: tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray],
+    scales: _Scales,
+) -> SnappedScale | str:
+    """Write the snapped weight scale (and the requantized bias) into the model."""
+    mul, k, s_w_new, b_scale_new, b_new = fine
+    w_scale_value = s_w_new.reshape(()) if lin.s_w.ndim == 0 else s_w_new.reshape(lin.s_w.shape)
+    w_name = scales.set([lin.w_dq], 1, w_scale_value, f"{lin.label}_w_scale_snapped")
+    if lin.bias_dq is not None:
+        bias_dq = lin.bias_dq
+        s_b_arr = np.asarray(scales.values[bias_dq.input[1]])
+        b_scale_value = (
+            b_scale_new.reshape(())
+            if s_b_arr.ndim == 0
+            else np.broadcast_to(b_scale_new, s_b_arr.shape).astype(np.float32)
+        )
+        if np.abs(b_new).max(initial=0) >= _INT32_LIMIT:
+            return "the requantized bias overflows int32"
+        scales.set([bias_dq], 1, b_scale_value, f"{lin.label}_b_scale_snapped")
+        b_value = b_new.reshape(scales.values[bias_dq.input[0]].shape).astype(np.int32)
+        scales.set([bias_dq], 0, b_value, f"{lin.label}_b_snapped")
+    rel = float(np.max(np.abs(s_w_new.astype(np.float64) - lin.s_w.reshape(-1)) / lin.s_w.reshape(-1)))
+    return SnappedScale(lin.label, node.op_type, "weight", w_name, k, int(mul.min()), int(mul.max()), rel)
+
+
 def _snap_linear(
     node: onnx.NodeProto,
     producers: Mapping[str, onnx.NodeProto],
@@ -338,94 +481,23 @@ def _snap_linear(
     ``tie_free`` = K: a biased Conv/Gemm gets ``M = mul/2^k`` with ``k ≤ K`` and an odd bias in half units
     (scale ``s_in·s_w'/2``), so every exact value is ``odd/2^(k+1)`` output LSB: at least ``2^-(k+1)`` from a half.
     """
-    x = _act_in(node.input[0], producers, scales)
-    if isinstance(x, str):
-        return x
-    out = _act_out(node, consumers, scales)
-    if isinstance(out, str):
-        return out
-    _, s_in, zp_in = x
-    _, s_out, zp_out = out
-    w_dq = producers.get(node.input[1])
-    if w_dq is None or not is_dq(w_dq) or w_dq.input[0] not in scales.values:
-        return "its weight is not a dequantized constant"
-    shared = [t for t in (w_dq.output[0], *node.input[2:3]) if t and len(consumers.get(t, [])) > 1]
-    if shared:  # one weight scale cannot be snapped for two different ratios
-        return f"{shared[0]!r} is read by several nodes"
-    w = scales.values[w_dq.input[0]]
-    s_w = np.asarray(scales.values[w_dq.input[1]], np.float64)
-    if w.dtype != np.int8:
-        return f"its weight is {w.dtype}, not int8"
-    a = _attrs(node)
-    if node.op_type == "Gemm" and (a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0):
-        return "Gemm with transA or alpha/beta ≠ 1"
-    out_axis = 0 if node.op_type == "Conv" or (node.op_type == "Gemm" and a.get("transB", 0)) else 1
-    channels = int(w.shape[out_axis])
-    bias_dq = producers.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-    b_int = np.zeros(channels, np.int64)
-    s_b = np.ones(channels, np.float64)
-    if bias_dq is not None:
-        if not is_dq(bias_dq) or bias_dq.input[0] not in scales.values:
-            return "its bias is not a dequantized int32 constant"
-        b_int = scales.values[bias_dq.input[0]].astype(np.int64).reshape(-1)
-        s_b = np.broadcast_to(np.asarray(scales.values[bias_dq.input[1]], np.float64).reshape(-1), (channels,))
-    in_act: Activation = _activation(s_in, zp_in)
-    zp_res = _activation(s_out, zp_out).residual_zp
-    m = np.broadcast_to(s_in * s_w.reshape(-1) / s_out, (channels,)).astype(np.float64)
-    if np.all(m >= 1) and np.all(m == np.rint(m)):
-        return "its ratio is an integer (nothing rounds)"
-    if tie_free is not None and bias_dq is not None and s_w.size == 1:
+    lin = _linear_operands(node, producers, consumers, scales)
+    if isinstance(lin, str):
+        return lin
+    if tie_free is not None and lin.bias_dq is not None and lin.s_w.size == 1:
         coarse = _snap_linear_tie_free(
             node,
-            (w, float(s_w.reshape(())), out_axis),
-            (bias_dq, b_int, s_b),
-            (s_in, in_act, s_out, zp_res, out[0], consumers),
-            float(m[0]),
+            (lin.w, float(lin.s_w.reshape(())), lin.out_axis),
+            (lin.bias_dq, lin.b_int, lin.s_b),
+            (lin.s_in, lin.in_act, lin.s_out, lin.zp_res, lin.out_q, consumers),
+            float(lin.m[0]),
             scales,
             tie_free,
         )
         if not isinstance(coarse, str):
             return coarse  # else (no tie-free scale fits): the fine grid below
-    m_exact = m.copy()
-    b_new = b_int
-    for _ in range(6):  # the bias (part of the budget) moves with s_w': settle on a k the export will also pick
-        acc_max = _accumulator_bound(w, out_axis, in_act, b_new)
-        choice = _choose(m_exact, acc_max, zp_res)
-        if choice is None:
-            return f"ratio {float(m_exact.max()):.3g} does not fit int32 RequantShift"
-        mul, k = choice
-        s_w_new = (mul.astype(np.float64) * s_out / (s_in * 2.0**k)).astype(np.float32)
-        if s_w.size == 1:
-            if np.unique(mul).size != 1:
-                raise ValueError("per-tensor weight scale with per-channel ratios")
-            s_w_new = s_w_new[:1]
-        b_scale_new = (s_in * s_w_new.astype(np.float64)).astype(np.float32)
-        b_new = np.rint(b_int * s_b / np.broadcast_to(b_scale_new.astype(np.float64), (channels,))).astype(np.int64)
-        m_got = np.broadcast_to(s_in * s_w_new.astype(np.float64) / s_out, (channels,))
-        check = _export_choice(m_got, _accumulator_bound(w, out_axis, in_act, b_new), zp_res)
-        if check is not None and check[1] == k and np.array_equal(check[0], np.broadcast_to(mul, (channels,))):
-            break
-        if check is not None:
-            m_exact = check[0] / 2.0 ** check[1]  # the export wants another k: snap to that one
-    else:
-        return "no k on which the export and the snapping agree"
-    label = node.name or node.output[0]
-    w_scale_value = s_w_new.reshape(()) if s_w.ndim == 0 else s_w_new.reshape(s_w.shape)
-    w_name = scales.set([w_dq], 1, w_scale_value, f"{label}_w_scale_snapped")
-    if bias_dq is not None:
-        s_b_arr = np.asarray(scales.values[bias_dq.input[1]])
-        b_scale_value = (
-            b_scale_new.reshape(())
-            if s_b_arr.ndim == 0
-            else np.broadcast_to(b_scale_new, s_b_arr.shape).astype(np.float32)
-        )
-        if np.abs(b_new).max(initial=0) >= _INT32_LIMIT:
-            return "the requantized bias overflows int32"
-        scales.set([bias_dq], 1, b_scale_value, f"{label}_b_scale_snapped")
-        scales.set([bias_dq], 0, b_new.reshape(scales.values[bias_dq.input[0]].shape).astype(np.int32),
-                   f"{label}_b_snapped")  # fmt: skip
-    rel = float(np.max(np.abs(s_w_new.astype(np.float64) - s_w.reshape(-1)) / s_w.reshape(-1)))
-    return SnappedScale(label, node.op_type, "weight", w_name, k, int(mul.min()), int(mul.max()), rel)
+    fine = _fine_grid(lin)
+    return fine if isinstance(fine, str) else _store_fine(node, lin, fine, scales)
 
 
 def _set_output_scale(

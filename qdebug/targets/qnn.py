@@ -565,54 +565,12 @@ def compile_qnn(
 
     with tempfile.TemporaryDirectory(prefix=f".{name}.qnn-", dir=out) as tmp:
         work = Path(tmp)
-        ctx_tmp = work / ctx_dest.name
-        log_tmp = work / log_dest.name
-        result_path = work / "result.json"
-        request_path = work / "request.json"
-        request = {
-            "model": str(src.resolve()),
-            "result": str(result_path),
-            "provider_options": options.provider_options(),
-            "session_config": {**session_config, "ep.context_file_path": str(ctx_tmp)},
-        }
-        request_path.write_text(json.dumps(request), encoding="utf-8")
-        timed_out = False
-        returncode: int | None = None
-        t0 = time.perf_counter()
+        ctx_tmp, log_tmp = work / ctx_dest.name, work / log_dest.name
         try:
-            with open(log_tmp, "wb") as log_fh:
-                try:
-                    proc = subprocess.run(
-                        [sys.executable, "-m", "qdebug.targets._qnn_worker", str(request_path)],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log_fh,
-                        stderr=subprocess.STDOUT,
-                        env=_worker_env(),
-                        timeout=options.timeout_s,
-                        check=False,
-                    )
-                    returncode = proc.returncode
-                except subprocess.TimeoutExpired:  # run() has killed the worker
-                    timed_out = True
-            wall = time.perf_counter() - t0
-            result: dict[str, Any] | None = (
-                json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
-            )
-            log_text = log_tmp.read_text(encoding="utf-8", errors="replace")
-            if result is not None and result.get("stage") == "load":
-                raise ModelError(f"{src}: ONNX Runtime cannot load the model: {result.get('error')}")
-            report = _make_report(
-                result=result,
-                log_text=log_text,
-                ctx=ctx_tmp,
-                input_nodes=input_nodes,
-                options=options,
-                timed_out=timed_out,
-                returncode=returncode,
-                wall=wall,
-                src=src,
-                hints=hints,
-            )
+            run = _run_worker(src, options, session_config, work, ctx_tmp, log_tmp)
+            if run.result is not None and run.result.get("stage") == "load":
+                raise ModelError(f"{src}: ONNX Runtime cannot load the model: {run.result.get('error')}")
+            report = _make_report(run, ctx=ctx_tmp, input_nodes=input_nodes, options=options, src=src, hints=hints)
             if report.ok:
                 os.replace(ctx_tmp, ctx_dest)
             os.replace(log_tmp, log_dest)
@@ -629,43 +587,82 @@ def compile_qnn(
     )
 
 
+@dataclass(frozen=True)
+class _WorkerRun:
+    """What the compile worker left: its result (``None`` if it died), its log, and how it ended."""
+
+    result: dict[str, Any] | None
+    log_text: str
+    timed_out: bool
+    returncode: int | None
+    wall: float
+
+
+def _run_worker(
+    src: Path, options: QnnOptions, session_config: Mapping[str, str], work: Path, ctx_tmp: Path, log_tmp: Path
+) -> _WorkerRun:
+    """Compile in a worker process (a crash in the QNN libraries must not take the caller down), its verbose
+    log in ``log_tmp``."""
+    result_path, request_path = work / "result.json", work / "request.json"
+    request = {
+        "model": str(src.resolve()),
+        "result": str(result_path),
+        "provider_options": options.provider_options(),
+        "session_config": {**session_config, "ep.context_file_path": str(ctx_tmp)},
+    }
+    request_path.write_text(json.dumps(request), encoding="utf-8")
+    timed_out, returncode = False, None
+    t0 = time.perf_counter()
+    with open(log_tmp, "wb") as log_fh:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "qdebug.targets._qnn_worker", str(request_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fh,
+                stderr=subprocess.STDOUT,
+                env=_worker_env(),
+                timeout=options.timeout_s,
+                check=False,
+            )
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:  # run() has killed the worker
+            timed_out = True
+    wall = time.perf_counter() - t0
+    result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
+    return _WorkerRun(result, log_tmp.read_text(encoding="utf-8", errors="replace"), timed_out, returncode, wall)
+
+
+def _outcome(
+    run: _WorkerRun, ctx: Path, src: Path, options: QnnOptions, fallback: Sequence[FallbackNode]
+) -> tuple[str | None, _CompiledGraph | None]:
+    """(why the compile failed, what it compiled) from the worker's result and the written context."""
+    result = run.result
+    if run.timed_out:
+        return f"QNN compile of {src.name} did not finish within {options.timeout_s:g} s (worker stopped)", None
+    if result is None:
+        tail = _log_tail(run.log_text)
+        return f"the QNN compile worker died (exit code {run.returncode}) without a result; log tail:\n{tail}", None
+    if result.get("stage") != "done":
+        error = f"QNN could not compile {src.name}: {result.get('error')}"
+        return error + (f" (refused: {_fallback_summary(fallback)})" if fallback else ""), None
+    if QNN_EP not in result.get("providers", []):
+        return f"ONNX Runtime did not create the QNN provider (providers: {result.get('providers')})", None
+    if ctx.is_file():
+        compiled = _inspect_compiled(onnx.load(str(ctx)), ctx.parent)
+        return None, (compiled if compiled.partitions else None)
+    return None, None
+
+
 def _make_report(
-    *,
-    result: dict[str, Any] | None,
-    log_text: str,
-    ctx: Path,
-    input_nodes: int,
-    options: QnnOptions,
-    timed_out: bool,
-    returncode: int | None,
-    wall: float,
-    src: Path,
-    hints: Sequence[str] = (),
+    run: _WorkerRun, *, ctx: Path, input_nodes: int, options: QnnOptions, src: Path, hints: Sequence[str] = ()
 ) -> CompileReport:
-    log = parse_compile_log(log_text)
+    log = parse_compile_log(run.log_text)
     fallback = [FallbackNode(u.op_type, u.nodes, u.describe(), u.by_design) for u in log.failed]
     by_design = sum(f.nodes for f in fallback if f.by_design)
     refused = sum(f.nodes for f in fallback if not f.by_design)
-    seconds = float(result["seconds"]) if result and "seconds" in result else wall
-    compiled: _CompiledGraph | None = None
-    error: str | None = None
+    seconds = float(run.result["seconds"]) if run.result and "seconds" in run.result else run.wall
     warnings: list[str] = list(hints)
-
-    if timed_out:
-        error = f"QNN compile of {src.name} did not finish within {options.timeout_s:g} s (worker stopped)"
-    elif result is None:
-        tail = _log_tail(log_text)
-        error = f"the QNN compile worker died (exit code {returncode}) without a result; log tail:\n{tail}"
-    elif result.get("stage") != "done":
-        error = f"QNN could not compile {src.name}: {result.get('error')}"
-        if fallback:
-            error += f" (refused: {_fallback_summary(fallback)})"
-    elif QNN_EP not in result.get("providers", []):
-        error = f"ONNX Runtime did not create the QNN provider (providers: {result.get('providers')})"
-    elif ctx.is_file():
-        compiled = _inspect_compiled(onnx.load(str(ctx)), ctx.parent)
-        if compiled.partitions == 0:
-            compiled = None
+    error, compiled = _outcome(run, ctx, src, options, fallback)
     if error is None and compiled is None:
         # ORT creates the session and writes nothing when QNN takes no node: a failure, never a success.
         why = _fallback_summary(fallback) or "no reason in the log"
@@ -943,6 +940,101 @@ def _sqnr(s: ErrorSums) -> float | None:
     return s.sqnr[0]
 
 
+def _check_models(
+    fpath: Path, qpath: Path, cpath: Path
+) -> tuple[onnx.ModelProto, onnx.ModelProto, _CompiledGraph, Pairing]:
+    """The float and QDQ models, the compiled model's graph, their pairing; the compiled model must be the QDQ
+    model's (same outputs)."""
+    fmodel = load_model(fpath, "float model")
+    qmodel = load_model(qpath, "QDQ model")
+    cmodel, target = _load_compiled(cpath)
+    pairing = pair_models(fmodel, qmodel)
+    c_outputs = [o.name for o in cmodel.graph.output]
+    missing = [o.quant_name for o in pairing.outputs if o.quant_name not in c_outputs]
+    if missing:
+        raise ModelError(
+            f"{cpath}: has outputs {c_outputs}, not the QDQ model's {missing}: was it compiled from {qpath.name}?"
+        )
+    return fmodel, qmodel, target, pairing
+
+
+class _OutputSums:
+    """Per model output: HTP vs float, CPU-QDQ vs float, HTP vs CPU-QDQ (streaming sums)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+        self.hf, self.cf, self.hc = ([ErrorSums()] * len(names) for _ in range(3))
+
+    def add(self, f_vals: Sequence[np.ndarray], c_vals: Sequence[np.ndarray], h_vals: Sequence[np.ndarray]) -> None:
+        for k, (f, c, h) in enumerate(zip(f_vals, c_vals, h_vals, strict=True)):
+            if not (f.shape == c.shape == h.shape):
+                raise ModelError(
+                    f"model output {self.names[k]!r}: shapes float {f.shape}, CPU {c.shape}, HTP {h.shape}"
+                )
+            self.hf[k] = self.hf[k].merge(reduce_pair(f, h))
+            self.cf[k] = self.cf[k].merge(reduce_pair(f, c))
+            self.hc[k] = self.hc[k].merge(reduce_pair(c, h))
+
+    def results(self) -> tuple[TargetOutputAccuracy, ...]:
+        return tuple(
+            TargetOutputAccuracy(name, _sqnr(self.hf[k]), _sqnr(self.cf[k]), _sqnr(self.hc[k]))
+            for k, name in enumerate(self.names)
+        )
+
+
+class _TensorSums:
+    """Per probed tensor: the integer values on the HTP vs ONNX Runtime CPU (max LSB, fraction differing, SQNR of
+    the dequantized values); and how far the probe's outputs are from the compiled model's."""
+
+    def __init__(self, tensors: Sequence[_ProbeTensor]) -> None:
+        n = len(tensors)
+        self.tensors = list(tensors)
+        self.max_lsb = np.zeros(n, dtype=np.int64)
+        self.n_differ = np.zeros(n, dtype=np.int64)
+        self.n_elems = np.zeros(n, dtype=np.int64)
+        self.signal, self.noise = np.zeros(n), np.zeros(n)
+        self.probe_vs_compiled = 0.0
+
+    def add(
+        self,
+        cpu: Sequence[np.ndarray],
+        htp: Sequence[np.ndarray],
+        probe_out: Sequence[np.ndarray],
+        h_out: Sequence[np.ndarray],
+    ) -> None:
+        for po, ho in zip(probe_out, h_out, strict=True):
+            d = np.abs(po.astype(np.float64) - ho.astype(np.float64))
+            self.probe_vs_compiled = max(self.probe_vs_compiled, float(d.max()) if d.size else 0.0)
+        refs, tests = [], []
+        for j, (t, qc, qh) in enumerate(zip(self.tensors, cpu, htp, strict=True)):
+            if qc.shape != qh.shape:
+                raise TargetError(f"tensor {t.tensor_name!r}: HTP shape {qh.shape} vs CPU shape {qc.shape}")
+            diff = np.abs(qh.astype(np.int64) - qc.astype(np.int64))
+            if diff.size:
+                self.max_lsb[j] = max(int(self.max_lsb[j]), int(diff.max()))
+            self.n_differ[j] += int(np.count_nonzero(diff))
+            self.n_elems[j] += diff.size
+            refs.append(dequantize(qc, t.scale, t.zero_point, t.axis))
+            tests.append(dequantize(qh, t.scale, t.zero_point, t.axis))
+        if refs:
+            b = reduce_pairs(refs, tests)
+            self.signal += b.signal
+            self.noise += b.noise
+
+    def diffs(self) -> tuple[TargetTensorDiff, ...]:
+        return tuple(
+            TargetTensorDiff(
+                tensor_name=t.tensor_name,
+                topo_index=t.topo_index,
+                quant_type=t.quant_type,
+                max_lsb=int(self.max_lsb[j]),
+                fraction_differ=float(self.n_differ[j] / self.n_elems[j]) if self.n_elems[j] else 0.0,
+                sqnr_db=sqnr_from_energies(float(self.signal[j]), float(self.noise[j]))[0],
+            )
+            for j, t in enumerate(self.tensors)
+        )
+
+
 def htp_accuracy(
     float_model: str | Path,
     qdq_model: str | Path,
@@ -969,27 +1061,14 @@ def htp_accuracy(
     """
     if isinstance(lsb_threshold, bool) or not isinstance(lsb_threshold, int) or lsb_threshold < 0:
         raise ConfigError(f"lsb_threshold must be a non-negative integer, got {lsb_threshold!r}")
-    fpath, qpath, cpath, out = Path(float_model), Path(qdq_model), Path(compiled_model), Path(out_dir)
-    fmodel = load_model(fpath, "float model")
-    qmodel = load_model(qpath, "QDQ model")
-    cmodel, target = _load_compiled(cpath)
-    pairing = pair_models(fmodel, qmodel)
-    c_outputs = [o.name for o in cmodel.graph.output]
-    del cmodel
-    missing = [o.quant_name for o in pairing.outputs if o.quant_name not in c_outputs]
-    if missing:
-        raise ModelError(
-            f"{cpath}: has outputs {c_outputs}, not the QDQ model's {missing}: was it compiled from {qpath.name}?"
-        )
+    cpath, out = Path(compiled_model), Path(out_dir)
+    fmodel, qmodel, target, pairing = _check_models(Path(float_model), Path(qdq_model), cpath)
     if len(data) == 0:
         raise DataError(f"{data.description}: no samples")
     out.mkdir(parents=True, exist_ok=True)
 
-    notes: list[str] = []
-    probe = _Probe(None, (), False, ())
-    if probe_tensors:
-        probe = _build_probe(qmodel, pairing, target, out, options)
-        notes += probe.notes
+    probe = _build_probe(qmodel, pairing, target, out, options) if probe_tensors else _Probe(None, (), False, ())
+    notes = list(probe.notes)
 
     f_names = [o.output_name for o in pairing.outputs]
     q_names = [o.quant_name for o in pairing.outputs]
@@ -1000,70 +1079,27 @@ def htp_accuracy(
     htp = qnn_session(cpath, options)
     probe_sess = qnn_session(probe.compiled, options) if probe.compiled is not None else None
 
-    n_out = len(q_names)
-    hf, cf, hc = ([ErrorSums()] * n_out for _ in range(3))
-    n_t = len(t_names)
-    max_lsb = np.zeros(n_t, dtype=np.int64)
-    n_differ = np.zeros(n_t, dtype=np.int64)
-    n_elems = np.zeros(n_t, dtype=np.int64)
-    signal, noise = np.zeros(n_t), np.zeros(n_t)
-    probe_vs_compiled = 0.0
-    htp_seconds = 0.0
-    n = 0
+    outs = _OutputSums(f_names)
+    tensors = _TensorSums(probe.tensors)
+    htp_seconds, n = 0.0, 0
     for i, sample in enumerate(data):
         f_vals = _run(f_sess, f_names, sample, i, "the float model on the CPU", DataError)
         c_vals = _run(c_sess, q_names + t_names, sample, i, "the QDQ model on the CPU", DataError)
         t0 = time.perf_counter()
         h_vals = _run(htp, q_names, sample, i, "the compiled model on the HTP", TargetError)
         htp_seconds += time.perf_counter() - t0
-        for k in range(n_out):
-            f, c, h = f_vals[k], c_vals[k], h_vals[k]
-            if not (f.shape == c.shape == h.shape):
-                raise ModelError(f"model output {f_names[k]!r}: shapes float {f.shape}, CPU {c.shape}, HTP {h.shape}")
-            hf[k] = hf[k].merge(reduce_pair(f, h))
-            cf[k] = cf[k].merge(reduce_pair(f, c))
-            hc[k] = hc[k].merge(reduce_pair(c, h))
+        outs.add(f_vals, c_vals[: len(q_names)], h_vals)
         if probe_sess is not None:
             p_vals = _run(probe_sess, t_names + q_names, sample, i, "the probe model on the HTP", TargetError)
-            for k in range(n_out):
-                d = np.abs(p_vals[n_t + k].astype(np.float64) - h_vals[k].astype(np.float64))
-                probe_vs_compiled = max(probe_vs_compiled, float(d.max()) if d.size else 0.0)
-            refs, tests = [], []
-            for j, t in enumerate(probe.tensors):
-                qc, qh = c_vals[n_out + j], p_vals[j]
-                if qc.shape != qh.shape:
-                    raise TargetError(f"tensor {t.tensor_name!r}: HTP shape {qh.shape} vs CPU shape {qc.shape}")
-                diff = np.abs(qh.astype(np.int64) - qc.astype(np.int64))
-                if diff.size:
-                    max_lsb[j] = max(int(max_lsb[j]), int(diff.max()))
-                n_differ[j] += int(np.count_nonzero(diff))
-                n_elems[j] += diff.size
-                refs.append(dequantize(qc, t.scale, t.zero_point, t.axis))
-                tests.append(dequantize(qh, t.scale, t.zero_point, t.axis))
-            if refs:
-                b = reduce_pairs(refs, tests)
-                signal += b.signal
-                noise += b.noise
+            tensors.add(c_vals[len(q_names) :], p_vals[: len(t_names)], p_vals[len(t_names) :], h_vals)
         n += 1
     if n == 0:
         raise DataError(f"{data.description}: no samples")
-
-    outputs = tuple(TargetOutputAccuracy(f_names[k], _sqnr(hf[k]), _sqnr(cf[k]), _sqnr(hc[k])) for k in range(n_out))
-    diffs = tuple(
-        TargetTensorDiff(
-            tensor_name=t.tensor_name,
-            topo_index=t.topo_index,
-            quant_type=t.quant_type,
-            max_lsb=int(max_lsb[j]),
-            fraction_differ=float(n_differ[j] / n_elems[j]) if n_elems[j] else 0.0,
-            sqnr_db=sqnr_from_energies(float(signal[j]), float(noise[j]))[0],
-        )
-        for j, t in enumerate(probe.tensors)
-    )
+    diffs = tensors.diffs()
     first = next((d.tensor_name for d in diffs if d.max_lsb > lsb_threshold), None)
-    if probe_sess is not None and probe_vs_compiled > 0.0:
+    if probe_sess is not None and tensors.probe_vs_compiled > 0.0:
         notes.append(
-            f"probe: its model outputs differ from the compiled model's by up to {probe_vs_compiled:.3g} "
+            f"probe: its model outputs differ from the compiled model's by up to {tensors.probe_vs_compiled:.3g} "
             "(exposing tensors changed the HTP graph); per-tensor values are indicative"
         )
     return TargetAccuracy(
@@ -1071,7 +1107,7 @@ def htp_accuracy(
         device=options.device_label(),
         num_samples=n,
         seconds_per_sample=htp_seconds / n,
-        outputs=outputs,
+        outputs=outs.results(),
         tensors=diffs,
         lsb_threshold=lsb_threshold,
         first_divergent=first,

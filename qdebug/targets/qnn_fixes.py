@@ -216,6 +216,35 @@ def _unique(name: str, taken: set[str]) -> str:
     return out
 
 
+def _drop_dead_tensors(g: onnx.GraphProto) -> None:
+    """Initializers nothing reads (and their old-IR graph-input entries) and value_info of vanished tensors."""
+    used = {i for n in g.node for i in n.input}
+    dead = {t.name for t in g.initializer if t.name not in used}
+    keep = [t for t in g.initializer if t.name not in dead]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    inputs = [vi for vi in g.input if vi.name not in dead]  # old IR versions list initializers as inputs too
+    del g.input[:]
+    g.input.extend(inputs)
+    produced = {o for n in g.node for o in n.output}
+    vis = [vi for vi in g.value_info if vi.name in produced]
+    del g.value_info[:]
+    g.value_info.extend(vis)
+
+
+def _foldable(bn: onnx.NodeProto, conv: onnx.NodeProto | None, uses: Mapping[str, int], outputs: set[str]) -> bool:
+    """A BN directly after a single-consumer Conv, in inference mode (spatial), not at a graph output."""
+    attrs = {a.name: a for a in bn.attribute}
+    return not (
+        conv is None
+        or conv.op_type != "Conv"
+        or uses.get(conv.output[0], 0) != 1
+        or conv.output[0] in outputs
+        or sum(1 for o in bn.output if o) != 1  # training mode: running statistics are outputs too
+        or ("spatial" in attrs and attrs["spatial"].i == 0)
+    )
+
+
 def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
     """Fold every inference-mode BatchNormalization that directly follows a Conv into that Conv.
 
@@ -245,18 +274,10 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
         attrs = {a.name: a for a in bn.attribute}
         params = [_const_array(inits, i) for i in bn.input[1:5]]
         weight = _const_array(inits, conv.input[1]) if conv is not None and len(conv.input) > 1 else None
-        if (
-            conv is None
-            or conv.op_type != "Conv"
-            or uses.get(conv.output[0], 0) != 1
-            or conv.output[0] in graph_outputs
-            or sum(1 for o in bn.output if o) != 1  # training mode: running statistics are outputs too
-            or ("spatial" in attrs and attrs["spatial"].i == 0)
-            or weight is None
-            or any(p is None for p in params)
-        ):
+        if not _foldable(bn, conv, uses, graph_outputs) or weight is None or any(p is None for p in params):
             left.append(bn.name or bn.output[0])
             continue
+        assert conv is not None
         gamma, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params)
         eps = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
         scale = gamma / np.sqrt(var + eps)
@@ -286,18 +307,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
         return model, FixReport("batchnorm_folding", False, f"{len(bns)} BatchNormalization node(s), none after a Conv")
     for bn in folded:
         g.node.remove(bn)
-    used = {i for n in g.node for i in n.input}
-    dead = {t.name for t in g.initializer if t.name not in used}
-    keep = [t for t in g.initializer if t.name not in dead]
-    del g.initializer[:]
-    g.initializer.extend(keep)
-    inputs = [vi for vi in g.input if vi.name not in dead]  # old IR versions list initializers as inputs too
-    del g.input[:]
-    g.input.extend(inputs)
-    produced = {o for n in g.node for o in n.output}
-    vis = [vi for vi in g.value_info if vi.name in produced]
-    del g.value_info[:]
-    g.value_info.extend(vis)
+    _drop_dead_tensors(g)
     detail = f"{len(folded)} BatchNormalization node(s) folded into the preceding Conv"
     if left:
         detail += f"; {len(left)} left (not after a single-consumer Conv with constant parameters): {_listing(left)}"
