@@ -44,9 +44,12 @@ browser:
 deeploy-env: $(VENV)/.installed
 	$(BIN)/python -c "from qdebug.targets.deeploy_env import ensure_env; print(ensure_env())"
 
+# ruff (incl. the complexity limits), the layer contracts of docs/architecture.md (import-linter), function length.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check qdebug widgets tests benchmarks sample_models
 	$(BIN)/ruff format --check qdebug widgets tests benchmarks sample_models
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_code_shape.py
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy

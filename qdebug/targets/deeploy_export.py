@@ -406,17 +406,8 @@ def _rqs(src: str, mul: str, add: str, dst: str, name: str, div: int, n_levels: 
     return node
 
 
-def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
-    """Turn every DQ → op → (Relu|Clip) → Q chain into the integer op (+ RequantShift where the scale changes).
-
-    Conv/Gemm/MatMul accumulate in int32 and are requantized by one RequantShift; Add brings both int8 inputs to
-    a common fine grid with exact integer multiplies (RequantShift with div 1, int32 output), adds, and
-    requantizes; MaxPool/Reshape/Flatten run on the integers directly (their Q repeats the input's parameters).
-    Relu/Clip disappear when the output Q's clipping already implements them exactly.
-    """
-    g = state.graph
-    consts = state.consts()
-    producers, consumers = _producers(g), _consumers(g)
+def _activation_aliases(state: GraphState, g: onnx.GraphProto, consts: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """Record every activation Q's parameters in ``state.acts``; map each DQ output to its integer tensor."""
     alias: dict[str, str] = {}  # DQ output → integer tensor
     for node in g.node:
         if is_q(node):
@@ -428,6 +419,44 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
         if is_dq(node) and node.input[0] in state.acts:
             alias[node.output[0]] = node.input[0]
             state.acts.setdefault(node.output[0], state.acts[node.input[0]])
+    return alias
+
+
+def _integer_node(
+    state: GraphState,
+    node: onnx.NodeProto,
+    ins: list[str],
+    out: str,
+    out_act: Activation,
+    shapes: Mapping[str, list[int]],
+) -> list[onnx.NodeProto]:
+    """The integer form of one compute node whose output is quantized to ``out``."""
+    if node.op_type in _PASS_THROUGH:
+        src = state.acts.get(ins[0])
+        if src is None or (src.scale, src.zero_point) != (out_act.scale, out_act.zero_point):
+            raise TargetError(f"{_label(node)}: its output is requantized to another scale; not supported")
+        state.acts[out] = src  # keep the input's storage (shifted or not)
+        return [_node(node.op_type, ins, [out], node.name, **_attrs(node))]
+    if node.op_type == "GlobalAveragePool":
+        conv, w_name = _gap_as_depthwise_conv(state, node, ins[0], shapes)
+        return _integer_linear(state, conv, [ins[0], w_name], out, out_act)
+    if node.op_type == "Add":
+        return _integer_add(state, node, ins, out, out_act)
+    return _integer_linear(state, node, ins, out, out_act)
+
+
+def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
+    """Turn every DQ → op → (Relu|Clip) → Q chain into the integer op (+ RequantShift where the scale changes).
+
+    Conv/Gemm/MatMul accumulate in int32 and are requantized by one RequantShift; Add brings both int8 inputs to
+    a common fine grid with exact integer multiplies (RequantShift with div 1, int32 output), adds, and
+    requantizes; MaxPool/Reshape/Flatten run on the integers directly (their Q repeats the input's parameters).
+    Relu/Clip disappear when the output Q's clipping already implements them exactly.
+    """
+    g = state.graph
+    consts = state.consts()
+    producers, consumers = _producers(g), _consumers(g)
+    alias = _activation_aliases(state, g, consts)
     shapes = _static_shapes(state.model)
     new_nodes: list[onnx.NodeProto] = []
     n = 0
@@ -437,20 +466,7 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
         q_node, skipped = _output_q(node, consumers, state, consts)
         ins = [alias.get(t, t) for t in node.input]
         out_act = state.acts[q_node.output[0]]
-        label = _label(node)
-        if node.op_type in _PASS_THROUGH:
-            src = state.acts.get(ins[0])
-            if src is None or (src.scale, src.zero_point) != (out_act.scale, out_act.zero_point):
-                raise TargetError(f"{label}: its output is requantized to another scale; not supported")
-            state.acts[q_node.output[0]] = src  # keep the input's storage (shifted or not)
-            new_nodes.append(_node(node.op_type, ins, [q_node.output[0]], node.name, **_attrs(node)))
-        elif node.op_type == "GlobalAveragePool":
-            conv, w_name = _gap_as_depthwise_conv(state, node, ins[0], shapes)
-            new_nodes.extend(_integer_linear(state, conv, [ins[0], w_name], q_node.output[0], out_act))
-        elif node.op_type == "Add":
-            new_nodes.extend(_integer_add(state, node, ins, q_node.output[0], out_act))
-        else:
-            new_nodes.extend(_integer_linear(state, node, ins, q_node.output[0], out_act))
+        new_nodes.extend(_integer_node(state, node, ins, q_node.output[0], out_act, shapes))
         for s in skipped:
             _check_absorbed(s, out_act, consts)
         n += 1

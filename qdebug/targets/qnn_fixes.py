@@ -38,7 +38,7 @@ import onnx
 
 from qdebug.config import QuantConfig, TensorOverride, make_overrides
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.graph import input_specs
+from qdebug.graph import InputSpec, input_specs
 from qdebug.targets.base import FixReport
 
 __all__ = [
@@ -129,6 +129,24 @@ def _symbolic_infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return result if isinstance(result, onnx.ModelProto) else None
 
 
+def _check_input_shapes(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Every dynamic input has a shape, and every given shape fits the model's fixed dimensions."""
+    problems: list[str] = []
+    for s in specs:
+        if s.is_static and s.name not in shapes:
+            continue
+        if s.name not in shapes:
+            problems.append(f"input {s.name!r} has dynamic dimensions {list(s.shape)} and no shape was given")
+            continue
+        want = shapes[s.name]
+        if len(want) != len(s.shape) or any(isinstance(m, int) and m != d for m, d in zip(s.shape, want, strict=True)):
+            problems.append(f"input {s.name!r}: shape {list(want)} does not fit the model's {list(s.shape)}")
+        elif any(d <= 0 for d in want):
+            problems.append(f"input {s.name!r}: shape {list(want)} has non-positive dimensions")
+    if problems:
+        raise DataError("cannot fix static shapes: " + "; ".join(problems) + " (pass --input-shape NAME:D0,D1,...)")
+
+
 def fix_static_shapes(
     model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> tuple[onnx.ModelProto, FixReport]:
@@ -146,21 +164,7 @@ def fix_static_shapes(
     unknown = sorted(set(shapes) - names)
     if unknown:
         raise DataError(f"input shape given for unknown input(s) {unknown}; the model has {sorted(names)}")
-    problems: list[str] = []
-    for s in specs:
-        if s.is_static and s.name not in shapes:
-            continue
-        if s.name not in shapes:
-            problems.append(f"input {s.name!r} has dynamic dimensions {list(s.shape)} and no shape was given")
-            continue
-        want = shapes[s.name]
-        if len(want) != len(s.shape) or any(isinstance(m, int) and m != d for m, d in zip(s.shape, want, strict=True)):
-            problems.append(f"input {s.name!r}: shape {list(want)} does not fit the model's {list(s.shape)}")
-        elif any(d <= 0 for d in want):
-            problems.append(f"input {s.name!r}: shape {list(want)} has non-positive dimensions")
-    if problems:
-        raise DataError("cannot fix static shapes: " + "; ".join(problems) + " (pass --input-shape NAME:D0,D1,...)")
-
+    _check_input_shapes(specs, shapes)
     m = _copy(model)
     inputs = {vi.name: vi for vi in m.graph.input}
     changes = []
