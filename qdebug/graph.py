@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -716,8 +716,3 @@ def quantize_array(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | No
         s = s.reshape(())
         zf = z.astype(np.float64).reshape(())
     return np.clip(np.rint(xf / s) + zf, info.min, info.max).astype(z.dtype)
-
-
-def tensor_names(nodes: Sequence[onnx.NodeProto]) -> set[str]:
-    """Every tensor name produced by the given nodes."""
-    return {o for n in nodes for o in n.output if o}

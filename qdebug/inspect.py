@@ -12,6 +12,7 @@ import onnx
 
 from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import DataSource
+from qdebug.graph import GraphIndex
 
 __all__ = ["TensorValues", "tensor_values", "weight_owners"]
 
@@ -66,12 +67,9 @@ def weight_owners(model: onnx.ModelProto, activations: Iterable[str]) -> dict[st
     nodes to the first tensor that is an activation.
     """
     names = set(activations)
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    index = GraphIndex(model)
     out: dict[str, str] = {}
-    for n in model.graph.node:
+    for n in index.nodes:
         node = n
         for _ in range(8):  # a fused chain is short (Conv → BatchNorm → Relu); bounded against odd graphs
             if not node.output:
@@ -81,7 +79,7 @@ def weight_owners(model: onnx.ModelProto, activations: Iterable[str]) -> dict[st
                 if node is not n:
                     out[n.name or n.output[0]] = t
                 break
-            nxt = consumers.get(t, [])
+            nxt = index.consumers_of(t)
             if len(nxt) != 1:
                 break
             node = nxt[0]

@@ -37,11 +37,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     return _atomic(path, lambda p: p.write_bytes(data))
 
 
-def atomic_copy(src: str | Path, dest: str | Path) -> Path:
-    """Copy a file atomically (the source is only read)."""
-    return _atomic(dest, lambda p: p.write_bytes(Path(src).read_bytes()))
-
-
 def atomic_save_model(model: onnx.ModelProto, path: str | Path) -> Path:
     """Save an ONNX model atomically (inline weights; the 2 GB protobuf limit is reported clearly)."""
     if model.ByteSize() > 2**31 - 1:

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.errors import ConfigError, ModelError
 from qdebug.graph import constant_values, decode_constant, is_dq, is_q, load_model, quantize_array
 from qdebug.io import atomic_save_model, refuse_overwrite_input
+from qdebug.passes import PassReport
 
 __all__ = [
     "PASSES",
@@ -56,46 +57,6 @@ _ONNX_INT = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProt
 
 
 @dataclass(frozen=True)
-class PassReport:
-    """What one pass did: how many patterns it rewrote and the node count before → after."""
-
-    name: str
-    nodes_before: int
-    nodes_after: int
-    rewrites: int = 0
-    details: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def summary(self) -> str:
-        """One line, e.g. ``fold_decomposed_quant: 7 rewrite(s), nodes 40 → 26``."""
-        return f"{self.name}: {self.rewrites} rewrite(s), nodes {self.nodes_before} → {self.nodes_after}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return {
-            "name": self.name,
-            "nodes_before": self.nodes_before,
-            "nodes_after": self.nodes_after,
-            "rewrites": self.rewrites,
-            "details": list(self.details),
-            "warnings": list(self.warnings),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PassReport:
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            name=d["name"],
-            nodes_before=int(d["nodes_before"]),
-            nodes_after=int(d["nodes_after"]),
-            rewrites=int(d.get("rewrites", 0)),
-            details=tuple(d.get("details", ())),
-            warnings=tuple(d.get("warnings", ())),
-        )
-
-
-@dataclass(frozen=True)
 class CanonicalizeResult:
     """The canonical model (and where it was written, if anywhere), per-pass reports and warnings."""
 
@@ -107,7 +68,8 @@ class CanonicalizeResult:
     @property
     def nodes_before(self) -> int:
         """Node count of the input model."""
-        return self.reports[0].nodes_before if self.reports else len(self.model.graph.node)
+        first = self.reports[0].nodes_before if self.reports else None
+        return len(self.model.graph.node) if first is None else first
 
     @property
     def nodes_after(self) -> int:
@@ -257,7 +219,15 @@ def _count(model: onnx.ModelProto) -> int:
 
 def _report(name: str, before: onnx.ModelProto, after: onnx.ModelProto, details: list[str],
             warnings: list[str]) -> PassReport:  # fmt: skip
-    return PassReport(name, _count(before), _count(after), len(details), tuple(details), tuple(warnings))
+    return PassReport(
+        name,
+        changed=bool(details),
+        nodes_before=_count(before),
+        nodes_after=_count(after),
+        rewrites=len(details),
+        details=tuple(details),
+        warnings=tuple(warnings),
+    )
 
 
 def _cast_to_float(ctx: _Ctx, src: str, out: str, name: str) -> onnx.NodeProto:

@@ -48,11 +48,3 @@ def list_samples(directory: Path = SAMPLE_DIR) -> list[SampleModel]:
         )
         for m in data["models"]
     ]
-
-
-def get_sample(name: str, directory: Path = SAMPLE_DIR) -> SampleModel:
-    """One sample model by name."""
-    samples = {s.name: s for s in list_samples(directory)}
-    if name not in samples:
-        raise InputFileError(f"no sample model {name!r}; available: {sorted(samples)}")
-    return samples[name]

@@ -331,7 +331,7 @@ def test_canonicalize_files_options_and_errors(tmp_path: Path, qcdq: onnx.ModelP
 
     def count(m: onnx.ModelProto) -> tuple[onnx.ModelProto, qat.PassReport]:
         seen.append(len(m.graph.node))
-        return m, qat.PassReport("count", len(m.graph.node), len(m.graph.node))
+        return m, qat.PassReport("count", nodes_before=len(m.graph.node), nodes_after=len(m.graph.node))
 
     custom: list[str | Callable[[onnx.ModelProto], tuple[onnx.ModelProto, qat.PassReport]]] = [count]
     assert qat.canonicalize(qcdq, passes=custom).reports[0].name == "count" and seen

@@ -397,3 +397,12 @@ def test_per_report_views_are_derived_once(dbg: QuantDebugger) -> None:
     assert promoted is not first and promoted.report is dbg.report
     app.on_undo_clicked()
     assert app.views().report is first.report
+
+
+def test_the_app_says_how_the_tensors_were_captured(dbg: QuantDebugger) -> None:
+    from widgets.app import DebuggerApp
+
+    app = DebuggerApp(dbg)
+    info = dbg.report.meta.capture
+    assert info is not None
+    assert f"capture: {info.backend} backend" in app.capture_note.value

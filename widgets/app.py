@@ -23,6 +23,7 @@ import traitlets as tr
 
 from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
 from qdebug.render.fmt import fmt_db_text, fmt_pct
+from qdebug.render.text import capture_line
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -174,6 +175,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         """Progress, status and the tensor table with its filter/sort/page controls."""
         self.progress = w.IntProgress(value=0, min=0, max=1, description="", layout=w.Layout(width="320px"))
         self.status_line = w.HTML("")
+        self.capture_note = w.HTML("")  # which capture backend ran, and every sample that fell back
         # Tensor table: filter/sort/page controls, then one widget row per visible tensor.
         self.table = w.VBox()
         self.filter_box = w.Text(placeholder="filter: name or op", description="filter", continuous_update=False)
@@ -318,7 +320,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             ],
             layout=w.Layout(width="50%"),
         )
-        return [w.HBox([self.progress, self.status_line]), self.tabs, w.HBox([inspect, fix])]
+        return [w.HBox([self.progress, self.status_line]), self.capture_note, self.tabs, w.HBox([inspect, fix])]
 
     # ------------------------------------------------------------------ progress and status
     def _on_progress(self, done: int, total: int, message: str) -> None:
@@ -383,6 +385,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         if self.selected not in names:
             self.selected = ""
         self.promotion = [n for n in self.promotion if n in names]
+        self.capture_note.value = (
+            f"<span class='qd-capture'>{html.escape(capture_line(report.meta.capture) or '')}</span>"
+        )
         self._render_suggestions()
         self._render_table()
         v = self.views()

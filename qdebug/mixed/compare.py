@@ -43,11 +43,6 @@ class Accuracy:
     num_samples: int
 
     @property
-    def drop_base(self) -> float:
-        """Accuracy lost by the base quantization (fraction)."""
-        return self.float_model - self.base
-
-    @property
     def drop_changed(self) -> float:
         """Accuracy lost by the changed model (fraction)."""
         return self.float_model - self.changed

@@ -51,7 +51,7 @@ class Suggestion:
     rank: int
     tensor_name: str
     producer_op: str
-    role: str
+    role: Role
     local_sqnr_db: float | None
     cumulative_sqnr_db: float | None
     input_sqnr_db: float | None
@@ -66,7 +66,9 @@ class Suggestion:
         """JSON-ready dict (+inf as the string ``"inf"``)."""
         from qdebug.report import encode_number
 
-        return {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        d = {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        d["role"] = str(self.role)
+        return d
 
 
 def _gain(share: float) -> float:
@@ -131,7 +133,7 @@ def classify(
         rank=0,
         tensor_name=a.tensor_name,
         producer_op=a.producer_op,
-        role=role.value,
+        role=role,
         local_sqnr_db=local,
         cumulative_sqnr_db=cum,
         input_sqnr_db=input_db if math.isfinite(input_db) else None,

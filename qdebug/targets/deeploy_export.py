@@ -46,6 +46,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.errors import DataError, TargetError
 from qdebug.graph import ModelKind, constant_values, decode_constant, is_dq, is_q, model_kind, topological_nodes
+from qdebug.passes import PassReport
 
 __all__ = [
     "PASSES",
@@ -154,19 +155,8 @@ class GraphState:
         return name
 
 
-@dataclass(frozen=True)
-class PassResult:
-    """What one pass did."""
-
-    name: str
-    nodes_before: int
-    nodes_after: int
-    changes: int
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
+#: The export's passes share the one report type of every rewrite (:class:`qdebug.passes.PassReport`).
+PassResult = PassReport
 
 
 Pass = Callable[[GraphState], int]
@@ -1033,7 +1023,7 @@ class ExportResult:
     """Where the export went, what each pass did, and how bit-exact the integer graph is against ORT's QDQ run."""
 
     out_dir: str
-    passes: tuple[PassResult, ...]
+    passes: tuple[PassReport, ...]
     num_samples: int
     equal_fraction: float
     max_lsb_diff: int
@@ -1057,7 +1047,7 @@ class ExportResult:
     def from_dict(cls, d: Mapping[str, Any]) -> ExportResult:
         """Inverse of :meth:`to_dict`."""
         kw = {k: v for k, v in d.items() if k != "schema_version"}
-        kw["passes"] = tuple(PassResult(**p) for p in kw["passes"])
+        kw["passes"] = tuple(PassReport.from_dict(p) for p in kw["passes"])
         return cls(**kw)
 
     def to_json(self) -> str:
@@ -1184,7 +1174,7 @@ def export(
     selected = _select(passes, disable, enable)
     if model_kind(src) is ModelKind.QDQ:
         state.samples = _samples(src, data, num_samples)
-    results: list[PassResult] = []
+    results: list[PassReport] = []
     for i, (name, fn) in enumerate(selected, 1):
         before = len(model.graph.node)
         t0 = time.perf_counter()
@@ -1192,7 +1182,14 @@ def export(
             changes = fn(state)
         except (KeyError, IndexError, ValueError) as exc:
             raise TargetError(f"export pass {name!r} failed: {type(exc).__name__}: {exc}") from exc
-        res = PassResult(name, before, len(model.graph.node), changes, round(time.perf_counter() - t0, 4))
+        res = PassReport(
+            name,
+            changed=changes > 0,
+            nodes_before=before,
+            nodes_after=len(model.graph.node),
+            rewrites=changes,
+            seconds=round(time.perf_counter() - t0, 4),
+        )
         results.append(res)
         if verbose:
             print(f"[{i}/{len(selected)}] {name} … nodes {before} → {res.nodes_after} ({changes} changes)")

@@ -463,7 +463,7 @@ def apply_qnn_fixes(
     m, cfg = model, config
     for name in FIX_NAMES:
         if name in skip:
-            reports.append(FixReport(name, False, "skipped on request"))
+            reports.append(FixReport(name, False, "skipped on request", skipped=True))
             continue
         if name == "static_shapes":
             m, rep = fix_static_shapes(m, input_shapes)
