@@ -26,7 +26,7 @@ install-dev: $(VENV)/.installed-dev
 # The main job on the bundled sample model: quantize it to 8-bit QDQ, then debug it against its float parent.
 demo: $(VENV)/.installed
 	@mkdir -p $(OUT)
-	$(BIN)/qdebug quantize --model sample_models/$(SAMPLE).onnx --data sample_models/digits_calib.npz \
+	$(BIN)/qdebug quantize --float-model sample_models/$(SAMPLE).onnx --calib sample_models/digits_calib.npz \
 		--output $(OUT)/$(SAMPLE).qdq.onnx
 	$(BIN)/qdebug debug --float-model sample_models/$(SAMPLE).onnx --quant-model $(OUT)/$(SAMPLE).qdq.onnx \
 		--data sample_models/digits_eval.npz --ignore-key label --max-samples 128 --output $(OUT)/report.json

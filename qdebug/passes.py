@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import onnx
 
@@ -81,14 +81,8 @@ class PassReport:
         )
 
 
-class Pass(Protocol):
-    """A named graph rewrite: ``model -> (new model, report)``; the input model is left as it was."""
-
-    name: str
-
-    def __call__(self, model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
-        """Rewrite a copy of ``model``."""
-        ...
+#: A graph rewrite: ``model -> (new model, report)``; the input model is left as it was.
+Pass = Callable[[onnx.ModelProto], tuple[onnx.ModelProto, PassReport]]
 
 
 def run_passes(
@@ -97,7 +91,9 @@ def run_passes(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[onnx.ModelProto, tuple[PassReport, ...]]:
-    """Run ``passes`` in order; returns the final model and one report per pass (timed, node counts filled in)."""
+    """Run ``passes`` in order; returns the final model and one report per pass (timed, node counts filled in
+    where the pass left them out). QAT canonicalisation runs its passes through this; the target fixes are passes
+    of the same shape; the Deeploy export's passes rewrite one mutable graph state and report the same type."""
     reports: list[PassReport] = []
     current = model
     for i, p in enumerate(passes, 1):

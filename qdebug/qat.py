@@ -11,7 +11,7 @@ Every pass keeps the model runnable and numerically equivalent (up to float roun
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.errors import ConfigError, ModelError
 from qdebug.graph import constant_values, decode_constant, is_dq, is_q, load_model, quantize_array
 from qdebug.io import atomic_save_model, refuse_overwrite_input
-from qdebug.passes import PassReport
+from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [
     "PASSES",
@@ -86,9 +86,6 @@ class CanonicalizeResult:
             "reports": [r.to_dict() for r in self.reports],
             "warnings": list(self.warnings),
         }
-
-
-Pass = Callable[[onnx.ModelProto], tuple[onnx.ModelProto, PassReport]]
 
 
 # --------------------------------------------------------------------------- graph helpers
@@ -707,10 +704,7 @@ def canonicalize(
         model = load_model(model_or_path, "QAT model")
         if output is not None:
             refuse_overwrite_input(output, model_or_path)
-    reports: list[PassReport] = []
-    for p in chosen:
-        model, rep = p(model)
-        reports.append(rep)
+    model, reports = run_passes(model, chosen)
     warnings = [w for r in reports for w in r.warnings]
     try:
         onnx.checker.check_model(model)

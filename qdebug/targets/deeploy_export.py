@@ -1140,6 +1140,29 @@ def _compare(
     return (equal / total if total else 1.0), worst, first_in, first_out
 
 
+def _write_export(
+    out: Path, model: onnx.ModelProto, first_in: Mapping[str, np.ndarray], first_out: Mapping[str, np.ndarray]
+) -> None:
+    """``out`` appears whole or not at all: built in a temp folder next to it and renamed (a previous export is
+    moved aside first, so a failure keeps one whole folder)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        onnx.save_model(model, str(tmp / "network.onnx"))
+        np.savez(tmp / "inputs.npz", **first_in)  # type: ignore[arg-type]
+        np.savez(tmp / "outputs.npz", **first_out)  # type: ignore[arg-type]
+        if out.exists():  # a previous export: move it aside first, so a failure keeps one whole folder
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "prev")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def export(
     qdq_model: onnx.ModelProto | str | Path,
     out_dir: str | Path,
@@ -1200,22 +1223,7 @@ def export(
             "disabled?); nothing to write"
         )
     eq, worst, first_in, first_out = _compare(src, state, model, samples)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        onnx.save_model(model, str(tmp / "network.onnx"))
-        np.savez(tmp / "inputs.npz", **first_in)  # type: ignore[arg-type]
-        np.savez(tmp / "outputs.npz", **first_out)  # type: ignore[arg-type]
-        if out.exists():  # a previous export: move it aside first, so a failure keeps one whole folder
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.replace(out, old / "prev")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _write_export(out, model, first_in, first_out)
     result = ExportResult(
         out_dir=str(out),
         passes=tuple(results),

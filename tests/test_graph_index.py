@@ -1,0 +1,60 @@
+"""The one graph index and the one pass runner, on tiny real models."""
+
+from __future__ import annotations
+
+import builders
+import numpy as np
+import onnx
+
+from qdebug.graph import GraphIndex
+from qdebug.passes import PassReport, run_passes
+
+
+def test_graph_index_maps_producers_consumers_and_constants() -> None:
+    m = builders.tiny_convnet()
+    m.graph.node.insert(0, builders.constant_node("k", np.ones(1, np.float32)))
+    idx = GraphIndex(m)
+    assert idx.inputs == tuple(i.name for i in m.graph.input if i.name not in {t.name for t in m.graph.initializer})
+    assert idx.outputs == tuple(o.name for o in m.graph.output)
+    for n in m.graph.node:
+        for o in n.output:
+            assert idx.producer[o] == n
+        for i in n.input:
+            assert n in idx.consumers_of(i)
+    assert "k" in idx.consts and all(t.name in idx.consts for t in m.graph.initializer)
+    assert idx.value("k").tolist() == [1.0]
+    acts = idx.activations()
+    assert "k" not in acts and acts[: len(idx.inputs)] == list(idx.inputs)
+    out = idx.outputs[0]
+    assert idx.sole_consumer(out) is None  # a graph output is never "solely consumed"
+    assert idx.consumers_of("no such tensor") == []
+    positions = [idx.position[n.output[0]] for n in idx.nodes if n.output]
+    assert positions == sorted(positions)
+
+
+def test_run_passes_in_order_with_reports_and_the_input_untouched() -> None:
+    m = builders.tiny_convnet()
+    before = m.SerializeToString()
+
+    def drop_last(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        del out.graph.node[-1]
+        return out, PassReport("drop_last", changed=True, detail="removed one node")
+
+    def rename(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.graph.name = "renamed"
+        return out, PassReport("rename", changed=True)
+
+    said: list[str] = []
+    final, reports = run_passes(m, [drop_last, rename], progress=said.append)
+    assert m.SerializeToString() == before
+    assert [r.name for r in reports] == ["drop_last", "rename"] and final.graph.name == "renamed"
+    assert reports[0].nodes_before == len(m.graph.node) and reports[0].nodes_after == len(m.graph.node) - 1
+    assert reports[1].nodes_before == reports[1].nodes_after == len(final.graph.node)
+    assert all(r.seconds is not None for r in reports)
+    assert said[0].startswith("[1/2] drop_last: removed one node, nodes")
+    assert PassReport.from_dict(reports[0].to_dict()) == reports[0]
+    assert PassReport.from_dict({"name": "old", "changed": True, "detail": "v1 fix entry"}).detail == "v1 fix entry"
