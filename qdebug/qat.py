@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.errors import ConfigError, ModelError
-from qdebug.graph import constant_values, decode_constant, is_dq, is_q, load_model, quantize_array
+from qdebug.graph import GraphIndex, decode_constant, is_dq, is_q, load_model, quantize_array
 from qdebug.io import atomic_save_model, refuse_overwrite_input
 from qdebug.passes import Pass, PassReport, run_passes
 
@@ -90,21 +90,19 @@ class CanonicalizeResult:
 
 # --------------------------------------------------------------------------- graph helpers
 class _Ctx:
-    """Producers, consumers and constants of a model snapshot, plus a node-list rewriter."""
+    """A model snapshot's :class:`~qdebug.graph.GraphIndex` maps, plus a node-list rewriter."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         # A private copy: passes rewire node inputs in place and must never touch the caller's model.
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         model = self.model
-        self.nodes = list(model.graph.node)
-        self.consts = constant_values(model)
-        self.producer = {o: n for n in self.nodes for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for n in self.nodes:
-            for i in n.input:
-                self.consumers[i].append(n)
-        self.outputs = {o.name for o in model.graph.output}
+        self.nodes = list(model.graph.node)  # stored order: the rewriter edits positions in it
+        index = GraphIndex(model)
+        self.consts = index.consts
+        self.producer = index.producer
+        self.consumers = index.consumers
+        self.outputs = set(index.outputs)
         self.names = {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
         self.names |= {o for n in self.nodes for o in n.output} | {n.name for n in self.nodes}
         self.remove: set[int] = set()

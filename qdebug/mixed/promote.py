@@ -27,7 +27,7 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError
-from qdebug.graph import load_model
+from qdebug.graph import GraphIndex, load_model
 from qdebug.targets.base import get_target
 
 #: Activation types each target can run (QNN HTP: unsigned 8/16-bit activations; Deeploy: int8 only).
@@ -96,12 +96,9 @@ class PromotionPlan:
 
 
 def activation_tensors(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
-    """(activation tensor names, weight/constant names) of a float model."""
-    weights = {i.name for i in model.graph.initializer}
-    weights |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    acts = {i.name for i in model.graph.input if i.name not in weights}
-    acts |= {o for n in model.graph.node if n.op_type != "Constant" for o in n.output if o}
-    return acts, weights
+    """(activation tensor names, weight/constant names) of a float model (from its :class:`GraphIndex`)."""
+    index = GraphIndex(model)
+    return set(index.activations()), set(index.consts)
 
 
 def check_promotable(model: onnx.ModelProto, tensors: Iterable[str], to: str, target: str) -> None:
