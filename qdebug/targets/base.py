@@ -138,6 +138,18 @@ class Precision:
         return self.config is not None
 
 
+#: The precisions ORT's QDQ recipes share (CPU and QNN): u8/u8, u16 activations with u8 weights, and "int8" =
+#: u8 activations with s8 symmetric weights (ORT's recommended CPU format "U8S8"; on the HTP, activations are
+#: unsigned, so "int8" is about the weights — the LayerNorm-gamma trap).
+UINT8 = Precision("uint8", {"activation_type": "uint8", "weight_type": "uint8"}, "u8 activations, u8 weights")
+UINT16 = Precision("uint16", {"activation_type": "uint16", "weight_type": "uint8"}, "u16 activations, u8 weights")
+INT8_WEIGHTS = Precision(
+    "int8",
+    {"activation_type": "uint8", "weight_type": "int8", "weight_symmetric": True},
+    "u8 activations, s8 symmetric weights",
+)
+
+
 class Availability(NamedTuple):
     """Whether a target can be used on this machine, and a short description or the reason it cannot."""
 

@@ -17,6 +17,9 @@ from qdebug.data import DataSource, open_data
 from qdebug.errors import ModelError
 from qdebug.graph import input_specs, load_model
 from qdebug.targets.base import (
+    INT8_WEIGHTS,
+    UINT8,
+    UINT16,
     Availability,
     Compiled,
     CompileJob,
@@ -77,18 +80,7 @@ class CpuTarget(TargetBase):
 
     name = "cpu"
     description = "ONNX Runtime CPU (runs the QDQ model as written)"
-    precisions: Mapping[str, Precision] = {
-        "uint8": Precision("uint8", {"activation_type": "uint8", "weight_type": "uint8"}, "u8 activations, u8 weights"),
-        # ORT's recommended CPU format ("U8S8"): uint8 activations, signed symmetric int8 weights.
-        "int8": Precision(
-            "int8",
-            {"activation_type": "uint8", "weight_type": "int8", "weight_symmetric": True},
-            "u8 activations, s8 symmetric weights",
-        ),
-        "uint16": Precision(
-            "uint16", {"activation_type": "uint16", "weight_type": "uint8"}, "u16 activations, u8 weights"
-        ),
-    }
+    precisions: Mapping[str, Precision] = {"uint8": UINT8, "int8": INT8_WEIGHTS, "uint16": UINT16}
     activation_types = frozenset({"uint8", "int8", "uint16", "int16"})
 
     def available(self) -> Availability:

@@ -33,7 +33,6 @@ from qdebug.targets.base import (
     ProgressFn,
     ShapeSource,
     TargetBase,
-    failed_report,
     register_target,
     shapes_for,
 )
@@ -289,10 +288,6 @@ class DeeployTarget(TargetBase):
         return Compiled(
             dbuild.compile, files=files, manifest={"deeploy": info}, warnings=dbuild.warnings, notes=_notes(job, info)
         )
-
-    def compile_failure(self, t0: float, error: str) -> CompileReport:
-        """The report of an export or code generation that failed (for ``recompile``, which reports failures)."""
-        return failed_report("deeploy", f"Deeploy ({', '.join(DEEPLOY_PLATFORMS)})", t0, error)
 
     def describe(self, report: CompileReport) -> list[str]:
         """Headline: state, device, integer nodes, time."""

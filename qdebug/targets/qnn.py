@@ -60,6 +60,9 @@ from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energ
 from qdebug.passes import PassReport
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
 from qdebug.targets.base import (
+    INT8_WEIGHTS,
+    UINT8,
+    UINT16,
     Availability,
     BuildOptions,
     Compiled,
@@ -1193,16 +1196,9 @@ class QnnTarget(TargetBase):
     name = "qnn"
     description = "Qualcomm QNN HTP (EPContext; the HTP simulator on x86)"
     precisions: Mapping[str, Precision] = {
-        "uint8": Precision("uint8", {"activation_type": "uint8", "weight_type": "uint8"}, "u8 activations, u8 weights"),
-        "uint16": Precision(
-            "uint16", {"activation_type": "uint16", "weight_type": "uint8"}, "u16 activations, u8 weights"
-        ),
-        # HTP activations are unsigned; "int8" means signed symmetric weights (the LayerNorm-gamma trap).
-        "int8": Precision(
-            "int8",
-            {"activation_type": "uint8", "weight_type": "int8", "weight_symmetric": True},
-            "u8 activations, s8 symmetric weights",
-        ),
+        "uint8": UINT8,
+        "uint16": UINT16,
+        "int8": INT8_WEIGHTS,
         "fp16": Precision("fp16", None, "the float model in HTP fp16; needs --soc"),
     }
     activation_types = frozenset({"uint8", "uint16"})
