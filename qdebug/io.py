@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import onnx
@@ -50,3 +50,41 @@ def refuse_overwrite_input(output: str | Path, *inputs: str | Path) -> None:
     for i in inputs:
         if Path(i).resolve() == out:
             raise InputFileError(f"{output}: refusing to overwrite an input file; choose another output path")
+
+
+#: Longest file name most file systems take (bytes).
+NAME_MAX = 255
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file by real path, or by inode (hard links); False when either does not exist."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def output_problems(
+    output: Path, inputs: Mapping[str, Path], *, folder: bool = False, derived: Sequence[str] = ()
+) -> list[str]:
+    """Why ``output`` (and the files derived from it by ``derived`` suffixes, e.g. ``.calib.json``) cannot be
+    written without risk: it is one of ``inputs`` (by real path or hard link), a directory where a file is meant
+    (or a file where a folder is meant), under a regular file, in a folder that cannot be written, or too long."""
+    problems = []
+    targets = [output, *(output.with_suffix(s) for s in derived)]
+    for t in targets:
+        for role, path in inputs.items():
+            if _same_file(t, path):
+                problems.append(f"{t} is the {role} {path}: refusing to overwrite an input; choose another output")
+        if len(os.fsencode(t.name)) > NAME_MAX:
+            problems.append(f"{t}: the file name is longer than {NAME_MAX} bytes")
+    if not folder and output.is_dir():
+        problems.append(f"{output} is a folder; give a file path")
+    if folder and output.exists() and not output.is_dir():
+        problems.append(f"{output} is a file; give a new or empty folder")
+    parent = next((p for p in output.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        problems.append(f"{output}: {parent} is a file, not a folder")
+    elif parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        problems.append(f"{output}: cannot write in {parent}")
+    return problems

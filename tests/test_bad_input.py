@@ -29,6 +29,7 @@ from qdebug.errors import (
     EXIT_DATA,
     EXIT_INPUT_FILE,
     EXIT_MODEL,
+    EXIT_USAGE,
     DataError,
     InputFileError,
     ModelError,
@@ -342,8 +343,9 @@ def test_quantize_refuses_to_overwrite_its_input(tmp_path: Path, tiny_float: Pat
     # the same file reached through another spelling of its path
     with pytest.raises(InputFileError):
         quantize(fp, None, QuantConfig(num_samples=2), tmp_path / "." / "model.onnx")
+    # The CLI's output guard refuses it before any work, as a usage error (tests/test_output_guard.py).
     result = run_cli("quantize", "-f", fp, "-o", fp, "--samples", "2")
-    assert_one_line_error(result, EXIT_INPUT_FILE, str(fp), "overwrite")
+    assert_one_line_error(result, EXIT_USAGE, str(fp), "overwrite")
     assert tree_hashes(tmp_path) == before
 
 
@@ -360,5 +362,5 @@ def test_quantize_refuses_an_already_quantized_model(tmp_path: Path, tiny_quant,
 def test_debug_refuses_to_write_its_report_over_an_input(env: Env, run_cli) -> None:
     before = tree_hashes(env.root)
     result = run_cli("debug", "-f", env.float_model, "-q", env.quant_model, "--samples", "2", "-o", env.quant_model)
-    assert_one_line_error(result, EXIT_INPUT_FILE, "overwrite")
+    assert_one_line_error(result, EXIT_USAGE, "overwrite")  # the output guard, before any work
     assert tree_hashes(env.root) == before

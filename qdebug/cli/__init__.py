@@ -97,6 +97,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if isinstance(args, int):
             return args
         debug = args.debug
+        args.tool.guard(args)  # every output checked against every input before any work
         return int(args.tool.run(args, out))
     except QDebugError as exc:
         if debug:

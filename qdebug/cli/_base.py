@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TextIO
 
 from qdebug.errors import EXIT_CODES, EXIT_GATE
@@ -52,6 +54,15 @@ def deprecated(parser: argparse.ArgumentParser | Any, *old: str, dest: str, new:
     parser.add_argument(*old, dest=dest, action=DeprecatedAlias, new=new, default=argparse.SUPPRESS)
 
 
+@dataclass(frozen=True)
+class Output:
+    """Something a command writes: a file (or a folder), and the files derived from it by suffix."""
+
+    path: str | None
+    folder: bool = False
+    derived: tuple[str, ...] = ()
+
+
 class Tool:
     """One ``qdebug`` subcommand (Polygraphy style): ``add_arguments`` builds its parser, ``run`` does the work
     and returns the exit code. Errors are raised, never printed: ``main`` is the one place they become messages.
@@ -71,6 +82,30 @@ class Tool:
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Run the command; return its exit code."""
         raise NotImplementedError
+
+    def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
+        """The user's files this command reads, by option (never written: the output guard checks them)."""
+        return {}
+
+    def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
+        """What this command writes, by option."""
+        return {}
+
+    def guard(self, args: argparse.Namespace) -> None:
+        """Refuse, before any work, an output that would overwrite an input or cannot be written (exit 2, every
+        problem named at once)."""
+        from qdebug.errors import ConfigError
+        from qdebug.io import output_problems
+
+        inputs = {flag: Path(v) for flag, v in self.inputs(args).items() if v}
+        problems = [
+            problem
+            for out in self.outputs(args).values()
+            if out.path
+            for problem in output_problems(Path(out.path), inputs, folder=out.folder, derived=out.derived)
+        ]
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     def notes(self, args: argparse.Namespace) -> list[str]:
         """One-line notices about how the arguments were read (e.g. an old meaning kept for compatibility)."""

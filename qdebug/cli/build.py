@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import ClassVar, TextIO
 
-from qdebug.cli._base import Tool, add_calib, add_float_model, add_input_shape, add_json, add_output, deprecated
+from qdebug.cli._base import Output, Tool, add_calib, add_float_model, add_input_shape, add_json, add_output, deprecated
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import print_build, print_compile_report, print_fixes
 
@@ -90,6 +90,21 @@ class Build(Tool):
         )
         add_output(parser, "output folder (must be new or empty)", required=True)
         add_json(parser, "the manifest")
+
+    def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
+        """The float model, every data set, the config and the overrides."""
+        return {
+            "--float-model": args.float_model,
+            "--calib": args.calib,
+            "--data": args.data,
+            "--eval": args.eval,
+            "--config": args.config,
+            "--overrides": args.overrides,
+        }
+
+    def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
+        """The build folder."""
+        return {"--output": Output(args.output, folder=True)}
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Build; on a target failure print what was learned before the one-line error."""

@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Tool, add_debug_inputs, add_json, add_output, gate_help
+from qdebug.cli._base import Output, Tool, add_debug_inputs, add_json, add_output, gate_help
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, print_report, use_color
 
@@ -19,6 +19,11 @@ def capture_backends() -> tuple[str, ...]:
     from qdebug.capture import CAPTURE_PATHS
 
     return tuple(CAPTURE_PATHS)
+
+
+def debug_inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """The files ``debug`` and ``suggest`` read."""
+    return {"--float-model": args.float_model, "--quant-model": args.quant_model, "--data": args.data}
 
 
 def run_debug(args: argparse.Namespace) -> Any:
@@ -66,6 +71,14 @@ class Debug(Tool):
         parser.add_argument("--fail-below", type=_fail_below, metavar="DB", help=gate_help())
         parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
 
+    def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
+        """Both models and the data."""
+        return debug_inputs(args)
+
+    def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
+        """The report JSON."""
+        return {"--output": Output(args.output)}
+
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Debug, print the tables (or JSON), write the report, apply the gate."""
         if args.output:
@@ -93,4 +106,4 @@ class Debug(Tool):
         return EXIT_GATE
 
 
-__all__ = ["DEBUG_REQUIRED", "Debug", "capture_backends", "run_debug"]
+__all__ = ["DEBUG_REQUIRED", "Debug", "capture_backends", "debug_inputs", "run_debug"]

@@ -6,6 +6,7 @@ import argparse
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
+    Output,
     Tool,
     add_calib,
     add_float_model,
@@ -70,6 +71,19 @@ class Quantize(Tool):
         add_quant_config(parser, target_names())
         add_input_shape(parser, "fix a dynamic input shape for synthetic calibration data, NAME:D0,D1,... (repeatable)")
         add_json(parser, "the result")
+
+    def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
+        """The float model, calibration data, config and overrides."""
+        return {
+            "--float-model": args.float_model,
+            "--calib": args.calib,
+            "--config": args.config,
+            "--overrides": args.overrides,
+        }
+
+    def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
+        """The QDQ model and its calibration ranges beside it."""
+        return {"--output": Output(args.output, derived=(".calib.json",))}
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Quantize, then print what was written."""

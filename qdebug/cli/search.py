@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Tool, add_calib, add_float_model, add_json, add_output
+from qdebug.cli._base import Output, Tool, add_calib, add_float_model, add_json, add_output
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
 
@@ -41,6 +41,20 @@ class Search(Tool):
         parser.add_argument("--workdir", help="keep the evaluated models here (default: a temp folder)")
         add_output(parser, "overrides JSON of the chosen point", required=True)
         add_json(parser, "the search result")
+
+    def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
+        """The float model, every data set and the base config."""
+        return {
+            "--float-model": args.float_model,
+            "--calib": args.calib,
+            "--data": args.data,
+            "--eval": args.eval,
+            "--config": args.config,
+        }
+
+    def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
+        """The overrides JSON (and the kept models' folder)."""
+        return {"--output": Output(args.output), "--workdir": Output(args.workdir, folder=True)}
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Search, print the measured curve, write the chosen point's overrides."""

@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Tool, add_debug_inputs
-from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, run_debug
+from qdebug.cli._base import Output, Tool, add_debug_inputs
+from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, debug_inputs, run_debug
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import fmt_db, table
 
@@ -44,6 +44,14 @@ class Suggest(Tool):
         parser.add_argument("--config", "-c", help="base QuantConfig JSON (default: inferred from the quantized model)")
         parser.add_argument("--overrides-out", help="write the promotion as overrides JSON here (needs --promote-top)")
         parser.add_argument("--json", action="store_true", help="print suggestions (and the plan) as JSON")
+
+    def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
+        """Both models, the data and the base config."""
+        return {**debug_inputs(args), "--config": args.config}
+
+    def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
+        """The overrides JSON."""
+        return {"--overrides-out": Output(args.overrides_out)}
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Debug, rank, optionally plan and write the overrides."""

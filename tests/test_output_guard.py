@@ -1,0 +1,83 @@
+"""The output guard of every command: an output that is one of the user's inputs (by path, symlink or hard link),
+a folder where a file is meant, under a file, or too long once suffixed is refused before any work — exit 2, the
+path named, every input byte-identical, nothing written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import builders
+import numpy as np
+import pytest
+from conftest import assert_one_line_error, save, sha256
+
+from qdebug.errors import EXIT_USAGE
+
+
+@pytest.fixture
+def files(tmp_path: Path, tiny_quant) -> dict[str, Path]:
+    m = save(builders.tiny_convnet(), tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(0).random((4, 1, 6, 6), dtype=np.float32))
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"activation_type": "uint8"}')
+    q = tmp_path / "q.onnx"
+    q.write_bytes(Path(tiny_quant("u8")).read_bytes())
+    return {"m": m, "calib": calib, "cfg": cfg, "q": q}
+
+
+CASES = [
+    # the issue's five: the user's own data/config overwritten by an output
+    ("quantize-over-calib", ["quantize", "-f", "{m}", "--calib", "{calib}", "-o", "{calib}"], "{calib}"),
+    ("debug-over-data", ["debug", "-f", "{m}", "-q", "{q}", "-d", "{calib}", "-o", "{calib}"], "{calib}"),
+    ("suggest-over-config", ["suggest", "-f", "{m}", "-q", "{q}", "--samples", "2", "--config", "{cfg}",
+                             "--promote-top", "1", "--overrides-out", "{cfg}"], "{cfg}"),
+    ("search-over-calib", ["search", "-f", "{m}", "--calib", "{calib}", "--goal-sqnr", "30", "-o", "{calib}"],
+     "{calib}"),
+    ("quantize-over-overrides", ["quantize", "-f", "{m}", "--overrides", "{cfg}", "-o", "{cfg}"], "{cfg}"),
+    # the derived calibration ranges would land on an input
+    ("quantize-calib-json-over-config", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{cfgstem}.onnx",
+                                         "--config", "{cfgcalib}"], "calib.json"),
+    ("build-into-a-file", ["build", "-f", "{m}", "--target", "cpu", "--precision", "uint8", "-o", "{calib}"],
+     "is a file"),
+    ("output-is-a-folder", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{dir}"], "is a folder"),
+    ("output-under-a-file", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{calib}/q.onnx"], "is a file"),
+    ("name-too-long", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{long}"], "longer than 255"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "argv", "needle"), CASES, ids=[c[0] for c in CASES])
+def test_outputs_never_overwrite_inputs(
+    run_cli, tmp_path: Path, files: dict[str, Path], name: str, argv: list[str], needle: str
+) -> None:
+    cfgcalib = tmp_path / "cfgq.calib.json"
+    cfgcalib.write_text('{"activation_type": "uint8"}')
+    subs = {
+        **{k: str(v) for k, v in files.items()},
+        "dir": str(tmp_path),
+        "long": str(tmp_path / ("x" * 250 + ".onnx")),
+        "cfgstem": str(tmp_path / "cfgq"),
+        "cfgcalib": str(cfgcalib),
+    }
+    before = {p: sha256(p) for p in [*files.values(), cfgcalib]}
+    listing = sorted(os.listdir(tmp_path))
+    r = run_cli(*[a.format(**subs) for a in argv])
+    assert_one_line_error(r, EXIT_USAGE, needle.format(**subs))
+    assert {p: sha256(p) for p in before} == before
+    assert sorted(os.listdir(tmp_path)) == listing  # nothing written, no temp file left
+
+
+def test_a_hard_link_to_an_input_is_the_input(run_cli, tmp_path: Path, files: dict[str, Path]) -> None:
+    link = tmp_path / "linked.npz"
+    os.link(files["calib"], link)
+    before = sha256(files["calib"])
+    r = run_cli("quantize", "-f", files["m"], "--calib", files["calib"], "-o", link)
+    assert_one_line_error(r, EXIT_USAGE, "refusing to overwrite an input")
+    assert sha256(files["calib"]) == before
+
+
+def test_a_good_output_still_works(run_cli, tmp_path: Path, files: dict[str, Path]) -> None:
+    r = run_cli("quantize", "-f", files["m"], "--calib", files["calib"], "-o", tmp_path / "out" / "q.onnx")
+    assert r.code == 0, r.stderr
+    assert (tmp_path / "out" / "q.onnx").is_file() and (tmp_path / "out" / "q.calib.json").is_file()
