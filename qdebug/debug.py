@@ -27,6 +27,7 @@ from qdebug.graph import (
     input_specs,
     load_model,
     pair_models,
+    qdq_parameter_problems,
     weight_arrays,
 )
 from qdebug.metrics import METRICS, STREAMING_METRICS, ErrorSums, SqnrStatus, Summary, sqnr_from_energies
@@ -295,7 +296,7 @@ def debug(
         weight=Summary.of([w.weight_sqnr_db for w in weights]),
         output=Summary.of([o.cumulative_sqnr_db for o in outputs]),
     )
-    warnings = list(pairing.warnings)
+    warnings = [*pairing.warnings, *qdq_parameter_problems(qm)]
     flagged = [a.tensor_name for a in activations if a.flagged]
     if flagged:
         warnings.append(f"{len(flagged)} tensor(s) hold NaN/Inf, first: {flagged[0]!r}")

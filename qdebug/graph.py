@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -716,3 +716,33 @@ def quantize_array(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | No
         s = s.reshape(())
         zf = z.astype(np.float64).reshape(())
     return np.clip(np.rint(xf / s) + zf, info.min, info.max).astype(z.dtype)
+
+
+def _qparam_problem(node: onnx.NodeProto, consts: Mapping[str, onnx.TensorProto | onnx.NodeProto]) -> str | None:
+    """What cannot be right about one Q/DQ node's constant scale / zero point (``None``: nothing)."""
+    if len(node.input) < 2 or node.input[1] not in consts:
+        return None
+    scale = np.asarray(decode_constant(consts[node.input[1]]), dtype=np.float64)
+    bad = [f"{v:g}" for v in scale.reshape(-1) if not (np.isfinite(v) and v > 0)]
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        return f"scale {', '.join(bad[:3])}{more}: a scale must be finite and positive"
+    if len(node.input) > 2 and node.input[2] in consts:
+        zp = np.asarray(decode_constant(consts[node.input[2]]))
+        if zp.size not in (1, scale.size):
+            return f"zero point has {zp.size} values for {scale.size} scale(s)"
+    return None
+
+
+def qdq_parameter_problems(model: onnx.ModelProto) -> list[str]:
+    """One warning per tensor whose Q/DQ parameters cannot be right (scale 0, negative, NaN or inf; a zero point
+    that does not match its scale), naming the tensor. Such a model still runs; its numbers are meaningless."""
+    index = GraphIndex(model)
+    seen: dict[str, str] = {}
+    for node in index.nodes:
+        if (is_q(node) or is_dq(node)) and (problem := _qparam_problem(node, index.consts)) is not None:
+            # Named by the float tensor the Q/DQ pair quantizes (a weight DQ: its constant).
+            q = node if is_q(node) else index.producer.get(node.input[0])
+            tensor = q.input[0] if q is not None and is_q(q) else node.input[0]
+            seen.setdefault(tensor, f"{tensor}: {problem} ({node.op_type} {node.name or node.output[0]!r})")
+    return list(seen.values())

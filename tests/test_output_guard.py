@@ -81,3 +81,25 @@ def test_a_good_output_still_works(run_cli, tmp_path: Path, files: dict[str, Pat
     r = run_cli("quantize", "-f", files["m"], "--calib", files["calib"], "-o", tmp_path / "out" / "q.onnx")
     assert r.code == 0, r.stderr
     assert (tmp_path / "out" / "q.onnx").is_file() and (tmp_path / "out" / "q.calib.json").is_file()
+
+
+def test_qdq_parameters_that_cannot_be_right_are_named(run_cli, tmp_path: Path, tiny_float: Path, tiny_quant) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    q = onnx.load(str(tiny_quant("u8")))
+    dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and "r1" in n.input[0])
+    init = next(t for t in q.graph.initializer if t.name == dq.input[1])
+    init.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), init.name))
+    bad = save(q, tmp_path / "bad.qdq.onnx")
+    from qdebug.debug import DebugOptions, debug
+
+    rep = debug(tiny_float, bad, None, DebugOptions(num_samples=2))
+    named = [w for w in rep.meta.warnings if "finite and positive" in w]
+    assert len(named) == 1 and named[0].startswith("r1") and "scale 0" in named[0], rep.meta.warnings
+    r = run_cli("debug", "-f", tiny_float, "-q", bad, "--samples", "2")
+    assert r.code == 0 and "warning: r1" in r.out and "finite and positive" in r.out
+    pytest.importorskip("ipywidgets")
+    from widgets.app import DebuggerApp
+
+    assert "r1: scale 0" in DebuggerApp._notes_html(rep)

@@ -385,9 +385,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         if self.selected not in names:
             self.selected = ""
         self.promotion = [n for n in self.promotion if n in names]
-        self.capture_note.value = (
-            f"<span class='qd-capture'>{html.escape(capture_line(report.meta.capture) or '')}</span>"
-        )
+        self.capture_note.value = self._notes_html(report)
         self._render_suggestions()
         self._render_table()
         v = self.views()
@@ -399,6 +397,13 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.samples_box.children = [samples]
         self._render_graph()
         self._render_inspector()
+
+    @staticmethod
+    def _notes_html(report: DebugReport) -> str:
+        """How the tensors were captured, and every warning of the report (e.g. a QDQ scale that cannot be right)."""
+        line = f"<span class='qd-capture'>{html.escape(capture_line(report.meta.capture) or '')}</span>"
+        warns = "".join(f"<li>{html.escape(w)}</li>" for w in report.meta.warnings)
+        return line + (f"<ul class='qd-warnings' style='color:#c92a2a'>{warns}</ul>" if warns else "")
 
     @staticmethod
     def _on_click(fig: Any, handler: Callable[..., None]) -> None:
