@@ -285,7 +285,10 @@ def debug(
         input_shapes=opts.input_shapes,
         ignore=opts.ignore_data_keys,
     )
-    cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture)
+    try:
+        cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture)
+    except ModelError as exc:  # the engine sees protos only: name the files here
+        raise ModelError(f"{exc} (float model: {f_path}; quantized model: {q_path})") from exc
     streaming = opts.selected(STREAMING_METRICS)
     activations = [_activation(j, a, cap, streaming) for j, a in enumerate(pairing.activations)]
     outputs = [_output(j, o, cap, streaming) for j, o in enumerate(pairing.outputs)]

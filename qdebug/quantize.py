@@ -24,6 +24,7 @@ from typing import Any
 
 import onnx
 
+from qdebug.capture.session import make_session, ort_errors, ort_message
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QuantConfig
 from qdebug.data import DataSource, as_ort_reader, open_data
 from qdebug.errors import ConfigError, InputFileError, ModelError
@@ -148,6 +149,12 @@ def _load_float(float_model: str | Path | onnx.ModelProto, work: Path) -> tuple[
     kind = model_kind(model)
     if kind is not ModelKind.FLOAT:
         raise ModelError(f"{model_path}: is already quantized ({kind.value}); quantize the float model")
+    # ORT must run the model before calibration does (its errors would otherwise name a temporary file).
+    make_session(
+        model,
+        ["CPUExecutionProvider"],
+        what=str(float_model if isinstance(float_model, str | Path) else "the float model"),
+    )
     return model, model_path
 
 
@@ -156,10 +163,11 @@ def _calibration(model_path: Path, ort_cfg: Any, work: Path, cache: Path) -> flo
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     t0 = time.perf_counter()
+    errors: tuple[type[Exception], ...] = (ValueError, RuntimeError, *ort_errors())
     try:
         ranges = _calibrate(model_path, ort_cfg, work)
-    except (ValueError, RuntimeError) as exc:
-        raise ModelError(f"{model_path}: calibration failed: {exc}") from exc
+    except errors as exc:
+        raise ModelError(f"{model_path}: calibration failed: {ort_message(exc)}") from exc
     save_tensors_data(ranges, cache)
     return time.perf_counter() - t0
 

@@ -103,3 +103,23 @@ def test_qdq_parameters_that_cannot_be_right_are_named(run_cli, tmp_path: Path, 
     from widgets.app import DebuggerApp
 
     assert "r1: scale 0" in DebuggerApp._notes_html(rep)
+
+
+@pytest.mark.parametrize("case", ["ir99", "custom-op"])
+def test_a_model_ort_refuses_is_one_line_naming_the_file(run_cli, tmp_path: Path, case: str) -> None:
+    import onnx
+    from onnx import helper
+
+    m = builders.tiny_convnet()
+    if case == "ir99":
+        m.ir_version = 99  # newer than ONNX Runtime supports
+    else:
+        m.graph.node.append(helper.make_node("Frobnicate", ["x"], ["y2"], domain="my.custom"))
+        m.opset_import.append(helper.make_opsetid("my.custom", 1))
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    before = sha256(path)
+    r = run_cli("quantize", "-f", path, "-o", tmp_path / "q.onnx", "--samples", "2")
+    assert_one_line_error(r, 4, str(path), "ONNX Runtime cannot load it")
+    assert "qdebug-quant-" not in r.stderr and "onnxruntime_src" not in r.stderr  # no temp file, no C++ location
+    assert sha256(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]

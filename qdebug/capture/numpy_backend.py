@@ -11,7 +11,7 @@ import onnx
 
 from qdebug.capture.base import SampleSums
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
-from qdebug.capture.session import expose_outputs, make_session
+from qdebug.capture.session import expose_outputs, make_session, ort_message
 from qdebug.errors import DataError
 from qdebug.graph import Pairing
 
@@ -25,8 +25,10 @@ class NumpyRun:
         self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
-        self.f_sess = make_session(expose_outputs(float_model, self.plan.float_names), providers)
-        self.q_sess = make_session(expose_outputs(quant_model, self.plan.quant_names), providers)
+        self.f_sess = make_session(expose_outputs(float_model, self.plan.float_names), providers, what="float model")
+        self.q_sess = make_session(
+            expose_outputs(quant_model, self.plan.quant_names), providers, what="quantized model"
+        )
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Run both models on the sample and reduce (a sample ORT cannot run is a :class:`DataError`)."""
@@ -34,7 +36,7 @@ class NumpyRun:
             f_vals = self.f_sess.run(list(self.plan.float_names), sample)  # type: ignore[attr-defined]
             q_vals = self.q_sess.run(list(self.plan.quant_names), sample)  # type: ignore[attr-defined]
         except Exception as exc:  # ORT's own error types carry no common public base
-            raise DataError(f"sample {index}: ONNX Runtime failed to run the models: {exc}") from exc
+            raise DataError(f"sample {index}: ONNX Runtime failed to run the models: {ort_message(exc)}") from exc
         f = dict(zip(self.plan.float_names, f_vals, strict=True))
         q = dict(zip(self.plan.quant_names, q_vals, strict=True))
         return reduce_sample(self.plan, f, q)

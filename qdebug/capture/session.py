@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import onnx
 
 from qdebug.errors import ModelError
 
-__all__ = ["expose_outputs", "make_session", "ort_errors"]
+__all__ = ["expose_outputs", "make_session", "ort_errors", "ort_message"]
 
 
 def expose_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
@@ -24,8 +25,22 @@ def expose_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelPr
     return out
 
 
-def make_session(model: onnx.ModelProto, providers: Sequence[str], *, optimize: bool = False) -> object:
-    """An ORT session with optimizations off (unless asked) and clear errors."""
+def ort_message(exc: BaseException) -> str:
+    """ONNX Runtime's error as one readable line: no ``[ONNXRuntimeError] : 1 : FAIL :`` prefix, no C++ source
+    location or signature, no path of the temporary file ORT was given."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    if "failed:" in text:  # "Load model from /tmp/... failed:<why>"
+        text = text.split("failed:", 1)[1]
+    if text.startswith("/onnxruntime_src/") and ") " in text:  # "<file>:<line> <C++ signature>(...) <why>"
+        text = text.rsplit(") ", 1)[1]
+    return text.strip() or type(exc).__name__
+
+
+def make_session(
+    model: onnx.ModelProto, providers: Sequence[str], *, optimize: bool = False, what: str | None = None
+) -> object:
+    """An ORT session with optimizations off (unless asked) and clear errors (``what`` names the model's file)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -36,7 +51,8 @@ def make_session(model: onnx.ModelProto, providers: Sequence[str], *, optimize: 
     try:
         return ort.InferenceSession(model.SerializeToString(), so, providers=list(providers))
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
-        raise ModelError(f"ONNX Runtime cannot load the model {model.graph.name!r}: {exc}") from exc
+        name = what or f"the model {model.graph.name!r}"
+        raise ModelError(f"{name}: ONNX Runtime cannot load it: {ort_message(exc)}") from exc
 
 
 def ort_errors() -> tuple[type[Exception], ...]:
