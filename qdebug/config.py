@@ -175,6 +175,46 @@ def make_overrides(mapping: Mapping[str, Any]) -> Overrides:
     return tuple(out)
 
 
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_opt_bool(v: Any) -> bool:
+    return v is None or isinstance(v, bool)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_opt_int(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_overrides(v: Any) -> bool:
+    return v is None or (isinstance(v, Mapping) and all(isinstance(e, Mapping | list) for e in v.values()))
+
+
+#: The JSON type each config field takes (a string "no" for a boolean is an error, not ``True``).
+_FIELD_TYPES: dict[str, tuple[Any, str]] = {
+    "activation_type": (_is_str, "a type name"),
+    "weight_type": (_is_str, "a type name"),
+    "per_channel": (_is_bool, "true or false"),
+    "activation_symmetric": (_is_bool, "true or false"),
+    "weight_symmetric": (_is_opt_bool, "true, false or null"),
+    "calibration_method": (_is_str, "a method name"),
+    "num_samples": (_is_opt_int, "an integer or null"),
+    "seed": (_is_int, "an integer"),
+    "synthetic_distribution": (_is_str, "a distribution name"),
+    "target": (_is_str, "a target name"),
+    "tensor_overrides": (_is_overrides, "an object of tensor name -> list of override objects"),
+}
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """How to quantize a float model. Validated on construction; see ``docs/config.md``.
@@ -252,7 +292,10 @@ class QuantConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QuantConfig:
-        """Inverse of :meth:`to_dict`. Unknown keys are an error, not silently ignored."""
+        """Inverse of :meth:`to_dict`. Unknown keys and values of the wrong JSON type are errors (all listed), never
+        silently coerced (``"per_channel": "no"`` is not true)."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"a quantization config must be a JSON object, got {type(d).__name__}")
         data = dict(d)
         version = data.pop("schema_version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:
@@ -261,6 +304,13 @@ class QuantConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown quantization config keys {unknown}; allowed: {sorted(known)}")
+        wrong = [
+            f"{k} must be {what}, got {data[k]!r}"
+            for k, (ok, what) in _FIELD_TYPES.items()
+            if k in data and not ok(data[k])
+        ]
+        if wrong:
+            raise ConfigError("invalid quantization config: " + "; ".join(wrong))
         if "tensor_overrides" in data:
             data["tensor_overrides"] = make_overrides(data["tensor_overrides"] or {})
         return cls(**data)
@@ -286,6 +336,8 @@ class QuantConfig:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise InputFileError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise InputFileError(f"{path}: not a JSON config (not UTF-8 text)") from exc
         try:
             return cls.from_json(text)
         except ConfigError as exc:

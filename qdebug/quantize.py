@@ -17,17 +17,19 @@ import logging
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from qdebug.capture.session import make_session, ort_errors, ort_message
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QuantConfig
 from qdebug.data import DataSource, as_ort_reader, open_data
-from qdebug.errors import ConfigError, InputFileError, ModelError
+from qdebug.errors import ConfigError, DataError, InputFileError, ModelError
 from qdebug.graph import ModelKind, input_specs, is_dq, is_q, load_model, model_kind
 from qdebug.io import refuse_overwrite_input
 from qdebug.targets.base import to_ort_config
@@ -203,6 +205,11 @@ def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path) -> float
         os.replace(tmp_out, out)
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
         Path(tmp_out).unlink(missing_ok=True)
+        if "scale issue" in str(exc):  # ORT's words for a non-finite or zero calibrated range
+            raise DataError(
+                f"{model_path}: calibration gave a tensor a non-finite or empty range (calibration data too large, "
+                "or NaN/Inf inside the model); check the data's value range"
+            ) from exc
         raise ConfigError(f"ONNX Runtime could not quantize {model_path}: {exc}") from exc
     except BaseException:
         Path(tmp_out).unlink(missing_ok=True)
@@ -249,8 +256,16 @@ def quantize(
             input_shapes=input_shapes,
         )
         ort_cfg = to_ort_config(cfg, model_path, as_ort_reader(source))
-        calib_s = 0.0 if reuse else _calibration(model_path, ort_cfg, work, cache)
-        qdq_s = _insert_qdq(model_path, ort_cfg, cache, out)
+        try:
+            # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                calib_s = 0.0 if reuse else _calibration(model_path, ort_cfg, work, cache)
+                qdq_s = _insert_qdq(model_path, ort_cfg, cache, out)
+        except BaseException:
+            if not reuse:  # a failed quantization leaves no calibration ranges behind
+                cache.unlink(missing_ok=True)
+            raise
     quantized, total, qdq = count_quantized_nodes(onnx.load(str(out)))
     return QuantizeResult(
         model_path=str(out),

@@ -123,3 +123,34 @@ def test_a_model_ort_refuses_is_one_line_naming_the_file(run_cli, tmp_path: Path
     assert_one_line_error(r, 4, str(path), "ONNX Runtime cannot load it")
     assert "qdebug-quant-" not in r.stderr and "onnxruntime_src" not in r.stderr  # no temp file, no C++ location
     assert sha256(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize(
+    ("content", "code", "needle"),
+    [
+        (b"[1, 2]", EXIT_USAGE, "must be a JSON object"),
+        (b'{"per_channel": "no"}', EXIT_USAGE, "per_channel must be true or false"),
+        (b'{"activation_type": ["uint8"]}', EXIT_USAGE, "activation_type must be a type name"),
+        (b'{"num_samples": 2.5}', EXIT_USAGE, "num_samples must be an integer or null"),
+        (b"\xff\xfe\x00{", 3, "not UTF-8"),
+    ],
+)
+def test_config_json_of_the_wrong_shape_is_one_line(
+    run_cli, tmp_path: Path, files: dict[str, Path], content: bytes, code: int, needle: str
+) -> None:
+    cfg = tmp_path / "bad.json"
+    cfg.write_bytes(content)
+    r = run_cli("quantize", "-f", files["m"], "--samples", "2", "-c", cfg, "-o", tmp_path / "out.onnx")
+    assert_one_line_error(r, code, str(cfg), needle)
+    assert not (tmp_path / "out.onnx").exists() and cfg.read_bytes() == content
+
+
+def test_calibration_data_that_overflows_is_a_data_error_and_leaves_nothing(
+    run_cli, tmp_path: Path, files: dict[str, Path]
+) -> None:
+    big = tmp_path / "big.npz"
+    np.savez(big, x=np.full((4, 1, 6, 6), 3e38, np.float32))
+    listing = sorted(os.listdir(tmp_path))
+    r = run_cli("quantize", "-f", files["m"], "--calib", big, "-o", tmp_path / "out.onnx")
+    assert_one_line_error(r, 5, "non-finite or empty range")
+    assert sorted(os.listdir(tmp_path)) == listing  # no model, no .calib.json, no temp file
