@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -612,6 +612,26 @@ def _output_pairs(f: GraphIndex, q: GraphIndex, warnings: list[str]) -> list[Out
     raise ModelError(f"the models do not correspond: outputs {f_outs} vs {q_outs}")
 
 
+def _check_correspondence(
+    f: GraphIndex, activations: Sequence[ActivationPair], unmatched: Sequence[str], warnings: list[str]
+) -> None:
+    """Two models whose only shared names are graph inputs/outputs are not a float/quant pair (a coincidence such
+    as ``input``/``logits``); many float tensors without a counterpart deserve a warning."""
+    ends = set(f.inputs) | set(f.outputs)
+    inner = [a for a in activations if a.tensor_name not in ends]
+    if unmatched and not inner:
+        raise ModelError(
+            "the models do not correspond: they share only their graph input/output names "
+            f"({', '.join(repr(a.tensor_name) for a in activations)}); {len(unmatched)} float tensor(s) have no "
+            "counterpart in the quantized model"
+        )
+    if len(unmatched) > len(activations):
+        warnings.append(
+            f"{len(unmatched)} of {len(unmatched) + len(activations)} float tensors have no counterpart in the "
+            f"quantized model (first: {unmatched[0]!r}); is it the quantized version of this float model?"
+        )
+
+
 def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Pairing:
     """Build the float↔quant pairing from the quantized graph's Q/DQ structure.
 
@@ -627,6 +647,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     sides = _Sides(f, GraphIndex(quant_model), float_tensors, frozenset(float_tensors), _float_value_types(float_model))
     activations, unmatched = _activation_pairs(sides, q_inputs)
     warnings: list[str] = []
+    _check_correspondence(f, activations, unmatched, warnings)
     outputs = _output_pairs(f, sides.q, warnings)
     return Pairing(
         activations=tuple(activations),

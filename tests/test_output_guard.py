@@ -154,3 +154,12 @@ def test_calibration_data_that_overflows_is_a_data_error_and_leaves_nothing(
     r = run_cli("quantize", "-f", files["m"], "--calib", big, "-o", tmp_path / "out.onnx")
     assert_one_line_error(r, 5, "non-finite or empty range")
     assert sorted(os.listdir(tmp_path)) == listing  # no model, no .calib.json, no temp file
+
+
+def test_two_unrelated_models_sharing_only_their_io_names_are_refused(run_cli, tmp_path: Path) -> None:
+    from conftest import SAMPLE_MODELS
+
+    q = tmp_path / "t.qdq.onnx"
+    assert run_cli("quantize", "-f", SAMPLE_MODELS / "digits_transformer.onnx", "--samples", "2", "-o", q).code == 0
+    r = run_cli("debug", "-f", SAMPLE_MODELS / "digits_cnn.onnx", "-q", q, "--samples", "2")
+    assert_one_line_error(r, 4, "do not correspond", "'input'", "'logits'", "digits_cnn.onnx")
