@@ -109,6 +109,14 @@ def _check_finite(name: str, arr: np.ndarray, where: str, offset: int = 0) -> No
         raise DataError(f"{where}: input {name!r} holds NaN/Inf (sample {offset + int(bad[0][0])})")
 
 
+def _member(npz: Any, name: str, where: str) -> np.ndarray:
+    """One member of an open ``.npz``, which must be a numpy array (a member that is not is returned as bytes)."""
+    value = npz[name]
+    if not isinstance(value, np.ndarray):
+        raise InputFileError(f"{where}: member {name!r} is not a numpy array")
+    return value
+
+
 def _read_npz(path: Path, specs: Sequence[InputSpec], ignore: Sequence[str]) -> dict[str, np.ndarray]:
     where = str(path)
     if not path.exists():
@@ -137,15 +145,18 @@ def _read_npz(path: Path, specs: Sequence[InputSpec], ignore: Sequence[str]) -> 
                     if extra:
                         parts.append(f"unknown array(s) {extra}")
                     raise DataError(f"{where}: {'; '.join(parts)}; the model's inputs are {sorted(names)}")
-                arrays = {s.name: split_samples(s, npz[s.name], where) for s in specs}
+                arrays = {s.name: split_samples(s, _member(npz, s.name, where), where) for s in specs}
     except DataError:
         raise
     except ValueError as exc:
         if "pickle" in str(exc).lower():
             raise DataError(f"{where}: holds pickled objects, which qdebug never loads; save plain arrays") from exc
         raise InputFileError(f"{where}: not a readable .npz file ({exc})") from exc
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
+        # RuntimeError/NotImplementedError: encrypted or deflate64 members, which zipfile cannot read
         raise InputFileError(f"{where}: not a readable .npz file ({exc})") from exc
+    except MemoryError as exc:  # a member header that claims an absurd shape
+        raise InputFileError(f"{where}: an array in it claims more memory than this machine has") from exc
     counts = {n: a.shape[0] for n, a in arrays.items()}
     if len(set(counts.values())) > 1:
         raise DataError(f"{where}: inputs hold different numbers of samples: {counts}")

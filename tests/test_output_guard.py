@@ -163,3 +163,37 @@ def test_two_unrelated_models_sharing_only_their_io_names_are_refused(run_cli, t
     assert run_cli("quantize", "-f", SAMPLE_MODELS / "digits_transformer.onnx", "--samples", "2", "-o", q).code == 0
     r = run_cli("debug", "-f", SAMPLE_MODELS / "digits_cnn.onnx", "-q", q, "--samples", "2")
     assert_one_line_error(r, 4, "do not correspond", "'input'", "'logits'", "digits_cnn.onnx")
+
+
+def test_search_removes_its_temporary_folder(run_cli, tmp_path: Path, files: dict[str, Path], monkeypatch) -> None:
+    import tempfile
+
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    base = ["search", "-f", files["m"], "--calib", files["calib"], "--debug-samples", "2", "--max-steps", "2"]
+    failed = run_cli(*base, "--goal-sqnr", "500", "-o", tmp_path / "o.json")  # cannot be reached: exit 10
+    assert failed.code == 10, failed.stderr
+    reached = run_cli(*base, "--goal-sqnr", "-100", "-o", tmp_path / "o2.json")
+    assert reached.code == 0, reached.stderr
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("qdebug-mixed-")] == []
+
+
+@pytest.mark.parametrize("case", ["huge-header", "not-an-array"])
+def test_malformed_npz_members_are_one_line(run_cli, tmp_path: Path, files: dict[str, Path], case: str) -> None:
+    import io
+    import zipfile
+
+    bad = tmp_path / f"{case}.npz"
+    with zipfile.ZipFile(bad, "w") as z:
+        if case == "huge-header":  # a header that claims 10^13 samples
+            buf = io.BytesIO()
+            np.lib.format.write_array_header_1_0(
+                buf, {"descr": "<f4", "fortran_order": False, "shape": (10**13, 1, 6, 6)}
+            )
+            z.writestr("x.npy", buf.getvalue() + b"\0" * 64)
+        else:
+            z.writestr("x.npy", b"hello, I am not an array")
+    r = run_cli("quantize", "-f", files["m"], "--calib", bad, "-o", tmp_path / "out.onnx")
+    assert_one_line_error(r, 3, str(bad))
+    assert not (tmp_path / "out.onnx").exists()

@@ -95,7 +95,7 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any]:
         strategy=args.strategy,
     )
     ignore = (args.label_key,)  # the label array named by --label-key is never a model input
-    session = MixedPrecisionSession(
+    with MixedPrecisionSession(
         args.float_model,
         args.calib,
         base,
@@ -104,8 +104,8 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any]:
         label_key=args.label_key,
         debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore),
         workdir=args.workdir,
-    )
-    return base, session.search(goal)
+    ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
+        return base, session.search(goal)
 
 
 def _print_curve(result: Any, out: TextIO) -> None:

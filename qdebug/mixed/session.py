@@ -8,6 +8,7 @@ every operation returns a typed result. It is what the notebook views drive.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -67,6 +68,8 @@ class MixedPrecisionSession:
         self.debug_options = debug_options or DebugOptions(
             ignore_data_keys=(label_key,) if self.eval_data is not None else ()
         )
+        # A folder the session made is the session's to remove (close(), or leaving a ``with`` block).
+        self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-mixed-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._base: Evaluation | None = None
@@ -74,6 +77,17 @@ class MixedPrecisionSession:
         self.requantizations = 0
 
     # ------------------------------------------------------------------ base
+    def close(self) -> None:
+        """Remove the working folder if the session created it (a folder the caller gave is left as it is)."""
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> MixedPrecisionSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def base(self) -> Evaluation:
         """The base quantization (calibrated once) and its debug report."""
