@@ -139,6 +139,14 @@ def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
     return calibrator.compute_data()
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _load_float(float_model: str | Path | onnx.ModelProto, work: Path) -> tuple[onnx.ModelProto, Path]:
     """The float model and a path ORT can read it from (an in-memory model is written to ``work``)."""
     if isinstance(float_model, onnx.ModelProto):
@@ -157,10 +165,13 @@ def _load_float(float_model: str | Path | onnx.ModelProto, work: Path) -> tuple[
         ["CPUExecutionProvider"],
         what=str(float_model if isinstance(float_model, str | Path) else "the float model"),
     )
+    if not _utf8(str(model_path)):  # ORT's Python bindings take UTF-8 paths only: hand it a copy
+        model_path = work / "float.onnx"
+        onnx.save_model(model, str(model_path))
     return model, model_path
 
 
-def _calibration(model_path: Path, ort_cfg: Any, work: Path, cache: Path) -> float:
+def _calibration(model_path: Path, ort_cfg: Any, work: Path, cache: Path, label: str) -> float:
     """Calibrate and save the ranges to ``cache``; the seconds it took."""
     from onnxruntime.quantization.calibrate import save_tensors_data
 
@@ -169,12 +180,12 @@ def _calibration(model_path: Path, ort_cfg: Any, work: Path, cache: Path) -> flo
     try:
         ranges = _calibrate(model_path, ort_cfg, work)
     except errors as exc:
-        raise ModelError(f"{model_path}: calibration failed: {ort_message(exc)}") from exc
+        raise ModelError(f"{label}: calibration failed: {ort_message(exc)}") from exc
     save_tensors_data(ranges, cache)
     return time.perf_counter() - t0
 
 
-def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path) -> float:
+def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path, label: str) -> float:
     """ORT's ``quantize_static`` from the cached ranges, written atomically to ``out``; the seconds it took."""
     from onnxruntime.quantization import quantize_static
 
@@ -207,10 +218,10 @@ def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path) -> float
         Path(tmp_out).unlink(missing_ok=True)
         if "scale issue" in str(exc):  # ORT's words for a non-finite or zero calibrated range
             raise DataError(
-                f"{model_path}: calibration gave a tensor a non-finite or empty range (calibration data too large, "
+                f"{label}: calibration gave a tensor a non-finite or empty range (calibration data too large, "
                 "or NaN/Inf inside the model); check the data's value range"
             ) from exc
-        raise ConfigError(f"ONNX Runtime could not quantize {model_path}: {exc}") from exc
+        raise ConfigError(f"ONNX Runtime could not quantize {label}: {exc}") from exc
     except BaseException:
         Path(tmp_out).unlink(missing_ok=True)
         raise
@@ -241,8 +252,9 @@ def quantize(
         if output is None:
             output = Path(tempfile.mkdtemp(prefix="qdebug-")) / "model.qdq.onnx"
         out = Path(output)
+        label = "the float model" if isinstance(float_model, onnx.ModelProto) else str(float_model)
         if not isinstance(float_model, onnx.ModelProto):
-            refuse_overwrite_input(out, model_path)
+            refuse_overwrite_input(out, float_model)
         cache = Path(calibration_cache) if calibration_cache is not None else out.with_suffix(".calib.json")
         reuse = calibration_cache is not None and cache.is_file()
         if calibration_cache is not None and not reuse:
@@ -260,8 +272,8 @@ def quantize(
             # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                calib_s = 0.0 if reuse else _calibration(model_path, ort_cfg, work, cache)
-                qdq_s = _insert_qdq(model_path, ort_cfg, cache, out)
+                calib_s = 0.0 if reuse else _calibration(model_path, ort_cfg, work, cache, label)
+                qdq_s = _insert_qdq(model_path, ort_cfg, cache, out, label)
         except BaseException:
             if not reuse:  # a failed quantization leaves no calibration ranges behind
                 cache.unlink(missing_ok=True)

@@ -197,3 +197,17 @@ def test_malformed_npz_members_are_one_line(run_cli, tmp_path: Path, files: dict
     r = run_cli("quantize", "-f", files["m"], "--calib", bad, "-o", tmp_path / "out.onnx")
     assert_one_line_error(r, 3, str(bad))
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_paths_that_are_not_utf8_work(run_cli, tmp_path: Path, files: dict[str, Path]) -> None:
+    import sys
+
+    if sys.platform == "darwin":  # pragma: no cover - macOS file systems refuse such names
+        pytest.skip("the file system takes UTF-8 names only")
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/\xff.onnx"))
+    odd.write_bytes(files["m"].read_bytes())
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/\xff.q.onnx"))
+    r = run_cli("quantize", "-f", odd, "--samples", "2", "-o", out)
+    assert r.code == 0, r.stderr
+    r = run_cli("debug", "-f", odd, "-q", out, "--samples", "2", "-o", tmp_path / "r.json")
+    assert r.code == 0, r.stderr
