@@ -1,25 +1,58 @@
 """qdebug: find where a quantized ONNX model loses accuracy, and fix it.
 
-The core imports only numpy, onnx and onnxruntime; UI and target backends load lazily.
+The public names below are imported on first use (PEP 562), so ``import qdebug`` — and the ``qdebug`` command's
+start-up, where a Ctrl-C must not print a traceback — loads nothing heavy. The core imports only numpy, onnx and
+onnxruntime; UI and target backends load lazily.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from qdebug._version import __version__
-from qdebug.config import ConvertOverride, QuantConfig, TensorOverride
-from qdebug.debug import DebugOptions, debug
-from qdebug.errors import (
-    ConfigError,
-    DataError,
-    InputFileError,
-    MissingExtraError,
-    ModelError,
-    QDebugError,
-    TargetError,
-)
-from qdebug.quantize import QuantizeResult, quantize
-from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult
-from qdebug.targets.base import to_ort_config
+
+if TYPE_CHECKING:
+    from qdebug.config import ConvertOverride, QuantConfig, TensorOverride
+    from qdebug.debug import DebugOptions, debug
+    from qdebug.errors import (
+        ConfigError,
+        DataError,
+        InputFileError,
+        MissingExtraError,
+        ModelError,
+        QDebugError,
+        TargetError,
+    )
+    from qdebug.quantize import QuantizeResult, quantize
+    from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult
+    from qdebug.targets.base import to_ort_config
+
+#: public name -> the module that defines it
+_LAZY = {
+    **dict.fromkeys(("ConvertOverride", "QuantConfig", "TensorOverride"), "qdebug.config"),
+    **dict.fromkeys(("DebugOptions", "debug"), "qdebug.debug"),
+    **dict.fromkeys(
+        ("ConfigError", "DataError", "InputFileError", "MissingExtraError", "ModelError", "QDebugError", "TargetError"),
+        "qdebug.errors",
+    ),
+    **dict.fromkeys(("QuantizeResult", "quantize"), "qdebug.quantize"),
+    **dict.fromkeys(("ActivationResult", "DebugReport", "OutputResult", "WeightResult"), "qdebug.report"),
+    "to_ort_config": "qdebug.targets.base",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'qdebug' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ActivationResult",

@@ -91,3 +91,23 @@ def test_python_dash_m() -> None:
     argv = [sys.executable, "-m", "qdebug.cli", "--version"]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
     assert out.returncode == 0 and out.stdout.startswith("qdebug ")
+
+
+def test_import_qdebug_is_light_and_ctrl_c_at_start_up_is_one_line() -> None:
+    import signal
+    import time
+
+    code = (
+        "import sys, qdebug; print('onnxruntime' in sys.modules, 'numpy' in sys.modules, qdebug.QuantConfig.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split()[:2] == ["False", "False"] and "QuantConfig" in out.stdout
+    script = "from qdebug._entry import console_main; import sys; sys.argv = ['qdebug', '--version']; console_main()"
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=REPO)
+    time.sleep(0.3)  # inside the CLI's imports (numpy, onnx, onnxruntime), or done
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (0, 130), (proc.returncode, err)
+    if proc.returncode == 130:
+        assert err.strip() == "qdebug: interrupted"

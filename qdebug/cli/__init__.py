@@ -40,7 +40,6 @@ __all__ = [
     "TOOLS",
     "YELLOW",
     "build_parser",
-    "console_main",
     "fmt_db",
     "main",
     "print_build",
@@ -111,8 +110,3 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         traceback.print_exc()
         print(f"qdebug: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_INTERNAL
-
-
-def console_main() -> None:
-    """Console-script entry point."""
-    sys.exit(main())

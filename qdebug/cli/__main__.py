@@ -1,6 +1,8 @@
 """``python -m qdebug.cli``: the same as the ``qdebug`` console script."""
 
-from qdebug.cli import console_main
+import sys
+
+from qdebug.cli import main
 
 if __name__ == "__main__":
-    console_main()
+    sys.exit(main())
