@@ -558,22 +558,44 @@ def _const_source(q: GraphIndex, t: str) -> str | None:
     return None
 
 
+def _float_source(s: _Sides, tensor: str) -> str:
+    """The float tensor a quantized-model tensor stands for: through DQ ← Q to the Q's input, else itself."""
+    dq = s.q.producer.get(tensor)
+    if dq is not None and is_dq(dq):
+        q = s.q.producer.get(dq.input[0])
+        if q is not None and is_q(q):
+            return str(q.input[0])
+    return tensor
+
+
 def _float_twin(s: _Sides, consumer: onnx.NodeProto, by_name: dict[str, onnx.NodeProto]) -> onnx.NodeProto | None:
+    """The float model's node a quantized consumer came from — by name, else by output name, else by structure
+    (the float node of the same op reading the same activation), so unnamed nodes pair too."""
     twin = by_name.get(consumer.name) if consumer.name else None
-    if twin is None or twin.op_type != consumer.op_type:
-        twin = next((s.f.producer[o] for o in consumer.output if o in s.f.producer), None)
-    return twin
+    if twin is not None and twin.op_type == consumer.op_type:
+        return twin
+    twin = next((s.f.producer[o] for o in consumer.output if o in s.f.producer), None)
+    if twin is not None and twin.op_type == consumer.op_type:
+        return twin
+    if not consumer.input:
+        return None
+    source = _float_source(s, consumer.input[0])
+    same = [n for n in s.f.consumers_of(source) if n.op_type == consumer.op_type]
+    return same[0] if len(same) == 1 else None
 
 
-def _weight_pairs(s: _Sides) -> list[WeightPair]:
-    """DQ(integer constant) → consumer; the float counterpart is the consumer's float twin's same input."""
+def _weight_pairs(s: _Sides, warnings: list[str]) -> list[WeightPair]:
+    """DQ(integer constant) → consumer; the float counterpart is the consumer's float twin's same input. Every
+    quantized weight is paired or named in a warning."""
     by_name = {n.name: n for n in s.f.nodes if n.name}
     weights: list[WeightPair] = []
     seen: set[tuple[str, str]] = set()
+    unpaired: list[str] = []
     for dq in (n for n in s.q.nodes if is_dq(n)):
         src = _const_source(s.q, dq.input[0])
         if src is None:
             continue
+        before = len(weights)
         for consumer in s.q.consumers_of(dq.output[0]):
             twin = _float_twin(s, consumer, by_name)
             for idx, inp in enumerate(consumer.input):
@@ -598,6 +620,14 @@ def _weight_pairs(s: _Sides) -> list[WeightPair]:
                         params=_params(typed, s.q.consts),
                     )
                 )
+        if len(weights) == before and not any((w.quant_name == src) for w in weights):
+            unpaired.append(src)
+    if unpaired:
+        warnings.append(
+            f"{len(unpaired)} quantized weight(s) have no float counterpart and are not in the report: "
+            + ", ".join(repr(u) for u in unpaired[:5])
+            + (f" (and {len(unpaired) - 5} more)" if len(unpaired) > 5 else "")
+        )
     return weights
 
 
@@ -651,7 +681,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     outputs = _output_pairs(f, sides.q, warnings)
     return Pairing(
         activations=tuple(activations),
-        weights=tuple(_weight_pairs(sides)),
+        weights=tuple(_weight_pairs(sides, warnings)),
         outputs=tuple(outputs),
         unmatched_float_tensors=tuple(unmatched),
         warnings=tuple(warnings),

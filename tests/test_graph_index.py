@@ -58,3 +58,27 @@ def test_run_passes_in_order_with_reports_and_the_input_untouched() -> None:
     assert said[0].startswith("[1/2] drop_last: removed one node, nodes")
     assert PassReport.from_dict(reports[0].to_dict()) == reports[0]
     assert PassReport.from_dict({"name": "old", "changed": True, "detail": "v1 fix entry"}).detail == "v1 fix entry"
+
+
+def test_weights_pair_without_node_names(tmp_path) -> None:
+    """A model exported with unnamed nodes (ORT's quantizer keeps them unnamed): every weight still pairs, through
+    the graph structure, with the same values as the named model."""
+    from conftest import save
+
+    from qdebug.config import QuantConfig
+    from qdebug.debug import DebugOptions, debug
+    from qdebug.quantize import quantize
+
+    got = {}
+    for unnamed in (False, True):
+        m = builders.tiny_convnet()
+        if unnamed:
+            for n in m.graph.node:
+                n.name = ""
+        f = save(m, tmp_path / f"m{unnamed}.onnx")
+        q = tmp_path / f"m{unnamed}.qdq.onnx"
+        quantize(f, None, QuantConfig(num_samples=4, per_channel=True, weight_type="int8"), q)
+        rep = debug(f, q, None, DebugOptions(num_samples=2))
+        got[unnamed] = {w.weight_name: w.weight_sqnr_db for w in rep.weights}
+        assert not [w for w in rep.meta.warnings if "no float counterpart" in w]
+    assert got[True] == got[False] and len(got[True]) == 6
