@@ -8,6 +8,8 @@ onnxruntime; UI and target backends load lazily.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from qdebug._version import __version__
@@ -40,6 +42,20 @@ _LAZY = {
     **dict.fromkeys(("ActivationResult", "DebugReport", "OutputResult", "WeightResult"), "qdebug.report"),
     "to_ort_config": "qdebug.targets.base",
 }
+
+
+class _Package(types.ModuleType):
+    """``qdebug.debug`` and ``qdebug.quantize`` are both submodules and public functions. Importing a submodule
+    sets it as an attribute of its package, which would hide the function of the same name; here the function
+    wins (as it did when this package imported everything eagerly), and ``sys.modules`` keeps the submodule."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
