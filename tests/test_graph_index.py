@@ -58,3 +58,23 @@ def test_run_passes_in_order_with_reports_and_the_input_untouched() -> None:
     assert said[0].startswith("[1/2] drop_last: removed one node, nodes")
     assert PassReport.from_dict(reports[0].to_dict()) == reports[0]
     assert PassReport.from_dict({"name": "old", "changed": True, "detail": "v1 fix entry"}).detail == "v1 fix entry"
+
+
+def test_set_input_redirects_in_place_and_keeps_the_consumers_right() -> None:
+    m = builders.tiny_convnet()
+    idx = GraphIndex(m)
+    conv2 = idx.producer["c2"]
+    assert [n.name for n in idx.consumers_of("w2")] == ["conv2"]
+    idx.set_input(conv2, 1, "w2_copy")
+    assert idx.consumers_of("w2") == [] and [n.name for n in idx.consumers_of("w2_copy")] == ["conv2"]
+    assert next(n for n in m.graph.node if n.name == "conv2").input[1] == "w2_copy"  # the graph's own node
+    idx.set_input(conv2, 1, "w2_copy")  # the same name again: nothing is listed twice
+    assert len(idx.consumers_of("w2_copy")) == 1
+
+
+def test_distinct_consumers_lists_a_node_reading_a_tensor_twice_once() -> None:
+    m = builders.tiny_convnet()
+    m.graph.node.append(onnx.helper.make_node("Add", ["y", "y"], ["y2"], name="double"))
+    idx = GraphIndex(m)
+    assert [n.name for n in idx.consumers_of("y")] == ["double", "double"]
+    assert [n.name for n in idx.distinct_consumers("y")] == ["double"]
