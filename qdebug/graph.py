@@ -717,10 +717,30 @@ class GraphIndex:
         """The nodes reading ``name`` (in topological order; empty for a tensor nothing reads)."""
         return self.consumers.get(name, [])
 
+    def distinct_consumers(self, name: str) -> list[onnx.NodeProto]:
+        """The nodes reading ``name``, each once (a node reading it in two slots is listed once)."""
+        # By identity: NodeProto equality compares contents, and two distinct nodes may be equal.
+        return list({id(n): n for n in self.consumers_of(name)}.values())
+
     def sole_consumer(self, name: str) -> onnx.NodeProto | None:
         """The one node reading ``name``, if exactly one does (and it is not a graph output)."""
         users = self.consumers_of(name)
         return users[0] if len(users) == 1 and name not in self.outputs else None
+
+    def set_input(self, node: onnx.NodeProto, slot: int, name: str) -> None:
+        """Make ``node`` (one of this index's nodes) read ``name`` in input ``slot``, keeping the consumer lists
+        right. Why: a rewrite that redirects inputs one by one (the Deeploy scale snapping gives a scale tensor its
+        own copy) asks "who else reads this?" after earlier redirects; rebuilding the index each time is quadratic."""
+        old = node.input[slot]
+        if old == name:
+            return
+        users = self.consumers.get(old, [])
+        for k, u in enumerate(users):
+            if u is node:
+                del users[k]
+                break
+        node.input[slot] = name
+        self.consumers[name].append(node)
 
     def activations(self) -> list[str]:
         """Graph inputs, then every non-constant node output, in topological order."""

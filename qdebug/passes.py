@@ -85,15 +85,24 @@ class PassReport:
 Pass = Callable[[onnx.ModelProto], tuple[onnx.ModelProto, PassReport]]
 
 
+def _summary_line(report: PassReport) -> str:
+    return report.summary
+
+
 def run_passes(
     model: onnx.ModelProto,
     passes: Sequence[Pass],
     *,
     progress: Callable[[str], None] | None = None,
+    line: Callable[[PassReport], str] = _summary_line,
 ) -> tuple[onnx.ModelProto, tuple[PassReport, ...]]:
     """Run ``passes`` in order; returns the final model and one report per pass (timed, node counts filled in
-    where the pass left them out). QAT canonicalisation runs its passes through this; the target fixes are passes
-    of the same shape; the Deeploy export's passes rewrite one mutable graph state and report the same type."""
+    where the pass left them out). With ``progress``, each pass is announced as ``[k/n] `` + ``line(report)``
+    (default: :attr:`PassReport.summary`).
+
+    Every rewrite pipeline runs through this: QAT canonicalisation, the QNN/Deeploy compatibility fixes
+    (:func:`qdebug.targets.qnn_fixes.apply_qnn_fixes`) and the Deeploy export, whose passes share one mutable
+    graph state and are adapted to this signature (:func:`qdebug.targets.deeploy_export.export`)."""
     reports: list[PassReport] = []
     current = model
     for i, p in enumerate(passes, 1):
@@ -113,5 +122,5 @@ def run_passes(
         )
         reports.append(rep)
         if progress is not None:
-            progress(f"[{i}/{len(passes)}] {rep.summary}")
+            progress(f"[{i}/{len(passes)}] {line(rep)}")
     return current, tuple(reports)

@@ -98,7 +98,7 @@ class _Ctx:
         self.model.CopyFrom(model)
         model = self.model
         self.nodes = list(model.graph.node)  # stored order: the rewriter edits positions in it
-        index = GraphIndex(model)
+        self.index = index = GraphIndex(model)
         self.consts = index.consts
         self.producer = index.producer
         self.consumers = index.consumers
@@ -115,10 +115,7 @@ class _Ctx:
 
     def sole_consumer(self, tensor: str) -> onnx.NodeProto | None:
         """The only node reading ``tensor`` (None when several read it or it is a graph output)."""
-        cs = self.consumers.get(tensor, [])
-        if len(cs) != 1 or tensor in self.outputs:
-            return None
-        return cs[0]
+        return self.index.sole_consumer(tensor)
 
     def fresh(self, base: str) -> str:
         name, k = base, 1

@@ -307,6 +307,18 @@ def test_export_lists_and_disables_passes_by_name(
         de.export(conv_qdq, tmp_path / "b", disable=["no_such_pass"], verbose=False)
 
 
+def test_export_runs_its_passes_through_the_one_runner(conv_qdq: Path, tmp_path: Path) -> None:
+    model = onnx.load(str(conv_qdq))
+    before = model.SerializeToString()
+    res = de.export(model, tmp_path / "a", num_samples=2, verbose=False)
+    assert model.SerializeToString() == before  # the caller's model is never rewritten
+    assert [p.name for p in res.passes] == [n for n in de.pass_names() if n not in de.OPTIONAL_PASSES]
+    assert all(p.seconds is not None and p.rewrites >= 0 for p in res.passes)
+    # Each pass starts from the graph the previous one left.
+    assert all(a.nodes_after == b.nodes_before for a, b in zip(res.passes, res.passes[1:], strict=False))
+    assert res.passes[-1].nodes_after == len(onnx.load(str(tmp_path / "a" / "network.onnx")).graph.node)
+
+
 def test_optional_pass_runs_only_when_enabled(conv_qdq: Path, tmp_path: Path) -> None:
     res = de.export(conv_qdq, tmp_path / "a", enable=["tighten_requant_to_observed_range"], verbose=False)
     assert "tighten_requant_to_observed_range" in [p.name for p in res.passes]

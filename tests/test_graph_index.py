@@ -82,3 +82,23 @@ def test_weights_pair_without_node_names(tmp_path) -> None:
         got[unnamed] = {w.weight_name: w.weight_sqnr_db for w in rep.weights}
         assert not [w for w in rep.meta.warnings if "no float counterpart" in w]
     assert got[True] == got[False] and len(got[True]) == 6
+
+
+def test_set_input_redirects_in_place_and_keeps_the_consumers_right() -> None:
+    m = builders.tiny_convnet()
+    idx = GraphIndex(m)
+    conv2 = idx.producer["c2"]
+    assert [n.name for n in idx.consumers_of("w2")] == ["conv2"]
+    idx.set_input(conv2, 1, "w2_copy")
+    assert idx.consumers_of("w2") == [] and [n.name for n in idx.consumers_of("w2_copy")] == ["conv2"]
+    assert next(n for n in m.graph.node if n.name == "conv2").input[1] == "w2_copy"  # the graph's own node
+    idx.set_input(conv2, 1, "w2_copy")  # the same name again: nothing is listed twice
+    assert len(idx.consumers_of("w2_copy")) == 1
+
+
+def test_distinct_consumers_lists_a_node_reading_a_tensor_twice_once() -> None:
+    m = builders.tiny_convnet()
+    m.graph.node.append(onnx.helper.make_node("Add", ["y", "y"], ["y2"], name="double"))
+    idx = GraphIndex(m)
+    assert [n.name for n in idx.consumers_of("y")] == ["double", "double"]
+    assert [n.name for n in idx.distinct_consumers("y")] == ["double"]

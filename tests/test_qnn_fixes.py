@@ -17,11 +17,14 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.config import QuantConfig, TensorOverride
 from qdebug.errors import ConfigError, DataError, ModelError
 from qdebug.graph import input_specs
+from qdebug.passes import run_passes
 from qdebug.targets.base import CompileReport
 from qdebug.targets.qnn_fixes import (
     FIX_NAMES,
+    MODEL_FIXES,
     apply_qnn_fixes,
     dynamic_tensors,
+    fix_passes,
     fix_static_shapes,
     fold_batchnorm,
     fuse_gelu,
@@ -372,3 +375,22 @@ def test_apply_qnn_fixes_runs_every_rule_in_order() -> None:
     assert fp16.config is None and "fp16" in fp16.reports[-1].detail
     with pytest.raises(ConfigError, match="unknown fix"):
         apply_qnn_fixes(model, cfg, skip=("gelu",))
+
+
+def test_model_fixes_run_through_the_one_pass_runner() -> None:
+    model = conv_bn_net()
+    fixed = apply_qnn_fixes(model, None)
+    bn = next(r for r in fixed.reports if r.name == "batchnorm_folding")
+    assert (bn.nodes_before, bn.nodes_after) == (len(model.graph.node), len(model.graph.node) - 2)
+    assert all(r.seconds is not None for r in fixed.reports if r.name in MODEL_FIXES)
+    # The same passes, for a target that runs only some of them (Deeploy: static shapes and BN folding).
+    said: list[str] = []
+    out, reports = run_passes(
+        model, fix_passes(("static_shapes", "batchnorm_folding"), skip=("static_shapes",)), progress=said.append
+    )
+    assert [r.name for r in reports] == ["static_shapes", "batchnorm_folding"]
+    assert reports[0].skipped and reports[0].detail == "skipped on request" and reports[1].changed
+    assert said == ["[1/2] static_shapes: skipped", f"[2/2] {reports[1].summary}"]
+    assert len(out.graph.node) == len(model.graph.node) - 2
+    with pytest.raises(ConfigError, match="unknown model fix"):
+        fix_passes(("layernorm_gamma_unsigned",))

@@ -31,6 +31,7 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError, InputFileError
+from qdebug.graph import GraphIndex
 from qdebug.targets.base import get_target, target_names
 
 if TYPE_CHECKING:
@@ -643,14 +644,9 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
     """
     import onnx
 
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    known = {o for n in g.node for o in n.output if o} | {i.name for i in g.input} | set(inits)
-    consumers: dict[str, list[str]] = {}
-    for n in g.node:
-        for i in dict.fromkeys(n.input):
-            if i:
-                consumers.setdefault(i, []).append(n.name)
+    ix = GraphIndex(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    known = set(ix.producer) | {i.name for i in model.graph.input} | set(inits)
     warnings: list[str] = []
     problems: list[str] = []
     _identity_problems(ofile, known, model_sha256, warnings, problems)
@@ -662,7 +658,8 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
         if name in types and types[name] not in floats:
             dtype = onnx.TensorProto.DataType.Name(types[name])
             warnings.append(f"{name}: is {dtype}, not float; ORT does not quantize it, so its override has no effect")
-        problems += _entry_problems(name, entries, inits.get(name), consumers.get(name, []))
+        consumers = [n.name for n in ix.distinct_consumers(name)]
+        problems += _entry_problems(name, entries, inits.get(name), consumers)
         problems += _channel_problems(name, entries, inits.get(name))
     if problems:
         raise OverridesError(problems, warnings=warnings)

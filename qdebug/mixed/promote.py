@@ -28,6 +28,7 @@ from qdebug.config import (
 )
 from qdebug.errors import ConfigError
 from qdebug.graph import GraphIndex, load_model
+from qdebug.mixed.overrides import OverridesFile
 from qdebug.targets.base import get_target
 
 #: Activation types each target can run (QNN HTP: unsigned 8/16-bit activations; Deeploy: int8 only).
@@ -147,8 +148,6 @@ _VALUE_KEYS = ("rmin", "rmax", "scale", "zero_point")
 
 def overrides_from_ort(d: Mapping[str, list[dict[str, Any]]]) -> Overrides:
     """ORT's dict form (QuantType members, sets, numpy numbers) → the typed config form (validated)."""
-    from qdebug.mixed.overrides import OverridesFile
-
     return OverridesFile.from_ort(d).overrides
 
 

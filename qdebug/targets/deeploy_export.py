@@ -1,10 +1,11 @@
 """QDQ int8 model → Deeploy-ready integer ONNX (``network.onnx`` + ``inputs.npz`` + ``outputs.npz``).
 
 The export is a list of small named passes (:data:`PASSES`) over one mutable :class:`GraphState`; each can be
-listed, run alone in a test, or disabled by name. The contract they target is Deeploy's integer network
-(``/work/shared/facts/deeploy.md``): integer Conv/Gemm/MatMul/Add/MaxPool/Reshape/Flatten, each accumulator
-brought back to 8 bits by ``RequantShift(x, mul, add)`` with
-``y = clip(floor((x·mul + add + div/2) / div), lo, hi)``.
+listed, run alone in a test, or disabled by name. :func:`export` runs them through the one pass runner
+(:func:`qdebug.passes.run_passes`), each adapted to the ``model -> (model, PassReport)`` signature. The contract
+they target is Deeploy's integer network (``/work/shared/facts/deeploy.md``): integer
+Conv/Gemm/MatMul/Add/MaxPool/Reshape/Flatten, each accumulator brought back to 8 bits by
+``RequantShift(x, mul, add)`` with ``y = clip(floor((x·mul + add + div/2) / div), lo, hi)``.
 
 Integer representation of an activation. ORT gives every activation a scale ``s`` and an int8 zero point ``zp``.
 A tensor whose ``zp`` is −128 (a ReLU output, or a non-negative graph input) is stored *shifted* as
@@ -34,7 +35,6 @@ import math
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,8 +45,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.errors import DataError, TargetError
-from qdebug.graph import ModelKind, constant_values, decode_constant, is_dq, is_q, model_kind, topological_nodes
-from qdebug.passes import PassReport
+from qdebug.graph import GraphIndex, ModelKind, is_dq, is_q, model_kind, topological_nodes
+from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [
     "PASSES",
@@ -133,6 +133,11 @@ class GraphState:
         """The graph being rewritten."""
         return self.model.graph
 
+    def index(self) -> GraphIndex:
+        """The producer/consumer/constant index of the graph as it is now (a pass builds it once, before it
+        rewrites; its node objects are the graph's own, so in-place edits of them edit the graph)."""
+        return GraphIndex(self.model)
+
     def consts(self) -> dict[str, np.ndarray]:
         """Every initializer decoded."""
         return {i.name: numpy_helper.to_array(i) for i in self.graph.initializer}
@@ -159,7 +164,8 @@ class GraphState:
 PassResult = PassReport
 
 
-Pass = Callable[[GraphState], int]
+#: An export pass: rewrites ``state.model`` in place, records what it learnt in ``state``, returns its change count.
+StatePass = Callable[[GraphState], int]
 
 
 def _node(op: str, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs: Any) -> onnx.NodeProto:
@@ -168,18 +174,6 @@ def _node(op: str, inputs: Sequence[str], outputs: Sequence[str], name: str, **a
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for t in n.input:
-            out.setdefault(t, []).append(n)
-    return out
-
-
-def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
-    return {t: n for n in graph.node for t in n.output}
 
 
 def _label(node: onnx.NodeProto) -> str:
@@ -217,10 +211,11 @@ def check_supported(state: GraphState) -> int:
     kind = model_kind(state.model)
     if kind is not ModelKind.QDQ:
         raise TargetError(f"the model is {kind.value}, not a QDQ model: quantize it first (target 'deeploy')")
-    consts = {k: decode_constant(v) for k, v in constant_values(state.model).items()}
+    ix = state.index()
+    consts = {k: ix.value(k) for k in ix.consts}
     # Every non-int8 tensor at once: after a mixed-precision promotion the user needs the whole list to undo.
     wide: dict[str, str] = {}
-    for node in topological_nodes(state.graph):
+    for node in ix.nodes:
         if is_q(node) or is_dq(node):
             _, zp = _qparams(node, consts)
             if zp.dtype != np.int8 and not (is_dq(node) and zp.dtype == np.int32):
@@ -232,7 +227,7 @@ def check_supported(state: GraphState) -> int:
             f"{what}{'; '.join(wide.values())}; Deeploy export supports int8 "
             "activations/weights and int32 biases only (drop these 16-bit promotions for target 'deeploy')"
         )
-    for node in topological_nodes(state.graph):
+    for node in ix.nodes:
         if is_q(node) or is_dq(node):
             continue
         if node.op_type == "Constant":
@@ -254,13 +249,13 @@ def quantize_pass_through_outputs(state: GraphState) -> int:
     per-tensor scale and zero point is the identity on values already on that grid, so this is exact.
     """
     g = state.graph
-    producers, consumers = _producers(g), _consumers(g)
+    ix = state.index()
     n = 0
-    for node in list(g.node):
+    for node in ix.nodes:
         if node.op_type not in _PASS_THROUGH or not node.input:
             continue
-        dq = producers.get(node.input[0])
-        users = consumers.get(node.output[0], [])
+        dq = ix.producer.get(node.input[0])
+        users = ix.consumers_of(node.output[0])
         if dq is None or not is_dq(dq) or (len(users) == 1 and is_q(users[0])):
             continue
         out = node.output[0]
@@ -290,7 +285,8 @@ def fold_weight_quantization(state: GraphState) -> int:
 
     Deeploy wants the integer values themselves as initializers; the scales move into the RequantShift.
     """
-    consts = {k: decode_constant(v) for k, v in constant_values(state.model).items()}
+    ix = state.index()
+    consts = {k: ix.value(k) for k in ix.consts}
     keep: list[onnx.NodeProto] = []
     n = 0
     for node in state.graph.node:
@@ -445,15 +441,15 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
     """
     g = state.graph
     consts = state.consts()
-    producers, consumers = _producers(g), _consumers(g)
+    ix = state.index()
     alias = _activation_aliases(state, g, consts)
     shapes = _static_shapes(state.model)
     new_nodes: list[onnx.NodeProto] = []
     n = 0
-    for node in topological_nodes(g):
+    for node in ix.nodes:
         if is_q(node) or is_dq(node) or node.op_type in ("Relu", "Clip") or node.op_type == "Constant":
             continue
-        q_node, skipped = _output_q(node, consumers, state, consts)
+        q_node, skipped = _output_q(node, ix)
         ins = [alias.get(t, t) for t in node.input]
         out_act = state.acts[q_node.output[0]]
         new_nodes.extend(_integer_node(state, node, ins, q_node.output[0], out_act, shapes))
@@ -468,7 +464,7 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
         if o.name in alias:
             state.outputs.setdefault(o.name, state.acts[alias[o.name]])
             state.output_sources[o.name] = alias[o.name]
-        elif o.name not in producers_left and o.name in producers:
+        elif o.name not in producers_left and o.name in ix.producer:
             raise TargetError(f"graph output {o.name!r} is not quantized (no trailing QuantizeLinear/DequantizeLinear)")
     return n
 
@@ -504,17 +500,12 @@ def _gap_as_depthwise_conv(
     return conv, w_name
 
 
-def _output_q(
-    node: onnx.NodeProto,
-    consumers: Mapping[str, list[onnx.NodeProto]],
-    state: GraphState,
-    consts: Mapping[str, np.ndarray],
-) -> tuple[onnx.NodeProto, list[onnx.NodeProto]]:
+def _output_q(node: onnx.NodeProto, ix: GraphIndex) -> tuple[onnx.NodeProto, list[onnx.NodeProto]]:
     """The QuantizeLinear that closes ``node``'s chain, and the Relu/Clip nodes skipped on the way."""
     skipped: list[onnx.NodeProto] = []
     cur = node
     while True:
-        users = consumers.get(cur.output[0], [])
+        users = ix.consumers_of(cur.output[0])
         if len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
             skipped.append(users[0])
             cur = users[0]
@@ -698,9 +689,9 @@ def fold_input_zero_point(state: GraphState) -> int:
     (shifted uint8 tensors, e.g. ReLU outputs and non-negative inputs, have zero point 0 and never get here).
     """
     consts = state.consts()
-    consumers = _consumers(state.graph)
+    ix = state.index()
     n = 0
-    for node in list(state.graph.node):
+    for node in ix.nodes:
         zp = state.pending_zp.pop(node.name, 0)
         if not zp:
             continue
@@ -716,7 +707,7 @@ def fold_input_zero_point(state: GraphState) -> int:
         if node.op_type in ("Conv", "Gemm"):
             state.set_const(node.input[2], (consts[node.input[2]].astype(np.int64) + corr).astype(np.int32))
         else:  # MatMul has no bias: the correction goes into the RequantShift's add, times its mul
-            rq = consumers[node.output[0]][0]
+            rq = ix.consumers_of(node.output[0])[0]
             mul, add = consts[rq.input[1]].astype(np.int64), consts[rq.input[2]].astype(np.int64)
             state.set_const(rq.input[2], (add + mul * corr.reshape(add.shape)).astype(np.int32))
         n += 1
@@ -729,12 +720,12 @@ def fold_conv_bias(state: GraphState) -> int:
     Deeploy's integer Conv takes no bias (and on Siracusa every Conv is followed by a RequantShift anyway).
     """
     consts = state.consts()
-    consumers = _consumers(state.graph)
+    ix = state.index()
     n = 0
-    for node in state.graph.node:
+    for node in ix.nodes:
         if node.op_type != "Conv" or len(node.input) < 3 or not node.input[2]:
             continue
-        users = consumers.get(node.output[0], [])
+        users = ix.consumers_of(node.output[0])
         if len(users) != 1 or users[0].op_type != "RequantShift":
             raise TargetError(f"{_label(node)}: a biased Conv must feed exactly one RequantShift")
         rq = users[0]
@@ -761,8 +752,8 @@ def tighten_requant_to_observed_range(state: GraphState) -> int:
     if not state.samples:
         return 0
     consts = state.consts()
-    producers = _producers(state.graph)
-    rqs = [n for n in state.graph.node if n.name in state.requant_targets]
+    ix = state.index()
+    rqs = [n for n in ix.nodes if n.name in state.requant_targets]
     observed = {n.name: 0.0 for n in rqs}
     for sample in state.samples:
         stored = {k: v - state.inputs[k].offset for k, v in sample.items()}
@@ -780,7 +771,7 @@ def tighten_requant_to_observed_range(state: GraphState) -> int:
         div = int(_tensor_attr(_attrs(rq)["div"]))
         bias = (add - zp * div) // mul
         new_mul, k = _choose_requant(m, np.minimum(worst, 4 * observed[rq.name] + 1), zp)
-        if 2**k <= div or producers[rq.input[0]].op_type not in ("Conv", "Gemm", "MatMul"):
+        if 2**k <= div or ix.producer[rq.input[0]].op_type not in ("Conv", "Gemm", "MatMul"):
             continue
         shape = mul.shape
         state.set_const(rq.input[1], _channels(new_mul, shape))
@@ -895,7 +886,7 @@ def check_integer_only(state: GraphState) -> int:
 
 
 #: The export passes in order, by name.
-PASSES: tuple[tuple[str, Pass], ...] = (
+PASSES: tuple[tuple[str, StatePass], ...] = (
     ("check_supported", check_supported),
     ("quantize_pass_through_outputs", quantize_pass_through_outputs),
     ("fold_weight_quantization", fold_weight_quantization),
@@ -1055,7 +1046,9 @@ class ExportResult:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def _select(passes: Sequence[str] | None, disable: Sequence[str], enable: Sequence[str] = ()) -> list[tuple[str, Pass]]:
+def _select(
+    passes: Sequence[str] | None, disable: Sequence[str], enable: Sequence[str] = ()
+) -> list[tuple[str, StatePass]]:
     known = dict(PASSES)
     default = [p for p in known if p not in OPTIONAL_PASSES or p in enable]
     wanted = list(passes) if passes is not None else default
@@ -1065,11 +1058,33 @@ def _select(passes: Sequence[str] | None, disable: Sequence[str], enable: Sequen
     return [(name, known[name]) for name in wanted if name not in disable]
 
 
+def _as_pass(name: str, fn: StatePass, state: GraphState) -> Pass:
+    """One export pass in the one pass signature (:data:`qdebug.passes.Pass`): it rewrites a copy of the model it
+    is given, through ``state`` (whose facts the later passes read), and reports its change count. A malformed
+    graph's KeyError/IndexError/ValueError becomes a TargetError naming the pass."""
+
+    def run(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
+        state.model = onnx.ModelProto()
+        state.model.CopyFrom(model)
+        try:
+            changes = fn(state)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise TargetError(f"export pass {name!r} failed: {type(exc).__name__}: {exc}") from exc
+        return state.model, PassReport(name, changed=changes > 0, rewrites=changes)
+
+    return run
+
+
+def _progress_line(r: PassReport) -> str:
+    return f"{r.name} … nodes {r.nodes_before} → {r.nodes_after} ({r.rewrites} changes)"
+
+
 def _input_activations(model: onnx.ModelProto) -> dict[str, Activation]:
-    consts = {k: decode_constant(v) for k, v in constant_values(model).items()}
+    ix = GraphIndex(model)
+    consts = {k: ix.value(k) for k in ix.consts}
     names = {i.name for i in model.graph.input}
     out: dict[str, Activation] = {}
-    for node in model.graph.node:
+    for node in ix.nodes:
         if is_q(node) and node.input[0] in names:
             scale, zp = _qparams(node, consts)
             out[node.input[0]] = _activation(float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]))
@@ -1197,25 +1212,10 @@ def export(
     selected = _select(passes, disable, enable)
     if model_kind(src) is ModelKind.QDQ:
         state.samples = _samples(src, data, num_samples)
-    results: list[PassReport] = []
-    for i, (name, fn) in enumerate(selected, 1):
-        before = len(model.graph.node)
-        t0 = time.perf_counter()
-        try:
-            changes = fn(state)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise TargetError(f"export pass {name!r} failed: {type(exc).__name__}: {exc}") from exc
-        res = PassReport(
-            name,
-            changed=changes > 0,
-            nodes_before=before,
-            nodes_after=len(model.graph.node),
-            rewrites=changes,
-            seconds=round(time.perf_counter() - t0, 4),
-        )
-        results.append(res)
-        if verbose:
-            print(f"[{i}/{len(selected)}] {name} … nodes {before} → {res.nodes_after} ({changes} changes)")
+    model, results = run_passes(
+        model, [_as_pass(name, fn, state) for name, fn in selected], progress=print if verbose else None,
+        line=_progress_line,
+    )  # fmt: skip
     samples = state.samples
     if not state.inputs or not state.outputs:
         raise TargetError(
@@ -1226,7 +1226,7 @@ def export(
     _write_export(out, model, first_in, first_out)
     result = ExportResult(
         out_dir=str(out),
-        passes=tuple(results),
+        passes=results,
         num_samples=len(samples),
         equal_fraction=eq,
         max_lsb_diff=worst,

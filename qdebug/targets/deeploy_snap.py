@@ -52,7 +52,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.graph import constant_values, decode_constant, is_dq, is_q, topological_nodes
+from qdebug.graph import GraphIndex, decode_constant, is_dq, is_q
 from qdebug.targets.deeploy_export import (
     _INT32_LIMIT,
     _MAX_SHIFT,
@@ -61,8 +61,6 @@ from qdebug.targets.deeploy_export import (
     _accumulator_bound,
     _activation,
     _attrs,
-    _consumers,
-    _producers,
     _static_shapes,
 )
 
@@ -157,15 +155,17 @@ def _add_shift(ratio_max: float, zp: int) -> int:
 
 
 class _Scales:
-    """The model's constants, and rewrites of scale/bias tensors that respect sharing."""
+    """The model's constants, and rewrites of scale/bias tensors that respect sharing.
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    Every input redirect goes through the model's :class:`~qdebug.graph.GraphIndex` (``ix.set_input``), so "who
+    else reads this scale?" stays right after earlier snaps gave some readers their own copy.
+    """
+
+    def __init__(self, model: onnx.ModelProto, ix: GraphIndex) -> None:
         self.model = model
-        self.values: dict[str, np.ndarray] = {k: decode_constant(v) for k, v in constant_values(model).items()}
+        self.ix = ix
+        self.values: dict[str, np.ndarray] = {k: decode_constant(v) for k, v in ix.consts.items()}
         self.inits = {i.name: i for i in model.graph.initializer}
-
-    def users(self, name: str) -> list[onnx.NodeProto]:
-        return [n for n in self.model.graph.node if name in n.input]
 
     def unique(self, base: str) -> str:
         used = set(self.values) | {t for n in self.model.graph.node for t in (*n.input, *n.output)}
@@ -182,7 +182,7 @@ class _Scales:
         """
         old = str(nodes[0].input[slot])
         mine = {tuple(n.output) for n in nodes}  # outputs identify a node (protobuf wrappers are not stable)
-        if old in self.inits and all(tuple(u.output) in mine for u in self.users(old)):
+        if old in self.inits and all(tuple(u.output) in mine for u in self.ix.consumers_of(old)):
             self.inits[old].CopyFrom(numpy_helper.from_array(value, old))
             self.values[old] = value
             return old
@@ -192,7 +192,7 @@ class _Scales:
         self.inits[name] = self.model.graph.initializer[-1]
         self.values[name] = value
         for n in nodes:
-            n.input[slot] = name
+            self.ix.set_input(n, slot, name)
         return name
 
 
@@ -206,19 +206,17 @@ def _scalar_qparams(node: onnx.NodeProto, scales: _Scales) -> tuple[float, int] 
     return float(s.reshape(())), int(zp_arr.reshape(()))
 
 
-def _output_q(node: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]]) -> onnx.NodeProto | None:
+def _output_q(node: onnx.NodeProto, ix: GraphIndex) -> onnx.NodeProto | None:
     cur = node
     while True:
-        users = consumers.get(cur.output[0], [])
+        users = ix.consumers_of(cur.output[0])
         if len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
             cur = users[0]
             continue
         return users[0] if len(users) == 1 and is_q(users[0]) else None
 
 
-def _scale_group(
-    q: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], scales: _Scales
-) -> list[onnx.NodeProto]:
+def _scale_group(q: onnx.NodeProto, ix: GraphIndex, scales: _Scales) -> list[onnx.NodeProto]:
     """The Q of a tensor, its DQs, and the Q/DQs of the MaxPool/Reshape/Flatten chain after it sharing the scale
     (the same initializer, or one of the same value and zero point: QAT exports repeat the constants)."""
 
@@ -229,12 +227,12 @@ def _scale_group(
     todo = [q]
     while todo:
         cur = todo.pop()
-        for user in consumers.get(cur.output[0], []):
+        for user in ix.consumers_of(cur.output[0]):
             if is_dq(user) and same(user):
                 group.append(user)
-                for op in consumers.get(user.output[0], []):
+                for op in ix.consumers_of(user.output[0]):
                     if op.op_type in _PASS_THROUGH:
-                        for q2 in consumers.get(op.output[0], []):
+                        for q2 in ix.consumers_of(op.output[0]):
                             if is_q(q2) and same(q2) and q2 not in group:
                                 group.append(q2)
                                 todo.append(q2)
@@ -270,22 +268,22 @@ def snap_scales_for_deeploy(
     model.CopyFrom(qdq)
     g = model.graph
     used_before = {t for n in g.node for t in n.input}
-    scales = _Scales(model)
-    producers, consumers = _producers(g), _consumers(g)
+    ix = GraphIndex(model)
+    scales = _Scales(model, ix)
     shapes = _static_shapes(model)
     snapped: list[SnappedScale] = []
     skipped: list[str] = []
-    for node in topological_nodes(g):
+    for node in ix.nodes:
         if node.op_type not in ops or node.domain not in ("", "ai.onnx"):
             continue
         label = f"{node.op_type} {node.name or node.output[0]!r}"
         try:
             if node.op_type == "Add":
-                res = _snap_add(node, producers, consumers, scales)
+                res = _snap_add(node, ix, scales)
             elif node.op_type == "GlobalAveragePool":
-                res = _snap_gap(node, producers, consumers, scales, shapes)
+                res = _snap_gap(node, ix, scales, shapes)
             else:
-                res = _snap_linear(node, producers, consumers, scales, tie_free_shift if grid == "tie_free" else None)
+                res = _snap_linear(node, ix, scales, tie_free_shift if grid == "tie_free" else None)
         except (KeyError, IndexError, ValueError) as exc:
             res = f"{type(exc).__name__}: {exc}"
         if isinstance(res, str):
@@ -300,12 +298,10 @@ def snap_scales_for_deeploy(
     return model, SnapReport(tuple(snapped), tuple(skipped), grid)
 
 
-def _act_in(
-    name: str, producers: Mapping[str, onnx.NodeProto], scales: _Scales
-) -> tuple[onnx.NodeProto, float, int] | str:
-    dq = producers.get(name)
+def _act_in(name: str, ix: GraphIndex, scales: _Scales) -> tuple[onnx.NodeProto, float, int] | str:
+    dq = ix.producer.get(name)
     while dq is not None and dq.op_type in _PASS_THROUGH and dq.input:
-        dq = producers.get(dq.input[0])  # an unquantized Reshape/Flatten/MaxPool keeps its input's grid
+        dq = ix.producer.get(dq.input[0])  # an unquantized Reshape/Flatten/MaxPool keeps its input's grid
     if dq is None or not is_dq(dq) or dq.input[0] in scales.values:
         return f"input {name!r} is not a dequantized activation"
     qp = _scalar_qparams(dq, scales)
@@ -314,10 +310,8 @@ def _act_in(
     return dq, qp[0], qp[1]
 
 
-def _act_out(
-    node: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], scales: _Scales
-) -> tuple[onnx.NodeProto, float, int] | str:
-    q = _output_q(node, consumers)
+def _act_out(node: onnx.NodeProto, ix: GraphIndex, scales: _Scales) -> tuple[onnx.NodeProto, float, int] | str:
+    q = _output_q(node, ix)
     if q is None:
         return "its output is not quantized by a single QuantizeLinear"
     qp = _scalar_qparams(q, scales)
@@ -349,15 +343,14 @@ class _Linear:
 
 def _weight_of(
     node: onnx.NodeProto,
-    producers: Mapping[str, onnx.NodeProto],
-    consumers: Mapping[str, list[onnx.NodeProto]],
+    ix: GraphIndex,
     scales: _Scales,
 ) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray, int] | str:
     """(weight DQ, int8 weight, its scale, output axis), or why it cannot be snapped."""
-    w_dq = producers.get(node.input[1])
+    w_dq = ix.producer.get(node.input[1])
     if w_dq is None or not is_dq(w_dq) or w_dq.input[0] not in scales.values:
         return "its weight is not a dequantized constant"
-    shared = [t for t in (w_dq.output[0], *node.input[2:3]) if t and len(consumers.get(t, [])) > 1]
+    shared = [t for t in (w_dq.output[0], *node.input[2:3]) if t and len(ix.consumers_of(t)) > 1]
     if shared:  # one weight scale cannot be snapped for two different ratios
         return f"{shared[0]!r} is read by several nodes"
     w = scales.values[w_dq.input[0]]
@@ -372,21 +365,20 @@ def _weight_of(
 
 def _linear_operands(
     node: onnx.NodeProto,
-    producers: Mapping[str, onnx.NodeProto],
-    consumers: Mapping[str, list[onnx.NodeProto]],
+    ix: GraphIndex,
     scales: _Scales,
 ) -> _Linear | str:
     """Everything the snapping of a linear node reads, or why it cannot be snapped."""
-    x = _act_in(node.input[0], producers, scales)
-    out = _act_out(node, consumers, scales)
-    weight = _weight_of(node, producers, consumers, scales)
+    x = _act_in(node.input[0], ix, scales)
+    out = _act_out(node, ix, scales)
+    weight = _weight_of(node, ix, scales)
     for why in (x, out, weight):
         if isinstance(why, str):
             return why
     assert not isinstance(x, str) and not isinstance(out, str) and not isinstance(weight, str)
     w_dq, w, s_w, out_axis = weight
     channels = int(w.shape[out_axis])
-    bias_dq = producers.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    bias_dq = ix.producer.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     b_int, s_b = np.zeros(channels, np.int64), np.ones(channels, np.float64)
     if bias_dq is not None:
         if not is_dq(bias_dq) or bias_dq.input[0] not in scales.values:
@@ -471,8 +463,7 @@ def _store_fine(
 
 def _snap_linear(
     node: onnx.NodeProto,
-    producers: Mapping[str, onnx.NodeProto],
-    consumers: Mapping[str, list[onnx.NodeProto]],
+    ix: GraphIndex,
     scales: _Scales,
     tie_free: int | None = None,
 ) -> SnappedScale | str:
@@ -481,7 +472,7 @@ def _snap_linear(
     ``tie_free`` = K: a biased Conv/Gemm gets ``M = mul/2^k`` with ``k ≤ K`` and an odd bias in half units
     (scale ``s_in·s_w'/2``), so every exact value is ``odd/2^(k+1)`` output LSB: at least ``2^-(k+1)`` from a half.
     """
-    lin = _linear_operands(node, producers, consumers, scales)
+    lin = _linear_operands(node, ix, scales)
     if isinstance(lin, str):
         return lin
     if tie_free is not None and lin.bias_dq is not None and lin.s_w.size == 1:
@@ -489,7 +480,7 @@ def _snap_linear(
             node,
             (lin.w, float(lin.s_w.reshape(())), lin.out_axis),
             (lin.bias_dq, lin.b_int, lin.s_b),
-            (lin.s_in, lin.in_act, lin.s_out, lin.zp_res, lin.out_q, consumers),
+            (lin.s_in, lin.in_act, lin.s_out, lin.zp_res, lin.out_q, ix),
             float(lin.m[0]),
             scales,
             tie_free,
@@ -500,27 +491,24 @@ def _snap_linear(
     return fine if isinstance(fine, str) else _store_fine(node, lin, fine, scales)
 
 
-def _set_output_scale(
-    q: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], scales: _Scales, value: float, base: str
-) -> str:
-    group = _scale_group(q, consumers, scales)
+def _set_output_scale(q: onnx.NodeProto, ix: GraphIndex, scales: _Scales, value: float, base: str) -> str:
+    group = _scale_group(q, ix, scales)
     for n in group:  # members holding an equal value under another name now name q's initializer
-        n.input[1] = q.input[1]
+        ix.set_input(n, 1, q.input[1])
     return scales.set(group, 1, np.array(value, np.float32), base)
 
 
 def _snap_gap(
     node: onnx.NodeProto,
-    producers: Mapping[str, onnx.NodeProto],
-    consumers: Mapping[str, list[onnx.NodeProto]],
+    ix: GraphIndex,
     scales: _Scales,
     shapes: Mapping[str, list[int]],
 ) -> SnappedScale | str:
     """GlobalAveragePool: M = s_in/(H·W·s_out); snap s_out."""
-    x = _act_in(node.input[0], producers, scales)
+    x = _act_in(node.input[0], ix, scales)
     if isinstance(x, str):
         return x
-    out = _act_out(node, consumers, scales)
+    out = _act_out(node, ix, scales)
     if isinstance(out, str):
         return out
     _, s_in, zp_in = x
@@ -547,22 +535,21 @@ def _snap_gap(
     else:
         return "no k on which the export and the snapping agree"
     label = node.name or node.output[0]
-    name = _set_output_scale(q, consumers, scales, s_new, f"{q.output[0]}_scale_snapped")
+    name = _set_output_scale(q, ix, scales, s_new, f"{q.output[0]}_scale_snapped")
     return SnappedScale(label, node.op_type, "output", name, k, int(mul[0]), int(mul[0]), abs(s_new - s_out) / s_out)
 
 
 def _snap_add(
     node: onnx.NodeProto,
-    producers: Mapping[str, onnx.NodeProto],
-    consumers: Mapping[str, list[onnx.NodeProto]],
+    ix: GraphIndex,
     scales: _Scales,
 ) -> SnappedScale | str:
     """Add: snap s_out so that the larger ratio s_a/s_out is odd/2^k on the export's grid (kept if both are
     integers: then nothing rounds)."""
     if len(node.input) != 2:
         return "Add needs two inputs"
-    ins = [_act_in(t, producers, scales) for t in node.input]
-    out = _act_out(node, consumers, scales)
+    ins = [_act_in(t, ix, scales) for t in node.input]
+    out = _act_out(node, ix, scales)
     for v in (*ins, out):
         if isinstance(v, str):
             return v
@@ -587,18 +574,16 @@ def _snap_add(
     else:
         return "no k on which the export and the snapping agree"
     label = node.name or node.output[0]
-    name = _set_output_scale(q, consumers, scales, s_new, f"{q.output[0]}_scale_snapped")
+    name = _set_output_scale(q, ix, scales, s_new, f"{q.output[0]}_scale_snapped")
     return SnappedScale(label, node.op_type, "output", name, k, mul, mul, abs(s_new - s_out) / s_out)
 
 
-def _clip_bounds(
-    node: onnx.NodeProto, consumers: Mapping[str, list[onnx.NodeProto]], scales: _Scales
-) -> tuple[float, float]:
+def _clip_bounds(node: onnx.NodeProto, ix: GraphIndex, scales: _Scales) -> tuple[float, float]:
     """The tightest (min, max) of the Relu/Clip chain between ``node`` and its output Q (±inf without one)."""
     lo, hi = -np.inf, np.inf
     cur = node
     while True:
-        users = consumers.get(cur.output[0], [])
+        users = ix.consumers_of(cur.output[0])
         if len(users) != 1 or users[0].op_type not in ("Relu", "Clip"):
             return lo, hi
         cur = users[0]
@@ -625,7 +610,7 @@ def _snap_linear_tie_free(
     node: onnx.NodeProto,
     weight: tuple[np.ndarray, float, int],
     bias: tuple[onnx.NodeProto, np.ndarray, np.ndarray],
-    acts: tuple[float, Activation, float, int, onnx.NodeProto, Mapping[str, list[onnx.NodeProto]]],
+    acts: tuple[float, Activation, float, int, onnx.NodeProto, GraphIndex],
     m: float,
     scales: _Scales,
     k_max: int,
@@ -639,7 +624,7 @@ def _snap_linear_tie_free(
     """
     w, s_w, out_axis = weight
     bias_dq, b_int, s_b = bias
-    s_in, in_act, s_out, zp_res, q, consumers = acts
+    s_in, in_act, s_out, zp_res, q, ix = acts
     channels = b_int.size
     fine = _choose(np.array([m]), _accumulator_bound(w, out_axis, in_act, b_int), zp_res)
     if fine is None:
@@ -650,7 +635,7 @@ def _snap_linear_tie_free(
     acc_max = np.maximum(
         _accumulator_bound(w, out_axis, in_act, half), _accumulator_bound(w, out_axis, in_act, half + 1)
     )
-    clip_lo, clip_hi = _clip_bounds(node, consumers, scales)
+    clip_lo, clip_hi = _clip_bounds(node, ix, scales)
     qp = _scalar_qparams(q, scales)
     assert qp is not None
     q_lo, q_hi = -128 - qp[1], 127 - qp[1]  # the Q's range in units of its scale
@@ -684,7 +669,7 @@ def _snap_linear_tie_free(
     if np.abs(b_new).max(initial=0) >= _INT32_LIMIT:
         return "the requantized bias overflows int32"
     label = node.name or node.output[0]
-    name = _set_output_scale(q, consumers, scales, s_out_new, f"{q.output[0]}_scale_snapped")
+    name = _set_output_scale(q, ix, scales, s_out_new, f"{q.output[0]}_scale_snapped")
     s_b_arr = np.asarray(scales.values[bias_dq.input[1]])
     scales.set([bias_dq], 1, np.full(s_b_arr.shape, b_scale, np.float32), f"{label}_b_scale_snapped")
     b_shape = scales.values[bias_dq.input[0]].shape

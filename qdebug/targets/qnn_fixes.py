@@ -1,8 +1,9 @@
 """QNN HTP compatibility rewrites, applied to the *float* model (or its config) before quantizing and compiling.
 
-Each rule is a small named function that returns what it produced plus a :class:`~qdebug.targets.base.FixReport`
-saying what it changed; :func:`apply_qnn_fixes` runs them in order. None of them touches the caller's model:
-every rewrite works on a copy. Why each exists (measured with onnxruntime-qnn 2.7.0, see ``docs/qnn.md``):
+Each rule is a small named function that returns what it produced plus a :class:`~qdebug.passes.PassReport`
+saying what it changed; :func:`apply_qnn_fixes` runs them in order (the graph rewrites through the one pass runner,
+:func:`qdebug.passes.run_passes`). None of them touches the caller's model: every rewrite works on a copy. Why
+each exists (measured with onnxruntime-qnn 2.7.0, see ``docs/qnn.md``):
 
 ``static_shapes``
     QNN needs a static shape on every tensor. With a symbolic dimension on a graph input it refuses every node
@@ -30,6 +31,7 @@ every rewrite works on a copy. Why each exists (measured with onnxruntime-qnn 2.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,22 +40,27 @@ import onnx
 
 from qdebug.config import QuantConfig, TensorOverride, make_overrides
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.graph import InputSpec, input_specs
-from qdebug.targets.base import FixReport
+from qdebug.graph import GraphIndex, InputSpec, input_specs
+from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [
     "FIX_NAMES",
+    "MODEL_FIXES",
     "FixedModel",
     "apply_qnn_fixes",
     "dynamic_tensors",
+    "fix_passes",
     "fix_static_shapes",
     "fold_batchnorm",
     "fuse_gelu",
     "layernorm_gamma_unsigned",
 ]
 
-#: The rules in the order :func:`apply_qnn_fixes` runs them.
-FIX_NAMES = ("static_shapes", "batchnorm_folding", "gelu_fusion", "layernorm_gamma_unsigned")
+#: The rules that rewrite the float model, in the order :func:`apply_qnn_fixes` runs them (:func:`fix_passes`).
+MODEL_FIXES = ("static_shapes", "batchnorm_folding", "gelu_fusion")
+_GAMMA = "layernorm_gamma_unsigned"
+#: The rules in the order :func:`apply_qnn_fixes` runs them: the model rewrites, then the config-only gamma rule.
+FIX_NAMES = (*MODEL_FIXES, _GAMMA)
 _MS_DOMAIN = "com.microsoft"
 _MAX_LISTED = 5
 #: Signed weight types whose LayerNorm gamma the HTP needs unsigned, and the type it gets instead.
@@ -67,7 +74,7 @@ class FixedModel:
 
     model: onnx.ModelProto
     config: QuantConfig | None
-    reports: tuple[FixReport, ...]
+    reports: tuple[PassReport, ...]
 
     @property
     def changed(self) -> tuple[str, ...]:
@@ -149,7 +156,7 @@ def _check_input_shapes(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[i
 
 def fix_static_shapes(
     model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
-) -> tuple[onnx.ModelProto, FixReport]:
+) -> tuple[onnx.ModelProto, PassReport]:
     """Give every dynamic graph-input dimension the value in ``input_shapes`` and infer every tensor's shape.
 
     ``input_shapes`` maps input names to full shapes (e.g. the first data sample's, or ``--input-shape``); it must
@@ -204,7 +211,7 @@ def fix_static_shapes(
     parts.append(f"{total - len(dynamic)}/{total} tensors static after {via}")
     if dynamic:
         parts.append(f"still dynamic: {_listing(dynamic)} (QNN will leave their nodes on the CPU)")
-    return inferred, FixReport("static_shapes", bool(changes or out_changes), "; ".join(parts))
+    return inferred, PassReport("static_shapes", bool(changes or out_changes), "; ".join(parts))
 
 
 def _const_array(inits: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray | None:
@@ -236,20 +243,23 @@ def _drop_dead_tensors(g: onnx.GraphProto) -> None:
     g.value_info.extend(vis)
 
 
-def _foldable(bn: onnx.NodeProto, conv: onnx.NodeProto | None, uses: Mapping[str, int], outputs: set[str]) -> bool:
+def _foldable(bn: onnx.NodeProto, conv: onnx.NodeProto | None, ix: GraphIndex) -> bool:
     """A BN directly after a single-consumer Conv, in inference mode (spatial), not at a graph output."""
     attrs = {a.name: a for a in bn.attribute}
     return not (
         conv is None
         or conv.op_type != "Conv"
-        or uses.get(conv.output[0], 0) != 1
-        or conv.output[0] in outputs
+        or ix.sole_consumer(conv.output[0]) is None
         or sum(1 for o in bn.output if o) != 1  # training mode: running statistics are outputs too
         or ("spatial" in attrs and attrs["spatial"].i == 0)
     )
 
 
-def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
+def _read_once(ix: GraphIndex, name: str) -> bool:
+    return len(ix.consumers_of(name)) == 1
+
+
+def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
     """Fold every inference-mode BatchNormalization that directly follows a Conv into that Conv.
 
     ``W' = W·s``, ``b' = (b − mean)·s + beta`` with ``s = gamma / sqrt(var + eps)`` per output channel, computed in
@@ -260,25 +270,21 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
     g = model.graph
     bns = [n for n in g.node if n.op_type == "BatchNormalization"]
     if not bns:
-        return model, FixReport("batchnorm_folding", False, "no BatchNormalization node")
+        return model, PassReport("batchnorm_folding", False, "no BatchNormalization node")
     m = _copy(model)
     g = m.graph
     inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output if o}
-    uses: dict[str, int] = {}
-    for n in g.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
-    graph_outputs = {o.name for o in g.output}
-    taken = {t.name for t in g.initializer} | set(producer) | {i.name for i in g.input}
+    # Built once, before any fold: a Conv→BN→BN chain folds only its first BN (the second's producer is a BN).
+    ix = GraphIndex(m)
+    taken = {t.name for t in g.initializer} | set(ix.producer) | {i.name for i in g.input}
     folded: list[onnx.NodeProto] = []
     left: list[str] = []
     for bn in [n for n in g.node if n.op_type == "BatchNormalization"]:
-        conv = producer.get(bn.input[0])
+        conv = ix.producer.get(bn.input[0])
         attrs = {a.name: a for a in bn.attribute}
         params = [_const_array(inits, i) for i in bn.input[1:5]]
         weight = _const_array(inits, conv.input[1]) if conv is not None and len(conv.input) > 1 else None
-        if not _foldable(bn, conv, uses, graph_outputs) or weight is None or any(p is None for p in params):
+        if not _foldable(bn, conv, ix) or weight is None or any(p is None for p in params):
             left.append(bn.name or bn.output[0])
             continue
         assert conv is not None
@@ -293,9 +299,9 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
         w_new = (weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         b_new = ((bias.astype(np.float64) - mean) * scale + beta).astype(weight.dtype)
         # A weight shared with another node keeps its value there: the folded copy gets a new name.
-        w_name = conv.input[1] if uses.get(conv.input[1], 0) == 1 else _unique(f"{conv.input[1]}_bn_folded", taken)
+        w_name = conv.input[1] if _read_once(ix, conv.input[1]) else _unique(f"{conv.input[1]}_bn_folded", taken)
         b_default = f"{conv.name or conv.output[0]}_bias"
-        b_name = conv.input[2] if has_bias and uses.get(conv.input[2], 0) == 1 else _unique(b_default, taken)
+        b_name = conv.input[2] if has_bias and _read_once(ix, conv.input[2]) else _unique(b_default, taken)
         for name, value in ((w_name, w_new), (b_name, b_new)):
             t = onnx.numpy_helper.from_array(value, name)
             if name in inits:
@@ -308,22 +314,23 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
         conv.output[0] = bn.output[0]
         folded.append(bn)
     if not folded:
-        return model, FixReport("batchnorm_folding", False, f"{len(bns)} BatchNormalization node(s), none after a Conv")
+        none = f"{len(bns)} BatchNormalization node(s), none after a Conv"
+        return model, PassReport("batchnorm_folding", False, none)
     for bn in folded:
         g.node.remove(bn)
     _drop_dead_tensors(g)
     detail = f"{len(folded)} BatchNormalization node(s) folded into the preceding Conv"
     if left:
         detail += f"; {len(left)} left (not after a single-consumer Conv with constant parameters): {_listing(left)}"
-    return m, FixReport("batchnorm_folding", True, detail)
+    return m, PassReport("batchnorm_folding", True, detail)
 
 
-def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
+def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
     """Fuse exact-erf GELU subgraphs (Div→Erf→Add→Mul→Mul, as exported by PyTorch/Keras) into ``com.microsoft``
     Gelu with ORT's own transformer fusion; Erf nodes that are not part of a GELU are left (and reported)."""
     erfs = sum(1 for n in model.graph.node if n.op_type == "Erf")
     if erfs == 0:
-        return model, FixReport("gelu_fusion", False, "no Erf node")
+        return model, PassReport("gelu_fusion", False, "no Erf node")
     from onnxruntime.transformers.fusion_gelu import FusionGelu
     from onnxruntime.transformers.onnx_model import OnnxModel
 
@@ -335,7 +342,7 @@ def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
         1 for n in model.graph.node if n.op_type == "Gelu" and n.domain == _MS_DOMAIN
     )
     if fused == 0:
-        return model, FixReport("gelu_fusion", False, f"{erfs} Erf node(s), none part of a GELU pattern")
+        return model, PassReport("gelu_fusion", False, f"{erfs} Erf node(s), none part of a GELU pattern")
     om.remove_unused_constant()
     om.topological_sort()
     out = om.model
@@ -346,7 +353,7 @@ def fuse_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FixReport]:
     detail = f"{fused} Erf GELU(s) fused into com.microsoft Gelu ({before} -> {len(out.graph.node)} nodes)"
     if left:
         detail += f"; {left} Erf node(s) are not a GELU and stay (QNN has no Erf: they run on the CPU)"
-    return out, FixReport("gelu_fusion", True, detail)
+    return out, PassReport("gelu_fusion", True, detail)
 
 
 def _type_gelu_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -381,8 +388,7 @@ def _type_gelu_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _gamma_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     """(LayerNorm gammas that are constants, gammas that are activations) in graph order, deduplicated."""
-    consts = {i.name for i in model.graph.initializer}
-    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    consts = GraphIndex(model).consts
     weights: dict[str, None] = {}
     acts: dict[str, None] = {}
     for n in model.graph.node:
@@ -391,7 +397,7 @@ def _gamma_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     return list(weights), list(acts)
 
 
-def layernorm_gamma_unsigned(model: onnx.ModelProto, config: QuantConfig) -> tuple[QuantConfig, FixReport]:
+def layernorm_gamma_unsigned(model: onnx.ModelProto, config: QuantConfig) -> tuple[QuantConfig, PassReport]:
     """With signed 8-bit weights, override every LayerNormalization gamma to unsigned 8-bit.
 
     Returns ``config`` with the overrides merged in. A gamma the config already overrides with an explicit
@@ -401,13 +407,13 @@ def layernorm_gamma_unsigned(model: onnx.ModelProto, config: QuantConfig) -> tup
     unsigned = _UNSIGNED_GAMMA.get(config.weight_type)
     if unsigned is None:
         why = "unsigned" if config.weight_type.startswith("u") else f"{config.weight_type} (not handled)"
-        return config, FixReport("layernorm_gamma_unsigned", False, f"weights are {why}; nothing to do")
+        return config, PassReport("layernorm_gamma_unsigned", False, f"weights are {why}; nothing to do")
     gammas, act_gammas = _gamma_names(model)
     if not gammas:
         detail = "no LayerNormalization with a constant gamma"
         if act_gammas:
             detail += f"; {len(act_gammas)} gamma(s) are activations, quantized like any activation"
-        return config, FixReport("layernorm_gamma_unsigned", False, detail)
+        return config, PassReport("layernorm_gamma_unsigned", False, detail)
     overrides: dict[str, tuple[TensorOverride, ...]] = config.overrides_dict
     changed: list[str] = []
     kept: list[tuple[str, str]] = []
@@ -441,7 +447,34 @@ def layernorm_gamma_unsigned(model: onnx.ModelProto, config: QuantConfig) -> tup
         signed = [g for g, t in kept if not t.startswith("u")]
         if signed:
             parts.append(f"the HTP rejects LayerNorm with a signed gamma: expect CPU fallback at {_listing(signed)}")
-    return new, FixReport("layernorm_gamma_unsigned", bool(changed), "; ".join(parts))
+    return new, PassReport("layernorm_gamma_unsigned", bool(changed), "; ".join(parts))
+
+
+def _skipped(name: str) -> Pass:
+    def run(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
+        return model, PassReport(name, False, "skipped on request", skipped=True)
+
+    return run
+
+
+def fix_passes(
+    names: Sequence[str] = MODEL_FIXES,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    skip: Sequence[str] = (),
+) -> list[Pass]:
+    """The graph-rewriting fixes ``names`` (of :data:`MODEL_FIXES`) as passes for
+    :func:`qdebug.passes.run_passes`, in the order given; a fix in ``skip`` reports itself as skipped, so a
+    manifest always lists every fix of its target. ``input_shapes`` feeds :func:`fix_static_shapes`."""
+    rules: dict[str, Pass] = {
+        "static_shapes": functools.partial(fix_static_shapes, input_shapes=input_shapes),
+        "batchnorm_folding": fold_batchnorm,
+        "gelu_fusion": fuse_gelu,
+    }
+    unknown = [n for n in names if n not in rules]
+    if unknown:
+        raise ConfigError(f"unknown model fix name(s) {unknown}; known: {list(MODEL_FIXES)}")
+    return [_skipped(n) if n in skip else rules[n] for n in names]
 
 
 def apply_qnn_fixes(
@@ -455,25 +488,18 @@ def apply_qnn_fixes(
 
     ``config=None`` means "not quantized" (fp16): the gamma rule then has nothing to do. ``input_shapes`` feeds
     :func:`fix_static_shapes`. Skipped rules are reported as such, so the manifest always lists all of them.
+    The graph rewrites run through :func:`qdebug.passes.run_passes` (timed, node counts in their reports); the
+    gamma rule, last, changes only the config.
     """
     unknown = sorted(set(skip) - set(FIX_NAMES))
     if unknown:
         raise ConfigError(f"unknown fix name(s) {unknown}; known: {list(FIX_NAMES)}")
-    reports: list[FixReport] = []
-    m, cfg = model, config
-    for name in FIX_NAMES:
-        if name in skip:
-            reports.append(FixReport(name, False, "skipped on request", skipped=True))
-            continue
-        if name == "static_shapes":
-            m, rep = fix_static_shapes(m, input_shapes)
-        elif name == "batchnorm_folding":
-            m, rep = fold_batchnorm(m)
-        elif name == "gelu_fusion":
-            m, rep = fuse_gelu(m)
-        elif cfg is None:
-            rep = FixReport(name, False, "not quantized (fp16); nothing to do")
-        else:
-            cfg, rep = layernorm_gamma_unsigned(m, cfg)
-        reports.append(rep)
-    return FixedModel(m if m is not model else _copy(m), cfg, tuple(reports))
+    m, reports = run_passes(model, fix_passes(input_shapes=input_shapes, skip=skip))
+    cfg = config
+    if _GAMMA in skip:
+        gamma = PassReport(_GAMMA, False, "skipped on request", skipped=True)
+    elif cfg is None:
+        gamma = PassReport(_GAMMA, False, "not quantized (fp16); nothing to do")
+    else:
+        cfg, gamma = layernorm_gamma_unsigned(m, cfg)
+    return FixedModel(m if m is not model else _copy(m), cfg, (*reports, gamma))
