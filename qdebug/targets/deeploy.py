@@ -240,23 +240,15 @@ class DeeployTarget(TargetBase):
         self, model: onnx.ModelProto, config: QuantConfig | None, options: BuildOptions, shapes: ShapeSource
     ) -> Prepared:
         """Static shapes (Deeploy's buffers are static) and BatchNorm folding (it has no BatchNormalization)."""
-        from qdebug.passes import PassReport
-        from qdebug.targets.qnn_fixes import fix_static_shapes, fold_batchnorm
+        from qdebug.passes import run_passes
+        from qdebug.targets.qnn_fixes import fix_passes
 
-        reports: list[PassReport] = []
-        m = model
-        for name in DEEPLOY_FIXES:
-            if name in options.skip_fixes:
-                reports.append(PassReport(name, False, "skipped on request", skipped=True))
-                continue
-            if name == "static_shapes":
-                given, source = shapes_for(m, shapes)
-                m, rep = fix_static_shapes(m, given)
-                if rep.changed:
-                    rep = replace(rep, detail=f"{rep.detail} (shapes {source})")
-            else:
-                m, rep = fold_batchnorm(m)
-            reports.append(rep)
+        given, source = shapes_for(model, shapes)
+        m, reports = run_passes(model, fix_passes(DEEPLOY_FIXES, input_shapes=given, skip=options.skip_fixes))
+        reports = tuple(
+            replace(r, detail=f"{r.detail} (shapes {source})") if r.name == "static_shapes" and r.changed else r
+            for r in reports
+        )
         if m is model:
             m = onnx.ModelProto()
             m.CopyFrom(model)
