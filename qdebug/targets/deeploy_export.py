@@ -3,7 +3,7 @@
 The export is a list of small named passes (:data:`PASSES`) over one mutable :class:`GraphState`; each can be
 listed, run alone in a test, or disabled by name. :func:`export` runs them through the one pass runner
 (:func:`qdebug.passes.run_passes`), each adapted to the ``model -> (model, PassReport)`` signature. The contract
-they target is Deeploy's integer network (``/work/shared/facts/deeploy.md``): integer
+they target is Deeploy's integer network (docs/deeploy.md): integer
 Conv/Gemm/MatMul/Add/MaxPool/Reshape/Flatten, each accumulator brought back to 8 bits by
 ``RequantShift(x, mul, add)`` with ``y = clip(floor((x·mul + add + div/2) / div), lo, hi)``.
 

@@ -1,8 +1,8 @@
 """Browser-test infrastructure: Debian's chromium driven by Playwright, servers (JupyterLab, Voila) on a free
 127.0.0.1 port, screenshots under ``test-output/screenshots/``.
 
-Measured facts behind every choice here: ``/work/shared/facts/ui_testing.md`` (never let Playwright download a
-browser; abort every non-local request; wait for ports and selectors, never sleep; stop servers with SIGTERM).
+The rules behind every choice here (measured on this kind of machine): never let Playwright download a browser;
+abort every non-local request; wait for ports and selectors, never sleep; stop servers with SIGTERM.
 
 Helpers are plain functions so other browser tests import them (``from browser.conftest import serve, ...``):
 :func:`free_port`, :func:`serve`, :func:`start_voila`, :func:`start_jupyterlab`, :func:`assert_no_page_errors`.
