@@ -394,3 +394,57 @@ def test_model_fixes_run_through_the_one_pass_runner() -> None:
     assert len(out.graph.node) == len(model.graph.node) - 2
     with pytest.raises(ConfigError, match="unknown model fix"):
         fix_passes(("layernorm_gamma_unsigned",))
+
+
+def range_model() -> onnx.ModelProto:
+    """``y = x + Range(0, N)[:, None]`` with ``x: [N, 4]`` dynamic — the shape arithmetic detectors carry."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Range", ["start", "n", "one"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["rf", "ax1"], ["ru"]),
+        helper.make_node("Add", ["x", "ru"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("zero", 0), ("start", 0), ("one", 1))] + [
+        numpy_helper.from_array(np.array([1], np.int64), "ax1")
+    ]
+    g = helper.make_graph(
+        nodes,
+        "range",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_static_shapes_fold_the_shape_arithmetic() -> None:
+    import onnxruntime as ort
+
+    from qdebug.targets.qnn_fixes import fix_static_shapes
+
+    m = range_model()
+    fixed, rep = fix_static_shapes(m, {"x": [3, 4]})
+    assert [n.op_type for n in fixed.graph.node] == ["Add"] and "5 node(s) of shape arithmetic folded" in rep.detail
+    x = np.random.default_rng(0).random((3, 4), dtype=np.float32)
+    before = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    after = ort.InferenceSession(fixed.SerializeToString()).run(None, {"x": x})[0]
+    assert np.array_equal(before, after)
+    assert [n.op_type for n in m.graph.node][2] == "Range"  # the input model is untouched
+
+
+def test_folded_shape_arithmetic_compiles_to_one_partition(tmp_path: Path) -> None:
+    require_qnn()
+    from qdebug.build import build
+    from qdebug.targets.base import BuildOptions
+
+    path = tmp_path / "range.onnx"
+    onnx.save(range_model(), str(path))
+    res = build(path, tmp_path / "out", BuildOptions("qnn", "uint8", input_shapes={"x": [3, 4]}, debug_samples=2))
+    c = res.manifest.compile
+    assert c.single_partition and c.cpu_nodes == 0, c

@@ -40,7 +40,7 @@ import onnx
 
 from qdebug.config import QuantConfig, TensorOverride, make_overrides
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.graph import GraphIndex, InputSpec, input_specs
+from qdebug.graph import GraphIndex, InputSpec, input_specs, topological_nodes
 from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [
@@ -197,7 +197,7 @@ def fix_static_shapes(
     del m.graph.value_info[:]
     m.graph.value_info.extend(keep)
 
-    inferred = _infer(m)
+    inferred, n_folded = fold_constants(_infer(m))
     dynamic = dynamic_tensors(inferred)
     via = "ONNX shape inference"
     if dynamic:
@@ -209,9 +209,11 @@ def fix_static_shapes(
     if out_changes:
         parts.append(f"output shapes re-inferred for {_listing(out_changes)}")
     parts.append(f"{total - len(dynamic)}/{total} tensors static after {via}")
+    if n_folded:
+        parts.append(f"{n_folded} node(s) of shape arithmetic folded into constants")
     if dynamic:
         parts.append(f"still dynamic: {_listing(dynamic)} (QNN will leave their nodes on the CPU)")
-    return inferred, PassReport("static_shapes", bool(changes or out_changes), "; ".join(parts))
+    return inferred, PassReport("static_shapes", bool(changes or out_changes or n_folded), "; ".join(parts))
 
 
 def _const_array(inits: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray | None:
@@ -503,3 +505,91 @@ def apply_qnn_fixes(
     else:
         cfg, gamma = layernorm_gamma_unsigned(m, cfg)
     return FixedModel(m if m is not model else _copy(m), cfg, (*reports, gamma))
+
+
+#: A folded constant larger than this many elements stays a node: folding is for shape arithmetic, and a large
+#: folded tensor (e.g. ConstantOfShape) would only make the model bigger.
+FOLD_MAX_ELEMENTS = 1 << 20
+_NOT_FOLDED = frozenset(
+    {"Constant", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
+
+
+def _static_dims(model: onnx.ModelProto) -> dict[str, list[int]]:
+    g = model.graph
+    return {vi.name: [int(d) for d in _dims(vi)] for vi in [*g.input, *g.value_info, *g.output] if _is_static(vi)}
+
+
+def _eval_node(
+    node: onnx.NodeProto, values: Mapping[str, np.ndarray], opsets: Sequence[onnx.OperatorSetIdProto]
+) -> list[np.ndarray]:
+    """One node evaluated by ONNX's reference implementation at the model's opsets."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(values[n].dtype), values[n].shape)
+        for n in node.input
+        if n
+    ]
+    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output]
+    m = helper.make_model(helper.make_graph([node], "fold", ins, outs), opset_imports=list(opsets))
+    return [np.asarray(v) for v in ReferenceEvaluator(m).run(None, {n: values[n] for n in node.input if n})]
+
+
+def _foldable_value(
+    node: onnx.NodeProto,
+    values: Mapping[str, np.ndarray],
+    dims: Mapping[str, list[int]],
+    opsets: Sequence[onnx.OperatorSetIdProto],
+) -> list[np.ndarray] | None:
+    """The node's outputs if they are constants: a Shape of a static tensor, or a deterministic default-domain op
+    whose inputs are all constants (``None``: not foldable)."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED:
+        return None
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return None
+    if node.op_type == "Shape" and node.input[0] in dims:
+        shape = np.array(dims[node.input[0]], dtype=np.int64)
+        a = {x.name: x.i for x in node.attribute}
+        return [shape[a.get("start", 0) : a.get("end")]]
+    if not node.input or not all(not i or i in values for i in node.input):
+        return None
+    try:
+        out = _eval_node(node, values, opsets)
+    except Exception:  # an op the reference implementation cannot run here: leave it to ORT
+        return None
+    return out if all(v.size <= FOLD_MAX_ELEMENTS for v in out) else None
+
+
+def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Fold the shape arithmetic a static-shape model no longer needs (``Shape`` of static tensors and every
+    deterministic node whose inputs are then constant, e.g. ``Range``) into initializers, as ORT's
+    ``quant_pre_process`` does. QNN refuses nodes such as ``Range`` with non-constant inputs, which split the HTP
+    graph. Returns the new model and the number of nodes folded."""
+    m = _copy(model)
+    g = m.graph
+    values: dict[str, np.ndarray] = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
+    values |= {
+        n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t)
+        for n in g.node
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+    }
+    dims, outputs = _static_dims(m), {o.name for o in g.output}
+    folded: list[onnx.NodeProto] = []
+    for node in topological_nodes(g):
+        if any(o in outputs for o in node.output):
+            continue
+        out = _foldable_value(node, values, dims, m.opset_import)
+        if out is None:
+            continue
+        for name, v in zip(node.output, out, strict=True):
+            values[name] = v
+            g.initializer.append(onnx.numpy_helper.from_array(v, name))
+        folded.append(node)
+    if not folded:
+        return model, 0
+    for node in folded:
+        g.node.remove(node)
+    _drop_dead_tensors(g)
+    return _infer(m), len(folded)
