@@ -434,3 +434,15 @@ def test_promote_recompile_on_the_fixed_transformer(
     evaluation = session.evaluate(session.promote([s.tensor_name for s in session.suggest(2)]), name="p2")
     result = session.recompile(evaluation)
     assert result.ok and result.compile.single_partition, result.compile
+
+
+def test_without_a_soc_16bit_weights_compile_for_a_soc_that_runs_them(qnn: None, tmp_path: Path) -> None:
+    """QNN's recipe makes some weights 16-bit at uint16 activations; the default SoC (HTP v68) cannot run them, so
+    the build picks the oldest SoC that can, says so, and checks the model on that SoC."""
+    res = build(TRANSFORMER, tmp_path / "out", BuildOptions("qnn", "uint16", debug_samples=2), data=CALIB)
+    m = res.manifest
+    assert m.compile.ok and m.compile.device == "SM8550 (HTP v73)"
+    assert any("16-bit weights" in w and "SM8550" in w for w in m.warnings), m.warnings
+    assert m.target_details["compiled_soc"] == "SM8550"
+    assert m.target_accuracy is not None and m.target_accuracy.device == "SM8550 (HTP v73)"
+    assert BuildManifest.from_dict(m.to_dict()) == m

@@ -462,9 +462,9 @@ def _check_compilable(model: onnx.ModelProto, path: Path, options: QnnOptions) -
         )
 
 
-def _hints(model: onnx.ModelProto, options: QnnOptions) -> list[str]:
-    """Known causes of failure worth saying up front (they come back as vague backend errors)."""
-    hints: list[str] = []
+def has_16bit_weights(model: onnx.ModelProto) -> bool:
+    """Whether a QDQ model dequantizes a 16-bit constant (QNN's recipe makes some weights 16-bit at uint16
+    activations); the HTP runs those from v73 on."""
     consts = constant_values(model)
     sixteen = {onnx.TensorProto.INT16, onnx.TensorProto.UINT16}
 
@@ -473,9 +473,17 @@ def _hints(model: onnx.ModelProto, options: QnnOptions) -> list[str]:
             return int(c.data_type)
         return next((int(a.t.data_type) for a in c.attribute if a.name == "value"), 0)
 
-    if int(options.htp_arch[1:]) < 73 and any(
-        is_dq(n) and n.input[0] in consts and dtype(consts[n.input[0]]) in sixteen for n in model.graph.node
-    ):
+    return any(is_dq(n) and n.input[0] in consts and dtype(consts[n.input[0]]) in sixteen for n in model.graph.node)
+
+
+#: The SoC a build compiles for when no --soc is given but the model needs HTP v73 (the oldest SoC that has it).
+V73_SOC = "SM8550"
+
+
+def _hints(model: onnx.ModelProto, options: QnnOptions) -> list[str]:
+    """Known causes of failure worth saying up front (they come back as vague backend errors)."""
+    hints: list[str] = []
+    if int(options.htp_arch[1:]) < 73 and has_16bit_weights(model):
         newer = ", ".join(k for k, (_, arch) in SOC_MODELS.items() if int(arch[1:]) >= 73)
         hints.append(
             f"the model has 16-bit weights, which need HTP v73 or newer (soc {newer}); "
@@ -1190,6 +1198,13 @@ def compiled_top1(
     return hits / len(source)
 
 
+def _compiled_options(job: CompileJob, compiled: Compiled) -> QnnOptions:
+    """The options the model was compiled with (the SoC may have been chosen by :meth:`QnnTarget.compile`)."""
+    opts = qnn_options(job.options)
+    soc = compiled.manifest.get("compiled_soc")
+    return replace(opts, soc=soc) if soc and soc != opts.soc else opts
+
+
 class QnnTarget(TargetBase):
     """The ``qnn`` target: QNN HTP through onnxruntime-qnn (EPContext; the HTP simulator on x86)."""
 
@@ -1270,17 +1285,25 @@ class QnnTarget(TargetBase):
 
     def compile(self, job: CompileJob) -> Compiled:
         """EPContext with QNN (in a worker process; its verbose log is the report's source)."""
-        _usable()
-        opts = qnn_options(job.options)
-        job.progress(f"compiling for QNN {opts.device_label()}")
-        report = compile_qnn(job.model, job.out_dir, opts, name=job.stem)
         from importlib.metadata import version
 
-        return Compiled(report, manifest={"onnxruntime_qnn_version": version("onnxruntime-qnn")})
+        _usable()
+        opts, warnings = qnn_options(job.options), []
+        if opts.soc is None and has_16bit_weights(load_model(job.model, "QDQ model")):
+            # The default SoC (HTP v68) cannot run 16-bit weights: compile for one that can, and say so.
+            opts = replace(opts, soc=V73_SOC)
+            warnings.append(
+                f"no --soc given and the QDQ model has 16-bit weights, which the default SoC (HTP {DEFAULT_HTP_ARCH}) "
+                f"cannot run: compiled for {opts.device_label()}, the oldest SoC that can; pass --soc to choose"
+            )
+        job.progress(f"compiling for QNN {opts.device_label()}")
+        report = compile_qnn(job.model, job.out_dir, opts, name=job.stem)
+        manifest = {"onnxruntime_qnn_version": version("onnxruntime-qnn"), "compiled_soc": opts.soc}
+        return Compiled(report, manifest=manifest, warnings=tuple(warnings))
 
     def check(self, job: CompileJob, compiled: Compiled) -> TargetAccuracy | None:
         """The HTP simulator against CPU QDQ and float, per output and (probe) per tensor; fp16: vs float only."""
-        opts = qnn_options(job.options)
+        opts = _compiled_options(job, compiled)
         compiled_path = Path(compiled.report.compiled_model or "")
         job.progress(f"running the HTP simulator on {len(job.samples)} samples")
         if job.qdq_model is None:
@@ -1305,7 +1328,7 @@ class QnnTarget(TargetBase):
         assert job.float_model is not None
         model = load_model(job.float_model, "float model")
         path = Path(compiled.report.compiled_model or "")
-        return compiled_top1(path, eval_data, job.options.label_key, model, qnn_options(job.options))
+        return compiled_top1(path, eval_data, job.options.label_key, model, _compiled_options(job, compiled))
 
     def describe(self, report: CompileReport) -> list[str]:
         """Partitions, nodes on the HTP, CPU fallback, context size, compile time."""
