@@ -51,6 +51,8 @@ class QuantizeResult:
     qdq_seconds: float
     num_calibration_samples: int
     reused_calibration: bool = False
+    #: what quantize did on its own to keep the model sound (e.g. nodes left in float next to a non-finite constant)
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with ``schema_version``."""
@@ -64,6 +66,7 @@ class QuantizeResult:
         """Inverse of :meth:`to_dict`."""
         kw = {k: v for k, v in d.items() if k != "schema_version"}
         kw["config"] = QuantConfig.from_dict(kw["config"])
+        kw["warnings"] = tuple(kw.get("warnings", ()))
         return cls(**kw)
 
     def to_json(self) -> str:
@@ -137,6 +140,35 @@ def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
     )
     calibrator.collect_data(ort_cfg.calibration_data_reader)
     return calibrator.compute_data()
+
+
+def _nonfinite_consumers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str]]:
+    """Nodes that read a constant holding NaN/±inf (e.g. a ``-inf`` fed into ``Max``): quantizing such a constant
+    gives it an infinite scale and wrecks every tensor after it, so these nodes stay in float. Returns the model
+    (a copy whose such nodes all have names, since ORT excludes nodes by name), their names and what was done."""
+    from qdebug.graph import GraphIndex, decode_constant
+
+    index = GraphIndex(model)
+    bad = {n for n, c in index.consts.items() if not np.isfinite(decode_constant(c).astype(np.float64)).all()}
+    readers = [n for n in index.nodes if n.op_type != "Constant" and any(i in bad for i in n.input)]
+    if not readers:
+        return model, [], []
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    taken = {n.name for n in m.graph.node}
+    names = []
+    for k, node in enumerate(m.graph.node):
+        if node.op_type != "Constant" and any(i in bad for i in node.input):
+            if not node.name:
+                node.name = next(
+                    f"qdebug_float_{k}_{j}" for j in range(1 << 20) if f"qdebug_float_{k}_{j}" not in taken
+                )
+            names.append(node.name)
+    note = (
+        f"{len(names)} node(s) read a constant holding NaN/Inf ({', '.join(sorted(bad))}) and stay in float: "
+        f"{', '.join(names[:5])}{' …' if len(names) > 5 else ''} (an infinite constant would get an infinite scale)"
+    )
+    return m, names, [note]
 
 
 def _utf8(text: str) -> bool:
@@ -249,6 +281,10 @@ def quantize(
     with _quiet_ort(), tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
         model, model_path = _load_float(float_model, work)
+        model, keep_float, notes = _nonfinite_consumers(model)
+        if keep_float:  # quantize the named copy
+            model_path = work / "float.onnx"
+            onnx.save_model(model, str(model_path))
         if output is None:
             output = Path(tempfile.mkdtemp(prefix="qdebug-")) / "model.qdq.onnx"
         out = Path(output)
@@ -268,6 +304,7 @@ def quantize(
             input_shapes=input_shapes,
         )
         ort_cfg = to_ort_config(cfg, model_path, as_ort_reader(source))
+        ort_cfg.nodes_to_exclude = [*(ort_cfg.nodes_to_exclude or []), *keep_float]
         try:
             # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
             with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -290,4 +327,5 @@ def quantize(
         qdq_seconds=round(qdq_s, 4),
         num_calibration_samples=len(source),
         reused_calibration=reuse,
+        warnings=tuple(notes),
     )

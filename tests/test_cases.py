@@ -255,9 +255,21 @@ def test_nan_and_inf_inside_tensors_are_flagged(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ (i) −inf constant feeding a Max
 @pytest.mark.filterwarnings("ignore::RuntimeWarning:onnxruntime")  # ORT's own scale computation on −inf
 def test_neg_inf_constant_into_max_is_localised(tmp_path: Path) -> None:
-    fp = save(builders.max_with_neg_inf(), tmp_path / "f.onnx")
+    # The broken model as ONNX Runtime's own recipe writes it (qdebug.quantize now keeps the -inf constant's
+    # reader in float, tests/test_output_guard.py): the debugger must localise the damage it does.
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize as ort_quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from qdebug.data import as_ort_reader, open_data
+    from qdebug.graph import input_specs
+
+    model = builders.max_with_neg_inf()
+    fp = save(model, tmp_path / "f.onnx")
     qp = tmp_path / "q.onnx"
-    quantize(fp, None, QuantConfig(activation_type="uint16", weight_type="uint8", target="qnn", num_samples=8), qp)
+    reader = as_ort_reader(open_data(None, input_specs(model), num_samples=8))
+    cfg = get_qnn_qdq_config(str(fp), reader, activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8)
+    ort_quantize(str(fp), str(qp), cfg)
     report = debug(fp, qp, None, DebugOptions(num_samples=4))
     ninf = next(w for w in report.weights if w.weight_name == "ninf")
     assert ninf.weight_status == "nonfinite" and ninf.weight_sqnr_db is None

@@ -211,3 +211,24 @@ def test_paths_that_are_not_utf8_work(run_cli, tmp_path: Path, files: dict[str, 
     assert r.code == 0, r.stderr
     r = run_cli("debug", "-f", odd, "-q", out, "--samples", "2", "-o", tmp_path / "r.json")
     assert r.code == 0, r.stderr
+
+
+def test_a_non_finite_constant_stays_out_of_quantization(run_cli, tmp_path: Path) -> None:
+    """A graph that feeds a -inf constant into Max: quantizing the constant gave it an infinite scale (output
+    SQNR -20 dB, exit 0). Its reader stays in float, quantize says so, and the model is sound."""
+    import onnx
+
+    from qdebug.debug import DebugOptions, debug
+    from qdebug.graph import qdq_parameter_problems
+
+    m = builders.max_with_neg_inf()
+    for n in m.graph.node:
+        n.name = ""  # unnamed nodes (as many exporters write them) are excluded too
+    f = save(m, tmp_path / "f.onnx")
+    q = tmp_path / "q.onnx"
+    r = run_cli("quantize", "-f", f, "--samples", "8", "-o", q)
+    assert r.code == 0, r.stderr
+    assert "stay in float" in r.stderr and "ninf" in r.stderr
+    assert qdq_parameter_problems(onnx.load(str(q))) == []
+    rep = debug(f, q, None, DebugOptions(num_samples=4))
+    assert rep.min_output_sqnr_db is not None and rep.min_output_sqnr_db > 20

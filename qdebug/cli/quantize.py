@@ -112,6 +112,8 @@ class Quantize(Tool):
         )
         if ofile is not None:
             print(f"  tensor overrides: {len(ofile.overrides)} tensor(s) from {args.overrides}", file=out)
+        for w in result.warnings:
+            warn(w)
         return EXIT_OK
 
 
