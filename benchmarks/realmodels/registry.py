@@ -379,3 +379,23 @@ def measure(path: Path) -> ModelFacts:
     opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 0)
     producer = f"{m.producer_name} {m.producer_version}".strip()
     return ModelFacts(len(m.graph.node), opset, m.ir_version, producer, inputs)
+
+
+def main() -> int:
+    """Print the coverage (item → models), licences and the CI subset; exit 1 when an item has no model."""
+    reg = load_registry()
+    for item in Coverage:
+        names = [m.name for m in reg.models if item in m.covers]
+        print(f"{item:24} {', '.join(names) or 'NONE'}")
+    print()
+    for m in reg.models:
+        print(f"{m.name:16} {m.requirement:44} {m.licence}")
+    ci = reg.select(ci=True)
+    ci_mb = sum(m.size for m in ci) / 1e6
+    ci_wheels = sum({m.wheel: m.wheel_size for m in ci}.values()) / 1e6
+    print(f"\nCI subset: {', '.join(m.name for m in ci)} ({ci_mb:.1f} MB of models, {ci_wheels:.1f} MB of wheels)")
+    return 1 if reg.uncovered() else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
