@@ -102,14 +102,16 @@ def count_quantized_nodes(model: onnx.ModelProto) -> tuple[int, int, int]:
     return quantized, len(compute), len(model.graph.node) - len(compute)
 
 
-def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
-    """ORT's calibration exactly as ``quantize_static`` runs it, returning its ``TensorsData``."""
-    from onnxruntime.quantization.calibrate import create_calibrator
+def _ort_model(model_path: Path, ort_cfg: Any, work: Path) -> Path:
+    """The model ORT's quantizer really works on, as a file both phases read.
+
+    ``quantize_static`` first raises the opset where the types need it (16-bit Q/DQ: opset 21) with ONNX's version
+    converter, which may add and rename tensors (Softmax-12 becomes Flatten → Softmax → Reshape around
+    ``<name>_intermediate``). Calibrating that converted model makes the cached ranges name every tensor the
+    quantizer touches; a cache made at another opset is translated by :func:`_cache_for`."""
     from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
-    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     extra = ort_cfg.extra_options or {}
-    op_types = ort_cfg.op_types_to_quantize or sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
     model = load_model_with_shape_infer(model_path)
     updated = update_opset_version(
         model,
@@ -118,10 +120,71 @@ def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
         tensor_quant_overrides=extra.get("TensorQuantOverrides"),
         block_size=extra.get("BlockSize", 0),
     )
+    if updated is model:
+        return model_path
+    path = work / "opset_updated.onnx"
+    onnx.save_model(updated, str(path), save_as_external_data=True)
+    return path
+
+
+def _op_types(ort_cfg: Any) -> list[str]:
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return list(ort_cfg.op_types_to_quantize or sorted(set(QLinearOpsRegistry) | set(QDQRegistry)))
+
+
+#: ops whose output holds exactly the values of their first input (same min/max/histogram), so a calibrated range
+#: crosses them unchanged in either direction
+_VALUE_PRESERVING = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+
+
+def _cache_for(cache: Path, model_path: Path, ort_cfg: Any, work: Path) -> Path | None:
+    """A calibration cache naming every tensor ORT will calibrate in ``model_path``, from the ranges in ``cache``.
+
+    Tensors the cache lacks (made by an opset conversion) take the range of the tensor they are a reshaped or
+    transposed view of, exactly what calibrating them would give. ``cache`` itself when nothing is missing; a
+    translated copy in ``work``; ``None`` when a missing tensor has no such twin (the caller re-calibrates)."""
+    from types import SimpleNamespace
+
+    from onnxruntime.quantization.calibrate import CalibraterBase, load_tensors_data, save_tensors_data
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
+
+    model = load_model_with_shape_infer(model_path)
+    # ORT's own rule for which tensors calibration covers (float/float16 activations of the quantized op types).
+    needed, _ = CalibraterBase.select_tensors_to_calibrate(
+        SimpleNamespace(op_types_to_calibrate=_op_types(ort_cfg)),
+        model,
+    )
+    ranges = load_tensors_data(cache)
+    missing = {t for t in needed if t not in ranges}
+    if not missing:
+        return cache
+    data = dict(ranges.data)
+    views = [(n.input[0], n.output[0]) for n in model.graph.node if n.op_type in _VALUE_PRESERVING and n.input]
+    changed = True
+    while missing and changed:  # a chain of views (e.g. Flatten then Reshape) resolves over several rounds
+        changed = False
+        for a, b in views:
+            for src, dst in ((a, b), (b, a)):
+                if dst in missing and src in data:
+                    data[dst] = data[src]
+                    missing.discard(dst)
+                    changed = True
+    if missing:
+        return None
+    translated = work / "calibration.translated.json"
+    save_tensors_data(type(ranges)(ranges.calibration_method, data), translated)
+    return translated
+
+
+def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
+    """ORT's calibration exactly as ``quantize_static`` runs it (on the model of :func:`_ort_model`), returning its
+    ``TensorsData``."""
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    extra = ort_cfg.extra_options or {}
+    op_types = _op_types(ort_cfg)
     calib_input = model_path
-    if updated is not model:
-        calib_input = work / "opset_updated.onnx"
-        onnx.save_model(updated, str(calib_input), save_as_external_data=True)
     calib_keys = {
         "CalibTensorRangeSymmetric": "symmetric",
         "CalibMovingAverage": "moving_average",
@@ -309,8 +372,17 @@ def quantize(
             # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                calib_s = 0.0 if reuse else _calibration(model_path, ort_cfg, work, cache, label)
-                qdq_s = _insert_qdq(model_path, ort_cfg, cache, out, label)
+                ort_model = _ort_model(model_path, ort_cfg, work)
+                calib_s, ranges = 0.0, _cache_for(cache, ort_model, ort_cfg, work) if reuse else None
+                if ranges is None:  # calibrate (again, when the cache cannot name this model's tensors)
+                    ranges = work / "calibration.json" if reuse else cache
+                    calib_s = _calibration(ort_model, ort_cfg, work, ranges, label)
+                    if reuse:
+                        notes.append(
+                            f"the calibration ranges in {cache} do not cover every tensor of this quantization "
+                            "(an opset conversion made new ones); calibrated again"
+                        )
+                qdq_s = _insert_qdq(ort_model, ort_cfg, ranges, out, label)
         except BaseException:
             if not reuse:  # a failed quantization leaves no calibration ranges behind
                 cache.unlink(missing_ok=True)
@@ -326,6 +398,6 @@ def quantize(
         calibration_seconds=round(calib_s, 4),
         qdq_seconds=round(qdq_s, 4),
         num_calibration_samples=len(source),
-        reused_calibration=reuse,
+        reused_calibration=reuse and calib_s == 0.0,
         warnings=tuple(notes),
     )

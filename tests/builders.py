@@ -417,3 +417,21 @@ def neg_inf_weight() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     ]
     q = _model(qnodes, [value_info("x", [1, 8])], [value_info("y", [1, 8])], inits)
     return f, q
+
+
+def opset12_attention(seed: int = 0) -> onnx.ModelProto:
+    """Opset-12 scores → Softmax(axis=1) → MatMul: raising it to opset 21 (16-bit Q/DQ) makes ONNX's version
+    converter wrap the Softmax in Flatten/Reshape around a new ``<name>_intermediate`` tensor (Softmax-13 changed the
+    meaning of ``axis``), which a calibration at opset 12 never saw — as on paddle2onnx's models, whose Softmax
+    inputs have no static rank."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["scores"], name="scores_mm"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=1),
+        helper.make_node("MatMul", ["probs", "Wv"], ["y"], name="out_mm"),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "Wq"),
+        numpy_helper.from_array(rng.standard_normal((6, 4)).astype(np.float32), "Wv"),
+    ]
+    return _model(nodes, [value_info("x", [1, 3, 8])], [value_info("y", [1, 3, 4])], inits, opset=12)

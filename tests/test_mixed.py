@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import builders
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -501,3 +502,68 @@ def test_suggestion_to_dict_is_json(session: MixedPrecisionSession) -> None:
     s: Suggestion = session.suggest(1)[0]
     d = json.loads(json.dumps(s.to_dict(), allow_nan=False))
     assert d["rank"] == 1 and d["tensor_name"] == s.tensor_name and d["role"] == "originator"
+
+
+def test_requantize_to_16_bit_after_an_opset_conversion(tmp_path: Path) -> None:
+    """Regression (ppocrv4-rec): a cache calibrated at opset 12 lacks the tensors ONNX's version converter makes
+    when 16-bit types raise the opset to 21 (``probs_intermediate``); ORT's quantizer crashed on them. The cache is
+    translated through the value-preserving views, and the result equals a fresh calibration's model."""
+    model = tmp_path / "att.onnx"
+    onnx.save(builders.opset12_attention(), model)
+    data = {"x": np.random.default_rng(3).standard_normal((8, 1, 3, 8)).astype(np.float32)}
+    base = quantize(model, data, QuantConfig(), tmp_path / "base.onnx")
+    cache_before = Path(base.calibration_cache).read_bytes()
+    u16 = QuantConfig(activation_type="uint16")
+    reused = quantize(model, data, u16, tmp_path / "reused.onnx", calibration_cache=base.calibration_cache)
+    assert reused.reused_calibration and reused.calibration_seconds == 0 and reused.warnings == ()
+    assert Path(base.calibration_cache).read_bytes() == cache_before  # the user's cache is read, never rewritten
+    fresh = quantize(model, data, u16, tmp_path / "fresh.onnx")
+    assert Path(reused.model_path).read_bytes() == Path(fresh.model_path).read_bytes()
+    names = {o for n in onnx.load(reused.model_path).graph.node for o in n.output}
+    assert "probs_intermediate" in names  # the converter really made the tensor the old cache lacked
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["att.onnx", "base.onnx", "base.calib.json", "reused.onnx", "fresh.onnx", "fresh.calib.json"]
+    )
+
+
+def test_requantize_calibrates_again_when_the_cache_lacks_a_tensor(tmp_path: Path) -> None:
+    """A cache that cannot name a tensor ORT calibrates (here: an entry removed) is not trusted: quantize calibrates
+    again into its own temp folder, says so, leaves the user's cache untouched and gives the fresh model."""
+    model = tmp_path / "att.onnx"
+    onnx.save(builders.opset12_attention(), model)
+    data = {"x": np.random.default_rng(3).standard_normal((8, 1, 3, 8)).astype(np.float32)}
+    base = quantize(model, data, QuantConfig(), tmp_path / "base.onnx")
+    raw = json.loads(Path(base.calibration_cache).read_text())
+    del raw["data"]["scores"]
+    partial = tmp_path / "partial.calib.json"
+    partial.write_text(json.dumps(raw))
+    before = partial.read_bytes()
+    again = quantize(model, data, QuantConfig(), tmp_path / "again.onnx", calibration_cache=partial)
+    assert (
+        not again.reused_calibration
+        and again.calibration_seconds > 0
+        and len(again.warnings) == 1
+        and str(partial) in again.warnings[0]
+    )
+    assert partial.read_bytes() == before
+    assert Path(again.model_path).read_bytes() == Path(base.model_path).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["att.onnx", "base.onnx", "base.calib.json", "partial.calib.json", "again.onnx"]
+    )
+
+
+def test_search_candidates_cover_every_quantized_tensor(session: MixedPrecisionSession) -> None:
+    """The last prefix of the search is every 8-bit tensor, views with no rounding of their own included (on the
+    OCR transformer, Transpose/Slice left in 8 bits after promoted MatMuls kept "everything" far from all-16-bit)."""
+    from qdebug.mixed.search import _candidates
+
+    base = session.base.report
+    order = _candidates(session.base, (), 1 << 30)
+    eight_bit = {a.tensor_name for a in base.activations if a.quantized and not (a.quant_type or "").endswith("16")}
+    assert set(order) == eight_bit and len(order) == len(eight_bit)
+    ranked = {s.tensor_name for s in analyse(base)}
+    last_ranked = max(i for i, t in enumerate(order) if t in ranked)
+    tail = order[last_ranked + 1 :]  # the rest come after every ranked one, in graph order
+    assert tail and not ranked & set(tail)
+    topo = {a.tensor_name: a.topo_index for a in base.activations}
+    assert [topo[t] for t in tail] == sorted(topo[t] for t in tail)

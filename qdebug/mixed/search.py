@@ -197,6 +197,12 @@ def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
                     add(i)
     for s in ranked:
         add(s.tensor_name)
+    # Then every other quantized 8-bit tensor, in graph order: views with no rounding of their own (Transpose,
+    # Slice, Reshape after a promoted MatMul) are not ranked, yet left in 8 bits they re-quantize what their
+    # promoted producer computed — "every candidate" must mean every tensor, or the last prefix is not all-16-bit.
+    for a in sorted(ev.report.activations, key=lambda a: a.topo_index):
+        if a.quantized and not (a.quant_type or "").endswith("16"):
+            add(a.tensor_name)
     return out
 
 
