@@ -75,12 +75,32 @@ class QuantizeResult:
 
 
 class _DropOrtAdvice(logging.Filter):
-    """ORT logs a pre-processing advice on every call; it is noise for qdebug's users."""
+    """ORT logs a pre-processing advice on every call, and one warning per bias that is not an initializer (a real
+    model can have dozens): noise on the user's terminal. The advice is dropped; the biases are collected for one
+    note in the result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.float_biases: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
+        if msg.startswith("Expected bias '") and msg.endswith("' to be an initializer"):
+            self.float_biases.append(msg.split("'")[1])
+            return False
         # Both are advice the user cannot act on here: qdebug documents that 16-bit types raise the opset to 21.
         return "pre-process" not in msg and "Automatically update the model to opset" not in msg
+
+    def notes(self) -> list[str]:
+        """One note for the biases ORT left in float."""
+        b = sorted(set(self.float_biases))
+        if not b:
+            return []
+        more = f" and {len(b) - 3} more" if len(b) > 3 else ""
+        return [
+            f"{len(b)} bias(es) are computed in the graph rather than stored as initializers and stay in float "
+            f"(ONNX Runtime quantizes only initializer biases): {', '.join(b[:3])}{more}"
+        ]
 
 
 @contextlib.contextmanager
@@ -89,7 +109,7 @@ def _quiet_ort() -> Any:
     flt = _DropOrtAdvice()
     root.addFilter(flt)
     try:
-        yield
+        yield flt
     finally:
         root.removeFilter(flt)
 
@@ -341,7 +361,7 @@ def quantize(
     ``input_shapes`` fixes dynamic input dimensions of synthetic calibration data (see ``docs/data.md``).
     """
     cfg = config or QuantConfig()  # validated on construction, its target's rules included
-    with _quiet_ort(), tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
+    with _quiet_ort() as ort_log, tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
         model, model_path = _load_float(float_model, work)
         model, keep_float, notes = _nonfinite_consumers(model)
@@ -399,5 +419,5 @@ def quantize(
         qdq_seconds=round(qdq_s, 4),
         num_calibration_samples=len(source),
         reused_calibration=reuse and calib_s == 0.0,
-        warnings=tuple(notes),
+        warnings=(*notes, *ort_log.notes()),
     )
