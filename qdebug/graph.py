@@ -688,6 +688,11 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     )
 
 
+#: Ops whose output holds exactly the values of their first input, rearranged (same min/max/histogram): a
+#: calibrated range or a promotion crosses them unchanged in either direction.
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+
+
 class GraphIndex:
     """The one index of a model snapshot, built once: nodes in topological order, each tensor's producer (and its
     position) and consumers, constant values (initializers and Constant nodes), Q/DQ nodes, graph inputs and

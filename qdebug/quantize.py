@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,10 @@ import numpy as np
 import onnx
 
 from qdebug.capture.session import make_session, ort_errors, ort_message
-from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QuantConfig
+from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, normalize_quant_type
 from qdebug.data import DataSource, as_ort_reader, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError
-from qdebug.graph import ModelKind, input_specs, is_dq, is_q, load_model, model_kind
+from qdebug.graph import VIEW_OPS, ModelKind, input_specs, is_dq, is_q, load_model, model_kind
 from qdebug.io import refuse_overwrite_input
 from qdebug.targets.base import to_ort_config
 
@@ -122,28 +122,66 @@ def count_quantized_nodes(model: onnx.ModelProto) -> tuple[int, int, int]:
     return quantized, len(compute), len(model.graph.node) - len(compute)
 
 
-def _ort_model(model_path: Path, ort_cfg: Any, work: Path) -> Path:
-    """The model ORT's quantizer really works on, as a file both phases read.
+def _name_new_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Name the nodes ONNX's version converter adds without a name (from their first output, so the same model
+    always gets the same names): overrides name their consumers in ``recv_nodes`` and ORT excludes nodes by name."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for node in model.graph.node:
+        if not node.name:
+            stem = f"{node.output[0]}/{node.op_type}" if node.output else node.op_type
+            name = next(c for c in (stem, *(f"{stem}_{k}" for k in range(1, 1 << 20))) if c not in taken)
+            node.name = name
+            taken.add(name)
+    return model
 
-    ``quantize_static`` first raises the opset where the types need it (16-bit Q/DQ: opset 21) with ONNX's version
-    converter, which may add and rename tensors (Softmax-12 becomes Flatten → Softmax → Reshape around
-    ``<name>_intermediate``). Calibrating that converted model makes the cached ranges name every tensor the
-    quantizer touches; a cache made at another opset is translated by :func:`_cache_for`."""
+
+def quantizer_view(
+    model: str | Path | onnx.ModelProto,
+    weight_type: str,
+    activation_types: Iterable[str],
+    tensor_overrides: Mapping[str, Any] | None = None,
+) -> onnx.ModelProto | None:
+    """The float model as ONNX Runtime's quantizer will see it for these types, or ``None`` when ORT keeps it.
+
+    ``quantize_static`` raises the opset where the types need it (16-bit Q/DQ: opset 21) with ONNX's version
+    converter, which may add tensors and unnamed nodes (Softmax-12 becomes Flatten → Softmax → Reshape around
+    ``<name>_intermediate``). Calibration, the mixed-precision fixer and the overrides check all read this one view
+    (the added nodes named by :func:`_name_new_nodes`), so every name they use is one ORT will find."""
+    from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
 
+    types = [normalize_quant_type(t) for t in activation_types]
+    act = next((t for t in types if t.endswith("16")), types[0] if types else "uint8")
+    with tempfile.TemporaryDirectory(prefix="qdebug-view-") as tmp:
+        path = Path(model) if isinstance(model, str | Path) else Path(tmp) / "float.onnx"
+        if isinstance(model, onnx.ModelProto):
+            onnx.save_model(model, str(path))
+        loaded = load_model_with_shape_infer(path)  # as quantize_static loads it: the converter sees the shapes
+        with _quiet_ort():
+            updated = update_opset_version(
+                loaded,
+                QuantType[QUANT_TYPES[normalize_quant_type(weight_type)]],
+                QuantType[QUANT_TYPES[act]],
+                tensor_quant_overrides=dict(tensor_overrides) if tensor_overrides else None,
+            )
+    return None if updated is loaded else _name_new_nodes(updated)
+
+
+def _ort_model(model_path: Path, ort_cfg: Any, work: Path) -> Path:
+    """The model ORT's quantizer really works on (:func:`quantizer_view`), as a file both phases read: ORT finds
+    the opset raised already and changes nothing, and a calibration on it names every tensor the quantizer touches
+    (a cache made at another opset is translated by :func:`_cache_for`)."""
     extra = ort_cfg.extra_options or {}
-    model = load_model_with_shape_infer(model_path)
-    updated = update_opset_version(
-        model,
-        ort_cfg.weight_type,
-        ort_cfg.activation_type,
-        tensor_quant_overrides=extra.get("TensorQuantOverrides"),
-        block_size=extra.get("BlockSize", 0),
+    view = quantizer_view(
+        model_path,
+        normalize_quant_type(ort_cfg.weight_type.name),
+        [normalize_quant_type(ort_cfg.activation_type.name)],
+        extra.get("TensorQuantOverrides"),
     )
-    if updated is model:
+    if view is None:
         return model_path
     path = work / "opset_updated.onnx"
-    onnx.save_model(updated, str(path), save_as_external_data=True)
+    onnx.save_model(view, str(path), save_as_external_data=True)
     return path
 
 
@@ -151,11 +189,6 @@ def _op_types(ort_cfg: Any) -> list[str]:
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     return list(ort_cfg.op_types_to_quantize or sorted(set(QLinearOpsRegistry) | set(QDQRegistry)))
-
-
-#: ops whose output holds exactly the values of their first input (same min/max/histogram), so a calibrated range
-#: crosses them unchanged in either direction
-_VALUE_PRESERVING = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 
 
 def _cache_for(cache: Path, model_path: Path, ort_cfg: Any, work: Path) -> Path | None:
@@ -180,7 +213,7 @@ def _cache_for(cache: Path, model_path: Path, ort_cfg: Any, work: Path) -> Path 
     if not missing:
         return cache
     data = dict(ranges.data)
-    views = [(n.input[0], n.output[0]) for n in model.graph.node if n.op_type in _VALUE_PRESERVING and n.input]
+    views = [(n.input[0], n.output[0]) for n in model.graph.node if n.op_type in VIEW_OPS and n.input]
     changed = True
     while missing and changed:  # a chain of views (e.g. Flatten then Reshape) resolves over several rounds
         changed = False

@@ -567,3 +567,27 @@ def test_search_candidates_cover_every_quantized_tensor(session: MixedPrecisionS
     assert tail and not ranked & set(tail)
     topo = {a.tensor_name: a.topo_index for a in base.activations}
     assert [topo[t] for t in tail] == sorted(topo[t] for t in tail)
+
+
+def test_promotion_reaches_the_tensors_an_opset_conversion_adds(tmp_path: Path, run_cli) -> None:
+    """On an opset-12 model, promoting the Softmax output must promote what the Softmax really writes after ORT
+    raises the opset (``probs_intermediate``, reshaped into ``probs``); the plan's overrides name that view's tensors
+    and nodes, pass the CLI's overrides check against the user's model, and quantize to a uint16 Softmax."""
+    from qdebug.graph import file_sha256
+    from qdebug.mixed.overrides import OverridesFile
+
+    model = tmp_path / "att.onnx"
+    onnx.save(builders.opset12_attention(), model)
+    plan = promote(model, ["probs"])
+    assert {"probs", "probs_intermediate"} <= set(plan.promoted)
+    data = {"x": np.random.default_rng(3).standard_normal((8, 1, 3, 8)).astype(np.float32)}
+    np.savez(tmp_path / "calib.npz", **data)
+    ofile = OverridesFile.from_config(plan.config, model_sha256=file_sha256(model), requested=plan.requested)
+    ofile.save(tmp_path / "o.json")
+    result = run_cli("quantize", "-f", model, "--calib", tmp_path / "calib.npz", "--overrides", tmp_path / "o.json",
+                     "-o", tmp_path / "p.onnx")  # fmt: skip
+    assert result.code == 0, result.err
+    q = onnx.load(tmp_path / "p.onnx")
+    zps = {i.name: i.data_type for i in q.graph.initializer}
+    softmax_q = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "probs_intermediate")
+    assert zps[softmax_q.input[2]] == TensorProto.UINT16

@@ -27,8 +27,9 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError
-from qdebug.graph import GraphIndex, load_model
+from qdebug.graph import VIEW_OPS, GraphIndex, load_model
 from qdebug.mixed.overrides import OverridesFile
+from qdebug.quantize import quantizer_view
 from qdebug.targets.base import get_target
 
 #: Activation types each target can run (QNN HTP: unsigned 8/16-bit activations; Deeploy: int8 only).
@@ -192,6 +193,23 @@ def _fixed_types(model: onnx.ModelProto, base: QuantConfig, requested: tuple[str
     return fixed
 
 
+def _converter_views(original: onnx.ModelProto, view: onnx.ModelProto, requested: tuple[str, ...]) -> tuple[str, ...]:
+    """Tensors the opset conversion added that hold the requested tensors' values (the Softmax output
+    ``<name>_intermediate`` reshaped into ``<name>``): promoted with them, or the op would still compute in 8 bits."""
+    old = {t for n in original.graph.node for t in (*n.input, *n.output)}
+    edges = [(n.input[0], n.output[0]) for n in view.graph.node if n.op_type in VIEW_OPS and n.input and n.output]
+    added: list[str] = []
+    frontier = list(requested)
+    while frontier:
+        t = frontier.pop()
+        for a, b in edges:
+            other = b if a == t else a if b == t else None
+            if other and other not in old and other not in added:
+                added.append(other)
+                frontier.append(other)
+    return tuple(added)
+
+
 @runtime_checkable
 class _HasFloatModel(Protocol):
     """What :func:`promote` reads of a session: its float model and base config."""
@@ -230,8 +248,13 @@ def promote(
     if to == base.activation_type:
         raise ConfigError(f"activations are already {to} by default; choose another type to promote to")
     check_promotable(model, requested, to, base.target)
-
-    fixed = _fixed_types(model, base, requested, to)
+    # ORT quantizes the opset-raised view of the model (16-bit Q/DQ need opset 21): the fixer must reason on it.
+    view = quantizer_view(model, base.weight_type, [to, base.activation_type], base.ort_overrides() or None)
+    targets = requested
+    if view is not None:
+        targets += _converter_views(model, view, requested)
+        model = view
+    fixed = _fixed_types(model, base, targets, to)
     # Entries the fixer never reads (weights, per-channel lists) stay exactly as the config had them.
     acts, _ = activation_tensors(model)
     untouched = {n: es for n, es in base.overrides_dict.items() if n not in acts or len(es) != 1}
