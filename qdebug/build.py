@@ -331,6 +331,7 @@ def _staging_dir(out: Path) -> Path:
     import secrets
 
     for _ in range(100):
+        # io.TEMP_NAME_EXTRA counts these 19 extra bytes: the CLI's output guard leaves room for them
         path = out.parent / f".{out.name}.building-{secrets.token_hex(4)}"
         try:
             path.mkdir()

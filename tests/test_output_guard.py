@@ -44,6 +44,16 @@ CASES = [
     ("output-is-a-folder", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{dir}"], "is a folder"),
     ("output-under-a-file", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{calib}/q.onnx"], "is a file"),
     ("name-too-long", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{long}"], "longer than 255"),
+    # names the file system refuses (os.stat raised ENAMETOOLONG: exit 1) or that leave no room for the temporary
+    # sibling qdebug writes first (the build's staging folder adds 19 bytes: it failed after the work)
+    ("debug-name-256", ["debug", "-f", "{m}", "-q", "{q}", "--samples", "2", "-o", "{n256}"], "longer than 255"),
+    ("search-name-256", ["search", "-f", "{m}", "--goal-sqnr", "30", "-o", "{n256}"], "longer than 255"),
+    ("build-name-250", ["build", "-f", "{m}", "--target", "cpu", "--precision", "uint8", "-o", "{n250}"],
+     "leave room for the temporary"),
+    ("debug-name-245", ["debug", "-f", "{m}", "-q", "{q}", "--samples", "2", "-o", "{n245}"],
+     "leave room for the temporary"),
+    ("folder-name-300", ["suggest", "-f", "{m}", "-q", "{q}", "--samples", "2", "--promote-top", "1",
+                         "--overrides-out", "{n300}/o.json"], "too long"),
 ]  # fmt: skip
 
 
@@ -57,6 +67,10 @@ def test_outputs_never_overwrite_inputs(
         **{k: str(v) for k, v in files.items()},
         "dir": str(tmp_path),
         "long": str(tmp_path / ("x" * 250 + ".onnx")),
+        "n256": str(tmp_path / ("n" * 251 + ".json")),
+        "n250": str(tmp_path / ("b" * 250)),
+        "n245": str(tmp_path / ("r" * 240 + ".json")),
+        "n300": str(tmp_path / ("d" * 300)),
         "cfgstem": str(tmp_path / "cfgq"),
         "cfgcalib": str(cfgcalib),
     }
