@@ -61,6 +61,8 @@ class Output:
     path: str | None
     folder: bool = False
     derived: tuple[str, ...] = ()
+    #: a binary ONNX model (its name must not be one ``onnx.load`` reads as a text format)
+    model: bool = False
 
 
 class Tool:
@@ -102,7 +104,9 @@ class Tool:
             problem
             for out in self.outputs(args).values()
             if out.path
-            for problem in output_problems(Path(out.path), inputs, folder=out.folder, derived=out.derived)
+            for problem in output_problems(
+                Path(out.path), inputs, folder=out.folder, derived=out.derived, model=out.model
+            )
         ]
         if problems:
             raise ConfigError("; ".join(problems))

@@ -83,7 +83,7 @@ class Quantize(Tool):
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The QDQ model and its calibration ranges beside it."""
-        return {"--output": Output(args.output, derived=(".calib.json",))}
+        return {"--output": Output(args.output, derived=(".calib.json",), model=True)}
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Quantize, then print what was written."""
