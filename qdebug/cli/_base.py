@@ -8,6 +8,7 @@ work for one release as hidden aliases that print a one-line notice (:class:`Dep
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,6 +131,34 @@ def shape_arg(text: str) -> tuple[str, list[int]]:
         return name, [int(d) for d in dims.split(",")]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected NAME:D0,D1,..., got {text!r}") from exc
+
+
+def finite_number(unit: str) -> Any:
+    """An argparse type: a finite float (``nan`` makes a goal or a gate that can never be decided, ``inf`` one that
+    can never be met); ``unit`` names what the number counts in the error."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {value!r}") from exc
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"expected a finite number of {unit}, got {value!r}")
+        return number
+
+    parse.__name__ = f"number of {unit}"
+    return parse
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: an integer ≥ 1 (a count of rows or samples)."""
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from exc
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
 
 
 def add_float_model(p: argparse.ArgumentParser, *old: str, help: str = "the float ONNX model") -> None:

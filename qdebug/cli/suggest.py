@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Output, Tool, add_debug_inputs
+from qdebug.cli._base import Output, Tool, add_debug_inputs, positive_int
 from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, debug_inputs, run_debug
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import fmt_db, table
@@ -35,7 +35,7 @@ class Suggest(Tool):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Options of ``qdebug suggest``."""
         add_debug_inputs(parser, capture_backends())
-        parser.add_argument("--top", type=int, default=10, help="suggestions to list")
+        parser.add_argument("--top", type=positive_int, default=10, help="suggestions to list")
         parser.add_argument("--all", action="store_true", help="list every promotable tensor with its role")
         parser.add_argument(
             "--promote-top", type=int, metavar="K", help="promote the top K suggestions (fixer applied)"
