@@ -662,6 +662,15 @@ def _check_correspondence(
         )
 
 
+def _index(model: onnx.ModelProto, role: str) -> GraphIndex:
+    """The model's :class:`GraphIndex`; a graph that cannot be ordered is named by its role (both graphs are often
+    called 'main_graph')."""
+    try:
+        return GraphIndex(model)
+    except ModelError as exc:
+        raise ModelError(exc.reason, role=role) from exc
+
+
 def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Pairing:
     """Build the float↔quant pairing from the quantized graph's Q/DQ structure.
 
@@ -670,11 +679,17 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     """
     _check_kinds(float_model, quant_model)
     q_inputs = _check_inputs(float_model, quant_model)
-    f = GraphIndex(float_model)
+    f = _index(float_model, "float model")
     float_tensors = [i for i in f.inputs if i in q_inputs] + [
         o for n in f.nodes if n.op_type != "Constant" for o in n.output if o
     ]
-    sides = _Sides(f, GraphIndex(quant_model), float_tensors, frozenset(float_tensors), _float_value_types(float_model))
+    sides = _Sides(
+        f,
+        _index(quant_model, "quantized model"),
+        float_tensors,
+        frozenset(float_tensors),
+        _float_value_types(float_model),
+    )
     activations, unmatched = _activation_pairs(sides, q_inputs)
     warnings: list[str] = []
     _check_correspondence(f, activations, unmatched, warnings)

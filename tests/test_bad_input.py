@@ -364,3 +364,76 @@ def test_debug_refuses_to_write_its_report_over_an_input(env: Env, run_cli) -> N
     result = run_cli("debug", "-f", env.float_model, "-q", env.quant_model, "--samples", "2", "-o", env.quant_model)
     assert_one_line_error(result, EXIT_USAGE, "overwrite")  # the output guard, before any work
     assert tree_hashes(env.root) == before
+
+
+# ------------------------------------------------------------------ a QDQ model that loads but cannot run
+def _zero_point_shape(m: onnx.ModelProto) -> None:
+    """The activation zero point of 'x' gets two elements while its scale keeps one (ORT checks at run time)."""
+    zp = next(t for t in m.graph.initializer if t.name == "x_zero_point")
+    value = onnx.numpy_helper.to_array(zp)
+    zp.CopyFrom(onnx.numpy_helper.from_array(np.array([value, value], dtype=value.dtype), zp.name))
+
+
+def _axis_out_of_range(m: onnx.ModelProto) -> None:
+    """A per-channel DequantizeLinear whose axis is past the weight's rank."""
+    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute))
+    next(a for a in dq.attribute if a.name == "axis").i = 5
+
+
+@pytest.mark.parametrize("command", ["debug", "suggest"])
+@pytest.mark.parametrize(
+    ("config", "mutate", "needle"),
+    [("u8", _zero_point_shape, "x_zero_point"), ("s8_per_channel", _axis_out_of_range, "axis 5")],
+    ids=["zero-point-shape", "axis-out-of-range"],
+)
+def test_a_qdq_model_that_fails_at_run_time_is_a_model_error_naming_it(
+    tmp_path: Path, tiny_float: Path, tiny_quant, run_cli, command: str, config: str, mutate, needle: str
+) -> None:
+    """It used to be exit 5 ("data"), ORT's coloured log lines on stderr, and no file named."""
+    q = onnx.load(str(tiny_quant(config)))
+    mutate(q)
+    bad = save(q, tmp_path / "bad.qdq.onnx")
+    before = tree_hashes(tmp_path)
+    r = run_cli(command, "-f", tiny_float, "-q", bad, "--samples", "2")
+    assert_one_line_error(r, EXIT_MODEL, str(bad), "(quantized model)", "float model runs on", needle)
+    assert "onnxruntime_src" not in r.stderr and "[E:onnxruntime" not in r.stderr
+    assert str(tiny_float) not in r.stderr  # the float model is not at fault
+    assert tree_hashes(tmp_path) == before
+
+
+def _ir_too_new(m: onnx.ModelProto) -> None:
+    m.ir_version = 99
+
+
+def _cycle(m: onnx.ModelProto) -> None:
+    m.graph.node[0].input[0] = m.graph.node[-1].output[0]  # the first node reads the last one's output
+
+
+@pytest.mark.parametrize("role", ["float", "quant"])
+@pytest.mark.parametrize(("mutate", "needle"), [(_ir_too_new, "IR version"), (_cycle, "cycle")], ids=["ir99", "cycle"])
+def test_debug_names_the_one_model_at_fault(
+    tmp_path: Path, tiny_float: Path, tiny_quant, run_cli, role: str, mutate, needle: str
+) -> None:
+    """Both graphs are often named 'main_graph': the message names the file, not the graph."""
+    m = onnx.load(str(tiny_float if role == "float" else tiny_quant("u8")))
+    mutate(m)
+    bad = save(m, tmp_path / f"bad.{role}.onnx")
+    f, q = (bad, tiny_quant("u8")) if role == "float" else (tiny_float, bad)
+    r = run_cli("debug", "-f", f, "-q", q, "--samples", "2")
+    what = "(float model)" if role == "float" else "(quantized model)"
+    assert_one_line_error(r, EXIT_MODEL, f"{bad} {what}", needle)
+    assert str(q if role == "float" else f) not in r.stderr
+
+
+def test_ort_log_lines_are_silenced_on_the_real_stderr(tmp_path: Path, tiny_float: Path, tiny_quant) -> None:
+    """ORT logs to file descriptor 2 from C++ (capsys cannot see it): a real process, whose whole stderr is one line."""
+    import subprocess
+    import sys
+
+    q = onnx.load(str(tiny_quant("u8")))
+    _zero_point_shape(q)
+    bad = save(q, tmp_path / "bad.qdq.onnx")
+    argv = [sys.executable, "-m", "qdebug.cli", "debug", "-f", str(tiny_float), "-q", str(bad), "--samples", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert proc.returncode == EXIT_MODEL
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("qdebug: error: "), proc.stderr
