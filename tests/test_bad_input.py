@@ -437,3 +437,32 @@ def test_ort_log_lines_are_silenced_on_the_real_stderr(tmp_path: Path, tiny_floa
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert proc.returncode == EXIT_MODEL
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("qdebug: error: "), proc.stderr
+
+
+@pytest.mark.parametrize(("mutate", "needle"), [(_ir_too_new, "IR version"), (_cycle, "not acyclic")], ids=["ir99", "cycle"])
+def test_build_names_the_users_file_when_ort_refuses_the_model(tmp_path: Path, run_cli, mutate, needle: str) -> None:
+    """It named the copy in its hidden staging folder ('out/.b.building-…/m.float.onnx') and left 'out/' behind."""
+    m = builders.tiny_convnet()
+    mutate(m)
+    bad = save(m, tmp_path / "m.onnx")
+    before = tree_hashes(tmp_path)
+    r = run_cli("build", "-f", bad, "--target", "cpu", "--precision", "uint8", "-o", tmp_path / "out" / "b")
+    assert_one_line_error(r, EXIT_MODEL, f"{bad}: ONNX Runtime cannot load it", needle)
+    assert ".building-" not in r.stderr
+    assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("command", ["quantize", "build"])
+def test_a_failed_command_removes_the_folders_it_created(tmp_path: Path, tiny_float: Path, run_cli, command) -> None:
+    """Calibration data that overflow fail after the output's folders were made: none of them stays behind."""
+    big = tmp_path / "big.npz"
+    np.savez(big, x=np.full((4, *SHAPE), 3e38, np.float32))
+    before = tree_hashes(tmp_path)
+    if command == "quantize":
+        argv = ["quantize", "-f", tiny_float, "--calib", big, "-o", tmp_path / "new" / "sub" / "q.onnx"]
+    else:
+        argv = ["build", "-f", tiny_float, "--target", "cpu", "--precision", "uint8", "--calib", big,
+                "-o", tmp_path / "new" / "sub" / "b"]  # fmt: skip
+    r = run_cli(*argv)
+    assert_one_line_error(r, EXIT_DATA, str(tiny_float))
+    assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["big.npz"]

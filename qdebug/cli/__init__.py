@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from qdebug._version import __version__
-from qdebug.cli._base import EPILOG, ArgumentParser, Tool
+from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty
 from qdebug.cli.build import Build
 from qdebug.cli.debug import Debug
 from qdebug.cli.quantize import Quantize
@@ -86,6 +86,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     return args
 
 
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run the tool; when it fails (an error, Ctrl-C or a non-zero exit), remove the folders it created for its
+    outputs that are still empty: a failed command leaves nothing behind."""
+    created = args.tool.new_folders(args)
+    code = 1
+    try:
+        code = int(args.tool.run(args, out))
+    finally:
+        if code != 0:
+            remove_empty(created)
+    return code
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI and return its exit code (never raises for user errors): the one place errors become
     one-line messages and exit codes (:mod:`qdebug.errors`)."""
@@ -97,7 +110,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return args
         debug = args.debug
         args.tool.guard(args)  # every output checked against every input before any work
-        return int(args.tool.run(args, out))
+        return _run(args, out)
     except QDebugError as exc:
         if debug:
             traceback.print_exc()

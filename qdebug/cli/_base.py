@@ -8,6 +8,7 @@ work for one release as hidden aliases that print a one-line notice (:class:`Dep
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from collections.abc import Sequence
@@ -112,6 +113,23 @@ class Tool:
         if problems:
             raise ConfigError("; ".join(problems))
 
+    def new_folders(self, args: argparse.Namespace) -> list[Path]:
+        """The folders above this command's outputs that do not exist yet, deepest first (writing an output creates
+        them; a failed command removes those still empty: :func:`remove_empty`)."""
+        folders: list[Path] = []
+        for out in self.outputs(args).values():
+            if not out.path:
+                continue
+            for parent in Path(out.path).absolute().parents:
+                try:
+                    if parent.exists():
+                        break
+                except OSError:  # a name the file system refuses: nothing will be created there
+                    break
+                if parent not in folders:
+                    folders.append(parent)
+        return sorted(folders, key=lambda p: len(p.parts), reverse=True)
+
     def notes(self, args: argparse.Namespace) -> list[str]:
         """One-line notices about how the arguments were read (e.g. an old meaning kept for compatibility)."""
         return []
@@ -121,6 +139,14 @@ class Tool:
         missing = [opt for dest, opt in self.required.items() if getattr(args, dest, None) is None]
         if missing:
             parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove each folder that exists and is empty (in the order given: deepest first); a folder the user has
+    meanwhile put something in stays."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 # ---------------------------------------------------------------------------------------------- argument groups
