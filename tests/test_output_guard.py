@@ -227,6 +227,18 @@ def test_paths_that_are_not_utf8_work(run_cli, tmp_path: Path, files: dict[str, 
     assert r.code == 0, r.stderr
     r = run_cli("debug", "-f", odd, "-q", out, "--samples", "2", "-o", tmp_path / "r.json")
     assert r.code == 0, r.stderr
+    # every other command, with its outputs in a non-UTF-8 folder too (build's CPU check handed ORT the path:
+    # exit 7 and a four-line pybind11 message)
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/\xfe"))
+    folder.mkdir()
+    for argv in (
+        ["suggest", "-f", odd, "-q", out, "--samples", "2", "--promote-top", "1", "--overrides-out", folder / "o.json"],
+        ["search", "-f", odd, "--calib", files["calib"], "--debug-samples", "2", "--goal-sqnr", "-100",
+         "-o", folder / "s.json"],
+        ["build", "-f", odd, "--target", "cpu", "--precision", "uint8", "--calib", files["calib"], "-o", folder / "b"],
+    ):  # fmt: skip
+        r = run_cli(*argv)
+        assert r.code == 0, (argv[0], r.stderr)
 
 
 def test_a_non_finite_constant_stays_out_of_quantization(run_cli, tmp_path: Path) -> None:
