@@ -90,6 +90,8 @@ def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
         raise InputFileError(f"{role} {p}: not a valid ONNX file ({type(exc).__name__}: {exc})") from exc
     if model.ir_version <= 0 or not model.opset_import or len(model.graph.node) == 0:
         raise InputFileError(f"{role} {p}: not a valid ONNX model (no IR version, opset or nodes)")
+    if not model.graph.output:  # ORT loads it, then every command fails later and unclearly (or "succeeds")
+        raise ModelError(f"{role} {p}: the graph has no outputs; nothing can be computed or compared")
     if any(_is_external(t) for t in _all_tensors(model)):
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))

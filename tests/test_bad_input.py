@@ -466,3 +466,19 @@ def test_a_failed_command_removes_the_folders_it_created(tmp_path: Path, tiny_fl
     r = run_cli(*argv)
     assert_one_line_error(r, EXIT_DATA, str(tiny_float))
     assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["big.npz"]
+
+
+@pytest.mark.parametrize("command", ["quantize", "debug", "build"])
+def test_a_model_without_graph_outputs_is_refused(tmp_path: Path, tiny_quant, run_cli, command: str) -> None:
+    """ORT loads it; quantize and debug then exited 0 with nothing computed, build failed in the CPU check (exit 7)."""
+    m = builders.tiny_convnet()
+    del m.graph.output[:]
+    bad = save(m, tmp_path / "no_outputs.onnx")
+    before = tree_hashes(tmp_path)
+    argv = {
+        "quantize": ["quantize", "-f", bad, "--samples", "2", "-o", tmp_path / "q.onnx"],
+        "debug": ["debug", "-f", bad, "-q", tiny_quant("u8"), "--samples", "2"],
+        "build": ["build", "-f", bad, "--target", "cpu", "--precision", "uint8", "-o", tmp_path / "b"],
+    }[command]
+    assert_one_line_error(run_cli(*argv), EXIT_MODEL, str(bad), "no outputs")
+    assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["no_outputs.onnx"]
