@@ -421,10 +421,14 @@ def _read_inputs(
     warnings: list[str] = []
     ofile = None
     if overrides is not None:
-        from qdebug.mixed.overrides import OverridesFile, check_against_model
+        from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
 
         ofile = overrides if isinstance(overrides, OverridesFile) else OverridesFile.load(overrides)
-        warnings += check_against_model(ofile, model, inputs[0].sha256)
+        try:
+            warnings += check_against_model(ofile, model, inputs[0].sha256)
+        except OverridesError as exc:  # the check sees the parsed file only: name it
+            source = None if isinstance(overrides, OverridesFile) else overrides
+            raise OverridesError(exc.problems, source=source, warnings=exc.warnings) from exc
         if isinstance(overrides, str | Path):
             inputs.append(InputFile("overrides", str(Path(overrides).resolve()), file_sha256(overrides)))
     cfg = resolve_config(options.device, options.precision, cfg_obj, ofile)

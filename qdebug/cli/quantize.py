@@ -129,7 +129,7 @@ def _load_overrides(path: str, float_model: str) -> Any:
         model_warnings = check_against_model(ofile, model, file_sha256(float_model))
     except OverridesError as exc:
         model_warnings = exc.warnings  # e.g. "made for another model file": it explains the error
-        raise
+        raise OverridesError(exc.problems, source=path, warnings=exc.warnings) from exc  # name the file
     finally:
         for w in model_warnings:
             warn(w)
