@@ -482,3 +482,11 @@ def test_a_model_without_graph_outputs_is_refused(tmp_path: Path, tiny_quant, ru
     }[command]
     assert_one_line_error(run_cli(*argv), EXIT_MODEL, str(bad), "no outputs")
     assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["no_outputs.onnx"]
+
+
+def test_suggest_checks_its_config_even_without_promote_top(tmp_path: Path, tiny_float: Path, tiny_quant, run_cli):
+    """--config is only used by --promote-top; a broken one was silently ignored (exit 0)."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"per_channel": "no"}')
+    r = run_cli("suggest", "-f", tiny_float, "-q", tiny_quant("u8"), "--samples", "2", "-c", cfg)
+    assert_one_line_error(r, EXIT_USAGE, str(cfg), "per_channel")

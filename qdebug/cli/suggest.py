@@ -66,6 +66,10 @@ class Suggest(Tool):
             from qdebug.io import refuse_overwrite_input
 
             refuse_overwrite_input(args.overrides_out, args.float_model, args.quant_model)
+        if args.config:  # read before the debug run, and even without --promote-top: a file given is a file checked
+            from qdebug.config import QuantConfig
+
+            QuantConfig.load(args.config)
         report = run_debug(args)
         items = analyse(report) if args.all else suggest(report, None if args.promote_top else args.top)
         shown = items if args.all else items[: max(args.top, args.promote_top or 0)]
