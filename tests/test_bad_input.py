@@ -490,3 +490,23 @@ def test_suggest_checks_its_config_even_without_promote_top(tmp_path: Path, tiny
     cfg.write_text('{"per_channel": "no"}')
     r = run_cli("suggest", "-f", tiny_float, "-q", tiny_quant("u8"), "--samples", "2", "-c", cfg)
     assert_one_line_error(r, EXIT_USAGE, str(cfg), "per_channel")
+
+
+def test_a_non_utf8_output_name_prints_on_a_strict_stdout(tmp_path: Path, tiny_float: Path) -> None:
+    """Outside Python's UTF-8 mode (e.g. LANG=en_US.UTF-8) stdout is strict: 'wrote <path>' raised
+    UnicodeEncodeError after the model was written (exit 1); an error naming such a file failed the same way."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "PYTHONUTF8": "0"}
+    out = os.fsdecode(bytes(tmp_path) + b"/\xfeq.onnx")
+    argv = [sys.executable, "-m", "qdebug.cli", "quantize", "-f", str(tiny_float), "--samples", "2", "-o", out]
+    proc = subprocess.run(argv, capture_output=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert bytes(tmp_path) + b"/\xfeq.onnx" in proc.stdout  # the name as the bytes it is, like ls prints it
+    missing = os.fsdecode(bytes(tmp_path) + b"/\xff.onnx")
+    argv = [sys.executable, "-m", "qdebug.cli", "quantize", "-f", missing, "--samples", "2", "-o", str(tmp_path / "x")]
+    proc = subprocess.run(argv, capture_output=True, env=env, check=False)
+    assert proc.returncode == EXIT_INPUT_FILE and proc.stderr.count(b"\n") == 1, proc.stderr
+    assert b"\\udcff.onnx: no such file" in proc.stderr

@@ -5,6 +5,7 @@ each), shared argument groups in :mod:`qdebug.cli._base`. Errors become messages
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -99,9 +100,21 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     return code
 
 
+def _tolerate_file_names() -> None:
+    """A file name that is not UTF-8 (held as surrogate escapes) reaches stdout as the bytes it is, like ``ls``
+    prints it, and stderr escaped; outside Python's UTF-8 mode stdout is strict, and printing 'wrote <path>' raised
+    UnicodeEncodeError after the work was done (exit 1), an error message naming such a file did too."""
+    for stream, errors in ((sys.stdout, "surrogateescape"), (sys.stderr, "backslashreplace")):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):  # a stream that cannot change its error handler keeps its own
+                reconfigure(errors=errors)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI and return its exit code (never raises for user errors): the one place errors become
     one-line messages and exit codes (:mod:`qdebug.errors`)."""
+    _tolerate_file_names()
     out = out or sys.stdout
     debug = False
     try:
