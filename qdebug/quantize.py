@@ -311,9 +311,11 @@ def quantize(
                 warnings.simplefilter("ignore", RuntimeWarning)
                 calib_s = 0.0 if reuse else _calibration(model_path, ort_cfg, work, cache, label)
                 qdq_s = _insert_qdq(model_path, ort_cfg, cache, out, label)
-        except BaseException:
+        except BaseException as exc:
             if not reuse:  # a failed quantization leaves no calibration ranges behind
                 cache.unlink(missing_ok=True)
+            if isinstance(exc, DataError) and source.description not in str(exc):  # name the data too
+                raise DataError(f"{exc} (calibration data: {source.description})") from exc
             raise
     quantized, total, qdq = count_quantized_nodes(onnx.load(str(out)))
     return QuantizeResult(
