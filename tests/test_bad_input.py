@@ -439,7 +439,9 @@ def test_ort_log_lines_are_silenced_on_the_real_stderr(tmp_path: Path, tiny_floa
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("qdebug: error: "), proc.stderr
 
 
-@pytest.mark.parametrize(("mutate", "needle"), [(_ir_too_new, "IR version"), (_cycle, "not acyclic")], ids=["ir99", "cycle"])
+@pytest.mark.parametrize(
+    ("mutate", "needle"), [(_ir_too_new, "IR version"), (_cycle, "not acyclic")], ids=["ir99", "cycle"]
+)
 def test_build_names_the_users_file_when_ort_refuses_the_model(tmp_path: Path, run_cli, mutate, needle: str) -> None:
     """It named the copy in its hidden staging folder ('out/.b.building-…/m.float.onnx') and left 'out/' behind."""
     m = builders.tiny_convnet()

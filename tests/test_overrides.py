@@ -565,6 +565,8 @@ def test_cli_model_problems_and_checksum_warning(tiny: Path, tmp_path: Path, run
 def test_build_names_the_overrides_file_when_it_does_not_fit_the_model(tiny: Path, tmp_path: Path, run_cli) -> None:
     """The model check sees the parsed file only: its error said 'invalid tensor overrides' without the file."""
     bad = OverridesFile({"ghost": [{"quant_type": "QUInt16"}]}).save(tmp_path / "ghost.json")
-    r = run_cli("build", "-f", tiny, "--target", "cpu", "--precision", "uint8", "--overrides", bad, "-o", tmp_path / "b")
+    r = run_cli(
+        "build", "-f", tiny, "--target", "cpu", "--precision", "uint8", "--overrides", bad, "-o", tmp_path / "b"
+    )
     assert r.code == EXIT_USAGE and r.stderr.strip().splitlines()[-1].startswith(f"qdebug: error: {bad}: "), r.stderr
     assert not (tmp_path / "b").exists()
