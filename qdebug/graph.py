@@ -90,6 +90,9 @@ def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
         raise InputFileError(f"{role} {p}: not a valid ONNX file ({type(exc).__name__}: {exc})") from exc
     if model.ir_version <= 0 or not model.opset_import or len(model.graph.node) == 0:
         raise InputFileError(f"{role} {p}: not a valid ONNX model (no IR version, opset or nodes)")
+    bad_text = _non_utf8_field(model, "model")
+    if bad_text is not None:
+        raise InputFileError(f"{role} {p}: not a valid ONNX model ({bad_text} is not UTF-8 text)")
     if not model.graph.output:  # ORT loads it, then every command fails later and unclearly (or "succeeds")
         raise ModelError(f"{role} {p}: the graph has no outputs; nothing can be computed or compared")
     if any(_is_external(t) for t in _all_tensors(model)):
@@ -98,6 +101,28 @@ def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # a missing file is the latter
             raise InputFileError(f"{role} {p}: cannot read its external data: {exc}") from exc
     return model
+
+
+def _non_utf8_field(msg: Any, where: str) -> str | None:
+    """The first string field (name, input, op type, ...) that is not UTF-8, as a path like
+    ``model.graph.node[2].name``, else ``None``. ONNX's protos are proto2, so the parser accepts such bytes and hands
+    them over as ``bytes`` where every reader expects ``str`` (a crash far from the file). Tensor data are not
+    visited (only string and message fields are read)."""
+    for fd in msg.DESCRIPTOR.fields:
+        if fd.type == fd.TYPE_STRING:
+            value = getattr(msg, fd.name)
+            values = [value] if isinstance(value, str | bytes) else value
+            if any(isinstance(v, bytes) for v in values):
+                return f"{where}.{fd.name}"
+        elif fd.type == fd.TYPE_MESSAGE:
+            value = getattr(msg, fd.name)
+            single = hasattr(value, "DESCRIPTOR")  # a message, not a repeated container of them
+            items = ([value] if msg.HasField(fd.name) else []) if single else list(value)
+            for i, item in enumerate(items):
+                found = _non_utf8_field(item, f"{where}.{fd.name}" + ("" if single else f"[{i}]"))
+                if found is not None:
+                    return found
+    return None
 
 
 def _is_external(t: onnx.TensorProto) -> bool:

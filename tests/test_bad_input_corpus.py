@@ -183,6 +183,12 @@ MODEL_FILE_DEFECTS: list[tuple[str, Maker, int, tuple[str, ...]]] = [
     ("truncated", _truncated, EXIT_INPUT_FILE, ()),
     ("npz-named-onnx", _npz_as_model, EXIT_INPUT_FILE, ()),
     ("external-data-missing", _external_missing, EXIT_INPUT_FILE, ("external data",)),
+    (
+        "non-utf8-node-name",
+        lambda d: _write(d, "latin1_name.onnx", _float(d).read_bytes().replace(b"conv2", b"\xe9onv2")),
+        EXIT_INPUT_FILE,
+        ("node[2].name", "UTF-8"),
+    ),
 ]
 MODEL_GRAPH_DEFECTS: list[tuple[str, Maker, int, tuple[str, ...]]] = [
     ("ir-version-99", _mutated("ir99.onnx", _ir99), EXIT_MODEL, ("IR version",)),
