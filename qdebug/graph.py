@@ -224,12 +224,13 @@ def constant_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto | onnx
 
 
 def decode_constant(c: onnx.TensorProto | onnx.NodeProto) -> np.ndarray:
-    """Decode an initializer or a ``Constant`` node's value to numpy."""
+    """Decode an initializer or a ``Constant`` node's value to numpy (a tensor that cannot be decoded — an
+    undefined or unknown element type, data that do not fit its shape — is a :class:`ModelError` naming it)."""
     if isinstance(c, onnx.TensorProto):
-        return numpy_helper.to_array(c)
+        return _to_array(c, c.name)
     for a in c.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t)
+            return _to_array(a.t, c.output[0] if c.output else c.name)
         if a.name == "value_float":
             return np.array(a.f, dtype=np.float32)
         if a.name == "value_floats":
@@ -239,6 +240,13 @@ def decode_constant(c: onnx.TensorProto | onnx.NodeProto) -> np.ndarray:
         if a.name == "value_ints":
             return np.array(list(a.ints), dtype=np.int64)
     raise ModelError(f"Constant node {c.name or c.output[0]!r} has no supported value attribute")
+
+
+def _to_array(t: onnx.TensorProto, name: str) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(t)
+    except (TypeError, ValueError, KeyError) as exc:  # onnx raises these on an unknown type or a size mismatch
+        raise ModelError(f"constant {name!r} cannot be decoded: {exc}") from exc
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:

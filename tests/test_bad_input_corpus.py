@@ -227,6 +227,10 @@ def _axis_out_of_range(m: onnx.ModelProto) -> None:
     next(a for a in dq.attribute if a.name == "axis").i = 5
 
 
+def _undefined_dtype(m: onnx.ModelProto) -> None:
+    m.graph.initializer[0].data_type = 0
+
+
 def _no_qdq(m: onnx.ModelProto) -> None:
     m.CopyFrom(builders.tiny_convnet())
 
@@ -247,6 +251,12 @@ QUANT_DEFECTS: list[tuple[str, Maker, int, tuple[str, ...]]] = [
     ("other-graph", lambda d: d / "other.qdq.onnx", EXIT_MODEL, ("do not correspond",)),
     ("dynamic-quantization", lambda d: d / "dynamic.onnx", EXIT_MODEL, ("dynamically quantized",)),
     ("no-graph-outputs", _mutated("q_no_outputs.onnx", _no_outputs, "q.onnx"), EXIT_MODEL, ("no outputs",)),
+    (
+        "undefined-dtype-constant",
+        _mutated("q_dtype0.onnx", _undefined_dtype, "q.onnx"),
+        EXIT_MODEL,
+        ("cannot be decoded",),
+    ),
 ]
 QUANT_COMMANDS: dict[str, tuple[str, ...]] = {
     "debug": ("debug", "-f", "{f}", "-q", "{bad}", "--samples", "2"),
