@@ -401,6 +401,7 @@ OVERRIDES_DEFECTS: list[tuple[str, Maker, int, tuple[str, ...]]] = [
     ("overrides-not-object", _json("o_str.json", _overrides(b'"r1"')), EXIT_USAGE, ()),
     ("schema-version-2", _json("o_v2.json", b'{"schema_version": 2, "tensor_quant_overrides": {}}'), EXIT_USAGE,
      ("schema_version",)),
+    ("newline-in-tensor-name", _json("o_newline.json", _overrides(b'{"a\\nb": null}')), EXIT_USAGE, ("a\\nb",)),
     ("no-overrides-key", _json("o_v1.json", b'{"schema_version": 1}'), EXIT_USAGE, ("tensor_quant_overrides",)),
     ("non-utf8", _json("o_latin1.json", b"\xff\xfe\x00{"), EXIT_INPUT_FILE, ()),
     ("syntax-error", _json("o_syntax.json", b"{"), EXIT_USAGE, ("not valid JSON",)),

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from qdebug._version import __version__
-from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty
+from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty, say
 from qdebug.cli.build import Build
 from qdebug.cli.debug import Debug
 from qdebug.cli.quantize import Quantize
@@ -83,7 +83,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     except SystemExit as exc:  # argparse exits on --help / --version / bad usage
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     for note in [*(getattr(args, "deprecations", None) or []), *args.tool.notes(args)]:
-        print(f"qdebug: note: {note}", file=sys.stderr)
+        say("note", note)
     return args
 
 
@@ -127,12 +127,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except QDebugError as exc:
         if debug:
             traceback.print_exc()
-        print(f"qdebug: error: {exc}", file=sys.stderr)
+        say("error", str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         print("qdebug: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
         traceback.print_exc()
-        print(f"qdebug: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        say("internal error", f"{type(exc).__name__}: {exc}")
         return EXIT_INTERNAL

@@ -24,13 +24,29 @@ ALIASES_REMOVED_IN = "0.3"
 EPILOG = "exit codes:\n" + "\n".join(f"  {k:>2}  {v}" for k, v in EXIT_CODES.items())
 
 
+#: Control characters and every other character ``str.splitlines`` breaks on, escaped: a tensor name, a file
+#: name or a JSON key may hold them, and a message must stay one line.
+_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(32), 127, 0x85]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+_ESCAPES |= {0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and control characters escaped (``\\n``, ``\\x1b``, ...)."""
+    return text.translate(_ESCAPES)
+
+
+def say(kind: str, message: str) -> None:
+    """One ``qdebug: <kind>: <message>`` line on stderr, whatever the message holds."""
+    print(f"qdebug: {kind}: {one_line(message)}", file=sys.stderr)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors ("qdebug debug: error: … (see qdebug debug --help)") instead of the usage
     block, so that a mistyped flag reads like every other qdebug error."""
 
     def error(self, message: str) -> NoReturn:
         """Print one line and exit with the usage exit code (argparse's own exit path, caught by ``main``)."""
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 class DeprecatedAlias(argparse.Action):
@@ -252,4 +268,4 @@ def gate_help() -> str:
 
 def warn(message: str) -> None:
     """A one-line warning on stderr (results go to ``out``, diagnostics to stderr)."""
-    print(f"qdebug: warning: {message}", file=sys.stderr)
+    say("warning", message)

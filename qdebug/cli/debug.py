@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
@@ -15,6 +14,7 @@ from qdebug.cli._base import (
     finite_number,
     gate_help,
     positive_int,
+    say,
 )
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, print_report, use_color
@@ -99,7 +99,7 @@ class Debug(Tool):
         if not low:
             return EXIT_OK
         names = ", ".join(f"{o.output_name} ({fmt_db(o.cumulative_sqnr_db, o.cumulative_status).strip()})" for o in low)
-        print(f"qdebug: FAIL: output SQNR below {args.fail_below} dB: {names}", file=sys.stderr)
+        say("FAIL", f"output SQNR below {args.fail_below} dB: {names}")
         return EXIT_GATE
 
 
