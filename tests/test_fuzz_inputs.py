@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import tree_hashes
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -89,8 +89,10 @@ def _run(argv: list[str | Path], folder: Path, outputs: tuple[str, ...]) -> int:
         assert len(errors) == 1 and errors[0].startswith("qdebug"), text
     after = tree_hashes(folder)
     assert {k: v for k, v in after.items() if k in before} == before  # every input byte-identical
-    added = set(after) - set(before)
+    added = {Path(k).parts[0] for k in set(after) - set(before)}
     assert added <= set(outputs) if code == 0 else added == set(), (code, added, text)
+    if code != 0:  # no folder either
+        assert sorted(p.name for p in folder.iterdir()) == sorted({Path(k).parts[0] for k in before}), text
     return code
 
 
@@ -176,9 +178,10 @@ def test_fuzz_model(base: Path, data: bytes, command: str) -> None:
         bad.write_bytes(data)
         if command == "quantize":
             argv: list[str | Path] = ["quantize", "-f", bad, "--samples", "2", "-o", d / "out.onnx"]
-            _run(argv, d, ("out.onnx", "out.calib.json"))
+            code = _run(argv, d, ("out.onnx", "out.calib.json"))
         else:
-            _run(["debug", "-f", bad, "-q", d / "q.onnx", "--samples", "2"], d, ())
+            code = _run(["debug", "-f", bad, "-q", d / "q.onnx", "--samples", "2"], d, ())
+        event(f"{command} exit {code}")
 
 
 @settings(max_examples=100, **SETTINGS)
@@ -188,7 +191,7 @@ def test_fuzz_quantized_model(base: Path, data: st.DataObject) -> None:
     with _workspace(base) as d:
         bad = d / "bad.qdq.onnx"
         bad.write_bytes(_mutate_bytes((d / "q.onnx").read_bytes(), data.draw))
-        _run(["debug", "-f", d / "f.onnx", "-q", bad, "--samples", "2"], d, ())
+        event(f"exit {_run(['debug', '-f', d / 'f.onnx', '-q', bad, '--samples', '2'], d, ())}")
 
 
 def test_a_quantized_constant_of_undefined_type_is_a_model_error(base: Path) -> None:
@@ -245,13 +248,11 @@ def test_fuzz_npz(base: Path, data: bytes, command: str) -> None:
         bad = d / "bad.npz"
         bad.write_bytes(data)
         if command == "quantize":
-            _run(
-                ["quantize", "-f", d / "f.onnx", "--calib", bad, "-o", d / "out.onnx"],
-                d,
-                ("out.onnx", "out.calib.json"),
-            )
+            argv: list[str | Path] = ["quantize", "-f", d / "f.onnx", "--calib", bad, "-o", d / "out.onnx"]
+            code = _run(argv, d, ("out.onnx", "out.calib.json"))
         else:
-            _run(["debug", "-f", d / "f.onnx", "-q", d / "q.onnx", "-d", bad], d, ())
+            code = _run(["debug", "-f", d / "f.onnx", "-q", d / "q.onnx", "-d", bad], d, ())
+        event(f"{command} exit {code}")
 
 
 # ---------------------------------------------------------------------------------------------- (c) JSON
@@ -304,15 +305,26 @@ def overrides_json(draw: st.DrawFn) -> bytes:
     return json.dumps(doc).encode()
 
 
+#: How each command reads a config (``{cfg}``) and what a success may write into the folder.
+CONFIG_COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "quantize": (["quantize", "-f", "{f}", "--calib", "{calib}", "-c", "{cfg}", "-o", "{d}/out.onnx"],
+                 ("out.onnx", "out.calib.json")),
+    "suggest": (["suggest", "-f", "{f}", "-q", "{q}", "--samples", "2", "-c", "{cfg}", "--promote-top", "1"], ()),
+    "build": (["build", "-f", "{f}", "--calib", "{calib}", "--target", "cpu", "--precision", "uint8", "-c", "{cfg}",
+               "--debug-samples", "2", "-o", "{d}/b"], ("b",)),
+}  # fmt: skip
+
+
 @settings(max_examples=200, **SETTINGS)
-@given(data=config_json())
-@example(data=b'{"per_channel": "no"}')
-def test_fuzz_config_json(base: Path, data: bytes) -> None:
+@given(data=config_json(), command=st.sampled_from(list(CONFIG_COMMANDS)))
+@example(data=b'{"per_channel": "no"}', command="quantize")
+def test_fuzz_config_json(base: Path, data: bytes, command: str) -> None:
     with _workspace(base) as d:
         cfg = d / "cfg.json"
         cfg.write_bytes(data)
-        argv: list[str | Path] = ["quantize", "-f", d / "f.onnx", "--calib", d / "calib.npz", "-c", cfg]
-        _run([*argv, "-o", d / "out.onnx"], d, ("out.onnx", "out.calib.json"))
+        argv, outputs = CONFIG_COMMANDS[command]
+        subs = {"f": d / "f.onnx", "q": d / "q.onnx", "calib": d / "calib.npz", "cfg": cfg, "d": d}
+        event(f"{command} exit {_run([a.format(**subs) for a in argv], d, outputs)}")  # --hypothesis-show-statistics
 
 
 @settings(max_examples=200, **SETTINGS)
@@ -324,4 +336,4 @@ def test_fuzz_overrides_json(base: Path, data: bytes) -> None:
         ovr = d / "o.json"
         ovr.write_bytes(data)
         argv: list[str | Path] = ["quantize", "-f", d / "f.onnx", "--calib", d / "calib.npz", "--overrides", ovr]
-        _run([*argv, "-o", d / "out.onnx"], d, ("out.onnx", "out.calib.json"))
+        event(f"exit {_run([*argv, '-o', d / 'out.onnx'], d, ('out.onnx', 'out.calib.json'))}")
