@@ -316,6 +316,25 @@ def _folder_named(d: Path, name: str) -> Path:
     return p
 
 
+def _patched_zip(name: str, local: tuple[int, bytes], central: tuple[int, bytes]) -> Maker:
+    """A valid npz whose member headers say something zipfile cannot read (encrypted, deflate64)."""
+
+    def make(d: Path) -> Path:
+        data = bytearray(_npz_bytes_of(X))
+        for sig, (offset, value) in ((b"PK\x03\x04", local), (b"PK\x01\x02", central)):
+            at = data.index(sig) + offset
+            data[at : at + len(value)] = value
+        return _write(d, name, bytes(data))
+
+    return make
+
+
+def _npz_bytes_of(x: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, x=x)
+    return buf.getvalue()
+
+
 def _truncated_npz(d: Path) -> Path:
     buf = io.BytesIO()
     np.savez(buf, x=X)
@@ -340,6 +359,8 @@ DATA_DEFECTS: list[tuple[str, Maker, int, tuple[str, ...]]] = [
     ("member-not-array", _zip_member("not_array.npz", "x.npy", b"hello, not an array"), EXIT_INPUT_FILE, ()),
     ("huge-header", _zip_member("huge.npz", "x.npy", _huge_header()), EXIT_INPUT_FILE, ()),
     ("text-file", lambda d: _write(d, "notes.npz", b"a,b\n1,2\n"), EXIT_INPUT_FILE, ()),
+    ("encrypted-member", _patched_zip("encrypted.npz", (6, b"\x01\x00"), (8, b"\x01\x00")), EXIT_INPUT_FILE, ()),
+    ("deflate64-member", _patched_zip("deflate64.npz", (8, b"\x09\x00"), (10, b"\x09\x00")), EXIT_INPUT_FILE, ()),
     ("a-folder-named-npz", lambda d: _folder_named(d, "folder.npz"), EXIT_DATA, ()),
 ]
 DATA_COMMANDS: dict[str, tuple[str, ...]] = {
