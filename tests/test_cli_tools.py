@@ -85,6 +85,7 @@ def test_build_data_without_calib_keeps_its_old_meaning(run_cli, tmp_path: Path)
         (["search", "-f", "a", "-o", "o.json", "--max-accuracy-drop", "nan"], "finite"),
         (["debug", "-f", "a", "-q", "b", "--capture", "gpu"], "invalid choice"),
         (["nope"], "invalid choice"),
+        (["debug", "-f", "a", "-q", "b", "--bogus"], "qdebug debug: error: unrecognized arguments: --bogus"),
     ],
 )
 def test_usage_errors_are_one_line(run_cli, argv: list[str], needle: str) -> None:

@@ -78,7 +78,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     """Parsed arguments, or the exit code argparse chose (--help, --version, a usage error)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the command's parser, so that the line points to 'qdebug <command> --help'
+            args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.tool.check_required(args.parser, args)
     except SystemExit as exc:  # argparse exits on --help / --version / bad usage
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
