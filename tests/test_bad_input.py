@@ -512,3 +512,29 @@ def test_a_non_utf8_output_name_prints_on_a_strict_stdout(tmp_path: Path, tiny_f
     proc = subprocess.run(argv, capture_output=True, env=env, check=False)
     assert proc.returncode == EXIT_INPUT_FILE and proc.stderr.count(b"\n") == 1, proc.stderr
     assert b"\\udcff.onnx: no such file" in proc.stderr
+
+
+def test_data_the_float_model_cannot_run_on_name_the_data(tmp_path: Path, run_cli) -> None:
+    """A Reshape to a fixed [1, 36] under a dynamic batch: the shape the user picked is valid for the input, but the
+    float model cannot run on it. A data error naming the data, the sample and the float model (it named none)."""
+    from onnx import TensorProto, helper
+
+    shape = onnx.numpy_helper.from_array(np.array([1, 36], np.int64), "shape")
+    w = onnx.numpy_helper.from_array(np.full((36, 2), 0.1, np.float32), "w")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["flat"]), helper.make_node("MatMul", ["flat", "w"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        [shape, w],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    f = save(m, tmp_path / "f.onnx")
+    q = tmp_path / "q.onnx"
+    quantize(f, None, QuantConfig(num_samples=2), q)
+    before = tree_hashes(tmp_path)
+    r = run_cli("debug", "-f", f, "-q", q, "--samples", "2", "--input-shape", "x:2,1,6,6")
+    assert_one_line_error(r, EXIT_DATA, "synthetic uniform", "sample 0", "float model cannot run")
+    assert tree_hashes(tmp_path) == before
