@@ -538,3 +538,22 @@ def test_data_the_float_model_cannot_run_on_name_the_data(tmp_path: Path, run_cl
     r = run_cli("debug", "-f", f, "-q", q, "--samples", "2", "--input-shape", "x:2,1,6,6")
     assert_one_line_error(r, EXIT_DATA, "synthetic uniform", "sample 0", "float model cannot run")
     assert tree_hashes(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("[ONNXRuntimeError] : 1 : FAIL : Load model from /tmp/x.onnx failed:bad model", "bad model"),
+        ("/onnxruntime_src/a.cc:12 void f(const T&, int) the reason (x)", "the reason (x)"),
+        (
+            "Status Message: /onnxruntime_src/q.cc:79 void g(int, h(int)) axis (5) out of range",
+            "Status Message: axis (5)",
+        ),
+        ("/onnxruntime_src/a.cc:12 no signature here", "no signature here"),
+    ],
+)
+def test_ort_message_keeps_the_reason_without_the_cpp_location(raw: str, clean: str) -> None:
+    from qdebug.capture.session import ort_message
+
+    assert ort_message(RuntimeError(raw)).startswith(clean)
+    assert "onnxruntime_src" not in ort_message(RuntimeError(raw))

@@ -42,8 +42,10 @@ def _drop_cpp_location(text: str) -> str:
     if m is None:
         return text
     start = text.find("(", m.end())
+    if start < 0:  # no signature: drop the location only
+        return text[: m.start()] + text[m.end() :]
     depth = 0
-    for i in range(start, len(text) if start >= 0 else 0):
+    for i in range(start, len(text)):
         depth += {"(": 1, ")": -1}.get(text[i], 0)
         if depth == 0:
             return text[: m.start()] + text[i + 1 :].lstrip()
