@@ -30,9 +30,10 @@ import numpy as np
 import onnx
 
 from qdebug._version import __version__
+from qdebug.capture.session import make_session
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource, open_data
-from qdebug.errors import ConfigError, InputFileError, ModelError, TargetError
+from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError, TargetError
 from qdebug.graph import ModelKind, file_sha256, input_specs, load_model, model_kind
 from qdebug.io import atomic_save_model, atomic_write_text
 from qdebug.passes import PassReport
@@ -331,6 +332,7 @@ def _staging_dir(out: Path) -> Path:
     import secrets
 
     for _ in range(100):
+        # io.TEMP_NAME_EXTRA counts these 19 extra bytes: the CLI's output guard leaves room for them
         path = out.parent / f".{out.name}.building-{secrets.token_hex(4)}"
         try:
             path.mkdir()
@@ -405,6 +407,8 @@ def _read_inputs(
     """Load and check every input before anything is written (bad input raises here)."""
     model = load_model(src, "model")
     _check_float_model(model, src)
+    # ORT must load the model before any step does: its errors would otherwise name the staging copy
+    make_session(model, ["CPUExecutionProvider"], what=str(src))
     _prepare_out(out)
     inputs = [InputFile("model", str(src.resolve()), file_sha256(src))]
     for role, value in (("data", data), ("debug_data", debug_data), ("eval_data", eval_data)):
@@ -417,10 +421,14 @@ def _read_inputs(
     warnings: list[str] = []
     ofile = None
     if overrides is not None:
-        from qdebug.mixed.overrides import OverridesFile, check_against_model
+        from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
 
         ofile = overrides if isinstance(overrides, OverridesFile) else OverridesFile.load(overrides)
-        warnings += check_against_model(ofile, model, inputs[0].sha256)
+        try:
+            warnings += check_against_model(ofile, model, inputs[0].sha256)
+        except OverridesError as exc:  # the check sees the parsed file only: name it
+            source = None if isinstance(overrides, OverridesFile) else overrides
+            raise OverridesError(exc.problems, source=source, warnings=exc.warnings) from exc
         if isinstance(overrides, str | Path):
             inputs.append(InputFile("overrides", str(Path(overrides).resolve()), file_sha256(overrides)))
     cfg = resolve_config(options.device, options.precision, cfg_obj, ofile)
@@ -680,8 +688,24 @@ def build(
         os.replace(staging, job.out)
     except BaseException as exc:
         _fail(exc, job, staging)
+        named = _unstaged(exc, job, staging)
+        if named is not None:
+            raise named from exc
         raise
     return BuildResult(out_dir=job.out, manifest=manifest, report=report)
+
+
+def _unstaged(exc: BaseException, job: _Job, staging: Path) -> QDebugError | None:
+    """The error with the user's file named instead of its copy in the staging folder (which is gone by now):
+    the steps after the fixes read that copy, so their errors name it. ``None`` when there is nothing to rename."""
+    text = str(exc)
+    kinds: tuple[type[QDebugError], ...] = (ModelError, DataError, ConfigError, InputFileError)
+    kind = next((k for k in kinds if type(exc) is k), None)  # exact types: their constructors take the message
+    if kind is None or str(staging) not in text:
+        return None
+    user = str(job.src) if not job.target.fix_names else f"{job.src} (after the {job.target.name} fixes)"
+    text = text.replace(str(staging / f"{_stem(job)}.float.onnx"), user).replace(str(staging), str(job.out))
+    return kind(text)
 
 
 def _fail(exc: BaseException, job: _Job, staging: Path) -> None:

@@ -254,6 +254,14 @@ def _meta(
     )
 
 
+def _named(exc: ModelError, f_path: str, q_path: str) -> ModelError:
+    """The engine's error with the file at fault named: the one its role says, else both (a mismatch of the two)."""
+    paths = {"float model": f_path, "quantized model": q_path}
+    if exc.role in paths:
+        return ModelError(f"{paths[exc.role]} ({exc.role}): {exc.reason}")
+    return ModelError(f"{exc} (float model: {f_path}; quantized model: {q_path})")
+
+
 def debug(
     float_model: ModelLike,
     quant_model: ModelLike,
@@ -275,7 +283,7 @@ def debug(
     try:
         pairing = pair_models(fm, qm)
     except ModelError as exc:  # the pairing sees protos only: name the files here
-        raise ModelError(f"{exc} (float model: {f_path}; quantized model: {q_path})") from exc
+        raise _named(exc, f_path, q_path) from exc
     source = open_data(
         data,
         input_specs(fm),
@@ -288,7 +296,7 @@ def debug(
     try:
         cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture)
     except ModelError as exc:  # the engine sees protos only: name the files here
-        raise ModelError(f"{exc} (float model: {f_path}; quantized model: {q_path})") from exc
+        raise _named(exc, f_path, q_path) from exc
     streaming = opts.selected(STREAMING_METRICS)
     activations = [_activation(j, a, cap, streaming) for j, a in enumerate(pairing.activations)]
     outputs = [_output(j, o, cap, streaming) for j, o in enumerate(pairing.outputs)]

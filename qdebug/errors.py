@@ -49,9 +49,19 @@ class InputFileError(QDebugError):
 
 
 class ModelError(QDebugError):
-    """A model is valid ONNX but not what the operation needs."""
+    """A model is valid ONNX but not what the operation needs.
+
+    ``role`` says which of several models is at fault ("float model", "quantized model") when the code raising it
+    sees only protos, so that the caller, which knows the files, can name the right one (``reason`` is the message
+    without the role).
+    """
 
     exit_code = EXIT_MODEL
+
+    def __init__(self, message: str = "", *, role: str | None = None) -> None:
+        super().__init__(f"{role}: {message}" if role else message)
+        self.role = role
+        self.reason = message
 
 
 class DataError(QDebugError, ValueError):

@@ -90,12 +90,39 @@ def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
         raise InputFileError(f"{role} {p}: not a valid ONNX file ({type(exc).__name__}: {exc})") from exc
     if model.ir_version <= 0 or not model.opset_import or len(model.graph.node) == 0:
         raise InputFileError(f"{role} {p}: not a valid ONNX model (no IR version, opset or nodes)")
+    bad_text = _non_utf8_field(model, "model")
+    if bad_text is not None:
+        raise InputFileError(f"{role} {p}: not a valid ONNX model ({bad_text} is not UTF-8 text)")
+    if not model.graph.output:  # ORT loads it, then every command fails later and unclearly (or "succeeds")
+        raise ModelError(f"{role} {p}: the graph has no outputs; nothing can be computed or compared")
     if any(_is_external(t) for t in _all_tensors(model)):
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # a missing file is the latter
             raise InputFileError(f"{role} {p}: cannot read its external data: {exc}") from exc
     return model
+
+
+def _non_utf8_field(msg: Any, where: str) -> str | None:
+    """The first string field (name, input, op type, ...) that is not UTF-8, as a path like
+    ``model.graph.node[2].name``, else ``None``. ONNX's protos are proto2, so the parser accepts such bytes and hands
+    them over as ``bytes`` where every reader expects ``str`` (a crash far from the file). Tensor data are not
+    visited (only string and message fields are read)."""
+    for fd in msg.DESCRIPTOR.fields:
+        if fd.type == fd.TYPE_STRING:
+            value = getattr(msg, fd.name)
+            values = [value] if isinstance(value, str | bytes) else value
+            if any(isinstance(v, bytes) for v in values):
+                return f"{where}.{fd.name}"
+        elif fd.type == fd.TYPE_MESSAGE:
+            value = getattr(msg, fd.name)
+            single = hasattr(value, "DESCRIPTOR")  # a message, not a repeated container of them
+            items = ([value] if msg.HasField(fd.name) else []) if single else list(value)
+            for i, item in enumerate(items):
+                found = _non_utf8_field(item, f"{where}.{fd.name}" + ("" if single else f"[{i}]"))
+                if found is not None:
+                    return found
+    return None
 
 
 def _is_external(t: onnx.TensorProto) -> bool:
@@ -197,12 +224,13 @@ def constant_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto | onnx
 
 
 def decode_constant(c: onnx.TensorProto | onnx.NodeProto) -> np.ndarray:
-    """Decode an initializer or a ``Constant`` node's value to numpy."""
+    """Decode an initializer or a ``Constant`` node's value to numpy (a tensor that cannot be decoded — an
+    undefined or unknown element type, data that do not fit its shape — is a :class:`ModelError` naming it)."""
     if isinstance(c, onnx.TensorProto):
-        return numpy_helper.to_array(c)
+        return _to_array(c, c.name)
     for a in c.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t)
+            return _to_array(a.t, c.output[0] if c.output else c.name)
         if a.name == "value_float":
             return np.array(a.f, dtype=np.float32)
         if a.name == "value_floats":
@@ -212,6 +240,13 @@ def decode_constant(c: onnx.TensorProto | onnx.NodeProto) -> np.ndarray:
         if a.name == "value_ints":
             return np.array(list(a.ints), dtype=np.int64)
     raise ModelError(f"Constant node {c.name or c.output[0]!r} has no supported value attribute")
+
+
+def _to_array(t: onnx.TensorProto, name: str) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(t)
+    except (TypeError, ValueError, KeyError) as exc:  # onnx raises these on an unknown type or a size mismatch
+        raise ModelError(f"constant {name!r} cannot be decoded: {exc}") from exc
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
@@ -662,6 +697,15 @@ def _check_correspondence(
         )
 
 
+def _index(model: onnx.ModelProto, role: str) -> GraphIndex:
+    """The model's :class:`GraphIndex`; a graph that cannot be ordered is named by its role (both graphs are often
+    called 'main_graph')."""
+    try:
+        return GraphIndex(model)
+    except ModelError as exc:
+        raise ModelError(exc.reason, role=role) from exc
+
+
 def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Pairing:
     """Build the float↔quant pairing from the quantized graph's Q/DQ structure.
 
@@ -670,11 +714,17 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     """
     _check_kinds(float_model, quant_model)
     q_inputs = _check_inputs(float_model, quant_model)
-    f = GraphIndex(float_model)
+    f = _index(float_model, "float model")
     float_tensors = [i for i in f.inputs if i in q_inputs] + [
         o for n in f.nodes if n.op_type != "Constant" for o in n.output if o
     ]
-    sides = _Sides(f, GraphIndex(quant_model), float_tensors, frozenset(float_tensors), _float_value_types(float_model))
+    sides = _Sides(
+        f,
+        _index(quant_model, "quantized model"),
+        float_tensors,
+        frozenset(float_tensors),
+        _float_value_types(float_model),
+    )
     activations, unmatched = _activation_pairs(sides, q_inputs)
     warnings: list[str] = []
     _check_correspondence(f, activations, unmatched, warnings)

@@ -55,6 +55,16 @@ def refuse_overwrite_input(output: str | Path, *inputs: str | Path) -> None:
 #: Longest file name most file systems take (bytes).
 NAME_MAX = 255
 
+#: The most bytes a temporary sibling's name adds to an output's name before the rename: build's staging folder
+#: ``.<name>.building-<8 hex>`` (19); the atomic writers' ``.<name>.<8 random>.tmp`` / ``.onnx`` add less. An
+#: output whose name leaves no room for it would fail after all the work, so the guard refuses it up front.
+TEMP_NAME_EXTRA = 19
+
+#: File name suffixes that ``onnx.load`` reads as a text format (JSON, textproto, ONNX text): a binary model written
+#: under such a name could not be loaded back by name.
+TEXT_MODEL_SUFFIXES = frozenset({".json", ".onnxjson", ".txtpb", ".textproto", ".prototxt", ".pbtxt", ".onnxtxt",
+                                 ".onnxtext"})  # fmt: skip
+
 
 def _same_file(a: Path, b: Path) -> bool:
     """The same file by real path, or by inode (hard links); False when either does not exist."""
@@ -64,20 +74,51 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _name_problem(t: Path) -> str | None:
+    size = len(os.fsencode(t.name))
+    if size > NAME_MAX:
+        return f"{t}: the file name is longer than {NAME_MAX} bytes"
+    if size + TEMP_NAME_EXTRA > NAME_MAX:
+        return (
+            f"{t}: the file name is {size} bytes; at most {NAME_MAX - TEMP_NAME_EXTRA} leave room for the temporary "
+            "name it is written under"
+        )
+    return None
+
+
 def output_problems(
-    output: Path, inputs: Mapping[str, Path], *, folder: bool = False, derived: Sequence[str] = ()
+    output: Path,
+    inputs: Mapping[str, Path],
+    *,
+    folder: bool = False,
+    derived: Sequence[str] = (),
+    model: bool = False,
 ) -> list[str]:
     """Why ``output`` (and the files derived from it by ``derived`` suffixes, e.g. ``.calib.json``) cannot be
     written without risk: it is one of ``inputs`` (by real path or hard link), a directory where a file is meant
-    (or a file where a folder is meant), under a regular file, in a folder that cannot be written, or too long."""
+    (or a file where a folder is meant), under a regular file, in a folder that cannot be written, too long (with
+    room for its temporary name), or (``model``) named like a text format ONNX would misread."""
     problems = []
     targets = [output, *(output.with_suffix(s) for s in derived)]
     for t in targets:
         for role, path in inputs.items():
             if _same_file(t, path):
                 problems.append(f"{t} is the {role} {path}: refusing to overwrite an input; choose another output")
-        if len(os.fsencode(t.name)) > NAME_MAX:
-            problems.append(f"{t}: the file name is longer than {NAME_MAX} bytes")
+        name_problem = _name_problem(t)
+        if name_problem:
+            problems.append(name_problem)
+    if model and output.suffix.lower() in TEXT_MODEL_SUFFIXES:
+        problems.append(f"{output}: a '{output.suffix}' name is read back as a text format, not a model; use .onnx")
+    try:
+        problems += _place_problems(output, folder)
+    except OSError as exc:  # e.g. a folder name above it longer than the file system takes
+        problems.append(f"{output}: {exc.strerror or exc}")
+    return problems
+
+
+def _place_problems(output: Path, folder: bool) -> list[str]:
+    """A folder/file mix-up, a path under a regular file, or a folder that cannot be written."""
+    problems = []
     if not folder and output.is_dir():
         problems.append(f"{output} is a folder; give a file path")
     if folder and output.exists() and not output.is_dir():

@@ -436,9 +436,11 @@ def quantize(
                             "(an opset conversion made new ones); calibrated again"
                         )
                 qdq_s = _insert_qdq(ort_model, ort_cfg, ranges, out, label)
-        except BaseException:
+        except BaseException as exc:
             if not reuse:  # a failed quantization leaves no calibration ranges behind
                 cache.unlink(missing_ok=True)
+            if isinstance(exc, DataError) and source.description not in str(exc):  # name the data too
+                raise DataError(f"{exc} (calibration data: {source.description})") from exc
             raise
     quantized, total, qdq = count_quantized_nodes(onnx.load(str(out)))
     return QuantizeResult(

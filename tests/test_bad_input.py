@@ -364,3 +364,196 @@ def test_debug_refuses_to_write_its_report_over_an_input(env: Env, run_cli) -> N
     result = run_cli("debug", "-f", env.float_model, "-q", env.quant_model, "--samples", "2", "-o", env.quant_model)
     assert_one_line_error(result, EXIT_USAGE, "overwrite")  # the output guard, before any work
     assert tree_hashes(env.root) == before
+
+
+# ------------------------------------------------------------------ a QDQ model that loads but cannot run
+def _zero_point_shape(m: onnx.ModelProto) -> None:
+    """The activation zero point of 'x' gets two elements while its scale keeps one (ORT checks at run time)."""
+    zp = next(t for t in m.graph.initializer if t.name == "x_zero_point")
+    value = onnx.numpy_helper.to_array(zp)
+    zp.CopyFrom(onnx.numpy_helper.from_array(np.array([value, value], dtype=value.dtype), zp.name))
+
+
+def _axis_out_of_range(m: onnx.ModelProto) -> None:
+    """A per-channel DequantizeLinear whose axis is past the weight's rank."""
+    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute))
+    next(a for a in dq.attribute if a.name == "axis").i = 5
+
+
+@pytest.mark.parametrize("command", ["debug", "suggest"])
+@pytest.mark.parametrize(
+    ("config", "mutate", "needle"),
+    [("u8", _zero_point_shape, "x_zero_point"), ("s8_per_channel", _axis_out_of_range, "axis 5")],
+    ids=["zero-point-shape", "axis-out-of-range"],
+)
+def test_a_qdq_model_that_fails_at_run_time_is_a_model_error_naming_it(
+    tmp_path: Path, tiny_float: Path, tiny_quant, run_cli, command: str, config: str, mutate, needle: str
+) -> None:
+    """It used to be exit 5 ("data"), ORT's coloured log lines on stderr, and no file named."""
+    q = onnx.load(str(tiny_quant(config)))
+    mutate(q)
+    bad = save(q, tmp_path / "bad.qdq.onnx")
+    before = tree_hashes(tmp_path)
+    r = run_cli(command, "-f", tiny_float, "-q", bad, "--samples", "2")
+    assert_one_line_error(r, EXIT_MODEL, str(bad), "(quantized model)", "float model runs on", needle)
+    assert "onnxruntime_src" not in r.stderr and "[E:onnxruntime" not in r.stderr
+    assert str(tiny_float) not in r.stderr  # the float model is not at fault
+    assert tree_hashes(tmp_path) == before
+
+
+def _ir_too_new(m: onnx.ModelProto) -> None:
+    m.ir_version = 99
+
+
+def _cycle(m: onnx.ModelProto) -> None:
+    m.graph.node[0].input[0] = m.graph.node[-1].output[0]  # the first node reads the last one's output
+
+
+@pytest.mark.parametrize("role", ["float", "quant"])
+@pytest.mark.parametrize(("mutate", "needle"), [(_ir_too_new, "IR version"), (_cycle, "cycle")], ids=["ir99", "cycle"])
+def test_debug_names_the_one_model_at_fault(
+    tmp_path: Path, tiny_float: Path, tiny_quant, run_cli, role: str, mutate, needle: str
+) -> None:
+    """Both graphs are often named 'main_graph': the message names the file, not the graph."""
+    m = onnx.load(str(tiny_float if role == "float" else tiny_quant("u8")))
+    mutate(m)
+    bad = save(m, tmp_path / f"bad.{role}.onnx")
+    f, q = (bad, tiny_quant("u8")) if role == "float" else (tiny_float, bad)
+    r = run_cli("debug", "-f", f, "-q", q, "--samples", "2")
+    what = "(float model)" if role == "float" else "(quantized model)"
+    assert_one_line_error(r, EXIT_MODEL, f"{bad} {what}", needle)
+    assert str(q if role == "float" else f) not in r.stderr
+
+
+def test_ort_log_lines_are_silenced_on_the_real_stderr(tmp_path: Path, tiny_float: Path, tiny_quant) -> None:
+    """ORT logs to file descriptor 2 from C++ (capsys cannot see it): a real process, whose whole stderr is one line."""
+    import subprocess
+    import sys
+
+    q = onnx.load(str(tiny_quant("u8")))
+    _zero_point_shape(q)
+    bad = save(q, tmp_path / "bad.qdq.onnx")
+    argv = [sys.executable, "-m", "qdebug.cli", "debug", "-f", str(tiny_float), "-q", str(bad), "--samples", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert proc.returncode == EXIT_MODEL
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("qdebug: error: "), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"), [(_ir_too_new, "IR version"), (_cycle, "not acyclic")], ids=["ir99", "cycle"]
+)
+def test_build_names_the_users_file_when_ort_refuses_the_model(tmp_path: Path, run_cli, mutate, needle: str) -> None:
+    """It named the copy in its hidden staging folder ('out/.b.building-…/m.float.onnx') and left 'out/' behind."""
+    m = builders.tiny_convnet()
+    mutate(m)
+    bad = save(m, tmp_path / "m.onnx")
+    before = tree_hashes(tmp_path)
+    r = run_cli("build", "-f", bad, "--target", "cpu", "--precision", "uint8", "-o", tmp_path / "out" / "b")
+    assert_one_line_error(r, EXIT_MODEL, f"{bad}: ONNX Runtime cannot load it", needle)
+    assert ".building-" not in r.stderr
+    assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("command", ["quantize", "build"])
+def test_a_failed_command_removes_the_folders_it_created(tmp_path: Path, tiny_float: Path, run_cli, command) -> None:
+    """Calibration data that overflow fail after the output's folders were made: none of them stays behind."""
+    big = tmp_path / "big.npz"
+    np.savez(big, x=np.full((4, *SHAPE), 3e38, np.float32))
+    before = tree_hashes(tmp_path)
+    if command == "quantize":
+        argv = ["quantize", "-f", tiny_float, "--calib", big, "-o", tmp_path / "new" / "sub" / "q.onnx"]
+    else:
+        argv = ["build", "-f", tiny_float, "--target", "cpu", "--precision", "uint8", "--calib", big,
+                "-o", tmp_path / "new" / "sub" / "b"]  # fmt: skip
+    r = run_cli(*argv)
+    assert_one_line_error(r, EXIT_DATA, str(tiny_float))
+    assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["big.npz"]
+
+
+@pytest.mark.parametrize("command", ["quantize", "debug", "build"])
+def test_a_model_without_graph_outputs_is_refused(tmp_path: Path, tiny_quant, run_cli, command: str) -> None:
+    """ORT loads it; quantize and debug then exited 0 with nothing computed, build failed in the CPU check (exit 7)."""
+    m = builders.tiny_convnet()
+    del m.graph.output[:]
+    bad = save(m, tmp_path / "no_outputs.onnx")
+    before = tree_hashes(tmp_path)
+    argv = {
+        "quantize": ["quantize", "-f", bad, "--samples", "2", "-o", tmp_path / "q.onnx"],
+        "debug": ["debug", "-f", bad, "-q", tiny_quant("u8"), "--samples", "2"],
+        "build": ["build", "-f", bad, "--target", "cpu", "--precision", "uint8", "-o", tmp_path / "b"],
+    }[command]
+    assert_one_line_error(run_cli(*argv), EXIT_MODEL, str(bad), "no outputs")
+    assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["no_outputs.onnx"]
+
+
+def test_suggest_checks_its_config_even_without_promote_top(tmp_path: Path, tiny_float: Path, tiny_quant, run_cli):
+    """--config is only used by --promote-top; a broken one was silently ignored (exit 0)."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"per_channel": "no"}')
+    r = run_cli("suggest", "-f", tiny_float, "-q", tiny_quant("u8"), "--samples", "2", "-c", cfg)
+    assert_one_line_error(r, EXIT_USAGE, str(cfg), "per_channel")
+
+
+def test_a_non_utf8_output_name_prints_on_a_strict_stdout(tmp_path: Path, tiny_float: Path) -> None:
+    """Outside Python's UTF-8 mode (e.g. LANG=en_US.UTF-8) stdout is strict: 'wrote <path>' raised
+    UnicodeEncodeError after the model was written (exit 1); an error naming such a file failed the same way."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "PYTHONUTF8": "0"}
+    out = os.fsdecode(bytes(tmp_path) + b"/\xfeq.onnx")
+    argv = [sys.executable, "-m", "qdebug.cli", "quantize", "-f", str(tiny_float), "--samples", "2", "-o", out]
+    proc = subprocess.run(argv, capture_output=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert bytes(tmp_path) + b"/\xfeq.onnx" in proc.stdout  # the name as the bytes it is, like ls prints it
+    missing = os.fsdecode(bytes(tmp_path) + b"/\xff.onnx")
+    argv = [sys.executable, "-m", "qdebug.cli", "quantize", "-f", missing, "--samples", "2", "-o", str(tmp_path / "x")]
+    proc = subprocess.run(argv, capture_output=True, env=env, check=False)
+    assert proc.returncode == EXIT_INPUT_FILE and proc.stderr.count(b"\n") == 1, proc.stderr
+    assert b"\\udcff.onnx: no such file" in proc.stderr
+
+
+def test_data_the_float_model_cannot_run_on_name_the_data(tmp_path: Path, run_cli) -> None:
+    """A Reshape to a fixed [1, 36] under a dynamic batch: the shape the user picked is valid for the input, but the
+    float model cannot run on it. A data error naming the data, the sample and the float model (it named none)."""
+    from onnx import TensorProto, helper
+
+    shape = onnx.numpy_helper.from_array(np.array([1, 36], np.int64), "shape")
+    w = onnx.numpy_helper.from_array(np.full((36, 2), 0.1, np.float32), "w")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["flat"]), helper.make_node("MatMul", ["flat", "w"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        [shape, w],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    f = save(m, tmp_path / "f.onnx")
+    q = tmp_path / "q.onnx"
+    quantize(f, None, QuantConfig(num_samples=2), q)
+    before = tree_hashes(tmp_path)
+    r = run_cli("debug", "-f", f, "-q", q, "--samples", "2", "--input-shape", "x:2,1,6,6")
+    assert_one_line_error(r, EXIT_DATA, "synthetic uniform", "sample 0", "float model cannot run")
+    assert tree_hashes(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("[ONNXRuntimeError] : 1 : FAIL : Load model from /tmp/x.onnx failed:bad model", "bad model"),
+        ("/onnxruntime_src/a.cc:12 void f(const T&, int) the reason (x)", "the reason (x)"),
+        (
+            "Status Message: /onnxruntime_src/q.cc:79 void g(int, h(int)) axis (5) out of range",
+            "Status Message: axis (5)",
+        ),
+        ("/onnxruntime_src/a.cc:12 no signature here", "no signature here"),
+    ],
+)
+def test_ort_message_keeps_the_reason_without_the_cpp_location(raw: str, clean: str) -> None:
+    from qdebug.capture.session import ort_message
+
+    assert ort_message(RuntimeError(raw)).startswith(clean)
+    assert "onnxruntime_src" not in ort_message(RuntimeError(raw))

@@ -76,8 +76,16 @@ def test_build_data_without_calib_keeps_its_old_meaning(run_cli, tmp_path: Path)
         (["quantize", "-f", "m.onnx"], "--output/-o"),
         (["build", "-f", "m.onnx", "-o", "o"], "--target"),
         (["debug", "-f", "a", "-q", "b", "--fail-below", "nan"], "finite"),
+        (["debug", "-f", "a", "-q", "b", "--fail-below", "inf"], "finite"),
+        (["debug", "-f", "a", "-q", "b", "--top", "-1"], "positive integer"),
+        (["suggest", "-f", "a", "-q", "b", "--top", "0"], "positive integer"),
+        # a goal of nan can never be met: search ran every step and exited 10
+        (["search", "-f", "a", "-o", "o.json", "--goal-sqnr", "nan"], "finite"),
+        (["search", "-f", "a", "-o", "o.json", "--goal-sqnr", "inf"], "finite"),
+        (["search", "-f", "a", "-o", "o.json", "--max-accuracy-drop", "nan"], "finite"),
         (["debug", "-f", "a", "-q", "b", "--capture", "gpu"], "invalid choice"),
         (["nope"], "invalid choice"),
+        (["debug", "-f", "a", "-q", "b", "--bogus"], "qdebug debug: error: unrecognized arguments: --bogus"),
     ],
 )
 def test_usage_errors_are_one_line(run_cli, argv: list[str], needle: str) -> None:

@@ -44,6 +44,18 @@ CASES = [
     ("output-is-a-folder", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{dir}"], "is a folder"),
     ("output-under-a-file", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{calib}/q.onnx"], "is a file"),
     ("name-too-long", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{long}"], "longer than 255"),
+    # names the file system refuses (os.stat raised ENAMETOOLONG: exit 1) or that leave no room for the temporary
+    # sibling qdebug writes first (the build's staging folder adds 19 bytes: it failed after the work)
+    ("debug-name-256", ["debug", "-f", "{m}", "-q", "{q}", "--samples", "2", "-o", "{n256}"], "longer than 255"),
+    ("search-name-256", ["search", "-f", "{m}", "--goal-sqnr", "30", "-o", "{n256}"], "longer than 255"),
+    ("build-name-250", ["build", "-f", "{m}", "--target", "cpu", "--precision", "uint8", "-o", "{n250}"],
+     "leave room for the temporary"),
+    ("debug-name-245", ["debug", "-f", "{m}", "-q", "{q}", "--samples", "2", "-o", "{n245}"],
+     "leave room for the temporary"),
+    ("folder-name-300", ["suggest", "-f", "{m}", "-q", "{q}", "--samples", "2", "--promote-top", "1",
+                         "--overrides-out", "{n300}/o.json"], "too long"),
+    # a binary model under a name onnx.load reads as JSON: quantize wrote it, then crashed reading it back
+    ("model-named-json", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{dir}/q.json"], "use .onnx"),
 ]  # fmt: skip
 
 
@@ -57,6 +69,10 @@ def test_outputs_never_overwrite_inputs(
         **{k: str(v) for k, v in files.items()},
         "dir": str(tmp_path),
         "long": str(tmp_path / ("x" * 250 + ".onnx")),
+        "n256": str(tmp_path / ("n" * 251 + ".json")),
+        "n250": str(tmp_path / ("b" * 250)),
+        "n245": str(tmp_path / ("r" * 240 + ".json")),
+        "n300": str(tmp_path / ("d" * 300)),
         "cfgstem": str(tmp_path / "cfgq"),
         "cfgcalib": str(cfgcalib),
     }
@@ -211,6 +227,18 @@ def test_paths_that_are_not_utf8_work(run_cli, tmp_path: Path, files: dict[str, 
     assert r.code == 0, r.stderr
     r = run_cli("debug", "-f", odd, "-q", out, "--samples", "2", "-o", tmp_path / "r.json")
     assert r.code == 0, r.stderr
+    # every other command, with its outputs in a non-UTF-8 folder too (build's CPU check handed ORT the path:
+    # exit 7 and a four-line pybind11 message)
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/\xfe"))
+    folder.mkdir()
+    for argv in (
+        ["suggest", "-f", odd, "-q", out, "--samples", "2", "--promote-top", "1", "--overrides-out", folder / "o.json"],
+        ["search", "-f", odd, "--calib", files["calib"], "--debug-samples", "2", "--goal-sqnr", "-100",
+         "-o", folder / "s.json"],
+        ["build", "-f", odd, "--target", "cpu", "--precision", "uint8", "--calib", files["calib"], "-o", folder / "b"],
+    ):  # fmt: skip
+        r = run_cli(*argv)
+        assert r.code == 0, (argv[0], r.stderr)
 
 
 def test_a_non_finite_constant_stays_out_of_quantization(run_cli, tmp_path: Path) -> None:

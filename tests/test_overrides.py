@@ -548,7 +548,10 @@ def test_cli_model_problems_and_checksum_warning(tiny: Path, tmp_path: Path, run
     warning, error = r.stderr.strip().splitlines()
     assert warning.startswith("qdebug: warning: the overrides were made for a different model file")
     assert "overridden tensors not in this model: 'ghost'" in warning
-    assert error.startswith("qdebug: error: invalid tensor overrides (1 problem)") and "'ghost'" in error
+    assert (
+        error.startswith(f"qdebug: error: {tmp_path / 'u.json'}: invalid tensor overrides (1 problem)")
+        and "'ghost'" in error
+    )
     assert not out.exists()
 
     other = OverridesFile(FIXED_A1, model_sha256="0" * 64)  # made for another file, but fits this model
@@ -557,3 +560,13 @@ def test_cli_model_problems_and_checksum_warning(tiny: Path, tmp_path: Path, run
     assert r.stderr.startswith("qdebug: warning: the overrides were made for a different model file")
     assert "every overridden tensor exists in this model" in r.stderr
     assert out.is_file()
+
+
+def test_build_names_the_overrides_file_when_it_does_not_fit_the_model(tiny: Path, tmp_path: Path, run_cli) -> None:
+    """The model check sees the parsed file only: its error said 'invalid tensor overrides' without the file."""
+    bad = OverridesFile({"ghost": [{"quant_type": "QUInt16"}]}).save(tmp_path / "ghost.json")
+    r = run_cli(
+        "build", "-f", tiny, "--target", "cpu", "--precision", "uint8", "--overrides", bad, "-o", tmp_path / "b"
+    )
+    assert r.code == EXIT_USAGE and r.stderr.strip().splitlines()[-1].startswith(f"qdebug: error: {bad}: "), r.stderr
+    assert not (tmp_path / "b").exists()

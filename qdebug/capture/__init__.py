@@ -147,12 +147,15 @@ def capture(
     for i, sample in enumerate(data):
         if i >= n_total:  # a source that yields more than it announced
             break
-        res = run.reduce(i, sample)
-        if isinstance(res, Fallback):
-            sums.fallbacks[res.reason] += 1
-            fallback = fallback or get_backend(FALLBACK_BACKEND).open(float_model, quant_model, pairing, providers)
-            res = fallback.reduce(i, sample)
-            assert isinstance(res, SampleSums), "the fallback backend reduces every sample or raises"
+        try:
+            res = run.reduce(i, sample)
+            if isinstance(res, Fallback):
+                sums.fallbacks[res.reason] += 1
+                fallback = fallback or get_backend(FALLBACK_BACKEND).open(float_model, quant_model, pairing, providers)
+                res = fallback.reduce(i, sample)
+                assert isinstance(res, SampleSums), "the fallback backend reduces every sample or raises"
+        except DataError as exc:  # a backend sees one sample: name where it came from
+            raise DataError(f"{data.description}: {exc}") from exc
         sums.add(i, res)
         if progress is not None:
             progress(i + 1, n_total)

@@ -12,7 +12,7 @@ import onnx
 from qdebug.capture.base import SampleSums
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.session import expose_outputs, make_session, ort_message
-from qdebug.errors import DataError
+from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing
 
 __all__ = ["NumpyBackend", "NumpyRun"]
@@ -25,18 +25,29 @@ class NumpyRun:
         self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
-        self.f_sess = make_session(expose_outputs(float_model, self.plan.float_names), providers, what="float model")
+        self.f_sess = make_session(expose_outputs(float_model, self.plan.float_names), providers, role="float model")
         self.q_sess = make_session(
-            expose_outputs(quant_model, self.plan.quant_names), providers, what="quantized model"
+            expose_outputs(quant_model, self.plan.quant_names), providers, role="quantized model"
         )
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
-        """Run both models on the sample and reduce (a sample ORT cannot run is a :class:`DataError`)."""
+        """Run both models on the sample and reduce.
+
+        A sample the float model cannot run is a :class:`DataError`; a sample the float model runs but the quantized
+        model cannot (e.g. a zero point whose shape differs from its scale's, an axis out of range: ORT checks
+        those at run time only) is the quantized model's fault, a :class:`ModelError` with that role.
+        """
         try:
             f_vals = self.f_sess.run(list(self.plan.float_names), sample)  # type: ignore[attr-defined]
-            q_vals = self.q_sess.run(list(self.plan.quant_names), sample)  # type: ignore[attr-defined]
         except Exception as exc:  # ORT's own error types carry no common public base
-            raise DataError(f"sample {index}: ONNX Runtime failed to run the models: {ort_message(exc)}") from exc
+            raise DataError(f"sample {index}: the float model cannot run on it: {ort_message(exc)}") from exc
+        try:
+            q_vals = self.q_sess.run(list(self.plan.quant_names), sample)  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise ModelError(
+                f"ONNX Runtime cannot run it on sample {index}, which the float model runs on: {ort_message(exc)}",
+                role="quantized model",
+            ) from exc
         f = dict(zip(self.plan.float_names, f_vals, strict=True))
         q = dict(zip(self.plan.quant_names, q_vals, strict=True))
         return reduce_sample(self.plan, f, q)

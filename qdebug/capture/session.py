@@ -32,25 +32,50 @@ def ort_message(exc: BaseException) -> str:
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
     if "failed:" in text:  # "Load model from /tmp/... failed:<why>"
         text = text.split("failed:", 1)[1]
-    if text.startswith("/onnxruntime_src/") and ") " in text:  # "<file>:<line> <C++ signature>(...) <why>"
-        text = text.rsplit(") ", 1)[1]
-    return text.strip() or type(exc).__name__
+    return _drop_cpp_location(text).strip() or type(exc).__name__
+
+
+def _drop_cpp_location(text: str) -> str:
+    """``... Status Message: /onnxruntime_src/<file>:<line> <C++ signature>(<args>) <why>`` → ``... <why>`` (the
+    signature's parentheses nest and the reason may contain some too, so they are matched, not split on)."""
+    m = re.search(r"/onnxruntime_src/\S+:\d+ ", text)
+    if m is None:
+        return text
+    start = text.find("(", m.end())
+    if start < 0:  # no signature: drop the location only
+        return text[: m.start()] + text[m.end() :]
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[: m.start()] + text[i + 1 :].lstrip()
+    return text[: m.start()] + text[m.end() :]
 
 
 def make_session(
-    model: onnx.ModelProto, providers: Sequence[str], *, optimize: bool = False, what: str | None = None
+    model: onnx.ModelProto,
+    providers: Sequence[str],
+    *,
+    optimize: bool = False,
+    what: str | None = None,
+    role: str | None = None,
 ) -> object:
-    """An ORT session with optimizations off (unless asked) and clear errors (``what`` names the model's file)."""
+    """An ORT session with optimizations off (unless asked) and clear errors: ``what`` names the model's file, or
+    ``role`` says which model it is (the :class:`ModelError`'s ``role``, for a caller that knows the file)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
-    so.log_severity_level = 3
+    # Fatal only: every error ORT logs is also raised, and becomes our one-line message; its own coloured log
+    # lines on stderr would make it several.
+    so.log_severity_level = 4
     try:
         return ort.InferenceSession(model.SerializeToString(), so, providers=list(providers))
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
+        if role is not None and what is None:
+            raise ModelError(f"ONNX Runtime cannot load it: {ort_message(exc)}", role=role) from exc
         name = what or f"the model {model.graph.name!r}"
         raise ModelError(f"{name}: ONNX Runtime cannot load it: {ort_message(exc)}") from exc
 

@@ -5,13 +5,14 @@ each), shared argument groups in :mod:`qdebug.cli._base`. Errors become messages
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import TextIO
 
 from qdebug._version import __version__
-from qdebug.cli._base import EPILOG, ArgumentParser, Tool
+from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty, say
 from qdebug.cli.build import Build
 from qdebug.cli.debug import Debug
 from qdebug.cli.quantize import Quantize
@@ -77,18 +78,45 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     """Parsed arguments, or the exit code argparse chose (--help, --version, a usage error)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the command's parser, so that the line points to 'qdebug <command> --help'
+            args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.tool.check_required(args.parser, args)
     except SystemExit as exc:  # argparse exits on --help / --version / bad usage
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     for note in [*(getattr(args, "deprecations", None) or []), *args.tool.notes(args)]:
-        print(f"qdebug: note: {note}", file=sys.stderr)
+        say("note", note)
     return args
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run the tool; when it fails (an error, Ctrl-C or a non-zero exit), remove the folders it created for its
+    outputs that are still empty: a failed command leaves nothing behind."""
+    created = args.tool.new_folders(args)
+    code = 1
+    try:
+        code = int(args.tool.run(args, out))
+    finally:
+        if code != 0:
+            remove_empty(created)
+    return code
+
+
+def _tolerate_file_names() -> None:
+    """A file name that is not UTF-8 (held as surrogate escapes) reaches stdout as the bytes it is, like ``ls``
+    prints it, and stderr escaped; outside Python's UTF-8 mode stdout is strict, and printing 'wrote <path>' raised
+    UnicodeEncodeError after the work was done (exit 1), an error message naming such a file did too."""
+    for stream, errors in ((sys.stdout, "surrogateescape"), (sys.stderr, "backslashreplace")):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):  # a stream that cannot change its error handler keeps its own
+                reconfigure(errors=errors)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI and return its exit code (never raises for user errors): the one place errors become
     one-line messages and exit codes (:mod:`qdebug.errors`)."""
+    _tolerate_file_names()
     out = out or sys.stdout
     debug = False
     try:
@@ -97,16 +125,16 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return args
         debug = args.debug
         args.tool.guard(args)  # every output checked against every input before any work
-        return int(args.tool.run(args, out))
+        return _run(args, out)
     except QDebugError as exc:
         if debug:
             traceback.print_exc()
-        print(f"qdebug: error: {exc}", file=sys.stderr)
+        say("error", str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         print("qdebug: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
         traceback.print_exc()
-        print(f"qdebug: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        say("internal error", f"{type(exc).__name__}: {exc}")
         return EXIT_INTERNAL

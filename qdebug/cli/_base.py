@@ -8,6 +8,8 @@ work for one release as hidden aliases that print a one-line notice (:class:`Dep
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,13 +24,29 @@ ALIASES_REMOVED_IN = "0.3"
 EPILOG = "exit codes:\n" + "\n".join(f"  {k:>2}  {v}" for k, v in EXIT_CODES.items())
 
 
+#: Control characters and every other character ``str.splitlines`` breaks on, escaped: a tensor name, a file
+#: name or a JSON key may hold them, and a message must stay one line.
+_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(32), 127, 0x85]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+_ESCAPES |= {0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and control characters escaped (``\\n``, ``\\x1b``, ...)."""
+    return text.translate(_ESCAPES)
+
+
+def say(kind: str, message: str) -> None:
+    """One ``qdebug: <kind>: <message>`` line on stderr, whatever the message holds."""
+    print(f"qdebug: {kind}: {one_line(message)}", file=sys.stderr)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors ("qdebug debug: error: … (see qdebug debug --help)") instead of the usage
     block, so that a mistyped flag reads like every other qdebug error."""
 
     def error(self, message: str) -> NoReturn:
         """Print one line and exit with the usage exit code (argparse's own exit path, caught by ``main``)."""
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 class DeprecatedAlias(argparse.Action):
@@ -61,6 +79,8 @@ class Output:
     path: str | None
     folder: bool = False
     derived: tuple[str, ...] = ()
+    #: a binary ONNX model (its name must not be one ``onnx.load`` reads as a text format)
+    model: bool = False
 
 
 class Tool:
@@ -102,10 +122,29 @@ class Tool:
             problem
             for out in self.outputs(args).values()
             if out.path
-            for problem in output_problems(Path(out.path), inputs, folder=out.folder, derived=out.derived)
+            for problem in output_problems(
+                Path(out.path), inputs, folder=out.folder, derived=out.derived, model=out.model
+            )
         ]
         if problems:
             raise ConfigError("; ".join(problems))
+
+    def new_folders(self, args: argparse.Namespace) -> list[Path]:
+        """The folders above this command's outputs that do not exist yet, deepest first (writing an output creates
+        them; a failed command removes those still empty: :func:`remove_empty`)."""
+        folders: list[Path] = []
+        for out in self.outputs(args).values():
+            if not out.path:
+                continue
+            for parent in Path(out.path).absolute().parents:
+                try:
+                    if parent.exists():
+                        break
+                except OSError:  # a name the file system refuses: nothing will be created there
+                    break
+                if parent not in folders:
+                    folders.append(parent)
+        return sorted(folders, key=lambda p: len(p.parts), reverse=True)
 
     def notes(self, args: argparse.Namespace) -> list[str]:
         """One-line notices about how the arguments were read (e.g. an old meaning kept for compatibility)."""
@@ -118,6 +157,14 @@ class Tool:
             parser.error(f"the following arguments are required: {', '.join(missing)}")
 
 
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove each folder that exists and is empty (in the order given: deepest first); a folder the user has
+    meanwhile put something in stays."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 # ---------------------------------------------------------------------------------------------- argument groups
 def shape_arg(text: str) -> tuple[str, list[int]]:
     """``NAME:D0,D1,...`` → (name, dims)."""
@@ -126,6 +173,34 @@ def shape_arg(text: str) -> tuple[str, list[int]]:
         return name, [int(d) for d in dims.split(",")]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected NAME:D0,D1,..., got {text!r}") from exc
+
+
+def finite_number(unit: str) -> Any:
+    """An argparse type: a finite float (``nan`` makes a goal or a gate that can never be decided, ``inf`` one that
+    can never be met); ``unit`` names what the number counts in the error."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {value!r}") from exc
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"expected a finite number of {unit}, got {value!r}")
+        return number
+
+    parse.__name__ = f"number of {unit}"
+    return parse
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: an integer ≥ 1 (a count of rows or samples)."""
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from exc
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
 
 
 def add_float_model(p: argparse.ArgumentParser, *old: str, help: str = "the float ONNX model") -> None:
@@ -193,4 +268,4 @@ def gate_help() -> str:
 
 def warn(message: str) -> None:
     """A one-line warning on stderr (results go to ``out``, diagnostics to stderr)."""
-    print(f"qdebug: warning: {message}", file=sys.stderr)
+    say("warning", message)

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import math
-import sys
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Output, Tool, add_debug_inputs, add_json, add_output, gate_help
+from qdebug.cli._base import (
+    Output,
+    Tool,
+    add_debug_inputs,
+    add_json,
+    add_output,
+    finite_number,
+    gate_help,
+    positive_int,
+    say,
+)
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, print_report, use_color
 
@@ -44,17 +52,6 @@ def run_debug(args: argparse.Namespace) -> Any:
     return debug(args.float_model, args.quant_model, args.data, opts)
 
 
-def _fail_below(value: str) -> float:
-    """A finite dB threshold (``nan`` would make a gate that can never fail)."""
-    try:
-        db = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a number of dB, got {value!r}") from exc
-    if not math.isfinite(db):
-        raise argparse.ArgumentTypeError(f"expected a finite number of dB, got {value!r}")
-    return db
-
-
 class Debug(Tool):
     """Per-tensor SQNR of a quantized model against its float parent."""
 
@@ -67,8 +64,8 @@ class Debug(Tool):
         add_debug_inputs(parser, capture_backends())
         add_output(parser, "write the full report as JSON here")
         add_json(parser, "the report")
-        parser.add_argument("--top", type=int, default=10, help="rows in each worst-N table")
-        parser.add_argument("--fail-below", type=_fail_below, metavar="DB", help=gate_help())
+        parser.add_argument("--top", type=positive_int, default=10, help="rows in each worst-N table")
+        parser.add_argument("--fail-below", type=finite_number("dB"), metavar="DB", help=gate_help())
         parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
@@ -102,7 +99,7 @@ class Debug(Tool):
         if not low:
             return EXIT_OK
         names = ", ".join(f"{o.output_name} ({fmt_db(o.cumulative_sqnr_db, o.cumulative_status).strip()})" for o in low)
-        print(f"qdebug: FAIL: output SQNR below {args.fail_below} dB: {names}", file=sys.stderr)
+        say("FAIL", f"output SQNR below {args.fail_below} dB: {names}")
         return EXIT_GATE
 
 

@@ -83,7 +83,7 @@ class Quantize(Tool):
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The QDQ model and its calibration ranges beside it."""
-        return {"--output": Output(args.output, derived=(".calib.json",))}
+        return {"--output": Output(args.output, derived=(".calib.json",), model=True)}
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Quantize, then print what was written."""
@@ -129,7 +129,7 @@ def _load_overrides(path: str, float_model: str) -> Any:
         model_warnings = check_against_model(ofile, model, file_sha256(float_model))
     except OverridesError as exc:
         model_warnings = exc.warnings  # e.g. "made for another model file": it explains the error
-        raise
+        raise OverridesError(exc.problems, source=path, warnings=exc.warnings) from exc  # name the file
     finally:
         for w in model_warnings:
             warn(w)

@@ -6,7 +6,15 @@ import argparse
 import sys
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Output, Tool, add_calib, add_float_model, add_json, add_output
+from qdebug.cli._base import (
+    Output,
+    Tool,
+    add_calib,
+    add_float_model,
+    add_json,
+    add_output,
+    finite_number,
+)
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
 
@@ -31,9 +39,14 @@ class Search(Tool):
         parser.add_argument("--config", "-c", help="base QuantConfig JSON")
         parser.add_argument("--target", choices=list(target_names()))
         goal = parser.add_argument_group("goal (at least one)")
-        goal.add_argument("--goal-sqnr", type=float, metavar="DB", help="worst model output SQNR to reach")
         goal.add_argument(
-            "--max-accuracy-drop", type=float, metavar="POINTS", help="top-1 drop vs float, in percentage points"
+            "--goal-sqnr", type=finite_number("dB"), metavar="DB", help="worst model output SQNR to reach"
+        )
+        goal.add_argument(
+            "--max-accuracy-drop",
+            type=finite_number("percentage points"),
+            metavar="POINTS",
+            help="top-1 drop vs float, in percentage points",
         )
         parser.add_argument("--strategy", choices=["prefix", "greedy"], default="prefix")
         parser.add_argument("--max-steps", type=int, default=12, help="evaluations (prefix) or steps (greedy) at most")

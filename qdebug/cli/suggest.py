@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Output, Tool, add_debug_inputs
+from qdebug.cli._base import Output, Tool, add_debug_inputs, positive_int
 from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, debug_inputs, run_debug
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import fmt_db, table
@@ -35,7 +35,7 @@ class Suggest(Tool):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Options of ``qdebug suggest``."""
         add_debug_inputs(parser, capture_backends())
-        parser.add_argument("--top", type=int, default=10, help="suggestions to list")
+        parser.add_argument("--top", type=positive_int, default=10, help="suggestions to list")
         parser.add_argument("--all", action="store_true", help="list every promotable tensor with its role")
         parser.add_argument(
             "--promote-top", type=int, metavar="K", help="promote the top K suggestions (fixer applied)"
@@ -66,6 +66,10 @@ class Suggest(Tool):
             from qdebug.io import refuse_overwrite_input
 
             refuse_overwrite_input(args.overrides_out, args.float_model, args.quant_model)
+        if args.config:  # read before the debug run, and even without --promote-top: a file given is a file checked
+            from qdebug.config import QuantConfig
+
+            QuantConfig.load(args.config)
         report = run_debug(args)
         items = analyse(report) if args.all else suggest(report, None if args.promote_top else args.top)
         shown = items if args.all else items[: max(args.top, args.promote_top or 0)]

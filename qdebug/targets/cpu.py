@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qdebug.capture.session import ort_message
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ModelError
 from qdebug.graph import input_specs, load_model
@@ -52,12 +53,13 @@ def validate_cpu(qdq_model: str | Path, data: DataSource | None = None) -> Compi
     t0 = time.perf_counter()
     try:
         so = ort.SessionOptions()
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        so.log_severity_level = 4  # fatal only: the error is reported below, in one line
+        # The proto's bytes, not the path: ORT's Python bindings take UTF-8 paths only (a user's folder may not be)
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         feed = first_sample(data if data is not None else open_data(None, input_specs(model), num_samples=1))
         outs = sess.run(None, feed)
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types: report, do not crash
-        error = f"ONNX Runtime CPU could not run the QDQ model: {type(exc).__name__}: {exc}"
+        error = f"ONNX Runtime CPU could not run the QDQ model: {ort_message(exc)}"
         return failed_report("cpu", device, t0, error)
     bad = [o.name for o, v in zip(sess.get_outputs(), outs, strict=True) if not np.all(np.isfinite(np.asarray(v)))]
     warnings = (f"output(s) {bad} hold NaN/Inf on the first sample",) if bad else ()
