@@ -129,3 +129,46 @@ def test_the_cli_says_what_auto_chose_and_why(
     res = run_cli("debug", "-f", tiny_float, "-q", tiny_quant("u8"), "--samples", "2")
     text = res.stdout + res.out  # type: ignore[attr-defined]
     assert res.code == 0 and "capture: numpy backend (auto: 2 sample(s): too few" in text  # type: ignore[attr-defined]
+
+
+def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy run's I/O binding (reused output arrays) on every model size, with input shapes that change
+    between samples (a dynamic batch: 2, 2, 3, 3, 2), against the same run without it."""
+    import builders
+    from conftest import save
+
+    from qdebug.capture import numpy_backend
+    from qdebug.config import QuantConfig
+    from qdebug.quantize import quantize
+
+    fp = save(builders.tiny_convnet(batch="N"), tmp_path / "f.onnx")
+    qp = tmp_path / "q.onnx"
+    quantize(fp, None, QuantConfig(num_samples=8), qp, input_shapes={"x": [2, 1, 6, 6]})
+    fm, qm = onnx.load(str(fp)), onnx.load(str(qp))
+    rng = np.random.default_rng(0)
+    xs = [rng.random((b, 1, 6, 6), dtype=np.float32) for b in (2, 2, 3, 3, 2)]
+
+    class Source:
+        description = "batches of 2 and 3"
+
+        def __len__(self) -> int:
+            return len(xs)
+
+        def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+            return iter({"x": x} for x in xs)
+
+    pairing = pair_models(fm, qm)
+    plain = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
+    monkeypatch.setattr(numpy_backend, "BIND_BYTES", 0)
+    bound_runs: list[numpy_backend.BoundFetch] = []
+    real_init = numpy_backend.BoundFetch.__init__
+
+    def spy(self: numpy_backend.BoundFetch, *args: object) -> None:
+        real_init(self, *args)  # type: ignore[arg-type]
+        bound_runs.append(self)
+
+    monkeypatch.setattr(numpy_backend.BoundFetch, "__init__", spy)
+    bound = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
+    assert bound_runs and all(b.binding is not None for b in bound_runs)  # the binding was really used
+    np.testing.assert_array_equal(bound.per_sample, plain.per_sample)
+    assert bound.cumulative == plain.cumulative and bound.local == plain.local and bound.outputs == plain.outputs
