@@ -168,6 +168,22 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def best(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One method's rounds as one result: the best times (load only ever adds time), the largest peak RSS, and
+    every backend ``auto`` chose (it measures, so a loaded round may choose differently)."""
+    ok = [r for r in rounds if "error" not in r]
+    if not ok:
+        return dict(rounds[-1])
+    out = dict(min(ok, key=lambda r: r["per_sample_s"] if math.isfinite(r["per_sample_s"]) else r["wall_s"]))
+    out["wall_s"] = min(r["wall_s"] for r in ok)
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
+    out["rounds"] = len(ok)
+    backends = sorted({r.get("backend") or "" for r in ok} - {""})
+    if len(backends) > 1:
+        out["backend"] = "/".join(backends)
+    return out
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b and math.isfinite(a) and math.isfinite(b) else "–"
 
@@ -227,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--markdown", type=Path)
     p.add_argument("--json", type=Path)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds; the best time of each is kept")
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child_main(json.loads(args.child))))
@@ -237,10 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = []
         for n in args.samples:
             folder = split(big, n, args.work / "data" / model / f"n{n}")
-            for method in args.methods:
-                spec = {"float": str(fp), "quant": str(qp), "data": str(folder), "method": method, "n": n}
-                runs.append(run_child(spec, args.timeout))
-                print(model, n, json.dumps(runs[-1]), flush=True)
+            rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
+            for _ in range(args.repeats):  # interleaved: a burst of background load hits every method alike
+                for method in args.methods:
+                    spec = {"float": str(fp), "quant": str(qp), "data": str(folder), "method": method, "n": n}
+                    rounds[method].append(run_child(spec, args.timeout))
+                    print(model, n, json.dumps(rounds[method][-1]), flush=True)
+            runs += [best(rounds[m]) for m in args.methods]
         results.append({"model": model, "runs": runs})
     rows = table(results)
     print("\n".join(rows))
