@@ -30,7 +30,15 @@ from qdebug.graph import (
     qdq_parameter_problems,
     weight_arrays,
 )
-from qdebug.metrics import METRICS, STREAMING_METRICS, ErrorSums, SqnrStatus, Summary, sqnr_from_energies
+from qdebug.metrics import (
+    METRICS,
+    STREAMING_METRICS,
+    ErrorSums,
+    SqnrStatus,
+    Summary,
+    blocked_dot,
+    sqnr_from_energies,
+)
 from qdebug.report import (
     ActivationResult,
     CaptureInfo,
@@ -116,7 +124,7 @@ def _channel_worst(w: WeightPair, ref: np.ndarray, d: np.ndarray) -> float | Non
     ax = w.params.axis % ref.ndim
     r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
     e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
-    per = [sqnr_from_energies(float(r[c] @ r[c]), float(e[c] @ e[c]))[0] for c in range(r.shape[0])]
+    per = [sqnr_from_energies(blocked_dot(r[c], r[c]), blocked_dot(e[c], e[c]))[0] for c in range(r.shape[0])]
     finite = [p for p in per if p is not None]
     return min(finite) if finite else None
 
@@ -124,7 +132,7 @@ def _channel_worst(w: WeightPair, ref: np.ndarray, d: np.ndarray) -> float | Non
 def _weight_result(w: WeightPair, ref: np.ndarray, test: np.ndarray, names: Sequence[str]) -> WeightResult:
     with np.errstate(invalid="ignore", over="ignore"):  # ±inf weights: a NONFINITE status, not a warning
         d = ref - test
-        v, st = sqnr_from_energies(float(np.dot(ref.ravel(), ref.ravel())), float(np.dot(d.ravel(), d.ravel())))
+        v, st = sqnr_from_energies(blocked_dot(ref.ravel(), ref.ravel()), blocked_dot(d.ravel(), d.ravel()))
         worst = _channel_worst(w, ref, d)
         metrics = {n: METRICS[n](ref, test) for n in names}
     max_abs = float(np.max(np.abs(d))) if d.size else None
