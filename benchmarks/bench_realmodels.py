@@ -212,6 +212,45 @@ def table(results: Sequence[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def _cell(results: Sequence[dict[str, Any]], model: str, n: int, method: str) -> dict[str, Any] | None:
+    for r in results:
+        if r["model"] == model:
+            for x in r["runs"]:
+                if x["n"] == n and x["method"] == method and "error" not in x:
+                    return dict(x)
+    return None
+
+
+def checks(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Issue 12's goals per model, for ``auto`` (the default): measurements, never assertions."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        ns = sorted({x["n"] for r in results if r["model"] == model for x in r["runs"]})
+        floor = {n: _cell(results, model, n, "floor") for n in ns}
+        auto = {n: _cell(results, model, n, "auto") for n in ns}
+        per = [f"N={n}: {_ratio(a['per_sample_s'], f['per_sample_s'])}" for n in ns
+               if (a := auto[n]) and (f := floor[n])]  # fmt: skip
+        e2e = [f"N={n}: {_ratio(a['wall_s'], f['wall_s'])}" for n in ns if (a := auto[n]) and (f := floor[n])]
+        peak = max((a["peak_rss_mb"] for a in auto.values() if a), default=float("nan"))
+        grow = (
+            f"{auto[ns[-1]]['peak_rss_mb'] / auto[ns[0]]['peak_rss_mb']:.2f}× (N={ns[-1]} / N={ns[0]})"  # type: ignore[index]
+            if len(ns) > 1 and auto[ns[0]] and auto[ns[-1]]
+            else "–"
+        )
+        faster = []
+        for n in ns:
+            singles = [c for m in ("numpy", "graph") if (c := _cell(results, model, n, m))]
+            if auto[n] and singles:
+                best_wall = min(c["wall_s"] for c in singles)
+                faster.append(f"N={n}: {_ratio(auto[n]['wall_s'], best_wall)}")  # type: ignore[index]
+        lines.append(
+            f"- **{model}** (auto): per-sample ÷ floor {', '.join(per)} (goal ≤ 1.5×); end-to-end ÷ floor "
+            f"{', '.join(e2e)} (goal ≤ 2× at N=64); peak RSS ≤ {peak:.0f} MB (goal ≤ 1024), growth {grow} "
+            f"(goal ≤ 1.1×); end-to-end ÷ the faster single backend {', '.join(faster) or '–'} (goal ≤ 1×)"
+        )
+    return lines
+
+
 def write_markdown(path: Path, rows: list[str], command: str) -> None:
     """Replace the section between the markers in ``path`` (append it if absent), atomically."""
     import onnxruntime

@@ -172,3 +172,15 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
     assert bound_runs and all(b.binding is not None for b in bound_runs)  # the binding was really used
     np.testing.assert_array_equal(bound.per_sample, plain.per_sample)
     assert bound.cumulative == plain.cumulative and bound.local == plain.local and bound.outputs == plain.outputs
+
+
+def test_large_tensors_keep_numpy_without_building_the_graph(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qdebug.capture import auto
+
+    monkeypatch.setattr(auto, "GRAPH_MAX_MEAN_ELEMENTS", 1)  # every tiny tensor counts as "large"
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    run, _ = _run(fm, qm, 6, [0.001, 1.0])
+    assert run.final().backend == "numpy" and "elements on average" in run.final().reason
+    assert run.graph is None

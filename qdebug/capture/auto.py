@@ -6,7 +6,9 @@ session set-up grows with the *square* of the node count (â‰ˆ 5.5e-8 s per nodeÂ
 on models with large activations its in-graph float64 reductions cost more per sample than numpy's. So:
 
 1. sample 0 runs on ``numpy`` (always opened: it is also every backend's fallback), timed with its session set-up;
-2. the merged model is *built* (no session: a protobuf, cheap) and its set-up is **estimated** from the numpy
+2. if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
+   (the merged graph is slower per sample there); otherwise the merged model is *built* (no session: a
+   protobuf, cheap) and its set-up is **estimated** from the numpy
    sessions' measured set-up scaled by the node counts (:func:`estimate_setup`); if that estimate exceeds
    :data:`PAYBACK_SHARE` of the numpy path's remaining time, ``numpy`` keeps the run;
 3. otherwise the merged session is created and sample 1 runs on it, timed: the faster per sample keeps the run
@@ -31,10 +33,24 @@ from qdebug.capture.graph_backend import GraphRun, merged_model
 from qdebug.capture.numpy_backend import NumpyRun
 from qdebug.graph import Pairing
 
-__all__ = ["AUTO", "PAYBACK_SHARE", "SETUP_KNEE_NODES", "AutoRun", "Choice", "estimate_setup"]
+__all__ = [
+    "AUTO",
+    "GRAPH_MAX_MEAN_ELEMENTS",
+    "PAYBACK_SHARE",
+    "SETUP_KNEE_NODES",
+    "AutoRun",
+    "Choice",
+    "estimate_setup",
+]
 
 #: The ``capture`` value that chooses the backend per run (the default of ``DebugOptions`` and ``--capture``).
 AUTO = "auto"
+
+#: The merged graph is not tried when the paired tensors average more elements than this: its in-graph float64
+#: reductions then cost more per sample than numpy's fetch-and-reduce (measured on the corpus: YOLOv8n, 50k
+#: elements per tensor, 386 vs 268 ms; PP-OCRv4 rec, 120k, 758 vs 497 ms), so its set-up can never pay back.
+#: The bundled models it wins on average a few hundred elements.
+GRAPH_MAX_MEAN_ELEMENTS = 16384
 
 #: The merged graph is tried only if its estimated set-up is below this share of the numpy path's remaining time:
 #: it would have to be that much faster per sample just to pay its set-up back. The bundled models' merged graph
@@ -107,7 +123,14 @@ class AutoRun:
             t0 = self.clock()
             res = self.numpy.reduce(index, sample)
             self.numpy_sample = self.clock() - t0
-            self._open_graph()
+            mean = float(res.elements.mean()) if res.elements.size else 0.0
+            if mean > GRAPH_MAX_MEAN_ELEMENTS:
+                self._keep_numpy(
+                    f"tensors of {mean:,.0f} elements on average (> {GRAPH_MAX_MEAN_ELEMENTS:,}): "
+                    "the merged graph's in-graph reductions are slower per sample than numpy's"
+                )
+            else:
+                self._open_graph()
             return res
         return self._probe(index, sample)
 
