@@ -59,7 +59,7 @@ def _run(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, steps: list[float]) -
 def test_auto_is_the_default_and_a_choice(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     assert DebugOptions().capture == AUTO
     assert CAPTURE_PATHS[0] == AUTO and set(CAPTURE_PATHS) == set(capture_choices()) >= {"auto", "graph", "numpy"}
-    rep = debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=6))
+    rep = debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=12))
     info = rep.meta.capture
     assert info is not None and info.requested == "auto" and info.backend in ("graph", "numpy")
     assert info.reason  # the choice is always explained
@@ -68,7 +68,7 @@ def test_auto_is_the_default_and_a_choice(tiny_float: Path, tiny_quant: Callable
 def test_a_fast_probe_keeps_the_merged_graph(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     # numpy set-up 1 ms, numpy sample 1 s, merged set-up 10 ms, merged probe 0.1 s: the merged graph wins
-    run, _ = _run(fm, qm, 6, [0.001, 1.0, 0.01, 0.1])
+    run, _ = _run(fm, qm, 12, [0.001, 1.0, 0.01, 0.1])
     choice = run.final()
     assert choice.backend == "graph" and "measured 100 ms/sample vs numpy 1000 ms/sample" in choice.reason
     assert run.graph is not None and run.current is run.graph
@@ -76,7 +76,7 @@ def test_a_fast_probe_keeps_the_merged_graph(tiny_float: Path, tiny_quant: Calla
 
 def test_a_slow_probe_goes_back_to_numpy(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = _models(tiny_float, tiny_quant("u8"))
-    run, _ = _run(fm, qm, 6, [0.001, 1.0, 0.01, 2.0])
+    run, _ = _run(fm, qm, 12, [0.001, 1.0, 0.01, 2.0])
     assert run.final().backend == "numpy" and "merged graph measured 2000 ms/sample" in run.final().reason
     assert run.graph is None and run.current is run.numpy  # the merged session is dropped
 
@@ -84,17 +84,17 @@ def test_a_slow_probe_goes_back_to_numpy(tiny_float: Path, tiny_quant: Callable[
 def test_an_expensive_setup_is_not_even_tried(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     # numpy set-up 10 s, samples 1 ms: the merged graph could never pay its estimated set-up back
-    run, _ = _run(fm, qm, 6, [10.0, 0.001])
+    run, _ = _run(fm, qm, 12, [10.0, 0.001])
     assert run.final().backend == "numpy" and "set-up est." in run.final().reason
     assert run.graph is None
 
 
 def test_every_choice_gives_the_numpy_sums(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = _models(tiny_float, tiny_quant("u8"))
-    source = open_data(None, input_specs(fm), num_samples=6, seed=3)
+    source = open_data(None, input_specs(fm), num_samples=12, seed=3)
     ref = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
     for steps in ([0.001, 1.0, 0.01, 0.1], [0.001, 1.0, 0.01, 2.0], [10.0, 0.001]):
-        _, sums = _run(fm, qm, 6, steps)
+        _, sums = _run(fm, qm, 12, steps)
         np.testing.assert_allclose(sums.rows(), ref.per_sample, rtol=1e-6)
         assert np.array_equal(sums.elements, np.array(ref.elements))
 
@@ -181,6 +181,6 @@ def test_large_tensors_keep_numpy_without_building_the_graph(
 
     monkeypatch.setattr(auto, "GRAPH_MAX_MEAN_ELEMENTS", 1)  # every tiny tensor counts as "large"
     fm, qm = _models(tiny_float, tiny_quant("u8"))
-    run, _ = _run(fm, qm, 6, [0.001, 1.0])
+    run, _ = _run(fm, qm, 12, [0.001, 1.0])
     assert run.final().backend == "numpy" and "elements on average" in run.final().reason
     assert run.graph is None

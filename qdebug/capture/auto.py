@@ -36,6 +36,7 @@ from qdebug.graph import Pairing
 __all__ = [
     "AUTO",
     "GRAPH_MAX_MEAN_ELEMENTS",
+    "MIN_REMAINING",
     "PAYBACK_SHARE",
     "SETUP_KNEE_NODES",
     "AutoRun",
@@ -51,6 +52,12 @@ AUTO = "auto"
 #: elements per tensor, 386 vs 268 ms; PP-OCRv4 rec, 120k, 758 vs 497 ms), so its set-up can never pay back.
 #: The bundled models it wins on average a few hundred elements.
 GRAPH_MAX_MEAN_ELEMENTS = 16384
+
+#: With fewer samples left after sample 0, ``numpy`` keeps the run without measuring anything else: the probe
+#: sample and the merged session's set-up cannot be won back (on the bundled models, where the merged graph is
+#: fastest, 8 samples take 80 ms with numpy and 88 ms with it), and small runs — CI checks, tests — get a
+#: reason without timings, so their output is reproducible.
+MIN_REMAINING = 8
 
 #: The merged graph is tried only if its estimated set-up is below this share of the numpy path's remaining time:
 #: it would have to be that much faster per sample just to pay its set-up back. The bundled models' merged graph
@@ -142,7 +149,7 @@ class AutoRun:
         assert self.numpy_sample is not None
         remaining = self.samples - 1
         per = self.numpy_sample
-        if remaining < 2:  # one sample to probe and nothing left to win
+        if remaining < MIN_REMAINING:
             self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
             return
         try:
