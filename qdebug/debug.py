@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from qdebug._version import __version__
-from qdebug.capture import FALLBACK_BACKEND, CaptureResult, ProgressFn, backend_names, capture
+from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn, capture, capture_choices
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
 from qdebug.graph import (
@@ -30,7 +30,15 @@ from qdebug.graph import (
     qdq_parameter_problems,
     weight_arrays,
 )
-from qdebug.metrics import METRICS, STREAMING_METRICS, ErrorSums, SqnrStatus, Summary, sqnr_from_energies
+from qdebug.metrics import (
+    METRICS,
+    STREAMING_METRICS,
+    ErrorSums,
+    SqnrStatus,
+    Summary,
+    blocked_dot,
+    sqnr_from_energies,
+)
 from qdebug.report import (
     ActivationResult,
     CaptureInfo,
@@ -52,9 +60,10 @@ class DebugOptions:
 
     ``num_samples`` caps the data (and sets how many synthetic samples are drawn when no data is given);
     ``input_shapes`` fixes dynamic input dimensions for synthetic data. ``capture`` names the capture backend
-    (:func:`qdebug.capture.backend_names`: ``"graph"``, the default, merges both models into one ONNX Runtime
-    graph that reduces every pair in-graph; ``"numpy"`` fetches every paired tensor and reduces it in numpy; both
-    report the same values, and the report's ``meta.capture`` says which ran and which samples fell back).
+    (:func:`qdebug.capture.capture_choices`: ``"graph"`` merges both models into one ONNX Runtime graph that
+    reduces every pair in-graph; ``"numpy"`` fetches every paired tensor and reduces it in numpy; ``"auto"``, the
+    default, measures both on the first samples and keeps the faster. All report the same values, and the report's
+    ``meta.capture`` says which ran, why, and which samples fell back).
     ``metrics`` names the registered metrics the report computes (:data:`qdebug.metrics.STREAMING_METRICS` for
     activations and outputs, :data:`qdebug.metrics.METRICS` for weights); ``None``: all of them.
     """
@@ -65,7 +74,7 @@ class DebugOptions:
     input_shapes: Mapping[str, Sequence[int]] | None = None
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     ignore_data_keys: tuple[str, ...] = ()
-    capture: str = "graph"
+    capture: str = AUTO
     metrics: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -74,8 +83,8 @@ class DebugOptions:
             problems.append(f"num_samples must be a positive integer, got {self.num_samples!r}")
         if self.distribution not in ("uniform", "normal"):
             problems.append(f"distribution must be 'uniform' or 'normal', got {self.distribution!r}")
-        if self.capture not in backend_names():
-            problems.append(f"capture must be one of {', '.join(backend_names())}, got {self.capture!r}")
+        if self.capture not in capture_choices():
+            problems.append(f"capture must be one of {', '.join(capture_choices())}, got {self.capture!r}")
         if not self.providers:
             problems.append("at least one execution provider is needed")
         if self.metrics is not None:
@@ -115,7 +124,7 @@ def _channel_worst(w: WeightPair, ref: np.ndarray, d: np.ndarray) -> float | Non
     ax = w.params.axis % ref.ndim
     r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
     e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
-    per = [sqnr_from_energies(float(r[c] @ r[c]), float(e[c] @ e[c]))[0] for c in range(r.shape[0])]
+    per = [sqnr_from_energies(blocked_dot(r[c], r[c]), blocked_dot(e[c], e[c]))[0] for c in range(r.shape[0])]
     finite = [p for p in per if p is not None]
     return min(finite) if finite else None
 
@@ -123,7 +132,7 @@ def _channel_worst(w: WeightPair, ref: np.ndarray, d: np.ndarray) -> float | Non
 def _weight_result(w: WeightPair, ref: np.ndarray, test: np.ndarray, names: Sequence[str]) -> WeightResult:
     with np.errstate(invalid="ignore", over="ignore"):  # ±inf weights: a NONFINITE status, not a warning
         d = ref - test
-        v, st = sqnr_from_energies(float(np.dot(ref.ravel(), ref.ravel())), float(np.dot(d.ravel(), d.ravel())))
+        v, st = sqnr_from_energies(blocked_dot(ref.ravel(), ref.ravel()), blocked_dot(d.ravel(), d.ravel()))
         worst = _channel_worst(w, ref, d)
         metrics = {n: METRICS[n](ref, test) for n in names}
     max_abs = float(np.max(np.abs(d))) if d.size else None

@@ -99,10 +99,13 @@ def test_a_pair_the_merge_cannot_express_runs_numpy_with_the_reason(tmp_path: Pa
 
     qpath = tmp_path / "q.onnx"
     quantize(builders.tiny_convnet(), None, QuantConfig(num_samples=4), qpath)
-    rep = debug(fm, qpath, None, DebugOptions(num_samples=2))
+    rep = debug(fm, qpath, None, DebugOptions(num_samples=2, capture="graph"))
     info = rep.meta.capture
     assert info is not None and info.requested == "graph" and info.backend == "numpy"
     assert info.reason is not None and "local functions" in info.reason
+    auto = debug(fm, qpath, None, DebugOptions(num_samples=12)).meta.capture  # auto: the same reason, no probe
+    assert auto is not None and auto.requested == "auto" and auto.backend == "numpy"
+    assert auto.reason is not None and "local functions" in auto.reason
 
 
 def test_shards_merge_into_the_single_run(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:

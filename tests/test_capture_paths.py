@@ -217,7 +217,7 @@ def test_merged_graph_rejected_by_ort_falls_back(
 def test_capture_option_is_validated() -> None:
     with pytest.raises(ConfigError, match="capture"):
         DebugOptions(capture="gpu")
-    assert DebugOptions().capture == "graph"
+    assert DebugOptions().capture == "auto"
 
 
 def test_cli_capture_flag(tiny_float: Path, tiny_quant: Callable[[str], Path], run_cli: Callable[..., object]) -> None:

@@ -4,7 +4,9 @@ one sample at a time, through a capture backend (:class:`~qdebug.capture.base.Ca
 * ``graph`` (default, :mod:`qdebug.capture.graph_backend`): both models merged into one ONNX Runtime graph that
   returns each sample's sums;
 * ``numpy`` (:mod:`qdebug.capture.numpy_backend`): every paired tensor fetched and reduced in numpy by the
-  reference definition (:mod:`qdebug.capture.reduction`).
+  reference definition (:mod:`qdebug.capture.reduction`);
+* ``auto`` (:mod:`qdebug.capture.auto`, the default of ``DebugOptions`` and ``--capture``): the faster of the two
+  for this pair and this number of samples, chosen from costs measured on the run's first samples.
 
 Graph optimizations are off in both, so the QDQ model is evaluated as written. A backend that cannot capture the
 pair at all hands the whole run to ``numpy``; a sample it cannot reduce exactly is redone by ``numpy``; both are
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from qdebug.capture.auto import AUTO, AutoRun
 from qdebug.capture.base import (
     CaptureBackend,
     CaptureRun,
@@ -40,6 +43,7 @@ from qdebug.graph import Pairing
 from qdebug.metrics import ErrorSums
 
 __all__ = [
+    "AUTO",
     "CAPTURE_PATHS",
     "FALLBACK_BACKEND",
     "CaptureBackend",
@@ -52,6 +56,7 @@ __all__ = [
     "UnsupportedPairError",
     "backend_names",
     "capture",
+    "capture_choices",
     "expose_outputs",
     "get_backend",
     "make_session",
@@ -64,8 +69,14 @@ FALLBACK_BACKEND = "numpy"
 register_backend("graph", GraphBackend)  # the default (first registered)
 register_backend(FALLBACK_BACKEND, NumpyBackend)
 
-#: The registered backends at import time, default first (``--capture`` choices).
-CAPTURE_PATHS = backend_names()
+#: The ``--capture`` choices, the default first: ``auto``, then the registered backends at import time.
+CAPTURE_PATHS = (AUTO, *backend_names())
+
+
+def capture_choices() -> tuple[str, ...]:
+    """What ``capture`` may be: ``auto`` or a registered backend (one registered after import included)."""
+    return (AUTO, *backend_names())
+
 
 ProgressFn = Callable[[int, int], None]
 
@@ -83,10 +94,10 @@ class CaptureResult:
     per_sample: np.ndarray  # samples × activations, cumulative SQNR dB
     per_sample_outputs: np.ndarray  # samples × outputs
     num_samples: int
-    requested: str = "graph"  # the backend asked for
+    requested: str = "graph"  # the backend asked for (or "auto")
     path: str = "numpy"  # the backend that ran
     fallback_samples: int = 0  # samples redone by the fallback backend
-    fallback_reason: str | None = None  # why the requested backend could not run at all
+    fallback_reason: str | None = None  # why auto chose `path`, or why the requested backend could not run at all
     fallback_reasons: tuple[tuple[str, int], ...] = ()  # (reason, samples) of the per-sample fallbacks
 
     @classmethod
@@ -113,9 +124,17 @@ class CaptureResult:
 
 
 def _open(
-    name: str, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+    name: str,
+    float_model: onnx.ModelProto,
+    quant_model: onnx.ModelProto,
+    pairing: Pairing,
+    providers: Sequence[str],
+    samples: int,
 ) -> tuple[CaptureRun, str, str | None]:
-    """The requested backend's run, or the fallback backend's with the reason the requested one cannot run."""
+    """The requested backend's run (``auto``: an :class:`AutoRun`), or the fallback backend's with the reason the
+    requested one cannot run."""
+    if name == AUTO:
+        return AutoRun(float_model, quant_model, pairing, providers, samples), AUTO, None
     try:
         return get_backend(name).open(float_model, quant_model, pairing, providers), name, None
     except UnsupportedPairError as exc:
@@ -134,7 +153,8 @@ def capture(
     progress: ProgressFn | None = None,
     path: str = "graph",
 ) -> CaptureResult:
-    """Run both models sample by sample through the backend ``path`` and reduce every paired tensor to sums.
+    """Run both models sample by sample through the backend ``path`` (or ``"auto"``) and reduce every paired
+    tensor to sums.
 
     A sample the backend cannot reduce exactly (NaN/Inf, shapes that differ, an ORT error) is redone by the
     ``numpy`` backend, which raises the precise one-line error if the sample itself is bad.
@@ -142,8 +162,9 @@ def capture(
     n_total = len(data)
     n_quant = sum(1 for a in pairing.activations if a.quantized)
     sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
-    run, used, reason = _open(path, float_model, quant_model, pairing, providers)
-    fallback: CaptureRun | None = None
+    run, used, reason = _open(path, float_model, quant_model, pairing, providers, n_total)
+    # auto's numpy run is already open: it redoes the merged graph's fallbacks too
+    fallback: CaptureRun | None = run.numpy if isinstance(run, AutoRun) else None
     for i, sample in enumerate(data):
         if i >= n_total:  # a source that yields more than it announced
             break
@@ -161,4 +182,6 @@ def capture(
             progress(i + 1, n_total)
     if sums.samples == 0:
         raise DataError(f"{data.description}: no samples")
+    if isinstance(run, AutoRun):
+        used, reason = run.final().backend, run.final().reason
     return CaptureResult.of(sums, pairing, path, used, reason)

@@ -21,22 +21,29 @@ from qdebug.errors import ModelError
 from qdebug.graph import Pairing
 from qdebug.metrics import BatchSums
 
-__all__ = ["GraphBackend", "GraphRun"]
+__all__ = ["GraphBackend", "GraphRun", "merged_model"]
 
 _SUMS = ("cum_sig", "cum_noise", "cum_max", "f_min", "f_max", "loc_sig", "loc_noise", "loc_max", "out_sig",
          "out_noise", "out_max")  # fmt: skip
 
 
+def merged_model(
+    float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing
+) -> tuple[onnx.ModelProto, graph_reduce.Layout]:
+    """The merged reduction model (cheap: no session yet); :class:`UnsupportedPairError` if it cannot be built."""
+    try:
+        return graph_reduce.build(float_model, quant_model, pairing)
+    except graph_reduce.UnsupportedGraphError as exc:
+        raise UnsupportedPairError(str(exc)) from exc
+
+
 class GraphRun:
-    """One session of the merged reduction graph."""
+    """One session of the merged reduction graph (built by :func:`merged_model`)."""
 
     def __init__(
-        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+        self, model: onnx.ModelProto, layout: graph_reduce.Layout, pairing: Pairing, providers: Sequence[str]
     ) -> None:
-        try:
-            model, self.layout = graph_reduce.build(float_model, quant_model, pairing)
-        except graph_reduce.UnsupportedGraphError as exc:
-            raise UnsupportedPairError(str(exc)) from exc
+        self.layout = layout
         try:
             self.sess = make_session(model, providers)
         except ModelError as exc:  # an op or dtype the reduction nodes do not accept
@@ -131,4 +138,5 @@ class GraphBackend:
         self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
     ) -> GraphRun:
         """The merged session; :class:`UnsupportedPairError` for a pair the merge cannot express."""
-        return GraphRun(float_model, quant_model, pairing, providers)
+        model, layout = merged_model(float_model, quant_model, pairing)
+        return GraphRun(model, layout, pairing, providers)

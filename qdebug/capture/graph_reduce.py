@@ -48,6 +48,9 @@ from qdebug.metrics import SMALL_TENSOR
 
 OUTPUTS = ("sums64", "stats32", "sizes", "shapes_a", "shapes_b", "check32", "small_a", "small_b", "small_p")
 
+#: The widest Concat the merged graph uses (wider ones become trees; see :meth:`_Builder.concat`).
+CONCAT_FAN_IN = 16
+
 #: Larger merged models are left to the numpy path (protobuf's 2 GiB limit on one serialized model).
 MAX_MERGED_BYTES = 1_500_000_000
 
@@ -138,7 +141,9 @@ def _static_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...
     return out
 
 
-def _rename(model: onnx.ModelProto, prefix: str, keep: set[str]) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+def _rename(
+    model: onnx.ModelProto, prefix: str, keep: set[str]
+) -> tuple[list[onnx.NodeProto], list[TensorProto], list[onnx.ValueInfoProto]]:
     def r(name: str) -> str:
         return name if not name or name in keep else prefix + name
 
@@ -156,7 +161,13 @@ def _rename(model: onnx.ModelProto, prefix: str, keep: set[str]) -> tuple[list[o
         c.CopyFrom(t)
         c.name = r(t.name)
         inits.append(c)
-    return nodes, inits
+    infos = []
+    for vi in model.graph.value_info:
+        v = onnx.ValueInfoProto()
+        v.CopyFrom(vi)
+        v.name = r(vi.name)
+        infos.append(v)
+    return nodes, inits, infos
 
 
 def _check_mergeable(fm: onnx.ModelProto, qm: onnx.ModelProto) -> None:
@@ -221,8 +232,9 @@ class _Builder:
     def __init__(self, fm: onnx.ModelProto, qm: onnx.ModelProto) -> None:
         self.fm, self.qm = fm, qm
         self.keep = {i.name for i in fm.graph.input}
-        f_nodes, f_inits = _rename(fm, "f/", self.keep)
-        q_nodes, q_inits = _rename(qm, "q/", self.keep)
+        f_nodes, f_inits, f_infos = _rename(fm, "f/", self.keep)
+        q_nodes, q_inits, q_infos = _rename(qm, "q/", self.keep)
+        self.infos = [*f_infos, *q_infos]
         self.nodes: list[onnx.NodeProto] = [*f_nodes, *q_nodes]
         self.inits: list[TensorProto] = [*f_inits, *q_inits]
         self.counter = iter(range(1 << 62))
@@ -251,6 +263,24 @@ class _Builder:
         name = f"r/c_{next(self.counter)}"
         self.inits.append(numpy_helper.from_array(value, name))
         return name
+
+    def concat(self, parts: list[str], axis: int, out: str | None = None) -> str:
+        """``Concat`` of ``parts`` as a tree of at most :data:`CONCAT_FAN_IN` inputs per node.
+
+        ONNX Runtime's session initialisation is quadratic in a node's fan-in (a 2000-input Concat alone costs
+        seconds to set up); a tree of small Concats costs a few milliseconds and copies each value
+        ``log_fan_in(n)`` times, which for these vectors of sums is nothing.
+        """
+        while len(parts) > CONCAT_FAN_IN:
+            parts = [
+                self.op("Concat", parts[i : i + CONCAT_FAN_IN], axis=axis) if len(parts[i : i + CONCAT_FAN_IN]) > 1
+                else parts[i]
+                for i in range(0, len(parts), CONCAT_FAN_IN)
+            ]  # fmt: skip
+        if out is None:
+            return self.op("Concat", parts, axis=axis)
+        self.nodes.append(helper.make_node("Concat", parts, [out], axis=axis))
+        return out
 
     def int_const(self, values: tuple[int, ...]) -> str:
         if values not in self.const_cache:
@@ -285,7 +315,7 @@ class _Builder:
         else:
             n = int(np.prod(shape, dtype=np.int64))
             rows, axes = [self.row(x, n) for x in names], (1,)
-        return (rows[0] if len(rows) == 1 else self.op("Concat", rows, axis=0)), axes
+        return (rows[0] if len(rows) == 1 else self.concat(rows, axis=0)), axes
 
     def clip(self, x: str, bounds: list[tuple[str, float, float] | None], rank: int) -> str:
         if all(b is None for b in bounds):
@@ -366,7 +396,7 @@ class _Builder:
             self.inits.append(numpy_helper.from_array(np.zeros(0, np.float32), out))
             return
         flat = self.int_const((-1,))
-        self.nodes.append(helper.make_node("Concat", [self.op("Reshape", [x, flat]) for x in names], [out], axis=0))
+        self.concat([self.op("Reshape", [x, flat]) for x in names], axis=0, out=out)
 
 
 @dataclass(frozen=True)
@@ -466,9 +496,11 @@ def _finish(b: _Builder) -> onnx.ModelProto:
     for vec, name, dtype in vectors:
         if not vec.parts:
             vec.parts.append(b.const(np.zeros(0, dtype)))
-        b.nodes.append(helper.make_node("Concat", vec.parts, [name], axis=0))
+        b.concat(vec.parts, axis=0, out=name)
     outputs = [helper.make_tensor_value_info(name, _OUTPUT_TYPES[name], None) for name in OUTPUTS]
-    graph = helper.make_graph(b.nodes, "qdebug_reduction", list(b.fm.graph.input), outputs, initializer=b.inits)
+    graph = helper.make_graph(
+        b.nodes, "qdebug_reduction", list(b.fm.graph.input), outputs, initializer=b.inits, value_info=b.infos
+    )
     opsets = {o.domain: o.version for o in [*b.qm.opset_import, *b.fm.opset_import]}
     model = helper.make_model(
         graph,

@@ -156,7 +156,9 @@ def capture_line(info: Any) -> str | None:
     if info is None:
         return None
     line = f"capture: {info.backend} backend"
-    if info.backend != info.requested:
+    if info.requested == "auto":  # the choice was made from measured costs: say which and why
+        line += f" (auto: {info.reason or 'chosen by cost'})"
+    elif info.backend != info.requested:
         line += f" ({info.requested} requested; {info.reason or 'not usable here'})"
     if info.fallback_samples:
         why = "; ".join(f"{r} ({n})" for r, n in info.fallback_reasons)

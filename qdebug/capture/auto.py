@@ -1,0 +1,192 @@
+"""The ``auto`` capture choice: the backend is picked from costs measured on the run's own first samples.
+
+Neither backend wins everywhere (docs/benchmarks.md, "real models"). The merged graph (``graph``) saves the
+per-tensor fetch and numpy arithmetic, which dominates on small models with many small tensors, but ONNX Runtime's
+session set-up grows with the *square* of the node count (≈ 5.5e-8 s per node² on the 2-core benchmark machine), and
+on models with large activations its in-graph float64 reductions cost more per sample than numpy's. So:
+
+1. sample 0 runs on ``numpy`` (always opened: it is also every backend's fallback), timed with its session set-up;
+2. if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
+   (the merged graph is slower per sample there); otherwise the merged model is *built* (no session: a
+   protobuf, cheap) and its set-up is **estimated** from the numpy
+   sessions' measured set-up scaled by the node counts (:func:`estimate_setup`); if that estimate exceeds
+   :data:`PAYBACK_SHARE` of the numpy path's remaining time, ``numpy`` keeps the run;
+3. otherwise the merged session is created and sample 1 runs on it, timed: the faster per sample keeps the run
+   (both timings are first runs of their sessions, so both include ONNX Runtime's first-run allocations).
+
+Every sample is reduced exactly once, by one backend or the other; sums merge exactly, so the result is the
+same whichever backend reduced which sample. :attr:`AutoRun.choice` records the backend and the reason, with
+the numbers, and goes into the report's ``meta.capture``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qdebug.capture.base import CaptureRun, Fallback, SampleSums, UnsupportedPairError
+from qdebug.capture.graph_backend import GraphRun, merged_model
+from qdebug.capture.numpy_backend import NumpyRun
+from qdebug.graph import Pairing
+
+__all__ = [
+    "AUTO",
+    "GRAPH_MAX_MEAN_ELEMENTS",
+    "MIN_REMAINING",
+    "PAYBACK_SHARE",
+    "SETUP_KNEE_NODES",
+    "AutoRun",
+    "Choice",
+    "estimate_setup",
+]
+
+#: The ``capture`` value that chooses the backend per run (the default of ``DebugOptions`` and ``--capture``).
+AUTO = "auto"
+
+#: The merged graph is not tried when the paired tensors average more elements than this: its in-graph float64
+#: reductions then cost more per sample than numpy's fetch-and-reduce (measured on the corpus: YOLOv8n, 50k
+#: elements per tensor, 386 vs 268 ms; PP-OCRv4 rec, 120k, 758 vs 497 ms), so its set-up can never pay back.
+#: The bundled models it wins on average a few hundred elements.
+GRAPH_MAX_MEAN_ELEMENTS = 16384
+
+#: With fewer samples left after sample 0, ``numpy`` keeps the run without measuring anything else: the probe
+#: sample and the merged session's set-up cannot be won back (on the bundled models, where the merged graph is
+#: fastest, 8 samples take 80 ms with numpy and 88 ms with it), and small runs — CI checks, tests — get a
+#: reason without timings, so their output is reproducible.
+MIN_REMAINING = 8
+
+#: The merged graph is tried only if its estimated set-up is below this share of the numpy path's remaining time:
+#: it would have to be that much faster per sample just to pay its set-up back. The bundled models' merged graph
+#: runs at 0.5-0.7x numpy per sample (docs/benchmarks.md), so 0.25 leaves it the cases it can win.
+PAYBACK_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The backend ``auto`` settled on and why (with the measured and estimated numbers)."""
+
+    backend: str
+    reason: str
+
+
+#: Node count at which ONNX Runtime's quadratic set-up term equals its linear one. Fitted on merged YOLOv8n graphs
+#: of 1.4k-8.9k nodes (0.16-4.7 s; t = a·n + c·n², a = 3.7e-5 s, c = 5.5e-8 s): a/c ≈ 700. A ratio, so it carries
+#: over to a faster or slower machine.
+SETUP_KNEE_NODES = 700
+
+
+def estimate_setup(measured_s: float, measured_nodes: Sequence[int], nodes: int) -> float:
+    """Session set-up time of a graph of ``nodes`` nodes, from sessions of ``measured_nodes`` nodes that took
+    ``measured_s`` together to create, with set-up ∝ n·(1 + n / :data:`SETUP_KNEE_NODES`) (linear for small graphs,
+    quadratic for large ones). The measured time also holds the models' copying and weights, so this errs high
+    — towards ``numpy``, the backend that needs no second session."""
+    cost = [n * (1 + n / SETUP_KNEE_NODES) for n in measured_nodes]
+    return measured_s * nodes * (1 + nodes / SETUP_KNEE_NODES) / sum(cost) if sum(cost) else float("inf")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+class AutoRun:
+    """A run that measures both backends on its first samples and keeps the faster (see the module doc)."""
+
+    def __init__(
+        self,
+        float_model: onnx.ModelProto,
+        quant_model: onnx.ModelProto,
+        pairing: Pairing,
+        providers: Sequence[str],
+        samples: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
+        self.samples, self.clock = samples, clock
+        t0 = clock()
+        self.numpy = NumpyRun(float_model, quant_model, pairing, providers)
+        self.numpy_setup = clock() - t0
+        self.graph: GraphRun | None = None
+        self.numpy_sample: float | None = None  # seconds of numpy's first sample
+        self.choice: Choice | None = None
+
+    def final(self) -> Choice:
+        """The choice, also when the data ran out before it was made."""
+        return self.choice or Choice("numpy", "the data ran out before the backends could be compared")
+
+    @property
+    def current(self) -> CaptureRun:
+        """The run that reduces the next sample once the choice is made."""
+        return self.graph if self.choice is not None and self.choice.backend == "graph" and self.graph else self.numpy
+
+    def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
+        """Sample 0 on numpy (timed), sample 1 on the merged graph if it may win (timed), then the faster one."""
+        if self.choice is not None:
+            return self.current.reduce(index, sample)
+        if self.numpy_sample is None:
+            t0 = self.clock()
+            res = self.numpy.reduce(index, sample)
+            self.numpy_sample = self.clock() - t0
+            mean = float(res.elements.mean()) if res.elements.size else 0.0
+            if mean > GRAPH_MAX_MEAN_ELEMENTS:
+                self._keep_numpy(
+                    f"tensors of {mean:,.0f} elements on average (> {GRAPH_MAX_MEAN_ELEMENTS:,}): "
+                    "the merged graph's in-graph reductions are slower per sample than numpy's"
+                )
+            else:
+                self._open_graph()
+            return res
+        return self._probe(index, sample)
+
+    def _keep_numpy(self, why: str) -> None:
+        self.choice, self.graph = Choice("numpy", why), None  # drop the merged session: its memory goes with it
+
+    def _open_graph(self) -> None:
+        """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
+        assert self.numpy_sample is not None
+        remaining = self.samples - 1
+        per = self.numpy_sample
+        if remaining < MIN_REMAINING:
+            self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
+            return
+        try:
+            model, layout = merged_model(*self.models, self.pairing)
+        except UnsupportedPairError as exc:
+            self._keep_numpy(f"the merged graph cannot express this pair: {exc}")
+            return
+        nodes = [len(m.graph.node) for m in self.models]
+        est = estimate_setup(self.numpy_setup, nodes, len(model.graph.node))
+        budget = PAYBACK_SHARE * remaining * per
+        if est > budget:
+            self._keep_numpy(
+                f"merged graph set-up est. {est:.1f} s ({len(model.graph.node)} nodes) > {PAYBACK_SHARE:.0%} of "
+                f"numpy's remaining {remaining * per:.1f} s ({remaining} samples x {_ms(per)})"
+            )
+            return
+        t0 = self.clock()
+        try:
+            self.graph = GraphRun(model, layout, self.pairing, self.providers)
+        except UnsupportedPairError as exc:
+            self._keep_numpy(str(exc))
+            return
+        self.graph_setup = self.clock() - t0
+        self.graph_estimate = est
+
+    def _probe(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
+        """Sample 1 on the merged graph, timed against numpy's sample 0; the faster keeps the run."""
+        assert self.graph is not None and self.numpy_sample is not None
+        t0 = self.clock()
+        res = self.graph.reduce(index, sample)
+        took = self.clock() - t0
+        per = self.numpy_sample
+        setup = f"set-up {self.graph_setup:.2f} s, est. {self.graph_estimate:.2f} s"
+        if isinstance(res, Fallback):
+            self._keep_numpy(f"the merged graph could not reduce its probe sample ({res.reason}; {setup})")
+        elif took < per:
+            self.choice = Choice("graph", f"measured {_ms(took)}/sample vs numpy {_ms(per)}/sample ({setup})")
+        else:
+            self._keep_numpy(f"merged graph measured {_ms(took)}/sample vs numpy {_ms(per)}/sample ({setup})")
+        return res

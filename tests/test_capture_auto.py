@@ -1,0 +1,186 @@
+"""The ``auto`` capture choice: it picks a backend, records why, gives the same sums whichever it picks, and
+``--capture`` / ``DebugOptions(capture=...)`` override it. Real tiny models in ONNX Runtime; only the clock that
+``AutoRun`` reads is scripted, so the decisions are deterministic (no timing is asserted)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from qdebug.capture import AUTO, CAPTURE_PATHS, capture, capture_choices
+from qdebug.capture.auto import AutoRun, estimate_setup
+from qdebug.capture.base import CaptureSums, SampleSums
+from qdebug.data import open_data
+from qdebug.debug import DebugOptions, debug
+from qdebug.graph import input_specs, pair_models
+
+
+def _models(tiny_float: Path, quant: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    return onnx.load(str(tiny_float)), onnx.load(str(quant))
+
+
+def _samples(fm: onnx.ModelProto, n: int) -> list[dict[str, np.ndarray]]:
+    return list(open_data(None, input_specs(fm), num_samples=n, seed=3))
+
+
+def _clock(steps: list[float]) -> Callable[[], float]:
+    """A clock that advances by ``steps[i]`` between its (2i)-th and (2i+1)-th reading: one step per timed
+    section, in AutoRun's order (numpy set-up, numpy sample, merged set-up, merged probe)."""
+    now = 0.0
+    times: Iterator[float] = iter(steps)
+
+    def read() -> float:
+        nonlocal now
+        read.calls += 1  # type: ignore[attr-defined]
+        if read.calls % 2 == 0:  # type: ignore[attr-defined]
+            now += next(times)
+        return now
+
+    read.calls = 0  # type: ignore[attr-defined]
+    return read
+
+
+def _run(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, steps: list[float]) -> tuple[AutoRun, CaptureSums]:
+    pairing = pair_models(fm, qm)
+    run = AutoRun(fm, qm, pairing, ["CPUExecutionProvider"], n, clock=_clock(steps))
+    n_quant = sum(1 for a in pairing.activations if a.quantized)
+    sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
+    for i, s in enumerate(_samples(fm, n)):
+        res = run.reduce(i, s)
+        assert isinstance(res, SampleSums)
+        sums.add(i, res)
+    return run, sums
+
+
+def test_auto_is_the_default_and_a_choice(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    assert DebugOptions().capture == AUTO
+    assert CAPTURE_PATHS[0] == AUTO and set(CAPTURE_PATHS) == set(capture_choices()) >= {"auto", "graph", "numpy"}
+    rep = debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=12))
+    info = rep.meta.capture
+    assert info is not None and info.requested == "auto" and info.backend in ("graph", "numpy")
+    assert info.reason  # the choice is always explained
+
+
+def test_a_fast_probe_keeps_the_merged_graph(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    # numpy set-up 1 ms, numpy sample 1 s, merged set-up 10 ms, merged probe 0.1 s: the merged graph wins
+    run, _ = _run(fm, qm, 12, [0.001, 1.0, 0.01, 0.1])
+    choice = run.final()
+    assert choice.backend == "graph" and "measured 100 ms/sample vs numpy 1000 ms/sample" in choice.reason
+    assert run.graph is not None and run.current is run.graph
+
+
+def test_a_slow_probe_goes_back_to_numpy(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    run, _ = _run(fm, qm, 12, [0.001, 1.0, 0.01, 2.0])
+    assert run.final().backend == "numpy" and "merged graph measured 2000 ms/sample" in run.final().reason
+    assert run.graph is None and run.current is run.numpy  # the merged session is dropped
+
+
+def test_an_expensive_setup_is_not_even_tried(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    # numpy set-up 10 s, samples 1 ms: the merged graph could never pay its estimated set-up back
+    run, _ = _run(fm, qm, 12, [10.0, 0.001])
+    assert run.final().backend == "numpy" and "set-up est." in run.final().reason
+    assert run.graph is None
+
+
+def test_every_choice_gives_the_numpy_sums(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    source = open_data(None, input_specs(fm), num_samples=12, seed=3)
+    ref = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
+    for steps in ([0.001, 1.0, 0.01, 0.1], [0.001, 1.0, 0.01, 2.0], [10.0, 0.001]):
+        _, sums = _run(fm, qm, 12, steps)
+        np.testing.assert_allclose(sums.rows(), ref.per_sample, rtol=1e-6)
+        assert np.array_equal(sums.elements, np.array(ref.elements))
+
+
+def test_one_sample_never_opens_a_second_session(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    source = open_data(None, input_specs(fm), num_samples=1)
+    cap = capture(fm, qm, pair_models(fm, qm), source, path=AUTO)
+    assert (cap.requested, cap.path) == ("auto", "numpy") and "too few" in (cap.fallback_reason or "")
+
+
+def test_setup_estimate_grows_faster_than_the_node_count() -> None:
+    small, large = estimate_setup(1.0, [100, 100], 400), estimate_setup(1.0, [1000, 1000], 4000)
+    assert small > 2.0 and large > small  # 2x the nodes of both sessions costs more than 2x their set-up
+    assert estimate_setup(1.0, [], 10) == float("inf")
+
+
+@pytest.mark.parametrize("flag", ["numpy", "graph"])
+def test_the_override_is_obeyed(
+    flag: str, tiny_float: Path, tiny_quant: Callable[[str], Path], run_cli: Callable[..., object]
+) -> None:
+    rep = debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=3, capture=flag))
+    assert rep.meta.capture is not None and (rep.meta.capture.requested, rep.meta.capture.backend) == (flag, flag)
+    res = run_cli("debug", "-f", tiny_float, "-q", tiny_quant("u8"), "--samples", "3", "--capture", flag)
+    assert res.code == 0 and f"capture: {flag} backend" in res.stdout + res.out  # type: ignore[attr-defined]
+    assert "auto:" not in res.stdout + res.out  # type: ignore[attr-defined]
+
+
+def test_the_cli_says_what_auto_chose_and_why(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], run_cli: Callable[..., object]
+) -> None:
+    res = run_cli("debug", "-f", tiny_float, "-q", tiny_quant("u8"), "--samples", "2")
+    text = res.stdout + res.out  # type: ignore[attr-defined]
+    assert res.code == 0 and "capture: numpy backend (auto: 2 sample(s): too few" in text  # type: ignore[attr-defined]
+
+
+def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy run's I/O binding (reused output arrays) on every model size, with input shapes that change
+    between samples (a dynamic batch: 2, 2, 3, 3, 2), against the same run without it."""
+    import builders
+    from conftest import save
+
+    from qdebug.capture import numpy_backend
+    from qdebug.config import QuantConfig
+    from qdebug.quantize import quantize
+
+    fp = save(builders.tiny_convnet(batch="N"), tmp_path / "f.onnx")
+    qp = tmp_path / "q.onnx"
+    quantize(fp, None, QuantConfig(num_samples=8), qp, input_shapes={"x": [2, 1, 6, 6]})
+    fm, qm = onnx.load(str(fp)), onnx.load(str(qp))
+    rng = np.random.default_rng(0)
+    xs = [rng.random((b, 1, 6, 6), dtype=np.float32) for b in (2, 2, 3, 3, 2)]
+
+    class Source:
+        description = "batches of 2 and 3"
+
+        def __len__(self) -> int:
+            return len(xs)
+
+        def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+            return iter({"x": x} for x in xs)
+
+    pairing = pair_models(fm, qm)
+    plain = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
+    monkeypatch.setattr(numpy_backend, "BIND_BYTES", 0)
+    bound_runs: list[numpy_backend.BoundFetch] = []
+    real_init = numpy_backend.BoundFetch.__init__
+
+    def spy(self: numpy_backend.BoundFetch, *args: object) -> None:
+        real_init(self, *args)  # type: ignore[arg-type]
+        bound_runs.append(self)
+
+    monkeypatch.setattr(numpy_backend.BoundFetch, "__init__", spy)
+    bound = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
+    assert bound_runs and all(b.binding is not None for b in bound_runs)  # the binding was really used
+    np.testing.assert_array_equal(bound.per_sample, plain.per_sample)
+    assert bound.cumulative == plain.cumulative and bound.local == plain.local and bound.outputs == plain.outputs
+
+
+def test_large_tensors_keep_numpy_without_building_the_graph(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qdebug.capture import auto
+
+    monkeypatch.setattr(auto, "GRAPH_MAX_MEAN_ELEMENTS", 1)  # every tiny tensor counts as "large"
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    run, _ = _run(fm, qm, 12, [0.001, 1.0])
+    assert run.final().backend == "numpy" and "elements on average" in run.final().reason
+    assert run.graph is None
