@@ -242,6 +242,52 @@ def decode_constant(c: onnx.TensorProto | onnx.NodeProto) -> np.ndarray:
     raise ModelError(f"Constant node {c.name or c.output[0]!r} has no supported value attribute")
 
 
+def constants_to_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with its top-level ``Constant`` nodes turned into initializers of the same name (the input is
+    never modified), and the names moved.
+
+    ONNX Runtime's QDQ quantizer treats a ``Constant`` node's output as an activation: a Conv weight exported that
+    way (paddle2onnx writes every constant so) gets a calibrated per-tensor activation Q/DQ instead of the weight
+    type, and Resize's ``scales`` get rounded (2.0 comes back as 1.99 and the model no longer runs). As initializers
+    they are weights, as ORT's own ``quant_pre_process`` would make them. String and sparse constants stay nodes.
+    """
+    movable = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Constant"
+        and n.domain in QDQ_DOMAINS
+        and len(n.output) == 1
+        and any(a.name in _DENSE_CONSTANT_ATTRS for a in n.attribute)
+        and not any(a.name == "value" and a.t.data_type == onnx.TensorProto.STRING for a in n.attribute)
+    ]
+    if not movable:
+        return model, []
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    moved = {n.output[0] for n in movable}
+    kept = [n for n in m.graph.node if not (n.op_type == "Constant" and n.output and n.output[0] in moved)]
+    by_name = {n.output[0]: n for n in movable}
+    tensors = []
+    for name in [n.output[0] for n in movable]:
+        value = next((a.t for a in by_name[name].attribute if a.name == "value"), None)
+        if value is not None:  # the tensor as it is (its exact type and bytes)
+            t = onnx.TensorProto()
+            t.CopyFrom(value)
+            t.name = name
+        else:
+            t = numpy_helper.from_array(decode_constant(by_name[name]), name)
+        tensors.append(t)
+    del m.graph.node[:]
+    m.graph.node.extend(kept)
+    m.graph.initializer.extend(tensors)
+    if m.ir_version < 4:  # before IR 4 every initializer must also be a graph input
+        m.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in tensors)
+    return m, sorted(moved)
+
+
+_DENSE_CONSTANT_ATTRS = frozenset({"value", "value_float", "value_floats", "value_int", "value_ints"})
+
+
 def _to_array(t: onnx.TensorProto, name: str) -> np.ndarray:
     try:
         return numpy_helper.to_array(t)

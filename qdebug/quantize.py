@@ -30,7 +30,16 @@ from qdebug.capture.session import make_session, ort_errors, ort_message
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, normalize_quant_type
 from qdebug.data import DataSource, as_ort_reader, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError
-from qdebug.graph import VIEW_OPS, ModelKind, input_specs, is_dq, is_q, load_model, model_kind
+from qdebug.graph import (
+    VIEW_OPS,
+    ModelKind,
+    constants_to_initializers,
+    input_specs,
+    is_dq,
+    is_q,
+    load_model,
+    model_kind,
+)
 from qdebug.io import refuse_overwrite_input
 from qdebug.targets.base import to_ort_config
 
@@ -82,35 +91,51 @@ class _DropOrtAdvice(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.float_biases: list[str] = []
+        self.other: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         if msg.startswith("Expected bias '") and msg.endswith("' to be an initializer"):
             self.float_biases.append(msg.split("'")[1])
-            return False
-        # Both are advice the user cannot act on here: qdebug documents that 16-bit types raise the opset to 21.
-        return "pre-process" not in msg and "Automatically update the model to opset" not in msg
+        elif "pre-process" in msg or "Automatically update the model to opset" in msg:
+            pass  # advice the user cannot act on here: qdebug documents that 16-bit types raise the opset to 21
+        elif record.levelno >= logging.WARNING:
+            self.other.append(msg.splitlines()[0] if msg else msg)
+        else:
+            return True
+        return False
 
     def notes(self) -> list[str]:
         """One note for the biases ORT left in float."""
+        notes = []
         b = sorted(set(self.float_biases))
-        if not b:
-            return []
-        more = f" and {len(b) - 3} more" if len(b) > 3 else ""
-        return [
-            f"{len(b)} bias(es) are computed in the graph rather than stored as initializers and stay in float "
-            f"(ONNX Runtime quantizes only initializer biases): {', '.join(b[:3])}{more}"
-        ]
+        if b:
+            more = f" and {len(b) - 3} more" if len(b) > 3 else ""
+            notes.append(
+                f"{len(b)} bias(es) are computed in the graph rather than stored as initializers and stay in float "
+                f"(ONNX Runtime quantizes only initializer biases): {', '.join(b[:3])}{more}"
+            )
+        if self.other:  # one line for whatever else ORT's quantizer logged (it can be one line per tensor)
+            more = f" (and {len(self.other) - 1} more)" if len(self.other) > 1 else ""
+            notes.append(f"ONNX Runtime's quantizer warned: {self.other[0]}{more}")
+        return notes
 
 
 @contextlib.contextmanager
 def _quiet_ort() -> Any:
+    """ORT's quantizer logs through Python's root logger and runs its own calibration sessions, whose C++ warnings
+    (removed initializers, merged shapes) go to stderr: neither takes qdebug's session options. Both are held back
+    here; what matters reaches the result's notes."""
+    import onnxruntime as ort
+
     root = logging.getLogger()
     flt = _DropOrtAdvice()
     root.addFilter(flt)
+    ort.set_default_logger_severity(3)
     try:
         yield flt
     finally:
+        ort.set_default_logger_severity(2)  # ORT's default (it has no getter to restore another value)
         root.removeFilter(flt)
 
 
@@ -287,6 +312,14 @@ def _nonfinite_consumers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[
     return m, names, [note]
 
 
+def _moved_note(moved: Sequence[str]) -> str:
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return (
+        f"{len(moved)} Constant node(s) quantized as weights, not as activations (made initializers first, as ORT's "
+        f"quant_pre_process does): {', '.join(moved[:3])}{more}"
+    )
+
+
 def _utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -397,8 +430,11 @@ def quantize(
     with _quiet_ort() as ort_log, tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
         model, model_path = _load_float(float_model, work)
+        model, moved = constants_to_initializers(model)
         model, keep_float, notes = _nonfinite_consumers(model)
-        if keep_float:  # quantize the named copy
+        if moved:
+            notes.insert(0, _moved_note(moved))
+        if keep_float or moved:  # quantize the rewritten copy
             model_path = work / "float.onnx"
             onnx.save_model(model, str(model_path))
         if output is None:

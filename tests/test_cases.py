@@ -375,3 +375,40 @@ def test_biases_that_are_not_initializers_are_one_note(tmp_path: Path, capsys: p
     assert "Expected bias" not in err
     notes = [w for w in result.warnings if "bias" in w]
     assert len(notes) == 1 and notes[0].startswith("1 bias(es)") and "b1_run" in notes[0]
+
+
+def _constant_weight_convnet() -> onnx.ModelProto:
+    """tiny_convnet with every weight and bias a Constant node, as paddle2onnx exports them."""
+    m = builders.tiny_convnet()
+    consts = [builders.constant_node(t.name, onnx.numpy_helper.to_array(t)) for t in m.graph.initializer]
+    del m.graph.initializer[:]
+    for c in reversed(consts):
+        m.graph.node.insert(0, c)
+    return m
+
+
+def test_constant_node_weights_are_quantized_as_weights(tmp_path: Path) -> None:
+    """ORT's quantizer treats a Constant node's output as an activation (a calibrated uint8 Q/DQ computed at run
+    time instead of the weight type); quantize moves them to initializers first and says so. The user's model is
+    not modified, and the QDQ model's weights are stored quantized, of the weight type."""
+    from qdebug.graph import constants_to_initializers
+
+    f = _constant_weight_convnet()
+    moved_model, moved = constants_to_initializers(f)
+    assert moved == ["b1", "b2", "bg", "w1", "w2", "wg"] and len(f.graph.initializer) == 0  # input untouched
+    x = np.random.default_rng(0).standard_normal((1, 1, 6, 6)).astype(np.float32)
+    run = [ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0] for m in (f, moved_model)]
+    np.testing.assert_array_equal(run[0], run[1])
+    path = save(f, tmp_path / "const.onnx")
+    before = path.read_bytes()
+    cfg = QuantConfig(num_samples=4, weight_type="int8", weight_symmetric=True)
+    result = quantize(path, None, cfg, tmp_path / "const.qdq.onnx")
+    assert path.read_bytes() == before
+    assert any(w.startswith("6 Constant node(s) quantized as weights") for w in result.warnings)
+    q = onnx.load(result.model_path)
+    inits = {t.name: t for t in q.graph.initializer}
+    conv = next(n for n in q.graph.node if n.op_type == "Conv")
+    dq = next(n for n in q.graph.node if n.output[0] == conv.input[1])
+    assert dq.op_type == "DequantizeLinear" and inits[dq.input[0]].data_type == onnx.TensorProto.INT8
+    report = debug(path, result.model_path, None, DebugOptions(num_samples=2))
+    assert {w.weight_name for w in report.weights} >= {"w1", "w2", "wg"}

@@ -40,7 +40,7 @@ import onnx
 
 from qdebug.config import QuantConfig, TensorOverride, make_overrides
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.graph import GraphIndex, InputSpec, input_specs, topological_nodes
+from qdebug.graph import GraphIndex, InputSpec, constants_to_initializers, input_specs, topological_nodes
 from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [
@@ -273,7 +273,9 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]
     bns = [n for n in g.node if n.op_type == "BatchNormalization"]
     if not bns:
         return model, PassReport("batchnorm_folding", False, "no BatchNormalization node")
-    m = _copy(model)
+    # Parameters exported as Constant nodes (paddle2onnx) are read as initializers (the model's meaning is the same).
+    m, _ = constants_to_initializers(model)
+    m = _copy(m) if m is model else m
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     # Built once, before any fold: a Conv→BN→BN chain folds only its first BN (the second's producer is a BN).
