@@ -1,0 +1,131 @@
+"""Where a compiled model's numbers start to diverge from the CPU-QDQ model's, at any bit width.
+
+An absolute rule ("more than 1 LSB from ORT CPU") is blind at 16 bits: the grid is so fine that every tensor
+differs by a few LSB, so the first tensor is always named. The unit here is each tensor's own quantization
+error instead. For a tensor with dequantized values ``f`` (float model), ``c`` (CPU-QDQ) and ``t`` (target)::
+
+    ratio = Σ(t − c)² / max(Σ(c − f)², Σ scale²/12)
+
+is how much error the target adds, in units of the error quantization already has there (cumulative, as in
+the debug report's cumulative SQNR). The floor ``scale²/12`` per element (the rounding noise of the tensor's own
+grid) keeps a tensor that the CPU-QDQ model happens to reproduce exactly from turning a 1-LSB difference into an
+infinite ratio. A tensor is *flagged* when ``ratio > threshold`` (:data:`EXCESS_NOISE_THRESHOLD`, 1.0: the target
+adds more error than quantization itself). If the two errors are independent, the target's SQNR vs float is the
+CPU-QDQ's minus ``10·log10(1 + ratio)`` dB, so ``ratio > 1`` ⇔ at least 3 dB lost on the target.
+
+Errors propagate, so once a tensor diverges its consumers usually do too. A *start* is a flagged tensor none of
+whose nearest compared ancestors is flagged; the first start in topological order is where the divergence
+begins, and the number of starts says whether there is one region or several.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+__all__ = [
+    "EXCESS_NOISE_THRESHOLD",
+    "Divergence",
+    "Upstream",
+    "excess_ratio",
+    "locate",
+    "sqnr_drop_db",
+    "upstream_compared",
+]
+
+#: Flag a tensor when the target's extra error energy exceeds this many times the tensor's own quantization
+#: error energy (≈ 3 dB lost vs float, for independent errors).
+EXCESS_NOISE_THRESHOLD = 1.0
+
+
+def excess_ratio(target_noise: float, cpu_noise: float | None, floor: float) -> float:
+    """``target_noise / max(cpu_noise, floor)``; ``cpu_noise`` ``None`` (unknown) counts as the floor alone."""
+    unit = max(cpu_noise or 0.0, floor)
+    if unit <= 0.0:
+        return math.inf if target_noise > 0.0 else 0.0
+    return target_noise / unit
+
+
+def sqnr_drop_db(ratio: float) -> float:
+    """The SQNR vs float lost on the target when its extra error is ``ratio`` times the quantization error and
+    the two are independent: ``10·log10(1 + ratio)``."""
+    return math.inf if math.isinf(ratio) else 10.0 * math.log10(1.0 + ratio)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """How one compared tensor is computed from the nearest compared tensors before it."""
+
+    sources: frozenset[str]  # the nearest compared tensors it is computed from
+    nodes: tuple[tuple[str, str], ...]  # (op type, node name) of the nodes in between, graph order
+
+
+def upstream_compared(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, Upstream]:
+    """For each tensor in ``names``, the nearest tensors of ``names`` it is computed from, and the nodes between.
+
+    Walks producers upward through tensors that were not compared (unquantized ones, those a probe had to leave
+    out, a Relu's input the quantizer fused away), so a gap in the comparison does not cut a divergent region in
+    two, and the nodes walked are the ops that may have computed the divergence.
+    """
+    # By graph position, not the proto object: protobuf hands out a new Python wrapper on every access.
+    nodes_of = list(model.graph.node)
+    producer = {o: k for k, n in enumerate(nodes_of) for o in n.output}
+    wanted = set(names)
+
+    def walk(tensor: str) -> Upstream:
+        # Iterative, not recursive: an uncompared stretch of a real model can be hundreds of nodes deep.
+        found: set[str] = set()
+        walked: set[int] = set()
+        stack, seen = [tensor], {tensor}
+        while stack:
+            k = producer.get(stack.pop())
+            if k is None:
+                continue
+            walked.add(k)
+            for i in nodes_of[k].input:
+                if not i or i in seen:
+                    continue
+                seen.add(i)
+                if i in wanted:
+                    found.add(i)
+                else:
+                    stack.append(i)
+        return Upstream(frozenset(found), tuple((nodes_of[k].op_type, nodes_of[k].name) for k in sorted(walked)))
+
+    return {n: walk(n) for n in names}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The flagged tensors' starts (topological order), the op types computing the flagged tensors, and the nodes
+    computing the first start from its compared inputs."""
+
+    starts: tuple[str, ...]
+    op_types: tuple[tuple[str, int], ...]  # (op type, nodes of it computing flagged tensors), most first
+    first_nodes: tuple[tuple[str, str], ...] = ()  # (op type, node name), graph order
+
+    @property
+    def first(self) -> str | None:
+        """Where the divergence begins: the first start, or ``None`` when nothing is flagged."""
+        return self.starts[0] if self.starts else None
+
+
+def locate(
+    order: Sequence[str],
+    flagged: Sequence[str],
+    upstream: Mapping[str, Upstream],
+    top: int = 5,
+) -> Divergence:
+    """The starts among ``flagged`` (in the topological ``order``) and the ``top`` op types computing the flagged
+    tensors (every node between a flagged tensor and its compared inputs counts, so a BatchNormalization whose
+    output the comparison could not see still shows)."""
+    bad = set(flagged)
+    none = Upstream(frozenset(), ())
+    starts = tuple(n for n in order if n in bad and not (upstream.get(n, none).sources & bad))
+    ops = Counter(op for n in order if n in bad for op, _ in upstream.get(n, none).nodes)
+    first = upstream.get(starts[0], none).nodes if starts else ()
+    return Divergence(starts, tuple(ops.most_common(top)), first)
