@@ -281,9 +281,10 @@ class TargetTensorDiff:
     """One quantized activation on a target vs ONNX Runtime CPU: in steps of its grid (LSB, for information) and
     in units of its own quantization error (``excess_noise_ratio``, what ``flagged`` is decided on).
 
-    ``excess_noise_ratio`` = Σ(target − CPU)² / max(Σ(CPU − float)², Σ scale²/12) (qdebug.targets.divergence);
-    ``sqnr_drop_db`` = 10·log10(1 + ratio), the SQNR vs float lost on the target if the errors are independent;
-    ``cpu_vs_float_db`` the CPU-QDQ model's cumulative SQNR there (the debug report's). Reports written before
+    ``excess_noise_ratio`` = (Σ(target − float)² − Σ(CPU − float)²) / max(Σ(CPU − float)², Σ scale²/12)
+    (qdebug.targets.divergence); ``sqnr_drop_db`` = 10·log10(1 + ratio), the SQNR vs float lost on the target;
+    ``cpu_vs_float_db`` the CPU-QDQ model's cumulative SQNR there (the debug report's), ``target_vs_float_db``
+    the target's. Reports written before
     schema 3 have only the LSB figures (the new fields read as ``None`` / ``False`` / ``""``).
     """
 
@@ -295,6 +296,7 @@ class TargetTensorDiff:
     sqnr_db: float | None  # dequantized target vs dequantized CPU-QDQ
     op_type: str = ""  # the float model's op producing the tensor
     cpu_vs_float_db: float | None = None
+    target_vs_float_db: float | None = None
     excess_noise_ratio: float | None = None
     sqnr_drop_db: float | None = None
     flagged: bool = False

@@ -216,7 +216,10 @@ def test_target_accuracy_from_before_schema_3_reads_as_the_lsb_rule() -> None:
 
 
 def test_target_accuracy_prints_where_the_divergence_starts() -> None:
-    t = TargetTensorDiff("a", 0, "uint16", 900, 0.9, 20.0, "Relu", 35.0, 31.6, 15.1, True)
+    t = TargetTensorDiff(
+        "a", 0, "uint16", 900, 0.9, 20.0, op_type="Relu", cpu_vs_float_db=35.0, target_vs_float_db=19.9,
+        excess_noise_ratio=31.6, sqnr_drop_db=15.1, flagged=True,
+    )  # fmt: skip
     acc = TargetAccuracy(
         "qnn", "dev", 4, 0.01, (), (t,), first_divergent="a", divergence_starts=("a",),
         divergence_ops=(("BatchNormalization", 1), ("Relu", 1)),
@@ -226,7 +229,7 @@ def test_target_accuracy_prints_where_the_divergence_starts() -> None:
     out = io.StringIO()
     print_divergence(acc, out)
     text = out.getvalue()
-    assert "1 flagged" in text and "divergence starts at a (Relu): CPU-QDQ vs float 35.00 dB" in text
-    assert "31.6x the quantization error (~15.10 dB lost vs float), max 900 LSB; 1 start(s)" in text
+    assert "1 flagged" in text and "divergence starts at a (Relu): vs float CPU-QDQ 35.00 dB, target 19.90 dB" in text
+    assert "the target adds 31.6x the quantization error; max 900 LSB; 1 start(s)" in text
     assert "computed by: BatchNormalization bn -> Relu relu" in text
     assert "by op: BatchNormalization 1, Relu 1" in text

@@ -294,7 +294,7 @@ def print_divergence(acc: Any, out: TextIO) -> None:
     flagged = acc.flagged
     print(
         f"per tensor: {len(acc.tensors)} quantized activations compared; {len(flagged)} flagged (the target adds "
-        f"more than {acc.excess_threshold:g}x the tensor's own quantization error); {lsb} (information)",
+        f"more than {acc.excess_threshold:g}x the tensor's own quantization error vs float); {lsb} (information)",
         file=out,
     )
     if acc.first_divergent is None:
@@ -302,9 +302,9 @@ def print_divergence(acc: Any, out: TextIO) -> None:
         return
     t = next(x for x in acc.tensors if x.tensor_name == acc.first_divergent)
     print(
-        f"divergence starts at {t.tensor_name} ({t.op_type or '?'}): CPU-QDQ vs float "
-        f"{fmt_db_text(t.cpu_vs_float_db)}, target error {fmt_ratio(t.excess_noise_ratio)}x the quantization "
-        f"error (~{fmt_db_text(t.sqnr_drop_db)} lost vs float), max {t.max_lsb} LSB; "
+        f"divergence starts at {t.tensor_name} ({t.op_type or '?'}): vs float CPU-QDQ "
+        f"{fmt_db_text(t.cpu_vs_float_db)}, target {fmt_db_text(t.target_vs_float_db)}; the target adds "
+        f"{fmt_ratio(t.excess_noise_ratio)}x the quantization error; max {t.max_lsb} LSB; "
         f"{len(acc.divergence_starts)} start(s)",
         file=out,
     )

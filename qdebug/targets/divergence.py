@@ -4,14 +4,16 @@ An absolute rule ("more than 1 LSB from ORT CPU") is blind at 16 bits: the grid 
 differs by a few LSB, so the first tensor is always named. The unit here is each tensor's own quantization
 error instead. For a tensor with dequantized values ``f`` (float model), ``c`` (CPU-QDQ) and ``t`` (target)::
 
-    ratio = Σ(t − c)² / max(Σ(c − f)², Σ scale²/12)
+    ratio = (Σ(t − f)² − Σ(c − f)²) / max(Σ(c − f)², Σ scale²/12)
 
-is how much error the target adds, in units of the error quantization already has there (cumulative, as in
-the debug report's cumulative SQNR). The floor ``scale²/12`` per element (the rounding noise of the tensor's own
-grid) keeps a tensor that the CPU-QDQ model happens to reproduce exactly from turning a 1-LSB difference into an
-infinite ratio. A tensor is *flagged* when ``ratio > threshold`` (:data:`EXCESS_NOISE_THRESHOLD`, 1.0: the target
-adds more error than quantization itself). If the two errors are independent, the target's SQNR vs float is the
-CPU-QDQ's minus ``10·log10(1 + ratio)`` dB, so ``ratio > 1`` ⇔ at least 3 dB lost on the target.
+is how much error vs float the target adds, in units of the error quantization already has there (cumulative,
+as in the debug report's cumulative SQNR). It is measured against float, not as ``Σ(t − c)²``: where the target is
+*closer* to float than ORT CPU (the HTP's 8-bit Sigmoid on a detector), ``t − c`` is as large as the quantization
+error and would look like a divergence; here it is negative. The floor ``scale²/12`` per element (the rounding noise
+of the tensor's own grid) keeps a tensor that the CPU-QDQ model happens to reproduce exactly from turning a 1-LSB
+difference into an infinite ratio. A tensor is *flagged* when ``ratio > threshold`` (:data:`EXCESS_NOISE_THRESHOLD`,
+1.0: the target adds more error than quantization itself); the target's SQNR vs float there is the CPU-QDQ's minus
+``10·log10(1 + ratio)`` dB (exactly, without the floor), so ``ratio > 1`` ⇔ at least 3 dB lost on the target.
 
 Errors propagate, so once a tensor diverges its consumers usually do too. A *start* is a flagged tensor none of
 whose nearest compared ancestors is flagged; the first start in topological order is where the divergence
@@ -43,17 +45,22 @@ EXCESS_NOISE_THRESHOLD = 1.0
 
 
 def excess_ratio(target_noise: float, cpu_noise: float | None, floor: float) -> float:
-    """``target_noise / max(cpu_noise, floor)``; ``cpu_noise`` ``None`` (unknown) counts as the floor alone."""
-    unit = max(cpu_noise or 0.0, floor)
+    """``(target_noise − cpu_noise) / max(cpu_noise, floor)``, both error energies vs float; ``cpu_noise``
+    ``None`` (unknown) counts as 0 with the floor as the unit. Negative when the target is closer to float."""
+    cpu = cpu_noise or 0.0
+    unit = max(cpu, floor)
+    extra = target_noise - cpu
     if unit <= 0.0:
-        return math.inf if target_noise > 0.0 else 0.0
-    return target_noise / unit
+        return math.inf if extra > 0.0 else 0.0
+    return extra / unit
 
 
 def sqnr_drop_db(ratio: float) -> float:
-    """The SQNR vs float lost on the target when its extra error is ``ratio`` times the quantization error and
-    the two are independent: ``10·log10(1 + ratio)``."""
-    return math.inf if math.isinf(ratio) else 10.0 * math.log10(1.0 + ratio)
+    """The SQNR vs float lost on the target when its extra error is ``ratio`` times the quantization error:
+    ``10·log10(1 + ratio)`` (negative: gained)."""
+    if math.isinf(ratio):
+        return math.inf
+    return -math.inf if ratio <= -1.0 else 10.0 * math.log10(1.0 + ratio)
 
 
 @dataclass(frozen=True)

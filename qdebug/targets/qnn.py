@@ -1004,18 +1004,17 @@ class _OutputSums:
 
 class _TensorSums:
     """Per probed tensor: the integer values on the HTP vs ONNX Runtime CPU (max LSB, fraction differing, error
-    energy of the dequantized values), the CPU-QDQ's own error energy vs float when the caller has no debug report
-    to take it from, and how far the probe's outputs are from the compiled model's."""
+    energy of the dequantized values), the HTP's error energy vs float, the CPU-QDQ's (used when the caller has no
+    debug report to take it from), and how far the probe's outputs are from the compiled model's."""
 
-    def __init__(self, tensors: Sequence[_ProbeTensor], with_float: bool) -> None:
+    def __init__(self, tensors: Sequence[_ProbeTensor]) -> None:
         n = len(tensors)
         self.tensors = list(tensors)
-        self.with_float = with_float
         self.max_lsb = np.zeros(n, dtype=np.int64)
         self.n_differ = np.zeros(n, dtype=np.int64)
         self.n_elems = np.zeros(n, dtype=np.int64)
         self.signal, self.noise = np.zeros(n), np.zeros(n)
-        self.f_signal, self.f_noise = np.zeros(n), np.zeros(n)
+        self.f_signal, self.f_noise, self.hf_noise = np.zeros(n), np.zeros(n), np.zeros(n)
         # Mean rounding noise per element of each tensor's grid (scale²/12; per-channel scales averaged).
         self.grid_noise = np.array([float(np.mean(np.square(t.scale.astype(np.float64)))) / 12.0 for t in tensors])
         self.probe_vs_compiled = 0.0
@@ -1029,7 +1028,7 @@ class _TensorSums:
         flt: Sequence[np.ndarray] = (),
     ) -> None:
         """One sample: the probed tensors' integers on the CPU and the HTP, the outputs of the probe and of the
-        compiled model, and (``with_float``) the float model's values of the probed tensors."""
+        compiled model, and the float model's values of the probed tensors."""
         for po, ho in zip(probe_out, h_out, strict=True):
             d = np.abs(po.astype(np.float64) - ho.astype(np.float64))
             self.probe_vs_compiled = max(self.probe_vs_compiled, float(d.max()) if d.size else 0.0)
@@ -1048,21 +1047,27 @@ class _TensorSums:
             b = reduce_pairs(refs, tests)
             self.signal += b.signal
             self.noise += b.noise
-        if self.with_float and refs:
-            fb = reduce_pairs([np.asarray(f, dtype=np.float64) for f in flt], refs)  # reference: float
-            self.f_signal += fb.signal
-            self.f_noise += fb.noise
+        if refs:
+            # The HTP vs float, not only vs CPU: where the HTP is *closer* to float than ORT CPU (its Sigmoid at
+            # 8 bits), HTP−CPU is as large as the quantization error and would look like a divergence.
+            floats = [np.asarray(f, dtype=np.float64) for f in flt]
+            fb = reduce_pairs(floats + floats, refs + tests)
+            m = len(refs)
+            self.f_signal += fb.signal[:m]
+            self.f_noise += fb.noise[:m]
+            self.hf_noise += fb.noise[m:]
 
     def _cpu_noise(self, j: int, cpu_db: Mapping[str, float | None] | None) -> tuple[float | None, float | None]:
         """(CPU-QDQ vs float SQNR in dB, its error energy): from the debug report's cumulative SQNR when given
-        (energy = the CPU signal · 10^(−dB/10)), else from this run's float values; ``None`` when undefined."""
+        (energy = the float signal · 10^(−dB/10), its definition inverted), else from this run's float values;
+        ``None`` when undefined."""
         if cpu_db is None:
             db = sqnr_from_energies(float(self.f_signal[j]), float(self.f_noise[j]))[0]
             return db, float(self.f_noise[j]) if db is not None else None
         db = cpu_db.get(self.tensors[j].tensor_name)
         if db is None:
             return None, None
-        return db, 0.0 if math.isinf(db) else float(self.signal[j]) * 10.0 ** (-db / 10.0)
+        return db, 0.0 if math.isinf(db) else float(self.f_signal[j]) * 10.0 ** (-db / 10.0)
 
     def diffs(
         self, cpu_db: Mapping[str, float | None] | None, op_of: Mapping[str, str], threshold: float
@@ -1071,7 +1076,7 @@ class _TensorSums:
         out = []
         for j, t in enumerate(self.tensors):
             cpu_vs_float, cpu_noise = self._cpu_noise(j, cpu_db)
-            ratio = excess_ratio(float(self.noise[j]), cpu_noise, float(self.grid_noise[j] * self.n_elems[j]))
+            ratio = excess_ratio(float(self.hf_noise[j]), cpu_noise, float(self.grid_noise[j] * self.n_elems[j]))
             out.append(
                 TargetTensorDiff(
                     tensor_name=t.tensor_name,
@@ -1082,6 +1087,7 @@ class _TensorSums:
                     sqnr_db=sqnr_from_energies(float(self.signal[j]), float(self.noise[j]))[0],
                     op_type=op_of.get(t.tensor_name, ""),
                     cpu_vs_float_db=cpu_vs_float,
+                    target_vs_float_db=sqnr_from_energies(float(self.f_signal[j]), float(self.hf_noise[j]))[0],
                     excess_noise_ratio=ratio,
                     sqnr_drop_db=sqnr_drop_db(ratio),
                     flagged=ratio > threshold,
@@ -1118,7 +1124,7 @@ class _Names:
     """What each session of the HTP check is asked for."""
 
     outputs: list[str]  # the float model's outputs
-    float_tensors: list[str]  # the probed tensors in the float model (when the CPU-QDQ error is measured here)
+    float_tensors: list[str]  # the probed tensors in the float model
     quant_outputs: list[str]  # the QDQ (and compiled) model's outputs
     probed: list[str]  # the probed QuantizeLinear outputs
 
@@ -1165,12 +1171,13 @@ def htp_accuracy(
     vs CPU-QDQ (the CPU-QDQ model runs on ORT CPU with graph optimizations off, as written). With
     ``probe_tensors``, a probe copy of the QDQ model exposing every activation QuantizeLinear output is
     compiled into ``out_dir`` (``probe.qnn_ctx.onnx``) and run on the HTP; each quantized activation's
-    values are compared with ORT CPU's: in LSB (largest difference, fraction of elements that differ; for
-    information) and in units of the tensor's own quantization error (``excess_noise_ratio``, see
-    :mod:`qdebug.targets.divergence`), which flags it above ``excess_threshold``. The quantization error is
-    the debug report's cumulative SQNR per float tensor name when ``cpu_sqnr_db`` is given (``build`` passes
-    it), else measured here on the same samples. ``first_divergent`` is the first flagged tensor in
-    topological order whose nearest compared inputs are not flagged (``divergence_starts`` has them all).
+    values are compared with ORT CPU's in LSB (largest difference, fraction of elements that differ; for
+    information) and with the float model's: the HTP's extra error vs float in units of the tensor's own
+    quantization error (``excess_noise_ratio``, see :mod:`qdebug.targets.divergence`) flags it above
+    ``excess_threshold``. The quantization error is the debug report's cumulative SQNR per float tensor name
+    when ``cpu_sqnr_db`` is given (``build`` passes it), else measured here on the same samples.
+    ``first_divergent`` is the first flagged tensor in topological order whose nearest compared inputs are not
+    flagged (``divergence_starts`` has them all).
     Tensors carry the float model's names, so they join :attr:`qdebug.report.DebugReport.activations`.
     ``probe_single_partition`` says whether the probe kept the compiled model's partitioning.
     """
@@ -1187,10 +1194,9 @@ def htp_accuracy(
     probe = _build_probe(qmodel, pairing, target, out, options) if probe_tensors else _Probe(None, (), False, ())
     notes = list(probe.notes)
     graph = _Graph(_producer_ops(fmodel), upstream_compared(fmodel, [t.tensor_name for t in probe.tensors]))
-    with_float = probe_tensors and cpu_sqnr_db is None
     names = _Names(
         [o.output_name for o in pairing.outputs],
-        [t.tensor_name for t in probe.tensors] if with_float else [],
+        [t.tensor_name for t in probe.tensors],
         [o.quant_name for o in pairing.outputs],
         [t.q_output for t in probe.tensors],
     )
@@ -1200,7 +1206,7 @@ def htp_accuracy(
     htp = qnn_session(cpath, options)
     probe_sess = qnn_session(probe.compiled, options) if probe.compiled is not None else None
     outs = _OutputSums(names.outputs)
-    tensors = _TensorSums(probe.tensors, with_float)
+    tensors = _TensorSums(probe.tensors)
     n, htp_seconds = _measure((f_sess, c_sess, htp, probe_sess), names, data, outs, tensors)
     if n == 0:
         raise DataError(f"{data.description}: no samples")
