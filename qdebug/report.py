@@ -311,9 +311,10 @@ DIVERGENCE_RULES = ("excess_noise", "lsb")
 class TargetAccuracy:
     """How a compiled model's numbers differ from the CPU QDQ model's, per output and per tensor.
 
-    ``first_divergent`` is the first *start* in topological order: a flagged tensor (``excess_noise_ratio >
-    excess_threshold``) none of whose nearest compared inputs is flagged; ``divergence_starts`` lists every
-    start, ``divergence_ops`` the op types of the nodes computing the flagged tensors (most first).
+    ``first_divergent`` is the first *start* in topological order that is not isolated: a flagged tensor
+    (``excess_noise_ratio > excess_threshold``) none of whose nearest compared inputs is flagged;
+    ``divergence_starts`` lists every start, ``isolated_starts`` those whose compared consumers are all
+    unflagged, ``divergence_ops`` the op types of the nodes computing the flagged tensors (most first).
     ``lsb_threshold`` only counts tensors for information (``divergence_rule`` ``"lsb"``: an old report, where
     it decided).
     """
@@ -331,6 +332,8 @@ class TargetAccuracy:
     divergence_rule: str = "excess_noise"
     excess_threshold: float = 1.0
     divergence_starts: tuple[str, ...] = ()
+    #: starts with compared consumers, none of them flagged (error absorbed, or a probe artefact); not named first
+    isolated_starts: tuple[str, ...] = ()
     divergence_ops: tuple[tuple[str, int], ...] = ()
     #: (op type, node name) of the float model's nodes computing ``first_divergent`` from its compared inputs
     first_divergent_nodes: tuple[tuple[str, str], ...] = ()
@@ -355,6 +358,7 @@ class TargetAccuracy:
             "divergence_rule": self.divergence_rule,
             "excess_threshold": self.excess_threshold,
             "divergence_starts": list(self.divergence_starts),
+            "isolated_starts": list(self.isolated_starts),
             "divergence_ops": [{"op_type": op, "nodes": n} for op, n in self.divergence_ops],
             "first_divergent_nodes": [{"op_type": op, "node": n} for op, n in self.first_divergent_nodes],
         }
@@ -376,6 +380,7 @@ class TargetAccuracy:
             divergence_rule=d.get("divergence_rule", "lsb"),
             excess_threshold=float(d.get("excess_threshold", 1.0)),
             divergence_starts=tuple(d.get("divergence_starts", ())),
+            isolated_starts=tuple(d.get("isolated_starts", ())),
             divergence_ops=tuple((o["op_type"], int(o["nodes"])) for o in d.get("divergence_ops", ())),
             first_divergent_nodes=tuple((o["op_type"], o["node"]) for o in d.get("first_divergent_nodes", ())),
         )

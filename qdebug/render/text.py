@@ -305,12 +305,15 @@ def print_divergence(acc: Any, out: TextIO) -> None:
         f"divergence starts at {t.tensor_name} ({t.op_type or '?'}): vs float CPU-QDQ "
         f"{fmt_db_text(t.cpu_vs_float_db)}, target {fmt_db_text(t.target_vs_float_db)}; the target adds "
         f"{fmt_ratio(t.excess_noise_ratio)}x the quantization error; max {t.max_lsb} LSB; "
-        f"{len(acc.divergence_starts)} start(s)",
+        f"{len(acc.divergence_starts)} start(s)"
+        + (f", {len(acc.isolated_starts)} isolated (not propagated)" if acc.isolated_starts else ""),
         file=out,
     )
     if acc.first_divergent_nodes:
         chain = " -> ".join(f"{op} {name}" for op, name in acc.first_divergent_nodes)
         print(f"  computed by: {chain}", file=out)
+    for name in acc.isolated_starts:
+        print(f"  isolated start (its consumers are within their quantization error): {name}", file=out)
     ops = ", ".join(f"{op} {n}" for op, n in acc.divergence_ops)
     print(f"nodes computing flagged tensors, by op: {ops}", file=out)
 

@@ -16,8 +16,9 @@ difference into an infinite ratio. A tensor is *flagged* when ``ratio > threshol
 ``10·log10(1 + ratio)`` dB (exactly, without the floor), so ``ratio > 1`` ⇔ at least 3 dB lost on the target.
 
 Errors propagate, so once a tensor diverges its consumers usually do too. A *start* is a flagged tensor none of
-whose nearest compared ancestors is flagged; the first start in topological order is where the divergence
-begins, and the number of starts says whether there is one region or several.
+whose nearest compared ancestors is flagged; the number of starts says whether there is one region or several.
+A start whose compared consumers are all unflagged is *isolated* (its error goes nowhere; on the detector it was
+a probe artefact); the first start in topological order that is not isolated is where the divergence begins.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
@@ -108,17 +109,20 @@ def upstream_compared(model: onnx.ModelProto, names: Sequence[str]) -> dict[str,
 
 @dataclass(frozen=True)
 class Divergence:
-    """The flagged tensors' starts (topological order), the op types computing the flagged tensors, and the nodes
-    computing the first start from its compared inputs."""
+    """The flagged tensors' starts (topological order), which of them are isolated, the op types computing the
+    flagged tensors, and the nodes computing the first start from its compared inputs."""
 
     starts: tuple[str, ...]
     op_types: tuple[tuple[str, int], ...]  # (op type, nodes of it computing flagged tensors), most first
     first_nodes: tuple[tuple[str, str], ...] = ()  # (op type, node name), graph order
+    isolated: tuple[str, ...] = ()  # starts none of whose compared consumers is flagged
 
     @property
     def first(self) -> str | None:
-        """Where the divergence begins: the first start, or ``None`` when nothing is flagged."""
-        return self.starts[0] if self.starts else None
+        """Where the divergence begins: the first start that propagates (else the first start), ``None`` when
+        nothing is flagged."""
+        spreading = [s for s in self.starts if s not in self.isolated] or list(self.starts)
+        return spreading[0] if spreading else None
 
 
 def locate(
@@ -129,10 +133,22 @@ def locate(
 ) -> Divergence:
     """The starts among ``flagged`` (in the topological ``order``) and the ``top`` op types computing the flagged
     tensors (every node between a flagged tensor and its compared inputs counts, so a BatchNormalization whose
-    output the comparison could not see still shows)."""
+    output the comparison could not see still shows).
+
+    A start is *isolated* when it has compared consumers and none of them is flagged: its error does not reach
+    the rest of the model. On the detector at uint16 the one such start was an artefact of the probe (its value
+    as an extra graph output was off; compiled alone, cut at that tensor, it was within its quantization error),
+    so the first start that propagates is named first.
+    """
     bad = set(flagged)
     none = Upstream(frozenset(), ())
     starts = tuple(n for n in order if n in bad and not (upstream.get(n, none).sources & bad))
+    consumers: dict[str, set[str]] = {}
+    for n in order:
+        for src in upstream.get(n, none).sources:
+            consumers.setdefault(src, set()).add(n)
+    isolated = tuple(s for s in starts if consumers.get(s) and not (consumers[s] & bad))
     ops = Counter(op for n in order if n in bad for op, _ in upstream.get(n, none).nodes)
-    first = upstream.get(starts[0], none).nodes if starts else ()
-    return Divergence(starts, tuple(ops.most_common(top)), first)
+    result = Divergence(starts, tuple(ops.most_common(top)), (), isolated)
+    first = result.first
+    return replace(result, first_nodes=upstream.get(first, none).nodes if first is not None else ())

@@ -1177,7 +1177,8 @@ def htp_accuracy(
     ``excess_threshold``. The quantization error is the debug report's cumulative SQNR per float tensor name
     when ``cpu_sqnr_db`` is given (``build`` passes it), else measured here on the same samples.
     ``first_divergent`` is the first flagged tensor in topological order whose nearest compared inputs are not
-    flagged (``divergence_starts`` has them all).
+    flagged and whose error reaches a flagged consumer (``divergence_starts`` has every start,
+    ``isolated_starts`` those whose consumers are all unflagged).
     Tensors carry the float model's names, so they join :attr:`qdebug.report.DebugReport.activations`.
     ``probe_single_partition`` says whether the probe kept the compiled model's partitioning.
     """
@@ -1229,6 +1230,7 @@ def htp_accuracy(
         notes=tuple(notes),
         excess_threshold=float(excess_threshold),
         divergence_starts=where.starts,
+        isolated_starts=where.isolated,
         divergence_ops=where.op_types,
         first_divergent_nodes=where.first_nodes,
     )
