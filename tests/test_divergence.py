@@ -4,12 +4,16 @@ tests/test_qnn.py)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from qdebug.data import SyntheticData
+from qdebug.errors import ConfigError
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio, locate, sqnr_drop_db, upstream_compared
+from qdebug.targets.qnn import htp_accuracy
 
 
 def chain() -> onnx.ModelProto:
@@ -61,3 +65,9 @@ def test_starts_isolated_starts_and_op_types() -> None:
     assert locate(order, ["c"], up).first == "c"
     assert locate(order, ["k"], up).isolated == ()
     assert locate(order, [], up).first is None
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "1"])
+def test_a_bad_excess_threshold_is_a_config_error(bad: object, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="excess_threshold must be a positive number"):
+        htp_accuracy("f.onnx", "q.onnx", "c.onnx", SyntheticData([], 1), out_dir=tmp_path, excess_threshold=bad)  # type: ignore[arg-type]

@@ -1152,6 +1152,15 @@ def _measure(
     return n, htp_seconds
 
 
+def _check_thresholds(lsb_threshold: object, excess_threshold: object) -> None:
+    """A :class:`ConfigError` unless the LSB threshold is a non-negative int and the excess one a positive number."""
+    if isinstance(lsb_threshold, bool) or not isinstance(lsb_threshold, int) or lsb_threshold < 0:
+        raise ConfigError(f"lsb_threshold must be a non-negative integer, got {lsb_threshold!r}")
+    ok = isinstance(excess_threshold, int | float) and not isinstance(excess_threshold, bool)
+    if not (ok and math.isfinite(excess_threshold) and excess_threshold > 0):  # type: ignore[arg-type,operator]
+        raise ConfigError(f"excess_threshold must be a positive number, got {excess_threshold!r}")
+
+
 def htp_accuracy(
     float_model: str | Path,
     qdq_model: str | Path,
@@ -1182,10 +1191,7 @@ def htp_accuracy(
     Tensors carry the float model's names, so they join :attr:`qdebug.report.DebugReport.activations`.
     ``probe_single_partition`` says whether the probe kept the compiled model's partitioning.
     """
-    if isinstance(lsb_threshold, bool) or not isinstance(lsb_threshold, int) or lsb_threshold < 0:
-        raise ConfigError(f"lsb_threshold must be a non-negative integer, got {lsb_threshold!r}")
-    if not (isinstance(excess_threshold, int | float) and math.isfinite(excess_threshold) and excess_threshold > 0):
-        raise ConfigError(f"excess_threshold must be a positive number, got {excess_threshold!r}")
+    _check_thresholds(lsb_threshold, excess_threshold)
     cpath, out = Path(compiled_model), Path(out_dir)
     fmodel, qmodel, target, pairing = _check_models(Path(float_model), Path(qdq_model), cpath)
     if len(data) == 0:
