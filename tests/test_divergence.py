@@ -14,6 +14,7 @@ from qdebug.data import SyntheticData
 from qdebug.errors import ConfigError
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio, locate, sqnr_drop_db, upstream_compared
 from qdebug.targets.qnn import htp_accuracy
+from qdebug.targets.qnn_bisect import prefix_model
 
 
 def chain() -> onnx.ModelProto:
@@ -71,3 +72,9 @@ def test_starts_isolated_starts_and_op_types() -> None:
 def test_a_bad_excess_threshold_is_a_config_error(bad: object, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="excess_threshold must be a positive number"):
         htp_accuracy("f.onnx", "q.onnx", "c.onnx", SyntheticData([], 1), out_dir=tmp_path, excess_threshold=bad)  # type: ignore[arg-type]
+
+
+def test_prefix_model_keeps_what_the_cut_tensor_depends_on() -> None:
+    cut = prefix_model(chain(), "r")
+    assert [n.name for n in cut.graph.node] == ["conv", "bn", "relu"]
+    assert [o.name for o in cut.graph.output] == ["r"] and [i.name for i in cut.graph.input] == ["x"]

@@ -39,6 +39,7 @@ from qdebug.targets.qnn import (
     qnn_session,
     run_compiled,
 )
+from qdebug.targets.qnn_bisect import bisect_divergence
 from qdebug.targets.qnn_fixes import fold_batchnorm
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
@@ -507,3 +508,17 @@ def test_sixteen_bit_lsb_noise_is_not_divergence(
     (out,) = acc.outputs
     assert out.cpu_vs_float_db is not None and out.target_vs_float_db is not None
     assert out.target_vs_float_db > out.cpu_vs_float_db - 1.0
+
+
+def test_bisection_over_prefix_compiles_finds_the_same_start_without_a_probe(
+    qnn: None, cnn16: dict[str, tuple[Path, Path]]
+) -> None:
+    # Each check compiles the model cut at one tensor (no extra outputs), so the HTP graph is the real one up to it.
+    kept = bisect_divergence(*cnn16["kept"], acc_data(cnn16["kept"][0]))
+    assert kept.first_divergent == "/block/body/body.0/body.0.2/Relu_output_0"
+    assert kept.candidates == 13 and kept.compiles <= math.ceil(math.log2(kept.candidates)) + 2
+    by_name = {c.tensor_name: c.excess_noise_ratio for c in kept.checks}
+    assert by_name[kept.first_divergent] > 50 and kept.seconds > 0
+    assert all(r <= 1.0 for n, r in by_name.items() if n in {"/stem/stem.2/Relu_output_0"})
+    folded = bisect_divergence(*cnn16["folded"], acc_data(cnn16["folded"][0]))
+    assert folded.first_divergent is None and folded.compiles == 1  # the last tensor is fine: nothing to search
