@@ -74,7 +74,7 @@ __all__ = [
 
 #: 2: the target's own entries (e.g. ``deeploy``, ``onnxruntime_qnn_version``) appear only for that target
 #: (version 1 wrote both, ``null`` when unused); version-1 manifests are still read.
-MANIFEST_SCHEMA_VERSION = 2
+MANIFEST_SCHEMA_VERSION = 3  # 3: the target check's divergence fields
 _MANIFEST_KEYS = frozenset(
     {
         "schema_version",
@@ -225,7 +225,7 @@ class BuildManifest:
         from qdebug.errors import InputFileError
         from qdebug.report import decode_number
 
-        if d.get("schema_version") not in (1, MANIFEST_SCHEMA_VERSION):
+        if d.get("schema_version") not in (1, 2, MANIFEST_SCHEMA_VERSION):
             raise InputFileError(f"build manifest schema_version {d.get('schema_version')!r} is not supported")
         acc = d["accuracy"]
         details = {k: v for k, v in d.items() if k not in _MANIFEST_KEYS and v is not None}  # v1 wrote nulls
@@ -526,6 +526,8 @@ def _accuracy(job: _Job, cjob: CompileJob, compiled: Compiled) -> tuple[DebugRep
         t0 = time.perf_counter()
         report = debug(cjob.float_model, cjob.qdq_model, cjob.samples, DebugOptions())
         job.timed("debug_s", t0)
+        # The target's per-tensor check measures its error in units of these (same samples): reuse, not recompute.
+        cjob = replace(cjob, cpu_sqnr_db={a.tensor_name: a.cumulative_sqnr_db for a in report.activations})
     t0 = time.perf_counter()
     acc = job.target.check(cjob, compiled)
     if acc is not None:

@@ -2,7 +2,7 @@
 
 ``DebugReport.to_dict()`` has the shape::
 
-    {"schema_version": 2,
+    {"schema_version": 3,
      "activations":   [{"tensor_name", "local_sqnr_db", "cumulative_sqnr_db", ...}],
      "weights":       [{"weight_name", "weight_sqnr_db", ...}],
      "model_outputs": [{"output_name", "cumulative_sqnr_db", ...}],
@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: 2: per-result ``metrics`` and ``meta.capture`` (version-1 reports, which have neither, are still read).
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+#: 3: the target check's per-tensor divergence (excess-noise ratio, starts, op types; docs/qnn.md)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 T = TypeVar("T")
 
 
@@ -61,7 +62,8 @@ def decode_number(v: Any) -> float | None:
 _FLOAT_FIELDS = {
     "target_vs_float_db", "cpu_vs_float_db", "target_vs_cpu_db", "sqnr_db",
     "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "worst_channel_sqnr_db", "float_min",
-    "float_max", "mse", "max_abs_error", "scale", "mean", "std", "min", "max",
+    "float_max", "mse", "max_abs_error", "scale", "mean", "std", "min", "max", "excess_noise_ratio",
+    "sqnr_drop_db",
 }  # fmt: skip
 
 
@@ -276,7 +278,15 @@ class TargetOutputAccuracy:
 
 @dataclass(frozen=True)
 class TargetTensorDiff:
-    """One quantized activation: the target's integer values vs ONNX Runtime CPU's, in steps (LSB)."""
+    """One quantized activation on a target vs ONNX Runtime CPU: in steps of its grid (LSB, for information) and
+    in units of its own quantization error (``excess_noise_ratio``, what ``flagged`` is decided on).
+
+    ``excess_noise_ratio`` = (Σ(target − float)² − Σ(CPU − float)²) / max(Σ(CPU − float)², Σ scale²/12)
+    (qdebug.targets.divergence); ``sqnr_drop_db`` = 10·log10(1 + ratio), the SQNR vs float lost on the target;
+    ``cpu_vs_float_db`` the CPU-QDQ model's cumulative SQNR there (the debug report's), ``target_vs_float_db``
+    the target's. Reports written before
+    schema 3 have only the LSB figures (the new fields read as ``None`` / ``False`` / ``""``).
+    """
 
     tensor_name: str
     topo_index: int
@@ -284,11 +294,30 @@ class TargetTensorDiff:
     max_lsb: int
     fraction_differ: float
     sqnr_db: float | None  # dequantized target vs dequantized CPU-QDQ
+    op_type: str = ""  # the float model's op producing the tensor
+    cpu_vs_float_db: float | None = None
+    target_vs_float_db: float | None = None
+    excess_noise_ratio: float | None = None
+    sqnr_drop_db: float | None = None
+    flagged: bool = False
+
+
+#: How ``TargetAccuracy.first_divergent`` was decided: ``excess_noise`` (schema 3) or ``lsb`` (older reports:
+#: the first tensor more than ``lsb_threshold`` LSB from ORT CPU).
+DIVERGENCE_RULES = ("excess_noise", "lsb")
 
 
 @dataclass(frozen=True)
 class TargetAccuracy:
-    """How a compiled model's numbers differ from the CPU QDQ model's, per output and per tensor."""
+    """How a compiled model's numbers differ from the CPU QDQ model's, per output and per tensor.
+
+    ``first_divergent`` is the first *start* in topological order that is not isolated: a flagged tensor
+    (``excess_noise_ratio > excess_threshold``) none of whose nearest compared inputs is flagged;
+    ``divergence_starts`` lists every start, ``isolated_starts`` those whose compared consumers are all
+    unflagged, ``divergence_ops`` the op types of the nodes computing the flagged tensors (most first).
+    ``lsb_threshold`` only counts tensors for information (``divergence_rule`` ``"lsb"``: an old report, where
+    it decided).
+    """
 
     target: str
     device: str
@@ -297,9 +326,24 @@ class TargetAccuracy:
     outputs: tuple[TargetOutputAccuracy, ...]
     tensors: tuple[TargetTensorDiff, ...] = ()
     lsb_threshold: int = 1
-    first_divergent: str | None = None  # first tensor in topological order with max_lsb > lsb_threshold
+    first_divergent: str | None = None
     probe_single_partition: bool | None = None
     notes: tuple[str, ...] = ()
+    divergence_rule: str = "excess_noise"
+    excess_threshold: float = 1.0
+    divergence_starts: tuple[str, ...] = ()
+    #: starts with compared consumers, none of them flagged (error absorbed, or a probe artefact); not named first
+    isolated_starts: tuple[str, ...] = ()
+    divergence_ops: tuple[tuple[str, int], ...] = ()
+    #: (op type, node name) of the float model's nodes computing ``first_divergent`` from its compared inputs
+    first_divergent_nodes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def flagged(self) -> tuple[TargetTensorDiff, ...]:
+        """The tensors the rule flags (topological order)."""
+        if self.divergence_rule == "lsb":
+            return tuple(t for t in self.tensors if t.max_lsb > self.lsb_threshold)
+        return tuple(t for t in self.tensors if t.flagged)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -311,11 +355,17 @@ class TargetAccuracy:
             "first_divergent": self.first_divergent,
             "probe_single_partition": self.probe_single_partition,
             "notes": list(self.notes),
+            "divergence_rule": self.divergence_rule,
+            "excess_threshold": self.excess_threshold,
+            "divergence_starts": list(self.divergence_starts),
+            "isolated_starts": list(self.isolated_starts),
+            "divergence_ops": [{"op_type": op, "nodes": n} for op, n in self.divergence_ops],
+            "first_divergent_nodes": [{"op_type": op, "node": n} for op, n in self.first_divergent_nodes],
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TargetAccuracy:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`; JSON without ``divergence_rule`` (before schema 3) read as the LSB rule."""
         return cls(
             target=d["target"],
             device=d["device"],
@@ -327,6 +377,12 @@ class TargetAccuracy:
             first_divergent=d.get("first_divergent"),
             probe_single_partition=d.get("probe_single_partition"),
             notes=tuple(d.get("notes", ())),
+            divergence_rule=d.get("divergence_rule", "lsb"),
+            excess_threshold=float(d.get("excess_threshold", 1.0)),
+            divergence_starts=tuple(d.get("divergence_starts", ())),
+            isolated_starts=tuple(d.get("isolated_starts", ())),
+            divergence_ops=tuple((o["op_type"], int(o["nodes"])) for o in d.get("divergence_ops", ())),
+            first_divergent_nodes=tuple((o["op_type"], o["node"]) for o in d.get("first_divergent_nodes", ())),
         )
 
 

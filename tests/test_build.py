@@ -220,6 +220,14 @@ def test_cnn_builds_with_batchnorm_folded_and_uint16_activations(
     acc = m.target_accuracy
     assert acc is not None and acc.outputs[0].target_vs_float_db is not None
     assert acc.outputs[0].target_vs_float_db > 30
+    # Every tensor is hundreds of LSB from ORT CPU at 16 bits, yet within its own quantization error: no divergence.
+    # The CPU-QDQ error per tensor is the debug report's (build hands it to the target's check).
+    assert acc.divergence_rule == "excess_noise" and acc.first_divergent is None and not acc.flagged
+    assert any(t.max_lsb > 1 for t in acc.tensors)
+    report = DebugReport.load(out / "report.json")
+    cumulative = {a.tensor_name: a.cumulative_sqnr_db for a in report.activations}
+    assert all(t.cpu_vs_float_db == cumulative.get(t.tensor_name) for t in acc.tensors)
+    assert "divergence: none" in res.out
 
 
 # ------------------------------------------------------------------------------------------------ small models

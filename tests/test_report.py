@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import fields, replace
@@ -15,6 +16,7 @@ from conftest import save
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import InputFileError
 from qdebug.metrics import Summary
+from qdebug.render.text import print_divergence
 from qdebug.report import (
     ActivationResult,
     DebugReport,
@@ -22,6 +24,8 @@ from qdebug.report import (
     PerSample,
     ReportMeta,
     Summaries,
+    TargetAccuracy,
+    TargetTensorDiff,
     WeightResult,
     decode_number,
     encode_number,
@@ -119,7 +123,7 @@ def test_real_report_round_trip_and_strict_json(tmp_path: Path) -> None:
     text = rep.to_json()
     d = _strict(text)
     assert "Infinity" not in text and "NaN" not in text
-    assert d["schema_version"] == 2  # 2: metrics and meta.capture (version 1 is still read)
+    assert d["schema_version"] == 3  # 3: target divergence; 2: metrics and meta.capture (1 and 2 are still read)
     _assert_equal(DebugReport.from_json(text), rep)
     assert DebugReport.from_dict(d).activation("diff").cumulative_sqnr_db is None
 
@@ -182,3 +186,50 @@ def test_schema_version_and_garbage(tmp_path: Path) -> None:
         DebugReport.load(p)
     with pytest.raises(InputFileError):
         DebugReport.load(tmp_path / "missing.json")
+
+
+def test_target_accuracy_from_before_schema_3_reads_as_the_lsb_rule() -> None:
+    # A schema-2 report: per-tensor LSB figures only, first_divergent decided by "> lsb_threshold LSB".
+    old = {
+        "target": "qnn", "device": "default SoC (HTP v68)", "num_samples": 4, "seconds_per_sample": 0.01,
+        "outputs": [
+            {"output_name": "y", "target_vs_float_db": 20.0, "cpu_vs_float_db": 35.0, "target_vs_cpu_db": 20.1}
+        ],
+        "tensors": [
+            {"tensor_name": "a", "topo_index": 0, "quant_type": "uint16", "max_lsb": 3, "fraction_differ": 0.5,
+             "sqnr_db": 50.0},
+            {"tensor_name": "b", "topo_index": 1, "quant_type": "uint16", "max_lsb": 0, "fraction_differ": 0.0,
+             "sqnr_db": "inf"},
+        ],
+        "lsb_threshold": 1, "first_divergent": "a", "probe_single_partition": True, "notes": [],
+    }  # fmt: skip
+    acc = TargetAccuracy.from_dict(old)
+    assert acc.divergence_rule == "lsb" and acc.first_divergent == "a"
+    assert [t.tensor_name for t in acc.flagged] == ["a"]
+    assert acc.tensors[0].excess_noise_ratio is None and acc.tensors[1].sqnr_db == math.inf
+    # Written again, it is a schema-3 dict that keeps the rule it was decided by.
+    again = TargetAccuracy.from_dict(json.loads(json.dumps(acc.to_dict())))
+    assert again == acc and again.to_dict()["divergence_rule"] == "lsb"
+    out = io.StringIO()
+    print_divergence(acc, out)
+    assert "2 quantized activations compared, 1 differ by more than 1 LSB on the target; first: a" in out.getvalue()
+
+
+def test_target_accuracy_prints_where_the_divergence_starts() -> None:
+    t = TargetTensorDiff(
+        "a", 0, "uint16", 900, 0.9, 20.0, op_type="Relu", cpu_vs_float_db=35.0, target_vs_float_db=19.9,
+        excess_noise_ratio=31.6, sqnr_drop_db=15.1, flagged=True,
+    )  # fmt: skip
+    acc = TargetAccuracy(
+        "qnn", "dev", 4, 0.01, (), (t,), first_divergent="a", divergence_starts=("a",),
+        divergence_ops=(("BatchNormalization", 1), ("Relu", 1)),
+        first_divergent_nodes=(("BatchNormalization", "bn"), ("Relu", "relu")),
+    )  # fmt: skip
+    assert TargetAccuracy.from_dict(json.loads(json.dumps(acc.to_dict()))) == acc
+    out = io.StringIO()
+    print_divergence(acc, out)
+    text = out.getvalue()
+    assert "1 flagged" in text and "divergence starts at a (Relu): vs float CPU-QDQ 35.00 dB, target 19.90 dB" in text
+    assert "the target adds 31.6x the quantization error; max 900 LSB; 1 start(s)" in text
+    assert "computed by: BatchNormalization bn -> Relu relu" in text
+    assert "by op: BatchNormalization 1, Relu 1" in text

@@ -20,6 +20,11 @@ def fmt_db(v: float | None, status: str = "ok", color: bool = False) -> str:
     return f"{ANSI[band_of(v)]}{text}{ANSI_RESET}" if color else text
 
 
+def fmt_ratio(v: float | None) -> str:
+    """A ratio with 3 significant digits (``-`` when unknown)."""
+    return "-" if v is None else f"{v:.3g}"
+
+
 def fmt_db_text(v: float | None, status: str | None = None, missing: str = "n/a") -> str:
     """A dB value in prose and hovers: ``"12.34 dB"``, ``"identical (inf)"``, or the status / ``missing``."""
     if v is None or (isinstance(v, float) and math.isnan(v)):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from qdebug.render.bands import ANSI, ANSI_RESET, Band
-from qdebug.render.fmt import fmt_db, fmt_pct
+from qdebug.render.fmt import fmt_db, fmt_db_text, fmt_pct, fmt_ratio
 from qdebug.report import SqnrKind
 
 __all__ = [
@@ -276,16 +276,48 @@ def _print_accuracy(m: Any, out: TextIO) -> None:
         )
     if acc is not None:
         if acc.tensors:
-            differ = sum(1 for t in acc.tensors if t.max_lsb > acc.lsb_threshold)
-            first = acc.first_divergent or "none"
-            print(
-                f"per tensor: {len(acc.tensors)} quantized activations compared, {differ} differ by more than "
-                f"{acc.lsb_threshold} LSB on the target; first: {first}",
-                file=out,
-            )
+            print_divergence(acc, out)
         print(f"target run: {acc.seconds_per_sample * 1000:.1f} ms per sample", file=out)
         for note in acc.notes:
             print(f"note: {note}", file=out)
+
+
+def print_divergence(acc: Any, out: TextIO) -> None:
+    """Where the target's numbers start to diverge (docs/qnn.md: the excess-noise rule; old reports: LSB)."""
+    n_lsb = sum(1 for t in acc.tensors if t.max_lsb > acc.lsb_threshold)
+    lsb = f"{n_lsb} differ by more than {acc.lsb_threshold} LSB"
+    if acc.divergence_rule == "lsb":
+        print(
+            f"per tensor: {len(acc.tensors)} quantized activations compared, {lsb} on the target; "
+            f"first: {acc.first_divergent or 'none'}",
+            file=out,
+        )
+        return
+    flagged = acc.flagged
+    print(
+        f"per tensor: {len(acc.tensors)} quantized activations compared; {len(flagged)} flagged (the target adds "
+        f"more than {acc.excess_threshold:g}x the tensor's own quantization error vs float); {lsb} (information)",
+        file=out,
+    )
+    if acc.first_divergent is None:
+        print("divergence: none (the target stays within the quantization error everywhere)", file=out)
+        return
+    t = next(x for x in acc.tensors if x.tensor_name == acc.first_divergent)
+    print(
+        f"divergence starts at {t.tensor_name} ({t.op_type or '?'}): vs float CPU-QDQ "
+        f"{fmt_db_text(t.cpu_vs_float_db)}, target {fmt_db_text(t.target_vs_float_db)}; the target adds "
+        f"{fmt_ratio(t.excess_noise_ratio)}x the quantization error; max {t.max_lsb} LSB; "
+        f"{len(acc.divergence_starts)} start(s)"
+        + (f", {len(acc.isolated_starts)} isolated (not propagated)" if acc.isolated_starts else ""),
+        file=out,
+    )
+    if acc.first_divergent_nodes:
+        chain = " -> ".join(f"{op} {name}" for op, name in acc.first_divergent_nodes)
+        print(f"  computed by: {chain}", file=out)
+    for name in acc.isolated_starts:
+        print(f"  isolated start (its consumers are within their quantization error): {name}", file=out)
+    ops = ", ".join(f"{op} {n}" for op, n in acc.divergence_ops)
+    print(f"nodes computing flagged tensors, by op: {ops}", file=out)
 
 
 def _print_top1(m: Any, out: TextIO) -> None:

@@ -408,6 +408,10 @@ class CompileJob:
     progress: ProgressFn = field(default=lambda _msg: None)
     #: what :meth:`Target.after_quantize` did (its manifest entries)
     after: Mapping[str, Any] = field(default_factory=dict)
+    #: per float tensor name, the CPU-QDQ model's cumulative SQNR vs float (dB) from the debug report on
+    #: ``samples``, so a target's per-tensor check measures its own error in these units without recomputing
+    #: them (empty: not debugged yet; the target measures them itself)
+    cpu_sqnr_db: Mapping[str, float | None] = field(default_factory=dict)
 
 
 def get_target(name: str) -> Target:

@@ -76,6 +76,15 @@ from qdebug.targets.base import (
     register_target,
     shapes_for,
 )
+from qdebug.targets.divergence import (
+    EXCESS_NOISE_THRESHOLD,
+    Divergence,
+    Upstream,
+    excess_ratio,
+    locate,
+    sqnr_drop_db,
+    upstream_compared,
+)
 from qdebug.targets.qnn_fixes import FIX_NAMES, apply_qnn_fixes
 
 if TYPE_CHECKING:
@@ -994,8 +1003,9 @@ class _OutputSums:
 
 
 class _TensorSums:
-    """Per probed tensor: the integer values on the HTP vs ONNX Runtime CPU (max LSB, fraction differing, SQNR of
-    the dequantized values); and how far the probe's outputs are from the compiled model's."""
+    """Per probed tensor: the integer values on the HTP vs ONNX Runtime CPU (max LSB, fraction differing, error
+    energy of the dequantized values), the HTP's error energy vs float, the CPU-QDQ's (used when the caller has no
+    debug report to take it from), and how far the probe's outputs are from the compiled model's."""
 
     def __init__(self, tensors: Sequence[_ProbeTensor]) -> None:
         n = len(tensors)
@@ -1004,6 +1014,9 @@ class _TensorSums:
         self.n_differ = np.zeros(n, dtype=np.int64)
         self.n_elems = np.zeros(n, dtype=np.int64)
         self.signal, self.noise = np.zeros(n), np.zeros(n)
+        self.f_signal, self.f_noise, self.hf_noise = np.zeros(n), np.zeros(n), np.zeros(n)
+        # Mean rounding noise per element of each tensor's grid (scale²/12; per-channel scales averaged).
+        self.grid_noise = np.array([float(np.mean(np.square(t.scale.astype(np.float64)))) / 12.0 for t in tensors])
         self.probe_vs_compiled = 0.0
 
     def add(
@@ -1012,7 +1025,10 @@ class _TensorSums:
         htp: Sequence[np.ndarray],
         probe_out: Sequence[np.ndarray],
         h_out: Sequence[np.ndarray],
+        flt: Sequence[np.ndarray] = (),
     ) -> None:
+        """One sample: the probed tensors' integers on the CPU and the HTP, the outputs of the probe and of the
+        compiled model, and the float model's values of the probed tensors."""
         for po, ho in zip(probe_out, h_out, strict=True):
             d = np.abs(po.astype(np.float64) - ho.astype(np.float64))
             self.probe_vs_compiled = max(self.probe_vs_compiled, float(d.max()) if d.size else 0.0)
@@ -1031,19 +1047,118 @@ class _TensorSums:
             b = reduce_pairs(refs, tests)
             self.signal += b.signal
             self.noise += b.noise
+        if refs:
+            # The HTP vs float, not only vs CPU: where the HTP is *closer* to float than ORT CPU (its Sigmoid at
+            # 8 bits), HTP−CPU is as large as the quantization error and would look like a divergence.
+            floats = [np.asarray(f, dtype=np.float64) for f in flt]
+            fb = reduce_pairs(floats + floats, refs + tests)
+            m = len(refs)
+            self.f_signal += fb.signal[:m]
+            self.f_noise += fb.noise[:m]
+            self.hf_noise += fb.noise[m:]
 
-    def diffs(self) -> tuple[TargetTensorDiff, ...]:
-        return tuple(
-            TargetTensorDiff(
-                tensor_name=t.tensor_name,
-                topo_index=t.topo_index,
-                quant_type=t.quant_type,
-                max_lsb=int(self.max_lsb[j]),
-                fraction_differ=float(self.n_differ[j] / self.n_elems[j]) if self.n_elems[j] else 0.0,
-                sqnr_db=sqnr_from_energies(float(self.signal[j]), float(self.noise[j]))[0],
+    def _cpu_noise(self, j: int, cpu_db: Mapping[str, float | None] | None) -> tuple[float | None, float | None]:
+        """(CPU-QDQ vs float SQNR in dB, its error energy): from the debug report's cumulative SQNR when given
+        (energy = the float signal · 10^(−dB/10), its definition inverted), else from this run's float values;
+        ``None`` when undefined."""
+        if cpu_db is None:
+            db = sqnr_from_energies(float(self.f_signal[j]), float(self.f_noise[j]))[0]
+            return db, float(self.f_noise[j]) if db is not None else None
+        db = cpu_db.get(self.tensors[j].tensor_name)
+        if db is None:
+            return None, None
+        return db, 0.0 if math.isinf(db) else float(self.f_signal[j]) * 10.0 ** (-db / 10.0)
+
+    def diffs(
+        self, cpu_db: Mapping[str, float | None] | None, op_of: Mapping[str, str], threshold: float
+    ) -> tuple[TargetTensorDiff, ...]:
+        """Every probed tensor with its LSB figures and its excess-noise ratio (flagged above ``threshold``)."""
+        out = []
+        for j, t in enumerate(self.tensors):
+            cpu_vs_float, cpu_noise = self._cpu_noise(j, cpu_db)
+            ratio = excess_ratio(float(self.hf_noise[j]), cpu_noise, float(self.grid_noise[j] * self.n_elems[j]))
+            out.append(
+                TargetTensorDiff(
+                    tensor_name=t.tensor_name,
+                    topo_index=t.topo_index,
+                    quant_type=t.quant_type,
+                    max_lsb=int(self.max_lsb[j]),
+                    fraction_differ=float(self.n_differ[j] / self.n_elems[j]) if self.n_elems[j] else 0.0,
+                    sqnr_db=sqnr_from_energies(float(self.signal[j]), float(self.noise[j]))[0],
+                    op_type=op_of.get(t.tensor_name, ""),
+                    cpu_vs_float_db=cpu_vs_float,
+                    target_vs_float_db=sqnr_from_energies(float(self.f_signal[j]), float(self.hf_noise[j]))[0],
+                    excess_noise_ratio=ratio,
+                    sqnr_drop_db=sqnr_drop_db(ratio),
+                    flagged=ratio > threshold,
+                )
             )
-            for j, t in enumerate(self.tensors)
-        )
+        return tuple(out)
+
+
+def _producer_ops(model: onnx.ModelProto) -> dict[str, str]:
+    """Tensor name → the op type producing it (the float model's names, as the probe's tensors carry)."""
+    return {o: n.op_type for n in model.graph.node for o in n.output}
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """What the divergence localisation needs from the float model, taken before it is released."""
+
+    op_of: dict[str, str]
+    upstream: dict[str, Upstream]
+
+
+def _localise(
+    tensors: _TensorSums, graph: _Graph, cpu_db: Mapping[str, float | None] | None, threshold: float
+) -> tuple[tuple[TargetTensorDiff, ...], Divergence]:
+    """The per-tensor figures and where the divergence starts (:mod:`qdebug.targets.divergence`)."""
+    diffs = tensors.diffs(cpu_db, graph.op_of, threshold)
+    order = [d.tensor_name for d in diffs]
+    where = locate(order, [d.tensor_name for d in diffs if d.flagged], graph.upstream)
+    return diffs, where
+
+
+@dataclass(frozen=True)
+class _Names:
+    """What each session of the HTP check is asked for."""
+
+    outputs: list[str]  # the float model's outputs
+    float_tensors: list[str]  # the probed tensors in the float model
+    quant_outputs: list[str]  # the QDQ (and compiled) model's outputs
+    probed: list[str]  # the probed QuantizeLinear outputs
+
+
+def _measure(
+    sessions: tuple[Any, Any, Any, Any | None], names: _Names, data: DataSource, outs: _OutputSums, tensors: _TensorSums
+) -> tuple[int, float]:
+    """Run float (CPU), QDQ (CPU), compiled (HTP) and probe (HTP) on every sample into the sums; (samples, HTP
+    seconds)."""
+    f_sess, c_sess, htp, probe_sess = sessions
+    f_names, q_names, t_names = names.outputs, names.quant_outputs, names.probed
+    htp_seconds, n = 0.0, 0
+    for i, sample in enumerate(data):
+        f_vals = _run(f_sess, f_names + names.float_tensors, sample, i, "the float model on the CPU", DataError)
+        c_vals = _run(c_sess, q_names + t_names, sample, i, "the QDQ model on the CPU", DataError)
+        t0 = time.perf_counter()
+        h_vals = _run(htp, q_names, sample, i, "the compiled model on the HTP", TargetError)
+        htp_seconds += time.perf_counter() - t0
+        outs.add(f_vals[: len(f_names)], c_vals[: len(q_names)], h_vals)
+        if probe_sess is not None:
+            p_vals = _run(probe_sess, t_names + q_names, sample, i, "the probe model on the HTP", TargetError)
+            cpu_t, probe_t = c_vals[len(q_names) :], p_vals[: len(t_names)]
+            tensors.add(cpu_t, probe_t, p_vals[len(t_names) :], h_vals, f_vals[len(f_names) :])
+        n += 1
+    return n, htp_seconds
+
+
+def _check_thresholds(lsb_threshold: object, excess_threshold: object) -> None:
+    """A :class:`ConfigError` unless the LSB threshold is a non-negative int and the excess one a positive number."""
+    if isinstance(lsb_threshold, bool) or not isinstance(lsb_threshold, int) or lsb_threshold < 0:
+        raise ConfigError(f"lsb_threshold must be a non-negative integer, got {lsb_threshold!r}")
+    ok = isinstance(excess_threshold, int | float) and not isinstance(excess_threshold, bool)
+    if not (ok and math.isfinite(excess_threshold) and excess_threshold > 0):  # type: ignore[arg-type,operator]
+        raise ConfigError(f"excess_threshold must be a positive number, got {excess_threshold!r}")
 
 
 def htp_accuracy(
@@ -1056,6 +1171,8 @@ def htp_accuracy(
     options: QnnOptions = QnnOptions(),
     probe_tensors: bool = True,
     lsb_threshold: int = 1,
+    cpu_sqnr_db: Mapping[str, float | None] | None = None,
+    excess_threshold: float = EXCESS_NOISE_THRESHOLD,
 ) -> TargetAccuracy:
     """How the compiled model's numbers on the HTP differ from the float and the CPU-QDQ model's.
 
@@ -1063,15 +1180,18 @@ def htp_accuracy(
     vs CPU-QDQ (the CPU-QDQ model runs on ORT CPU with graph optimizations off, as written). With
     ``probe_tensors``, a probe copy of the QDQ model exposing every activation QuantizeLinear output is
     compiled into ``out_dir`` (``probe.qnn_ctx.onnx``) and run on the HTP; each quantized activation's
-    integer values are compared with ORT CPU's: the largest difference in LSB, the fraction of elements
-    that differ, and the SQNR of the dequantized values. Tensors carry the float model's names, so they
-    join :attr:`qdebug.report.DebugReport.activations`; ``first_divergent`` is the first in topological
-    order whose difference exceeds ``lsb_threshold`` LSB. ``probe_single_partition`` says whether the
-    probe kept the compiled model's partitioning (one partition when the model compiles to one), i.e.
-    whether its per-tensor values come from the same HTP graph.
+    values are compared with ORT CPU's in LSB (largest difference, fraction of elements that differ; for
+    information) and with the float model's: the HTP's extra error vs float in units of the tensor's own
+    quantization error (``excess_noise_ratio``, see :mod:`qdebug.targets.divergence`) flags it above
+    ``excess_threshold``. The quantization error is the debug report's cumulative SQNR per float tensor name
+    when ``cpu_sqnr_db`` is given (``build`` passes it), else measured here on the same samples.
+    ``first_divergent`` is the first flagged tensor in topological order whose nearest compared inputs are not
+    flagged and whose error reaches a flagged consumer (``divergence_starts`` has every start,
+    ``isolated_starts`` those whose consumers are all unflagged).
+    Tensors carry the float model's names, so they join :attr:`qdebug.report.DebugReport.activations`.
+    ``probe_single_partition`` says whether the probe kept the compiled model's partitioning.
     """
-    if isinstance(lsb_threshold, bool) or not isinstance(lsb_threshold, int) or lsb_threshold < 0:
-        raise ConfigError(f"lsb_threshold must be a non-negative integer, got {lsb_threshold!r}")
+    _check_thresholds(lsb_threshold, excess_threshold)
     cpath, out = Path(compiled_model), Path(out_dir)
     fmodel, qmodel, target, pairing = _check_models(Path(float_model), Path(qdq_model), cpath)
     if len(data) == 0:
@@ -1080,34 +1200,24 @@ def htp_accuracy(
 
     probe = _build_probe(qmodel, pairing, target, out, options) if probe_tensors else _Probe(None, (), False, ())
     notes = list(probe.notes)
-
-    f_names = [o.output_name for o in pairing.outputs]
-    q_names = [o.quant_name for o in pairing.outputs]
-    t_names = [t.q_output for t in probe.tensors]
-    f_sess = make_session(fmodel, [CPU_EP])
-    c_sess = make_session(expose_outputs(qmodel, t_names), [CPU_EP])
+    graph = _Graph(_producer_ops(fmodel), upstream_compared(fmodel, [t.tensor_name for t in probe.tensors]))
+    names = _Names(
+        [o.output_name for o in pairing.outputs],
+        [t.tensor_name for t in probe.tensors],
+        [o.quant_name for o in pairing.outputs],
+        [t.q_output for t in probe.tensors],
+    )
+    f_sess = make_session(expose_outputs(fmodel, names.float_tensors), [CPU_EP])
+    c_sess = make_session(expose_outputs(qmodel, names.probed), [CPU_EP])
     del fmodel, qmodel
     htp = qnn_session(cpath, options)
     probe_sess = qnn_session(probe.compiled, options) if probe.compiled is not None else None
-
-    outs = _OutputSums(f_names)
+    outs = _OutputSums(names.outputs)
     tensors = _TensorSums(probe.tensors)
-    htp_seconds, n = 0.0, 0
-    for i, sample in enumerate(data):
-        f_vals = _run(f_sess, f_names, sample, i, "the float model on the CPU", DataError)
-        c_vals = _run(c_sess, q_names + t_names, sample, i, "the QDQ model on the CPU", DataError)
-        t0 = time.perf_counter()
-        h_vals = _run(htp, q_names, sample, i, "the compiled model on the HTP", TargetError)
-        htp_seconds += time.perf_counter() - t0
-        outs.add(f_vals, c_vals[: len(q_names)], h_vals)
-        if probe_sess is not None:
-            p_vals = _run(probe_sess, t_names + q_names, sample, i, "the probe model on the HTP", TargetError)
-            tensors.add(c_vals[len(q_names) :], p_vals[: len(t_names)], p_vals[len(t_names) :], h_vals)
-        n += 1
+    n, htp_seconds = _measure((f_sess, c_sess, htp, probe_sess), names, data, outs, tensors)
     if n == 0:
         raise DataError(f"{data.description}: no samples")
-    diffs = tensors.diffs()
-    first = next((d.tensor_name for d in diffs if d.max_lsb > lsb_threshold), None)
+    diffs, where = _localise(tensors, graph, cpu_sqnr_db, float(excess_threshold))
     if probe_sess is not None and tensors.probe_vs_compiled > 0.0:
         notes.append(
             f"probe: its model outputs differ from the compiled model's by up to {tensors.probe_vs_compiled:.3g} "
@@ -1121,9 +1231,14 @@ def htp_accuracy(
         outputs=outs.results(),
         tensors=diffs,
         lsb_threshold=lsb_threshold,
-        first_divergent=first,
+        first_divergent=where.first,
         probe_single_partition=probe.faithful if probe_tensors else None,
         notes=tuple(notes),
+        excess_threshold=float(excess_threshold),
+        divergence_starts=where.starts,
+        isolated_starts=where.isolated,
+        divergence_ops=where.op_types,
+        first_divergent_nodes=where.first_nodes,
     )
 
 
@@ -1319,6 +1434,7 @@ class QnnTarget(TargetBase):
                 out_dir=Path(probe_dir),
                 options=opts,
                 probe_tensors=job.options.probe_tensors,
+                cpu_sqnr_db=job.cpu_sqnr_db or None,
             )
 
     def compiled_top1(
