@@ -165,15 +165,25 @@ def quantizer_view(
     weight_type: str,
     activation_types: Iterable[str],
     tensor_overrides: Mapping[str, Any] | None = None,
+    *,
+    per_channel: bool = False,
 ) -> onnx.ModelProto | None:
     """The float model as ONNX Runtime's quantizer will see it for these types, or ``None`` when ORT keeps it.
 
     ``quantize_static`` raises the opset where the types need it (16-bit Q/DQ: opset 21) with ONNX's version
     converter, which may add tensors and unnamed nodes (Softmax-12 becomes Flatten → Softmax → Reshape around
     ``<name>_intermediate``). Calibration, the mixed-precision fixer and the overrides check all read this one view
-    (the added nodes named by :func:`_name_new_nodes`), so every name they use is one ORT will find."""
+    (the added nodes named by :func:`_name_new_nodes`), so every name they use is one ORT will find.
+
+    ``per_channel`` also raises an opset below 13 to 13: per-channel Q/DQ need its ``axis`` attribute, and ORT's
+    quantizer would otherwise write a model ONNX Runtime cannot load (u2netp, opset 11)."""
     from onnxruntime.quantization import QuantType
-    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+    from onnxruntime.quantization.quant_utils import (
+        get_opset_version,
+        load_model_with_shape_infer,
+        save_and_reload_model_with_shape_infer,
+        update_opset_version,
+    )
 
     types = [normalize_quant_type(t) for t in activation_types]
     act = next((t for t in types if t.endswith("16")), types[0] if types else "uint8")
@@ -189,7 +199,14 @@ def quantizer_view(
                 QuantType[QUANT_TYPES[act]],
                 tensor_quant_overrides=dict(tensor_overrides) if tensor_overrides else None,
             )
+        if per_channel and get_opset_version(updated) < PER_CHANNEL_OPSET:
+            converted = onnx.version_converter.convert_version(updated, PER_CHANNEL_OPSET)
+            updated = save_and_reload_model_with_shape_infer(converted)
     return None if updated is loaded else _name_new_nodes(updated)
+
+
+#: The first opset whose QuantizeLinear/DequantizeLinear take an ``axis`` (per-channel quantization).
+PER_CHANNEL_OPSET = 13
 
 
 def _ort_model(model_path: Path, ort_cfg: Any, work: Path) -> Path:
@@ -202,6 +219,7 @@ def _ort_model(model_path: Path, ort_cfg: Any, work: Path) -> Path:
         normalize_quant_type(ort_cfg.weight_type.name),
         [normalize_quant_type(ort_cfg.activation_type.name)],
         extra.get("TensorQuantOverrides"),
+        per_channel=bool(ort_cfg.per_channel),
     )
     if view is None:
         return model_path

@@ -412,3 +412,19 @@ def test_constant_node_weights_are_quantized_as_weights(tmp_path: Path) -> None:
     assert dq.op_type == "DequantizeLinear" and inits[dq.input[0]].data_type == onnx.TensorProto.INT8
     report = debug(path, result.model_path, None, DebugOptions(num_samples=2))
     assert {w.weight_name for w in report.weights} >= {"w1", "w2", "wg"}
+
+
+def test_per_channel_on_an_opset_11_model_loads(tmp_path: Path) -> None:
+    """Per-channel Q/DQ need opset 13's ``axis``: ORT's quantizer wrote it into an opset-11 model that ONNX Runtime
+    then refused to load (u2netp); quantize raises the opset first, so the model loads and debugs."""
+    f = builders.tiny_convnet()
+    f.opset_import[0].version = 11
+    path = save(f, tmp_path / "op11.onnx")
+    cfg = QuantConfig(num_samples=4, per_channel=True, weight_type="int8", weight_symmetric=True)
+    result = quantize(path, None, cfg, tmp_path / "op11.qdq.onnx")
+    q = onnx.load(result.model_path)
+    assert q.opset_import[0].version >= 13
+    assert any(a.name == "axis" for n in q.graph.node if n.op_type == "DequantizeLinear" for a in n.attribute)
+    ort.InferenceSession(result.model_path)  # loads
+    report = debug(path, result.model_path, None, DebugOptions(num_samples=2))
+    assert all(o.cumulative_sqnr_db is not None and o.cumulative_sqnr_db > 20 for o in report.model_outputs)

@@ -249,7 +249,9 @@ def promote(
         raise ConfigError(f"activations are already {to} by default; choose another type to promote to")
     check_promotable(model, requested, to, base.target)
     # ORT quantizes the opset-raised view of the model (16-bit Q/DQ need opset 21): the fixer must reason on it.
-    view = quantizer_view(model, base.weight_type, [to, base.activation_type], base.ort_overrides() or None)
+    view = quantizer_view(
+        model, base.weight_type, [to, base.activation_type], base.ort_overrides() or None, per_channel=base.per_channel
+    )
     targets = requested
     if view is not None:
         targets += _converter_views(model, view, requested)
