@@ -29,7 +29,8 @@ traceback, several stderr lines, a timeout, an undocumented code, a debug SQNR a
 run because the cell it needs did not produce its file; that cell is the defect or refusal to look at).
 
 Writes the results as JSON (``--json``, every figure and the last stderr lines of each cell) and Markdown
-(``--markdown``: the command × model table and the details). Exit 0 when no cell is a defect, 1 when one is,
+(``--markdown``: the command × model table and the details; ``--render JSON`` rewrites it from a saved run without
+running anything). Exit 0 when no cell is a defect, 1 when one is,
 2 on a bad command line or when a selected model or its data is not cached (``make corpus`` and ``data.py``).
 """
 
@@ -561,14 +562,27 @@ def run_gauntlet(
     return GauntletResult(settings, started, machine(), command_line, tuple(all_cells), seconds)
 
 
+def _short(text: str, limit: int = 70) -> str:
+    """A table-sized message: qdebug's prefix dropped, cut at ``limit`` characters, pipes escaped."""
+    for prefix in ("qdebug: error: ", "qdebug: FAIL: ", "qdebug: "):
+        text = text.removeprefix(prefix)
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return text.replace("|", "\\|")
+
+
 def _cell_text(r: CellResult) -> str:
+    """One table cell: ok, refused (exit N: why), blocked, or DEFECT (what kind)."""
     if r.status is Status.OK:
         return "ok"
     if r.status is Status.REFUSED:
-        return f"refused (exit {r.exit_code})"
+        return f"refused (exit {r.exit_code}: {_short(r.reason)})"
     if r.status is Status.BLOCKED:
         return "blocked"
-    return "**DEFECT**"
+    if r.exit_code is None:
+        return "**DEFECT** (timeout)"
+    if "stderr lines" in r.reason:
+        return f"**DEFECT** (exit {r.exit_code}, {_short(r.reason.split(': ', 1)[0], 60)})"
+    return f"**DEFECT** ({_short(r.reason, 60)})"
 
 
 def markdown(result: GauntletResult) -> str:
@@ -641,14 +655,27 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--goal-sqnr", type=float, default=DEFAULT_GOAL_DB, metavar="DB")
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, metavar="N")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S", help="per command")
+    p.add_argument("--render", type=Path, metavar="JSON", help="run nothing: write --markdown from a saved --json")
     args = p.parse_args(argv)
     if min(args.calib_samples, args.debug_samples, args.promote_top, args.max_steps) < 1 or args.timeout <= 0:
         p.error("sample counts, --promote-top, --max-steps and --timeout must be positive")
     return args
 
 
+def _render(args: argparse.Namespace) -> int:
+    """``--render``: the Markdown of a saved run (e.g. after changing the layout), and its defect status."""
+    result = GauntletResult.from_dict(json.loads(args.render.read_text(encoding="utf-8")))
+    if args.markdown:
+        atomic_write_text(args.markdown, markdown(result))
+    else:
+        print(markdown(result), end="")
+    return 1 if result.defects else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
+    if args.render:
+        return _render(args)
     entries = load_registry().select(args.only, args.ci)
     missing = [e.name for e in entries if not (is_cached(e) and calib_path(e).is_file() and eval_path(e).is_file())]
     if missing:
