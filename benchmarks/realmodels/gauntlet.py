@@ -75,7 +75,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: Defaults small enough for 9 models on 2 cores, large enough to exercise calibration and the debugger.
 DEFAULT_CALIB_SAMPLES = 8
-DEFAULT_DEBUG_SAMPLES = 4
+DEFAULT_DEBUG_SAMPLES = 2  # the QNN builds run the HTP simulator on each (~1 min per sample on an 860-node model)
 DEFAULT_PROMOTE_TOP = 5
 DEFAULT_GOAL_DB = 30.0
 DEFAULT_MAX_STEPS = 2
@@ -550,16 +550,39 @@ def run_gauntlet(
     cells: Sequence[Cell] = tuple(Cell),
     command_line: str = "",
     log: Callable[[str], None] = print,
+    on_model: Callable[[GauntletResult], None] | None = None,
 ) -> GauntletResult:
-    """Run ``cells`` on every model of ``entries`` (which must be cached with their data)."""
+    """Run ``cells`` on every model of ``entries`` (which must be cached with their data); ``on_model`` gets the
+    result so far after each model (the CLI saves it, so a long run interrupted keeps what it measured)."""
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    host = machine()
     all_cells: list[CellResult] = []
     seconds: dict[str, float] = {}
+    result = GauntletResult(settings, started, host, command_line, (), {})
     for entry in entries:
         t0 = time.perf_counter()
         all_cells.extend(run_model(entry, work, settings, cells, log))
         seconds[entry.name] = round(time.perf_counter() - t0, 1)
-    return GauntletResult(settings, started, machine(), command_line, tuple(all_cells), seconds)
+        result = GauntletResult(settings, started, host, command_line, tuple(all_cells), dict(seconds))
+        if on_model is not None:
+            on_model(result)
+    return result
+
+
+def merge(results: Sequence[GauntletResult]) -> GauntletResult:
+    """Runs of disjoint model sets (e.g. run in parallel) as one result; their settings must be the same."""
+    first = results[0]
+    if any(r.settings != first.settings for r in results):
+        raise ValueError("cannot merge gauntlet runs made with different settings")
+    seconds: dict[str, float] = {}
+    for r in results:
+        if set(r.model_seconds) & set(seconds):
+            raise ValueError(f"model(s) in two runs: {sorted(set(r.model_seconds) & set(seconds))}")
+        seconds.update(r.model_seconds)
+    cells = tuple(c for r in results for c in r.cells)
+    command = " ; ".join(dict.fromkeys(r.command for r in results))
+    started = " … ".join(dict.fromkeys(r.started for r in results))
+    return GauntletResult(first.settings, started, first.machine, command, cells, seconds)
 
 
 def _short(text: str, limit: int = 70) -> str:
@@ -655,7 +678,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--goal-sqnr", type=float, default=DEFAULT_GOAL_DB, metavar="DB")
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, metavar="N")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S", help="per command")
-    p.add_argument("--render", type=Path, metavar="JSON", help="run nothing: write --markdown from a saved --json")
+    p.add_argument(
+        "--render", type=Path, nargs="+", metavar="JSON", help="run nothing: --markdown/--json from saved runs (merged)"
+    )
     args = p.parse_args(argv)
     if min(args.calib_samples, args.debug_samples, args.promote_top, args.max_steps) < 1 or args.timeout <= 0:
         p.error("sample counts, --promote-top, --max-steps and --timeout must be positive")
@@ -663,8 +688,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _render(args: argparse.Namespace) -> int:
-    """``--render``: the Markdown of a saved run (e.g. after changing the layout), and its defect status."""
-    result = GauntletResult.from_dict(json.loads(args.render.read_text(encoding="utf-8")))
+    """``--render``: the Markdown of saved runs (merged; e.g. after changing the layout), and their defect status."""
+    result = merge([GauntletResult.from_dict(json.loads(p.read_text(encoding="utf-8"))) for p in args.render])
+    if args.json:
+        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=1) + "\n")
     if args.markdown:
         atomic_write_text(args.markdown, markdown(result))
     else:
@@ -686,11 +713,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cells = [Cell(c) for c in args.cells] or list(Cell)
     shown = " ".join(sys.argv[1:] if argv is None else argv)
-    result = run_gauntlet(entries, args.workdir, settings, cells, f"gauntlet.py {shown}".strip())
-    if args.json:
-        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=1) + "\n")
-    if args.markdown:
-        atomic_write_text(args.markdown, markdown(result))
+
+    def save(result: GauntletResult) -> None:
+        if args.json:
+            atomic_write_text(args.json, json.dumps(result.to_dict(), indent=1) + "\n")
+        if args.markdown:
+            atomic_write_text(args.markdown, markdown(result))
+
+    result = run_gauntlet(entries, args.workdir, settings, cells, f"gauntlet.py {shown}".strip(), on_model=save)
     defects = result.defects
     print(f"gauntlet: {len(result.cells)} cells, {len(defects)} defect(s), {sum(result.model_seconds.values()):.0f} s")
     return 1 if defects else 0
