@@ -25,13 +25,15 @@ build-deeploy-int8  ``build --target deeploy --precision int8``
 Each cell is classified: **ok** (exit 0; for ``debug`` also a worst output SQNR above 0 dB: a model that
 ``quantize`` writes and ``debug`` finds below 0 dB is a defect), **refused** (a documented exit code of
 ``qdebug.errors`` other than 1, exactly one line on stderr, no traceback), **defect** (anything else: exit 1, a
-traceback, several stderr lines, a timeout, an undocumented code, a debug SQNR at or below 0 dB) or **blocked** (not
-run because the cell it needs did not produce its file; that cell is the defect or refusal to look at).
+traceback, several stderr lines, a timeout, an undocumented code, a debug SQNR at or below 0 dB, or a refusal of
+what an earlier qdebug command wrote: ``debug`` / ``suggest`` / ``requantize`` read only qdebug's own files and the
+corpus' valid data) or **blocked** (not run because the cell it needs did not produce its file; that cell is the
+defect or refusal to look at).
 
 Writes the results as JSON (``--json``, every figure and the last stderr lines of each cell) and Markdown
 (``--markdown``: the command × model table and the details; ``--render JSON`` rewrites it from a saved run without
-running anything). Exit 0 when no cell is a defect, 1 when one is,
-2 on a bad command line or when a selected model or its data is not cached (``make corpus`` and ``data.py``).
+running anything). Exit 0 when no cell is a defect, 1 when one is, 2 on a bad command line or when a selected
+model or its data is not cached (``make corpus`` and ``data.py``).
 """
 
 from __future__ import annotations
@@ -493,6 +495,10 @@ def run_cell(cell: Cell, f: ModelFiles, s: Settings) -> CellResult:
         problem = _sqnr_problem(figures)
         if problem:
             status, reason = Status.DEFECT, problem
+    if status is Status.REFUSED and needs:
+        # Its inputs are files qdebug itself wrote plus the corpus' valid data: there is nothing to refuse, so a
+        # refusal means an earlier command wrote something broken (e.g. a QDQ model ORT cannot run).
+        status, reason = Status.DEFECT, f"refused what an earlier qdebug command wrote: {reason}"
     tail = tuple(_trim(ln) for ln in _stderr_lines(run.stderr)[-8:]) if status is not Status.OK else ()
     return CellResult(f.name, cell, status, run.exit_code, round(run.seconds, 2), reason, tuple(args), figures, tail)
 
@@ -603,8 +609,10 @@ def _cell_text(r: CellResult) -> str:
         return "blocked"
     if r.exit_code is None:
         return "**DEFECT** (timeout)"
-    if "stderr lines" in r.reason:
-        return f"**DEFECT** (exit {r.exit_code}, {_short(r.reason.split(': ', 1)[0], 60)})"
+    head, _, message = r.reason.partition(": ")
+    if "stderr lines" in head:  # a refusal buried in log lines: say both, the message is the useful part
+        noise = head.split("under ")[-1].split(" more")[0]
+        return f"**DEFECT** (exit {r.exit_code} + {noise} log lines: {_short(message, 50)})"
     return f"**DEFECT** ({_short(r.reason, 60)})"
 
 
