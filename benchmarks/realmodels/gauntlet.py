@@ -504,15 +504,21 @@ def run_cell(cell: Cell, f: ModelFiles, s: Settings) -> CellResult:
 
 
 def run_model(
-    entry: ModelEntry, work: Path, s: Settings, cells: Sequence[Cell], log: Callable[[str], None]
+    entry: ModelEntry,
+    work: Path,
+    s: Settings,
+    cells: Sequence[Cell],
+    log: Callable[[str], None],
+    on_cell: Callable[[list[CellResult]], None] = lambda done: None,
 ) -> list[CellResult]:
-    """Every selected cell on one model, in order."""
+    """Every selected cell on one model, in order; ``on_cell`` gets the cells done so far after each."""
     files = prepare(entry, work, s)
-    results = []
+    results: list[CellResult] = []
     for cell in cells:
         r = run_cell(cell, files, s)
         log(f"  {entry.name:16} {cell:19} {r.status:8} {r.seconds:7.1f} s  {_brief(r)}")
         results.append(r)
+        on_cell(results)
     return results
 
 
@@ -559,7 +565,7 @@ def run_gauntlet(
     on_model: Callable[[GauntletResult], None] | None = None,
 ) -> GauntletResult:
     """Run ``cells`` on every model of ``entries`` (which must be cached with their data); ``on_model`` gets the
-    result so far after each model (the CLI saves it, so a long run interrupted keeps what it measured)."""
+    result so far after each cell (the CLI saves it, so a long run interrupted keeps what it measured)."""
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     host = machine()
     all_cells: list[CellResult] = []
@@ -567,11 +573,16 @@ def run_gauntlet(
     result = GauntletResult(settings, started, host, command_line, (), {})
     for entry in entries:
         t0 = time.perf_counter()
-        all_cells.extend(run_model(entry, work, settings, cells, log))
+
+        def progress(done: list[CellResult], name: str = entry.name, t0: float = t0) -> None:
+            # Saved after every cell: a model that takes an hour on a loaded machine keeps what it measured.
+            if on_model is not None:
+                partial = {**seconds, name: round(time.perf_counter() - t0, 1)}
+                on_model(GauntletResult(settings, started, host, command_line, (*all_cells, *done), partial))
+
+        all_cells.extend(run_model(entry, work, settings, cells, log, progress))
         seconds[entry.name] = round(time.perf_counter() - t0, 1)
         result = GauntletResult(settings, started, host, command_line, tuple(all_cells), dict(seconds))
-        if on_model is not None:
-            on_model(result)
     return result
 
 
