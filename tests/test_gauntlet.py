@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,8 +34,9 @@ KNOWN_DEFECTS: dict[tuple[str, Cell], tuple[str, str]] = {
     ),
 }
 
-#: The gauntlet's own defaults (so the CI cells are the same cells as in docs/gauntlet.md), with a tighter timeout.
-CI_SETTINGS = replace(Settings(), timeout_s=600.0)
+#: The gauntlet's own defaults, so the CI cells are the cells of docs/gauntlet.md. Its timeout (900 s per command) is
+#: not tightened: on a loaded 2-core machine ppocrv4-rec's QNN builds take 8-10 minutes (compile + HTP simulator).
+CI_SETTINGS = Settings()
 
 
 def _corpus_problem() -> str | None:
