@@ -96,7 +96,8 @@ corpus-ci: | $(BIN)/python
 corpus-data: corpus
 	$(BIN)/python benchmarks/realmodels/data.py
 
-# The CI subset with its data inside the repository (gitignored .corpus/, ~25 MB), for tests/test_gauntlet.py.
+# The CI subset with its data inside the repository (gitignored .corpus/: 24 MB of models + 65 MB of data, ~10 s),
+# for tests/test_gauntlet.py.
 CORPUS_TEST_DIR := $(CURDIR)/.corpus
 corpus-test: | $(BIN)/python
 	QDEBUG_CORPUS_DIR=$(CORPUS_TEST_DIR) $(BIN)/python benchmarks/realmodels/fetch.py --ci
