@@ -379,10 +379,21 @@ def figures_build(d: Mapping[str, Any]) -> dict[str, Any]:
         "warnings": len(d.get("warnings") or []),
     }
     if isinstance(acc, Mapping):
-        for key in ("qdq_output_sqnr_db", "compiled_output_sqnr_db", "output_sqnr_db"):
-            if key in acc:
-                fig[key] = acc[key]
+        qdq = [_db(o.get("sqnr_db")) for o in acc.get("cpu_qdq_vs_float") or []]
+        target = (acc.get("target") or {}).get("outputs") or []
+        fig["worst_qdq_output_sqnr_db"] = min((v for v in qdq if v is not None), default=None)
+        worst_target = min((v for o in target if (v := _db(o.get("target_vs_float_db"))) is not None), default=None)
+        fig["worst_target_output_sqnr_db"] = worst_target
     return fig
+
+
+def _db(v: Any) -> float | None:
+    """A dB figure of a manifest: a number, or "inf"/"nan" as JSON has no infinities (None when absent/NaN)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
 
 
 FIGURES: dict[Cell, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
@@ -533,7 +544,9 @@ def _brief(r: CellResult) -> str:
         best = f.get("best_output_sqnr_db")
         return f"best {best:.1f} dB, {f.get('stop_reason')}" if best is not None else str(f.get("stop_reason"))
     if r.cell in (Cell.BUILD_QNN_U8, Cell.BUILD_QNN_U16, Cell.BUILD_DEEPLOY_I8):
-        return f"partitions {f.get('partitions')}, cpu nodes {f.get('cpu_nodes')}, {f.get('device') or ''}".rstrip(", ")
+        text = f"partitions {f.get('partitions')}, cpu nodes {f.get('cpu_nodes')}, {f.get('device') or ''}".rstrip(", ")
+        target = f.get("worst_target_output_sqnr_db")
+        return text + (f", worst output on the target {target:.1f} dB" if target is not None else "")
     if r.cell is Cell.SUGGEST:
         return f"promoted {f.get('promoted')}"
     return f"{f.get('nodes_quantized')}/{f.get('nodes_total')} nodes quantized"
