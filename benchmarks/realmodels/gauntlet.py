@@ -27,7 +27,7 @@ Each cell is classified: **ok** (exit 0; for ``debug`` also a worst output SQNR 
 ``qdebug.errors`` other than 1, exactly one line on stderr, no traceback), **defect** (anything else: exit 1, a
 traceback, several stderr lines, a timeout, an undocumented code, a debug SQNR at or below 0 dB, or a refusal of
 what an earlier qdebug command wrote: ``debug`` / ``suggest`` / ``requantize`` read only qdebug's own files and the
-corpus' valid data) or **blocked** (not run because the cell it needs did not produce its file; that cell is the
+corpus' valid data; likewise a refusal of a "quantized model" by a command that was given none) or **blocked** (not run because the cell it needs did not produce its file; that cell is the
 defect or refusal to look at).
 
 Writes the results as JSON (``--json``, every figure and the last stderr lines of each cell) and Markdown
@@ -510,6 +510,9 @@ def run_cell(cell: Cell, f: ModelFiles, s: Settings) -> CellResult:
         # Its inputs are files qdebug itself wrote plus the corpus' valid data: there is nothing to refuse, so a
         # refusal means an earlier command wrote something broken (e.g. a QDQ model ORT cannot run).
         status, reason = Status.DEFECT, f"refused what an earlier qdebug command wrote: {reason}"
+    if status is Status.REFUSED and "quantized model" in reason:
+        # search, build and quantize are given no quantized model: the one they refuse is one qdebug made.
+        status, reason = Status.DEFECT, f"refused a quantized model qdebug made itself: {reason}"
     tail = tuple(_trim(ln) for ln in _stderr_lines(run.stderr)[-8:]) if status is not Status.OK else ()
     return CellResult(f.name, cell, status, run.exit_code, round(run.seconds, 2), reason, tuple(args), figures, tail)
 
