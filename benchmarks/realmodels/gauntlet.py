@@ -27,8 +27,8 @@ Each cell is classified: **ok** (exit 0; for ``debug`` also a worst output SQNR 
 ``qdebug.errors`` other than 1, exactly one line on stderr, no traceback), **defect** (anything else: exit 1, a
 traceback, several stderr lines, a timeout, an undocumented code, a debug SQNR at or below 0 dB, or a refusal of
 what an earlier qdebug command wrote: ``debug`` / ``suggest`` / ``requantize`` read only qdebug's own files and the
-corpus' valid data; likewise a refusal of a "quantized model" by a command that was given none) or **blocked** (not run because the cell it needs did not produce its file; that cell is the
-defect or refusal to look at).
+corpus' valid data; likewise a refusal of a "quantized model" by a command that was given none) or **blocked**
+(not run because the cell it needs did not produce its file; that cell is the defect or refusal to look at).
 
 Writes the results as JSON (``--json``, every figure and the last stderr lines of each cell) and Markdown
 (``--markdown``: the command × model table and the details; ``--render JSON`` rewrites it from a saved run without
