@@ -487,6 +487,23 @@ def command(cell: Cell, f: ModelFiles, s: Settings) -> tuple[list[str], list[Pat
     return [*args, "--debug-samples", str(s.debug_samples), "-o", str(out / "build"), "--json"], []
 
 
+#: Cells whose inputs are files an earlier qdebug command wrote (plus the corpus' valid data).
+CHAINED = frozenset({Cell.DEBUG, Cell.SUGGEST, Cell.REQUANTIZE})
+
+
+def escalate(cell: Cell, status: Status, reason: str) -> tuple[Status, str]:
+    """The refusals that are defects all the same: a chained cell has nothing to refuse (its inputs are qdebug's own
+    files, so a refusal means an earlier command wrote something broken, e.g. a QDQ model ORT cannot run); and a
+    command given no quantized model that refuses a "quantized model" refuses one qdebug made itself."""
+    if status is not Status.REFUSED:
+        return status, reason
+    if cell in CHAINED:
+        return Status.DEFECT, f"refused what an earlier qdebug command wrote: {reason}"
+    if "quantized model" in reason:
+        return Status.DEFECT, f"refused a quantized model qdebug made itself: {reason}"
+    return status, reason
+
+
 def run_cell(cell: Cell, f: ModelFiles, s: Settings) -> CellResult:
     """Run one cell in its own fresh folder and classify it."""
     args, needs = command(cell, f, s)
@@ -506,13 +523,7 @@ def run_cell(cell: Cell, f: ModelFiles, s: Settings) -> CellResult:
         problem = _sqnr_problem(figures)
         if problem:
             status, reason = Status.DEFECT, problem
-    if status is Status.REFUSED and needs:
-        # Its inputs are files qdebug itself wrote plus the corpus' valid data: there is nothing to refuse, so a
-        # refusal means an earlier command wrote something broken (e.g. a QDQ model ORT cannot run).
-        status, reason = Status.DEFECT, f"refused what an earlier qdebug command wrote: {reason}"
-    if status is Status.REFUSED and "quantized model" in reason:
-        # search, build and quantize are given no quantized model: the one they refuse is one qdebug made.
-        status, reason = Status.DEFECT, f"refused a quantized model qdebug made itself: {reason}"
+    status, reason = escalate(cell, status, reason)
     tail = tuple(_trim(ln) for ln in _stderr_lines(run.stderr)[-8:]) if status is not Status.OK else ()
     return CellResult(f.name, cell, status, run.exit_code, round(run.seconds, 2), reason, tuple(args), figures, tail)
 
@@ -642,6 +653,8 @@ def _cell_text(r: CellResult) -> str:
     if "stderr lines" in head:  # a refusal buried in log lines: say both, the message is the useful part
         noise = head.split("under ")[-1].split(" more")[0]
         return f"**DEFECT** (exit {r.exit_code} + {noise} log lines: {_short(message, 50)})"
+    if head.startswith("refused"):  # a refusal escalated to a defect: say so, then the refusal's own message
+        return f"**DEFECT** ({head}: exit {r.exit_code}, {_short(message, 50)})"
     return f"**DEFECT** ({_short(r.reason, 60)})"
 
 
@@ -727,6 +740,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def _render(args: argparse.Namespace) -> int:
     """``--render``: the Markdown of saved runs (merged; e.g. after changing the layout), and their defect status."""
     result = merge([GauntletResult.from_dict(json.loads(p.read_text(encoding="utf-8"))) for p in args.render])
+    # Saved runs are judged by today's rules (the refusals that are defects may have been added since).
+    cells = []
+    for c in result.cells:
+        status, reason = escalate(c.cell, c.status, c.reason)
+        cells.append(c if status is c.status else replace(c, status=status, reason=reason))
+    result = replace(result, cells=tuple(cells))
     if args.json:
         atomic_write_text(args.json, json.dumps(result.to_dict(), indent=1) + "\n")
     if args.markdown:
