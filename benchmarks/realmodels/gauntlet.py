@@ -499,7 +499,7 @@ def escalate(cell: Cell, status: Status, reason: str) -> tuple[Status, str]:
         return status, reason
     if cell in CHAINED:
         return Status.DEFECT, f"refused what an earlier qdebug command wrote: {reason}"
-    if "quantized model" in reason:
+    if "quantized model" in reason or ".qdq.onnx" in reason:  # the role, or the file name build gives its QDQ model
         return Status.DEFECT, f"refused a quantized model qdebug made itself: {reason}"
     return status, reason
 
