@@ -676,7 +676,7 @@ def markdown(result: GauntletResult) -> str:
         "|---|" + "---|" * len(models),
     ]
     for c in cells:
-        row = [_cell_text(by[(m, c)]) if (m, c) in by else "" for m in models]
+        row = [_cell_text(by[(m, c)]) if (m, c) in by else "not run" for m in models]
         lines.append(f"| {c} | " + " | ".join(row) + " |")
     lines.append("| wall time s | " + " | ".join(f"{result.model_seconds[m]:.0f}" for m in models) + " |")
     counts = {s: sum(r.status is s for r in result.cells) for s in Status}
