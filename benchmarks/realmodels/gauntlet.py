@@ -44,6 +44,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -737,6 +738,36 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+#: Machine paths → placeholders, so that docs/ holds no path of this machine (the corpus cache, the work folders,
+#: temp folders, the installed packages in tracebacks, the repository itself).
+_PORTABLE = (
+    (re.compile(r"[^\s'\"(]*/(?:realmodels|\.corpus)/"), "$CORPUS/"),
+    (re.compile(r"[^\s'\"(]*/gauntlet[^/\s'\"]*/(?=[a-z0-9-]+/)"), "$WORK/"),
+    (re.compile(r"/tmp/[^\s/'\"]+/"), "$TMP/"),
+    (re.compile(r"[^\s'\"(]*/site-packages/"), "$SITE_PACKAGES/"),
+)
+
+
+def _portable_text(text: str) -> str:
+    for pattern, placeholder in _PORTABLE:
+        text = pattern.sub(placeholder, text)
+    return text.replace(str(REPO), ".").replace(str(Path.home()), "~")
+
+
+def portable(result: GauntletResult) -> GauntletResult:
+    """``result`` with machine paths replaced by placeholders (for what is written into docs/)."""
+    cells = tuple(
+        replace(
+            c,
+            argv=tuple(_portable_text(a) for a in c.argv),
+            reason=_portable_text(c.reason),
+            stderr_tail=tuple(_portable_text(t) for t in c.stderr_tail),
+        )
+        for c in result.cells
+    )
+    return replace(result, cells=cells, command=_portable_text(result.command))
+
+
 def _render(args: argparse.Namespace) -> int:
     """``--render``: the Markdown of saved runs (merged; e.g. after changing the layout), and their defect status."""
     result = merge([GauntletResult.from_dict(json.loads(p.read_text(encoding="utf-8"))) for p in args.render])
@@ -745,7 +776,7 @@ def _render(args: argparse.Namespace) -> int:
     for c in result.cells:
         status, reason = escalate(c.cell, c.status, c.reason)
         cells.append(c if status is c.status else replace(c, status=status, reason=reason))
-    result = replace(result, cells=tuple(cells))
+    result = portable(replace(result, cells=tuple(cells)))
     if args.json:
         atomic_write_text(args.json, json.dumps(result.to_dict(), indent=1) + "\n")
     if args.markdown:
@@ -771,6 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown = " ".join(sys.argv[1:] if argv is None else argv)
 
     def save(result: GauntletResult) -> None:
+        result = portable(result)
         if args.json:
             atomic_write_text(args.json, json.dumps(result.to_dict(), indent=1) + "\n")
         if args.markdown:
