@@ -7,7 +7,8 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench bench-ui corpus corpus-ci dashboard screenshots clean
+.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench bench-ui corpus corpus-ci corpus-test \
+	corpus-data gauntlet gauntlet-ci dashboard screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,10 +55,12 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-unit: $(VENV)/.installed-dev
+# The unit tests include the gauntlet's CI subset (tests/test_gauntlet.py), which reads the corpus from the
+# repository's own .corpus/ only (tests read nothing outside the repository): corpus-test fills it first.
+unit: $(VENV)/.installed-dev corpus-test
 	$(BIN)/pytest -q
 
-test: $(VENV)/.installed-dev browser deeploy-env lint typecheck unit
+test: $(VENV)/.installed-dev browser deeploy-env corpus-test lint typecheck unit
 
 # The no-code dashboard (Voila) on 127.0.0.1 only; PORT=... to change the port. docs/ui.md is the user guide.
 PORT ?= 8866
@@ -88,6 +91,26 @@ corpus: | $(BIN)/python
 
 corpus-ci: | $(BIN)/python
 	$(BIN)/python benchmarks/realmodels/fetch.py --ci
+
+# Calibration/eval data of every cached model (seeded, ~seconds; rewritten identically on every call).
+corpus-data: corpus
+	$(BIN)/python benchmarks/realmodels/data.py
+
+# The CI subset with its data inside the repository (gitignored .corpus/: 24 MB of models + 65 MB of data, ~10 s),
+# for tests/test_gauntlet.py.
+CORPUS_TEST_DIR := $(CURDIR)/.corpus
+corpus-test: | $(BIN)/python
+	QDEBUG_CORPUS_DIR=$(CORPUS_TEST_DIR) $(BIN)/python benchmarks/realmodels/fetch.py --ci
+	QDEBUG_CORPUS_DIR=$(CORPUS_TEST_DIR) $(BIN)/python benchmarks/realmodels/data.py --ci
+
+# The real-model gauntlet (benchmarks/realmodels/gauntlet.py): every command through the real CLI on every corpus
+# model; the table goes into docs/gauntlet.md, every result into docs/gauntlet.json. Exit 1 on any defect.
+gauntlet: $(VENV)/.installed-dev deeploy-env corpus-data
+	$(BIN)/python benchmarks/realmodels/gauntlet.py --markdown docs/gauntlet.md --json docs/gauntlet.json
+
+gauntlet-ci: $(VENV)/.installed-dev deeploy-env corpus-ci
+	$(BIN)/python benchmarks/realmodels/data.py --ci
+	$(BIN)/python benchmarks/realmodels/gauntlet.py --ci --markdown out/gauntlet-ci.md --json out/gauntlet-ci.json
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache

@@ -454,3 +454,54 @@ def test_without_a_soc_16bit_weights_compile_for_a_soc_that_runs_them(qnn: None,
     assert m.target_details["compiled_soc"] == "SM8550"
     assert m.target_accuracy is not None and m.target_accuracy.device == "SM8550 (HTP v73)"
     assert BuildManifest.from_dict(m.to_dict()) == m
+
+
+def lstm_block() -> onnx.ModelProto:
+    """MatMul → LSTM → MatMul: ORT's QDQ recipe quantizes the MatMuls and leaves the LSTM in float (like silero-vad's
+    recurrent cell in the corpus)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    hidden, width = 16, 8
+
+    def const(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+
+    inits = [const("W", (1, 4 * hidden, width)), const("R", (1, 4 * hidden, hidden)), const("M", (width, width))]
+    inits += [const("M2", (hidden, 4)), numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "M"], ["a"], name="mm"),
+        helper.make_node("LSTM", ["a", "W", "R"], ["y", "y_h"], hidden_size=hidden, name="lstm"),
+        helper.make_node("Squeeze", ["y", "axis"], ["ys"], name="squeeze"),
+        helper.make_node("MatMul", ["ys", "M2"], ["out"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lstm_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 1, width])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [3, 1, 4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_without_a_soc_a_float_op_compiles_for_a_soc_that_runs_it(qnn: None, tmp_path: Path) -> None:
+    """The default SoC (HTP v68) has no float unit: the LSTM ORT leaves in float makes QNN fail to finalize the graph
+    (QNN_COMMON_ERROR_MEM_ALLOC, the gauntlet's silero-vad at uint8). Without --soc the build compiles for SM8550
+    instead and says why; with an explicit --soc it does not second-guess the user."""
+    model = _save(lstm_block(), tmp_path / "lstm.onnx")
+    data = tmp_path / "calib.npz"
+    np.savez(data, x=np.random.default_rng(1).normal(0, 1, (8, 3, 1, 8)).astype(np.float32))
+    res = build(model, tmp_path / "out", BuildOptions("qnn", "uint8", debug_samples=2), data=data)
+    m = res.manifest
+    assert m.compile.ok and m.compile.device == "SM8550 (HTP v73)", m.compile
+    assert any("default SoC" in w and "SM8550" in w and "MEM_ALLOC" in w for w in m.warnings), m.warnings
+    assert m.target_details["compiled_soc"] == "SM8550"
+    assert m.target_accuracy is not None and m.target_accuracy.device == "SM8550 (HTP v73)"
+    with pytest.raises(BuildError) as info:
+        build(model, tmp_path / "out68", BuildOptions("qnn", "uint8", soc="SM8350", debug_samples=2), data=data)
+    rep = info.value.compile_report
+    assert rep is not None and not rep.ok and "MEM_ALLOC" in (rep.error or "")
+    assert "(refused: )" not in (rep.error or "")  # only graph-I/O Q/DQ were left out: nothing to list

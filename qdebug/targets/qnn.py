@@ -488,6 +488,10 @@ def has_16bit_weights(model: onnx.ModelProto) -> bool:
 #: The SoC a build compiles for when no --soc is given but the model needs HTP v73 (the oldest SoC that has it).
 V73_SOC = "SM8550"
 
+#: How a compile report's error starts when the QNN backend itself failed (as opposed to a timeout, a dead worker or
+#: no node taken): the case where another SoC may succeed.
+COMPILE_FAILED = "QNN could not compile"
+
 
 def _hints(model: onnx.ModelProto, options: QnnOptions) -> list[str]:
     """Known causes of failure worth saying up front (they come back as vague backend errors)."""
@@ -663,8 +667,9 @@ def _outcome(
         tail = _log_tail(run.log_text)
         return f"the QNN compile worker died (exit code {run.returncode}) without a result; log tail:\n{tail}", None
     if result.get("stage") != "done":
-        error = f"QNN could not compile {src.name}: {result.get('error')}"
-        return error + (f" (refused: {_fallback_summary(fallback)})" if fallback else ""), None
+        error = f"{COMPILE_FAILED} {src.name}: {result.get('error')}"
+        refused = _fallback_summary(fallback)  # empty when QNN only left graph-I/O Q/DQ out, by design
+        return error + (f" (refused: {refused})" if refused else ""), None
     if QNN_EP not in result.get("providers", []):
         return f"ONNX Runtime did not create the QNN provider (providers: {result.get('providers')})", None
     if ctx.is_file():
@@ -1413,6 +1418,19 @@ class QnnTarget(TargetBase):
             )
         job.progress(f"compiling for QNN {opts.device_label()}")
         report = compile_qnn(job.model, job.out_dir, opts, name=job.stem)
+        if opts.soc is None and not report.ok and (report.error or "").startswith(COMPILE_FAILED):
+            # HTP v68 has no float unit: a QDQ model that keeps an op in float (ORT leaves LSTM unquantized) fails to
+            # finalize there ("QNN_COMMON_ERROR_MEM_ALLOC") yet compiles on current SoCs. The user named no SoC, so
+            # the default must not be the reason the build fails: try the oldest SoC with float and 16-bit support.
+            newer = replace(opts, soc=V73_SOC)
+            job.progress(f"the default SoC failed; compiling for QNN {newer.device_label()}")
+            retry = compile_qnn(job.model, job.out_dir, newer, name=job.stem)
+            if retry.ok:
+                warnings.append(
+                    f"no --soc given and the default SoC (HTP {DEFAULT_HTP_ARCH}) could not compile the model "
+                    f"({report.error}): compiled for {newer.device_label()}, which can; pass --soc to choose"
+                )
+                opts, report = newer, retry
         manifest = {"onnxruntime_qnn_version": version("onnxruntime-qnn"), "compiled_soc": opts.soc}
         return Compiled(report, manifest=manifest, warnings=tuple(warnings))
 
