@@ -27,12 +27,7 @@ CI_MODELS = [m.name for m in reg.load_registry().select(ci=True)]
 #: Cells known to be defects that are being fixed elsewhere: (model, cell) → (a string the defect's reason must
 #: contain, why). Only *that* defect is expected (xfail, not strict: the fix landing turns it into a pass); any other
 #: defect of the cell still fails. Remove an entry once its fix is merged.
-KNOWN_DEFECTS: dict[tuple[str, Cell], tuple[str, str]] = {
-    ("ppocrv4-rec", Cell.SEARCH): (
-        "softmax_9.tmp_0_intermediate",
-        "issue 11: search's cached-calibration reuse misses Softmax's '_intermediate' tensors (qdebug/quantize.py)",
-    ),
-}
+KNOWN_DEFECTS: dict[tuple[str, Cell], tuple[str, str]] = {}
 
 #: The gauntlet's own defaults, so the CI cells are the cells of docs/gauntlet.md. Its timeout (900 s per command) is
 #: not tightened: on a loaded 2-core machine ppocrv4-rec's QNN builds take 8-10 minutes (compile + HTP simulator).
