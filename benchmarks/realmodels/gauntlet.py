@@ -460,8 +460,9 @@ def command(cell: Cell, f: ModelFiles, s: Settings) -> tuple[list[str], list[Pat
     out = f.out(cell)
     base = ["--float-model", str(f.float_model)]
     debug_data = ["--data", str(f.eval)]
-    if cell is Cell.QUANTIZE_U8S8:
-        return ["quantize", *base, "--calib", str(f.calib), "-o", str(out / "model.qdq.onnx"), "--json"], []
+    if cell is Cell.QUANTIZE_U8S8:  # uint8 activations, signed 8-bit (symmetric) weights: ORT's x86 recipe
+        u8s8 = ["--activation-type", "uint8", "--weight-type", "int8"]
+        return ["quantize", *base, "--calib", str(f.calib), *u8s8, "-o", str(out / "model.qdq.onnx"), "--json"], []
     if cell is Cell.QUANTIZE_QNN_U16:
         qnn = ["--target", "qnn", "--activation-type", "uint16"]
         return ["quantize", *base, "--calib", str(f.calib), *qnn, "-o", str(out / "model.qdq.onnx"), "--json"], []
