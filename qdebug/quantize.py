@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.capture.session import make_session, ort_errors, ort_message
+from qdebug.capture.session import make_session, ort_errors, ort_log_severity, ort_message
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, normalize_quant_type
 from qdebug.data import DataSource, as_ort_reader, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError
@@ -126,16 +126,13 @@ def _quiet_ort() -> Any:
     """ORT's quantizer logs through Python's root logger and runs its own calibration sessions, whose C++ warnings
     (removed initializers, merged shapes) go to stderr: neither takes qdebug's session options. Both are held back
     here; what matters reaches the result's notes."""
-    import onnxruntime as ort
-
     root = logging.getLogger()
     flt = _DropOrtAdvice()
     root.addFilter(flt)
-    ort.set_default_logger_severity(3)
     try:
-        yield flt
+        with ort_log_severity(3):
+            yield flt
     finally:
-        ort.set_default_logger_severity(2)  # ORT's default (it has no getter to restore another value)
         root.removeFilter(flt)
 
 
@@ -175,8 +172,10 @@ def quantizer_view(
     ``<name>_intermediate``). Calibration, the mixed-precision fixer and the overrides check all read this one view
     (the added nodes named by :func:`_name_new_nodes`), so every name they use is one ORT will find.
 
-    ``per_channel`` also raises an opset below 13 to 13: per-channel Q/DQ need its ``axis`` attribute, and ORT's
-    quantizer would otherwise write a model ONNX Runtime cannot load (u2netp, opset 11)."""
+    Constant nodes become initializers first (:func:`qdebug.graph.constants_to_initializers`, as :func:`quantize`
+    does), so the view has the weights ORT will quantize as weights. ``per_channel`` also raises an opset below 13
+    to 13: per-channel Q/DQ need its ``axis`` attribute, and ORT's quantizer would otherwise write a model ONNX
+    Runtime cannot load (u2netp, opset 11)."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.quant_utils import (
         get_opset_version,
@@ -192,9 +191,10 @@ def quantizer_view(
         if isinstance(model, onnx.ModelProto):
             onnx.save_model(model, str(path))
         loaded = load_model_with_shape_infer(path)  # as quantize_static loads it: the converter sees the shapes
+        moved, _ = constants_to_initializers(loaded)  # as quantize() does first: Constant nodes are weights
         with _quiet_ort():
             updated = update_opset_version(
-                loaded,
+                moved,
                 QuantType[QUANT_TYPES[normalize_quant_type(weight_type)]],
                 QuantType[QUANT_TYPES[act]],
                 tensor_quant_overrides=dict(tensor_overrides) if tensor_overrides else None,
@@ -202,7 +202,7 @@ def quantizer_view(
         if per_channel and get_opset_version(updated) < PER_CHANNEL_OPSET:
             converted = onnx.version_converter.convert_version(updated, PER_CHANNEL_OPSET)
             updated = save_and_reload_model_with_shape_infer(converted)
-    return None if updated is loaded else _name_new_nodes(updated)
+    return None if updated is loaded else _name_new_nodes(updated)  # `moved` is `loaded` when nothing moved
 
 
 #: The first opset whose QuantizeLinear/DequantizeLinear take an ``axis`` (per-channel quantization).
@@ -427,6 +427,40 @@ def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path, label: s
     return seconds
 
 
+def _prepared_float(
+    float_model: str | Path | onnx.ModelProto, work: Path
+) -> tuple[onnx.ModelProto, Path, list[str], list[str]]:
+    """The float model as quantize works on it (Constant nodes made initializers, nodes reading a non-finite
+    constant kept in float), the path ORT reads it from, those nodes, and notes on what was done."""
+    model, model_path = _load_float(float_model, work)
+    model, moved = constants_to_initializers(model)
+    model, keep_float, notes = _nonfinite_consumers(model)
+    if moved:
+        notes.insert(0, _moved_note(moved))
+    if keep_float or moved:  # quantize the rewritten copy
+        model_path = work / "float.onnx"
+        onnx.save_model(model, str(model_path))
+    return model, model_path, keep_float, notes
+
+
+def _phases(
+    model_path: Path, ort_cfg: Any, work: Path, reused: Path | None, out: Path, label: str, notes: list[str]
+) -> tuple[float, float]:
+    """Calibration (skipped when the ``reused`` cache names every tensor; else its ranges go to the ``.calib.json``
+    next to ``out``), then QDQ insertion: the seconds of each."""
+    ort_model = _ort_model(model_path, ort_cfg, work)
+    calib_s, ranges = 0.0, _cache_for(reused, ort_model, ort_cfg, work) if reused is not None else None
+    if ranges is None:  # calibrate (again, when the cache cannot name this model's tensors)
+        ranges = work / "calibration.json" if reused is not None else out.with_suffix(".calib.json")
+        calib_s = _calibration(ort_model, ort_cfg, work, ranges, label)
+        if reused is not None:
+            notes.append(
+                f"the calibration ranges in {reused} do not cover every tensor of this quantization "
+                "(an opset conversion made new ones); calibrated again"
+            )
+    return calib_s, _insert_qdq(ort_model, ort_cfg, ranges, out, label)
+
+
 def quantize(
     float_model: str | Path | onnx.ModelProto,
     data: str | Path | Mapping[str, Any] | DataSource | None,
@@ -447,14 +481,7 @@ def quantize(
     cfg = config or QuantConfig()  # validated on construction, its target's rules included
     with _quiet_ort() as ort_log, tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
-        model, model_path = _load_float(float_model, work)
-        model, moved = constants_to_initializers(model)
-        model, keep_float, notes = _nonfinite_consumers(model)
-        if moved:
-            notes.insert(0, _moved_note(moved))
-        if keep_float or moved:  # quantize the rewritten copy
-            model_path = work / "float.onnx"
-            onnx.save_model(model, str(model_path))
+        model, model_path, keep_float, notes = _prepared_float(float_model, work)
         if output is None:
             output = Path(tempfile.mkdtemp(prefix="qdebug-")) / "model.qdq.onnx"
         out = Path(output)
@@ -479,17 +506,7 @@ def quantize(
             # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                ort_model = _ort_model(model_path, ort_cfg, work)
-                calib_s, ranges = 0.0, _cache_for(cache, ort_model, ort_cfg, work) if reuse else None
-                if ranges is None:  # calibrate (again, when the cache cannot name this model's tensors)
-                    ranges = work / "calibration.json" if reuse else cache
-                    calib_s = _calibration(ort_model, ort_cfg, work, ranges, label)
-                    if reuse:
-                        notes.append(
-                            f"the calibration ranges in {cache} do not cover every tensor of this quantization "
-                            "(an opset conversion made new ones); calibrated again"
-                        )
-                qdq_s = _insert_qdq(ort_model, ort_cfg, ranges, out, label)
+                calib_s, qdq_s = _phases(model_path, ort_cfg, work, cache if reuse else None, out, label, notes)
         except BaseException as exc:
             if not reuse:  # a failed quantization leaves no calibration ranges behind
                 cache.unlink(missing_ok=True)

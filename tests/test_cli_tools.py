@@ -110,9 +110,17 @@ def test_import_qdebug_is_light_and_ctrl_c_at_start_up_is_one_line() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.split()[:2] == ["False", "False"] and "QuantConfig" in out.stdout
-    script = "from qdebug._entry import console_main; import sys; sys.argv = ['qdebug', '--version']; console_main()"
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=REPO)
-    time.sleep(0.3)  # inside the CLI's imports (numpy, onnx, onnxruntime), or done
+    script = (
+        "import sys; from qdebug._entry import console_main; sys.argv = ['qdebug', '--version']; "
+        "print('ready', flush=True); console_main()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
+    # Wait for the interpreter to be up (a fixed sleep lost the race on a loaded machine: SIGINT arrived before
+    # Python installed its handler), then interrupt inside the CLI's imports (numpy, onnx, onnxruntime), or after.
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err

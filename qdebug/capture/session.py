@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import onnx
 
 from qdebug.errors import ModelError
 
-__all__ = ["expose_outputs", "make_session", "ort_errors", "ort_message"]
+__all__ = ["expose_outputs", "make_session", "ort_errors", "ort_log_severity", "ort_message", "set_ort_log_severity"]
+
+#: ONNX Runtime's default-logger severity as qdebug last set it (ORT's own default, 2 = warning, until then).
+_SEVERITY = {"level": 2}
+
+
+def set_ort_log_severity(level: int) -> None:
+    """Set ONNX Runtime's default-logger severity (0 verbose … 4 fatal) for every session that does not set its own
+    (ORT's quantizer's calibration sessions, plain inference sessions). The CLI sets 3: its C++ warnings (removed
+    initializers, merged shapes) are noise between a user and qdebug's one-line messages."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(level)
+    _SEVERITY["level"] = level
+
+
+@contextlib.contextmanager
+def ort_log_severity(level: int) -> Iterator[None]:
+    """ORT's default-logger severity at ``level`` inside the block, then back to what qdebug had set (ORT has no
+    getter, so qdebug keeps track)."""
+    import onnxruntime as ort
+
+    before = _SEVERITY["level"]
+    ort.set_default_logger_severity(max(level, before))
+    try:
+        yield
+    finally:
+        ort.set_default_logger_severity(before)
 
 
 def expose_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

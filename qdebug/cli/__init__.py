@@ -113,6 +113,14 @@ def _tolerate_file_names() -> None:
                 reconfigure(errors=errors)
 
 
+def _quiet_ort_logs() -> None:
+    """ONNX Runtime's C++ warnings stay off the terminal: every error ORT has is raised too and becomes the one
+    line qdebug prints (sessions qdebug builds itself already ask for fatal messages only)."""
+    from qdebug.capture.session import set_ort_log_severity
+
+    set_ort_log_severity(3)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI and return its exit code (never raises for user errors): the one place errors become
     one-line messages and exit codes (:mod:`qdebug.errors`)."""
@@ -125,6 +133,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return args
         debug = args.debug
         args.tool.guard(args)  # every output checked against every input before any work
+        _quiet_ort_logs()
         return _run(args, out)
     except QDebugError as exc:
         if debug:

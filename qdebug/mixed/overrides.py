@@ -646,10 +646,10 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
 
     from qdebug.quantize import quantizer_view
 
-    # 16-bit types make ORT raise the opset first: the overrides name tensors and nodes of that view.
+    # The overrides name tensors and nodes of the model ORT quantizes: its Constant nodes made initializers, and its
+    # opset raised first for 16-bit types.
     named = {t for _, es in ofile.overrides for e in es for t in (e.quant_type, e.convert and e.convert.quant_type)}
-    if any(t and t.endswith("16") for t in named):
-        model = quantizer_view(model, "uint8", sorted(t for t in named if t)) or model
+    model = quantizer_view(model, "uint8", sorted(t for t in named if t)) or model
     ix = GraphIndex(model)
     inits = {t.name: t for t in model.graph.initializer}
     known = set(ix.producer) | {i.name for i in model.graph.input} | set(inits)
