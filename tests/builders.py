@@ -435,3 +435,16 @@ def opset12_attention(seed: int = 0) -> onnx.ModelProto:
         numpy_helper.from_array(rng.standard_normal((6, 4)).astype(np.float32), "Wv"),
     ]
     return _model(nodes, [value_info("x", [1, 3, 8])], [value_info("y", [1, 3, 4])], inits, opset=12)
+
+
+def dead_channel_conv(seed: int = 0) -> onnx.ModelProto:
+    """Depthwise 3×3 conv over 2 channels: channel 0 has weights ~1000 but its input is always 0 (a dead channel),
+    channel 1 ordinary weights ~1. Per-tensor weights round channel 1's to 0 (the output is lost: 0 dB);
+    per-channel weights keep it (the failure of u2netp and Silero VAD with per-tensor weights)."""
+    rng = np.random.default_rng(seed)
+    w = np.empty((2, 1, 3, 3), np.float32)
+    w[0] = 1000.0 * rng.uniform(-1, 1, (1, 3, 3))
+    w[1] = rng.uniform(0.2, 1.0, (1, 3, 3))
+    nodes = [helper.make_node("Conv", ["x", "W"], ["y"], name="dw", group=2, pads=[1, 1, 1, 1])]
+    inits = [numpy_helper.from_array(w, "W")]
+    return _model(nodes, [value_info("x", [1, 2, 8, 8])], [value_info("y", [1, 2, 8, 8])], inits)

@@ -428,3 +428,82 @@ def test_per_channel_on_an_opset_11_model_loads(tmp_path: Path) -> None:
     ort.InferenceSession(result.model_path)  # loads
     report = debug(path, result.model_path, None, DebugOptions(num_samples=2))
     assert all(o.cumulative_sqnr_db is not None and o.cumulative_sqnr_db > 20 for o in report.model_outputs)
+
+
+def test_quantize_writes_nothing_beside_the_users_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORT's quantizer writes '<model>-inferred.onnx' next to the file it is given (and a Ctrl-C would leave it
+    there): quantize hands it a copy in its own temporary folder, so nothing ever appears in the user's folder."""
+    user = tmp_path / "user"
+    user.mkdir()
+    path = save(builders.tiny_convnet(), user / "m.onnx")
+    written: list[str] = []
+    real = onnx.shape_inference.infer_shapes_path
+
+    def spy(src: str, dst: str = "", *args: object, **kwargs: object) -> None:
+        written.append(dst or src)
+        real(src, dst, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes_path", spy)
+    quantize(path, None, QuantConfig(num_samples=2), tmp_path / "out" / "m.qdq.onnx")
+    assert written and not [w for w in written if Path(w).parent == user]
+    assert sorted(p.name for p in user.iterdir()) == ["m.onnx"]
+
+
+def _dead_channel_data(tmp_path: Path) -> Path:
+    x = np.random.default_rng(0).uniform(0, 1, (8, 1, 2, 8, 8)).astype(np.float32)
+    x[:, :, 0] = 0.0  # channel 0 is dead
+    path = tmp_path / "calib.npz"
+    np.savez(path, x=x)
+    return path
+
+
+def test_quantize_measures_its_outputs_and_never_writes_a_lost_one(tmp_path: Path) -> None:
+    """Per-tensor weights lose channel 1 (its weights round to 0: the output is at 0 dB); quantize measures that
+    on its calibration samples and writes per-channel weights instead, saying so, with the numbers debug finds."""
+    path = save(builders.dead_channel_conv(), tmp_path / "m.onnx")
+    data = _dead_channel_data(tmp_path)
+    plain = quantize(path, data, QuantConfig(), tmp_path / "plain.qdq.onnx", check=False)
+    lost = debug(path, plain.model_path, data, DebugOptions(num_samples=4)).model_outputs[0].cumulative_sqnr_db
+    assert lost is not None and lost <= 0.0 and plain.output_sqnr_db == {} and not plain.config.per_channel
+
+    result = quantize(path, data, QuantConfig(), tmp_path / "m.qdq.onnx")
+    assert result.config.per_channel and result.checked_samples == 4
+    assert result.output_sqnr_db["y"] is not None and result.output_sqnr_db["y"] > 30
+    assert any("per-channel weights" in w and "'y'" in w for w in result.warnings)
+    dq_axes = [
+        a.name for n in onnx.load(result.model_path).graph.node if n.op_type == "DequantizeLinear" for a in n.attribute
+    ]
+    assert "axis" in dq_axes  # the written model really has per-channel weights
+    fixed = debug(path, result.model_path, data, DebugOptions(num_samples=4)).model_outputs[0].cumulative_sqnr_db
+    assert fixed is not None and abs(fixed - result.output_sqnr_db["y"]) < 0.01  # the same number debug reports
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["m.onnx", "calib.npz", "plain.qdq.onnx", "plain.qdq.calib.json", "m.qdq.onnx", "m.qdq.calib.json"]
+    )  # no trial model or temporary file left beside the output
+
+
+def test_quantize_reports_a_lost_output_it_cannot_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing left to try (the weights are per-channel already): the model is written, and a warning names the
+    output and its measured SQNR. The threshold is raised so that an ordinary model counts as lost."""
+    import importlib
+
+    # the module, not the function of the same name that ``qdebug`` exports
+    monkeypatch.setattr(importlib.import_module("qdebug.quantize"), "BROKEN_OUTPUT_DB", 1000.0)
+    path = save(builders.tiny_convnet(), tmp_path / "m.onnx")
+    result = quantize(path, None, QuantConfig(per_channel=True, num_samples=4), tmp_path / "q.onnx")
+    db = result.output_sqnr_db["y"]
+    assert result.config.per_channel and db is not None
+    assert [w for w in result.warnings if "does not reproduce" in w] == [
+        f"output 'y' measures {db:.1f} dB on 4 calibration sample(s): its quantization error is as large as the "
+        "signal, so this model does not reproduce the float model; 'qdebug debug' shows where it is lost"
+    ]
+
+
+def test_quantize_cli_prints_the_measured_outputs(tmp_path: Path, run_cli) -> None:
+    path = save(builders.dead_channel_conv(), tmp_path / "m.onnx")
+    data = _dead_channel_data(tmp_path)
+    r = run_cli("quantize", "-f", path, "--calib", data, "-o", tmp_path / "q.onnx")
+    assert r.code == 0
+    assert "outputs vs float on 4 calibration sample(s): worst 'y'" in r.out and "(per-channel weights)" in r.out
+    assert r.stderr.count("\n") == 1 and "written with per-channel weights" in r.stderr
+    r = run_cli("quantize", "-f", path, "--calib", data, "-o", tmp_path / "p.onnx", "--no-output-check")
+    assert r.code == 0 and "outputs vs float" not in r.out and r.stderr == ""

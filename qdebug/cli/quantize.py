@@ -70,6 +70,13 @@ class Quantize(Tool):
         )
         add_quant_config(parser, target_names())
         add_input_shape(parser, "fix a dynamic input shape for synthetic calibration data, NAME:D0,D1,... (repeatable)")
+        parser.add_argument(
+            "--no-output-check",
+            dest="output_check",
+            action="store_false",
+            help="do not measure the written model's outputs on 4 calibration samples (nor switch to per-channel "
+            "weights when an output is at or below 0 dB with per-tensor ones)",
+        )
         add_json(parser, "the result")
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
@@ -98,7 +105,14 @@ class Quantize(Tool):
             cfg = ofile.apply_to(cfg)  # validated before anything is written
             for w in ofile.drift(cfg):
                 warn(w)
-        result = quantize(args.float_model, args.calib, cfg, args.output, input_shapes=dict(args.input_shape) or None)
+        result = quantize(
+            args.float_model,
+            args.calib,
+            cfg,
+            args.output,
+            input_shapes=dict(args.input_shape) or None,
+            check=args.output_check,
+        )
         if args.json:
             print(result.to_json(), file=out)
             return EXIT_OK
@@ -110,6 +124,13 @@ class Quantize(Tool):
             f"  calibration ranges: {result.calibration_cache}",
             file=out,
         )
+        worst = min(((db, n) for n, db in result.output_sqnr_db.items() if db is not None), default=None)
+        if worst is not None:
+            print(
+                f"  outputs vs float on {result.checked_samples} calibration sample(s): worst {worst[1]!r} "
+                f"{worst[0]:.1f} dB{' (per-channel weights)' if result.config.per_channel else ''}",
+                file=out,
+            )
         if ofile is not None:
             print(f"  tensor overrides: {len(ofile.overrides)} tensor(s) from {args.overrides}", file=out)
         for w in result.warnings:

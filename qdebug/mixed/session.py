@@ -93,7 +93,8 @@ class MixedPrecisionSession:
         """The base quantization (calibrated once) and its debug report."""
         if self._base is None:
             t0 = time.perf_counter()
-            q = quantize(self.float_path, self.data, self.base_config, self.workdir / "base.qdq.onnx")
+            # check=False: the base is the user's recipe exactly (its per-tensor weights are a finding, not a fix)
+            q = quantize(self.float_path, self.data, self.base_config, self.workdir / "base.qdq.onnx", check=False)
             report = debug(self.float_path, q.model_path, self.debug_data, self.debug_options)
             self._base = Evaluation(
                 name="base",
@@ -147,6 +148,7 @@ class MixedPrecisionSession:
             config,
             self.workdir / f"{tag}.qdq.onnx",
             calibration_cache=base.quantization.calibration_cache,
+            check=False,  # a search step follows its config exactly; the debug pass after it measures it
         )
 
     def evaluate(self, config_or_plan: QuantConfig | PromotionPlan, name: str | None = None) -> Evaluation:
