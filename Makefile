@@ -13,26 +13,21 @@ SAMPLE ?= digits_transformer
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 	$(PIP) install -q -e .
 	@touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+$(VENV)/.installed-dev: pyproject.toml setup.py $(VENV)/.installed
 	$(PIP) install -q -e '.[dev,bench,qnn,ui]'
 	@touch $@
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# The main job on the bundled sample model: quantize it to 8-bit QDQ, then debug it against its float parent.
+# The main job on the bundled sample model: quantize it to 8-bit QDQ, then debug it against its float parent
+# (`qdebug demo`, which an installed qdebug runs the same way from anywhere).
 demo: $(VENV)/.installed
-	@mkdir -p $(OUT)
-	$(BIN)/qdebug quantize --float-model sample_models/$(SAMPLE).onnx --calib sample_models/digits_calib.npz \
-		--output $(OUT)/$(SAMPLE).qdq.onnx
-	$(BIN)/qdebug debug --float-model sample_models/$(SAMPLE).onnx --quant-model $(OUT)/$(SAMPLE).qdq.onnx \
-		--data sample_models/digits_eval.npz --ignore-key label --max-samples 128 --output $(OUT)/report.json
-	@echo
-	@echo "demo report: $(abspath $(OUT))/report.json"
+	$(BIN)/qdebug demo --sample $(SAMPLE) --output-dir $(OUT)
 
 # Browser tests (later issues) drive Debian's chromium; Playwright's own download does not work here.
 browser:
@@ -65,9 +60,7 @@ test: $(VENV)/.installed-dev browser deeploy-env corpus-test lint typecheck unit
 # The no-code dashboard (Voila) on 127.0.0.1 only; PORT=... to change the port. docs/ui.md is the user guide.
 PORT ?= 8866
 dashboard: $(VENV)/.installed-dev
-	@echo "qdebug dashboard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops it)"
-	QDEBUG_DASHBOARD_ROOT="$(CURDIR)" $(BIN)/voila notebooks/dashboard.ipynb --no-browser --port=$(PORT) \
-		--Voila.ip=127.0.0.1 --Voila.port_retries=0
+	$(BIN)/qdebug dashboard --port $(PORT) --root "$(CURDIR)"
 
 # The user guide's screenshots (docs/ui.md) come from the browser tests.
 SHOTS := dashboard_form dashboard_table dashboard_heatmap dashboard_graph dashboard_after_promote jupyterlab_quickstart_app

@@ -18,6 +18,8 @@ OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
     "plotly": ("ui", "Plotting"),
     "grandalf": ("ui", "Laying out the model graph"),
     "ipywidgets": ("ui", "The interactive views"),
+    "voila": ("ui", "The dashboard"),
+    "ray": ("ray", "Running on a Ray cluster"),
     "psutil": ("bench", "Measuring memory"),
 }
 

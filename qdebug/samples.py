@@ -1,15 +1,39 @@
-"""The bundled sample models (``sample_models/registry.json``): what each is and how to check it."""
+"""What ships with qdebug: the sample models (``sample_models/registry.json``: what each is and how to check it) and
+the notebooks (walkthroughs and the Voila dashboard).
+
+An installed wheel carries them as package data under ``qdebug/_data/`` (``setup.py`` copies the repository's
+``sample_models/`` and ``notebooks/`` there when it builds), found through :mod:`importlib.resources`; a source
+checkout (an editable install) has no copy, and they are read from the repository's own folders.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from qdebug.errors import InputFileError
+from qdebug.errors import ConfigError, InputFileError
 
-SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample_models"
+#: The package-data folder of an installed wheel.
+DATA_PACKAGE = "_data"
+
+
+def bundled(name: str) -> Path:
+    """The folder of bundled files ``name`` (``sample_models`` or ``notebooks``): the wheel's package data, else the
+    source checkout's folder of that name."""
+    packaged = resources.files("qdebug") / DATA_PACKAGE / name
+    if packaged.is_dir():
+        return Path(str(packaged))  # a wheel installs qdebug as plain files: the traversable is a real path
+    return Path(__file__).resolve().parent.parent / name
+
+
+SAMPLE_DIR = bundled("sample_models")
+NOTEBOOK_DIR = bundled("notebooks")
+#: The walkthrough notebooks ``qdebug notebooks`` copies (the dashboard notebook is served by ``qdebug dashboard``).
+WALKTHROUGHS = ("quickstart.ipynb", "mixed_precision.ipynb", "targets.ipynb")
+DASHBOARD_NOTEBOOK = "dashboard.ipynb"
 
 
 @dataclass(frozen=True)
@@ -48,3 +72,11 @@ def list_samples(directory: Path = SAMPLE_DIR) -> list[SampleModel]:
         )
         for m in data["models"]
     ]
+
+
+def get_sample(name: str, directory: Path = SAMPLE_DIR) -> SampleModel:
+    """The bundled sample ``name`` (a :class:`ConfigError` lists the others when there is none)."""
+    samples = {s.name: s for s in list_samples(directory)}
+    if name not in samples:
+        raise ConfigError(f"no bundled sample model {name!r}; the samples are: {', '.join(sorted(samples))}")
+    return samples[name]

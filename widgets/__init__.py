@@ -3,6 +3,10 @@
 ``QuantDebugger`` (the session: data, computation, history), ``DebuggerApp`` (the debugger: view state only)
 and ``Dashboard`` (the Voila entry: model/data/target form + the debugger) load lazily, so ``import widgets``
 stays light and needs neither ipywidgets nor plotly.
+
+Installed, this package is ``qdebug_widgets`` (``from qdebug_widgets import QuantDebugger``): a top-level
+``widgets`` could collide with another distribution's. In a source checkout the folder is ``widgets/`` and both names
+work (the editable install maps ``qdebug_widgets`` to it).
 """
 
 from __future__ import annotations
@@ -12,19 +16,20 @@ from typing import TYPE_CHECKING, Any
 import qdebug
 
 if TYPE_CHECKING:
-    from widgets.app import DebuggerApp
-    from widgets.dashboard import Dashboard
-    from widgets.session import QuantDebugger
+    from .app import DebuggerApp
+    from .dashboard import Dashboard
+    from .session import QuantDebugger
 
-_LAZY = {"QuantDebugger": "widgets.session", "DebuggerApp": "widgets.app", "Dashboard": "widgets.dashboard"}
+#: Relative module names: the package is ``qdebug_widgets`` when installed and ``widgets`` in a source checkout.
+_LAZY = {"QuantDebugger": ".session", "DebuggerApp": ".app", "Dashboard": ".dashboard"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'widgets' has no attribute {name!r}")
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Dashboard", "DebuggerApp", "QuantDebugger", "qdebug"]

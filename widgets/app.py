@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from qdebug.mixed.suggest import Suggestion
     from qdebug.report import DebugReport
     from qdebug.targets.recompile import RecompileResult
-    from widgets.session import QuantDebugger
+
+    from .session import QuantDebugger
 
 #: Metrics the graph colours by (columns of ``DebugReport.to_dataframe()``).
 METRICS = ("local_sqnr_db", "cumulative_sqnr_db", "mse", "max_abs_error")
@@ -831,7 +832,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             self.status = "Netron stopped"
             return
         try:
-            from widgets import netron_view
+            from . import netron_view
 
             info = netron_view.netron_build_info()
             if netron_view.netron_expired():

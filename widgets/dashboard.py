@@ -236,7 +236,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ form
     def _fill_targets(self) -> None:
-        from widgets.session import QuantDebugger
+        from .session import QuantDebugger
 
         self.targets_info = QuantDebugger.available_targets()
         self.target_picker.options = [
@@ -352,8 +352,9 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         """Resolve the form, quantize/debug, and show the debugger; failures become a message, never a traceback."""
         from qdebug.build import resolve_config
         from qdebug.debug import DebugOptions
-        from widgets.app import DebuggerApp
-        from widgets.session import QuantDebugger
+
+        from .app import DebuggerApp
+        from .session import QuantDebugger
 
         self.runs += 1
         run_dir = self.workdir / f"run{self.runs}"

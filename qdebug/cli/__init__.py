@@ -14,7 +14,10 @@ from typing import TextIO
 from qdebug._version import __version__
 from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty, say
 from qdebug.cli.build import Build
+from qdebug.cli.dashboard import Dashboard
 from qdebug.cli.debug import Debug
+from qdebug.cli.demo import Demo
+from qdebug.cli.notebooks import Notebooks
 from qdebug.cli.quantize import Quantize
 from qdebug.cli.search import Search
 from qdebug.cli.suggest import Suggest
@@ -32,7 +35,7 @@ from qdebug.render.text import (
 )
 
 #: Every subcommand, in the order ``--help`` lists them.
-TOOLS: tuple[Tool, ...] = (Quantize(), Debug(), Suggest(), Search(), Build())
+TOOLS: tuple[Tool, ...] = (Quantize(), Debug(), Suggest(), Search(), Build(), Demo(), Dashboard(), Notebooks())
 
 __all__ = [
     "GREEN",

@@ -39,7 +39,7 @@ def test_dashboard_debug_promote_export(
         page.goto(f"http://127.0.0.1:{port}/")
         run = page.locator(".qd-dash-run")
         expect(run).to_be_visible()
-        expect(page.get_by_text("from widgets import Dashboard")).to_have_count(0)  # no code shown
+        expect(page.get_by_text("from qdebug_widgets import Dashboard")).to_have_count(0)  # no code shown
         page.screenshot(path=str(screenshot_dir / "dashboard_form.png"))
 
         # A file that is not ONNX: a sentence in the page, no traceback, the form stays usable.
