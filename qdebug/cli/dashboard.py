@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,10 @@ from qdebug.cli._base import Tool, positive_int
 from qdebug.errors import EXIT_OK, ConfigError
 
 DEFAULT_PORT = 8866
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 class Dashboard(Tool):
@@ -67,15 +72,19 @@ class Dashboard(Tool):
         print(f"qdebug dashboard: http://{host}:{args.port}/  (files from {root.resolve()}; Ctrl-C stops it)", file=out)
         out.flush()
         proc = subprocess.Popen(cmd, env=env)
+        # A SIGTERM (a service manager, `kill`) stops Voila and its kernels too, as Ctrl-C does: never an orphan.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             code = proc.wait()
         except KeyboardInterrupt:
-            proc.terminate()
+            proc.terminate()  # Voila shuts its kernels down on SIGTERM
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         if code != 0:
             raise ConfigError(f"Voila exited with code {code} (is port {args.port} in use? try --port)")
         return EXIT_OK

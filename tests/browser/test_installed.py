@@ -61,7 +61,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     src = _copy_sources(tmp / "src")
     dist = tmp / "dist"
     _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
         tmp,
         dict(os.environ),
     )

@@ -1,0 +1,92 @@
+"""The commands a new user runs first (``qdebug demo``, ``qdebug notebooks``, ``qdebug dashboard``, ``python -m
+qdebug``) and where the bundled files are found, in this checkout (the installed wheel: tests/browser/test_installed.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, assert_one_line_error
+
+from qdebug.samples import NOTEBOOK_DIR, SAMPLE_DIR, WALKTHROUGHS, bundled, get_sample
+
+
+def test_a_checkout_reads_its_own_folders() -> None:
+    """An editable install has no package-data copy: the repository's folders are the bundled files."""
+    assert SAMPLE_DIR == REPO / "sample_models" and NOTEBOOK_DIR == REPO / "notebooks"
+    assert bundled("sample_models") == SAMPLE_DIR
+    assert get_sample("digits_cnn").path == REPO / "sample_models" / "digits_cnn.onnx"
+
+
+def test_an_unknown_sample_names_the_others() -> None:
+    import pytest
+
+    from qdebug.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="digits_cnn, digits_transformer"):
+        get_sample("resnet")
+
+
+def test_demo_quantizes_debugs_and_says_where_the_report_is(tmp_path: Path, run_cli) -> None:
+    out = tmp_path / "demo"
+    r = run_cli("demo", "--sample", "digits_cnn", "--output-dir", out, "--max-samples", "8", "--color", "never")
+    assert r.code == 0, r.stderr
+    report = out / "report.json"
+    assert f"demo report: {report.resolve()}" in r.out
+    assert json.loads(report.read_text())["model_outputs"]
+    assert sorted(p.name for p in out.iterdir()) == ["digits_cnn.qdq.calib.json", "digits_cnn.qdq.onnx", "report.json"]
+
+
+def test_demo_refuses_an_output_folder_that_is_a_file(tmp_path: Path, run_cli) -> None:
+    f = tmp_path / "taken"
+    f.write_text("mine")
+    r = run_cli("demo", "--output-dir", f)
+    assert_one_line_error(r, 2, str(f))
+    assert f.read_text() == "mine"
+
+
+def test_notebooks_copies_the_walkthroughs_and_never_replaces_one_unasked(tmp_path: Path, run_cli) -> None:
+    target = tmp_path / "nb"
+    r = run_cli("notebooks", target)
+    assert r.code == 0 and sorted(p.name for p in target.iterdir()) == sorted(WALKTHROUGHS)
+    for name in WALKTHROUGHS:
+        assert (target / name).read_bytes() == (NOTEBOOK_DIR / name).read_bytes()
+    (target / "quickstart.ipynb").write_text("my edits")
+    r = run_cli("notebooks", target)
+    assert_one_line_error(r, 2, "quickstart.ipynb", "--force")
+    assert (target / "quickstart.ipynb").read_text() == "my edits"
+    assert run_cli("notebooks", target, "--force").code == 0
+    assert (target / "quickstart.ipynb").read_bytes() == (NOTEBOOK_DIR / "quickstart.ipynb").read_bytes()
+
+
+def test_the_walkthroughs_find_the_samples_from_anywhere() -> None:
+    """No notebook reads a path relative to the repository; they import the UI under its installed name."""
+    for name in (*WALKTHROUGHS, "dashboard.ipynb"):
+        text = (NOTEBOOK_DIR / name).read_text()
+        assert "../sample_models" not in text and "from widgets import" not in text, name
+        assert "qdebug_widgets" in text, name
+
+
+def test_dashboard_serves_the_bundled_notebook_on_localhost() -> None:
+    from qdebug.cli.dashboard import DEFAULT_PORT, Dashboard
+
+    cmd = Dashboard().command(argparse.Namespace(port=DEFAULT_PORT, ip="127.0.0.1", root=None))
+    assert cmd[:3] == [sys.executable, "-m", "voila"]
+    assert Path(cmd[3]) == NOTEBOOK_DIR / "dashboard.ipynb" and Path(cmd[3]).is_file()
+    assert "--Voila.ip=127.0.0.1" in cmd and f"--port={DEFAULT_PORT}" in cmd and "--no-browser" in cmd
+
+
+def test_dashboard_refuses_a_root_that_is_not_a_folder(tmp_path: Path, run_cli) -> None:
+    r = run_cli("dashboard", "--root", tmp_path / "missing")
+    assert_one_line_error(r, 2, "missing", "not a folder")
+
+
+def test_python_m_qdebug_is_the_command() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "qdebug", "--version"], capture_output=True, text=True, check=False, cwd=REPO
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("qdebug ")
