@@ -18,7 +18,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_one_tool_per_command_with_the_shared_names() -> None:
-    assert [t.name for t in TOOLS] == ["quantize", "debug", "suggest", "search", "build"]
+    assert [t.name for t in TOOLS] == [
+        "quantize",
+        "debug",
+        "suggest",
+        "search",
+        "build",
+        "demo",
+        "dashboard",
+        "notebooks",
+    ]
     p = build_parser()
     for argv in (
         ["quantize", "-f", "m", "--calib", "c.npz", "-o", "q"],
