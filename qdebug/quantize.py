@@ -472,6 +472,9 @@ def _phases(
 CHECK_SAMPLES = 4
 #: An output at or below this SQNR carries as much quantization error as signal: the model is not usable.
 BROKEN_OUTPUT_DB = 0.0
+#: Below this SQNR an output has lost most of its information (noise above 10 % of the signal's power): worth one
+#: more QDQ insertion with per-channel weights (Silero VAD at U8S8: 0.5 dB per-tensor, 30+ dB per-channel).
+TRY_PER_CHANNEL_DB = 10.0
 
 
 def _output_sqnr(
@@ -540,23 +543,32 @@ class _Redo:
     work: Path
     cache: Path
     label: str
+    fallback: bool
+
+
+def _per_channel(cfg: QuantConfig, allowed: bool) -> QuantConfig | None:
+    """The config with per-channel weights, if that is a different recipe the caller allows and the target runs."""
+    if not allowed or cfg.per_channel:
+        return None
+    try:
+        return cfg.replace(per_channel=True)
+    except ConfigError:  # the target cannot run per-channel weights of this type
+        return None
 
 
 def _checked(
     model: onnx.ModelProto, out: Path, source: DataSource, cfg: QuantConfig, redo: _Redo, notes: list[str]
 ) -> tuple[QuantConfig, dict[str, float | None], int]:
-    """Measure the written model's outputs; when one is at or below :data:`BROKEN_OUTPUT_DB` with per-tensor
-    weights, insert QDQ again with per-channel weights (same calibration ranges) and keep that model if it measures
-    better. Per-tensor weights of a layer whose output channels differ by orders of magnitude are the usual cause
+    """Measure the written model's outputs; when one is below :data:`TRY_PER_CHANNEL_DB` with per-tensor weights
+    (and the caller allows it), insert QDQ again with per-channel weights (same calibration ranges) and keep that
+    model if its worst output measures better; warn about an output still at or below :data:`BROKEN_OUTPUT_DB`.
+    Per-tensor weights of a layer whose output channels differ by orders of magnitude are the usual cause
     (u2netp: -3.2 dB per-tensor, 18.1 dB per-channel; Silero VAD at uint8: 8.7 dB vs 32 dB)."""
     outputs, n = _measured(model, out, source, notes)
     worst = _worst(outputs)
-    if worst is None or worst[1] > BROKEN_OUTPUT_DB:
+    if worst is None or (worst[1] >= TRY_PER_CHANNEL_DB and worst[1] > BROKEN_OUTPUT_DB):
         return cfg, outputs, n
-    try:
-        per_channel = None if cfg.per_channel else cfg.replace(per_channel=True)
-    except ConfigError:  # the target cannot run per-channel weights of this type
-        per_channel = None
+    per_channel = _per_channel(cfg, redo.fallback and worst[1] < TRY_PER_CHANNEL_DB)
     if per_channel is not None:
         trial = redo.work / "per_channel.qdq.onnx"  # in quantize's own temporary folder, removed with it
         try:
@@ -571,12 +583,15 @@ def _checked(
                 _replace_atomically(trial, out)
                 notes.append(
                     f"output {worst[0]!r} measured {worst[1]:.1f} dB with per-tensor weights on {n} calibration "
-                    f"sample(s), no better than noise; with per-channel weights the worst output measures "
-                    f"{better[1]:.1f} dB, so the model was written with per-channel weights (per_channel: true)"
+                    f"sample(s); with per-channel weights the worst output measures {better[1]:.1f} dB, so the "
+                    "model was written with per-channel weights (per_channel: true; --no-output-check keeps "
+                    "per-tensor)"
                 )
                 return per_channel, tried, n
         finally:
             trial.unlink(missing_ok=True)
+    if worst[1] > BROKEN_OUTPUT_DB:
+        return cfg, outputs, n
     notes.append(
         f"output {worst[0]!r} measures {worst[1]:.1f} dB on {n} calibration sample(s): its quantization error is as "
         "large as the signal, so this model does not reproduce the float model; 'qdebug debug' shows where it is lost"
@@ -594,6 +609,7 @@ def quantize(
     calibration_cache: str | Path | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     check: bool = True,
+    per_channel_fallback: bool = True,
 ) -> QuantizeResult:
     """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted), by the recipe of the
     config's target (:meth:`qdebug.targets.base.Target.ort_config`; the config is checked against it first).
@@ -604,10 +620,12 @@ def quantize(
     ``input_shapes`` fixes dynamic input dimensions of synthetic calibration data (see ``docs/data.md``).
 
     ``check`` measures the written model's outputs against the float model's on the first :data:`CHECK_SAMPLES`
-    calibration samples (``QuantizeResult.output_sqnr_db``); an output at or below :data:`BROKEN_OUTPUT_DB` with
+    calibration samples (``QuantizeResult.output_sqnr_db``) and warns about an output at or below
+    :data:`BROKEN_OUTPUT_DB`. With ``per_channel_fallback``, an output below :data:`TRY_PER_CHANNEL_DB` with
     per-tensor weights makes it try per-channel weights on the same ranges and keep them if they measure better
-    (the result's config says which was written; a warning says why). Off for re-quantizations that must follow
-    their config exactly (the mixed-precision search).
+    (the result's config says which was written; a warning says why): off when the caller's recipe must be
+    followed exactly (a config or overrides file the user gave). ``check=False`` for re-quantizations that must
+    follow their config exactly (the mixed-precision search).
     """
     cfg = config or QuantConfig()  # validated on construction, its target's rules included
     with _quiet_ort() as ort_log, tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
@@ -647,7 +665,7 @@ def quantize(
         measured: dict[str, float | None] = {}
         checked = 0
         if check:
-            redo = _Redo(model_path, keep_float, work, cache, label)
+            redo = _Redo(model_path, keep_float, work, cache, label, per_channel_fallback)
             cfg, measured, checked = _checked(model, out, source, cfg, redo, notes)
     quantized, total, qdq = count_quantized_nodes(onnx.load(str(out)))
     return QuantizeResult(

@@ -507,3 +507,19 @@ def test_quantize_cli_prints_the_measured_outputs(tmp_path: Path, run_cli) -> No
     assert r.stderr.count("\n") == 1 and "written with per-channel weights" in r.stderr
     r = run_cli("quantize", "-f", path, "--calib", data, "-o", tmp_path / "p.onnx", "--no-output-check")
     assert r.code == 0 and "outputs vs float" not in r.out and r.stderr == ""
+
+
+def test_a_config_file_is_followed_exactly_and_the_lost_output_named(tmp_path: Path, run_cli) -> None:
+    """A recipe the user wrote down (--config, --overrides) is not changed: per-tensor weights stay, and the output
+    they lose is named in a warning with its measured SQNR."""
+    path = save(builders.dead_channel_conv(), tmp_path / "m.onnx")
+    data = _dead_channel_data(tmp_path)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(QuantConfig().to_json())
+    r = run_cli("quantize", "-f", path, "--calib", data, "--config", cfg, "-o", tmp_path / "q.onnx", "--json")
+    assert r.code == 0
+    result = json.loads(r.out)
+    assert result["config"]["per_channel"] is False and result["output_sqnr_db"]["y"] <= 0.0
+    assert [w for w in result["warnings"] if "output 'y' measures" in w and "does not reproduce" in w]
+    r = run_cli("quantize", "-f", path, "--calib", data, "--config", cfg, "-o", tmp_path / "q2.onnx")
+    assert r.stderr.count("\n") == 1 and "output 'y' measures 0.0 dB" in r.stderr

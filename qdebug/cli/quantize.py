@@ -75,7 +75,7 @@ class Quantize(Tool):
             dest="output_check",
             action="store_false",
             help="do not measure the written model's outputs on 4 calibration samples (nor switch to per-channel "
-            "weights when an output is at or below 0 dB with per-tensor ones)",
+            "weights when an output is below 10 dB with per-tensor ones and better with per-channel ones)",
         )
         add_json(parser, "the result")
 
@@ -112,6 +112,8 @@ class Quantize(Tool):
             args.output,
             input_shapes=dict(args.input_shape) or None,
             check=args.output_check,
+            # a config or overrides file is a recipe to follow exactly (overrides reproduce a model byte for byte)
+            per_channel_fallback=ofile is None and config is None,
         )
         if args.json:
             print(result.to_json(), file=out)
