@@ -1,6 +1,6 @@
 """The commands a new user runs first (``qdebug demo``, ``qdebug notebooks``, ``qdebug dashboard``, ``python -m
-qdebug``) and where the bundled files are found, in this checkout (the installed wheel: tests/browser/test_installed.py).
-"""
+qdebug``) and where the bundled files are found, in this checkout (the installed wheel:
+tests/browser/test_installed.py)."""
 
 from __future__ import annotations
 
