@@ -42,8 +42,8 @@ deeploy-env: $(VENV)/.installed
 
 # ruff (incl. the complexity limits), the layer contracts of docs/architecture.md (import-linter), function length.
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check qdebug widgets tests benchmarks sample_models
-	$(BIN)/ruff format --check qdebug widgets tests benchmarks sample_models
+	$(BIN)/ruff check qdebug widgets tests benchmarks sample_models setup.py
+	$(BIN)/ruff format --check qdebug widgets tests benchmarks sample_models setup.py
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -p no:cacheprovider tests/test_code_shape.py
 
