@@ -600,6 +600,16 @@ def _checked(
     return cfg, outputs, n
 
 
+def _cache_path(calibration_cache: str | Path | None, out: Path) -> tuple[Path, bool]:
+    """Where the calibration ranges are (a given cache, else ``<out>.calib.json``) and whether they are reused."""
+    if calibration_cache is None:
+        return out.with_suffix(".calib.json"), False
+    cache = Path(calibration_cache)
+    if not cache.is_file():
+        raise InputFileError(f"{cache}: calibration cache not found")
+    return cache, True
+
+
 def quantize(
     float_model: str | Path | onnx.ModelProto,
     data: str | Path | Mapping[str, Any] | DataSource | None,
@@ -637,10 +647,7 @@ def quantize(
         label = "the float model" if isinstance(float_model, onnx.ModelProto) else str(float_model)
         if not isinstance(float_model, onnx.ModelProto):
             refuse_overwrite_input(out, float_model)
-        cache = Path(calibration_cache) if calibration_cache is not None else out.with_suffix(".calib.json")
-        reuse = calibration_cache is not None and cache.is_file()
-        if calibration_cache is not None and not reuse:
-            raise InputFileError(f"{cache}: calibration cache not found")
+        cache, reuse = _cache_path(calibration_cache, out)
         source = open_data(
             data,
             input_specs(model),
@@ -662,11 +669,8 @@ def quantize(
             if isinstance(exc, DataError) and source.description not in str(exc):  # name the data too
                 raise DataError(f"{exc} (calibration data: {source.description})") from exc
             raise
-        measured: dict[str, float | None] = {}
-        checked = 0
-        if check:
-            redo = _Redo(model_path, keep_float, work, cache, label, per_channel_fallback)
-            cfg, measured, checked = _checked(model, out, source, cfg, redo, notes)
+        redo = _Redo(model_path, keep_float, work, cache, label, per_channel_fallback)
+        cfg, measured, checked = _checked(model, out, source, cfg, redo, notes) if check else (cfg, {}, 0)
     quantized, total, qdq = count_quantized_nodes(onnx.load(str(out)))
     return QuantizeResult(
         model_path=str(out),
