@@ -172,3 +172,48 @@ def test_version_1_reports_are_still_read(tiny_float: Path, tiny_quant: Callable
     old = DebugReport.from_dict(d)
     assert old.meta.capture is None and old.activations[0].metrics == {}
     assert old.activations[0].cumulative_sqnr_db == rep.activations[0].cumulative_sqnr_db
+
+
+def test_the_pipelined_numpy_run_equals_the_sequential_one(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Overlapping the next sample's inference with this one's reduction changes no number: the same arrays are
+    reduced in the same order (bit-identical sums, per-sample rows included)."""
+    from qdebug.capture import numpy_backend
+
+    fm, qm = _pair(tiny_float, tiny_quant("u8"))
+    source = open_data(None, input_specs(fm), num_samples=9, seed=2)
+    runs = {}
+    real = numpy_backend.NumpyRun
+    for pipelined in (False, True):
+        made: list[numpy_backend.NumpyRun] = []
+
+        def make(*args: object, pipelined: bool = pipelined, made: list = made, real: type = real) -> object:
+            made.append(real(*args, pipeline=pipelined))  # type: ignore[arg-type]
+            return made[-1]
+
+        monkeypatch.setattr(numpy_backend, "NumpyRun", make)
+        runs[pipelined] = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
+        assert made[0].pipelining is pipelined and made[0]._pool is None  # the worker is stopped at the end
+    a, b = runs[False], runs[True]
+    assert a.cumulative == b.cumulative and a.local == b.local and a.outputs == b.outputs
+    np.testing.assert_array_equal(a.per_sample, b.per_sample)
+
+
+def test_a_bad_sample_met_by_the_worker_is_the_same_one_line_error(tiny_float: Path, tmp_path: Path) -> None:
+    """Sample 4 has the wrong shape: the pipelined run raises the sequential run's DataError, naming the data."""
+    from qdebug.errors import DataError
+
+    fm = onnx.load(str(tiny_float))
+    spec = input_specs(fm)[0]
+    good = np.random.default_rng(0).random((4, *spec.shape)).astype(np.float32)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    np.savez(folder / "a.npz", **{spec.name: good})
+    np.savez(folder / "b.npz", **{spec.name: np.zeros((1, 1, 2, 2), np.float32)})  # wrong shape
+    q = tmp_path / "q.onnx"
+    from qdebug.quantize import quantize
+
+    quantize(tiny_float, None, None, q, check=False)
+    with pytest.raises(DataError, match=r"b\.npz|sample 4|shape"):
+        debug(tiny_float, q, folder, DebugOptions(capture="numpy"))

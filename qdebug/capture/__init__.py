@@ -16,7 +16,7 @@ the number of samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,14 +165,46 @@ def capture(
     run, used, reason = _open(path, float_model, quant_model, pairing, providers, n_total)
     # auto's numpy run is already open: it redoes the merged graph's fallbacks too
     fallback: CaptureRun | None = run.numpy if isinstance(run, AutoRun) else None
-    for i, sample in enumerate(data):
-        if i >= n_total:  # a source that yields more than it announced
-            break
+    prefetch = getattr(run, "prefetch", None)  # a run that can start the next sample early (NumpyRun, AutoRun)
+    try:
+        _loop(run, fallback, prefetch, data, n_total, sums, progress, (float_model, quant_model, pairing, providers))
+    finally:
+        for r in (run, fallback, getattr(run, "numpy", None)):
+            close = getattr(r, "close", None)
+            if close is not None:
+                close()
+    if sums.samples == 0:
+        raise DataError(f"{data.description}: no samples")
+    if isinstance(run, AutoRun):
+        used, reason = run.final().backend, run.final().reason
+    return CaptureResult.of(sums, pairing, path, used, reason)
+
+
+def _loop(
+    run: CaptureRun,
+    fallback: CaptureRun | None,
+    prefetch: Callable[[int, Mapping[str, np.ndarray]], None] | None,
+    data: DataSource,
+    n_total: int,
+    sums: CaptureSums,
+    progress: ProgressFn | None,
+    pair: tuple[onnx.ModelProto, onnx.ModelProto, Pairing, Sequence[str]],
+) -> None:
+    """Reduce every sample into ``sums``; the next sample is read (and announced to ``prefetch``) before the
+    current one is reduced, so that a pipelining run can overlap them."""
+    samples = iter(data)
+    upcoming = next(samples, None)
+    i = 0
+    while upcoming is not None and i < n_total:  # a source that yields more than it announced stops at n_total
+        sample = upcoming
+        upcoming = next(samples, None) if i + 1 < n_total else None
+        if prefetch is not None and upcoming is not None:
+            prefetch(i + 1, upcoming)
         try:
             res = run.reduce(i, sample)
             if isinstance(res, Fallback):
                 sums.fallbacks[res.reason] += 1
-                fallback = fallback or get_backend(FALLBACK_BACKEND).open(float_model, quant_model, pairing, providers)
+                fallback = fallback or get_backend(FALLBACK_BACKEND).open(*pair)
                 res = fallback.reduce(i, sample)
                 assert isinstance(res, SampleSums), "the fallback backend reduces every sample or raises"
         except DataError as exc:  # a backend sees one sample: name where it came from
@@ -180,8 +212,4 @@ def capture(
         sums.add(i, res)
         if progress is not None:
             progress(i + 1, n_total)
-    if sums.samples == 0:
-        raise DataError(f"{data.description}: no samples")
-    if isinstance(run, AutoRun):
-        used, reason = run.final().backend, run.final().reason
-    return CaptureResult.of(sums, pairing, path, used, reason)
+        i += 1

@@ -122,6 +122,15 @@ class AutoRun:
         """The run that reduces the next sample once the choice is made."""
         return self.graph if self.choice is not None and self.choice.backend == "graph" and self.graph else self.numpy
 
+    def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
+        """Announce the next sample to the numpy run once it is the choice (never while the backends are timed)."""
+        if self.choice is not None and self.current is self.numpy:
+            self.numpy.prefetch(index, sample)
+
+    def close(self) -> None:
+        """Stop the numpy run's worker thread."""
+        self.numpy.close()
+
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
         """Sample 0 on numpy (timed), sample 1 on the merged graph if it may win (timed), then the faster one."""
         if self.choice is not None:

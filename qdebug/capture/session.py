@@ -87,9 +87,11 @@ def make_session(
     optimize: bool = False,
     what: str | None = None,
     role: str | None = None,
+    spin: bool = True,
 ) -> object:
     """An ORT session with optimizations off (unless asked) and clear errors: ``what`` names the model's file, or
-    ``role`` says which model it is (the :class:`ModelError`'s ``role``, for a caller that knows the file)."""
+    ``role`` says which model it is (the :class:`ModelError`'s ``role``, for a caller that knows the file).
+    ``spin=False`` stops its idle intra-op threads from busy-waiting (for sessions that run next to other work)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -99,6 +101,8 @@ def make_session(
     # Fatal only: every error ORT logs is also raised, and becomes our one-line message; its own coloured log
     # lines on stderr would make it several.
     so.log_severity_level = 4
+    if not spin:  # idle intra-op threads sleep instead of spinning: another thread of ours needs the core
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(model.SerializeToString(), so, providers=list(providers))
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
