@@ -106,9 +106,9 @@ class NumpyRun:
         self.pipeline_allowed = usable_cores() >= 2 if pipeline is None else pipeline
         spin = not self.pipeline_allowed
         f_model = expose_outputs(float_model, self.plan.float_names)
-        self.f_sess = make_session(f_model, providers, role="float model", spin=spin)
+        self.f_sess: Any = make_session(f_model, providers, role="float model", spin=spin)
         q_model = expose_outputs(quant_model, self.plan.quant_names)
-        self.q_sess = make_session(q_model, providers, role="quantized model", spin=spin)
+        self.q_sess: Any = make_session(q_model, providers, role="quantized model", spin=spin)
         self.f_fetch = BoundFetch(self.f_sess, self.plan.float_names)
         self.q_fetch = BoundFetch(self.q_sess, self.plan.quant_names)
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
