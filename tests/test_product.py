@@ -90,3 +90,21 @@ def test_python_m_qdebug_is_the_command() -> None:
         [sys.executable, "-m", "qdebug", "--version"], capture_output=True, text=True, check=False, cwd=REPO
     )
     assert proc.returncode == 0 and proc.stdout.startswith("qdebug ")
+
+
+def test_dashboard_without_the_ui_extra_names_it(run_cli, monkeypatch) -> None:
+    """An environment without Voila: one line, exit 6, the pip extra named; nothing is started."""
+    import importlib
+
+    import qdebug._lazy as lazy
+
+    real = importlib.import_module
+
+    def missing(name: str, *args: object) -> object:
+        if name.split(".", maxsplit=1)[0] == "voila":
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lazy.importlib, "import_module", missing)
+    r = run_cli("dashboard", "--port", "1")
+    assert_one_line_error(r, 6, "voila", "qdebug[ui]")
