@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import tempfile
 import time
 import warnings
@@ -43,7 +42,7 @@ from qdebug.graph import (
     load_model,
     model_kind,
 )
-from qdebug.io import refuse_overwrite_input
+from qdebug.io import atomic_write_bytes, refuse_overwrite_input
 from qdebug.metrics import blocked_dot, sqnr_from_energies
 from qdebug.targets.base import to_ort_config
 
@@ -495,7 +494,8 @@ def _output_sqnr(
             if not np.issubdtype(f.dtype, np.floating) or f.shape != q.shape:
                 floating.discard(name)
                 continue
-            f64, d = f.astype(np.float64).ravel(), (f.astype(np.float64) - q.astype(np.float64)).ravel()
+            f64 = f.astype(np.float64).ravel()
+            d = f64 - q.astype(np.float64).ravel()
             signal[name] += blocked_dot(f64, f64)
             noise[name] += blocked_dot(d, d)
         count += 1
@@ -509,7 +509,10 @@ def _output_sqnr(
 def _worst(outputs: Mapping[str, float | None]) -> tuple[str, float] | None:
     """The output with the lowest measured SQNR."""
     measured = [(db, name) for name, db in outputs.items() if db is not None]
-    return (min(measured)[1], min(measured)[0]) if measured else None
+    if not measured:
+        return None
+    db, name = min(measured)
+    return name, db
 
 
 def _measured(float_model: onnx.ModelProto, qdq_path: Path, source: DataSource, notes: list[str]) -> Any:
@@ -520,18 +523,6 @@ def _measured(float_model: onnx.ModelProto, qdq_path: Path, source: DataSource, 
     except caught as exc:
         notes.append(f"the written model's outputs could not be measured: {ort_message(exc)}")
         return {}, 0
-
-
-def _replace_atomically(src: Path, out: Path) -> None:
-    """``out`` becomes a copy of ``src`` (through a temporary file beside it: ``src`` may be on another device)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)
@@ -580,7 +571,7 @@ def _checked(
             tried, _ = _measured(model, trial, source, notes)
             better = _worst(tried)
             if better is not None and better[1] > worst[1]:
-                _replace_atomically(trial, out)
+                atomic_write_bytes(out, trial.read_bytes())  # the trial is in another folder, maybe device
                 notes.append(
                     f"output {worst[0]!r} measured {worst[1]:.1f} dB with per-tensor weights on {n} calibration "
                     f"sample(s); with per-channel weights the worst output measures {better[1]:.1f} dB, so the "
