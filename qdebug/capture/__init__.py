@@ -169,7 +169,7 @@ def capture(
     try:
         _loop(run, fallback, prefetch, data, n_total, sums, progress, (float_model, quant_model, pairing, providers))
     finally:
-        for r in (run, fallback, getattr(run, "numpy", None)):
+        for r in (run, fallback):  # AutoRun.close stops its numpy run (which is also auto's fallback)
             close = getattr(r, "close", None)
             if close is not None:
                 close()
