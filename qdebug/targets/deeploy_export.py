@@ -126,6 +126,8 @@ class GraphState:
     requant_targets: dict[str, tuple[np.ndarray, int, np.ndarray]] = field(default_factory=dict)
     #: real values of constants that are not weights (biases added, scalar factors): DQ output name → values
     constants: dict[str, np.ndarray] = field(default_factory=dict)
+    #: static tensor shapes of the QDQ model as given (ONNX inference on the rewritten graph loses some)
+    shapes: dict[str, list[int]] = field(default_factory=dict)
     #: integer input samples (quantized values q by input name) for data-driven passes and the comparison
     samples: list[dict[str, np.ndarray]] = field(default_factory=list)
 
@@ -473,7 +475,7 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
     consts = state.consts()
     ix = state.index()
     alias = _activation_aliases(state, g, consts)
-    shapes = _static_shapes(state.model)
+    shapes = {**state.shapes, **_static_shapes(state.model)}
     new_nodes: list[onnx.NodeProto] = []
     n = 0
     gelus = dt.gelu_chains(ix, {**consts, **state.constants})
@@ -1302,6 +1304,7 @@ def export(
     selected = _select(passes, disable, enable)
     if model_kind(src) is ModelKind.QDQ:
         state.samples = _samples(src, data, num_samples)
+        state.shapes = _static_shapes(src)
     model, results = run_passes(
         model, [_as_pass(name, fn, state) for name, fn in selected], progress=print if verbose else None,
         line=_progress_line,

@@ -76,9 +76,14 @@ def _shape_components(ix: GraphIndex) -> dict[str, str]:
     return {t: find(t) for t in parent} | {v: find(v) for v in parent.values()}
 
 
-def _needs_zero_centre(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> set[str]:
-    """Q outputs that feed a MatMul of two activations or a GELU (Deeploy's kernels take no zero point)."""
-    want: set[str] = set()
+#: The finest GELU input scale RequantizediGELU can take: its ``b = −round(1.769·√2 / s)`` is an int8.
+GELU_MIN_SCALE = _ERF_B * math.sqrt(2) / 128
+
+
+def _needs_zero_centre(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Q outputs that feed a MatMul of two activations or a GELU (Deeploy's kernels take no zero point), each
+    with the smallest scale it may have (GELU_MIN_SCALE for a GELU input, else 0)."""
+    want: dict[str, float] = {}
 
     def act_source(t: str) -> str | None:
         dq = ix.producer.get(t)
@@ -90,18 +95,19 @@ def _needs_zero_centre(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> set[
         if node.op_type == "MatMul":
             srcs = [act_source(t) for t in node.input[:2]]
             if all(srcs):
-                want.update(s for s in srcs if s)
+                want.update({s: want.get(s, 0.0) for s in srcs if s})
         elif node.op_type in ("Erf", "Gelu"):
             head = node if node.op_type == "Gelu" else _gelu_head(ix, node, consts)
             src = act_source(head.input[0]) if head is not None else None
             if src:
-                want.add(src)
+                want[src] = GELU_MIN_SCALE
     return want
 
 
 def zero_centre_operands(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of the QDQ ``model`` in which every operand of a MatMul of two activations and every GELU input
-    is quantized with zero point 0 (or −128, stored shifted, for a non-negative tensor); and what changed.
+    is quantized with zero point 0 (or −128, stored shifted, for a non-negative tensor); and what changed. A GELU
+    input finer than :data:`GELU_MIN_SCALE` (0.0195) is coarsened to it, the finest scale RequantizediGELU takes.
 
     Why: Deeploy's integer MatMul multiplies the stored integers (plus a fixed 128 offset for unsigned
     buffers) and its GELU takes the sign of the stored integer, so a zero point in between cannot be folded
@@ -116,23 +122,25 @@ def zero_centre_operands(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[
     consts.update({k: ix.value(k) for k in ix.consts})
     groups = _shape_components(ix)
     targets = _needs_zero_centre(ix, consts)
-    roots: dict[str, tuple[float, int]] = {}
-    for t in targets:
+    roots: dict[str, tuple[float, int, int]] = {}
+    for t, least in targets.items():
         q = ix.producer.get(t)
         if q is None or not is_q(q):
             continue
         scale = float(np.asarray(consts[q.input[1]]).reshape(-1)[0])
         zp = int(np.asarray(consts[q.input[2]]).reshape(-1)[0]) if len(q.input) > 2 else 0
-        if zp in (0, -128):
+        if zp in (0, -128) and scale >= least:
             continue
-        roots[groups.get(t, t)] = (max(abs(scale * (-128 - zp)), abs(scale * (127 - zp))) / 127.0, zp)
+        # A non-negative tensor (zero point −128) is stored shifted and keeps its zero point.
+        new = max(abs(scale * (-128 - zp)), abs(scale * (127 - zp))) / 127.0 if zp != -128 else scale
+        roots[groups.get(t, t)] = (max(new, least), zp, -128 if zp == -128 else 0)
     changed: list[str] = []
-    for root, (new_scale, zp) in sorted(roots.items()):
+    for root, (new_scale, zp, new_zp) in sorted(roots.items()):
         s_name, z_name = f"{root}_zero_centred_scale", f"{root}_zero_centred_zero_point"
         out.graph.initializer.extend(
             [
                 numpy_helper.from_array(np.array(new_scale, np.float32), s_name),
-                numpy_helper.from_array(np.array(0, np.int8), z_name),
+                numpy_helper.from_array(np.array(new_zp, np.int8), z_name),
             ]
         )
         members = {t for t, r in groups.items() if r == root} | {root}
@@ -144,7 +152,7 @@ def zero_centre_operands(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[
                     node.input[2] = z_name
                 else:
                     node.input.append(z_name)
-        changed.append(f"{root}: zero point {zp} → 0, scale → {new_scale:.6g}")
+        changed.append(f"{root}: zero point {zp} → {new_zp}, scale → {new_scale:.6g}")
     return out, changed
 
 
@@ -470,13 +478,23 @@ def _integer_reduce_mean(
 def _integer_concat(
     state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation, shapes: Any
 ) -> list[onnx.NodeProto]:
-    for t in ins:
+    """Concat on the integers; an input quantized differently from the output is first requantized to the
+    output's grid (one RequantShift, ``M = s_in / s_out``)."""
+    nodes: list[onnx.NodeProto] = []
+    moved: list[str] = []
+    done: dict[str, str] = {}  # an input listed twice is requantized once
+    for t, orig in zip(ins, node.input, strict=True):
         a = _act(state, node, t)
-        if (a.scale, a.zero_point) != (out_act.scale, out_act.zero_point):
-            raise TargetError(f"Concat node {node.name!r}: input {t!r} is quantized differently from the output")
-    state.acts[out] = state.acts[ins[0]]
+        if (a.scale, a.zero_point, a.offset) == (out_act.scale, out_act.zero_point, out_act.offset) or t in done:
+            moved.append(done.get(t, t))
+            continue
+        dst = done[t] = state.unique(f"{t}_to_{out}_grid")
+        state.acts[dst] = out_act
+        nodes.append(_uniform_requant(state, t, dst, a.scale / out_act.scale, 256.0, a.residual_zp, out_act,
+                                      shapes[orig]))  # fmt: skip
+        moved.append(dst)
     attrs = {at.name: helper.get_attribute_value(at) for at in node.attribute}
-    return [helper.make_node("Concat", ins, [out], name=node.name, **attrs)]
+    return [*nodes, helper.make_node("Concat", moved, [out], name=node.name, **attrs)]
 
 
 def integer_transformer_node(
