@@ -14,7 +14,7 @@ from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
 
 from qdebug.build import BuildManifest, BuildOptions, recompile
 from qdebug.config import QuantConfig
-from qdebug.errors import EXIT_TARGET, EXIT_USAGE, ConfigError
+from qdebug.errors import EXIT_USAGE, ConfigError
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
 
 CNN = SAMPLE_MODELS / "digits_cnn.onnx"

@@ -134,7 +134,7 @@ def test_zero_centring_moves_a_whole_reshape_transpose_chain(tmp_path: Path) -> 
     k_q = [q for t, q in qs.items() if t.startswith("k_") or t.startswith("kt_")]
     assert len(k_q) == 2 and all(int(consts[q.input[2]]) == 0 for q in k_q)
     assert len({float(consts[q.input[1]]) for q in k_q}) == 1
-    again, more = dt.zero_centre_operands(centred)
+    _, more = dt.zero_centre_operands(centred)
     assert not more and len(changed) >= 1  # idempotent
 
 

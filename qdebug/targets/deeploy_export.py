@@ -459,7 +459,7 @@ def _integer_node(
         conv, w_name = _gap_as_depthwise_conv(state, node, ins[0], shapes)
         return _integer_linear(state, conv, [ins[0], w_name], out, out_act)
     if node.op_type == "Add":
-        return _integer_add(state, node, ins, out, out_act)
+        return _integer_add(state, node, ins, out, out_act, shapes)
     return _integer_linear(state, node, ins, out, out_act, shapes.get(node.output[0]))
 
 
@@ -707,7 +707,12 @@ def _weight_initializer(state: GraphState, dq_out: str, w: np.ndarray) -> str:
 
 
 def _integer_add(
-    state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation
+    state: GraphState,
+    node: onnx.NodeProto,
+    ins: list[str],
+    out: str,
+    out_act: Activation,
+    shapes: Mapping[str, list[int]],
 ) -> list[onnx.NodeProto]:
     acts = [state.acts.get(t) for t in ins[:2]]
     if len(ins) != 2 or acts[0] is None or acts[1] is None:
@@ -724,18 +729,23 @@ def _integer_add(
     err = float(np.max(np.abs(muls / 2.0**k - ratios) / ratios))
     nodes: list[onnx.NodeProto] = []
     scaled: list[str] = []
-    for t, a, mul in zip(ins, acts, muls, strict=True):
+    zp_terms = 0
+    for t, orig, a, mul in zip(ins, node.input, acts, muls, strict=True):
         assert a is not None
+        # x·mul as Deeploy's Mul with an int32 constant (int8 × int32 → int32; its template reads the constant
+        # per element, so it has the tensor's full shape): an int32-output RequantShift would be typed int8_t in
+        # Deeploy's generated C (its binding has int8 outputs only).
         dst = state.unique(f"{t}_to_{out}_grid")
-        mn, an = state.unique(f"{dst}_mul"), state.unique(f"{dst}_add")
-        state.set_const(mn, np.array(mul, np.int32))
-        state.set_const(an, np.array(-mul * a.residual_zp, np.int32))
-        nodes.append(_rqs(t, mn, an, dst, state.unique(f"{dst}_RequantShift"), 1, 2**32, True))
+        mn = state.unique(f"{dst}_mul")
+        state.set_const(mn, np.full(shapes[orig], mul, np.int32))
+        nodes.append(_node("Mul", [t, mn], [dst], state.unique(f"{dst}_Mul")))
+        zp_terms += int(mul) * a.residual_zp
         scaled.append(dst)
     acc = state.unique(f"{node.output[0]}_acc")
     nodes.append(_node("Add", scaled, [acc], node.name))
     one = np.ones((), np.int64)
-    nodes.append(_requant_node(state, acc, out, one, np.array(out_act.residual_zp * 2**k), k, out_act, ()))
+    add = np.array(out_act.residual_zp * 2**k - zp_terms)
+    nodes.append(_requant_node(state, acc, out, one, add, k, out_act, ()))
     state.requant_errors[nodes[-1].name] = err
     return nodes
 
@@ -960,7 +970,7 @@ def check_integer_only(state: GraphState) -> int:
     Deeploy does not reject float graphs (it has fp32 kernels), so this export checks its own output.
     """
     g = state.graph
-    allowed = {"Conv", "Gemm", "MatMul", "Add", "MaxPool", "Reshape", "Flatten", "RequantShift", "Transpose",
+    allowed = {"Conv", "Gemm", "MatMul", "Add", "Mul", "MaxPool", "Reshape", "Flatten", "RequantShift", "Transpose",
                "Concat", "iLayerNorm", "iSoftmax", "RequantizediGELU"}  # fmt: skip
     for node in g.node:
         if node.op_type not in allowed:
@@ -1071,6 +1081,8 @@ def _run(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, 
             y = x[0] @ x[1]
         elif op == "Add":
             y = x[0] + x[1]
+        elif op == "Mul":
+            y = x[0] * x[1]
         elif op == "MaxPool":
             y = _maxpool(x[0], a)
         elif op == "Flatten":
