@@ -79,7 +79,7 @@ def family_model(family: str, seed: int = 0) -> onnx.ModelProto:
     return _model([mm, *body], [value_info("x", [1, T, D])], [value_info("y", out_shape)], inits)
 
 
-def _export(family: str, tmp_path: Path) -> tuple[de.ExportResult, onnx.ModelProto, list[str]]:
+def _export(family: str, tmp_path: Path, **kw: str) -> tuple[de.ExportResult, onnx.ModelProto, list[str]]:
     rng = np.random.default_rng(1)
     data = {"x": rng.uniform(-1, 1, (64, 1, T, D)).astype(np.float32)}
     float_path = tmp_path / f"{family}.onnx"
@@ -87,7 +87,7 @@ def _export(family: str, tmp_path: Path) -> tuple[de.ExportResult, onnx.ModelPro
     qdq = onnx.load(str(quantize(float_path, data, DEEPLOY, tmp_path / f"{family}.qdq.onnx").model_path))
     centred, changed = dt.zero_centre_operands(qdq)
     snapped, _ = snap_scales_for_deeploy(centred)
-    res = de.export(snapped, tmp_path / "out", data=data, num_samples=32, verbose=False)
+    res = de.export(snapped, tmp_path / "out", data=data, num_samples=32, verbose=False, **kw)
     return res, onnx.load(str(tmp_path / "out" / "network.onnx")), changed
 
 
@@ -118,6 +118,17 @@ def test_family_exports_and_generates_integer_code(
         assert changed, changed
     gen = denv.generate(tmp_path / "out", tmp_path / "generic", "Generic")
     assert gen.ok and gen.integer_only is True, gen.error
+
+
+def test_layernorm_as_irmsnorm_generates_for_siracusa(deeploy: Path, tmp_path: Path) -> None:  # noqa: F811
+    res, net, _ = _export("layernorm", tmp_path, layernorm="iRMSNorm")
+    ops = {n.op_type for n in net.graph.node}
+    assert "iRMSNorm" in ops and "iLayerNorm" not in ops, ops
+    assert res.equal_fraction >= 0.3 and res.max_lsb_diff <= 6, (res.equal_fraction, res.max_lsb_diff)  # 42.5 %, 4
+    gen = denv.generate(tmp_path / "out", tmp_path / "siracusa", "Siracusa")
+    assert gen.ok and gen.integer_only is True, gen.error
+    with pytest.raises(TargetError, match="layernorm must be one of"):
+        de.export(family_model("layernorm"), tmp_path / "x", layernorm="LayerNorm")
 
 
 def test_zero_centring_moves_a_whole_reshape_transpose_chain(tmp_path: Path) -> None:

@@ -62,6 +62,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: Deeploy's LayerNorm forms: ``iLayerNorm`` (mapped on Generic), ``iRMSNorm`` (the decomposition for Siracusa).
+LAYERNORM_FORMS = ("iLayerNorm", "iRMSNorm")
 #: Float ops with an integer form here (Relu/Clip only when absorbed by the following Q's clipping).
 SUPPORTED_OPS = frozenset(
     {"Conv", "Gemm", "MatMul", "Add", "MaxPool", "Reshape", "Flatten", "Relu", "Clip", "GlobalAveragePool"}
@@ -126,6 +128,8 @@ class GraphState:
     requant_targets: dict[str, tuple[np.ndarray, int, np.ndarray]] = field(default_factory=dict)
     #: real values of constants that are not weights (biases added, scalar factors): DQ output name → values
     constants: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Deeploy's LayerNorm form: "iLayerNorm" (Generic) or "iRMSNorm" (centring MatMul + iRMSNorm: Siracusa)
+    layernorm: str = "iLayerNorm"
     #: static tensor shapes of the QDQ model as given (ONNX inference on the rewritten graph loses some)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     #: integer input samples (quantized values q by input name) for data-driven passes and the comparison
@@ -459,7 +463,7 @@ def _integer_node(
         conv, w_name = _gap_as_depthwise_conv(state, node, ins[0], shapes)
         return _integer_linear(state, conv, [ins[0], w_name], out, out_act)
     if node.op_type == "Add":
-        return _integer_add(state, node, ins, out, out_act, shapes)
+        return _integer_add(state, node, ins, out, out_act)
     return _integer_linear(state, node, ins, out, out_act, shapes.get(node.output[0]))
 
 
@@ -707,12 +711,7 @@ def _weight_initializer(state: GraphState, dq_out: str, w: np.ndarray) -> str:
 
 
 def _integer_add(
-    state: GraphState,
-    node: onnx.NodeProto,
-    ins: list[str],
-    out: str,
-    out_act: Activation,
-    shapes: Mapping[str, list[int]],
+    state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation
 ) -> list[onnx.NodeProto]:
     acts = [state.acts.get(t) for t in ins[:2]]
     if len(ins) != 2 or acts[0] is None or acts[1] is None:
@@ -729,23 +728,18 @@ def _integer_add(
     err = float(np.max(np.abs(muls / 2.0**k - ratios) / ratios))
     nodes: list[onnx.NodeProto] = []
     scaled: list[str] = []
-    zp_terms = 0
-    for t, orig, a, mul in zip(ins, node.input, acts, muls, strict=True):
+    for t, a, mul in zip(ins, acts, muls, strict=True):
         assert a is not None
-        # x·mul as Deeploy's Mul with an int32 constant (int8 × int32 → int32; its template reads the constant
-        # per element, so it has the tensor's full shape): an int32-output RequantShift would be typed int8_t in
-        # Deeploy's generated C (its binding has int8 outputs only).
         dst = state.unique(f"{t}_to_{out}_grid")
-        mn = state.unique(f"{dst}_mul")
-        state.set_const(mn, np.full(shapes[orig], mul, np.int32))
-        nodes.append(_node("Mul", [t, mn], [dst], state.unique(f"{dst}_Mul")))
-        zp_terms += int(mul) * a.residual_zp
+        mn, an = state.unique(f"{dst}_mul"), state.unique(f"{dst}_add")
+        state.set_const(mn, np.array(mul, np.int32))
+        state.set_const(an, np.array(-mul * a.residual_zp, np.int32))
+        nodes.append(_rqs(t, mn, an, dst, state.unique(f"{dst}_RequantShift"), 1, 2**32, True))
         scaled.append(dst)
     acc = state.unique(f"{node.output[0]}_acc")
     nodes.append(_node("Add", scaled, [acc], node.name))
     one = np.ones((), np.int64)
-    add = np.array(out_act.residual_zp * 2**k - zp_terms)
-    nodes.append(_requant_node(state, acc, out, one, add, k, out_act, ()))
+    nodes.append(_requant_node(state, acc, out, one, np.array(out_act.residual_zp * 2**k), k, out_act, ()))
     state.requant_errors[nodes[-1].name] = err
     return nodes
 
@@ -971,7 +965,7 @@ def check_integer_only(state: GraphState) -> int:
     """
     g = state.graph
     allowed = {"Conv", "Gemm", "MatMul", "Add", "Mul", "MaxPool", "Reshape", "Flatten", "RequantShift", "Transpose",
-               "Concat", "iLayerNorm", "iSoftmax", "RequantizediGELU"}  # fmt: skip
+               "Concat", "iLayerNorm", "iRMSNorm", "iSoftmax", "RequantizediGELU"}  # fmt: skip
     for node in g.node:
         if node.op_type not in allowed:
             raise TargetError(f"internal: {_label(node)} is left in the integer graph")
@@ -1292,6 +1286,7 @@ def export(
     data: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
     verbose: bool = True,
     num_samples: int = 16,
+    layernorm: str = "iLayerNorm",
 ) -> ExportResult:
     """Export a QDQ int8 model to ``out_dir/{network.onnx, inputs.npz, outputs.npz}`` for Deeploy.
 
@@ -1309,7 +1304,9 @@ def export(
     src = qdq_model if isinstance(qdq_model, onnx.ModelProto) else load_model(qdq_model, "QDQ model")
     model = onnx.ModelProto()
     model.CopyFrom(src)
-    state = GraphState(model)
+    if layernorm not in LAYERNORM_FORMS:
+        raise TargetError(f"layernorm must be one of {LAYERNORM_FORMS}, got {layernorm!r}")
+    state = GraphState(model, layernorm=layernorm)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or set(os.listdir(out)) - set(_OUTPUT_FILES)):
         raise TargetError(f"{out}: exists and holds other files than a previous export; choose another folder")

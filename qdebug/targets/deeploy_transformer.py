@@ -230,11 +230,11 @@ def _ex() -> Any:
 
 
 def _channel_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    """Shape of a RequantShift's uniform mul/add for an input of ``shape``: Deeploy's NCHW kernel indexes them by
-    ``i / prod(shape[2:])``, i.e. it needs ``shape[0]·shape[1]`` entries."""
-    if len(shape) < 2:
-        return (1,)
-    return (int(shape[0]), int(shape[1]), *([1] * (len(shape) - 2)))
+    """Shape of a RequantShift's uniform mul/add: a scalar. Deeploy broadcasts it to what each platform's kernel
+    indexes (Generic's RequantShift: ``shape[:2]``; Siracusa's RequantizedGemm after a MatMul: the output
+    channels), where any fixed-length vector fails on one of them."""
+    del shape
+    return ()
 
 
 def _uniform_requant(
@@ -369,6 +369,8 @@ def _integer_layernorm(
     b = np.broadcast_to(beta.reshape(-1), (d,)) / out_act.scale + out_act.residual_zp
     big = max(float(np.abs(g).max()) * 256, float(np.abs(b).max()) + 1)
     shift = max(1, min(24, math.floor(math.log2((_INT32 - 1) / big))))
+    if state.layernorm == "iRMSNorm":
+        return _layernorm_as_rmsnorm(state, node, ins[0], out, out_act, g, beta, shapes)
     w_name, b_name = state.unique(f"{out}_ln_weight"), state.unique(f"{out}_ln_bias")
     state.set_const(w_name, np.rint(g * 2.0**shift).astype(np.int32))
     # + 2^(L-1): the kernel's ">> L" floors; this makes it round half up.
@@ -377,6 +379,48 @@ def _integer_layernorm(
     _tensor_attrs(ln, D=2.0**shift, n_levels=256.0)
     del x
     return [ln]
+
+
+def _layernorm_as_rmsnorm(
+    state: GraphState,
+    node: onnx.NodeProto,
+    x_name: str,
+    out: str,
+    out_act: Activation,
+    g: np.ndarray,
+    beta: np.ndarray,
+    shapes: Any,
+) -> list[onnx.NodeProto]:
+    """LayerNorm for platforms with ``iRMSNorm`` but no ``iLayerNorm`` (Siracusa): ``MatMul`` with the int8
+    centring matrix ``D·I − 1`` (= D·(x − mean), exact) → ``RequantShift`` by 1/D (x − mean rounded to int8,
+    clipped) → ``iRMSNorm`` with ``w = round(γ/s_out·2^L)`` → the bias β (and the zero point) added by the
+    Add-of-a-constant RequantShift."""
+    shape = list(shapes[node.input[0]])
+    d = shape[-1]
+    if d > 128:
+        raise TargetError(f"LayerNormalization node {node.name!r}: the centring matrix needs D ≤ 128 (got {d})")
+    x = _act(state, node, x_name)
+    centre, acc, xc, normed = (state.unique(f"{out}_{p}") for p in ("centre", "centred_acc", "centred", "normed"))
+    state.set_const(centre, (d * np.eye(d) - 1).astype(np.int8))
+    xc_act = type(x)(x.scale, 0, 0)
+    state.acts[xc] = xc_act
+    rq = _uniform_requant(state, acc, xc, 1.0 / d, 2.0 * d * 255, 0.0, xc_act, shape)
+    mid = type(out_act)(out_act.scale, 0, 0)
+    state.acts[normed] = mid
+    shift = max(1, min(16, math.floor(math.log2((2**24 - 1) / max(float(np.abs(g).max()), 1e-9)))))
+    w_name = state.unique(f"{out}_rms_weight")
+    state.set_const(w_name, np.rint(g * 2.0**shift).astype(np.int32))
+    rms = helper.make_node("iRMSNorm", [xc, w_name], [normed], name=node.name, D=float(2**shift), n_levels=256)
+    bias_name = state.unique(f"{out}_ln_beta")
+    state.constants[bias_name] = np.broadcast_to(np.asarray(beta, np.float64).reshape(-1), (d,)).copy()
+    add = helper.make_node("Add", [normed, bias_name], [out], name=state.unique(f"{node.name}_beta"))
+    shapes = {**shapes, add.output[0]: shape}
+    return [
+        helper.make_node("MatMul", [x_name, centre], [acc], name=state.unique(f"{node.name}_centre")),
+        rq,
+        rms,
+        *_integer_add_const(state, add, [normed, bias_name], out, out_act, shapes),
+    ]
 
 
 def _tensor_attrs(node: onnx.NodeProto, **values: float) -> None:
@@ -548,6 +592,13 @@ def _ilayernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, log2d: int) -> np.n
     return np.asarray(((y + 128) % 256) - 128)  # the kernel's (int8) cast wraps
 
 
+def _irmsnorm(x: np.ndarray, w: np.ndarray, log2d: int) -> np.ndarray:
+    """Deeploy's Generic ``iRMSnorm_s8_s8``: ``clip((trunc(x·w / std)) >> L)``, ``std = floor(√(Σx²/D + 1))``."""
+    d = x.shape[-1]
+    std = np.vectorize(math.isqrt)((x * x).sum(axis=-1, keepdims=True) // d + 1).astype(np.int64)
+    return np.asarray(np.clip(_c_div(x * w.reshape(-1), std) >> log2d, -128, 127))
+
+
 def _isoftmax(x: np.ndarray, a: int, b: int, c: int, log2: int, n_levels: int) -> np.ndarray:
     """Deeploy's Generic ``Softmax_s8_s8`` on the last axis; returns the unsigned value ``out + n/2``."""
     xt = x - x.max(axis=-1, keepdims=True)
@@ -581,6 +632,8 @@ def evaluate_node(node: onnx.NodeProto, x: list[np.ndarray], a: Mapping[str, Any
         return np.concatenate(x, axis=int(a["axis"]))
     if op == "iLayerNorm":
         return _ilayernorm(x[0], x[1], x[2], int(math.log2(_attr_int(a["D"]))))
+    if op == "iRMSNorm":
+        return _irmsnorm(x[0], x[1], int(math.log2(float(a["D"]))))
     if op == "iSoftmax":
         ks = ("coeffA", "coeffB", "coeffC", "log2", "n_levels")
         return _isoftmax(x[0], *(_attr_int(a[k]) for k in ks))
