@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -149,10 +149,7 @@ class Remedies:
     trials: tuple[RemedyTrial, ...]
     skipped: tuple[tuple[RemedyKind, str], ...] = ()
     chosen: int | None = None
-    files: Mapping[str, str] = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "files", dict(self.files or {}))
+    files: Mapping[str, str] = field(default_factory=dict)  # role → file name in the build folder
 
     @property
     def best(self) -> RemedyTrial | None:
