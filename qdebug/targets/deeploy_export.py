@@ -48,6 +48,7 @@ from qdebug.errors import DataError, TargetError
 from qdebug.graph import GraphIndex, ModelKind, is_dq, is_q, model_kind, topological_nodes
 from qdebug.passes import Pass, PassReport, run_passes
 from qdebug.targets import deeploy_transformer as dt
+from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node, _requant_node, _rqs
 from qdebug.targets.deeploy_transformer import TRANSFORMER_OPS
 
 __all__ = [
@@ -73,8 +74,6 @@ _PASS_THROUGH = frozenset({"MaxPool", "Reshape", "Flatten", "Transpose"})
 _WHY_UNSUPPORTED = {
     "BatchNormalization": "must be folded into the preceding Conv in the float model before quantizing",
 }
-_INT32_LIMIT = 2**31
-_MAX_SHIFT = 30
 _OUTPUT_FILES = ("network.onnx", "inputs.npz", "outputs.npz")
 
 
@@ -173,10 +172,6 @@ PassResult = PassReport
 
 #: An export pass: rewrites ``state.model`` in place, records what it learnt in ``state``, returns its change count.
 StatePass = Callable[[GraphState], int]
-
-
-def _node(op: str, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs: Any) -> onnx.NodeProto:
-    return helper.make_node(op, list(inputs), list(outputs), name=name, **attrs)
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -380,48 +375,6 @@ def _bias_fraction_bits(acc_scale: np.ndarray, bias_scale: np.ndarray) -> int:
         if np.allclose(ratio, 2.0**j, rtol=1e-5, atol=0):
             return j
     return 0
-
-
-def _choose_requant(
-    m: np.ndarray, acc_max: np.ndarray | float, zp: int, multiple_of: int = 1
-) -> tuple[np.ndarray, int]:
-    """(mul, k) with div = 2^k: the most precise pair whose int32 arithmetic cannot overflow (module docstring).
-    ``multiple_of`` (a power of two) forces every mul to be a multiple of it."""
-    for k in range(_MAX_SHIFT, -1, -1):
-        mul = np.rint(m * 2.0**k / multiple_of) * multiple_of
-        if np.max(mul * acc_max) + (abs(zp) + 1) * 2.0**k < _INT32_LIMIT and mul.min() >= 1:
-            return mul.astype(np.int64), k
-    raise TargetError(f"requantization factor {float(m.max()):.3g} cannot be represented in int32 RequantShift")
-
-
-def _requant_node(
-    state: GraphState,
-    src: str,
-    dst: str,
-    mul: np.ndarray,
-    add: np.ndarray,
-    k: int,
-    act: Activation,
-    ch_shape: tuple[int, ...],
-) -> onnx.NodeProto:
-    mul_name, add_name = state.unique(f"{dst}_rq_mul"), state.unique(f"{dst}_rq_add")
-    state.set_const(mul_name, _channels(mul, ch_shape))
-    state.set_const(add_name, _channels(add, ch_shape))
-    return _rqs(src, mul_name, add_name, dst, state.unique(f"{dst}_RequantShift"), 2**k, 256, act.signed)
-
-
-def _channels(v: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    flat = np.asarray(v, np.int64).reshape(-1)
-    out = np.broadcast_to(flat, (math.prod(shape),)) if flat.size == 1 else flat
-    return out.reshape(shape).astype(np.int32)
-
-
-def _rqs(src: str, mul: str, add: str, dst: str, name: str, div: int, n_levels: int, signed: bool) -> onnx.NodeProto:
-    node = _node("RequantShift", [src, mul, add], [dst], name)
-    for key, val in (("div", float(div)), ("n_levels", float(n_levels)), ("signed", float(signed))):
-        # Deeploy reads these as 1-element tensor attributes; plain ints fail there.
-        node.attribute.append(helper.make_attribute(key, numpy_helper.from_array(np.array([val], np.float32), key)))
-    return node
 
 
 def _activation_aliases(state: GraphState, g: onnx.GraphProto, consts: Mapping[str, np.ndarray]) -> dict[str, str]:

@@ -54,8 +54,6 @@ from onnx import numpy_helper
 
 from qdebug.graph import GraphIndex, decode_constant, is_dq, is_q
 from qdebug.targets.deeploy_export import (
-    _INT32_LIMIT,
-    _MAX_SHIFT,
     _PASS_THROUGH,
     Activation,
     _accumulator_bound,
@@ -63,6 +61,7 @@ from qdebug.targets.deeploy_export import (
     _attrs,
     _static_shapes,
 )
+from qdebug.targets.deeploy_rq import _INT32_LIMIT, _MAX_SHIFT
 
 __all__ = ["GRIDS", "SNAPPED_OPS", "TIE_FREE_SHIFT", "SnapReport", "SnappedScale", "snap_scales_for_deeploy"]
 

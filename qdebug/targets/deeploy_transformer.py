@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from qdebug.errors import TargetError
 from qdebug.graph import GraphIndex, is_dq, is_q
+from qdebug.targets.deeploy_rq import _choose_requant, _requant_node, _rqs
 
 if TYPE_CHECKING:
     from qdebug.targets.deeploy_export import Activation, GraphState
@@ -223,12 +224,6 @@ def gelu_chains(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, t
 # --------------------------------------------------------------------------- export handlers
 
 
-def _ex() -> Any:
-    from qdebug.targets import deeploy_export
-
-    return deeploy_export
-
-
 def _channel_shape(shape: Sequence[int]) -> tuple[int, ...]:
     """Shape of a RequantShift's uniform mul/add: a scalar. Deeploy broadcasts it to what each platform's kernel
     indexes (Generic's RequantShift: ``shape[:2]``; Siracusa's RequantizedGemm after a MatMul: the output
@@ -248,12 +243,11 @@ def _uniform_requant(
     shape: Sequence[int],
 ) -> onnx.NodeProto:
     """RequantShift ``dst = round(m·(acc − in_zp_term)) + zp_out`` with one multiplier for every element."""
-    ex = _ex()
     if m <= 0:
         raise TargetError(f"{dst!r}: a negative or zero requantization factor {m:.3g} is not supported")
-    mul, k = ex._choose_requant(np.array([m]), acc_max + abs(in_zp_term), out.residual_zp)
+    mul, k = _choose_requant(np.array([m]), acc_max + abs(in_zp_term), out.residual_zp)
     add = out.residual_zp * 2**k - int(mul[0]) * round(in_zp_term)
-    rq: onnx.NodeProto = ex._requant_node(state, src, dst, mul, np.array(add), k, out, _channel_shape(shape))
+    rq: onnx.NodeProto = _requant_node(state, src, dst, mul, np.array(add), k, out, _channel_shape(shape))
     state.requant_errors[rq.name] = float(abs(mul[0] / 2.0**k - m) / m)
     return rq
 
@@ -318,7 +312,6 @@ def _integer_add_const(
     """Add of a constant (a bias, a position embedding): one RequantShift whose ``add`` carries the constant per
     element. Deeploy's RequantShift indexes its constants by ``i / prod(shape[2:])``, so the tensor is viewed as
     ``[1, N]`` around it (two Reshapes, free in Deeploy)."""
-    ex = _ex()
     xi = 0 if ins[0] in state.acts else 1
     c = _const_real(state, ins[1 - xi])
     x = state.acts[ins[xi]]
@@ -327,7 +320,7 @@ def _integer_add_const(
     cb = np.broadcast_to(np.asarray(c, np.float64), shape).reshape(-1) / out_act.scale
     m = x.scale / out_act.scale
     acc_max = 256.0 + abs(x.residual_zp) + float(np.abs(cb).max()) / m
-    mul, k = ex._choose_requant(np.array([m]), acc_max, out_act.residual_zp)
+    mul, k = _choose_requant(np.array([m]), acc_max, out_act.residual_zp)
     mul_i = int(mul[0])
     add = np.rint(cb * 2.0**k).astype(np.int64) + out_act.residual_zp * 2**k - mul_i * x.residual_zp
     flat_in, flat_out = state.unique(f"{out}_flat_in"), state.unique(f"{out}_flat")
@@ -339,7 +332,7 @@ def _integer_add_const(
     mul_name, add_name = state.unique(f"{out}_rq_mul"), state.unique(f"{out}_rq_add")
     state.set_const(mul_name, np.full((1, size), mul_i, np.int32))
     state.set_const(add_name, add.reshape(1, size).astype(np.int32))
-    rq = ex._rqs(flat_in, mul_name, add_name, flat_out, state.unique(f"{out}_RequantShift"), 2**k, 256, out_act.signed)
+    rq = _rqs(flat_in, mul_name, add_name, flat_out, state.unique(f"{out}_RequantShift"), 2**k, 256, out_act.signed)
     state.requant_errors[rq.name] = float(abs(mul_i / 2.0**k - m) / m)
     return [
         helper.make_node("Reshape", [ins[xi], s_flat], [flat_in], name=state.unique(f"{node.name}_flatten")),
@@ -463,7 +456,6 @@ def _integer_gelu(
 ) -> list[onnx.NodeProto]:
     """GELU → Deeploy ``RequantizediGELU(x, mul, add, shift)`` with attributes ``b`` (int8) and ``one`` (int16):
     I-BERT's erf polynomial, then one requantization (see :func:`_rqgelu`)."""
-    ex = _ex()
     x = _act(state, node, x_name)
     if x.residual_zp or not out_act.signed:
         raise TargetError(
@@ -480,7 +472,7 @@ def _integer_gelu(
         )
     m = s * (_ERF_A * s * s / 2) / out_act.scale
     hi = 128 * 2 * one  # |x|·(one + L) / 2 with |L| ≤ one
-    mul, k = ex._choose_requant(np.array([m]), float(hi), out_act.residual_zp)
+    mul, k = _choose_requant(np.array([m]), float(hi), out_act.residual_zp)
     names = [state.unique(f"{out}_gelu_{p}") for p in ("mul", "add", "shift")]
     for n_, v in zip(names, (int(mul[0]), out_act.residual_zp * 2**k, k), strict=True):
         state.set_const(n_, np.array([v], np.int32))
