@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,8 +64,9 @@ QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16":
 CLIFF_OPS = frozenset(
     {"Softmax", "LogSoftmax", "LayerNormalization", "Sigmoid", "HardSigmoid", "Pow", "Sqrt", "Reciprocal"}
 )
-#: Ops whose inputs are requantized to one shared scale by the quantizer (their inputs' scales should agree).
-JOIN_OPS = frozenset({"Concat", "Add", "Sum", "Sub"})
+#: Ops whose inputs meet on one output grid (Concat: side by side; Add/Sum: an integer kernel rescales each input
+#: to the output's scale). Sub is left out: LayerNorm's ``x - mean(x)`` has a tiny mean by construction.
+JOIN_OPS = frozenset({"Concat", "Add", "Sum"})
 WEIGHT_OPS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0, "MatMul": -1}  # op → output-channel axis of the weight
 
 
@@ -254,19 +255,20 @@ class Thresholds:
 
 
 # ---------------------------------------------------------------------------------------------- statistics
-#: log2|x| histogram: bins of a quarter octave from 2^-40 to 2^40 (values below count as "tiny", above as bin -1).
-LOG2_LO, LOG2_HI, BINS_PER_OCTAVE = -40, 40, 4
-N_BINS = (LOG2_HI - LOG2_LO) * BINS_PER_OCTAVE
+#: |x| histogram: the top 10 bits of a float32's magnitude, i.e. its 8-bit exponent and 2 mantissa bits — 4 linear
+#: bins per octave over the whole float32 range (bins 0-3: zero and subnormals), read straight from the bits.
+BINS_PER_OCTAVE = 4
+N_BINS = 256 * BINS_PER_OCTAVE
+_SHIFT = 23 - 2  # float32: 23 mantissa bits, keep 2
 
 
 @dataclass
 class TensorStats:
     """Mergeable per-tensor statistics of the float model's values (a few hundred numbers per tensor, whatever
-    the number of samples): counts, a fixed-bin ``log2 |x|`` histogram, and against the tensor's grid (when it has
-    one) the values clipped below / above it and the nonzero values it flushes to zero."""
+    the number of samples): counts, a fixed-bin ``|x|`` histogram (4 bins per octave, :data:`N_BINS`), and
+    against the tensor's grid (when it has one) the values clipped below / above it and those it flushes to zero."""
 
     count: int = 0
-    zeros: int = 0
     negative: int = 0
     abs_max: float = 0.0
     hist: np.ndarray = field(default_factory=lambda: np.zeros(N_BINS, dtype=np.int64))
@@ -276,28 +278,36 @@ class TensorStats:
 
     def update(self, x: np.ndarray, grid: tuple[float, float, float] | None) -> None:
         """Add one sample's values; ``grid`` is ``(lowest, highest, step)`` of the tensor's quantization."""
-        v = np.asarray(x, dtype=np.float64).ravel()
-        v = v[np.isfinite(v)]
+        v = np.ascontiguousarray(x, dtype=np.float32).ravel()
+        if not np.isfinite(v).all():
+            v = v[np.isfinite(v)]
         a = np.abs(v)
-        nz = a[a > 0]
+        # The histogram bin of |x| is its float32 bit pattern shifted (exponent and 2 mantissa bits): no log.
+        self.hist += np.bincount(a.view(np.int32) >> _SHIFT, minlength=N_BINS)[:N_BINS]
         self.count += v.size
-        self.zeros += v.size - nz.size
         self.negative += int(np.count_nonzero(v < 0))
         if a.size:
             self.abs_max = max(self.abs_max, float(a.max()))
-        if nz.size:
-            k = np.floor((np.log2(nz) - LOG2_LO) * BINS_PER_OCTAVE).astype(np.int64)
-            self.hist += np.bincount(np.clip(k, 0, N_BINS - 1), minlength=N_BINS)
         if grid is not None:
             lo, hi, step = grid
             self.clipped_low += int(np.count_nonzero(v < lo - step / 2))
             self.clipped_high += int(np.count_nonzero(v > hi + step / 2))
-            self.flushed += int(np.count_nonzero(nz < step / 2))
+            self.flushed += int(np.count_nonzero(a < step / 2))
+
+    @property
+    def zeros(self) -> int:
+        """Values that are 0 (or float32 subnormals)."""
+        return int(self.hist[:BINS_PER_OCTAVE].sum())
+
+    @property
+    def nonzero_flushed(self) -> int:
+        """Nonzero values the grid rounds to 0."""
+        return max(0, self.flushed - self.zeros)
 
     def merge(self, other: TensorStats) -> TensorStats:
         """The statistics of both sample sets (exact: every field is a count, a sum or a max)."""
         return TensorStats(
-            self.count + other.count, self.zeros + other.zeros, self.negative + other.negative,
+            self.count + other.count, self.negative + other.negative,
             max(self.abs_max, other.abs_max), self.hist + other.hist, self.clipped_low + other.clipped_low,
             self.clipped_high + other.clipped_high, self.flushed + other.flushed,
         )  # fmt: skip
@@ -306,11 +316,12 @@ class TensorStats:
         """The ``q``-th percentile (0–100) of ``|x|``, to a quarter octave (the upper edge of its bin)."""
         if self.count == 0:
             return 0.0
-        rank = q / 100.0 * self.count - self.zeros
-        if rank <= 0:
+        k = int(np.searchsorted(np.cumsum(self.hist), q / 100.0 * self.count))
+        if k < BINS_PER_OCTAVE:  # zero (or subnormal)
             return 0.0
-        k = int(np.searchsorted(np.cumsum(self.hist), rank))
-        return float(min(2.0 ** (LOG2_LO + (k + 1) / BINS_PER_OCTAVE), self.abs_max))
+        octave, j = divmod(k, BINS_PER_OCTAVE)
+        upper = 2.0 ** (octave - 127) * (1 + (j + 1) / BINS_PER_OCTAVE)  # bin k: [2^o (1 + j/4), 2^o (1 + (j+1)/4))
+        return float(min(upper, self.abs_max))
 
 
 def _grid(a: ActivationResult) -> tuple[float, float, float] | None:
@@ -428,8 +439,11 @@ def _check_join(a: ActivationResult, by_name: Mapping[str, ActivationResult], t:
     ratio = scales[big] / scales[small]
     if ratio <= t.scale_ratio:
         return None
+    # Concat places the small input's values, unchanged in meaning, on the big grid; in a sum the small term also
+    # matters less, so Add/Sum is a note.
+    severity = Severity.WARNING if a.producer_op == "Concat" else Severity.INFO
     return Diagnostic(
-        DiagnosticKind.SCALE_MISMATCH, Severity.WARNING, a.tensor_name, a.producer_op,
+        DiagnosticKind.SCALE_MISMATCH, severity, a.tensor_name, a.producer_op,
         f"{a.producer_op} inputs have scales {ratio:.3g}x apart ({small}: {scales[small]:.3g}, {big}: "
         f"{scales[big]:.3g}); on one shared grid {small} keeps ~{max(0.0, 8 - math.log2(ratio)):.1f} of 8 bits",
         _promote([a.tensor_name, small], f"{small} loses ~{math.log2(ratio):.1f} bits on the shared grid"),
@@ -441,7 +455,7 @@ def _check_cliff(a: ActivationResult, st: TensorStats | None, t: Thresholds) -> 
     if a.producer_op not in CLIFF_OPS or not a.quantized or not (a.quant_type or "").endswith("8"):
         return None
     local = a.local_sqnr_db
-    flushed = st.flushed / max(1, st.count - st.zeros) if st is not None and st.count > st.zeros else None
+    flushed = st.nonzero_flushed / (st.count - st.zeros) if st is not None and st.count > st.zeros else None
     low = local is not None and math.isfinite(local) and local < t.cliff_local_db
     flush = flushed is not None and flushed > t.flush_fraction
     if not (low or flush):
@@ -545,7 +559,7 @@ def _one_tensor(
     if st is not None:
         kinds = {d.kind for d in found}
         if DiagnosticKind.NEGATIVE_UNSIGNED in kinds:
-            st = TensorStats(**{**st.__dict__, "clipped_low": 0})
+            st = replace(st, clipped_low=0)
         found += _check_stats(a, st, t)
     if any(d.kind is DiagnosticKind.PRECISION_CLIFF for d in found):
         found = [d for d in found if d.kind is not DiagnosticKind.WASTED_RANGE]

@@ -108,7 +108,9 @@ def scale_mismatch() -> tuple[onnx.ModelProto, onnx.ModelProto]:
         helper.make_node("Neg", ["cat"], ["y"], name="neg"),
     ]
     f = _model(nodes, [value_info("x", [1, 16])], [value_info("y", [1, 32])], [big, small])
-    q = insert_qdq(f, {"a": (100.0 / 255, 0, np.uint8), "b": (0.1 / 255, 0, np.uint8), "cat": (100.0 / 255, 0, np.uint8)})
+    q = insert_qdq(
+        f, {"a": (100.0 / 255, 0, np.uint8), "b": (0.1 / 255, 0, np.uint8), "cat": (100.0 / 255, 0, np.uint8)}
+    )
     return f, q
 
 

@@ -126,8 +126,10 @@ def _verdict(report: DebugReport, diagnostics: Diagnostics | None) -> str:
             f'<a href="#diagnostics">Diagnostics</a>: {n["error"]} error(s), {n["warning"]} warning(s), '
             f"{n['info']} note(s) — each with the fix to try."
         )
-    return f'<section id="verdict" class="verdict {label}"><h2>Verdict: {label}</h2><p>' + "</p><p>".join(lines) + (
-        "</p></section>"
+    return (
+        f'<section id="verdict" class="verdict {label}"><h2>Verdict: {label}</h2><p>'
+        + "</p><p>".join(lines)
+        + ("</p></section>")
     )
 
 
@@ -186,9 +188,18 @@ def _suggestions(suggestions: Sequence[Suggestion] | None, measured: Mapping[str
         "gains are estimated from the tensor's share of the noise; measured gains come from re-quantizing with the "
         "promotion and measuring again (qdebug search, or the app's Promote button).</p>"
         + _table(
-            ["rank", "tensor", "op", "role", "predicted gain here", "predicted gain at output", "measured at output",
-             "why"], rows,
-        )  # fmt: skip
+            [
+                "rank",
+                "tensor",
+                "op",
+                "role",
+                "predicted gain here",
+                "predicted gain at output",
+                "measured at output",
+                "why",
+            ],
+            rows,
+        )
         + "</section>"
     )
 
@@ -281,9 +292,9 @@ def _meta(report: DebugReport) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- figures
-def _figures(report: DebugReport, options: HtmlOptions, layout: Mapping[Any, tuple[float, float]] | None) -> list[
-    tuple[str, str, Any]
-]:
+def _figures(
+    report: DebugReport, options: HtmlOptions, layout: Mapping[Any, tuple[float, float]] | None
+) -> list[tuple[str, str, Any]]:
     """``(id, caption, figure)`` for the page."""
     from qdebug.render import figures
     from qdebug.render.layout import layered_layout
@@ -293,20 +304,32 @@ def _figures(report: DebugReport, options: HtmlOptions, layout: Mapping[Any, tup
     if df.empty:
         return out
     wdf = report.weights_dataframe()
-    out.append(("fig-layers", "SQNR of every tensor in the order the model computes them: red rows show where "
-                "precision is lost (local: the tensor's own rounding; cumulative: everything so far; weight: its "
-                "weights). Hover a cell for the tensor.", figures.layer_heatmap(df, wdf if not wdf.empty else None)))
+    out.append(
+        (
+            "fig-layers",
+            "SQNR of every tensor in the order the model computes them: red rows show where "
+            "precision is lost (local: the tensor's own rounding; cumulative: everything so far; weight: its "
+            "weights). Hover a cell for the tensor.",
+            figures.layer_heatmap(df, wdf if not wdf.empty else None),
+        )
+    )
     ps = report.per_sample
     if options.samples_heatmap and ps.values.size:
-        out.append(("fig-samples", "Cumulative SQNR per input sample (rows) and tensor (columns): a red row is an "
-                    "input the quantized model handles badly.", figures.samples_heatmap(ps.to_dataframe())))
+        out.append(
+            (
+                "fig-samples",
+                "Cumulative SQNR per input sample (rows) and tensor (columns): a red row is an "
+                "input the quantized model handles badly.",
+                figures.samples_heatmap(ps.to_dataframe()),
+            )
+        )
     if options.graph:
-        names = [str(n) for n in df.sort_values("topo_index")["tensor_name"]]
-        edges = figures.graph_edges(df)
-        method = "sugiyama" if len(names) <= options.graph_max_nodes else "longest_path"
-        pos = dict(layout) if layout is not None else layered_layout(names, edges, method=method)
-        out.append(("fig-graph", "The model graph, each tensor coloured by its cumulative SQNR (red < 20 dB, "
-                    "yellow 20–40 dB, green > 40 dB).", figures.graph_figure(df, "cumulative", layout=pos)))
+        pos = layout
+        if pos is None and len(df) > options.graph_max_nodes:  # the linear-time layout: the page must stay quick
+            names = [str(n) for n in df.sort_values("topo_index")["tensor_name"]]
+            pos = layered_layout(names, figures.graph_edges(df), method="longest_path")
+        cap = "The model graph, each tensor coloured by its cumulative SQNR (red < 20 dB, yellow 20–40, green > 40)."
+        out.append(("fig-graph", cap, figures.graph_figure(df, "cumulative", layout=pos)))
     return out
 
 
