@@ -324,6 +324,10 @@ class TensorStats:
         return float(min(upper, self.abs_max))
 
 
+def _bits(quant_type: str | None) -> int:
+    return 16 if (quant_type or "").endswith("16") else 8
+
+
 def _grid(a: ActivationResult) -> tuple[float, float, float] | None:
     if not a.quantized or a.scale is None or a.zero_point is None or a.quant_type not in QRANGE:
         return None
@@ -341,11 +345,13 @@ def collect_stats(
     max_samples: int = 8,
     providers: Sequence[str] = ("CPUExecutionProvider",),
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    synthetic: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, TensorStats], int]:
     """:class:`TensorStats` of every activation of ``report`` over the first ``max_samples`` samples of ``data``
     (a data spec as :func:`qdebug.debug` takes; ``None``: synthetic), one sample in memory at a time.
 
-    Returns ``({tensor: stats}, samples seen)``.
+    ``synthetic`` passes ``seed`` / ``distribution`` / ``ignore`` to :func:`qdebug.data.open_data` (the same samples
+    as the debug run). Returns ``({tensor: stats}, samples seen)``.
     """
     acts = [a for a in report.activations]
     names = [a.tensor_name for a in acts]
@@ -354,7 +360,9 @@ def collect_stats(
     acts = [a for a in acts if a.tensor_name in fetched]
     grids = {a.tensor_name: _grid(a) for a in acts}
     stats = {a.tensor_name: TensorStats() for a in acts}
-    source: DataSource = open_data(data, input_specs(float_model), num_samples=max_samples, input_shapes=input_shapes)
+    source: DataSource = open_data(
+        data, input_specs(float_model), num_samples=max_samples, input_shapes=input_shapes, **(synthetic or {})
+    )
     seen = 0
     wanted = list(stats)
     for sample in source:
@@ -442,10 +450,11 @@ def _check_join(a: ActivationResult, by_name: Mapping[str, ActivationResult], t:
     # Concat places the small input's values, unchanged in meaning, on the big grid; in a sum the small term also
     # matters less, so Add/Sum is a note.
     severity = Severity.WARNING if a.producer_op == "Concat" else Severity.INFO
+    bits = _bits(a.quant_type)
     return Diagnostic(
         DiagnosticKind.SCALE_MISMATCH, severity, a.tensor_name, a.producer_op,
         f"{a.producer_op} inputs have scales {ratio:.3g}x apart ({small}: {scales[small]:.3g}, {big}: "
-        f"{scales[big]:.3g}); on one shared grid {small} keeps ~{max(0.0, 8 - math.log2(ratio)):.1f} of 8 bits",
+        f"{scales[big]:.3g}); on one shared grid {small} keeps ~{max(0.0, bits - math.log2(ratio)):.1f} of {bits} bits",
         _promote([a.tensor_name, small], f"{small} loses ~{math.log2(ratio):.1f} bits on the shared grid"),
         {"scale_ratio": ratio, "small_scale": scales[small], "large_scale": scales[big]},
     )  # fmt: skip
@@ -479,12 +488,12 @@ def _check_stats(a: ActivationResult, st: TensorStats, t: Thresholds) -> list[Di
     grid = _grid(a)
     p = st.abs_percentile(99.99)
     if grid is not None and p > 0 and st.abs_max / p > t.outlier_ratio and not (a.quant_type or "").endswith("16"):
-        ratio = st.abs_max / p
+        ratio, bits = st.abs_max / p, _bits(a.quant_type)
         out.append(
             Diagnostic(
                 DiagnosticKind.OUTLIER_RANGE, Severity.WARNING, a.tensor_name, a.producer_op,
                 f"max |x| {st.abs_max:.4g} is {ratio:.3g}x the 99.99th percentile {p:.4g}: a few outliers set the "
-                f"range and 99.99% of the values share ~{max(0.0, 8 - math.log2(ratio)):.1f} of 8 bits",
+                f"range and 99.99% of the values share ~{max(0.0, bits - math.log2(ratio)):.1f} of {bits} bits",
                 _promote([a.tensor_name], "or percentile calibration (qdebug quantize --calibration-method "
                          "percentile) to clip the outliers"),
                 {"abs_max": st.abs_max, "p9999": p, "ratio": ratio},
@@ -524,11 +533,11 @@ def _check_weight(w: WeightResult, f_index: GraphIndex, t: Thresholds) -> Diagno
     nz = m[m > 0]
     if nz.size < 2 or nz.max() / nz.min() <= t.channel_ratio:
         return None
-    ratio = float(nz.max() / nz.min())
+    ratio, bits = float(nz.max() / nz.min()), _bits(w.quant_type)
     return Diagnostic(
         DiagnosticKind.PER_CHANNEL_WEIGHT, Severity.WARNING, w.weight_name, w.consumer_op,
         f"one {w.quant_type} scale for {m.size} output channels whose max |w| ranges from {nz.min():.3g} to "
-        f"{nz.max():.3g} ({ratio:.3g}x): the smallest channel keeps ~{max(0.0, 8 - math.log2(ratio)):.1f} bits",
+        f"{nz.max():.3g} ({ratio:.3g}x): the smallest channel keeps ~{max(0.0, bits - math.log2(ratio)):.1f} bits",
         Remedy(RemedyKind.PER_CHANNEL, (w.weight_name,), f"quantize {w.weight_name} per channel (one scale per "
                "output channel: qdebug quantize --per-channel, or this override)"),
         {"channel_ratio": ratio, "channels": float(m.size), "min_channel_max": float(nz.min()),
@@ -610,15 +619,18 @@ def diagnose_models(
     *,
     max_samples: int = 8,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    synthetic: Mapping[str, Any] | None = None,
     thresholds: Thresholds | None = None,
 ) -> Diagnostics:
     """Every check: :func:`collect_stats` over the first ``max_samples`` samples of ``data`` (``max_samples=0``:
-    no statistics pass), then :func:`diagnose` with both models."""
+    no statistics pass; ``synthetic``: see :func:`collect_stats`), then :func:`diagnose` with both models."""
     from qdebug.graph import load_model
 
     f = float_model if isinstance(float_model, onnx.ModelProto) else load_model(float_model, "float model")
     q = quant_model if isinstance(quant_model, onnx.ModelProto) else load_model(quant_model, "quantized model")
     stats, seen = (None, 0)
     if max_samples > 0:
-        stats, seen = collect_stats(f, report, data, max_samples=max_samples, input_shapes=input_shapes)
+        stats, seen = collect_stats(
+            f, report, data, max_samples=max_samples, input_shapes=input_shapes, synthetic=synthetic
+        )
     return diagnose(report, f, q, stats, stats_samples=seen, thresholds=thresholds)
