@@ -392,6 +392,12 @@ nav a{margin-right:1em}.fig{width:100%;min-height:420px}.caption{color:#495057;f
 """
 
 
+_NAV = (
+    ("verdict", "verdict"), ("outputs", "outputs"), ("diagnostics", "diagnostics"), ("suggestions", "suggestions"),
+    ("figures", "figures"), ("worst", "worst tensors"), ("target", "target"), ("provenance", "provenance"),
+)  # fmt: skip
+
+
 def report_html(
     report: DebugReport,
     *,
@@ -417,17 +423,8 @@ def report_html(
         f'<section id="{i}-section"><p class="caption">{_e(cap)}</p><div id="{i}" class="fig"></div></section>'
         for i, cap, _ in figs
     )
-    nav = "".join(
-        f'<a href="#{a}">{b}</a>'
-        for a, b in (("verdict", "verdict"), ("outputs", "outputs"), ("diagnostics", "diagnostics"),
-                     ("suggestions", "suggestions"), ("figures", "figures"), ("worst", "worst tensors"),
-                     ("target", "target"), ("provenance", "provenance"))
-    )  # fmt: skip
-    body = "".join(
+    sections = "".join(
         [
-            f"<h1>{_e(title)}</h1>",
-            f'<p class="sub">{_e(report.meta.float_model)} → {_e(report.meta.quant_model)}, '
-            f"{report.meta.num_samples} samples</p><nav>{nav}</nav>",
             _verdict(report, diagnostics),
             _outputs(report),
             _diagnostics(diagnostics),
@@ -439,6 +436,12 @@ def report_html(
             _target(report, manifest, out_dir),
             _meta(report),
         ]
+    )
+    nav = "".join(f'<a href="#{s}">{label}</a>' for s, label in _NAV if f'<section id="{s}"' in sections)
+    body = (
+        f"<h1>{_e(title)}</h1>"
+        f'<p class="sub">{_e(report.meta.float_model)} → {_e(report.meta.quant_model)}, '
+        f"{report.meta.num_samples} samples</p><nav>{nav}</nav>{sections}"
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
