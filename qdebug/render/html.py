@@ -52,7 +52,7 @@ class HtmlOptions:
 
     top: int = 10
     graph: bool = True
-    graph_max_nodes: int = 400
+    graph_max_nodes: int = 1000
     samples_heatmap: bool = True
     title: str | None = None
 
@@ -173,6 +173,19 @@ def _diagnostics(diagnostics: Diagnostics | None) -> str:
     )
 
 
+def _applied(suggestions: Sequence[Suggestion], measured: Mapping[str, float] | None) -> str:
+    """Promotions already applied and measured (their tensors are 16-bit now, so no longer suggested)."""
+    listed = {s.tensor_name for s in suggestions}
+    rows = [
+        [f"<td><code>{_e(t)}</code></td>", _td(f"{gain:+.2f} dB")]
+        for t, gain in (measured or {}).items()
+        if t not in listed
+    ]
+    if not rows:
+        return ""
+    return "<h3>Promotions applied and measured</h3>" + _table(["tensor", "measured gain at output"], rows)
+
+
 def _suggestions(suggestions: Sequence[Suggestion] | None, measured: Mapping[str, float] | None) -> str:
     if suggestions is None:
         return ""
@@ -183,23 +196,14 @@ def _suggestions(suggestions: Sequence[Suggestion] | None, measured: Mapping[str
              else f"{measured[s.tensor_name]:+.2f} dB"), _td(s.reason)]
         for s in suggestions
     ]  # fmt: skip
+    header = ["rank", "tensor", "op", "role", "predicted gain here", "predicted gain at output", "measured at output"]
     return (
         '<section id="suggestions"><h2>Suggestions: tensors to promote to 16 bits</h2><p class="help">Predicted '
         "gains are estimated from the tensor's share of the noise; measured gains come from re-quantizing with the "
-        "promotion and measuring again (qdebug search, or the app's Promote button).</p>"
-        + _table(
-            [
-                "rank",
-                "tensor",
-                "op",
-                "role",
-                "predicted gain here",
-                "predicted gain at output",
-                "measured at output",
-                "why",
-            ],
-            rows,
-        )
+        "promotion and measuring again (the app's Promote button, qdebug search). A promotion of several tensors "
+        "is measured once, its gain shown for each of them.</p>"
+        + _table([*header, "why"], rows)
+        + _applied(suggestions, measured)
         + "</section>"
     )
 
