@@ -558,6 +558,14 @@ def _model_qparams(quant_model: onnx.ModelProto, known: set[str]) -> list[Diagno
     ]  # fmt: skip
 
 
+def _by_design(a: ActivationResult, st: TensorStats) -> TensorStats:
+    """``st`` without the clipping that a fused or consuming Relu/Clip does anyway: ORT gives such a tensor the
+    activation's range, so values its Q clips are values the float graph clips too."""
+    if a.fused_activation is None and a.measured_through is None:
+        return st
+    return replace(st, clipped_low=0, clipped_high=0)
+
+
 def _one_tensor(
     a: ActivationResult, by_name: Mapping[str, ActivationResult], st: TensorStats | None, t: Thresholds
 ) -> list[Diagnostic]:
@@ -566,10 +574,9 @@ def _one_tensor(
     found = _check_ranges(a, t)
     found += [d for d in (_check_join(a, by_name, t), _check_cliff(a, st, t)) if d is not None]
     if st is not None:
-        kinds = {d.kind for d in found}
-        if DiagnosticKind.NEGATIVE_UNSIGNED in kinds:
+        if any(d.kind is DiagnosticKind.NEGATIVE_UNSIGNED for d in found):
             st = replace(st, clipped_low=0)
-        found += _check_stats(a, st, t)
+        found += _check_stats(a, _by_design(a, st), t)
     if any(d.kind is DiagnosticKind.PRECISION_CLIFF for d in found):
         found = [d for d in found if d.kind is not DiagnosticKind.WASTED_RANGE]
     return found

@@ -55,14 +55,11 @@ class ReportPanel(w.VBox):  # type: ignore[misc]
             for d in diags.items[:SHOWN]
         )
         more = f"<p>… and {len(diags) - SHOWN} more in the HTML report</p>" if len(diags) > SHOWN else ""
-        self.diagnostics_view.value = (
-            f"<b>{len(diags)} diagnostic(s)</b>"
-            + (
-                "<table><tr><th>severity</th><th>problem</th><th>tensor</th><th>evidence</th><th>fix</th></tr>"
-                f"{rows}</table>{more}"
-                if rows
-                else " — nothing found"
-            )
+        self.diagnostics_view.value = f"<b>{len(diags)} diagnostic(s)</b>" + (
+            "<table><tr><th>severity</th><th>problem</th><th>tensor</th><th>evidence</th><th>fix</th></tr>"
+            f"{rows}</table>{more}"
+            if rows
+            else " — nothing found"
         )
 
     def on_html_clicked(self, b: Any = None) -> None:

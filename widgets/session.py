@@ -253,7 +253,7 @@ class QuantDebugger:
         from qdebug.diagnose import diagnose_models
 
         report = self.report
-        cached = getattr(self, "_diagnosed", None)
+        cached: tuple[DebugReport, Diagnostics] | None = getattr(self, "_diagnosed", None)
         if cached is None or cached[0] is not report:
             o = self.session.debug_options
             diags = diagnose_models(
