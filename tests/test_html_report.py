@@ -152,3 +152,17 @@ def test_build_html_has_the_target_section(run_cli: Callable[..., CliResult], ti
     text = page.read_text(encoding="utf-8")
     target = text[text.index('<section id="target"') :]
     assert "Target: cpu (int8)" in target and "CPU check OK" in target
+
+
+def test_long_axes_keep_at_most_max_ticks() -> None:
+    """Hundreds of tensor-name labels on one axis stall the browser: the page keeps an even subset."""
+    import plotly.graph_objects as go
+
+    from qdebug.render.html import MAX_TICKS, _thin_ticks
+
+    names = [f"t{i}" for i in range(661)]
+    fig = go.Figure(go.Heatmap(z=[list(range(661))]))
+    fig.update_xaxes(tickmode="array", tickvals=list(range(661)), ticktext=names)
+    thin = _thin_ticks(fig)
+    assert 20 <= len(thin.layout.xaxis.tickvals) <= MAX_TICKS
+    assert list(thin.layout.xaxis.ticktext) == [names[v] for v in thin.layout.xaxis.tickvals]
