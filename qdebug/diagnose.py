@@ -244,7 +244,7 @@ class Thresholds:
     saturation: float = 1e-3
     #: fraction of the representable range the data leaves unused above this (as bits: log2(1/used) ≥ 1)
     wasted_fraction: float = 0.5
-    #: ratio of the largest to the smallest input scale of a Concat/Add above this
+    #: ratio of the largest to the smallest input grid range (scale × steps: the scale, across types) above this
     scale_ratio: float = 16.0
     #: ratio of the largest to the smallest nonzero output-channel |w| max of a per-tensor weight above this
     channel_ratio: float = 100.0
@@ -437,26 +437,36 @@ def _check_ranges(a: ActivationResult, t: Thresholds) -> list[Diagnostic]:
     return out
 
 
+def _grid_range(x: ActivationResult | None) -> float | None:
+    """The width of a quantized tensor's grid (scale × number of steps): its scale made comparable across types
+    (a 16-bit tensor's scale is ~256× smaller than an 8-bit one's for the same range)."""
+    if x is None or not x.scale or x.scale <= 0 or x.quant_type not in QRANGE:
+        return None
+    qmin, qmax = QRANGE[x.quant_type]
+    return x.scale * (qmax - qmin)
+
+
 def _check_join(a: ActivationResult, by_name: Mapping[str, ActivationResult], t: Thresholds) -> Diagnostic | None:
     if a.producer_op not in JOIN_OPS:
         return None
-    scales = {i: s for i in a.inputs if (x := by_name.get(i)) is not None and (s := x.scale) and s > 0}
-    if len(scales) < 2:
+    ranges = {i: r for i in a.inputs if (r := _grid_range(by_name.get(i))) is not None}
+    if len(ranges) < 2:
         return None
-    big, small = max(scales, key=scales.__getitem__), min(scales, key=scales.__getitem__)
-    ratio = scales[big] / scales[small]
+    big, small = max(ranges, key=ranges.__getitem__), min(ranges, key=ranges.__getitem__)
+    ratio = ranges[big] / ranges[small]
     if ratio <= t.scale_ratio:
         return None
     # Concat places the small input's values, unchanged in meaning, on the big grid; in a sum the small term also
     # matters less, so Add/Sum is a note.
     severity = Severity.WARNING if a.producer_op == "Concat" else Severity.INFO
     bits = _bits(a.quant_type)
+    s_small, s_big = by_name[small].scale, by_name[big].scale
     return Diagnostic(
         DiagnosticKind.SCALE_MISMATCH, severity, a.tensor_name, a.producer_op,
-        f"{a.producer_op} inputs have scales {ratio:.3g}x apart ({small}: {scales[small]:.3g}, {big}: "
-        f"{scales[big]:.3g}); on one shared grid {small} keeps ~{max(0.0, bits - math.log2(ratio)):.1f} of {bits} bits",
+        f"{a.producer_op} inputs have ranges {ratio:.3g}x apart ({small}: scale {s_small:.3g}, {big}: scale "
+        f"{s_big:.3g}); on one shared {bits}-bit grid {small} keeps ~{max(0.0, bits - math.log2(ratio)):.1f} bits",
         _promote([a.tensor_name, small], f"{small} loses ~{math.log2(ratio):.1f} bits on the shared grid"),
-        {"scale_ratio": ratio, "small_scale": scales[small], "large_scale": scales[big]},
+        {"scale_ratio": ratio, "small_scale": s_small, "large_scale": s_big},
     )  # fmt: skip
 
 

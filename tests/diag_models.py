@@ -54,7 +54,7 @@ def insert_qdq(f: onnx.ModelProto, acts: Params, weights: Params | None = None) 
             n.input[k] = rename.get(name, name)
         nodes.append(n)
         nodes += [x for o in n.output if o in acts for x in qdq(o)]
-    return _model(nodes, list(g.input), list(g.output), new_inits)
+    return _model(nodes, list(g.input), list(g.output), new_inits, opset=f.opset_import[0].version)
 
 
 def _unary_chain(first: onnx.NodeProto, width: int, consts: list[onnx.TensorProto]) -> onnx.ModelProto:

@@ -136,3 +136,21 @@ def test_stats_merge_exactly_and_percentiles() -> None:
         # the upper edge of a quarter-octave bin: at most 25% above the true percentile, never below it
         assert np.percentile(allx, q) <= merged.abs_percentile(q) <= 1.25 * np.percentile(allx, q) + 1e-6
     assert merged.abs_percentile(100) == pytest.approx(float(allx.max()))
+
+
+def test_scale_mismatch_compares_ranges_across_types() -> None:
+    """A uint16 and a uint8 input of the same range have scales 257x apart, yet lose nothing: no diagnostic."""
+    from builders import _model, value_info
+    from diag_models import insert_qdq
+    from onnx import helper, numpy_helper
+
+    k = numpy_helper.from_array(np.array(2.0, np.float32), "k")
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["a"], name="mul"),
+        helper.make_node("Add", ["a", "x"], ["s"], name="add"),
+        helper.make_node("Neg", ["s"], ["y"], name="neg"),
+    ]
+    f = _model(nodes, [value_info("x", [1, 16])], [value_info("y", [1, 16])], [k], opset=21)  # 16-bit Q/DQ
+    q = insert_qdq(f, {"x": (2.0 / 65535, 0, np.uint16), "a": (2.0 / 255, 0, np.uint8), "s": (3.0 / 255, 0, np.uint8)})
+    report = debug(f, q, None, DebugOptions(num_samples=2))
+    assert not diagnose(report).of_kind(DiagnosticKind.SCALE_MISMATCH)
