@@ -88,6 +88,8 @@ def test_target_section_from_a_report_with_target_accuracy(report: DebugReport) 
     page = report_html(report.with_target_accuracy(acc), options=HtmlOptions(graph=False))
     target = page[page.index('<section id="target"') :]
     assert "htp-simulator" in target and "30.00 dB" in target and "53.00 dB" in target
+    verdict = page[page.index('<section id="verdict"') : page.index('<section id="outputs"')]
+    assert "On the target (htp-simulator) the worst output is at <b>30.00 dB</b>" in verdict
 
 
 def test_graph_above_the_node_limit_uses_the_linear_layout(report: DebugReport) -> None:

@@ -97,7 +97,20 @@ _VERDICT = {
 }
 
 
-def _verdict(report: DebugReport, diagnostics: Diagnostics | None) -> str:
+def _target_line(report: DebugReport, manifest: BuildManifest | None) -> str | None:
+    """One sentence on the compiled model's accuracy, when a target was run."""
+    acc = report.target_accuracy or (manifest.target_accuracy if manifest is not None else None)
+    if acc is None or not acc.outputs:
+        return None
+    vals = [o.target_vs_float_db for o in acc.outputs]
+    worst = None if any(v is None for v in vals) else min(v for v in vals if v is not None)
+    return (
+        f"On the target ({_e(acc.device)}) the worst output is at <b>{_e(fmt_db_text(worst))}</b> from the float "
+        'model (<a href="#target">target section</a>).'
+    )
+
+
+def _verdict(report: DebugReport, diagnostics: Diagnostics | None, manifest: BuildManifest | None = None) -> str:
     worst = report.min_output_sqnr_db
     band = band_of(worst)
     label, sentence = _VERDICT[band]
@@ -106,6 +119,9 @@ def _verdict(report: DebugReport, diagnostics: Diagnostics | None) -> str:
         f"(signal-to-noise: above {SQNR_HIGH:g} dB is good, {SQNR_LOW:g}–{SQNR_HIGH:g} dB marginal, below "
         f"{SQNR_LOW:g} dB bad; every 6 dB is one bit of precision)."
     ]
+    target = _target_line(report, manifest)
+    if target is not None:
+        lines.append(target)
     worst_cum = report.worst(SqnrKind.CUMULATIVE, 1)
     worst_loc = report.worst(SqnrKind.LOCAL, 1)
     if worst_loc:
@@ -464,7 +480,7 @@ def report_html(
     )
     sections = "".join(
         [
-            _verdict(report, diagnostics),
+            _verdict(report, diagnostics, manifest),
             _outputs(report),
             _diagnostics(diagnostics),
             _suggestions(suggestions, measured_gains),
