@@ -168,3 +168,35 @@ def test_long_axes_keep_at_most_max_ticks() -> None:
     thin = _thin_ticks(fig)
     assert 20 <= len(thin.layout.xaxis.tickvals) <= MAX_TICKS
     assert list(thin.layout.xaxis.ticktext) == [names[v] for v in thin.layout.xaxis.tickvals]
+
+
+def test_without_the_ui_extra_the_command_names_it_before_any_work(
+    run_cli: Callable[..., CliResult], pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    import qdebug._lazy as lazy
+
+    real = importlib.import_module
+
+    def missing(name: str, *args: object) -> object:
+        if name.split(".", maxsplit=1)[0] == "plotly":
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lazy.importlib, "import_module", missing)
+    r = run_cli(
+        "debug",
+        "-f",
+        pair[0],
+        "-q",
+        pair[1],
+        "--samples",
+        "2",
+        "-o",
+        tmp_path / "r.json",
+        "--html",
+        tmp_path / "r.html",
+    )
+    assert_one_line_error(r, 6, "plotly", "qdebug[ui]")
+    assert not (tmp_path / "r.json").exists()  # refused before the debug run

@@ -49,6 +49,15 @@ def run_diagnostics(report: Any, args: argparse.Namespace) -> Any:
     )  # fmt: skip
 
 
+def require_html() -> None:
+    """Fail before any work when the HTML report cannot be written: plotly and grandalf are the ``ui`` extra
+    (:class:`~qdebug.errors.MissingExtraError` names it)."""
+    from qdebug._lazy import require
+
+    require("plotly")
+    require("grandalf")
+
+
 def write_html(path: str | Path, report: Any, diagnostics: Any, *, manifest: Any = None, out_dir: Any = None) -> Path:
     """The HTML report with the diagnostics and the suggestions (plotly, the ``ui`` extra, loads here)."""
     from qdebug.mixed.suggest import suggest
@@ -59,4 +68,4 @@ def write_html(path: str | Path, report: Any, diagnostics: Any, *, manifest: Any
     )
 
 
-__all__ = ["STATS_SAMPLES", "add_html", "add_stats_samples", "run_diagnostics", "write_html"]
+__all__ = ["STATS_SAMPLES", "add_html", "add_stats_samples", "require_html", "run_diagnostics", "write_html"]

@@ -6,7 +6,7 @@ import argparse
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import Output, Tool, add_calib, add_float_model, add_input_shape, add_json, add_output, deprecated
-from qdebug.cli._html import add_html, add_stats_samples, run_diagnostics, write_html
+from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import print_build, print_compile_report, print_fixes
 
@@ -113,6 +113,8 @@ class Build(Tool):
         """Build; on a target failure print what was learned before the one-line error."""
         from qdebug.build import BuildError, BuildOptions, build
 
+        if args.html:
+            require_html()
         calib, data = args.calib, args.data
         if calib is None and data is not None:
             calib = data  # the 0.1 meaning of build --data (see DATA_COMPAT_NOTE, printed by main)

@@ -16,7 +16,7 @@ from qdebug.cli._base import (
     positive_int,
     say,
 )
-from qdebug.cli._html import add_html, add_stats_samples, run_diagnostics, write_html
+from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, print_report, use_color
 
@@ -99,6 +99,8 @@ class Debug(Tool):
             from qdebug.io import refuse_overwrite_input
 
             refuse_overwrite_input(args.output, args.float_model, args.quant_model)
+        if args.html:
+            require_html()
         report = run_debug(args)
         if args.output:
             report.save(args.output)

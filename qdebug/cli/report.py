@@ -17,7 +17,7 @@ from qdebug.cli._base import (
     add_quant_model,
     positive_int,
 )
-from qdebug.cli._html import add_html, add_stats_samples, run_diagnostics, write_html
+from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
 from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, debug_inputs, run_debug
 from qdebug.errors import EXIT_OK
 
@@ -68,6 +68,7 @@ class Report(Tool):
             raise ConfigError("--output/-o is required")
         if (args.float_model is None) != (args.quant_model is None):
             raise ConfigError("give both --float-model and --quant-model (or neither: report-only diagnostics)")
+        require_html()
         report = DebugReport.load(args.report)
         diags = run_diagnostics(report, args) if args.float_model is not None else diagnose(report)
         manifest, out_dir = None, None
@@ -115,6 +116,8 @@ class Diagnose(Tool):
         """Debug, diagnose, print (or JSON), write."""
         from qdebug.render.text import print_diagnostics, use_color
 
+        if args.html:
+            require_html()
         report = run_debug(args)
         diags = run_diagnostics(report, args)
         if args.output:
