@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qdebug.errors import ConfigError
@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SCHEMA_VERSION = 1
+
+#: ``prefix``: estimated ranking, doubling + bisection; ``greedy``: best of the next few, one at a time;
+#: ``measured``: the top candidates (groups merged) measured alone, then prefixes of the *measured* ranking, each
+#: measured jointly (interactions measured, never assumed additive).
+STRATEGIES = ("prefix", "greedy", "measured")
 
 
 class SearchSession(Protocol):
@@ -55,6 +60,10 @@ class SearchSession(Protocol):
     def requantizations(self) -> int:
         """Re-quantizations so far."""
 
+    @property
+    def float_proto(self) -> Any:
+        """The float model (its graph gives the candidate groups)."""
+
     def promote(self, tensors: Iterable[str], to: str = "uint16") -> PromotionPlan:
         """A promotion plan from the base config."""
         ...
@@ -76,12 +85,20 @@ class SearchGoal:
     min_gain_db: float = 0.05
     to: str = "uint16"
     strategy: str = "prefix"
+    #: stop within this many dB of the all-16-bit-activations model (measured first: one more evaluation)
+    near_all16_db: float | None = None
+    #: ``measured`` strategy: how many of the best-estimated candidates are measured one at a time
+    measure_top: int = 8
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("prefix", "greedy"):
-            raise ConfigError(f"search strategy must be 'prefix' or 'greedy', got {self.strategy!r}")
-        if self.output_sqnr_db is None and self.max_accuracy_drop is None:
-            raise ConfigError("a search goal needs output_sqnr_db and/or max_accuracy_drop")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"search strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.output_sqnr_db is None and self.max_accuracy_drop is None and self.near_all16_db is None:
+            raise ConfigError("a search goal needs output_sqnr_db, near_all16_db and/or max_accuracy_drop")
+        if self.near_all16_db is not None and not (math.isfinite(self.near_all16_db) and self.near_all16_db >= 0):
+            raise ConfigError(f"near_all16_db must be a finite number of dB >= 0, got {self.near_all16_db}")
+        if self.measure_top < 1:
+            raise ConfigError("measure_top must be positive")
         if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
             raise ConfigError(f"max_accuracy_drop is a fraction in [0, 1), got {self.max_accuracy_drop}")
         if self.max_steps < 1 or self.candidates_per_step < 1:
@@ -100,6 +117,8 @@ class SearchPoint:
     accuracy: float | None
     chosen: bool
     seconds: float
+    #: what the point is ("base", "all16", "single layernorm@x", "prefix 3"…)
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,15 @@ class SearchResult:
     float_accuracy: float | None
     plan: PromotionPlan | None = field(default=None, compare=False)
     chosen_step: int = -1
+    #: the all-16-bit-activations model's worst output (measured when the goal is relative to it)
+    ceiling_db: float | None = None
+    #: predicted vs measured gain of the candidates measured alone (``measured`` strategy), as its ``to_dict()``
+    sensitivity: Any = field(default=None, compare=False)
+
+    @property
+    def evaluations(self) -> int:
+        """Measured variants (each one re-quantization from the cached ranges and one debug pass)."""
+        return self.requantizations
 
     @property
     def final(self) -> SearchPoint:
@@ -149,6 +177,9 @@ class SearchResult:
             "float_accuracy": self.float_accuracy,
             "promoted": list(self.final.promoted),
             "chosen_step": self.chosen_step,
+            "ceiling_db": encode_number(self.ceiling_db),
+            "pareto": [pt(p) for p in self.pareto()],
+            "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -173,9 +204,9 @@ def _met(goal: SearchGoal, ev: Evaluation, float_acc: float | None) -> bool:
     return ok
 
 
-def _point(step: int, promoted: tuple[str, ...], ev: Evaluation, chosen: bool) -> SearchPoint:
+def _point(step: int, promoted: tuple[str, ...], ev: Evaluation, chosen: bool, label: str = "") -> SearchPoint:
     frac, n16 = sixteen_bit_cost(ev.report)
-    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds)
+    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds, label)
 
 
 def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
@@ -211,9 +242,40 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     if goal.max_accuracy_drop is not None and session.eval_data is None:
         # Say so before the base quantization and debug pass, which can take minutes on a large model.
         raise ConfigError("an accuracy goal needs a labelled evaluation set (eval_data)")
+    t0 = time.perf_counter()
+    start = session.requantizations
+    resolved, ceiling = _resolve_goal(session, goal)
     if goal.strategy == "prefix":
-        return _prefix_search(session, goal)
-    return _greedy_search(session, goal)
+        result = _prefix_search(session, resolved)
+    elif goal.strategy == "greedy":
+        result = _greedy_search(session, resolved)
+    else:
+        from qdebug.mixed.measured_search import measured_search
+
+        result = measured_search(session, resolved)
+    return replace(
+        result,
+        goal=goal,
+        evaluated=(*result.evaluated, *([ceiling] if ceiling is not None else [])),
+        ceiling_db=None if ceiling is None else ceiling.output_sqnr_db,
+        requantizations=session.requantizations - start,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+
+
+def _resolve_goal(session: SearchSession, goal: SearchGoal) -> tuple[SearchGoal, SearchPoint | None]:
+    """A goal relative to the all-16-bit model made absolute (that model measured: one evaluation)."""
+    if goal.near_all16_db is None:
+        return goal, None
+    base = session.base
+    ev = session.evaluate(base.config.replace(activation_type=goal.to, tensor_overrides=()), name="all16")
+    point = _point(-1, (), ev, False, "all16")
+    if ev.output_sqnr_db is None:
+        return replace(goal, near_all16_db=None, output_sqnr_db=goal.output_sqnr_db or math.inf), point
+    target = ev.output_sqnr_db - goal.near_all16_db
+    if goal.output_sqnr_db is not None:
+        target = min(target, goal.output_sqnr_db)  # either bound met is enough: the ceiling may be below the number
+    return replace(goal, near_all16_db=None, output_sqnr_db=target), point
 
 
 def _prefix_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
@@ -291,8 +353,6 @@ def _result(
     start_requant: int,
     t0: float,
 ) -> SearchResult:
-    from dataclasses import replace
-
     curve = tuple(replace(results[n][0], step=i, chosen=(n == chosen)) for i, n in enumerate(sorted(results)))
     return SearchResult(
         goal=goal,
