@@ -137,7 +137,7 @@ def _attention_groups(ix: GraphIndex) -> list[list[str]]:
 def _out_share(local: float | None, out_db: float | None) -> float:
     if local is None or out_db is None or not (math.isfinite(local) and math.isfinite(out_db)):
         return 0.0
-    return min(1.0, 10.0 ** ((out_db - local) / 10.0))
+    return float(min(1.0, 10.0 ** ((out_db - local) / 10.0)))
 
 
 def _gain_from_share(share: float) -> float:
@@ -208,7 +208,9 @@ class Sensitivity:
 
     def estimate_error_db(self) -> float | None:
         """Median |predicted − measured| gain over the measured candidates (how far to trust the estimates)."""
-        errs = sorted(abs(m.predicted_gain_db - m.measured_gain_db) for m in self.measured if m.measured_gain_db is not None)
+        errs = sorted(
+            abs(m.predicted_gain_db - m.measured_gain_db) for m in self.measured if m.measured_gain_db is not None
+        )
         return None if not errs else errs[len(errs) // 2]
 
     def rank_agreement(self) -> float | None:

@@ -19,6 +19,8 @@ checked against the float model and, for overrides, passed through ORT's mixed-p
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import time
 from collections.abc import Sequence
@@ -123,17 +125,19 @@ def propose_remedies(
     name to each tensor's ``(rmin, rmax)`` under that method (:func:`method_ranges`)."""
     out: list[Remedy] = []
     if not base.per_channel:
-        try:
+        with contextlib.suppress(ConfigError):  # the target cannot run per-channel weights of this type
             out.append(Remedy(RemedyKind.PER_CHANNEL_WEIGHTS, "per-channel weights", base.replace(per_channel=True)))
-        except ConfigError:
-            pass  # the target cannot run per-channel weights of this type
     weights = _worst_weights(report, worst_weights)
     if weights:
         wtype = "int16" if base.weight_type.startswith("int") else "uint16"
         note = QNN_16BIT_WEIGHTS_NOTE if base.target == "qnn" else ""
         try:
             cfg = _with_overrides(base, {w: [{"quant_type": wtype}] for w in weights})
-            out.append(Remedy(RemedyKind.WEIGHTS_16BIT, f"{len(weights)} worst weight(s) in {wtype}", cfg, tuple(weights), note))
+            out.append(
+                Remedy(
+                    RemedyKind.WEIGHTS_16BIT, f"{len(weights)} worst weight(s) in {wtype}", cfg, tuple(weights), note
+                )
+            )
         except ConfigError:
             pass
     kind = RemedyKind.ASYMMETRIC_ACTIVATIONS if base.activation_symmetric else RemedyKind.SYMMETRIC_ACTIVATIONS
@@ -160,7 +164,9 @@ def method_ranges(session: Any, method: str) -> dict[str, tuple[float, float]]:
     from qdebug.quantize import quantize
 
     cfg = session.base_config.replace(calibration_method=method, activation_symmetric=False)
-    q = quantize(session.float_path, session.data, cfg, session.workdir / f"calib_{method}.qdq.onnx", check=False)
+    # ORT's histogram calibrators print their settings to stdout, which is the CLI's table/JSON channel.
+    with contextlib.redirect_stdout(io.StringIO()):
+        q = quantize(session.float_path, session.data, cfg, session.workdir / f"calib_{method}.qdq.onnx", check=False)
     data = load_tensors_data(q.calibration_cache)
     out = {}
     for name, td in data.data.items():
@@ -202,7 +208,9 @@ def remedy_overrides(result: RemedyResult, session: Any) -> Any:
 
         types = [cfg.activation_type, *{e.quant_type for _, es in overrides for e in es if e.quant_type}]
         model = quantizer_view(session.float_proto, cfg.weight_type, types, cfg.ort_overrides()) or session.float_proto
-        overrides = overrides_from_ort(fix_overrides(model, cfg.ort_overrides(), cfg.activation_type, cfg.activation_symmetric))
+        overrides = overrides_from_ort(
+            fix_overrides(model, cfg.ort_overrides(), cfg.activation_type, cfg.activation_symmetric)
+        )
     ofile = OverridesFile.from_config(
         cfg.replace(tensor_overrides=overrides),
         model_sha256=session.float_sha256,
