@@ -32,8 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARK_BEGIN = "<!-- bench_mixed_corpus:begin -->"
-MARK_END = "<!-- bench_mixed_corpus:end -->"
+
+def _mark(args: argparse.Namespace, what: str) -> str:
+    """The HTML comment that delimits a section in the docs (one per recipe and table)."""
+    return f"<!-- bench_mixed_corpus:{args.weight_type}:{what} -->"
 
 
 def corpus_dir() -> Path:
@@ -53,7 +55,7 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
     from qdebug.mixed.session import MixedPrecisionSession
 
     folder = corpus_dir() / name
-    cfg = QuantConfig(num_samples=args.calib_samples, weight_type="int8")
+    cfg = QuantConfig(num_samples=args.calib_samples, weight_type=args.weight_type)
     opts = DebugOptions(num_samples=args.debug_samples)
     t_all = time.perf_counter()
     with MixedPrecisionSession(
@@ -95,18 +97,67 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
     }
 
 
+def run_remedies(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The same base, then every remedy of ``qdebug.mixed.remedies`` measured (percentile ranges: one calibration)."""
+    from qdebug.config import QuantConfig
+    from qdebug.debug import DebugOptions
+    from qdebug.mixed.remedies import measure_remedies, method_ranges, propose_remedies
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    folder = corpus_dir() / name
+    cfg = QuantConfig(num_samples=args.calib_samples, weight_type=args.weight_type)
+    t_all = time.perf_counter()
+    with MixedPrecisionSession(
+        folder / f"{name}.onnx", folder / "calib.npz", cfg, debug_data=folder / "eval.npz",
+        debug_options=DebugOptions(num_samples=args.debug_samples), workdir=work / f"{name}-remedies",
+    ) as s:  # fmt: skip
+        base_db = s.base.output_sqnr_db
+        ranges = {"percentile": method_ranges(s, "percentile")}
+        results = measure_remedies(s, propose_remedies(s.base_config, s.base.report, calibration_ranges=ranges))
+    return {
+        "model": name,
+        "base_db": base_db,
+        "remedies": [(r.remedy.description, r.output_sqnr_db, r.gain_db, r.error) for r in results],
+        "wall_s": time.perf_counter() - t_all,
+    }
+
+
+def render_remedies(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The remedies section (its own markers)."""
+    out = [
+        _mark(args, "remedies-begin"),
+        f"Measured by `benchmarks/bench_mixed.py --corpus {','.join(r['model'] for r in rows)} --remedies-only "
+        f"--weight-type {args.weight_type} "
+        f"--calib-samples {args.calib_samples} --debug-samples {args.debug_samples}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (same recipe and sample counts as above):",
+        "",
+        "| model | base dB | remedy | measured dB | gain dB | wall s (all remedies) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for desc, db, gain, err in r["remedies"]:
+            what = f"{_fmt(db)}" if err is None else f"error: {err[:80]}"
+            out.append(
+                f"| {r['model']} | {_fmt(r['base_db'])} | {desc} | {what} | {_fmt(gain)} | {_fmt(r['wall_s'], 0)} |"
+            )
+    out.append(_mark(args, "remedies-end"))
+    return "\n".join(out) + "\n"
+
+
 def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
     """The Markdown section (between the markers, so that it can replace itself in the docs)."""
     from importlib.metadata import version
 
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     out = [
-        MARK_BEGIN,
-        f"Measured by `benchmarks/bench_mixed.py --corpus {','.join(r['model'] for r in rows)} --calib-samples "
+        _mark(args, "begin"),
+        f"Measured by `benchmarks/bench_mixed.py --corpus {','.join(r['model'] for r in rows)}"
+        f" --weight-type {args.weight_type} --calib-samples "
         f"{args.calib_samples} --debug-samples {args.debug_samples} --measure-top {args.measure_top} --near {args.near}"
         f" --max-steps {args.max_steps}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{os.cpu_count()} cores shared with other jobs (load average {load} at the end), {platform.system()}, "
-        f"onnxruntime {version('onnxruntime')}. U8S8 per-tensor MinMax; **{args.calib_samples} calibration / "
+        f"onnxruntime {version('onnxruntime')}. uint8 activations, {args.weight_type} per-tensor weights, MinMax; "
+        f"**{args.calib_samples} calibration / "
         f"{args.debug_samples} debug samples only** (the machine is shared): small-sample figures, one run each.",
         "",
         "| model | base dB | all-16 dB | chosen point dB | chosen cost (16-bit elements) | goal reached | "
@@ -131,7 +182,7 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
             f"- **{r['model']}** (median |error| {_fmt(r['estimate_error_db'])} dB, "
             f"rank agreement {_fmt(r['rank_agreement'])}): {pts}"
         )
-    out.append(MARK_END)
+    out.append(_mark(args, "end"))
     return "\n".join(out) + "\n"
 
 
@@ -140,9 +191,10 @@ def write_docs(path: Path, section: str) -> None:
     from qdebug.io import atomic_write_text
 
     text = path.read_text(encoding="utf-8")
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        tail = rest.split(MARK_END, 1)[1].lstrip("\n")
+    begin, end = section.split("\n", 1)[0], section.rstrip("\n").rsplit("\n", 1)[-1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         text = head + section + tail
     else:
         text = text.rstrip("\n") + "\n\n" + section
@@ -152,11 +204,15 @@ def write_docs(path: Path, section: str) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The corpus options (shared with ``bench_mixed.py --corpus``)."""
     parser.add_argument("--calib-samples", type=int, default=8)
+    parser.add_argument(
+        "--weight-type", default="int8", help="int8 (the gauntlet's U8S8, default) or uint8 (qdebug's default)"
+    )
     parser.add_argument("--measure-top", type=int, default=6, help="candidates measured one at a time")
     parser.add_argument("--near", type=float, default=0.5, help="goal: within this many dB of all-16")
     parser.add_argument("--max-steps", type=int, default=16, help="joint prefixes measured at most")
     parser.add_argument("--docs", type=Path, help="replace the table section in this Markdown file")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--remedies-only", action="store_true", help="measure the remedies instead of searching")
 
 
 def run(models: Sequence[str], args: argparse.Namespace) -> int:
@@ -168,11 +224,11 @@ def run(models: Sequence[str], args: argparse.Namespace) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="qdebug-bench-mixed-corpus-") as tmp:
         for m in models:
-            rows.append(run_model(m, Path(tmp), args))
+            rows.append((run_remedies if args.remedies_only else run_model)(m, Path(tmp), args))
             print(f"[{m}: {rows[-1]['wall_s']:.0f} s]", file=sys.stderr, flush=True)
             if args.json is not None:  # after each model: a long run that is stopped keeps what it measured
                 args.json.write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
-    section = render(rows, args)
+    section = (render_remedies if args.remedies_only else render)(rows, args)
     print(section)
     if args.docs is not None:
         write_docs(args.docs, section)

@@ -154,7 +154,10 @@ class SearchResult:
         """Evaluated points not dominated in (lower cost, higher output SQNR)."""
         pts = [p for p in (*self.steps, *self.evaluated) if p.output_sqnr_db is not None]
         front: list[SearchPoint] = []
-        for p in sorted(pts, key=lambda p: (p.cost_fraction_16bit, -(p.output_sqnr_db or 0.0))):
+        # Ties (same cost and SQNR, e.g. a prefix whose last candidate added nothing): the chosen point, then the
+        # fewest promoted tensors.
+        key = lambda p: (p.cost_fraction_16bit, -(p.output_sqnr_db or 0.0), not p.chosen, len(p.promoted))  # noqa: E731
+        for p in sorted(pts, key=key):
             if not front or (p.output_sqnr_db or 0.0) > (front[-1].output_sqnr_db or 0.0):
                 front.append(p)
         return tuple(front)
