@@ -47,7 +47,12 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     def done(chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
         from dataclasses import replace
 
-        steps = tuple(replace(p, step=i, chosen=(i == chosen)) for i, (p, _) in enumerate(points))
+        # The curve in cost order (then SQNR), so that drawn as a line it does not zigzag in evaluation order.
+        order = sorted(
+            range(len(points)),
+            key=lambda i: (points[i][0].cost_fraction_16bit, points[i][0].output_sqnr_db or -math.inf),
+        )
+        steps = tuple(replace(points[i][0], step=k, chosen=(i == chosen)) for k, i in enumerate(order))
         return SearchResult(
             goal=goal,
             steps=steps,
@@ -58,7 +63,7 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
             seconds=round(time.perf_counter() - t0, 3),
             float_accuracy=float_acc,
             plan=points[chosen][1],
-            chosen_step=chosen,
+            chosen_step=order.index(chosen),
             sensitivity=sens,
         )
 
