@@ -144,6 +144,10 @@ def test_measured_search_front_and_predicted_vs_measured(block_session: MixedPre
     if r.reached:
         assert r.final.output_sqnr_db >= r.ceiling_db - 0.1
         assert r.plan is not None and set(r.plan.requested) == set(r.final.promoted)
+    by_converts = r.pareto(cost="converts")
+    assert by_converts and all(p.label != "all16" for p in by_converts)
+    assert [p.num_converts for p in by_converts] == sorted(p.num_converts for p in by_converts)
+    assert any(p.num_converts > 0 for p in (*r.steps, *r.evaluated))  # a promotion has 8/16-bit boundaries
     d = json.loads(json.dumps(r.to_dict()))
     assert d["sensitivity"]["measured"] and d["pareto"] and d["ceiling_db"] is not None
 

@@ -229,13 +229,13 @@ def _print_sensitivity(sens: Any, out: TextIO) -> None:
 
 def _print_front(result: Any, out: TextIO) -> None:
     rows = [
-        [p.label or str(p.step), f"{p.cost_fraction_16bit:.1%}", str(p.num_16bit_tensors), fmt_db(p.output_sqnr_db),
-         "<-" if p.chosen else ""]
+        [p.label or str(p.step), f"{p.cost_fraction_16bit:.1%}", str(p.num_16bit_tensors), str(p.num_converts),
+         fmt_db(p.output_sqnr_db), "<-" if p.chosen else ""]
         for p in result.pareto()
     ]  # fmt: skip
     table(
-        "Pareto front (every point measured)",
-        ["point", "16-bit elements", "16-bit tensors", "output SQNR", "chosen"],
+        "Pareto front (every point measured; cost: 16-bit elements)",
+        ["point", "16-bit elements", "16-bit tensors", "8/16-bit converts", "output SQNR", "chosen"],
         rows,
         out,
     )

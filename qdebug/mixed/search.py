@@ -119,6 +119,9 @@ class SearchPoint:
     seconds: float
     #: what the point is ("base", "all16", "single layernorm@x", "prefix 3"…)
     label: str = ""
+    #: 8↔16-bit conversions (ORT ``convert`` entries: a DQ→Q pair each) the promotion adds — the cost axis for a
+    #: target where every boundary is a requantize op (QNN HTP) rather than memory
+    num_converts: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,13 +153,22 @@ class SearchResult:
         """The chosen point: the smallest measured set meeting the goal (else the best tried)."""
         return self.steps[self.chosen_step]
 
-    def pareto(self) -> tuple[SearchPoint, ...]:
-        """Evaluated points not dominated in (lower cost, higher output SQNR)."""
+    def pareto(self, cost: str = "elements") -> tuple[SearchPoint, ...]:
+        """Evaluated points not dominated in (lower cost, higher output SQNR); ``cost`` is ``"elements"`` (share of
+        activation elements in 16 bits) or ``"converts"`` (8↔16-bit boundaries)."""
+        if cost not in ("elements", "converts"):
+            raise ConfigError(f"pareto cost must be 'elements' or 'converts', got {cost!r}")
         pts = [p for p in (*self.steps, *self.evaluated) if p.output_sqnr_db is not None]
+        if cost == "converts":
+            pts = [p for p in pts if p.label != "all16"]  # a different recipe: no boundaries, yet not free
         front: list[SearchPoint] = []
+
         # Ties (same cost and SQNR, e.g. a prefix whose last candidate added nothing): the chosen point, then the
         # fewest promoted tensors.
-        key = lambda p: (p.cost_fraction_16bit, -(p.output_sqnr_db or 0.0), not p.chosen, len(p.promoted))  # noqa: E731
+        def key(p: SearchPoint) -> tuple[float, float, bool, int]:
+            c = p.cost_fraction_16bit if cost == "elements" else float(p.num_converts)
+            return c, -(p.output_sqnr_db or 0.0), not p.chosen, len(p.promoted)
+
         for p in sorted(pts, key=key):
             if not front or (p.output_sqnr_db or 0.0) > (front[-1].output_sqnr_db or 0.0):
                 front.append(p)
@@ -209,7 +221,8 @@ def _met(goal: SearchGoal, ev: Evaluation, float_acc: float | None) -> bool:
 
 def _point(step: int, promoted: tuple[str, ...], ev: Evaluation, chosen: bool, label: str = "") -> SearchPoint:
     frac, n16 = sixteen_bit_cost(ev.report)
-    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds, label)
+    converts = sum(1 for _, es in ev.config.tensor_overrides for e in es if e.convert is not None)
+    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds, label, converts)
 
 
 def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
