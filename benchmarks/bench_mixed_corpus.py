@@ -6,7 +6,7 @@ For each cached corpus model (``~/.cache/qdebug/realmodels`` or ``$QDEBUG_CORPUS
 
 * base: the 8-bit model's worst output SQNR, and the seconds of one plain debug pass of it;
 * all-16: every activation in uint16 (the ceiling; measured by the search itself, goal = all-16 − ``--near``);
-* the ``measured`` search (``qdebug.mixed.measured_search``): the top ``--measure-top`` candidates (LayerNorm and
+* the ``measured`` search (``qdebug.mixed.search.measured_search``): the top ``--measure-top`` candidates (LayerNorm and
   attention groups merged) measured alone, then joint prefixes of the measured ranking;
 * the chosen point's SQNR and 16-bit cost, the evaluations and the wall time, the cost per evaluation as a multiple
   of one debug pass, the whole measured Pareto front, and predicted vs measured gain of the singles.

@@ -31,8 +31,6 @@ from qdebug.report import DebugReport, encode_number
 if TYPE_CHECKING:
     import pandas as pd
 
-    from qdebug.mixed.search import SearchSession
-
 SCHEMA_VERSION = 1
 
 #: Elementwise ops that sit between the score MatMul and the Softmax (scaling, masking).
@@ -277,9 +275,12 @@ def _ranks(values: Sequence[float]) -> list[float]:
 
 
 def measure_sensitivity(
-    session: SearchSession, cands: Sequence[Candidate], top: int, to: str = "uint16"
+    session: Any, cands: Sequence[Candidate], top: int, to: str = "uint16"
 ) -> tuple[Sensitivity, list[tuple[Measured, Any]]]:
     """Promote each of the ``top`` best-estimated candidates alone and measure it (calibration reused).
+
+    ``session`` is a :class:`~qdebug.mixed.search.SearchSession` (typed ``Any``: the search module sits above this
+    one).
 
     Returns the :class:`Sensitivity` and, for the search, each measurement with its evaluation. A candidate the
     fixer or the quantizer refuses is kept with its ``error`` (and no gain), never silently dropped."""

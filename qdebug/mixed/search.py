@@ -1,7 +1,7 @@
 """Automatic mixed-precision search: a small promotion set that reaches a goal, with its curve.
 
 Every point is *measured* (re-quantized from the cached calibration, re-debugged), never just estimated.
-Two strategies:
+Three strategies:
 
 * ``prefix`` (default) — rank all promotable tensors once by estimated output gain
   (:mod:`qdebug.mixed.suggest`), then measure growing prefixes of that ranking (1, 2, 4, 8, …) until one
@@ -10,8 +10,12 @@ Two strategies:
   little, which stalls a greedy search).
 * ``greedy`` — at each step measure the best ``candidates_per_step`` candidates of the *current* report
   and keep the best; stops when no candidate gains ``min_gain_db``. Finer, but needs many evaluations.
+* ``measured`` — the top candidates (:mod:`qdebug.mixed.candidates`: decomposed LayerNorms and attention cores as
+  one candidate each) measured one at a time, then prefixes of the *measured* ranking measured together
+  (:func:`measured_search`): interactions measured, not assumed additive.
 
-Both stop as soon as the goal is met.
+All stop as soon as the goal is met. ``near_all16_db`` makes the goal relative to the all-16-bit-activations model
+(measured first).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qdebug.errors import ConfigError
+from qdebug.mixed.candidates import Candidate, candidates, measure_sensitivity
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan
 from qdebug.mixed.suggest import Role, analyse
@@ -266,8 +271,6 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     elif goal.strategy == "greedy":
         result = _greedy_search(session, resolved)
     else:
-        from qdebug.mixed.measured_search import measured_search
-
         result = measured_search(session, resolved)
     return replace(
         result,
@@ -433,3 +436,90 @@ def _greedy_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         plan=plan,
         chosen_step=len(steps) - 1,
     )
+
+
+def _in_cost_order(r: SearchResult) -> SearchResult:
+    """The curve in cost order (then SQNR), renumbered, so that drawn as a line it does not zigzag in the order the
+    points were measured."""
+    order = sorted(
+        range(len(r.steps)), key=lambda i: (r.steps[i].cost_fraction_16bit, r.steps[i].output_sqnr_db or -math.inf)
+    )
+    steps = tuple(replace(r.steps[i], step=k, chosen=(i == r.chosen_step)) for k, i in enumerate(order))
+    return replace(r, steps=steps, chosen_step=order.index(r.chosen_step))
+
+
+def _tensors(order: tuple[Candidate, ...], n: int) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t for c in order[:n] for t in c.tensors))
+
+
+def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
+    """The ``measured`` strategy.
+
+    1. The candidates (:func:`qdebug.mixed.candidates.candidates`: tensors, and decomposed LayerNorms / attention
+       cores as one candidate each) are ranked by estimate; the top ``goal.measure_top`` are promoted one at a time
+       and measured (:func:`~qdebug.mixed.candidates.measure_sensitivity`). Early stop: the cheapest single
+       candidate that meets the goal ends the search.
+    2. The ranking by *measured* gain (unmeasured candidates after, by estimate) is searched like ``prefix``: growing
+       prefixes 1, 2, 4, … then bisection, each prefix promoted and measured *together* — interactions between
+       candidates (a promotion that only helps next to another, or two that fix the same noise) are measured, never
+       assumed additive. At most ``measure_top + max_steps`` evaluations.
+
+    Every point (singles, prefixes, base) is in the result, so :meth:`SearchResult.pareto` is a front of measured
+    points only.
+    """
+    t0 = time.perf_counter()
+    start = session.requantizations
+    base = session.base
+    float_acc = session.float_accuracy
+    points: list[tuple[SearchPoint, PromotionPlan | None]] = [(_point(0, (), base, True, "base"), None)]
+
+    def done(chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
+        return _in_cost_order(
+            SearchResult(
+                goal=goal, steps=tuple(p for p, _ in points), evaluated=(), reached=reached, stop_reason=reason,
+                requantizations=session.requantizations - start, seconds=round(time.perf_counter() - t0, 3),
+                float_accuracy=float_acc, plan=points[chosen][1], chosen_step=chosen, sensitivity=sens,
+            )
+        )  # fmt: skip
+
+    if _met(goal, base, float_acc):
+        return done(0, True, "goal met by the base quantization")
+    cands = candidates(session.float_proto, base.report)
+    if not cands:
+        return done(0, False, "no promotable tensors")
+    sens, singles = measure_sensitivity(session, cands, goal.measure_top, goal.to)
+    hits: list[int] = []
+    for m, ev in singles:
+        if ev is None:
+            continue
+        points.append((_point(0, m.candidate.tensors, ev, False, f"single {m.candidate.name}"), None))
+        if _met(goal, ev, float_acc):
+            hits.append(len(points) - 1)
+    if hits:  # early stop: one candidate alone is enough; the cheapest such one
+        best = min(hits, key=lambda i: points[i][0].cost_fraction_16bit)
+        tensors = points[best][0].promoted
+        points[best] = (points[best][0], session.promote(tensors, goal.to))
+        return done(best, True, "goal met by one candidate alone", sens)
+    order = sens.ranking()
+    by_n: dict[int, int] = {}
+
+    def meets(n: int) -> bool:
+        tensors = _tensors(order, n)
+        plan = session.promote(tensors, goal.to)
+        ev: Evaluation = session.evaluate(plan, name=f"mprefix{n}")
+        points.append((_point(0, tensors, ev, False, f"prefix {n} of {len(order)}"), plan))
+        by_n[n] = len(points) - 1
+        return _met(goal, ev, float_acc)
+
+    budget = max(1, goal.max_steps)
+    lo, hi = smallest_passing_prefix(len(order), meets, budget)
+    if hi is None:
+        best = max(range(len(points)), key=lambda i: points[i][0].output_sqnr_db or -math.inf)
+        if points[best][1] is None and best != 0:
+            points[best] = (points[best][0], session.promote(points[best][0].promoted, goal.to))
+        why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
+        return done(best, False, why, sens)
+    reason = "goal met"
+    if hi - lo > 1:
+        reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
+    return done(by_n[hi], True, reason, sens)
