@@ -205,3 +205,22 @@ def test_cli_measured_search_shows_front_and_remedies(tmp_path: Path, run_cli) -
         assert OverridesFile.load(rem).base_config is not None
     bad = run_cli("search", "-f", tmp_path / "m.onnx", "--goal-sqnr", "9", "--remedy-output", rem, "-o", o)
     assert_one_line_error(bad, EXIT_USAGE, "--remedies")
+
+
+def test_ui_does_not_apply_the_all16_point_as_a_promotion(tiny_float: Path, tmp_path: Path) -> None:
+    from conftest import TINY_CONFIGS
+
+    from qdebug.mixed.search import SearchPoint, SearchResult
+    from widgets.app import DebuggerApp
+    from widgets.session import QuantDebugger
+
+    dbg = QuantDebugger(tiny_float, config=TINY_CONFIGS["u8"], workdir=tmp_path / "work")
+    app = DebuggerApp(dbg)
+    base = SearchPoint(0, (), 0.0, 0, 20.0, None, True, 0.1, "base")
+    all16 = SearchPoint(-1, (), 1.0, 9, 30.0, None, False, 0.1, "all16")
+    app.last_search = SearchResult(
+        goal=SearchGoal(near_all16_db=0.5), steps=(base,), evaluated=(all16,), reached=True, stop_reason="goal",
+        requantizations=1, seconds=0.1, float_accuracy=None, chosen_step=0, ceiling_db=30.0,
+    )  # fmt: skip
+    app.on_pareto_point(-1)
+    assert "ceiling" in app.status and dbg.history == ()
