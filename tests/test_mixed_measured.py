@@ -224,3 +224,12 @@ def test_ui_does_not_apply_the_all16_point_as_a_promotion(tiny_float: Path, tmp_
     )  # fmt: skip
     app.on_pareto_point(-1)
     assert "ceiling" in app.status and dbg.history == ()
+
+
+def test_suggest_groups_expands_a_member_to_its_group(block_session: MixedPrecisionSession) -> None:
+    from qdebug.cli.suggest import _with_groups
+
+    cands = candidates(block_session.float_proto, block_session.base.report)
+    ln = next(c for c in cands if c.kind == CandidateKind.LAYERNORM)
+    got = _with_groups(str(block_session.float_path), block_session.base.report, [ln.tensors[-1], "y"])
+    assert got == [*ln.tensors, "y"]  # the member brings its whole group; a tensor in no group stays alone
