@@ -287,6 +287,8 @@ def _resolve_goal(session: SearchSession, goal: SearchGoal) -> tuple[SearchGoal,
     if goal.near_all16_db is None:
         return goal, None
     base = session.base
+    # The base recipe with every activation in `to`; its own tensor overrides go (a scale or type set for 8 bits
+    # would not fit 16-bit activations), so the ceiling is the plain 16-bit recipe.
     ev = session.evaluate(base.config.replace(activation_type=goal.to, tensor_overrides=()), name="all16")
     point = _point(-1, (), ev, False, "all16")
     if ev.output_sqnr_db is None:
