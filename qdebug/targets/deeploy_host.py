@@ -53,8 +53,7 @@ _SOURCES = ("qdebug_kernels.c", "harness.c")
 HOST_RUN_LABEL = "Deeploy's generated code run with qdebug's host kernels"
 #: Why the Siracusa code is not run.
 SIRACUSA_NOT_RUN = (
-    "code generation only: Siracusa code needs the PULP toolchain and a simulator (GVSoC), which are not "
-    "available here"
+    "code generation only: Siracusa code needs the PULP toolchain and a simulator (GVSoC), which are not available here"
 )
 SCHEMA_VERSION = 1
 _INSTALL_HINT = "install it with `apt-get install gcc` (Debian/Ubuntu; `make gcc` does it), or set $CC to a C compiler"
@@ -133,16 +132,25 @@ def compile_generated(codegen_dir: str | Path, work_dir: str | Path) -> HostBuil
     return HostBuild(exe, _compiler_version(cc), seconds, _warnings(proc.stderr))
 
 
+def _dtype(buf: DeeployBuffer) -> np.dtype[Any]:
+    """The little-endian numpy type of a generated buffer; a non-integer one is a :class:`TargetError`."""
+    if buf.ctype not in _CTYPES:
+        raise TargetError(
+            f"the network's {buf.role} {buf.name!r} is a {buf.ctype} buffer: qdebug's host kernels run integer networks"
+        )
+    return np.dtype(_CTYPES[buf.ctype]).newbyteorder("<")
+
+
 def _to_buffer(buf: DeeployBuffer, value: np.ndarray, sample: int) -> bytes:
     """The bytes of one generated input buffer: the ONNX value minus the buffer's offset, in its C type."""
-    dtype = np.dtype(_CTYPES.get(buf.ctype, np.int8))
+    dtype = _dtype(buf)
     stored = np.asarray(value, np.int64).reshape(-1) - buf.offset
     if stored.size != int(np.prod(buf.shape)):
         raise DataError(f"sample {sample}: input {buf.name!r} has {stored.size} values, the network takes {buf.shape}")
     info = np.iinfo(dtype)
     if stored.size and (stored.min() < info.min or stored.max() > info.max):
         raise DataError(f"sample {sample}: input {buf.name!r} does not fit the generated {buf.ctype} buffer")
-    return stored.astype(dtype).astype(dtype.newbyteorder("<")).tobytes()
+    return stored.astype(dtype).tobytes()
 
 
 def run_generated(
@@ -177,7 +185,7 @@ def run_generated(
 
 
 def _split_outputs(raw: bytes, outs: Sequence[DeeployBuffer], n: int) -> list[dict[str, np.ndarray]]:
-    dtypes = [np.dtype(_CTYPES.get(b.ctype, np.int8)).newbyteorder("<") for b in outs]
+    dtypes = [_dtype(b) for b in outs]
     sizes = [int(np.prod(b.shape)) * d.itemsize for b, d in zip(outs, dtypes, strict=True)]
     if len(raw) != n * sum(sizes):
         raise TargetError(f"the compiled Deeploy network wrote {len(raw)} bytes, expected {n * sum(sizes)}")
@@ -349,3 +357,25 @@ def check_generated(
         run_seconds=round(run_s, 4),
         compiler_warnings=build.warnings,
     )
+
+
+def run_top1(
+    network_dir: Path, codegen: Mapping[str, Any], qdq_model: str | Path, eval_data: Path, label_key: str
+) -> float:
+    """Top-1 of the generated code (``codegen``: the manifest's ``deeploy.codegen.<platform>`` entry, paths relative
+    to ``network_dir``'s parent) over a labelled ``.npz``: argmax of the first network output vs the labels."""
+    from qdebug.data import open_data, read_labels
+    from qdebug.graph import input_specs, load_model
+
+    qdq = load_model(qdq_model, "QDQ model")
+    network = load_model(network_dir / "network.onnx", "Deeploy integer network")
+    source = open_data(eval_data, input_specs(qdq), ignore=(label_key,))
+    labels = read_labels(eval_data, label_key, len(source))
+    stored = integer_samples(qdq, network, source)
+    io = [DeeployBuffer.from_dict(b) for b in codegen["io"]]
+    first = network.graph.output[0].name
+    with tempfile.TemporaryDirectory(prefix="qdebug-deeploy-cc-") as work:
+        build = compile_generated(network_dir.parent / codegen["dir"], work)
+        got = run_generated(build, io, stored)
+    hits = sum(int(np.argmax(g[first].reshape(-1))) == int(labels[i]) for i, g in enumerate(got))
+    return hits / len(stored)
