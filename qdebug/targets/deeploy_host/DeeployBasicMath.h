@@ -64,4 +64,12 @@ void MatMul_s8_s8_s32(int8_t const *pSrcA, int8_t const *pSrcB, int32_t *pDstC, 
 void MaxPool2d_s8_s8_NCHW(int8_t const *pSrcA, uint32_t C, uint32_t H, uint32_t W, uint32_t P, uint32_t Q,
                           uint32_t SP, uint32_t SQ, int8_t *pDstC, int32_t input_offset, int32_t output_offset);
 
+/* ---- Transformer kernels (I-BERT style integer approximations, as Deeploy defines them) ---------------- */
+void Layernorm_s8_s8(int8_t *data_in, int8_t *data_out, int32_t *weight, int32_t *bias, int32_t input_offset,
+                     int32_t size, int32_t lastDimLength, int32_t log2D);
+void Softmax_s8_s8(int8_t *data_in, int8_t *data_out, uint32_t size, uint32_t lastDimLength, int32_t coeffA,
+                   int32_t coeffB, int64_t coeffC, int32_t log2, uint32_t n_levels);
+void RQGELU_s8_s8(int8_t *data_in, int8_t *data_out, int32_t dataSize, int8_t b, int16_t one, int32_t input_offset,
+                  int32_t output_offset, int32_t *mul, int32_t *add, int32_t *shift);
+
 #endif /* QDEBUG_DEEPLOY_HOST_BASIC_MATH_H */

@@ -147,3 +147,99 @@ void MaxPool2d_s8_s8_NCHW(int8_t const *pSrcA, uint32_t C, uint32_t H, uint32_t 
     }
   }
 }
+
+/* ---- Transformer kernels ---------------------------------------------------------------------------------- */
+
+/* Integer square root by bisection over [0, 46342] (46342^2 just exceeds INT32_MAX): the exact root of a perfect
+ * square, else the largest r whose square (int32) is below n; 0 for n <= 0. */
+static int32_t qd_isqrt(int32_t n) {
+  if (n <= 0) {
+    return 0;
+  }
+  int32_t lo = 0, hi = 46342, root = 0;
+  while (lo <= hi) {
+    int32_t mid = (lo + hi) >> 1;
+    int32_t sq = mid * mid;
+    if (sq == n) {
+      return mid;
+    }
+    if (sq < n) {
+      root = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return root;
+}
+
+/* Per row of lastDimLength: mean and variance in integers (C division truncates), std = isqrt(var + 1), then
+ * y = (int8)((((x - mean) * weight[j]) / std + bias[j]) >> log2D) in 64-bit, no saturation. */
+void Layernorm_s8_s8(int8_t *data_in, int8_t *data_out, int32_t *weight, int32_t *bias, int32_t input_offset,
+                     int32_t size, int32_t lastDimLength, int32_t log2D) {
+  for (int32_t start = 0; start < size; start += lastDimLength) {
+    int8_t const *x = data_in + start;
+    int32_t mean = 0;
+    for (int32_t j = 0; j < lastDimLength; ++j) {
+      mean += (int32_t)x[j] + input_offset;
+    }
+    mean /= lastDimLength;
+    int32_t var = 0;
+    for (int32_t j = 0; j < lastDimLength; ++j) {
+      int16_t centred = (int16_t)((int32_t)x[j] + input_offset - mean);
+      var += (int32_t)centred * (int32_t)centred;
+    }
+    var = var / lastDimLength + 1;
+    int64_t std = qd_isqrt(var);
+    for (int32_t j = 0; j < lastDimLength; ++j) {
+      int64_t centred = (int64_t)x[j] + input_offset - mean;
+      data_out[start + j] = (int8_t)(((centred * weight[j]) / std + bias[j]) >> log2D);
+    }
+  }
+}
+
+/* Per row: p = x - max split as p = -z*log2 + r (z saturated to [0, 31]), exp(r) ~ coeffA*(r + coeffB)^2 + coeffC,
+ * y = that >> z (unsigned), out = (int8)(y * (n_levels - 1) / sum(y) - n_levels / 2) in uint32 arithmetic. */
+void Softmax_s8_s8(int8_t *data_in, int8_t *data_out, uint32_t size, uint32_t lastDimLength, int32_t coeffA,
+                   int32_t coeffB, int64_t coeffC, int32_t log2, uint32_t n_levels) {
+  uint32_t *y = (uint32_t *)malloc(sizeof(uint32_t) * lastDimLength);
+  for (uint32_t row = 0; row < size / lastDimLength; ++row) {
+    int8_t const *x = data_in + row * lastDimLength;
+    int8_t top = INT8_MIN;
+    for (uint32_t j = 0; j < lastDimLength; ++j) {
+      top = x[j] > top ? x[j] : top;
+    }
+    uint32_t total = 0;
+    for (uint32_t j = 0; j < lastDimLength; ++j) {
+      int16_t diff = (int16_t)(x[j] - top);
+      int8_t z = (int8_t)(-(diff / log2));
+      z = (int8_t)QD_SATURATE(z, 0, 31);
+      int16_t r = (int16_t)(diff + z * log2);
+      int32_t poly = coeffA * ((r + coeffB) * (r + coeffB));
+      y[j] = (uint32_t)((uint64_t)((int64_t)poly + coeffC) >> z);
+      total += y[j];
+    }
+    for (uint32_t j = 0; j < lastDimLength; ++j) {
+      data_out[row * lastDimLength + j] = (int8_t)((y[j] * (n_levels - 1)) / total - n_levels / 2);
+    }
+  }
+  free(y);
+}
+
+/* i-GELU: x * (one + L(x)) / 2 with L the clipped second-order erf polynomial sign(x)*(one - (min(|x|, -b) + b)^2),
+ * then requantized: sat(((y * mul + add + 2^(shift-1)) >> shift) + out_off) to int8. */
+void RQGELU_s8_s8(int8_t *data_in, int8_t *data_out, int32_t dataSize, int8_t b, int16_t one, int32_t input_offset,
+                  int32_t output_offset, int32_t *mul, int32_t *add, int32_t *shift) {
+  for (int32_t i = 0; i < dataSize; ++i) {
+    int32_t x = (int32_t)data_in[i] + input_offset;
+    int32_t sign = (x > 0) - (x < 0);
+    int32_t magnitude = sign * x;
+    int32_t clipped = magnitude > -b ? -b : magnitude;
+    int32_t d = clipped + b;
+    int32_t erf_poly = sign * (one - d * d);
+    int32_t y = x * ((one + erf_poly) >> 1);
+    int32_t acc = y * (*mul) + (*add);
+    acc = ((acc + (1 << ((*shift) - 1))) >> (*shift)) + output_offset;
+    data_out[i] = (int8_t)QD_SATURATE(acc, -128, 127);
+  }
+}
