@@ -247,6 +247,7 @@ def _notes(job: CompileJob, info: Mapping[str, Any]) -> tuple[str, ...]:
         f"integer network vs CPU QDQ on {e['num_samples']} samples: {e['equal_fraction']:.2%} of output "
         f"elements equal, max {e['max_lsb_diff']} LSB"
     )
+    notes += [line.strip() for line in _describe_runs(info.get("run") or {})]
     return tuple(notes)
 
 
