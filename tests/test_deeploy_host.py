@@ -135,3 +135,107 @@ def test_reference_networks_run_bit_exact(
     got = run_generated(build, res.io, [sample])[0]
     for out, ref in zip(model.graph.output, golden, strict=True):
         np.testing.assert_array_equal(got[out.name].reshape(-1), ref.reshape(-1).astype(np.int64), err_msg=out.name)
+
+
+# --------------------------------------------------------------------------- the transformer kernels (gcc only)
+_ROWS, _L = 3, 8
+_TR_H = f"""#include "DeeployBasicMath.h"
+void RunNetwork(uint32_t core_id, uint32_t numThreads);
+void InitNetwork(uint32_t core_id, uint32_t numThreads);
+extern void* DeeployNetwork_inputs[1]; extern void* DeeployNetwork_outputs[3];
+static const uint32_t DeeployNetwork_num_inputs = 1; static const uint32_t DeeployNetwork_num_outputs = 3;
+static const uint32_t DeeployNetwork_inputs_bytes[1] = {{{_ROWS * _L}}};
+static const uint32_t DeeployNetwork_outputs_bytes[3] = {{{_ROWS * _L}, {_ROWS * _L}, {_ROWS * _L}}};
+"""
+#: iLayerNorm, iSoftmax and RequantizediGELU on one int8 input, with the argument lists Deeploy's templates emit.
+_TR_C = f"""#include "Network.h"
+void* DeeployNetwork_inputs[1]; void* DeeployNetwork_outputs[3];
+static int32_t w[{_L}] = {{64, 80, 96, 112, 128, 144, 160, 176}};
+static int32_t b[{_L}] = {{-300, -200, -100, 0, 100, 200, 300, 400}};
+static int32_t mul = 3, add = -40, shift = 7;
+void RunNetwork(uint32_t core_id, uint32_t numThreads) {{
+  int8_t *x = DeeployNetwork_inputs[0];
+  Layernorm_s8_s8(x, DeeployNetwork_outputs[0], w, b, 0, {_ROWS * _L}, {_L}, 3);
+  Softmax_s8_s8(x, DeeployNetwork_outputs[1], {_ROWS * _L}, {_L}, 1000, 23, 300000, 12, 256);
+  RQGELU_s8_s8(x, DeeployNetwork_outputs[2], {_ROWS * _L}, -20, 400, 0, 0, &mul, &add, &shift);
+}}
+void InitNetwork(uint32_t core_id, uint32_t numThreads) {{
+  DeeployNetwork_inputs[0] = deeploy_malloc({_ROWS * _L});
+  for (int i = 0; i < 3; ++i) DeeployNetwork_outputs[i] = deeploy_malloc({_ROWS * _L});
+}}
+"""
+
+
+def _wrap(v: int, bits: int, signed: bool = True) -> int:
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if signed and v >= 1 << (bits - 1) else v
+
+
+def _cdiv(a: int, b: int) -> int:
+    """C's integer division (truncates toward zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def _layernorm(row: list[int]) -> list[int]:
+    w, b = [64, 80, 96, 112, 128, 144, 160, 176], [-300, -200, -100, 0, 100, 200, 300, 400]
+    mean = _cdiv(sum(row), len(row))
+    var = sum(_wrap(x - mean, 16) ** 2 for x in row) // len(row) + 1
+    std = int(np.floor(np.sqrt(var)))
+    std -= std * std > var
+    return [_wrap((_cdiv((x - mean) * w[j], std) + b[j]) >> 3, 8) for j, x in enumerate(row)]
+
+
+def _softmax(row: list[int]) -> list[int]:
+    top, ys = max(row), []
+    for x in row:
+        diff = x - top
+        z = min(max(_wrap(-_cdiv(diff, 12), 8), 0), 31)
+        r = diff + z * 12
+        ys.append(((_wrap(1000 * (r + 23) ** 2, 32) + 300000) % 2**64 >> z) % 2**32)
+    total = sum(ys) % 2**32
+    return [_wrap((y * 255 % 2**32) // total - 128, 8) for y in ys]
+
+
+def _gelu(row: list[int]) -> list[int]:
+    out = []
+    for x in row:
+        sign = (x > 0) - (x < 0)
+        d = min(abs(x), 20) - 20
+        y = x * ((400 + sign * (400 - d * d)) >> 1)
+        out.append(min(max(((y * 3 - 40 + 64) >> 7), -128), 127))
+    return out
+
+
+def test_transformer_kernels_follow_their_definitions(gcc: str, tmp_path: Path) -> None:
+    """iLayerNorm, iSoftmax and RequantizediGELU against a plain-Python reading of their integer definitions
+    (docs/deeploy.md, "Running the generated code"), extremes included."""
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "Network.h").write_text(_TR_H)
+    (gen / "Network.c").write_text(_TR_C)
+    build = compile_generated(gen, tmp_path)
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (_ROWS, _L))
+    x[0, :2], x[1] = (-128, 127), np.arange(-60, 60, 15)
+    io = (
+        DeeployBuffer("input", 0, "x", "int8_t", (_ROWS, _L)),
+        *(DeeployBuffer("output", i, n, "int8_t", (_ROWS, _L)) for i, n in enumerate(("ln", "softmax", "gelu"))),
+    )
+    got = run_generated(build, io, [{"x": x}])[0]
+    rows = [list(map(int, r)) for r in x]
+    np.testing.assert_array_equal(got["ln"], [_layernorm(r) for r in rows])
+    np.testing.assert_array_equal(got["softmax"], [_softmax(r) for r in rows])
+    np.testing.assert_array_equal(got["gelu"], [_gelu(r) for r in rows])
+
+
+def test_a_build_without_compiler_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """In a build, a missing C compiler is a warning naming what to install; the manifest says the code was not
+    run (and the compiled top-1 stays unknown)."""
+    from qdebug.targets.deeploy import _host_run
+
+    monkeypatch.setenv("CC", "no-such-cc-qdebug")
+    entry, warning = _host_run(tmp_path, {"io": []}, tmp_path / "model.qdq.onnx", [{}])
+    assert entry["ran"] is False and "apt-get install gcc" in entry["error"]
+    assert entry["label"] == "Deeploy's generated code run with qdebug's host kernels"
+    assert warning is not None and warning.startswith("the generated Generic code was not run: no C compiler")

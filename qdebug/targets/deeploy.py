@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from qdebug.data import DataSource
-from qdebug.errors import TargetError
+from qdebug.errors import DataError, TargetError
 from qdebug.graph import load_model
 from qdebug.io import atomic_save_model
 from qdebug.targets.base import (
@@ -121,7 +121,7 @@ def _host_run(
     try:
         io = [DeeployBuffer.from_dict(b) for b in entry["io"]]
         run = deeploy_host.check_generated(out, out / "generic", io, qdq_model, data)
-    except TargetError as exc:
+    except (TargetError, DataError) as exc:  # no compiler, a kernel the host library lacks, a sample it cannot take
         return {**label, "ran": False, "error": str(exc)}, f"the generated Generic code was not run: {exc}"
     warning = None
     if not run.bit_exact:

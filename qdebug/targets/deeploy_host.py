@@ -173,9 +173,13 @@ def run_generated(
                     if b.name not in sample:
                         raise DataError(f"sample {i}: no array for network input {b.name!r} (has {sorted(sample)})")
                     fh.write(_to_buffer(b, sample[b.name], i))
-        proc = subprocess.run([str(build.executable), str(in_path), str(out_path), str(len(samples))],
-                              capture_output=True, text=True, timeout=timeout_s, check=False,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        cmd = [str(build.executable), str(in_path), str(out_path), str(len(samples))]
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired as exc:  # run() has killed it
+            raise TargetError(f"the compiled Deeploy network did not finish within {timeout_s:g} s") from exc
         if proc.returncode != 0:
             raise TargetError(
                 f"the compiled Deeploy network failed (exit code {proc.returncode}): {proc.stderr.strip()[-400:]}"
@@ -328,6 +332,7 @@ def check_generated(
     from qdebug.graph import load_model
     from qdebug.targets.deeploy_export import evaluate_integer
 
+    find_compiler()  # before any work: no compiler is the one failure a user fixes by installing something
     network = load_model(Path(network_dir) / "network.onnx", "Deeploy integer network")
     qdq = qdq_model if isinstance(qdq_model, onnx.ModelProto) else load_model(qdq_model, "QDQ model")
     stored = integer_samples(qdq, network, samples)
