@@ -67,25 +67,6 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
     assert "Generic: deeploy/generic/Network.c" in res.out
     assert json.loads((out / "manifest.json").read_text())["deeploy"]["codegen"]["Generic"]["integer_only"] is True
     _assert_generic_code_ran(m, out, res.out)
-    _assert_exported_add_miscompiles_on_generic(m, out, tmp_path)
-
-
-def _assert_exported_add_miscompiles_on_generic(m: BuildManifest, out: Path, tmp_path: Path) -> None:
-    """Why Generic is generated from network.generic.onnx: from network.onnx, Deeploy types the Add's int32
-    RequantShift terms int8 (its Generic RequantShift is int8-only) and the generated code computes garbage."""
-    import numpy as np
-
-    from qdebug.targets.deeploy_env import generate
-    from qdebug.targets.deeploy_host import check_generated
-
-    dep = out / "deeploy"
-    res = generate(dep / "network.onnx", tmp_path / "as_exported", "Generic", inputs_npz=dep / "inputs.npz")
-    assert res.ok and res.integer_only, res.error  # Deeploy accepts it without a word
-    with np.load(EVAL) as z:
-        samples = [{"input": x} for x in z["input"][:8]]
-    run = check_generated(dep, tmp_path / "as_exported", res.io, out / m.files["qdq_model"], samples)
-    assert not run.bit_exact and run.equal_fraction_vs_integer_onnx < 0.5, run
-    assert any("overflow in conversion" in w for w in run.compiler_warnings), run.compiler_warnings
 
 
 def _assert_generic_code_ran(m: BuildManifest, out: Path, printed: str) -> None:
@@ -99,9 +80,12 @@ def _assert_generic_code_ran(m: BuildManifest, out: Path, printed: str) -> None:
     assert generic["equal_fraction_vs_qdq"] == 1.0 and generic["max_lsb_vs_qdq"] == 0, generic
     assert generic["compiler_warnings"] == [], generic  # e.g. no int32 bound passed through an int8 parameter
     assert runs["Siracusa"] == {"ran": False, "why": runs["Siracusa"]["why"]} and "PULP" in runs["Siracusa"]["why"]
-    # The residual Add's two int32 terms are integer Muls in the network Generic is generated from.
+    # The residual Add's two terms are integer Muls (not int32 RequantShifts, which Generic miscompiles) in the network
+    # Generic is generated from: the export's own, or its Generic form (deeploy_generic) when the export has them.
     codegen = m.target_details["deeploy"]["codegen"]["Generic"]
-    assert codegen["network"] == "deeploy/network.generic.onnx" and codegen["generic_add_terms_rewritten"] == 2
+    used = onnx.load(str(out / codegen["network"]))
+    assert [n.op_type for n in used.graph.node].count("Mul") == 2
+    assert (codegen["generic_add_terms_rewritten"] > 0) == (codegen["network"] == "deeploy/network.generic.onnx")
     assert [b["name"] for b in codegen["io"]] == ["input", "logits"]
     assert m.top1 is not None and m.top1.num_samples == 540
     # Bit-exact with ORT's unoptimized QDQ run, whose top-1 is 99.44 % (the build's QDQ figure runs ORT optimized).

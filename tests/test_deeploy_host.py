@@ -239,3 +239,59 @@ def test_a_build_without_compiler_says_what_to_install(monkeypatch: pytest.Monke
     assert entry["ran"] is False and "apt-get install gcc" in entry["error"]
     assert entry["label"] == "Deeploy's generated code run with qdebug's host kernels"
     assert warning is not None and warning.startswith("the generated Generic code was not run: no C compiler")
+
+
+# --------------------------------------------------------------------------- the Generic form (gcc + Deeploy)
+def _wide_rqs_add_network() -> onnx.ModelProto:
+    """x, y int8 [1,2,2,2] → each scaled exactly by RequantShift(div=1, n_levels=2^32) (int32) → Add →
+    RequantShift(div=2^4) → int8: the int32 RequantShift pattern Deeploy's Generic platform miscompiles."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def rqs(src: str, mul: int, add: int, dst: str, div: int, levels: int) -> onnx.NodeProto:
+        attrs = {k: numpy_helper.from_array(np.array([v], np.float32)) for k, v in
+                 (("div", div), ("n_levels", levels), ("signed", 1))}  # fmt: skip
+        return helper.make_node("RequantShift", [src, f"{dst}_m", f"{dst}_a"], [dst], name=f"{dst}_rq", **attrs)
+
+    consts = {"xs_m": 300, "xs_a": -600, "ys_m": 500, "ys_a": 0, "out_m": 1, "out_a": 1000}
+    nodes = [rqs("x", 300, -600, "xs", 1, 2**32), rqs("y", 500, 0, "ys", 1, 2**32)]
+    nodes += [helper.make_node("Add", ["xs", "ys"], ["acc"], name="add"), rqs("acc", 1, 1000, "out", 2**4, 256)]
+    shape = [1, 2, 2, 2]
+    g = helper.make_graph(
+        nodes,
+        "wide_rqs_add",
+        [helper.make_tensor_value_info(n, TensorProto.INT8, shape) for n in ("x", "y")],
+        [helper.make_tensor_value_info("out", TensorProto.INT8, shape)],
+        [numpy_helper.from_array(np.array(v, np.int32), k) for k, v in consts.items()],
+        value_info=[helper.make_tensor_value_info(n, TensorProto.INT32, shape) for n in ("xs", "ys", "acc")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_generic_form_fixes_what_generic_miscompiles(
+    gcc: str,
+    deeploy: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Deeploy accepts int32 RequantShifts on Generic but types them int8 (its Generic RequantShift is int8-only):
+    the generated code computes garbage, which gcc's overflow warnings and the run both show. The Generic form
+    (integer Mul, the add folded into the output requantization) computes the integer network exactly."""
+    from qdebug.targets.deeploy_export import evaluate_integer
+    from qdebug.targets.deeploy_generic import generic_form
+
+    model = _wide_rqs_add_network()
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.integers(-128, 128, (1, 2, 2, 2)), "y": rng.integers(-128, 128, (1, 2, 2, 2))} for _ in "ab"]
+    exact = [evaluate_integer(model, s)["out"] for s in samples]
+    fixed, rewritten = generic_form(model)
+    assert rewritten == 2 and [n.op_type for n in fixed.graph.node] == ["Mul", "Mul", "Add", "RequantShift"]
+    results = {}
+    for name, net in (("as_is", model), ("generic", fixed)):
+        onnx.save(net, str(tmp_path / f"{name}.onnx"))
+        res = generate(tmp_path / f"{name}.onnx", tmp_path / name, "Generic")
+        assert res.ok and res.integer_only, res.error  # Deeploy accepts both without a word
+        build = compile_generated(tmp_path / name, tmp_path)
+        got = run_generated(build, res.io, samples)
+        results[name] = (all(np.array_equal(g["out"], e) for g, e in zip(got, exact, strict=True)), build.warnings)
+    assert results["generic"] == (True, ())
+    assert results["as_is"][0] is False and any("overflow in conversion" in w for w in results["as_is"][1])
+    assert generic_form(fixed)[1] == 0  # idempotent: nothing left to rewrite
