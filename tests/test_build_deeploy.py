@@ -154,7 +154,7 @@ def test_transformer_builds_for_deeploy_generic_end_to_end(
     siracusa = d["codegen"]["Siracusa"]
     assert not siracusa["ok"] and "iLayerNorm" in siracusa["error"], siracusa
     assert any("Siracusa is optional" in w for w in m.warnings), m.warnings
-    # iLayerNorm/iSoftmax/iGELU approximate (measured 22 % of the logits equal on the 32 debug samples):
+    # iLayerNorm/iSoftmax/iGELU approximate (measured 18.75 % of the logits equal on the 32 debug samples):
     # the deviation is reported as a warning, never hidden.
     e = d["export"]
     assert 0.1 < e["equal_fraction"] < 0.999 and not e["bit_exact_ok"], e
