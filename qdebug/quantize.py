@@ -32,7 +32,7 @@ from qdebug.capture.session import make_session, ort_errors, ort_log_severity, o
 from qdebug.cluster import ClusterSpec
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, normalize_quant_type
 from qdebug.data import DataSource, as_ort_reader, open_data, range_reader
-from qdebug.errors import ConfigError, DataError, InputFileError, ModelError
+from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError
 from qdebug.graph import (
     VIEW_OPS,
     ModelKind,
@@ -381,7 +381,13 @@ def _calibrate_sharded(model_path: Path, ort_cfg: Any, cluster: ClusterSpec) -> 
         task = c.ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS - 1)(minmax_shard)
         model = c.ray.put(Path(model_path).read_bytes())
         args = (_op_types(ort_cfg), ort_cfg.calibration_providers, {k: extra[n] for n, k in keys.items() if n in extra})
-        parts = c.ray.get([task.remote(model, *args, reader, a, b) for a, b in plan_shards(len(source), c.workers)])
+        refs = [task.remote(model, *args, reader, a, b) for a, b in plan_shards(len(source), c.workers)]
+        try:
+            parts = c.ray.get(refs)
+        except c.ray.exceptions.RayTaskError as exc:  # a qdebug error of a shard's data: raised as it was there
+            if isinstance(exc.cause, QDebugError):
+                raise exc.cause from None
+            raise
     merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for part in parts:  # shard order; fmin/fmax as ORT's nanmin/nanmax: a NaN-only shard changes nothing
         for k, (lo, hi) in part.items():
