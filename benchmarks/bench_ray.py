@@ -44,21 +44,41 @@ def _timed(fp: Path, qp: Path, data: Path, capture: str, cluster: Any) -> tuple[
     return time.perf_counter() - t0, report
 
 
-def shard_bytes(fp: Path, qp: Path, data: Path, capture: str, size: int) -> int:
-    """Bytes of one shard's result as it travels back (pickled): sums and per-sample rows only."""
-    from qdebug.capture.ray_backend import CaptureWorker, _job
+def worker_alone(fp: Path, qp: Path, data: Path, capture: str, size: int) -> tuple[float, int]:
+    """Seconds for one :class:`CaptureWorker` (what each Ray actor runs) to open its sessions and reduce every
+    sample in this process, without Ray; and the bytes of one shard's result of ``size`` samples as it travels
+    back (pickled: sums and per-sample rows only)."""
+    from qdebug.capture.ray_backend import CaptureWorker, _job, plan_shards
     from qdebug.data import open_data, range_reader
     from qdebug.graph import input_specs, load_model, pair_models
 
     fm, qm = load_model(fp, "float model"), load_model(qp, "quantized model")
     source = open_data(data, input_specs(fm))
-    worker = CaptureWorker(
-        _job(fm, qm, pair_models(fm, qm), ("CPUExecutionProvider",), capture, size, range_reader(source))
-    )
+    n = len(source)
+    job = _job(fm, qm, pair_models(fm, qm), ("CPUExecutionProvider",), capture, n, range_reader(source))
+    t0 = time.perf_counter()
+    worker = CaptureWorker(job)
     try:
-        return len(pickle.dumps(worker.shard(0, min(size, len(source)))))
+        for a, b in plan_shards(n, max(1, n // size // 4)):  # the shards one actor would get
+            worker.shard(a, b)
+        seconds = time.perf_counter() - t0
+        return seconds, len(pickle.dumps(worker.shard(0, min(size, n))))
     finally:
         worker.close()
+
+
+def start_ray(ray: Any, cpus: int) -> float:
+    """Start the local cluster (127.0.0.1, no dashboard); its start-up seconds."""
+    t0 = time.perf_counter()
+    ray.init(
+        address="local",
+        num_cpus=cpus,
+        include_dashboard=False,
+        object_store_memory=96 << 20,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
+    return time.perf_counter() - t0
 
 
 def extrapolation(per_worker: float, efficiency: float, shard: int, per_shard_samples: int) -> list[str]:
@@ -99,41 +119,40 @@ def main(argv: Sequence[str] | None = None) -> int:  # long: one linear script, 
     data = br.split(big, args.samples, Path(args.work) / f"ray-{args.model}-{args.samples}")
     n = args.samples
     one = min(_timed(fp, qp, data, args.capture, None)[0] for _ in range(args.rounds))
-    t0 = time.perf_counter()
-    ray.init(
-        address="local",
-        num_cpus=max(args.workers),
-        include_dashboard=False,
-        object_store_memory=96 << 20,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
-    start = time.perf_counter() - t0
-    runs: dict[int, float] = {}
-    try:
-        for w in args.workers:
-            runs[w] = min(_timed(fp, qp, data, args.capture, ClusterSpec(workers=w))[0] for _ in range(args.rounds))
-    finally:
-        ray.shutdown()
     per_shard = -(-n // (max(args.workers) * SHARDS_PER_WORKER))
-    nbytes = shard_bytes(fp, qp, data, args.capture, per_shard)
+    alone, nbytes = worker_alone(fp, qp, data, args.capture, per_shard)
+    runs: dict[int, float] = {}
+    start: float | str
+    try:
+        start = start_ray(ray, max(args.workers))
+    except Exception as exc:  # Ray's start-up timeout is a plain Exception
+        start = f"Ray did not start ({str(exc).splitlines()[0]})"
+    if isinstance(start, float):
+        try:
+            for w in args.workers:
+                runs[w] = min(_timed(fp, qp, data, args.capture, ClusterSpec(workers=w))[0] for _ in range(args.rounds))
+        finally:
+            ray.shutdown()
     lines = [
         f"Model `{args.model}`, N={n} samples, capture `{args.capture}`, {platform.machine()} "
         f"{os.cpu_count()} cores (shared with other sessions: compare the ratios). Ray cluster start-up "
-        f"(not in the timings): {start:.1f} s.",
+        f"(not in the timings): {start if isinstance(start, str) else f'{start:.1f} s'}.",
         "",
         "| run | seconds | samples/s | speedup vs one process |",
         "|---|---:|---:|---:|",
-        f"| one process | {one:.1f} | {n / one:.1f} | 1.00 |",
+        f"| one process (`debug()`) | {one:.1f} | {n / one:.1f} | 1.00 |",
+        f"| one worker's code in this process, no Ray (sessions + {n} samples) | {alone:.1f} | {n / alone:.1f} | "
+        f"{one / alone:.2f} |",
     ]
     lines += [f"| {w} Ray worker(s) | {t:.1f} | {n / t:.1f} | {one / t:.2f} |" for w, t in runs.items()]
-    w1 = runs.get(1, one)
-    eff = (w1 / runs[2] / 2) if 2 in runs and 1 in runs else 1.0
+    w1 = runs.get(1, alone)
+    eff = (w1 / runs[2] / 2) if 2 in runs else 1.0
     lines += [
         "",
         f"One shard of {per_shard} samples sends back {nbytes:,} bytes (pickled sums and per-sample SQNR rows; "
-        "no tensor). 2-worker efficiency (speedup over 1 worker / 2): "
-        f"{eff:.2f}.",
+        f"no tensor). Efficiency used below (2 workers' speedup over 1 worker, / 2): {eff:.2f}"
+        + ("" if 2 in runs else " (assumed: no 2-worker run)")
+        + ".",
         "",
         *extrapolation(n / w1, eff, nbytes, per_shard),
     ]
