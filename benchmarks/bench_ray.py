@@ -44,10 +44,10 @@ def _timed(fp: Path, qp: Path, data: Path, capture: str, cluster: Any) -> tuple[
     return time.perf_counter() - t0, report
 
 
-def worker_alone(fp: Path, qp: Path, data: Path, capture: str, size: int) -> tuple[float, int]:
+def worker_alone(fp: Path, qp: Path, data: Path, capture: str, size: int) -> tuple[float, int, int]:
     """Seconds for one :class:`CaptureWorker` (what each Ray actor runs) to open its sessions and reduce every
-    sample in this process, without Ray; and the bytes of one shard's result of ``size`` samples as it travels
-    back (pickled: sums and per-sample rows only)."""
+    sample in this process, without Ray; and the bytes of a shard's result as it travels back (pickled: sums and
+    per-sample rows only) of 1 and of ``size`` samples."""
     from qdebug.capture.ray_backend import CaptureWorker, _job, plan_shards
     from qdebug.data import open_data, range_reader
     from qdebug.graph import input_specs, load_model, pair_models
@@ -62,7 +62,7 @@ def worker_alone(fp: Path, qp: Path, data: Path, capture: str, size: int) -> tup
         for a, b in plan_shards(n, max(1, n // size // 4)):  # the shards one actor would get
             worker.shard(a, b)
         seconds = time.perf_counter() - t0
-        return seconds, len(pickle.dumps(worker.shard(0, min(size, n))))
+        return seconds, len(pickle.dumps(worker.shard(0, 1))), len(pickle.dumps(worker.shard(0, min(size, n))))
     finally:
         worker.close()
 
@@ -81,8 +81,11 @@ def start_ray(ray: Any, cpus: int) -> float:
     return time.perf_counter() - t0
 
 
-def extrapolation(per_worker: float, efficiency: float, shard: int, per_shard_samples: int) -> list[str]:
-    """Markdown rows: 10^5 samples on 16 nodes, from the measured per-worker rate and 2-worker efficiency."""
+def extrapolation(per_worker: float, efficiency: float, fixed: float, per_sample: float) -> list[str]:
+    """Markdown rows: 10^5 samples on 16 nodes, from the measured per-worker rate, the 2-worker efficiency and the
+    bytes a shard sends back (a fixed part and a per-sample part); shards as ``plan_shards`` makes them."""
+    from qdebug.capture.ray_backend import plan_shards
+
     rows = [
         "| nodes × workers | workers | samples/s (est.) | time for 10⁵ samples | shards | bytes back (total) |",
         "|---|---:|---:|---:|---:|---:|",
@@ -90,10 +93,11 @@ def extrapolation(per_worker: float, efficiency: float, shard: int, per_shard_sa
     for cores in CORES_PER_NODE:
         w = NODES * cores
         rate = per_worker * w * efficiency
-        shards = -(-TARGET_SAMPLES // per_shard_samples)
+        shards = len(plan_shards(TARGET_SAMPLES, w))
+        total = shards * fixed + TARGET_SAMPLES * per_sample
         rows.append(
             f"| {NODES} × {cores} | {w} | {rate:,.0f} | {TARGET_SAMPLES / rate / 60:,.1f} min | {shards:,} | "
-            f"{shards * shard / 1e6:,.1f} MB |"
+            f"{total / 1e6:,.1f} MB |"
         )
     return rows
 
@@ -120,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:  # long: one linear script, 
     n = args.samples
     one = min(_timed(fp, qp, data, args.capture, None)[0] for _ in range(args.rounds))
     per_shard = -(-n // (max(args.workers) * SHARDS_PER_WORKER))
-    alone, nbytes = worker_alone(fp, qp, data, args.capture, per_shard)
+    alone, bytes_1, nbytes = worker_alone(fp, qp, data, args.capture, per_shard)
+    per_sample_bytes = (nbytes - bytes_1) / max(1, per_shard - 1)
+    fixed_bytes = bytes_1 - per_sample_bytes
     runs: dict[int, float] = {}
     start: float | str
     try:
@@ -149,12 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:  # long: one linear script, 
     eff = (w1 / runs[2] / 2) if 2 in runs else 1.0
     lines += [
         "",
-        f"One shard of {per_shard} samples sends back {nbytes:,} bytes (pickled sums and per-sample SQNR rows; "
-        f"no tensor). Efficiency used below (2 workers' speedup over 1 worker, / 2): {eff:.2f}"
+        f"One shard of {per_shard} samples sends back {nbytes:,} bytes, one of 1 sample {bytes_1:,} bytes (pickled "
+        f"sums and per-sample SQNR rows; no tensor): {fixed_bytes:,.0f} bytes per shard + {per_sample_bytes:,.0f} "
+        "per sample. Efficiency used below (2 workers' speedup over 1 worker, / 2): {eff:.2f}"
         + ("" if 2 in runs else " (assumed: no 2-worker run)")
         + ".",
         "",
-        *extrapolation(n / w1, eff, nbytes, per_shard),
+        *extrapolation(n / w1, eff, fixed_bytes, per_sample_bytes),
     ]
     text = "\n".join(lines)
     print(text)
