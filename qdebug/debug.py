@@ -69,6 +69,9 @@ class DebugOptions:
     existing cluster; docs/scale.md), with the same report.
     ``metrics`` names the registered metrics the report computes (:data:`qdebug.metrics.STREAMING_METRICS` for
     activations and outputs, :data:`qdebug.metrics.METRICS` for weights); ``None``: all of them.
+    ``batch`` > 1 runs up to that many samples of the same input shapes per inference call (numpy backend;
+    checked on the first batch, sums still per sample, equal to unbatched ones up to rounding;
+    :mod:`qdebug.capture.batching`).
     """
 
     num_samples: int | None = None
@@ -79,6 +82,7 @@ class DebugOptions:
     ignore_data_keys: tuple[str, ...] = ()
     capture: str = AUTO
     metrics: tuple[str, ...] | None = None
+    batch: int = 1
     cluster: ClusterSpec | None = None
 
     def __post_init__(self) -> None:
@@ -91,6 +95,10 @@ class DebugOptions:
             problems.append(f"capture must be one of {', '.join(capture_choices())}, got {self.capture!r}")
         if not self.providers:
             problems.append("at least one execution provider is needed")
+        if not isinstance(self.batch, int) or self.batch < 1:
+            problems.append(f"batch must be a positive integer, got {self.batch!r}")
+        elif self.batch > 1 and self.capture not in (AUTO, FALLBACK_BACKEND):
+            problems.append(f"batch {self.batch} needs capture 'auto' or 'numpy' (only numpy batches)")
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(self.metrics))
             known = {*STREAMING_METRICS, *METRICS}
@@ -237,6 +245,8 @@ def capture_info(cap: CaptureResult) -> CaptureInfo:
         fallback_backend=FALLBACK_BACKEND if cap.fallback_samples else None,
         fallback_samples=cap.fallback_samples,
         fallback_reasons=cap.fallback_reasons,
+        batch=cap.batch,
+        batch_reason=cap.batch_reason,
     )
 
 
@@ -285,12 +295,14 @@ def _capture(
 ) -> CaptureResult:
     """The capture in this process, or sharded over ``opts.cluster``'s workers (same result)."""
     if opts.cluster is None:
-        return capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture)
+        return capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture, batch=opts.batch)
     from qdebug.capture.ray_backend import capture_distributed
     from qdebug.cluster import connect
 
     with connect(opts.cluster) as cluster:
-        return capture_distributed(fm, qm, pairing, source, cluster, opts.providers, progress, path=opts.capture)
+        return capture_distributed(
+            fm, qm, pairing, source, cluster, opts.providers, progress, path=opts.capture, batch=opts.batch
+        )
 
 
 def debug(

@@ -33,6 +33,7 @@ import onnx
 from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn
 from qdebug.capture.auto import AutoRun
 from qdebug.capture.base import CaptureRun, CaptureSums, Fallback, SampleSums, UnsupportedPairError, get_backend
+from qdebug.capture.numpy_backend import NumpyRun
 from qdebug.cluster import Cluster
 from qdebug.data import DataSource, RangeReader, Sample, range_reader
 from qdebug.errors import ClusterError, DataError, ModelError, QDebugError
@@ -89,6 +90,7 @@ class ShardResult:
     backend: str | None = None
     reason: str | None = None
     failure: Failure | None = None
+    batch: tuple[int, str | None] = (1, None)  # the most samples one inference call took, why not more
 
 
 class CaptureWorker:
@@ -101,6 +103,7 @@ class CaptureWorker:
         self.pairing: Pairing = job["pairing"]
         self.providers: tuple[str, ...] = tuple(job["providers"])
         self.path: str = job["path"]
+        self.batch: int = job.get("batch", 1)
         self.expected: int = job["expected"]
         self.reader: RangeReader = job["reader"]
         self.run: CaptureRun | None = None
@@ -123,7 +126,11 @@ class CaptureWorker:
     def _open(self) -> CaptureRun:
         """The requested backend's run, opened once per worker (as :func:`qdebug.capture.capture` opens it)."""
         if self.run is None:
-            if self.path == AUTO:
+            if self.batch > 1 and self.path in (AUTO, FALLBACK_BACKEND):  # batching is the numpy backend's
+                self.run, self.backend = NumpyRun(*self._pair(), batch=self.batch), FALLBACK_BACKEND
+                if self.path == AUTO:
+                    self.reason = f"batches of up to {self.batch} samples run on numpy, which batches"
+            elif self.path == AUTO:
                 self.run = AutoRun(*self._pair(), self.expected)
                 self.fallback = self.run.numpy
             else:
@@ -132,11 +139,8 @@ class CaptureWorker:
                 except UnsupportedPairError as exc:
                     if self.path == FALLBACK_BACKEND:
                         raise
-                    self.run, self.backend, self.reason = (
-                        get_backend(FALLBACK_BACKEND).open(*self._pair()),
-                        "numpy",
-                        str(exc),
-                    )
+                    self.run = get_backend(FALLBACK_BACKEND).open(*self._pair())
+                    self.backend, self.reason = FALLBACK_BACKEND, str(exc)
         return self.run
 
     def _reduce(self, run: CaptureRun, index: int, sample: Sample, sums: CaptureSums) -> SampleSums:
@@ -149,29 +153,35 @@ class CaptureWorker:
         return res
 
     def shard(self, start: int, stop: int) -> ShardResult:
-        """Reduce samples ``[start, stop)`` into fresh sums (a pipelining run gets the next sample announced)."""
+        """Reduce samples ``[start, stop)`` into fresh sums; samples are read ahead as far as the run's
+        ``lookahead`` asks and announced to its ``prefetch`` (pipelining, batching), as one process does."""
         self.done = 0
         pairing = self.pairing
-        sums = CaptureSums(
-            len(pairing.activations), sum(1 for a in pairing.activations if a.quantized), len(pairing.outputs)
-        )
+        n_quant = sum(1 for a in pairing.activations if a.quantized)
+        sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
         try:
             run = self._open()
             prefetch = getattr(run, "prefetch", None)
             samples: Iterator[tuple[int, Sample]] = self.reader.read(start, stop)
-            upcoming = next(samples, None)
-            while upcoming is not None:
-                index, sample = upcoming
-                upcoming = next(samples, None)
-                if prefetch is not None and upcoming is not None:
-                    prefetch(*upcoming)
+            ahead: deque[tuple[int, Sample]] = deque()
+            first = next(samples, None)
+            if first is not None:
+                ahead.append(first)
+            while ahead:
+                index, sample = ahead.popleft()
+                want = 1 + (getattr(run, "lookahead", 1) if prefetch is not None else 0)
+                while len(ahead) < want and (item := next(samples, None)) is not None:
+                    ahead.append(item)
+                    if prefetch is not None:  # every sample read now comes after the current one
+                        prefetch(*item)
                 sums.add(index, self._reduce(run, index, sample, sums))
                 self.done += 1
         except QDebugError as exc:
             return ShardResult(None, failure=Failure.of(exc))
         if isinstance(self.run, AutoRun):
             self.backend, self.reason = self.run.final().backend, self.run.final().reason
-        return ShardResult(sums, self.backend, self.reason)
+        batching = self.run.batching() if isinstance(self.run, NumpyRun) else (1, None)
+        return ShardResult(sums, self.backend, self.reason, batch=batching)
 
     def close(self) -> None:
         """Stop a pipelining run's thread."""
@@ -216,6 +226,7 @@ def _job(
     path: str,
     expected: int,
     reader: RangeReader,
+    batch: int = 1,
 ) -> dict[str, Any]:
     return {
         "float_model": float_model.SerializeToString(),
@@ -225,6 +236,7 @@ def _job(
         "path": path,
         "expected": expected,
         "reader": reader,
+        "batch": batch,
     }
 
 
@@ -307,13 +319,14 @@ def capture_distributed(
     providers: Sequence[str] = ("CPUExecutionProvider",),
     progress: ProgressFn | None = None,
     path: str = AUTO,
+    batch: int = 1,
 ) -> CaptureResult:
     """:func:`qdebug.capture.capture` on ``cluster``'s workers (see the module doc); the same result."""
     n_total = len(data)
     reader = range_reader(data)
     shards = plan_shards(n_total, cluster.workers)
     expected = math.ceil(n_total / cluster.workers)
-    job_ref = cluster.ray.put(_job(float_model, quant_model, pairing, providers, path, expected, reader))
+    job_ref = cluster.ray.put(_job(float_model, quant_model, pairing, providers, path, expected, reader, batch))
     pool = _Pool(cluster, job_ref)
     scheduler = _Scheduler(pool, shards, progress, n_total)
     try:
@@ -331,4 +344,6 @@ def capture_distributed(
     if total.samples != n_total:  # every shard merged exactly once: anything else is a bug, never a silent loss
         raise ClusterError(f"{total.samples} of {n_total} samples came back from the workers")
     used, reason = _choice(results, cluster.workers, scheduler.retried)
-    return CaptureResult.of(total, pairing, path, used, reason)
+    sizes = [r.batch for r in results.values()]
+    batching = (max(b for b, _ in sizes), next((why for _, why in sizes if why), None))
+    return CaptureResult.of(total, pairing, path, used, reason, batching)

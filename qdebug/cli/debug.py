@@ -50,6 +50,7 @@ def run_debug(args: argparse.Namespace) -> Any:
         input_shapes=dict(args.input_shape) or None,
         ignore_data_keys=tuple(args.ignore_key),
         capture=args.capture,
+        batch=args.batch,
         cluster=cluster_spec(args),
     )
     if opts.cluster is None:
