@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # long: one linear script, 
         "",
         f"One shard of {per_shard} samples sends back {nbytes:,} bytes, one of 1 sample {bytes_1:,} bytes (pickled "
         f"sums and per-sample SQNR rows; no tensor): {fixed_bytes:,.0f} bytes per shard + {per_sample_bytes:,.0f} "
-        "per sample. Efficiency used below (2 workers' speedup over 1 worker, / 2): {eff:.2f}"
+        f"per sample. Efficiency used below (2 workers' speedup over 1 worker, / 2): {eff:.2f}"
         + ("" if 2 in runs else " (assumed: no 2-worker run)")
         + ".",
         "",
