@@ -28,8 +28,11 @@ from qdebug.graph import input_specs, load_model, pair_models
 from qdebug.metrics import ErrorSums
 from qdebug.quantize import quantize
 
-# Ray's own modules warn about their deprecated internals at import and start-up: not ours to fix.
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+# Ray's own modules warn about their deprecated internals at import and start-up, and its process handles warn when
+# collected after a shutdown: not ours to fix.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::ResourceWarning"
+)
 
 
 @pytest.fixture(scope="module")
