@@ -88,8 +88,10 @@ def connect(spec: ClusterSpec) -> Iterator[Cluster]:
                 _node_ip_address="127.0.0.1",
                 **kwargs,
             )
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError, Exception) as exc:  # Ray raises plain Exception
-        raise ClusterError(f"cannot start or reach Ray ({spec.describe()}): {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError and plain Exception here
+        ray.shutdown()  # whatever a failed start left running goes with it
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClusterError(f"cannot start or reach Ray ({spec.describe()}): {first}") from exc
     try:
         yield Cluster(ray, _workers(ray, spec), started=spec.address is None)
     finally:
