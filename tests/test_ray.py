@@ -44,14 +44,21 @@ def ray_module() -> Iterator[Any]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("ray is not installed; make test installs it (the dev extras include qdebug[ray])")
         pytest.skip("ray is not installed (pip install 'qdebug[ray]')")
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=96 << 20,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
+    for attempt in (1, 2):  # Ray's agents get 15 s to start: on a loaded machine a second try may be needed
+        try:
+            ray.init(
+                address="local",
+                num_cpus=2,
+                include_dashboard=False,
+                object_store_memory=96 << 20,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+            )
+            break
+        except Exception:  # Ray's start-up timeout is a plain Exception
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield ray
     ray.shutdown()
 
