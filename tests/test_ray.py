@@ -35,6 +35,9 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
+_START_FAILED: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def ray_module() -> Iterator[Any]:
     """One local Ray cluster for the module: 127.0.0.1, two CPUs, no dashboard, a small object store."""
@@ -44,6 +47,8 @@ def ray_module() -> Iterator[Any]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("ray is not installed; make test installs it (the dev extras include qdebug[ray])")
         pytest.skip("ray is not installed (pip install 'qdebug[ray]')")
+    if _START_FAILED:  # pytest runs a failed module fixture again for every test: fail at once instead
+        pytest.fail(f"the module's Ray cluster did not start: {_START_FAILED[0]}")
     for attempt in (1, 2):  # Ray's agents get 15 s to start: on a loaded machine a second try may be needed
         try:
             ray.init(
@@ -55,9 +60,10 @@ def ray_module() -> Iterator[Any]:
                 log_to_driver=False,
             )
             break
-        except Exception:  # Ray's start-up timeout is a plain Exception
+        except Exception as exc:  # Ray's start-up timeout is a plain Exception
             ray.shutdown()
             if attempt == 2:
+                _START_FAILED.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 raise
     yield ray
     ray.shutdown()
