@@ -231,7 +231,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         # Search.
         self.goal_db = w.FloatText(description="goal dB", value=0.0)
         self.goal_drop = w.FloatText(description="max drop %", value=0.0)
-        self.strategy_picker = w.Dropdown(description="strategy", options=["prefix", "greedy"], value="prefix")
+        self.strategy_picker = w.Dropdown(
+            description="strategy", options=["prefix", "greedy", "measured"], value="prefix"
+        )
         self.search_button = w.Button(description="Search", icon="search", layout=w.Layout(width="auto"))
         self.search_summary = w.HTML("")
 
@@ -809,6 +811,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         point = self.search_point(step)
         if point is None:
             self.status = f"no search point {step}"
+            return
+        if point.label == "all16":  # a different recipe (every activation 16-bit), not a promotion set
+            self.status = "the all-16-bit point is the ceiling: quantize with activation_type uint16 to use it"
             return
         if not point.promoted:
             self.debugger.reset()

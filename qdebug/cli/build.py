@@ -77,6 +77,19 @@ class Build(Tool):
         )
         parser.add_argument("--no-tensor-probe", action="store_true", help="skip the per-tensor HTP vs CPU comparison")
         parser.add_argument(
+            "--bisect",
+            choices=("auto", "always", "never"),
+            default="auto",
+            help="qnn: locate the divergence by compiling prefix subgraphs (auto: when the probe changed the HTP "
+            "graph and something diverges; docs/qnn.md)",
+        )
+        parser.add_argument(
+            "--no-remedies",
+            action="store_true",
+            help="qnn: do not try the remedies (16-bit region, per-channel weights, other SoCs, fp16 region) on a "
+            "located divergence",
+        )
+        parser.add_argument(
             "--no-snap-scales",
             action="store_true",
             help="deeploy: keep the calibrated scales instead of snapping each requantization to "
@@ -123,6 +136,8 @@ class Build(Tool):
             label_key=args.label_key,
             skip_fixes=tuple(args.skip_fix),
             probe_tensors=not args.no_tensor_probe,
+            bisect=args.bisect,
+            remedies=not args.no_remedies,
             snap_scales=not args.no_snap_scales,
             snap_grid=args.snap_grid,
         )
