@@ -25,6 +25,8 @@ from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
 from qdebug.render.fmt import fmt_db_text, fmt_pct
 from qdebug.render.text import capture_line
 
+from .report_panel import ReportPanel
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -236,6 +238,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         )
         self.search_button = w.Button(description="Search", icon="search", layout=w.Layout(width="auto"))
         self.search_summary = w.HTML("")
+        self.report_panel = ReportPanel(self.debugger)  # Diagnose + Download HTML report
 
     def _wire(self) -> None:
         """CSS classes for the browser tests, click handlers, and widgets ↔ traits links."""
@@ -320,6 +323,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                 self.plan_view,
                 self.before_after,
                 self.download,
+                self.report_panel,
             ],
             layout=w.Layout(width="50%"),
         )
