@@ -26,7 +26,7 @@ from qdebug.errors import ModelError
 from qdebug.graph import is_dq, is_q, load_model
 
 #: ONNX element type → qdebug's quantization type name (the ones a QuantConfig can hold).
-_TYPES = {
+_TYPES: dict[int, str] = {
     onnx.TensorProto.UINT8: "uint8",
     onnx.TensorProto.INT8: "int8",
     onnx.TensorProto.UINT16: "uint16",
@@ -69,7 +69,7 @@ def _qtype(node: onnx.NodeProto, consts: Mapping[str, np.ndarray], elem: Mapping
         t = consts.get(node.input[0])
         if t is not None:
             return {np.dtype(k).name: k for k in _BOUNDS}.get(t.dtype.name)
-    return _TYPES.get(elem.get(node.output[0] if is_q(node) else node.input[0], -1))
+    return _TYPES.get(int(elem.get(node.output[0] if is_q(node) else node.input[0], -1)))
 
 
 def symmetric_zero_point(qtype: str) -> int:
