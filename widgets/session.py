@@ -227,7 +227,12 @@ class QuantDebugger:
     def search(self, goal: SearchGoal) -> SearchResult:
         """Automatic promotion search from the base (the history is not changed)."""
         self._step(0, 1, "searching promotions")
-        res = self.session.search(goal)
+        # every measured point says so: "search, point prefix3: debugging sample 12/64"
+        self.session.progress = lambda done, total, msg: self._step(done, total, f"search, point {msg}")
+        try:
+            res = self.session.search(goal)
+        finally:
+            self.session.progress = self._step
         self._step(1, 1, "search done")
         return res
 

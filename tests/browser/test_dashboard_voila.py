@@ -42,9 +42,16 @@ def _big_model(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1750])],
         [w],
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
     assert path.stat().st_size > 10.5 * 2**20
     return path
+
+
+def _upload(page: Any, css: str, path: Path) -> None:
+    """Choose ``path`` in a FileUpload (its file input is not in the page: the button opens the chooser)."""
+    with page.expect_file_chooser() as chooser:
+        page.locator(css).click()
+    chooser.value.set_files(str(path))
 
 
 def _kernels(server: Any) -> list[Any]:
@@ -96,13 +103,16 @@ def test_dashboard_debug_promote_export(
 
         # Uploads above Tornado's default websocket message size (10 MiB) arrive; above the limit, a sentence.
         page.locator(".qd-dash-source button", has_text="upload").click()
-        page.locator(".qd-dash-data-choice select").select_option(label="synthetic (random inputs)")
-        page.locator(".qd-dash-upload input[type=file]").set_input_files(str(_big_model(tmp_path / "wide.onnx")))
+        expect(page.locator(".qd-dash-upload")).to_be_visible()  # the form re-laid out for uploads
+        data_choice = page.locator(".qd-dash-data-choice select")
+        data_choice.select_option(label="synthetic (random inputs)")
+        expect(data_choice).to_have_value("synthetic (random inputs)")
+        _upload(page, ".qd-dash-upload", _big_model(tmp_path / "wide.onnx"))
         run.click()
         expect(page.locator(".qd-dash-ok")).to_contain_text("wide.onnx")
         junk = tmp_path / "huge.onnx"
         junk.write_bytes(b"\0" * 26_000_000)  # over the 25 MB limit
-        page.locator(".qd-dash-upload input[type=file]").set_input_files(str(junk))
+        _upload(page, ".qd-dash-upload", junk)
         run.click()
         expect(page.locator(".qd-dash-error")).to_contain_text("above the 25 MB upload limit")
 
