@@ -107,6 +107,7 @@ def test_bad_inputs_are_messages_and_the_form_stays_usable(tmp_path: Path) -> No
     assert "is not a .onnx file" in dash.message.value
     big = b"\0" * int(MAX_UPLOAD_MB * 1e6 + 1)
     dash.model_upload.value = _upload("big.onnx", big)
+    assert "qd-dash-error" in dash.message.value and "upload limit" in dash.message.value  # said on arrival
     dash.run_button.click()
     assert "upload limit" in dash.message.value
     assert not any(p.name == "big.onnx" for p in dash.workdir.rglob("*"))  # nothing written for a refused upload

@@ -256,7 +256,29 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.sample_picker.observe(lambda ch: self._layout_form(), names="value")
         self.target_picker.observe(self._target_changed, names="value")
         self.run_button.on_click(self.on_run_clicked)
+        for upload, what in (
+            (self.model_upload, "the float model"),
+            (self.quant_upload, "the quantized model"),
+            (self.data_upload, "the data file"),
+        ):
+            upload.observe(lambda ch, what=what: self._received(what, ch["new"]), names="value")
         self._fill_targets()
+
+    def _received(self, what: str, value: Any) -> None:
+        """Say at once that an upload arrived, and whether it is over the limit (not only when Run is pressed)."""
+        item = _upload_item(value)
+        if item is None:
+            return
+        name, content = item
+        size = len(content) / 1e6
+        if size > MAX_UPLOAD_MB:
+            self._say(
+                f"{what} {name!r} is {size:.1f} MB, above the {MAX_UPLOAD_MB:g} MB upload limit: put it on the "
+                "server and choose it there",
+                "error",
+            )
+        else:
+            self._say(f"{what} {name!r} received ({size:.1f} MB); press Run", "info")
 
     def _form(self) -> w.VBox:
         """The form: model, data, target, Run."""

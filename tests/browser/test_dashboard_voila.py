@@ -108,11 +108,13 @@ def test_dashboard_debug_promote_export(
         data_choice.select_option(label="synthetic (random inputs)")
         expect(data_choice).to_have_value("synthetic (random inputs)")
         _upload(page, ".qd-dash-upload", _big_model(tmp_path / "wide.onnx"))
+        expect(page.locator(".qd-dash-info")).to_contain_text("'wide.onnx' received (12.")
         run.click()
         expect(page.locator(".qd-dash-ok")).to_contain_text("wide.onnx")
         junk = tmp_path / "huge.onnx"
         junk.write_bytes(b"\0" * 26_000_000)  # over the 25 MB limit
         _upload(page, ".qd-dash-upload", junk)
+        expect(page.locator(".qd-dash-error")).to_contain_text("above the 25 MB upload limit")  # said at once
         run.click()
         expect(page.locator(".qd-dash-error")).to_contain_text("above the 25 MB upload limit")
 
