@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent
 #: What the wheel carries of each bundled folder (no generator scripts: they need torch).
 BUNDLED = {
     "sample_models": ("*.onnx", "*.npz", "registry.json", "README.md"),
-    "notebooks": ("*.ipynb", "README.md"),
+    "notebooks": ("*.ipynb", "README.md", "share/voila/templates/qdebug/*"),
 }
 
 
@@ -35,7 +35,9 @@ class BuildWithData(build_py):
             target.mkdir(parents=True, exist_ok=True)
             for pattern in patterns:
                 for src in sorted((ROOT / folder).glob(pattern)):
-                    shutil.copyfile(src, target / src.name)
+                    dest = target / src.relative_to(ROOT / folder)  # the Voila template keeps its folder layout
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, dest)
 
 
 setup(

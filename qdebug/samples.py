@@ -34,6 +34,10 @@ NOTEBOOK_DIR = bundled("notebooks")
 #: The walkthrough notebooks ``qdebug notebooks`` copies (the dashboard notebook is served by ``qdebug dashboard``).
 WALKTHROUGHS = ("quickstart.ipynb", "mixed_precision.ipynb", "targets.ipynb")
 DASHBOARD_NOTEBOOK = "dashboard.ipynb"
+#: A Jupyter data folder (for ``JUPYTER_PATH``) holding qdebug's Voila template ``voila/templates/qdebug``: Voila's lab
+#: template without its CDN links, so the dashboard asks nothing of any host but the local server.
+VOILA_DATA_DIR = NOTEBOOK_DIR / "share"
+VOILA_TEMPLATE = "qdebug"
 
 
 @dataclass(frozen=True)

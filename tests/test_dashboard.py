@@ -63,16 +63,18 @@ def test_server_file_browser_and_synthetic_data(dash: Dashboard, tmp_path: Path)
     assert "digits_cnn.onnx" in listing and not any(k.endswith(".npz") for k in listing)
     dash.model_browser.listing.value = listing["digits_transformer.onnx"]
     assert dash.model_browser.path.endswith("digits_transformer.onnx")
-    up = next(v for k, v in dash.model_browser.listing.options if k.startswith("⬆"))
-    dash.model_browser.listing.value = up  # entering a folder lists it
-    assert dash.model_browser.cwd == SAMPLE_MODELS.parent
+    assert not any(k.startswith("⬆") for k, _ in dash.model_browser.listing.options)  # never above the root
+    dash.model_browser.show_dir(SAMPLE_MODELS.parent)  # asked to list above it: lists the root
+    assert dash.model_browser.cwd == SAMPLE_MODELS.resolve()
     dash.data_choice.value = "synthetic"
     dash.run_button.click()
     assert "qd-dash-ok" in dash.message.value, dash.message.value
     assert dash.debugger.report.min_output_sqnr_db is not None
 
 
-def test_bad_inputs_are_messages_and_the_form_stays_usable(dash: Dashboard, tmp_path: Path) -> None:
+def test_bad_inputs_are_messages_and_the_form_stays_usable(tmp_path: Path) -> None:
+    (tmp_path / "digits_cnn.onnx").write_bytes((SAMPLE_MODELS / "digits_cnn.onnx").read_bytes())
+    dash = Dashboard(root=tmp_path, workdir=tmp_path / "work", debug_samples=16)
     dash.source.value = "server"
     dash.run_button.click()
     assert "choose a float model" in dash.message.value and dash.app is None
@@ -87,7 +89,7 @@ def test_bad_inputs_are_messages_and_the_form_stays_usable(dash: Dashboard, tmp_
     # data that does not fit the model: the engine's DataError, as a sentence
     bad = tmp_path / "bad.npz"
     np.savez(bad, wrong_name=np.zeros((1, 1, 8, 8), np.float32))
-    dash.model_browser.path = str(SAMPLE_MODELS / "digits_cnn.onnx")
+    dash.model_browser.path = str(tmp_path / "digits_cnn.onnx")
     dash.data_choice.value = "server"
     dash.data_path.value = str(bad)
     dash.run_button.click()
@@ -105,6 +107,7 @@ def test_bad_inputs_are_messages_and_the_form_stays_usable(dash: Dashboard, tmp_
     assert "is not a .onnx file" in dash.message.value
     big = b"\0" * int(MAX_UPLOAD_MB * 1e6 + 1)
     dash.model_upload.value = _upload("big.onnx", big)
+    assert "qd-dash-error" in dash.message.value and "upload limit" in dash.message.value  # said on arrival
     dash.run_button.click()
     assert "upload limit" in dash.message.value
     assert not any(p.name == "big.onnx" for p in dash.workdir.rglob("*"))  # nothing written for a refused upload
@@ -151,3 +154,59 @@ def test_a_model_the_engine_rejects_is_a_message(dash: Dashboard) -> None:
     dash.run_button.click()
     assert "qd-dash-error" in dash.message.value and "Could not debug this model" in dash.message.value
     assert dash.app is None
+
+
+def test_the_root_confines_typed_paths(tmp_path: Path) -> None:
+    """``QDEBUG_DASHBOARD_ROOT`` is a boundary, not a starting point: ``..``, absolute paths elsewhere and symbolic
+    links out of it are refused with a sentence naming the folder."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "cnn.onnx").write_bytes((SAMPLE_MODELS / "digits_cnn.onnx").read_bytes())
+    (root / "escape.onnx").symlink_to(SAMPLE_MODELS / "digits_cnn.onnx")
+    d = Dashboard(root=root, workdir=tmp_path / "work", debug_samples=8)
+    d.source.value = "server"
+    d.data_choice.value = "synthetic"
+    for typed in ("../elsewhere.onnx", str(SAMPLE_MODELS / "digits_cnn.onnx"), "escape.onnx"):
+        d.model_browser.path = typed
+        d.run_button.click()
+        assert "qd-dash-error" in d.message.value and "outside the dashboard" in d.message.value, typed
+        assert str(root) in d.message.value and d.app is None
+    d.model_browser.path = "cnn.onnx"  # relative to the root
+    d.quant_path.value = "../x.qdq.onnx"
+    d.run_button.click()
+    assert "the quantized model" in d.message.value and "outside the dashboard" in d.message.value
+    d.quant_path.value = ""
+    d.data_choice.value = "server"
+    d.data_path.value = str(SAMPLE_MODELS / "digits_calib.npz")
+    d.run_button.click()
+    assert "the data file" in d.message.value and "outside the dashboard" in d.message.value
+
+
+def test_a_page_folder_is_removed_when_its_kernel_exits(tmp_path: Path) -> None:
+    """Each page gets its own folder under ``QDEBUG_DASHBOARD_WORKDIR``; the kernel's exit (Voila shuts it down
+    when the page closes, or culls it) removes it: nothing accumulates."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = (
+        "from widgets.dashboard import Dashboard; d = Dashboard(debug_samples=4); "
+        "(d.workdir / 'run1').mkdir(); (d.workdir / 'run1' / 'x.onnx').write_bytes(b'x'); print(d.workdir)"
+    )
+    env = {**os.environ, "QDEBUG_DASHBOARD_WORKDIR": str(tmp_path / "work"), "QDEBUG_DASHBOARD_ROOT": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    page = Path(out.stdout.strip().splitlines()[-1])
+    assert page.parent == tmp_path / "work" and page.name.startswith("qdebug-dashboard-")
+    assert not page.exists() and (tmp_path / "work").is_dir()
+
+
+def test_run_gives_a_verdict_and_compiles_for_the_target(dash: Dashboard) -> None:
+    dash.sample_picker.value = "digits_cnn"
+    dash.run_button.click()
+    out = dash.debugger.report.min_output_sqnr_db
+    kind = "poor" if out < 20 else ("fair" if out <= 40 else "good")
+    assert f"qd-verdict-{kind}" in dash.message.value and f"{kind} —" in dash.message.value
+    assert "qd-compile" in dash.app.compile_view.value and "cpu" in dash.app.compile_view.value
+    assert dash.app.last_recompile is not None and dash.app.last_recompile.ok

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,25 @@ def test_dashboard_serves_the_bundled_notebook_on_localhost() -> None:
     assert cmd[:3] == [sys.executable, "-m", "voila"]
     assert Path(cmd[3]) == NOTEBOOK_DIR / "dashboard.ipynb" and Path(cmd[3]).is_file()
     assert "--Voila.ip=127.0.0.1" in cmd and f"--port={DEFAULT_PORT}" in cmd and "--no-browser" in cmd
+
+
+def test_dashboard_runs_offline_with_room_for_uploads_and_no_orphan_kernels(tmp_path: Path) -> None:
+    """qdebug's Voila template (no CDN link; its files ship with the notebooks), a kernel websocket that carries an
+    upload of the documented size, and idle kernels of closed pages culled."""
+    from qdebug.cli.dashboard import voila_command, voila_env
+    from qdebug.samples import VOILA_DATA_DIR, VOILA_TEMPLATE
+
+    cmd = voila_command(NOTEBOOK_DIR / "dashboard.ipynb", 8866, max_upload_mb=25)
+    assert f"--template={VOILA_TEMPLATE}" in cmd
+    size = next(c for c in cmd if c.startswith("--Voila.tornado_settings="))
+    assert int(size.split(":")[1].strip(" }")) >= 25e6 * 2
+    assert any(c.startswith("--MappingKernelManager.cull_idle_timeout=") for c in cmd)
+    env = voila_env(tmp_path, 25, base={"JUPYTER_PATH": "/elsewhere"})
+    assert env["JUPYTER_PATH"].split(os.pathsep) == [str(VOILA_DATA_DIR), "/elsewhere"]
+    assert env["QDEBUG_DASHBOARD_ROOT"] == str(tmp_path.resolve()) and env["QDEBUG_MAX_UPLOAD_MB"] == "25"
+    template = VOILA_DATA_DIR / "voila" / "templates" / VOILA_TEMPLATE
+    assert {p.name for p in template.iterdir()} >= {"conf.json", "index.html.j2", "page.html"}
+    assert "https://" not in (template / "page.html").read_text()
 
 
 def test_dashboard_refuses_a_root_that_is_not_a_folder(tmp_path: Path, run_cli) -> None:

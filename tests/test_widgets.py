@@ -3,6 +3,7 @@ real tiny models through real ONNX Runtime; traits are set and handlers called, 
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -305,7 +306,9 @@ def test_search_pareto_click_applies_point(dbg: QuantDebugger) -> None:
     app.goal_db.value = base_db + 60  # unreachable: every step of the curve gets measured
     app.on_search_clicked()
     res = app.last_search
-    assert res is not None and res.steps and "points measured" in app.search_summary.value
+    assert res is not None and res.steps
+    plotted = {p.step for p in (*res.steps, *res.evaluated)}  # the curve's points
+    assert f"{len(plotted)} points measured" in app.search_summary.value
     assert dbg.history == ()  # searching does not change the current variant
     fig = app.pareto_box.children[0]
     steps = next(t for t in fig.data if t.name == "steps")
@@ -406,6 +409,93 @@ def test_the_app_says_how_the_tensors_were_captured(dbg: QuantDebugger) -> None:
     info = dbg.report.meta.capture
     assert info is not None
     assert f"capture: {info.backend} backend" in app.capture_note.value
+
+
+# ---------------------------------------------------------------------------------------------- honest state
+def test_step_clock_says_the_step_and_the_time_left() -> None:
+    from widgets.status import StepClock
+
+    now = [100.0]
+    c = StepClock(clock=lambda: now[0])
+    assert c.text(0, 64, "base model: debugging sample 0/64") == "base model: debugging sample 0/64"
+    now[0] += 10
+    assert c.text(16, 64, "base model: debugging sample 16/64").endswith("— 10 s, about 30 s left")
+    now[0] += 100
+    assert "about" not in c.text(0, 1, "compiling for qnn")  # a new step restarts the clock; no count, no ETA
+    now[0] += 75
+    assert c.text(0, 1, "compiling for qnn") == "compiling for qnn — 1 min 15 s"
+
+
+@pytest.mark.parametrize(
+    ("db", "kind"), [(9.6, "poor"), (-20.6, "poor"), (30.0, "fair"), (45.0, "good"), (None, "unknown")]
+)
+def test_verdict_instead_of_success_at_any_value(db: float | None, kind: str) -> None:
+    from widgets.status import verdict
+
+    v = verdict(db)
+    assert v.kind == kind and (db is None or kind in v.text)
+
+
+def test_buttons_are_disabled_while_working_and_a_failure_is_said_where_the_user_looks(
+    dbg: QuantDebugger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = DebuggerApp(dbg)
+    seen: list[bool] = []
+    real_apply = dbg.apply
+
+    def failing(plan):  # type: ignore[no-untyped-def]
+        seen.append(app.promote_button.disabled and app.search_button.disabled and app.undo_button.disabled)
+        raise RuntimeError("Only an existing tensor can be modified, 'x_intermediate' is not.")
+
+    monkeypatch.setattr(dbg, "apply", failing)
+    before = dbg.report.min_output_sqnr_db
+    name = next(iter(app.suggestion_boxes))
+    app.suggestion_boxes[name].value = True
+    app.on_promote_clicked()
+    assert seen == [True]  # busy while working …
+    assert not app.promote_button.disabled and not app.search_button.disabled  # … and usable after
+    failed = app.comparison_box.children[0].value  # the Before/after tab says it, and why
+    assert "failed" in failed and "Only an existing tensor" in failed
+    assert "qd-msg-error" in app.fix_message.value and "Only an existing tensor" in app.fix_message.value
+    assert dbg.history == () and dbg.report.min_output_sqnr_db == before
+    monkeypatch.setattr(dbg, "apply", real_apply)
+    app.suggestion_boxes[name].value = True
+    app.on_promote_clicked()  # the session stays usable
+    assert len(dbg.history) == 1 and "promoted 1 tensor(s)" in app.fix_message.value
+
+
+def test_table_wording(dbg: QuantDebugger) -> None:
+    """Human column names, n/a last in both directions, no `nan` type, suggestion text whole."""
+    app = DebuggerApp(dbg)
+    assert ("local SQNR", "local_sqnr_db") in app.sort_picker.options
+    assert all(not label.endswith("_db") for label, _ in app.sort_picker.options + app.metric_picker.options)
+    for desc in (False, True):
+        app.descending = desc
+        app.sort_key = "weight_sqnr_db"  # n/a for every tensor without weights
+        values = list(app.table_frame()["weight_sqnr_db"])
+        missing = [math.isnan(v) for v in values]
+        assert missing == sorted(missing), values  # every n/a after every value
+    cells = [c.value for r in app.table.children[1:] for c in r.children if isinstance(getattr(c, "value", None), str)]
+    assert cells and not any(c.strip().endswith(">nan</span>") or ">nan<" in c for c in cells)
+    labels = [
+        h.value
+        for row in app.suggestions_box.children
+        for h in getattr(row, "children", ())
+        if "qd-suggestion-text" in str(getattr(h, "value", ""))
+    ]
+    assert labels and all("dB at output</span>" in t for t in labels)  # the whole label, not cut
+
+
+def test_figures_carry_no_nan_to_the_front_end() -> None:
+    """A NaN or inf in widget state makes jupyter_client warn "Out of range float values are not JSON compliant"."""
+    import json
+
+    import plotly.graph_objects as go
+
+    from widgets.app import _json_safe
+
+    fig = go.Figure(go.Heatmap(z=[[1.0, float("nan")], [float("inf"), 2.0]], customdata=[[float("-inf")]]))
+    json.dumps(_json_safe(fig), allow_nan=False, default=lambda o: o.tolist())
 
 
 def test_report_panel_diagnoses_and_offers_the_html_report(dbg: QuantDebugger, tmp_path: Path) -> None:

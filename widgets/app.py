@@ -26,6 +26,7 @@ from qdebug.render.fmt import fmt_db_text, fmt_pct
 from qdebug.render.text import capture_line
 
 from .report_panel import ReportPanel
+from .status import StepClock, verdict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,6 +44,17 @@ if TYPE_CHECKING:
 METRICS = ("local_sqnr_db", "cumulative_sqnr_db", "mse", "max_abs_error")
 #: Columns the tensor table sorts by (columns of :func:`qdebug.render.figures.tensor_table`).
 SORT_KEYS = ("topo_index", "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "op", "tensor_name")
+#: What the pickers show for those columns (the data keeps its column names).
+LABELS = {
+    "topo_index": "order in the graph",
+    "local_sqnr_db": "local SQNR",
+    "cumulative_sqnr_db": "cumulative SQNR",
+    "weight_sqnr_db": "weight SQNR",
+    "op": "op type",
+    "tensor_name": "tensor name",
+    "mse": "mean squared error",
+    "max_abs_error": "max abs error",
+}
 #: Largest graph laid out with grandalf's Sugiyama; bigger ones use the linear longest-path layering.
 SUGIYAMA_MAX_NODES = 3000
 #: Suggestions listed with a checkbox in the mixed-precision panel (the table shows every reason).
@@ -57,6 +69,15 @@ def _db(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return fmt_pct(v, missing="n/a")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _button_layout() -> w.Layout:
+    """A button as wide as its label, never squeezed by its row."""
+    return w.Layout(width="auto", flex="0 0 auto")
 
 
 def _placeholder(what: str, why: str) -> w.HTML:
@@ -87,12 +108,42 @@ def _figure(name: str, *args: Any, css: str | None = None) -> w.Widget:
     try:
         import plotly.graph_objects as go
 
-        widget = go.FigureWidget(fig)
+        widget = go.FigureWidget(_json_safe(fig))
     except Exception as exc:  # no anywidget: say so rather than show a static image nobody can click
         return _placeholder(name, f"plotly FigureWidget unavailable ({exc}); pip install 'qdebug[ui]'")
     if css:
         widget._dom_classes = (*widget._dom_classes, css)  # a stable selector for the browser tests
     return widget
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every NaN/±inf float replaced by None (plotly draws None as a gap, as it draws NaN)."""
+    import numpy as np
+
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind == "f" and not np.isfinite(v).all():
+            return [_finite(x) for x in v.tolist()]
+        if v.dtype.kind == "O":
+            return [_finite(x) for x in v.tolist()]
+        return v
+    if isinstance(v, list | tuple):
+        return [_finite(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _json_safe(fig: Any) -> Any:
+    """The figure without non-finite numbers: the widget's state travels as JSON, and a NaN or inf there makes
+    jupyter_client print "Out of range float values are not JSON compliant" above the app (every hover and colour
+    already says "n/a" / "identical (inf)" in text)."""
+    try:
+        d = fig.to_dict()
+    except AttributeError:
+        return fig
+    return {"data": _finite(d.get("data", [])), "layout": _finite(d.get("layout", {}))}
 
 
 def _sqnr_cell(v: Any, low: float) -> str:
@@ -178,11 +229,14 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         """Progress, status and the tensor table with its filter/sort/page controls."""
         self.progress = w.IntProgress(value=0, min=0, max=1, description="", layout=w.Layout(width="320px"))
         self.status_line = w.HTML("")
+        self.clock = StepClock()
         self.capture_note = w.HTML("")  # which capture backend ran, and every sample that fell back
         # Tensor table: filter/sort/page controls, then one widget row per visible tensor.
         self.table = w.VBox()
         self.filter_box = w.Text(placeholder="filter: name or op", description="filter", continuous_update=False)
-        self.sort_picker = w.Dropdown(description="sort by", options=list(SORT_KEYS), value=self.sort_key)
+        self.sort_picker = w.Dropdown(
+            description="sort by", options=[(LABELS[k], k) for k in SORT_KEYS], value=self.sort_key
+        )
         self.desc_box = w.Checkbox(description="descending", value=False, indent=False)
         self.low_box = w.Checkbox(description="only below threshold", value=False, indent=False)
         self.threshold_picker = w.FloatText(
@@ -202,7 +256,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.histogram_box = w.Box()
         self.comparison_box = w.Box()
         self.pareto_box = w.Box()
-        self.metric_picker = w.Dropdown(description="colour by", options=list(METRICS), value=self.metric)
+        self.metric_picker = w.Dropdown(
+            description="colour by", options=[(LABELS[k], k) for k in METRICS], value=self.metric
+        )
         # Netron: an explicit opt-in (docs/netron.md), never the primary graph view.
         self.netron_button = w.Button(
             description="Open in Netron (opt-in)", icon="external-link", layout=w.Layout(width="auto")
@@ -220,13 +276,14 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.promotion_view = w.HTML("")
         self.target_picker = w.Dropdown(description="target")
         self.target_note = w.HTML("")
+        # flex "0 0 auto": a narrow column wraps the row instead of cutting the labels ("Promote to…")
         self.promote_button = w.Button(
-            description="Promote to 16-bit", button_style="primary", icon="arrow-up", layout=w.Layout(width="auto")
+            description="Promote to 16-bit", button_style="primary", icon="arrow-up", layout=_button_layout()
         )
-        self.undo_button = w.Button(description="Undo", icon="undo", layout=w.Layout(width="auto"))
-        self.export_button = w.Button(
-            description="Export overrides JSON", icon="download", layout=w.Layout(width="auto")
-        )
+        self.undo_button = w.Button(description="Undo", icon="undo", layout=_button_layout())
+        self.export_button = w.Button(description="Export overrides JSON", icon="download", layout=_button_layout())
+        self.fix_message = w.HTML("")  # the outcome of Promote / Undo / Export, right under those buttons
+        self.compile_view = w.HTML("")  # the last compile for the chosen target (Run compiles too)
         self.plan_view = w.HTML("")
         self.before_after = w.HTML("")
         self.download = w.HTML("")
@@ -236,7 +293,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.strategy_picker = w.Dropdown(
             description="strategy", options=["prefix", "greedy", "measured"], value="prefix"
         )
-        self.search_button = w.Button(description="Search", icon="search", layout=w.Layout(width="auto"))
+        self.search_button = w.Button(description="Search", icon="search", layout=_button_layout())
         self.search_summary = w.HTML("")
         self.report_panel = ReportPanel(self.debugger)  # Diagnose + Download HTML report
 
@@ -261,6 +318,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             (self.search_summary, "qd-search-summary"),
             (self.netron_button, "qd-netron"),
             (self.promotion_view, "qd-promotion"),
+            (self.fix_message, "qd-fix-message"),
+            (self.compile_view, "qd-compile-box"),
         ):
             widget.add_class(cls)
         self.promote_button.on_click(self.on_promote_clicked)
@@ -318,8 +377,13 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                 w.HTML("<b>Mixed precision</b> — tick suggestions or table rows, then promote"),
                 self.suggestions_box,
                 self.promotion_view,
-                w.HBox([self.target_picker, self.promote_button, self.undo_button, self.export_button]),
+                w.HBox(
+                    [self.target_picker, self.promote_button, self.undo_button, self.export_button],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                self.fix_message,
                 self.target_note,
+                self.compile_view,
                 self.plan_view,
                 self.before_after,
                 self.download,
@@ -333,7 +397,26 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def _on_progress(self, done: int, total: int, message: str) -> None:
         self.progress.max = max(total, 1)
         self.progress.value = min(done, self.progress.max)
-        self.status = message
+        self.status = self.clock.text(done, total, message)
+
+    def set_busy(self, busy: bool) -> None:
+        """Disable (or enable again) every button that starts work: a second click while the kernel works would
+        queue and later overwrite the first one's result."""
+        for b in (
+            self.promote_button,
+            self.undo_button,
+            self.export_button,
+            self.search_button,
+            self.netron_button,
+            self.target_picker,
+        ):
+            b.disabled = busy
+
+    def _say(self, box: w.HTML, text: str, kind: str = "info", colour: str | None = None) -> None:
+        """A message in ``box`` (next to the button that caused it) and in the status line."""
+        colour = colour or {"error": "#c92a2a", "ok": "#2b8a3e"}.get(kind, "#495057")
+        box.value = f"<div class='qd-msg qd-msg-{kind}' style='color:{colour}'>{html.escape(text)}</div>"
+        self.status = text
 
     @tr.observe("status")
     def _status_changed(self, change: dict[str, Any]) -> None:
@@ -342,7 +425,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def _busy(self, message: str) -> None:
         # Feedback before a long call: the front end shows it while the kernel works.
         self.progress.value = 0
-        self.status = message
+        self.status = self.clock.text(0, 1, message)
 
     # ------------------------------------------------------------------ data for the views
     def views(self) -> _ReportViews:
@@ -372,7 +455,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         if self.only_low:
             low = float(self.threshold)
             t = t[(t["local_sqnr_db"] < low) | (t["cumulative_sqnr_db"] < low)]
-        return t.sort_values(self.sort_key, ascending=not self.descending, na_position="first", kind="stable")
+        # n/a (a tensor with no SQNR) last in both directions: the rows worth reading come first
+        return t.sort_values(self.sort_key, ascending=not self.descending, na_position="last", kind="stable")
 
     def table_names(self) -> list[str]:
         """Tensor names on the current page of the table, in display order."""
@@ -450,13 +534,14 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             btn.add_class("qd-row-name")
             btn.on_click(lambda b, n=name: self.on_select(n))
             reason = str(r.reason) if r.role else ""  # the reason starts with the role
+            qtype = r.type if isinstance(r.type, str) and r.type else "float"  # not quantized: no `nan`
             cells = [
                 html.escape(str(r.op)),
-                html.escape(str(r.type)),
+                html.escape(qtype),
                 _sqnr_cell(r.local_sqnr_db, low),
                 _sqnr_cell(r.cumulative_sqnr_db, low),
                 _sqnr_cell(r.weight_sqnr_db, low),
-                f"<span title='{html.escape(reason)}'>{html.escape(reason[:70])}</span>",
+                f"<span class='qd-reason' style='white-space:normal'>{html.escape(reason)}</span>",
             ]
             row = w.HBox(
                 [box, btn, *(w.HTML(c, layout=w.Layout(width=wd)) for c, wd in zip(cells, widths[2:], strict=True))]
@@ -479,13 +564,13 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         rows = []
         for s in picks:
             label = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. +{s.estimated_output_gain_db:.1f} dB at output"
-            box = w.Checkbox(
-                value=s.tensor_name in self.promotion, description=label, indent=False, layout=w.Layout(width="auto")
-            )
+            box = w.Checkbox(value=s.tensor_name in self.promotion, indent=False, layout=w.Layout(width="28px"))
             box.add_class("qd-suggestion")
             box.observe(lambda ch, n=s.tensor_name: self._tick(n, bool(ch["new"])), names="value")
             self.suggestion_boxes[s.tensor_name] = box
-            rows.append(box)
+            # the whole label, wrapped: a checkbox description is cut at the widget's width
+            text = w.HTML(f"<span class='qd-suggestion-text' style='white-space:normal'>{html.escape(label)}</span>")
+            rows.append(w.HBox([box, text], layout=w.Layout(align_items="flex-start")))
         if not rows:
             rows = [w.HTML("<i>no promotion candidates</i>")]
         self.suggestions_box.children = rows
@@ -666,36 +751,72 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         """Promote the ticked tensors (or the selected one): plan → apply → recompile → before/after."""
         tensors = self.checked() or ([self.selected] if self.selected else [])
         if not tensors:
-            self.status = "tick at least one suggestion or table row (or select a tensor) to promote"
+            self._say(self.fix_message, "tick at least one suggestion or table row (or select a tensor) to promote")
             return
         self._apply(lambda: self.debugger.promote(tensors), f"the promotion of {', '.join(tensors)}")
 
     def _apply(self, make_plan: Callable[[], PromotionPlan], what: str) -> Evaluation | None:
+        """Plan, re-quantize, re-debug and compile with the buttons disabled; a failure is said next to the button
+        and in the Before/after tab (where the user looks for the result), and the current variant stays."""
         before = self.debugger.report
         before_ev = self.debugger.current
+        self.set_busy(True)
         try:
             self._busy(f"planning {what}")
             plan = make_plan()
             self.last_plan_text = plan.describe()
             self.plan_view.value = f"<pre class='qd-plan'>{html.escape(self.last_plan_text)}</pre>"
-            self._busy(f"re-quantizing with {len(plan.overrides)} override(s) (calibration reused) and re-debugging")
             ev = self.debugger.apply(plan)
+            compiled, note = self._recompile()
         except Exception as exc:
-            self.status = f"promotion failed: {type(exc).__name__}: {exc}"
+            self._failed(what, exc)
             return None
-        compiled, note = self._recompile()
+        finally:
+            self.set_busy(False)
         self.promotion = []
         self.refresh()
         self.before_after.value = self._before_after_html(before.min_output_sqnr_db, before_ev, ev, compiled)
         if ev.comparison is not None:
             self.comparison_box.children = [_figure("comparison_figure", ev.comparison, css="qd-comparison")]
-        self.status = (
-            f"promoted {len(plan.promoted)} tensor(s): output SQNR {_db(before.min_output_sqnr_db)} → "
-            f"{_db(ev.output_sqnr_db)}"
+        v = verdict(ev.output_sqnr_db)
+        self._say(
+            self.fix_message,
+            f"promoted {len(plan.requested)} tensor(s) (with the tensors around them: {len(plan.promoted)} in 16 "
+            f"bits): output SQNR {_db(before.min_output_sqnr_db)} → {_db(ev.output_sqnr_db)}, {v.kind}"
             + ("" if ev.accuracy is None else f", accuracy {_pct(ev.accuracy)}")
-            + (f", {note}" if compiled is None else f", {self.target}: {'ok' if compiled.ok else 'failed'}")
+            + (f"; {note}" if compiled is None else f"; {self.target}: {'ok' if compiled.ok else 'failed'}"),
+            colour=v.colour,
         )
         return ev
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Say that ``what`` failed, and why, where the user will look: next to the button, in the status line
+        and in the Before/after tab; the model shown is still the previous one."""
+        why = f"{type(exc).__name__}: {exc}"
+        shown = _db(self.debugger.report.min_output_sqnr_db)
+        self._say(self.fix_message, f"{what} failed: {why}", "error")
+        self.before_after.value = ""
+        box = w.HTML(
+            f"<div class='qd-failed' style='color:#c92a2a'><b>{html.escape(what)} failed</b>: {html.escape(why)}"
+            f"<br>The model shown is unchanged (worst output SQNR {html.escape(shown)}); the session is usable: "
+            "try other tensors or undo.</div>"
+        )
+        self.comparison_box.children = [box]
+
+    def compile_current(self) -> RecompileResult | None:
+        """Compile the current variant for the chosen target (Run does it too, as ``qdebug build`` would) and show
+        the compile report under the target picker."""
+        self.set_busy(True)
+        try:
+            compiled, note = self._recompile()
+        finally:
+            self.set_busy(False)
+        if compiled is None:
+            self.compile_view.value = f"<p class='qd-compile-note'>{html.escape(note)}</p>"
+        else:
+            self.compile_view.value = self._compile_html(compiled)
+            self.status = f"compiled for {self.target}: {'ok' if compiled.ok else 'FAILED (see below the target)'}"
+        return compiled
 
     def _recompile(self) -> tuple[RecompileResult | None, str]:
         ok, reason = self.targets_info.get(self.target, (False, "unknown target"))
@@ -707,7 +828,21 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             self.last_recompile = self.debugger.recompile(self.target)
         except Exception as exc:
             return None, f"compile for {self.target} failed: {type(exc).__name__}: {exc}"
+        self.compile_view.value = self._compile_html(self.last_recompile)
         return self.last_recompile, ""
+
+    @staticmethod
+    def _compile_html(compiled: RecompileResult) -> str:
+        c = compiled.compile
+        fallback = ", ".join(f"{op}×{n}" for op, n in c.fallback_by_op().items()) or "none"
+        out = (
+            f"<p class='qd-compile'>{html.escape(c.target)} {html.escape(c.device)}: "
+            f"{'ok' if compiled.ok else 'FAILED'}; {c.accelerator_partitions} accelerator partition(s), "
+            f"{c.accelerator_nodes} node(s) on it, {c.cpu_nodes} on the CPU; fallback: {html.escape(fallback)}</p>"
+        )
+        if compiled.problems:
+            out += "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in compiled.problems) + "</ul>"
+        return out
 
     def _before_after_html(
         self,
@@ -726,35 +861,30 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         )
         out = f"<table class='qd-before-after'><tr><th></th><th>before</th><th>after</th></tr>{body}</table>"
         if compiled is not None:
-            c = compiled.compile
-            fallback = ", ".join(f"{op}×{n}" for op, n in c.fallback_by_op().items()) or "none"
-            out += (
-                f"<p class='qd-compile'>{html.escape(c.target)} {html.escape(c.device)}: "
-                f"{'ok' if compiled.ok else 'FAILED'}; {c.accelerator_partitions} accelerator partition(s), "
-                f"{c.accelerator_nodes} node(s) on it, {c.cpu_nodes} on the CPU; fallback: {html.escape(fallback)}</p>"
-            )
-            if compiled.problems:
-                out += "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in compiled.problems) + "</ul>"
+            out += self._compile_html(compiled)
         return out
 
     def on_undo_clicked(self, b: Any = None) -> None:
         """Return to the variant before the last promotion."""
         undone = self.debugger.undo()
         if undone is None:
-            self.status = "nothing to undo"
+            self._say(self.fix_message, "nothing to undo")
             return
         self.refresh()
         self.before_after.value = ""
         self.plan_view.value = ""
         self.comparison_box.children = []
-        self.status = f"undone {undone.name}: output SQNR back to {_db(self.debugger.report.min_output_sqnr_db)}"
+        self._say(
+            self.fix_message,
+            f"undone {undone.name}: output SQNR back to {_db(self.debugger.report.min_output_sqnr_db)}",
+        )
 
     def on_export_clicked(self, b: Any = None) -> None:
         """Write the current overrides JSON (atomically) and offer it as a download link."""
         try:
             path = self.debugger.export_overrides(self.export_path)
         except Exception as exc:
-            self.status = f"export failed: {type(exc).__name__}: {exc}"
+            self._say(self.fix_message, f"export failed: {type(exc).__name__}: {exc}", "error")
             return
         data = base64.b64encode(path.read_bytes()).decode("ascii")
         self.download.value = (
@@ -762,7 +892,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             f"href='data:application/json;base64,{data}'>download {html.escape(path.name)}</a>"
             f" <span class='qd-export-path'>{html.escape(str(path))}</span>"
         )
-        self.status = f"overrides written to {path}"
+        self._say(self.fix_message, f"overrides written to {path}", "ok")
 
     # ------------------------------------------------------------------ search
     def on_search_clicked(self, b: Any = None) -> None:
@@ -771,30 +901,48 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
 
         db = float(self.goal_db.value) or None
         drop = float(self.goal_drop.value) / 100 or None
+        self.set_busy(True)
         try:
             goal = SearchGoal(output_sqnr_db=db, max_accuracy_drop=drop, strategy=str(self.strategy_picker.value))
             self._busy("searching promotions (each point is re-quantized and measured)")
             res = self.debugger.search(goal)
         except Exception as exc:
-            self.status = f"search failed: {type(exc).__name__}: {exc}"
+            self._say(self.search_summary, f"search failed: {type(exc).__name__}: {exc}", "error")
             return
+        finally:
+            self.set_busy(False)
         self.last_search = res
         fig = _figure("pareto_figure", res, css="qd-pareto")
         self._on_click(fig, self._on_pareto_click)
         self.pareto_box.children = [fig]
-        chosen = res.steps[res.chosen_step] if res.steps else None
-        self.search_summary.value = (
-            f"<span class='qd-search-result'>{'goal reached' if res.reached else 'goal not reached'} "
-            f"({html.escape(res.stop_reason)}); {len(res.evaluated)} points measured, {res.requantizations} "
-            f"re-quantizations, {res.seconds:.1f} s"
-            + (
-                ""
-                if chosen is None
-                else f"; chosen: step {chosen.step}, {len(chosen.promoted)} tensor(s), {_db(chosen.output_sqnr_db)}"
-            )
-            + "</span>"
-        )
+        self.search_summary.value = self._search_text(res)
         self.status = "search done: click a point of the curve to apply it"
+
+    @staticmethod
+    def _search_text(res: SearchResult) -> str:
+        """The search's outcome in one line: the count is of the points on the curve."""
+        points = {p.step: p for p in (*res.steps, *res.evaluated)}
+        chosen = res.steps[res.chosen_step] if res.steps else None
+        start = points.get(0)
+        worse = (
+            chosen is not None
+            and start is not None
+            and chosen.output_sqnr_db is not None
+            and start.output_sqnr_db is not None
+            and chosen.output_sqnr_db < start.output_sqnr_db
+        )
+        text = (
+            f"{'goal reached' if res.reached else 'goal not reached'} ({res.stop_reason}); "
+            f"{_count(len(points), 'point')} measured, {_count(res.requantizations, 're-quantization')}, "
+            f"{res.seconds:.1f} s"
+        )
+        if chosen is not None:
+            text += (
+                f"; chosen: step {chosen.step}, {_count(len(chosen.promoted), 'tensor')}, {_db(chosen.output_sqnr_db)}"
+            )
+        if worse:
+            text += " — worse than the start: keep the current model or pick another point"
+        return f"<span class='qd-search-result'>{html.escape(text)}</span>"
 
     def _on_pareto_click(self, trace: Any, points: Any, state: Any = None) -> None:
         idx = list(getattr(points, "point_inds", []) or [])

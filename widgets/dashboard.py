@@ -10,9 +10,11 @@ user's own files are only read.
 
 from __future__ import annotations
 
+import atexit
 import html
 import os
 import re
+import shutil
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ import traitlets as tr
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_USAGE, QDebugError
 from qdebug.samples import SAMPLE_DIR, list_samples
+
+from .status import StepClock, verdict
 
 #: Largest upload accepted (MB). Uploads travel through the kernel's websocket as one message; bigger models belong
 #: on the server, chosen with the file browser. ``QDEBUG_MAX_UPLOAD_MB`` changes it.
@@ -74,8 +78,27 @@ def _upload_item(value: Any) -> tuple[str, bytes] | None:
     return str(item["name"]), bytes(item["content"])
 
 
+class OutsideRootError(DashboardInputError):
+    """A typed or picked path leaves the dashboard's folder (``QDEBUG_DASHBOARD_ROOT``, ``qdebug dashboard --root``)."""
+
+
+def confined(root: Path, path: str | Path, what: str) -> Path:
+    """``path`` resolved (symbolic links and ``..`` followed), which must lie inside ``root``; relative paths are
+    relative to ``root``. Anything else is an :class:`OutsideRootError` naming the folder."""
+    base = root.resolve()
+    p = Path(path).expanduser()
+    full = (p if p.is_absolute() else base / p).resolve()
+    if full != base and base not in full.parents:
+        raise OutsideRootError(
+            f"{what} {str(path)!r} is outside the dashboard's folder {base} (set by --root / QDEBUG_DASHBOARD_ROOT); "
+            "put the file there"
+        )
+    return full
+
+
 class FileBrowser(w.VBox):  # type: ignore[misc]
-    """A minimal server-side file chooser: a folder listing (folders and files with ``suffixes``) and a path box.
+    """A minimal server-side file chooser inside ``root``: a folder listing (folders and files with ``suffixes``)
+    and a path box. It never lists above ``root`` (the paths typed are checked by :func:`confined` when used).
 
     Selecting a folder enters it; selecting a file puts its path in :attr:`path`, which can also be typed.
     """
@@ -83,10 +106,13 @@ class FileBrowser(w.VBox):  # type: ignore[misc]
     path = tr.Unicode("")
 
     def __init__(self, root: Path, suffixes: tuple[str, ...], css: str, **kwargs: Any) -> None:
-        self.cwd = root.resolve()
+        self.root = root.resolve()
+        self.cwd = self.root
         self.suffixes = suffixes
         self.listing = w.Select(options=[], rows=8, layout=w.Layout(width="520px"))
-        self.path_box = w.Text(placeholder=f"path to a {'/'.join(suffixes)} file", layout=w.Layout(width="520px"))
+        self.path_box = w.Text(
+            placeholder=f"path of a {'/'.join(suffixes)} file in this folder", layout=w.Layout(width="520px")
+        )
         self.here = w.HTML("")
         self.listing.add_class(f"{css}-browser")
         self.path_box.add_class(f"{css}-path")
@@ -96,7 +122,10 @@ class FileBrowser(w.VBox):  # type: ignore[misc]
         self.show_dir(self.cwd)
 
     def show_dir(self, folder: Path) -> None:
-        """List ``folder`` (unreadable folders say so instead of failing)."""
+        """List ``folder`` (unreadable folders say so instead of failing; a folder outside the root lists the root)."""
+        folder = folder.resolve()
+        if folder != self.root and self.root not in folder.parents:
+            folder = self.root
         self.cwd = folder
         self.here.value = f"<code>{html.escape(str(folder))}</code>"
         try:
@@ -104,9 +133,9 @@ class FileBrowser(w.VBox):  # type: ignore[misc]
         except OSError as exc:
             self.here.value += f" <i>cannot list: {html.escape(str(exc))}</i>"
             entries = []
-        opts: list[tuple[str, str]] = [("⬆ ..", str(folder.parent))] if folder.parent != folder else []
+        opts: list[tuple[str, str]] = [("⬆ ..", str(folder.parent))] if folder != self.root else []
         for p in entries:
-            if p.name.startswith("."):
+            if p.name.startswith("."):  # hidden files, .ipynb_checkpoints
                 continue
             if p.is_dir():
                 opts.append((f"📁 {p.name}/", str(p)))
@@ -130,9 +159,11 @@ class FileBrowser(w.VBox):  # type: ignore[misc]
 class Dashboard(w.VBox):  # type: ignore[misc]
     """Pick model/data/target, Run, then debug and fix in the embedded :class:`~widgets.app.DebuggerApp`.
 
-    ``root`` is where the server-side file browser starts (default: ``$QDEBUG_DASHBOARD_ROOT``, else the working
-    directory); ``workdir`` holds each run's uploads and outputs (default: ``$QDEBUG_DASHBOARD_WORKDIR``, else a new
-    temporary folder); ``samples_dir`` the bundled samples.
+    ``root`` is the only folder whose files the page can read (the file browser and typed paths; default:
+    ``$QDEBUG_DASHBOARD_ROOT``, else the working directory; the bundled samples are always offered). Each page
+    gets its own folder for uploads and outputs: ``workdir`` itself when given, else a new folder inside
+    ``$QDEBUG_DASHBOARD_WORKDIR`` or the system's temporary folder, removed by :meth:`close` — which runs when the
+    page's kernel shuts down (Voila shuts it down when the page closes). ``samples_dir`` the bundled samples.
     """
 
     def __init__(
@@ -146,9 +177,16 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     ) -> None:
         # ``make dashboard`` passes these through the environment: Voila starts the kernel in notebooks/.
         root = root if root is not None else os.environ.get("QDEBUG_DASHBOARD_ROOT") or Path.cwd()
-        workdir = workdir if workdir is not None else os.environ.get("QDEBUG_DASHBOARD_WORKDIR")
-        self.root = Path(root)
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="qdebug-dashboard-"))
+        self.root = Path(root).resolve()
+        self._own_workdir = workdir is None
+        if workdir is None:
+            parent = os.environ.get("QDEBUG_DASHBOARD_WORKDIR") or None
+            if parent:
+                Path(parent).mkdir(parents=True, exist_ok=True)
+            workdir = tempfile.mkdtemp(prefix="qdebug-dashboard-", dir=parent)
+            atexit.register(self.release)  # the kernel exits when Voila shuts it down (page closed, or culled)
+        self.workdir = Path(workdir)
+        self.clock = StepClock()
         self.debug_samples = debug_samples
         self.runs = 0
         self.app: Any = None
@@ -162,6 +200,15 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         super().__init__([self._form(), self.app_box], **kwargs)
         self.add_class("qd-dashboard")
         self._layout_form()
+
+    def release(self) -> None:
+        """Release what this page holds: Netron if it was opened, and the page's folder if the dashboard made it."""
+        app = getattr(self, "app", None)
+        if app is not None and getattr(app, "netron", None) is not None:
+            app.netron.stop()
+            app.netron = None
+        if getattr(self, "_own_workdir", False):
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _make_widgets(self) -> None:
         """The form's widgets, each with a CSS class the browser tests select by."""
@@ -209,7 +256,29 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.sample_picker.observe(lambda ch: self._layout_form(), names="value")
         self.target_picker.observe(self._target_changed, names="value")
         self.run_button.on_click(self.on_run_clicked)
+        for upload, what in (
+            (self.model_upload, "the float model"),
+            (self.quant_upload, "the quantized model"),
+            (self.data_upload, "the data file"),
+        ):
+            upload.observe(lambda ch, what=what: self._received(what, ch["new"]), names="value")
         self._fill_targets()
+
+    def _received(self, what: str, value: Any) -> None:
+        """Say at once that an upload arrived, and whether it is over the limit (not only when Run is pressed)."""
+        item = _upload_item(value)
+        if item is None:
+            return
+        name, content = item
+        size = len(content) / 1e6
+        if size > MAX_UPLOAD_MB:
+            self._say(
+                f"{what} {name!r} is {size:.1f} MB, above the {MAX_UPLOAD_MB:g} MB upload limit: put it on the "
+                "server and choose it there",
+                "error",
+            )
+        else:
+            self._say(f"{what} {name!r} received ({size:.1f} MB); press Run", "info")
 
     def _form(self) -> w.VBox:
         """The form: model, data, target, Run."""
@@ -312,9 +381,9 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         elif src == "server":
             if not self.model_browser.path.strip():
                 raise DashboardInputError("choose a float model: click an .onnx file in the list or type its path")
-            model = Path(self.model_browser.path.strip()).expanduser()
+            model = confined(self.root, self.model_browser.path.strip(), "the float model")
             if self.quant_path.value.strip():
-                quant = Path(self.quant_path.value.strip()).expanduser()
+                quant = confined(self.root, self.quant_path.value.strip(), "the quantized model")
         else:
             stored = self._store_upload(self.model_upload, "the float model", ".onnx", run_dir)
             if stored is None:
@@ -331,7 +400,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         elif choice == "server":
             if not self.data_path.value.strip():
                 raise DashboardInputError("type the path of the data file (.npz), or choose synthetic data")
-            data = Path(self.data_path.value.strip()).expanduser()
+            data = confined(self.root, self.data_path.value.strip(), "the data file")
         else:
             data = self._store_upload(self.data_upload, "the data file", ".npz", run_dir)
             if data is None:
@@ -342,11 +411,13 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def _progress(self, done: int, total: int, message: str) -> None:
         self.progress.max = max(total, 1)
         self.progress.value = min(done, self.progress.max)
-        self.progress_text.value = html.escape(message)
+        self.progress_text.value = (
+            f"<span class='qd-dash-progress-text'>{html.escape(self.clock.text(done, total, message))}</span>"
+        )
 
-    def _say(self, text: str, kind: str = "info") -> None:
-        colour = {"error": "#c92a2a", "ok": "#2b8a3e"}.get(kind, "#495057")
-        self.message.value = f"<div class='qd-dash-{kind}' style='color:{colour}'>{html.escape(text)}</div>"
+    def _say(self, text: str, kind: str = "info", colour: str | None = None, extra: str = "") -> None:
+        colour = colour or {"error": "#c92a2a", "ok": "#2b8a3e"}.get(kind, "#495057")
+        self.message.value = f"<div class='qd-dash-{kind} {extra}' style='color:{colour}'>{html.escape(text)}</div>"
 
     def on_run_clicked(self, b: Any = None) -> None:
         """Resolve the form, quantize/debug, and show the debugger; failures become a message, never a traceback."""
@@ -360,15 +431,17 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         run_dir = self.workdir / f"run{self.runs}"
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_button.disabled = True
-        self._say("working…")
+        if self.app is not None:
+            self.app.set_busy(True)  # the previous debugger's buttons: its session is being replaced
+        self._say("working… (the progress line above says on what)")
         try:
             inputs = self.resolve_inputs(run_dir)
             config = resolve_config(inputs.target, inputs.precision)
-            float_model, config = self._prepare_float(inputs, config, run_dir)
+            float_model, quant_model, config = self._prepare_float(inputs, config, run_dir)
             label = "label" if inputs.eval_data is not None else None
             dbg = QuantDebugger(
                 float_model,
-                inputs.quant_model,
+                quant_model,
                 data=inputs.data,
                 config=config,
                 debug_data=inputs.eval_data if inputs.eval_data is not None else inputs.data,
@@ -390,32 +463,60 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             self.run_button.disabled = False
         self.debugger, self.app = dbg, app
         self.app_box.children = [app]
-        out = dbg.report.min_output_sqnr_db
-        shown = "n/a" if out is None else f"{out:.2f} dB"
+        v = verdict(dbg.report.min_output_sqnr_db)
         self._say(
-            f"{float_model.name}: {len(dbg.report.activations)} tensors debugged, worst output SQNR {shown}. "
-            "Select tensors below and press Promote to 16-bit.",
+            f"{float_model.name}: {len(dbg.report.activations)} tensors debugged; {v.text}.",
             "ok",
+            colour=v.colour,
+            extra=f"qd-verdict-{v.kind}",
         )
+        # Run also compiles for the chosen target (as `qdebug build` does), so its report is there before a fix.
+        app.compile_current()
 
     def _prepare_float(
         self, inputs: RunInputs, config: QuantConfig | None, run_dir: Path
-    ) -> tuple[Path, QuantConfig | None]:
-        """The float model as the target needs it, with its compatibility fixes (e.g. Deeploy has no
-        BatchNormalization), in a copy in the run folder; the user's file is only read."""
-        if inputs.quant_model is not None:
-            return inputs.float_model, config
+    ) -> tuple[Path, Path | None, QuantConfig | None]:
+        """The float model as the target needs it, with the compatibility fixes ``qdebug build`` applies (e.g. fixed
+        input shapes from the data for QNN, BatchNormalization folded for Deeploy), in a copy in the run folder; the
+        user's file is only read. With a given QDQ model only the shape fix applies (to both models, see
+        :meth:`_fixed_pair`): the pair must stay the user's pair. Returns (float model, QDQ model, config)."""
+        from qdebug.errors import MissingExtraError
         from qdebug.graph import load_model
         from qdebug.io import atomic_save_model
         from qdebug.targets.base import BuildOptions, ShapeSource
 
         options = BuildOptions(inputs.target, inputs.precision)
         model = load_model(inputs.float_model, "float model")
-        prepared = options.target.prepare(model, config, options, ShapeSource(None, inputs.data))
+        self._progress(0, 1, f"applying the {inputs.target} compatibility fixes")
+        try:
+            prepared = options.target.prepare(model, config, options, ShapeSource(None, inputs.data))
+        except MissingExtraError:  # the target is not installed here: nothing to prepare, its compile says why
+            return inputs.float_model, inputs.quant_model, config
+        if inputs.quant_model is not None:
+            return (*self._fixed_pair(inputs.float_model, inputs.quant_model, prepared.model, run_dir), config)
         if not prepared.changed:
-            return inputs.float_model, config
+            return inputs.float_model, None, config
         path = run_dir / f"{inputs.float_model.stem}.{inputs.target}.onnx"
-        return atomic_save_model(prepared.model, path), prepared.config
+        return atomic_save_model(prepared.model, path), None, prepared.config
+
+    @staticmethod
+    def _fixed_pair(float_model: Path, quant_model: Path, prepared: Any, run_dir: Path) -> tuple[Path, Path]:
+        """The given pair, with the input shapes the target fixed in ``prepared`` (copies in ``run_dir``), or as is
+        when the target fixed none."""
+        from qdebug.graph import input_specs, load_model
+        from qdebug.io import atomic_save_model
+        from qdebug.targets.qnn_fixes import fix_static_shapes
+
+        before = input_specs(load_model(float_model, "float model"))
+        after = input_specs(prepared)
+        if all(s.is_static for s in before) or not all(s.is_static for s in after):
+            return float_model, quant_model
+        shapes = {s.name: tuple(int(d) for d in s.shape if isinstance(d, int)) for s in after}
+        out = []
+        for path, what in ((float_model, "float model"), (quant_model, "quantized model")):
+            fixed, _ = fix_static_shapes(load_model(path, what), shapes)
+            out.append(atomic_save_model(fixed, run_dir / f"{path.stem}.static.onnx"))
+        return out[0], out[1]
 
 
 __all__ = ["DATA_CHOICES", "MAX_UPLOAD_MB", "Dashboard", "DashboardInputError", "FileBrowser", "RunInputs"]

@@ -7,9 +7,12 @@ action the user chooses, because of the limits measured with netron 9.3.3 (see `
   assumes an EU user and blocks on a cookie-consent dialog. A ``consent`` cookie for the serving host set before
   the page loads skips it: :func:`consent_cookie` returns one in Playwright's ``context.add_cookies`` format.
 * **Analytics.** Once consent is given (by the dialog or by that cookie), every page load sends ~9 requests to
-  Google Analytics. For a tool that handles users' models this is only acceptable as an explicit opt-in;
-  block every request that is not to the serving host (e.g. ``page.route`` in Playwright, or an offline
-  browser profile) if you can.
+  Google Analytics. For a tool that handles users' models that is not acceptable.
+
+So qdebug never hands Netron's own server to the browser: :func:`open_in_netron` puts a small proxy on 127.0.0.1 in
+front of it that adds a ``Content-Security-Policy`` allowing the page to load from and connect to its own origin
+only (the browser then sends neither the location lookup nor the analytics) and a ``consent`` cookie with the
+page (no dialog; the analytics it would allow cannot leave). The handle's URL is the proxy's.
 * **Expiry.** Netron's page refuses to work 180 days after the build date stamped in its ``index.html``
   (``<meta name="date">``): it shows "Please update to the newest version." forever. :func:`netron_build_info`
   reads that date from the installed package; :func:`netron_expired` says whether it is past.
@@ -28,14 +31,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import http.client
 import importlib
 import logging
 import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
@@ -49,13 +55,80 @@ EXPIRY_DAYS = 180
 ANALYTICS_REQUESTS_PER_LOAD = 9
 #: The documented limits, one line each (shown by the app next to the "Open in Netron" button).
 LIMITS: tuple[str, ...] = (
-    "Offline, Netron stops at a cookie-consent dialog unless a 'consent' cookie is set for its host.",
-    f"After consent it sends ~{ANALYTICS_REQUESTS_PER_LOAD} Google Analytics requests per page load: "
-    "block non-local requests if you can.",
+    "Offline, Netron stops at a cookie-consent dialog unless a 'consent' cookie is set for its host "
+    "(qdebug's proxy sets one).",
+    f"After consent it tries ~{ANALYTICS_REQUESTS_PER_LOAD} Google Analytics requests per page load "
+    "(qdebug's proxy forbids the page any host but its own, so none leaves the machine).",
     f"It refuses to run {EXPIRY_DAYS} days after its build date ('Please update to the newest version.').",
     "It cannot colour nodes by a metric (SQNR): use qdebug's own graph view for that.",
 )
 DEFAULT_ADDRESS = "127.0.0.1"
+#: The policy the proxy adds to every response: Netron's page may load from and connect to its own origin only.
+LOCAL_ONLY_CSP = (
+    "default-src 'self' 'unsafe-inline' 'unsafe-eval' data: blob:; connect-src 'self' data: blob:; "
+    "img-src 'self' data: blob:; font-src 'self' data:; frame-ancestors http://127.0.0.1:* http://localhost:*"
+)
+#: Response headers not passed on by the proxy (it sends the body whole, with its own length and policy).
+_HOP_HEADERS = {"connection", "transfer-encoding", "content-length", "content-security-policy", "keep-alive"}
+
+
+class _LocalOnly(BaseHTTPRequestHandler):
+    """Forward a request to Netron's server; answer with its response plus :data:`LOCAL_ONLY_CSP` and, with the
+    page, a ``consent`` cookie."""
+
+    server: _LocalOnlyProxy
+
+    def _forward(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in {"host", "connection", "keep-alive"}}
+        upstream = http.client.HTTPConnection(self.server.upstream[0], self.server.upstream[1], timeout=60)
+        try:
+            upstream.request(method, self.path, body, headers)
+            resp = upstream.getresponse()
+            data = resp.read()
+        finally:
+            upstream.close()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in _HOP_HEADERS:
+                self.send_header(k, v)
+        self.send_header("Content-Security-Policy", LOCAL_ONLY_CSP)
+        if (resp.getheader("Content-Type") or "").startswith("text/html"):
+            self.send_header("Set-Cookie", f"consent={int(time.time() * 1000)}; Path=/; SameSite=Lax")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._forward("GET")
+
+    def do_HEAD(self) -> None:
+        self._forward("HEAD")
+
+    def do_POST(self) -> None:
+        self._forward("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a notebook has no use for an access log
+
+
+class _LocalOnlyProxy(ThreadingHTTPServer):
+    """The proxy of :class:`_LocalOnly` on ``address`` (port 0: a free one), served by a daemon thread."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        super().__init__(address, _LocalOnly)
+        self.thread = threading.Thread(target=self.serve_forever, name="qdebug-netron-proxy", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.thread.join(timeout=5)
 
 
 def _import_netron() -> ModuleType:
@@ -136,7 +209,8 @@ def _port_open(host: str, port: int) -> bool:
 
 @dataclass
 class NetronHandle:
-    """A running Netron server for one model copy. Use :meth:`stop` (or ``with``) to shut it down."""
+    """A running Netron server for one model copy, behind its local-only proxy (``url``/``port`` are the
+    proxy's). Use :meth:`stop` (or ``with``) to shut both down."""
 
     url: str
     host: str
@@ -144,6 +218,8 @@ class NetronHandle:
     model_copy: Path
     _tmpdir: Path = field(repr=False)
     _stopped: bool = field(default=False, repr=False)
+    _netron_port: int = field(default=0, repr=False)
+    _proxy: _LocalOnlyProxy | None = field(default=None, repr=False)
 
     @property
     def running(self) -> bool:
@@ -154,9 +230,11 @@ class NetronHandle:
         if self._stopped:
             return
         netron = _import_netron()
-        netron.stop((self.host, self.port))
+        netron.stop((self.host, self._netron_port or self.port))
+        if self._proxy is not None:
+            self._proxy.stop()
         deadline = time.monotonic() + timeout
-        while _port_open(self.host, self.port):
+        while _port_open(self.host, self.port) or (self._netron_port and _port_open(self.host, self._netron_port)):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Netron at {self.url} still listening {timeout} s after stop()")
             time.sleep(0.02)
@@ -205,11 +283,21 @@ def open_in_netron(
                 netron.stop((host, bound))
                 raise TimeoutError(f"Netron did not listen on {host}:{bound} within {timeout} s")
             time.sleep(0.02)
+        proxy = _LocalOnlyProxy((host, 0), (host, int(bound)))
     except BaseException:
         shutil.rmtree(tmpdir, ignore_errors=True)
         raise
+    port_out = int(proxy.server_address[1])
     url_host = f"[{host}]" if ":" in host else host
-    return NetronHandle(url=f"http://{url_host}:{bound}/", host=host, port=int(bound), model_copy=copy, _tmpdir=tmpdir)
+    return NetronHandle(
+        url=f"http://{url_host}:{port_out}/",
+        host=host,
+        port=port_out,
+        model_copy=copy,
+        _tmpdir=tmpdir,
+        _netron_port=int(bound),
+        _proxy=proxy,
+    )
 
 
 def netron_iframe_html(url: str, width: str = "100%", height: int = 800) -> str:

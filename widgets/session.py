@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions, debug
+from qdebug.debug import DebugOptions
 from qdebug.errors import ConfigError
 from qdebug.graph import file_sha256, load_model, pair_models
 from qdebug.inspect import TensorValues
@@ -39,8 +39,9 @@ class QuantDebugger:
 
     With ``quant_model=None`` the float model is quantized (``data`` calibrates, ``config`` the settings)
     through a :class:`~qdebug.mixed.session.MixedPrecisionSession`. With a ``quant_model`` the given pair is
-    debugged as is; a promotion then re-quantizes the float model with ``config`` (a given QDQ model has no
-    calibration to reuse), and the comparison is against that re-quantized base.
+    debugged as is and stays the base: a promotion re-quantizes the float model with *that model's* settings and
+    calibration ranges (read from its Q/DQ parameters, :mod:`qdebug.mixed.given`; ``config`` only names the
+    target), so "before" is always the user's model and a promotion changes only what it promotes.
 
     ``progress(done, total, message)`` is called by every long operation.
     """
@@ -73,7 +74,9 @@ class QuantDebugger:
             label_key=label_key,
             debug_options=debug_options,
             workdir=self.workdir / "mixed",
+            quant_model=self.quant_model,
         )
+        self.session.progress = self._step  # the engine's own steps (debugging sample k/N, re-quantizing, …)
         self._given: DebugReport | None = None
         self._history: list[Evaluation] = []
         self._plans: list[PromotionPlan] = []
@@ -84,12 +87,6 @@ class QuantDebugger:
     def _step(self, done: int, total: int, message: str) -> None:
         if self.progress is not None:
             self.progress(done, total, message)
-
-    def _debug_progress(self, message: str) -> Callable[[int, int], None]:
-        def cb(done: int, total: int) -> None:
-            self._step(done, total, f"{message} ({done}/{total} samples)")
-
-        return cb
 
     # ------------------------------------------------------------------ state
     @property
@@ -122,16 +119,8 @@ class QuantDebugger:
             return self._history[-1].report
         if self.quant_model is not None:
             if self._given is None:
-                self._step(0, 1, "debugging the given pair")
-                o = self.session.debug_options
-                self._given = debug(
-                    self.float_model,
-                    self.quant_model,
-                    self.session.debug_data,
-                    o,
-                    progress=self._debug_progress("debugging"),
-                )
-                self._step(1, 1, "debugged")
+                self._given = self.session.given_report
+            assert self._given is not None
             return self._given
         return self._base_eval().report
 
@@ -180,18 +169,13 @@ class QuantDebugger:
         return self._plans[-1].requested if self._plans else ()
 
     def apply(self, plan: PromotionPlan) -> Evaluation:
-        """Re-quantize with ``plan`` (no re-calibration), re-debug, compare with the base; becomes current."""
-        total = 3
-        self._step(
-            0, total, "re-quantizing (calibration reused)" if self.session.base_if_evaluated else "quantizing the base"
-        )
-        self.session.base  # noqa: B018 — calibrate once, reported as its own step
-        self._step(1, total, "re-quantizing and re-debugging")
+        """Re-quantize with ``plan`` (no re-calibration), re-debug, compare with the base; becomes current. The
+        session reports each step (calibrating once, re-quantizing, debugging sample k/N)."""
         ev = self.session.evaluate(plan, name=f"step{len(self._history) + 1}")
         self._history.append(ev)
         self._plans.append(plan)
         self._tensor_cache.clear()
-        self._step(total, total, f"applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
+        self._step(1, 1, f"applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
         return ev
 
     def undo(self) -> Evaluation | None:
@@ -234,6 +218,7 @@ class QuantDebugger:
                 target,
                 float_model=self.float_model,
                 data=self.session.debug_data,
+                progress=lambda msg: self._step(0, 1, msg),
             )
         else:
             res = self.session.recompile(ev, target)
@@ -243,7 +228,12 @@ class QuantDebugger:
     def search(self, goal: SearchGoal) -> SearchResult:
         """Automatic promotion search from the base (the history is not changed)."""
         self._step(0, 1, "searching promotions")
-        res = self.session.search(goal)
+        # every measured point says so: "search, point prefix3: debugging sample 12/64"
+        self.session.progress = lambda done, total, msg: self._step(done, total, f"search, point {msg}")
+        try:
+            res = self.session.search(goal)
+        finally:
+            self.session.progress = self._step
         self._step(1, 1, "search done")
         return res
 

@@ -12,14 +12,23 @@ from qdebug.errors import EXIT_OK
 from qdebug.render.text import fmt_db, table
 
 
-def inferred_base(report: Any, config_path: str | None) -> Any:
-    """The base config: --config, else the quantized model's dominant activation type."""
+def inferred_base(report: Any, config_path: str | None, quant_model: str | None = None) -> Any:
+    """The base config: --config, else the quantized model's own settings (types, symmetry, per-channel:
+    :func:`qdebug.mixed.given.read_recipe`, the reading the dashboard uses too), else its dominant activation type."""
     from collections import Counter
 
     from qdebug.config import QuantConfig
 
     if config_path:
         return QuantConfig.load(config_path)
+    if quant_model:
+        from qdebug.errors import QDebugError
+        from qdebug.mixed.given import read_recipe
+
+        try:
+            return read_recipe(quant_model).config
+        except QDebugError:
+            pass  # a model without activation Q/DQ: the report's types below
     types = Counter(a.quant_type for a in report.activations if a.quantized and a.quant_type)
     act = types.most_common(1)[0][0] if types else "uint8"
     return QuantConfig(activation_type=act)
@@ -104,7 +113,7 @@ def _plan(args: argparse.Namespace, report: Any) -> Any:
         raise ConfigError("no originator to promote: the report has no promotion candidate")
     if args.groups:
         chosen = _with_groups(args.float_model, report, chosen)
-    return promote(args.float_model, chosen, args.to, config=inferred_base(report, args.config))
+    return promote(args.float_model, chosen, args.to, config=inferred_base(report, args.config, args.quant_model))
 
 
 def _with_groups(float_model: str, report: Any, chosen: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ import hashlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,11 @@ from qdebug.errors import ConfigError
 from qdebug.graph import file_sha256, load_model
 from qdebug.mixed.compare import Accuracy, compare
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
+from qdebug.mixed.given import GivenRecipe, overlay_ranges, read_recipe
 from qdebug.mixed.promote import PromotionPlan, promote
 from qdebug.mixed.search import SearchGoal, SearchResult, search
 from qdebug.mixed.suggest import Suggestion, suggest
-from qdebug.quantize import QuantizeResult, quantize
+from qdebug.quantize import QuantizeResult, count_quantized_nodes, quantize
 from qdebug.report import DebugReport
 from qdebug.targets.recompile import RecompileResult, recompile
 
@@ -42,6 +43,11 @@ class MixedPrecisionSession:
 
     ``data`` calibrates; ``debug_data`` (default: ``data``) feeds every debug pass; ``eval_data`` is an
     optional labelled ``.npz`` (``label_key``) for top-1 accuracy.
+
+    With a ``quant_model`` (a QDQ model the user made), that model *is* the base: its settings (types, symmetry,
+    per-channel) replace ``config``'s (only the config's target is kept) and its Q/DQ parameters give the
+    calibration ranges of every tensor it quantizes (:mod:`qdebug.mixed.given`), so a promotion changes only what
+    was promoted and every comparison is against the user's model.
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class MixedPrecisionSession:
         label_key: str = "label",
         debug_options: DebugOptions | None = None,
         workdir: str | Path | None = None,
+        quant_model: str | Path | None = None,
     ) -> None:
         self.float_path = Path(float_model)
         self.float_proto = load_model(self.float_path, "float model")
@@ -62,6 +69,10 @@ class MixedPrecisionSession:
         self.data = data
         self.debug_data = debug_data if debug_data is not None else data
         self.base_config = config or QuantConfig()
+        self.given_path = Path(quant_model) if quant_model is not None else None
+        self.given_recipe = None if self.given_path is None else self._given_recipe(self.base_config.target)
+        if self.given_recipe is not None:
+            self.base_config = self.given_recipe.config
         if self.base_config.tensor_overrides and any(
             e.convert is not None for _, es in self.base_config.tensor_overrides for e in es
         ):
@@ -76,6 +87,9 @@ class MixedPrecisionSession:
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-mixed-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._base: Evaluation | None = None
+        self._given_report: DebugReport | None = None
+        #: ``progress(done, total, message)``: every long step says what it is doing (a UI shows it with an ETA)
+        self.progress: Callable[[int, int, str], None] | None = None
         self._accuracy: dict[str, float] = {}
         self.requantizations = 0
         self._held = contextlib.ExitStack()
@@ -98,14 +112,85 @@ class MixedPrecisionSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _say(self, done: int, total: int, message: str) -> None:
+        if self.progress is not None:
+            self.progress(done, total, message)
+
+    def _debug(self, qdq_model: str | Path, what: str) -> DebugReport:
+        """``debug()`` of the float model against ``qdq_model``, reporting "<what>: debugging sample k/N"."""
+
+        def each(done: int, total: int) -> None:
+            self._say(done, total, f"{what}: debugging sample {done}/{total}")
+
+        return debug(self.float_path, qdq_model, self.debug_data, self.debug_options, progress=each)
+
+    def _given_recipe(self, target: str) -> GivenRecipe:
+        """The given model's recipe for ``target``, else for the CPU (a target whose rules the given settings break
+        still gets the user's model as the base; the note says so)."""
+        assert self.given_path is not None
+        try:
+            return read_recipe(self.given_path, target)
+        except ConfigError as exc:
+            r = read_recipe(self.given_path, "cpu")
+            note = f"the given model's settings do not fit target {target!r} ({exc}); re-quantizing with them as is"
+            return GivenRecipe(r.config, r.ranges, (*r.notes, note))
+
+    @property
+    def given_report(self) -> DebugReport | None:
+        """The debug report of the given QDQ model (None without one); no calibration needed for it."""
+        if self.given_path is None:
+            return None
+        if self._given_report is None:
+            self._given_report = self._debug(self.given_path, "your quantized model")
+        return self._given_report
+
+    def _given_base(self) -> Evaluation:
+        """The given model as the base: calibrate once for the tensors it leaves in float, then its own ranges on
+        top (the cache every re-quantization reuses)."""
+        assert self.given_path is not None and self.given_recipe is not None
+        t0 = time.perf_counter()
+        calibrated = self.workdir / "calibrated.qdq.onnx"
+        self._say(0, 1, "calibrating the float model once (ranges for the tensors your model leaves in float)")
+        q0 = quantize(self.float_path, self.data, self.base_config, calibrated, check=False)
+        cache = overlay_ranges(q0.calibration_cache, self.given_recipe.ranges, self.workdir / "given.calib.json")
+        calibrated.unlink(missing_ok=True)
+        Path(q0.calibration_cache).unlink(missing_ok=True)
+        quantized, total, qdq = count_quantized_nodes(load_model(self.given_path, "quantized model"))
+        q = QuantizeResult(
+            model_path=str(self.given_path),
+            calibration_cache=str(cache),
+            config=self.base_config,
+            nodes_quantized=quantized,
+            nodes_total=total,
+            qdq_nodes=qdq,
+            calibration_seconds=q0.calibration_seconds,
+            qdq_seconds=0.0,
+            num_calibration_samples=q0.num_calibration_samples,
+            warnings=self.given_recipe.notes,
+        )
+        report = self.given_report
+        assert report is not None
+        return Evaluation(
+            name="given",
+            config=self.base_config,
+            quantization=q,
+            report=report,
+            comparison=None,
+            accuracy=self.accuracy(self.given_path),
+            seconds=round(time.perf_counter() - t0, 4),
+        )
+
     @property
     def base(self) -> Evaluation:
-        """The base quantization (calibrated once) and its debug report."""
+        """The base quantization (calibrated once) and its debug report; the given QDQ model when there is one."""
+        if self._base is None and self.given_path is not None:
+            self._base = self._given_base()
         if self._base is None:
             t0 = time.perf_counter()
+            self._say(0, 1, "quantizing the float model (calibration, once per session)")
             # check=False: the base is the user's recipe exactly (its per-tensor weights are a finding, not a fix)
             q = quantize(self.float_path, self.data, self.base_config, self.workdir / "base.qdq.onnx", check=False)
-            report = debug(self.float_path, q.model_path, self.debug_data, self.debug_options)
+            report = self._debug(q.model_path, "base model")
             self._base = Evaluation(
                 name="base",
                 config=self.base_config,
@@ -165,8 +250,11 @@ class MixedPrecisionSession:
         """Re-quantize (no re-calibration), re-debug, and compare with the base."""
         config = config_or_plan.config if isinstance(config_or_plan, PromotionPlan) else config_or_plan
         t0 = time.perf_counter()
+        what = name or "variant"
+        self.base  # noqa: B018 — its calibration first (reported as its own step)
+        self._say(0, 1, f"{what}: re-quantizing (calibration reused)")
         q = self.requantize(config, name)
-        report = debug(self.float_path, q.model_path, self.debug_data, self.debug_options)
+        report = self._debug(q.model_path, what)
         return self._evaluation(config, name, q, report, t0)
 
     def evaluate_many(self, plans: Sequence[PromotionPlan], names: Sequence[str]) -> list[Evaluation]:
@@ -219,6 +307,7 @@ class MixedPrecisionSession:
             self.debug_data, input_specs(self.float_proto), num_samples=o.num_samples, seed=o.seed,
             distribution=o.distribution, input_shapes=o.input_shapes, ignore=o.ignore_data_keys,
         )  # fmt: skip
+        self._say(0, 1, f"compiling for {target}")
         return recompile(
             evaluation.quantization.model_path,
             self.workdir / f"{evaluation.name}.{target}",
@@ -226,6 +315,7 @@ class MixedPrecisionSession:
             float_model=self.float_path,
             data=data,
             options=options,
+            progress=lambda msg: self._say(0, 1, msg),
         )
 
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,7 @@ def recompile(
     num_samples: int | None = None,
     snap_scales: bool = True,
     snap_grid: str = "tie_free",
+    progress: Callable[[str], None] | None = None,
 ) -> RecompileResult:
     """Compile an already-quantized QDQ model for ``target`` into ``out_dir`` (e.g. after a mixed-precision
     promotion). The target's own steps run: QNN compiles an EPContext model; the CPU checks that ONNX Runtime
@@ -122,7 +123,8 @@ def recompile(
 
     ``options`` is a :class:`BuildOptions` or a target's own options object (e.g. ``QnnOptions``). With
     ``float_model`` the result carries the target-side :class:`TargetAccuracy` on ``data`` (any data spec;
-    ``None``: 8 seeded synthetic samples; ``num_samples`` caps it). A compile that fails or takes no node is
+    ``None``: 8 seeded synthetic samples; ``num_samples`` caps it). ``progress(message)`` hears each step (compiling,
+    running the simulator). A compile that fails or takes no node is
     *reported* (``ok`` False, ``problems``), not raised; bad input (a float, QOperator or EPContext model instead
     of a QDQ model) raises :class:`ModelError`, an unknown target a ConfigError, a missing backend
     :class:`~qdebug.errors.MissingExtraError`.
@@ -135,7 +137,8 @@ def recompile(
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     snapped = out / f"{path.name.removesuffix('.onnx')}.snapped.onnx"
-    model, after = t.after_quantize(path, snapped, opts, lambda _msg: None)
+    say = progress or (lambda _msg: None)
+    model, after = t.after_quantize(path, snapped, opts, say)
     job = CompileJob(
         model=model,
         out_dir=out,
@@ -145,6 +148,7 @@ def recompile(
         samples=source,
         stem=path.stem.removesuffix(".qdq"),
         after=after,
+        progress=say,
     )
     qdq_out = None if model == path else str(model)
     try:

@@ -49,7 +49,8 @@ TIMEOUT_MS = 60_000
 SERVER_START_S = 90.0
 #: SIGTERM → SIGKILL grace period; kernels shut down on SIGTERM.
 STOP_GRACE_S = 15.0
-#: Requests the page may make: the local server only (Voila asks a CDN for Font Awesome; aborted, harmless).
+#: Requests the page may make: the local server only. Any other is aborted *and fails the test* (the product makes
+#: no request outside 127.0.0.1: docs/ui.md); a test that expects one (Netron's, documented) says so explicitly.
 LOCAL_URL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?(/|$)")
 BIN = Path(sys.executable).parent
 IN_CI = os.environ.get("CI") == "true"
@@ -143,19 +144,13 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=STOP_GRACE_S)
 
 
-def start_voila(notebook: Path, port: int) -> list[str]:
-    """The command line serving ``notebook`` with Voila on 127.0.0.1:``port`` (sources stripped: Voila's default).
+def start_voila(notebook: Path, port: int, *, cull_idle_s: int | None = None) -> list[str]:
+    """The command line serving ``notebook`` with Voila on 127.0.0.1:``port`` exactly as ``qdebug dashboard`` does
+    (:func:`qdebug.cli.dashboard.voila_command`: qdebug's template without CDN links, the websocket size for
+    uploads, kernel culling). Run it with ``cwd=notebook.parent`` and :func:`checkout_env`."""
+    from qdebug.cli.dashboard import CULL_IDLE_S, voila_command
 
-    Run it with ``cwd=notebook.parent`` so the notebook's relative paths resolve as in JupyterLab.
-    """
-    return [
-        str(BIN / "voila"),
-        str(notebook),
-        "--no-browser",
-        f"--port={port}",
-        "--Voila.ip=127.0.0.1",
-        "--Voila.port_retries=0",
-    ]
+    return voila_command(notebook, port, cull_idle_s=CULL_IDLE_S if cull_idle_s is None else cull_idle_s)
 
 
 def lab_settings_dir(path: Path) -> Path:
@@ -209,6 +204,10 @@ def notebook_copy(dest: Path, *names: str) -> Path:
     link = dest / "sample_models"
     if not link.exists():
         link.symlink_to(SAMPLE_MODELS, target_is_directory=True)
+    # The notebooks import ``qdebug_widgets`` (the installed name): next to them, it is this checkout's widgets/.
+    ui = nbdir / "qdebug_widgets"
+    if not ui.exists():
+        ui.symlink_to(REPO / "widgets", target_is_directory=True)
     return nbdir
 
 
@@ -219,6 +218,18 @@ def server_env(tmp: Path) -> dict[str, str]:
         "JUPYTER_CONFIG_DIR": str(tmp / "config"),
         "JUPYTER_PLATFORM_DIRS": "1",
         "PYTHONUNBUFFERED": "1",
+    }
+
+
+def checkout_env(tmp: Path) -> dict[str, str]:
+    """:func:`server_env` for a server running this checkout's code: qdebug's Voila template on ``JUPYTER_PATH``
+    (as ``qdebug dashboard`` sets it) and the checkout first on ``PYTHONPATH``."""
+    from qdebug.samples import VOILA_DATA_DIR
+
+    return {
+        **server_env(tmp),
+        "JUPYTER_PATH": str(VOILA_DATA_DIR),
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
 
 
@@ -275,17 +286,26 @@ def page_errors() -> list[str]:
 
 
 @pytest.fixture
-def page(browser: Any, page_errors: list[str]) -> Iterator[Any]:
+def offsite_requests() -> list[str]:
+    """Every request of the test's page to a host other than 127.0.0.1/localhost (aborted, and a failure unless
+    the test empties the list because it expects them)."""
+    return []
+
+
+@pytest.fixture
+def page(browser: Any, page_errors: list[str], offsite_requests: list[str]) -> Iterator[Any]:
     """A fresh page (own context) that can reach 127.0.0.1/localhost only, with generous default timeouts and
-    its uncaught errors collected in ``page_errors``."""
+    its uncaught errors collected in ``page_errors``. A request to any other host is aborted and recorded in
+    ``offsite_requests``; the test fails at teardown if any is left there."""
     context = browser.new_context(viewport={"width": 1600, "height": 1200})
     context.set_default_timeout(TIMEOUT_MS)
     context.set_default_navigation_timeout(TIMEOUT_MS)
 
     def route(r: Any) -> None:
-        if LOCAL_URL.match(r.request.url):
+        if LOCAL_URL.match(r.request.url) or r.request.url.startswith(("data:", "blob:")):
             r.continue_()
         else:
+            offsite_requests.append(r.request.url)
             r.abort()
 
     context.route(re.compile(r".*"), route)
@@ -301,6 +321,13 @@ def page(browser: Any, page_errors: list[str]) -> Iterator[Any]:
         yield p
     finally:
         context.close()
+    assert_local_only(offsite_requests)
+
+
+def assert_local_only(offsite: Sequence[str]) -> None:
+    """No request left 127.0.0.1 (the product promises it: docs/ui.md, "Offline and local only")."""
+    if offsite:
+        pytest.fail("requests to hosts other than 127.0.0.1:\n" + "\n".join(sorted(set(offsite))))
 
 
 @pytest.fixture(scope="session")

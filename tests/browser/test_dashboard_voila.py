@@ -1,8 +1,10 @@
 """The Voila dashboard (``notebooks/dashboard.ipynb``) in Debian's chromium, the way a non-programmer uses it:
-a bad file first (a message in the page, the session stays usable), then the bundled sample: Run, wait for the
+a 12 MB upload (above Tornado's default websocket message size) and one over the limit (a sentence), a bad file
+(a message in the page, the session stays usable), then the bundled sample: Run, wait for the
 heatmap and the table, select the worst tensor in the table, "Promote to 16-bit", read the before/after output
-SQNR, export the overrides and load the exported file. Screenshots go to ``test-output/screenshots/`` (the user
-guide, docs/ui.md, shows them)."""
+SQNR, export the overrides and load the exported file; closing the page releases its kernel and its folder. No
+request leaves 127.0.0.1 (the ``page`` fixture fails the test otherwise). Screenshots go to
+``test-output/screenshots/`` (the user guide, docs/ui.md, shows them)."""
 
 from __future__ import annotations
 
@@ -12,16 +14,73 @@ from typing import Any
 
 import pytest
 
-from browser.conftest import assert_no_page_errors, free_port, notebook_copy, serve, server_env, start_voila
+from browser.conftest import assert_no_page_errors, checkout_env, free_port, notebook_copy, serve, start_voila
 from qdebug.mixed.overrides import OverridesFile
 
 pytestmark = pytest.mark.slow
+#: Idle seconds before the test server culls a kernel that has no page connected (the product: 600).
+CULL_IDLE_TEST_S = 4
 
 
 def _db(text: str) -> float:
     m = re.search(r"(-?\d+\.\d+) dB", text)
     assert m, f"no dB figure in {text!r}"
     return float(m.group(1))
+
+
+def _big_model(path: Path) -> Path:
+    """A valid 12.3 MB float model (one 1750×1750 MatMul): larger than Tornado's default websocket message."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((1750, 1750)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1750])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1750])],
+        [w],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    assert path.stat().st_size > 10.5 * 2**20
+    return path
+
+
+def _upload(page: Any, css: str, path: Path) -> None:
+    """Choose ``path`` in a FileUpload (its file input is not in the page: the button opens the chooser)."""
+    with page.expect_file_chooser() as chooser:
+        page.locator(css).click()
+    chooser.value.set_files(str(path))
+
+
+def _kernels(server: Any) -> list[Any]:
+    """The kernel processes the Voila server started (its children running ipykernel)."""
+    import psutil
+
+    try:
+        kids = psutil.Process(server.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for k in kids:
+        try:
+            if "ipykernel" in " ".join(k.cmdline()):
+                out.append(k)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _until(done: Any, what: str, timeout_s: float = 60.0) -> None:
+    """Poll a state (not a guessed duration) until it holds; fail naming it after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not reached within {timeout_s:.0f} s: {what}")
+        time.sleep(0.2)
 
 
 def test_dashboard_debug_promote_export(
@@ -34,13 +93,30 @@ def test_dashboard_debug_promote_export(
     bad = tmp_path / "notes.onnx"
     bad.write_text("this is not a model")
     port = free_port()
-    env = {**server_env(tmp_path), "QDEBUG_DASHBOARD_WORKDIR": str(work), "QDEBUG_DASHBOARD_ROOT": str(tmp_path)}
+    env = {**checkout_env(tmp_path), "QDEBUG_DASHBOARD_WORKDIR": str(work), "QDEBUG_DASHBOARD_ROOT": str(tmp_path)}
     with serve(start_voila(nbdir / "dashboard.ipynb", port), port, cwd=nbdir, env=env):
         page.goto(f"http://127.0.0.1:{port}/")
         run = page.locator(".qd-dash-run")
         expect(run).to_be_visible()
         expect(page.get_by_text("from qdebug_widgets import Dashboard")).to_have_count(0)  # no code shown
         page.screenshot(path=str(screenshot_dir / "dashboard_form.png"))
+
+        # Uploads above Tornado's default websocket message size (10 MiB) arrive; above the limit, a sentence.
+        page.locator(".qd-dash-source button", has_text="upload").click()
+        expect(page.locator(".qd-dash-upload")).to_be_visible()  # the form re-laid out for uploads
+        data_choice = page.locator(".qd-dash-data-choice select")
+        data_choice.select_option(label="synthetic (random inputs)")
+        expect(data_choice).to_have_value("synthetic (random inputs)")
+        _upload(page, ".qd-dash-upload", _big_model(tmp_path / "wide.onnx"))
+        expect(page.locator(".qd-dash-info")).to_contain_text("'wide.onnx' received (12.")
+        run.click()
+        expect(page.locator(".qd-dash-ok")).to_contain_text("wide.onnx")
+        junk = tmp_path / "huge.onnx"
+        junk.write_bytes(b"\0" * 26_000_000)  # over the 25 MB limit
+        _upload(page, ".qd-dash-upload", junk)
+        expect(page.locator(".qd-dash-error")).to_contain_text("above the 25 MB upload limit")  # said at once
+        run.click()
+        expect(page.locator(".qd-dash-error")).to_contain_text("above the 25 MB upload limit")
 
         # A file that is not ONNX: a sentence in the page, no traceback, the form stays usable.
         page.locator(".qd-dash-source button", has_text="file on the server").click()
@@ -72,7 +148,7 @@ def test_dashboard_debug_promote_export(
 
         # Select the tensor with the worst own rounding in the table, promote it.
         app.get_by_role("tab", name="Tensors").click()
-        app.locator(".qd-sort select").select_option(label="local_sqnr_db")
+        app.locator(".qd-sort select").select_option(label="local SQNR")
         expect(app.locator(".qd-table.qd-sort-local_sqnr_db")).to_be_visible()  # the re-sorted rows are shown
         first = app.locator(".qd-row .qd-row-name").first
         name = first.get_attribute("title")
@@ -97,3 +173,25 @@ def test_dashboard_debug_promote_export(
         assert path.is_file() and work in path.parents
         assert name in OverridesFile.load(path).tensors
     assert_no_page_errors(page_errors)
+
+
+def test_closing_the_page_releases_its_kernel_and_folder(page: Any, tmp_path: Path) -> None:
+    """Each page runs a kernel and owns a folder; once the page is closed its kernel is shut down and the kernel's
+    exit removes the folder: nothing accumulates over a day of use. Voila's own "beforeunload" shutdown request
+    did not arrive from headless chromium here, so what this checks is the backstop every closed page gets: the
+    server culls a kernel with no connection once idle (10 min by default, seconds here)."""
+    from playwright.sync_api import expect
+
+    nbdir = notebook_copy(tmp_path, "dashboard.ipynb")
+    work = tmp_path / "work"
+    port = free_port()
+    env = {**checkout_env(tmp_path), "QDEBUG_DASHBOARD_WORKDIR": str(work), "QDEBUG_DASHBOARD_ROOT": str(tmp_path)}
+    cmd = start_voila(nbdir / "dashboard.ipynb", port, cull_idle_s=CULL_IDLE_TEST_S)
+    with serve(cmd, port, cwd=nbdir, env=env) as server:
+        page.goto(f"http://127.0.0.1:{port}/")
+        expect(page.locator(".qd-dash-run")).to_be_visible()
+        folders = [p for p in work.iterdir() if p.name.startswith("qdebug-dashboard-")]
+        assert len(folders) == 1 and len(_kernels(server)) == 1
+        page.close(run_before_unload=True)
+        _until(lambda: not _kernels(server), "the page's kernel shut down")
+        _until(lambda: not folders[0].exists(), "the page's folder removed")

@@ -10,10 +10,10 @@ import pytest
 
 from browser.conftest import (
     assert_no_page_errors,
+    checkout_env,
     free_port,
     notebook_copy,
     serve,
-    server_env,
     start_jupyterlab,
 )
 
@@ -62,7 +62,7 @@ def test_quickstart_runs_and_renders_in_jupyterlab(
     nbdir = notebook_copy(tmp_path, "quickstart.ipynb")
     port = free_port()
     cmd = start_jupyterlab(nbdir, port, tmp_path / "lab-settings")
-    with serve(cmd, port, cwd=nbdir, env=server_env(tmp_path)):
+    with serve(cmd, port, cwd=nbdir, env=checkout_env(tmp_path)):
         page.goto(f"http://127.0.0.1:{port}/lab/tree/quickstart.ipynb")
         page.wait_for_function(NOTEBOOK_READY_JS, arg="quickstart.ipynb", polling=200)
         page.evaluate(RUN_ALL_JS)
