@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 METRICS = ("local_sqnr_db", "cumulative_sqnr_db", "mse", "max_abs_error")
 #: Columns the tensor table sorts by (columns of :func:`qdebug.render.figures.tensor_table`).
 SORT_KEYS = ("topo_index", "local_sqnr_db", "cumulative_sqnr_db", "weight_sqnr_db", "op", "tensor_name")
-#: Largest graph laid out with grandalf's Sugiyama; bigger ones use the linear longest-path layering.
-SUGIYAMA_MAX_NODES = 3000
 #: Suggestions listed with a checkbox in the mixed-precision panel (the table shows every reason).
 SUGGESTIONS_SHOWN = 10
 #: Rows per page of the tensor table: one widget row per tensor keeps a ~900-tensor model responsive.
@@ -152,7 +150,6 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.last_recompile: RecompileResult | None = None
         self.last_search: SearchResult | None = None
         self.netron: Any = None
-        self._layout: Any = None
         self._views: _ReportViews | None = None
         self._syncing = False
         self.targets_info: dict[str, tuple[bool, str]] = {}
@@ -196,7 +193,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         # Figures.
         self.heatmap_box = w.Box()
         self.samples_box = w.Box()
-        self.graph_box = w.Box()
+        from .graph_view import GraphPanel
+
+        self.graph_panel = GraphPanel(self.on_select)
+        self.graph_box = self.graph_panel.box  # holds the live graph figure
         self.histogram_box = w.Box()
         self.comparison_box = w.Box()
         self.pareto_box = w.Box()
@@ -287,7 +287,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                 self.table,
             ]
         )
-        graph_tab = w.VBox([w.HBox([self.metric_picker, self.netron_button]), self.graph_box, self.netron_view])
+        graph_tab = w.VBox([w.HBox([self.metric_picker, self.netron_button]), self.graph_panel, self.netron_view])
         search_tab = w.VBox(
             [
                 w.HTML(
@@ -485,30 +485,12 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.suggestions_box.children = rows
 
     def _render_graph(self) -> None:
-        report = self.debugger.report
-        if self._layout is None:  # promotions keep the graph's tensors: lay it out once
-            try:
-                from qdebug.render.layout import Method, layered_layout
-
-                names = [a.tensor_name for a in report.activations]
-                edges = [(i, a.tensor_name) for a in report.activations for i in a.inputs]
-                # grandalf's Sugiyama (crossing reduction): ~0.45 s on 900 nodes (benchmarks/bench_ui.py); the
-                # linear longest-path layering only for graphs far beyond that.
-                method: Method = "sugiyama" if len(names) <= SUGIYAMA_MAX_NODES else "longest_path"
-                self._layout = layered_layout(names, edges, method=method)
-            except Exception:
-                self._layout = None
-        metric = "local" if self.metric.startswith("local") else "cumulative"
-        fig = _figure(
-            "graph_figure", report.to_dataframe(), metric, self._layout, self.selected or None, css="qd-graph"
-        )
-        self._on_click(fig, self._on_graph_click)
-        self.graph_box.children = [fig]
-
-    def _on_graph_click(self, trace: Any, points: Any, state: Any = None) -> None:
-        idx = list(getattr(points, "point_inds", []) or [])
-        if idx and getattr(trace, "customdata", None) is not None:
-            self.on_select(str(trace.customdata[idx[0]]))
+        # Grouped, laid out and drawn by qdebug.render.graphview; colours follow the chosen metric (mse too).
+        rows = self.views().df.sort_values("topo_index", kind="stable").to_dict("records")
+        try:
+            self.graph_panel.show(rows, self.metric, self.selected)
+        except Exception as exc:  # a figure bug must not take the dashboard down
+            self.graph_box.children = [_placeholder("graph", f"{type(exc).__name__}: {exc}")]
 
     def _render_inspector(self) -> None:
         name = self.selected
@@ -562,15 +544,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self._highlight_graph(change["new"])
 
     def _highlight_graph(self, name: str) -> None:
-        # Move the highlight ring of the live figure instead of rebuilding a ~900-node figure per click.
-        fig = self.graph_box.children[0] if self.graph_box.children else None
-        ring = [t for t in getattr(fig, "data", ()) if getattr(t, "name", None) == "selected"]
-        pos = (self._layout or {}).get(name) if name else None
-        if fig is None or not ring or pos is None:
-            self._render_graph()
-            return
-        with fig.batch_update():
-            ring[0].x, ring[0].y, ring[0].customdata = [pos[0]], [pos[1]], [name]
+        # Move the highlight ring of the live figure instead of rebuilding the figure per click.
+        self.graph_panel.select(name)
 
     @tr.observe("metric")
     def _metric_changed(self, change: dict[str, Any]) -> None:
