@@ -191,13 +191,15 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def _make_figure_boxes(self) -> None:
         """The figure containers, the Netron opt-in and the inspector."""
         # Figures.
-        self.heatmap_box = w.Box()
-        self.samples_box = w.Box()
+        self.heatmap_box = w.Box(layout=w.Layout(width="100%"))  # full width: ~900 columns need it
+        self.samples_box = w.Box(layout=w.Layout(width="100%"))
+        self.heatmap_groups = w.Checkbox(description="group by scope / block", value=False, indent=False)
+        self.heatmap_groups.add_class("qd-heatmap-groups")
+        self.heatmap_groups.observe(lambda ch: self._render_heatmap(), names="value")
         from .graph_view import GraphPanel
 
         self.graph_panel = GraphPanel(self.on_select)
         self.graph_box = self.graph_panel.box  # holds the live graph figure
-        self.histogram_box = w.Box()
         self.comparison_box = w.Box()
         self.pareto_box = w.Box()
         self.metric_picker = w.Dropdown(description="colour by", options=list(METRICS), value=self.metric)
@@ -208,7 +210,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.netron_view = w.HTML("")
         # Inspector.
         self.tensor_picker = w.Dropdown(description="tensor", options=[])
-        self.inspector = w.HTML("<i>select a tensor</i>")
+        from .inspector import InspectorPanel
+
+        self.inspector_panel = InspectorPanel()
+        self.inspector = self.inspector_panel.table
+        self.histogram_box = self.inspector_panel.histogram_box
 
     def _make_fix_widgets(self) -> None:
         """The mixed-precision panel and the search tab's controls."""
@@ -300,12 +306,19 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             ]
         )
         self.tabs = w.Tab(
-            children=[table_tab, self.heatmap_box, self.samples_box, graph_tab, search_tab, self.comparison_box]
+            children=[
+                table_tab,
+                w.VBox([self.heatmap_groups, self.heatmap_box]),
+                self.samples_box,
+                graph_tab,
+                search_tab,
+                self.comparison_box,
+            ]
         )
         for i, title in enumerate(("Tensors", "Heatmap", "Samples", "Graph", "Search", "Before/after")):
             self.tabs.set_title(i, title)
         inspect = w.VBox(
-            [w.HTML("<b>Tensor inspector</b>"), self.tensor_picker, self.inspector, self.histogram_box],
+            [w.HTML("<b>Tensor inspector</b>"), self.tensor_picker, self.inspector_panel],
             layout=w.Layout(width="50%"),
         )
         fix = w.VBox(
@@ -389,15 +402,20 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.capture_note.value = self._notes_html(report)
         self._render_suggestions()
         self._render_table()
-        v = self.views()
-        heat = _figure("layer_heatmap", v.df, v.weights, "h", 40, v.owners, css="qd-heatmap")
-        self._on_click(heat, self.on_heatmap_click)
-        self.heatmap_box.children = [heat]
+        self._render_graph()  # first: the heatmap's optional groups are the graph's
+        self._render_heatmap()
         samples = _figure("samples_heatmap", report.per_sample.to_dataframe(), css="qd-samples-heatmap")
         self._on_click(samples, self.on_samples_click)
         self.samples_box.children = [samples]
-        self._render_graph()
         self._render_inspector()
+
+    def _render_heatmap(self) -> None:
+        v = self.views()
+        # The graph's groups (name scopes or blocks), so both views speak of the same regions.
+        groups = dict(self.graph_panel.grouping.of) if self.heatmap_groups.value else None
+        heat = _figure("layer_heatmap", v.df, v.weights, "h", 40, v.owners, groups, css="qd-heatmap")
+        self._on_click(heat, self.on_heatmap_click)
+        self.heatmap_box.children = [heat]
 
     @staticmethod
     def _notes_html(report: DebugReport) -> str:
@@ -493,31 +511,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             self.graph_box.children = [_placeholder("graph", f"{type(exc).__name__}: {exc}")]
 
     def _render_inspector(self) -> None:
-        name = self.selected
-        if not name:
-            self.inspector.value = "<i>select a tensor (table, heatmap, graph or this list)</i>"
-            self.histogram_box.children = []
+        if not self.selected:
+            self.inspector_panel.clear()
             return
-        a = self.debugger.report.activation(name)
-        rows = [
-            ("tensor", a.tensor_name),
-            ("producer", f"{a.producer_op} ({a.producer_node})"),
-            ("quant type", a.quant_type or "not quantized"),
-            ("scale / zero point", f"{a.scale} / {a.zero_point}"),
-            ("local SQNR", _db(a.local_sqnr_db)),
-            ("cumulative SQNR", _db(a.cumulative_sqnr_db)),
-            ("float range", f"[{a.float_min}, {a.float_max}]"),
-        ]
-        body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-        self.inspector.value = f"<table class='qd-inspector-table'>{body}</table>"
-        try:
-            tv = self.debugger.tensor_values(name)
-        except Exception as exc:
-            self.histogram_box.children = [_placeholder("histogram", f"{type(exc).__name__}: {exc}")]
-            return
-        self.histogram_box.children = [
-            _figure("histogram_figure", tv.float_values, tv.quant_values, tv.scale, tv.zero_point, css="qd-histogram")
-        ]
+        self.inspector_panel.show(self.debugger, self.selected, self.views().owners)
 
     def _refresh_targets(self) -> None:
         targets = self.debugger.targets()

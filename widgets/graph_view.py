@@ -33,14 +33,14 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         self.collapse_all.add_class("qd-graph-collapse-all")
         self.note.add_class("qd-graph-note")
         self.search_box.observe(lambda ch: self.find(str(ch["new"])), names="value")
-        self.expand_all.on_click(lambda b: self._set_expanded({g.key for g in self.grouping.groups}))
-        self.collapse_all.on_click(lambda b: self._set_expanded(set()))
+        self.expand_all.on_click(self.on_expand_all)
+        self.collapse_all.on_click(self.on_collapse_all)
         super().__init__([w.HBox([self.search_box, self.expand_all, self.collapse_all]), self.note, self.box],
                          **kwargs)  # fmt: skip
         self.names: list[str] = []
         self.edges: list[tuple[str, str]] = []
         self.rows: Mapping[str, Mapping[str, Any]] = {}
-        self.grouping = gv.Grouping((), "none", {})
+        self.grouping: gv.Grouping = gv.Grouping((), "none", {})
         self.expanded: set[str] = set()
         self.metric = "cumulative_sqnr_db"
         self.selected = ""
@@ -95,7 +95,11 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         self.note.value = (
             f"<span>{len(self.names)} tensors in {len(self.grouping.groups)} groups ({self.grouping.method}); "
             "click a square to expand it, a circle to inspect the tensor. "
-            + (f"Orange: the path from the worst tensor <b>{html.escape(worst)}</b> back to the input." if worst else "")
+            + (
+                f"Orange: the path from the worst tensor <b>{html.escape(worst)}</b> back to the input."
+                if worst
+                else ""
+            )
             + "</span>"
         )
 
@@ -103,6 +107,14 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         self.expanded = keys
         self.view = None
         self.redraw()
+
+    def on_expand_all(self, b: Any = None) -> None:
+        """Draw every tensor (the full layered graph)."""
+        self._set_expanded({g.key for g in self.grouping.groups})
+
+    def on_collapse_all(self, b: Any = None) -> None:
+        """Back to one node per group."""
+        self._set_expanded(set())
 
     def expand(self, key: str) -> None:
         """Expand one group (a click on its square)."""

@@ -16,6 +16,7 @@ edges would form a cycle are merged, so the collapsed graph is a DAG and its lay
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter, defaultdict
@@ -100,7 +101,7 @@ def _by_scope(names: Sequence[str], max_groups: int) -> dict[tuple[str, ...], li
     while all(len(p) > common and p[common] == scoped[0][common] for p in scoped):
         common += 1
     groups: dict[tuple[str, ...], list[str]] = {(): list(names)}
-    depth = {(): common}
+    depth: dict[tuple[str, ...], int] = {(): common}
     final: set[tuple[str, ...]] = set()
     while True:
         open_ = [k for k in groups if k not in final]
@@ -111,14 +112,18 @@ def _by_scope(names: Sequence[str], max_groups: int) -> dict[tuple[str, ...], li
         split: dict[tuple[str, ...], list[str]] = defaultdict(list)
         for n in groups[key]:
             p = paths[n]
-            split[key + (p[d],) if len(p) > d else key + ("",)].append(n)
+            split[(*key, p[d]) if len(p) > d else (*key, "")].append(n)
         if len(split) <= 1 and all(len(paths[n]) > d for n in groups[key]):
             depth[key] = d + 1  # one child only: look one level deeper, same group
             continue
-        if len(split) <= 1 or len(groups) - 1 + len(split) > max_groups:
+        room = max_groups - (len(groups) - 1)
+        if len(split) <= 1 or room < 2 or (room < len(split) <= 8):
             final.add(key)
             continue
         del groups[key]
+        if len(split) > max(8, room):  # e.g. 60 layers under one scope: runs of consecutive layers
+            final.update(_runs(split, room, groups))
+            continue
         for k, members in split.items():
             groups[k] = members
             depth[k] = d + 1
@@ -127,6 +132,25 @@ def _by_scope(names: Sequence[str], max_groups: int) -> dict[tuple[str, ...], li
     if len(groups) < 2:
         return None
     return groups
+
+
+def _runs(
+    split: Mapping[tuple[str, ...], list[str]], room: int, into: dict[tuple[str, ...], list[str]]
+) -> list[tuple[str, ...]]:
+    """Put ``split``'s children (in order of first appearance) into at most ``room`` runs of consecutive
+    children; returns the new keys (``(*parent, "first … last")``)."""
+    items = [(k, ms) for k, ms in split.items() if k[-1] != ""]
+    keys = [k for k in split if k[-1] == ""]  # the parent's own tensors stay apart (inputs, glue)
+    for k in keys:
+        into[k] = split[k]
+    size = math.ceil(len(items) / max(1, room - len(keys)))
+    for i in range(0, len(items), size):
+        run = items[i : i + size]
+        first, last = run[0][0], run[-1][0]
+        k = first if len(run) == 1 else (*first[:-1], f"{first[-1] or '·'} … {last[-1] or '·'}")
+        into[k] = [m for _, ms in run for m in ms]
+        keys.append(k)
+    return keys
 
 
 def _cut_widths(names: Sequence[str], edges: Sequence[tuple[str, str]]) -> list[int]:
@@ -168,50 +192,53 @@ def _ops_label(members: Sequence[str], ops: Mapping[str, str]) -> str:
     return " ".join(f"{op}×{k}" for op, k in top)
 
 
-def _condense(groups: list[Group], of: dict[str, str], edges: Sequence[tuple[str, str]]) -> list[Group]:
-    """Merge groups on a cycle of the group graph (Tarjan's SCCs, iterative) so the collapsed graph is a DAG."""
-    succ: dict[str, set[str]] = defaultdict(set)
-    for a, b in edges:
-        ga, gb = of[a], of[b]
-        if ga != gb:
-            succ[ga].add(gb)
+def _sccs(keys: Sequence[str], succ: Mapping[str, set[str]]) -> dict[str, int]:
+    """Strongly connected components (Tarjan, iterative): ``{key: component id}``."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on: set[str] = set()
     comp: dict[str, int] = {}
-    counter = 0
-    for root in (g.key for g in groups):
+
+    def enter(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+
+    for root in keys:
         if root in index:
             continue
-        work = [(root, iter(sorted(succ[root])))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on.add(root)
+        enter(root)
+        work = [(root, iter(sorted(succ.get(root, ()))))]
         while work:
             v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(succ[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    enter(nxt)
+                    work.append((nxt, iter(sorted(succ.get(nxt, ())))))
+                elif nxt in on:
+                    low[v] = min(low[v], index[nxt])
                 continue
             work.pop()
             if work:
                 low[work[-1][0]] = min(low[work[-1][0]], low[v])
             if low[v] == index[v]:
-                while True:
+                x = ""
+                while x != v:
                     x = stack.pop()
                     on.discard(x)
                     comp[x] = index[v]
-                    if x == v:
-                        break
+    return comp
+
+
+def _condense(groups: list[Group], of: dict[str, str], edges: Sequence[tuple[str, str]]) -> list[Group]:
+    """Merge groups on a cycle of the group graph so the collapsed graph is a DAG."""
+    succ: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        if of[a] != of[b]:
+            succ[of[a]].add(of[b])
+    comp = _sccs([g.key for g in groups], succ)
     merged: dict[int, list[Group]] = defaultdict(list)
     for g in groups:
         merged[comp[g.key]].append(g)
@@ -243,10 +270,9 @@ def group_tensors(
     known = set(names)
     edges = [(a, b) for a, b in edges if a in known and b in known and a != b]
     if len(names) <= max_groups:
-        groups = [Group(n, n, (n,)) for n in names]
-        return Grouping(tuple(groups), "none", {n: n for n in names})
+        return Grouping(tuple(Group(n, n, (n,)) for n in names), "none", {n: n for n in names})
     scoped = _by_scope(names, max_groups)
-    groups = []
+    groups: list[Group] = []
     if scoped is not None:
         method = "name scope"
         for key, members in scoped.items():
@@ -259,9 +285,9 @@ def group_tensors(
                 groups.append(Group(label, label, tuple(members)))
     else:
         method = "graph structure"
-        for i, members in enumerate(_by_structure(names, edges, max_groups)):
-            key = f"block {i + 1}"
-            groups.append(Group(key, f"{key}: {_ops_label(members, ops)}", tuple(members)))
+        for i, block in enumerate(_by_structure(names, edges, max_groups)):
+            bkey = f"block {i + 1}"
+            groups.append(Group(bkey, f"{bkey}: {_ops_label(block, ops)}", tuple(block)))
     of = {m: g.key for g in groups for m in g.members}
     groups = _condense(groups, of, edges)
     order = {n: i for i, n in enumerate(names)}
@@ -395,7 +421,8 @@ def _node_texts(view: GraphView, rows: Mapping[str, Mapping[str, Any]], metric: 
             label = next(g.label for g in view.grouping.groups if g.key == node)
             ops = Counter(str(rows.get(m, {}).get("producer_op", "?")) for m in mem).most_common(4)
             hover.append(
-                f"<b>{label}</b><br>{len(mem)} tensors: " + ", ".join(f"{o}×{k}" for o, k in ops)
+                f"<b>{label}</b><br>{len(mem)} tensors: "
+                + ", ".join(f"{o}×{k}" for o, k in ops)
                 + f"<br>worst {metric}: {_fmt_metric(worst, metric)}<br><i>click to expand</i>"
             )
             short = label if len(label) <= 34 else label[:33] + "…"
@@ -422,7 +449,7 @@ def _path_lines(view: GraphView, path: Sequence[str]) -> tuple[list[float | None
             seq.append(n)
     xs: list[float | None] = []
     ys: list[float | None] = []
-    for a, b in zip(seq, seq[1:], strict=False):
+    for a, b in itertools.pairwise(seq):
         pts = view.drawing.routes.get((a, b)) or [view.drawing.pos[a], view.drawing.pos[b]]
         xs += [p[0] for p in pts] + [None]
         ys += [p[1] for p in pts] + [None]
@@ -503,7 +530,8 @@ def graph_view_figure(
         xaxis={"visible": False}, yaxis={"visible": False, "autorange": "reversed"},
         hovermode="closest", plot_bgcolor="white", dragmode="pan",
         height=int(min(2400, max(420, 60 + 48 * ranks))), margin={"l": 10, "r": 10, "t": 30, "b": 10},
-        title={"text": f"{len(view.nodes)} nodes ({view.grouping.method}); colour: worst {metric}", "font": {"size": 13}},
+        title={"text": f"{len(view.nodes)} nodes ({view.grouping.method}); colour: worst {metric}",
+               "font": {"size": 13}},
     )  # fmt: skip
     return fig
 
@@ -543,4 +571,3 @@ __all__ = [
     "scope_path",
     "worst_path",
 ]
-
