@@ -191,8 +191,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def _make_figure_boxes(self) -> None:
         """The figure containers, the Netron opt-in and the inspector."""
         # Figures.
-        self.heatmap_box = w.Box(layout=w.Layout(width="100%"))  # full width: ~900 columns need it
-        self.samples_box = w.Box(layout=w.Layout(width="100%"))
+        self.heatmap_box = w.VBox(layout=w.Layout(width="100%"))  # a column stretches the figure: full width
+        self.samples_box = w.VBox(layout=w.Layout(width="100%"))
         self.heatmap_groups = w.Checkbox(description="group by scope / block", value=False, indent=False)
         self.heatmap_groups.add_class("qd-heatmap-groups")
         self.heatmap_groups.observe(lambda ch: self._render_heatmap(), names="value")

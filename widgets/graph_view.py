@@ -27,7 +27,7 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         self.expand_all = w.Button(description="expand all", layout=w.Layout(width="auto"))
         self.collapse_all = w.Button(description="collapse all", layout=w.Layout(width="auto"))
         self.note = w.HTML("")
-        self.box = w.Box(layout=w.Layout(width="100%"))
+        self.box = w.VBox(layout=w.Layout(width="100%"))  # a column stretches the figure to the full width
         self.search_box.add_class("qd-graph-search")
         self.expand_all.add_class("qd-graph-expand-all")
         self.collapse_all.add_class("qd-graph-collapse-all")
