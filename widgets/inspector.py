@@ -44,6 +44,7 @@ class InspectorPanel(w.VBox):  # type: ignore[misc]
         self.table.add_class("qd-inspector")
         self.stats.add_class("qd-inspector-stats")
         super().__init__([self.table, self.stats, self.tabs], **kwargs)
+        self.add_class("qd-inspector-panel")
 
     def clear(self) -> None:
         """Nothing selected."""
