@@ -70,7 +70,7 @@ def notebook(path: Path, f: Path, q: Path, data: Path, workdir: Path) -> Path:
         f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
         "from widgets.app import DebuggerApp\nfrom widgets.session import QuantDebugger\n"
         f"dbg = QuantDebugger({str(f)!r}, {str(q)!r}, {str(data)!r}, workdir={str(workdir)!r})\n"
-        "app = DebuggerApp(dbg)\napp.tabs.selected_index = 3\napp"
+        "app = DebuggerApp(dbg)\napp"
     )
     nb = {
         "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": code}],
@@ -91,6 +91,8 @@ def drive(page: Any, port: int, model: str, images: Path | None, tensors: int) -
     out: dict[str, float] = {}
     t0 = time.perf_counter()
     page.goto(f"http://127.0.0.1:{port}/", wait_until="commit", timeout=TIMEOUT_MS)
+    page.locator(".qd-table").first.wait_for(timeout=TIMEOUT_MS)
+    page.locator(".lm-TabBar-tab", has_text="Graph").first.click()  # as a user does: the tab opens at full width
     page.locator(NODES).first.wait_for(timeout=TIMEOUT_MS)
     out["debugger shown (debug + views)"] = time.perf_counter() - t0
     groups = page.locator(NODES).count()
@@ -143,7 +145,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> list[dict[str
                 rw.mkdir(parents=True, exist_ok=True)
                 nb = notebook(rw / f"views_{model.replace('-', '_')}.ipynb", f, q, data, rw / "dbg")
                 with voila(nb, rw) as (port, _):
-                    ctx = browser.new_context(viewport={"width": 1500, "height": 1100})
+                    ctx = browser.new_context(viewport={"width": 1500, "height": 2600})
                     ctx.route(
                         re.compile(r".*"), lambda rt: rt.continue_() if LOCAL.match(rt.request.url) else rt.abort()
                     )
