@@ -7,7 +7,10 @@ For each corpus model and number of samples N, each method runs in a **fresh chi
     model, **graph optimizations off** (so the QDQ model runs as written, like qdebug's sessions), both run on
     every sample, no extra outputs;
 ``numpy`` / ``graph`` / ``auto``
-    ``qdebug.debug(float, quant, data, DebugOptions(capture=...))``; ``auto`` also reports what it chose and why.
+    ``qdebug.debug(float, quant, data, DebugOptions(capture=...))``; ``auto`` also reports what it chose and why;
+``batch8``
+    ``DebugOptions(capture="numpy", batch=8)``: up to 8 samples per inference call, with the batch that ran and
+    why batching stopped, if it did.
 
 **Per-sample cost** is the steady state: the time from the end of sample 0 to the end of sample N-1, divided by
 N-1 (qdebug's progress callback; the floor's own loop), so set-up and first-run allocations are excluded, and
@@ -23,8 +26,9 @@ the corpus's ``calib.npz`` (not timed).
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_realmodels.py [--models a b] [--samples 8 64] [--methods floor numpy graph auto]
-        [--work /tmp/qdebug-bench] [--markdown docs/benchmarks.md] [--json out.json] [--timeout 600]
+    .venv/bin/python benchmarks/bench_realmodels.py [--models a b] [--samples 8 64]
+        [--methods floor numpy graph auto batch8] [--work /tmp/qdebug-bench] [--markdown docs/benchmarks.md]
+        [--json out.json] [--timeout 600]
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = ("yolov8n-nudenet", "ppocrv4-rec", "silero-vad", "ddddocr-crnn", "minilm-l3")
-METHODS = ("floor", "numpy", "graph", "auto")
+METHODS = ("floor", "numpy", "graph", "auto", "batch8")
 CHUNK = 8  # samples per .npz file of the folder source
 BEGIN, END = "<!-- bench_realmodels:begin -->", "<!-- bench_realmodels:end -->"
 
@@ -90,13 +94,13 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         ends = []
         t0 = time.perf_counter()
-        rep = debug(
-            fp, qp, folder, DebugOptions(capture=method), progress=lambda i, n: ends.append(time.perf_counter())
-        )
+        opts = DebugOptions(capture="numpy", batch=8) if method == "batch8" else DebugOptions(capture=method)
+        rep = debug(fp, qp, folder, opts, progress=lambda i, n: ends.append(time.perf_counter()))
         cap = rep.meta.capture
         out["backend"] = cap.backend if cap else None
         out["reason"] = cap.reason if cap else None
         out["fallback_samples"] = cap.fallback_samples if cap else 0
+        out["batch"], out["batch_reason"] = (cap.batch, cap.batch_reason) if cap else (1, None)
     out["wall_s"] = time.perf_counter() - t0
     out["per_sample_s"] = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else float("nan")
     out["peak_rss_mb"] = _hwm_mb()
@@ -207,6 +211,8 @@ def table(results: Sequence[dict[str, Any]]) -> list[str]:
             why = x.get("backend") or ""
             if x["method"] == "auto" and x.get("reason"):
                 why += f" ({x['reason']})"
+            if x["method"] == "batch8":
+                why += f", batch {x.get('batch', 1)}" + (f" ({x['batch_reason']})" if x.get("batch_reason") else "")
             ps, e2e = _ratio(x["per_sample_s"], fps), _ratio(x["wall_s"], fwall)
             rows.append(f"{lead} {x['method']} | {ps} | {e2e} | {x['peak_rss_mb']:.0f} | {why} |")
     return rows

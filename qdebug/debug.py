@@ -66,6 +66,9 @@ class DebugOptions:
     ``meta.capture`` says which ran, why, and which samples fell back).
     ``metrics`` names the registered metrics the report computes (:data:`qdebug.metrics.STREAMING_METRICS` for
     activations and outputs, :data:`qdebug.metrics.METRICS` for weights); ``None``: all of them.
+    ``batch`` > 1 runs up to that many samples of the same input shapes per inference call (numpy backend;
+    checked on the first batch, sums still per sample, equal to unbatched ones up to rounding;
+    :mod:`qdebug.capture.batching`).
     """
 
     num_samples: int | None = None
@@ -76,6 +79,7 @@ class DebugOptions:
     ignore_data_keys: tuple[str, ...] = ()
     capture: str = AUTO
     metrics: tuple[str, ...] | None = None
+    batch: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -87,6 +91,10 @@ class DebugOptions:
             problems.append(f"capture must be one of {', '.join(capture_choices())}, got {self.capture!r}")
         if not self.providers:
             problems.append("at least one execution provider is needed")
+        if not isinstance(self.batch, int) or self.batch < 1:
+            problems.append(f"batch must be a positive integer, got {self.batch!r}")
+        elif self.batch > 1 and self.capture not in (AUTO, FALLBACK_BACKEND):
+            problems.append(f"batch {self.batch} needs capture 'auto' or 'numpy' (only numpy batches)")
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(self.metrics))
             known = {*STREAMING_METRICS, *METRICS}
@@ -233,6 +241,8 @@ def capture_info(cap: CaptureResult) -> CaptureInfo:
         fallback_backend=FALLBACK_BACKEND if cap.fallback_samples else None,
         fallback_samples=cap.fallback_samples,
         fallback_reasons=cap.fallback_reasons,
+        batch=cap.batch,
+        batch_reason=cap.batch_reason,
     )
 
 
@@ -303,7 +313,7 @@ def debug(
         ignore=opts.ignore_data_keys,
     )
     try:
-        cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture)
+        cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture, batch=opts.batch)
     except ModelError as exc:  # the engine sees protos only: name the files here
         raise _named(exc, f_path, q_path) from exc
     streaming = opts.selected(STREAMING_METRICS)

@@ -224,7 +224,8 @@ class CaptureInfo:
     ``requested`` is what the options asked for (e.g. ``"auto"``, ``"graph"``, ``"numpy"``); ``backend`` is the
     one that ran; ``reason`` says why it was chosen or why the requested one could not run at all;
     ``fallback_samples`` counts samples redone by the fallback backend, ``fallback_reasons`` groups them as
-    ``(reason, count)`` pairs.
+    ``(reason, count)`` pairs. ``batch`` is the most samples one inference call took (``--batch``), and
+    ``batch_reason`` says why batching stopped or never started when it was asked for.
     """
 
     requested: str
@@ -233,6 +234,8 @@ class CaptureInfo:
     fallback_backend: str | None = None
     fallback_samples: int = 0
     fallback_reasons: tuple[tuple[str, int], ...] = ()
+    batch: int = 1
+    batch_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

@@ -16,6 +16,7 @@ the number of samples.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ from qdebug.capture.base import (
     register_backend,
 )
 from qdebug.capture.graph_backend import GraphBackend
-from qdebug.capture.numpy_backend import NumpyBackend
+from qdebug.capture.numpy_backend import NumpyBackend, NumpyRun
 from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import DataSource
 from qdebug.errors import DataError
@@ -99,9 +100,19 @@ class CaptureResult:
     fallback_samples: int = 0  # samples redone by the fallback backend
     fallback_reason: str | None = None  # why auto chose `path`, or why the requested backend could not run at all
     fallback_reasons: tuple[tuple[str, int], ...] = ()  # (reason, samples) of the per-sample fallbacks
+    batch: int = 1  # the most samples one inference call took
+    batch_reason: str | None = None  # why batching stopped or never started (None: it held, or was not asked for)
 
     @classmethod
-    def of(cls, sums: CaptureSums, pairing: Pairing, requested: str, used: str, reason: str | None) -> CaptureResult:
+    def of(
+        cls,
+        sums: CaptureSums,
+        pairing: Pairing,
+        requested: str,
+        used: str,
+        reason: str | None,
+        batch: tuple[int, str | None] = (1, None),
+    ) -> CaptureResult:
         """The frozen result of accumulated sums."""
         n = sums.samples
         ordinal = iter(range(sums.n_quant))
@@ -120,6 +131,8 @@ class CaptureResult:
             fallback_samples=sum(sums.fallbacks.values()),
             fallback_reason=reason,
             fallback_reasons=tuple(sorted(sums.fallbacks.items())),
+            batch=batch[0],
+            batch_reason=batch[1],
         )
 
 
@@ -130,9 +143,13 @@ def _open(
     pairing: Pairing,
     providers: Sequence[str],
     samples: int,
+    batch: int = 1,
 ) -> tuple[CaptureRun, str, str | None]:
     """The requested backend's run (``auto``: an :class:`AutoRun`), or the fallback backend's with the reason the
-    requested one cannot run."""
+    requested one cannot run. Batching (``batch`` > 1) is the numpy backend's: ``auto`` then means numpy."""
+    if batch > 1 and name in (AUTO, FALLBACK_BACKEND):
+        why = None if name == FALLBACK_BACKEND else f"batches of up to {batch} samples run on numpy, which batches"
+        return NumpyRun(float_model, quant_model, pairing, providers, batch=batch), FALLBACK_BACKEND, why
     if name == AUTO:
         return AutoRun(float_model, quant_model, pairing, providers, samples), AUTO, None
     try:
@@ -152,9 +169,11 @@ def capture(
     providers: Sequence[str] = ("CPUExecutionProvider",),
     progress: ProgressFn | None = None,
     path: str = "graph",
+    batch: int = 1,
 ) -> CaptureResult:
     """Run both models sample by sample through the backend ``path`` (or ``"auto"``) and reduce every paired
-    tensor to sums.
+    tensor to sums; ``batch`` > 1 lets the numpy backend run that many samples per inference call
+    (:mod:`qdebug.capture.batching`; the sums stay per sample).
 
     A sample the backend cannot reduce exactly (NaN/Inf, shapes that differ, an ORT error) is redone by the
     ``numpy`` backend, which raises the precise one-line error if the sample itself is bad.
@@ -162,7 +181,7 @@ def capture(
     n_total = len(data)
     n_quant = sum(1 for a in pairing.activations if a.quantized)
     sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
-    run, used, reason = _open(path, float_model, quant_model, pairing, providers, n_total)
+    run, used, reason = _open(path, float_model, quant_model, pairing, providers, n_total, batch)
     # auto's numpy run is already open: it redoes the merged graph's fallbacks too
     fallback: CaptureRun | None = run.numpy if isinstance(run, AutoRun) else None
     prefetch = getattr(run, "prefetch", None)  # a run that can start the next sample early (NumpyRun, AutoRun)
@@ -177,7 +196,8 @@ def capture(
         raise DataError(f"{data.description}: no samples")
     if isinstance(run, AutoRun):
         used, reason = run.final().backend, run.final().reason
-    return CaptureResult.of(sums, pairing, path, used, reason)
+    batching = run.batching() if isinstance(run, NumpyRun) else (1, None)
+    return CaptureResult.of(sums, pairing, path, used, reason, batching)
 
 
 def _loop(
@@ -190,16 +210,30 @@ def _loop(
     progress: ProgressFn | None,
     pair: tuple[onnx.ModelProto, onnx.ModelProto, Pairing, Sequence[str]],
 ) -> None:
-    """Reduce every sample into ``sums``; the next sample is read (and announced to ``prefetch``) before the
-    current one is reduced, so that a pipelining run can overlap them."""
+    """Reduce every sample into ``sums``. Samples are read ahead of the current one — as many as the run's
+    ``lookahead`` asks for (1 by default) — and announced to ``prefetch``, so that a pipelining or batching run
+    can infer them early or together."""
     samples = iter(data)
-    upcoming = next(samples, None)
-    i = 0
-    while upcoming is not None and i < n_total:  # a source that yields more than it announced stops at n_total
-        sample = upcoming
-        upcoming = next(samples, None) if i + 1 < n_total else None
-        if prefetch is not None and upcoming is not None:
-            prefetch(i + 1, upcoming)
+    ahead: deque[tuple[int, Mapping[str, np.ndarray]]] = deque()
+    read = 0  # samples read from the source so far
+
+    def top_up(current: int) -> None:
+        nonlocal read
+        want = 1 + (getattr(run, "lookahead", 1) if prefetch is not None else 0)
+        while len(ahead) < want and read < n_total:  # a source that yields more than it announced stops at n_total
+            sample = next(samples, None)
+            if sample is None:
+                read = n_total
+                break
+            ahead.append((read, sample))
+            if prefetch is not None and read > current:
+                prefetch(read, sample)
+            read += 1
+
+    top_up(0)
+    while ahead:
+        i, sample = ahead.popleft()
+        top_up(i)
         try:
             res = run.reduce(i, sample)
             if isinstance(res, Fallback):
@@ -212,4 +246,3 @@ def _loop(
         sums.add(i, res)
         if progress is not None:
             progress(i + 1, n_total)
-        i += 1

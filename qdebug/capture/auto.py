@@ -122,6 +122,11 @@ class AutoRun:
         """The run that reduces the next sample once the choice is made."""
         return self.graph if self.choice is not None and self.choice.backend == "graph" and self.graph else self.numpy
 
+    @property
+    def lookahead(self) -> int:
+        """Samples to announce ahead: the numpy run's once it is the choice, else one."""
+        return self.numpy.lookahead if self.choice is not None and self.current is self.numpy else 1
+
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
         """Announce the next sample to the numpy run once it is the choice (never while the backends are timed)."""
         if self.choice is not None and self.current is self.numpy:

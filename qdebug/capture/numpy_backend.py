@@ -18,6 +18,17 @@ import numpy as np
 import onnx
 
 from qdebug.capture.base import SampleSums
+from qdebug.capture.batching import (
+    BATCH_BYTES,
+    InputKey,
+    Shapes,
+    batch_axes,
+    input_key,
+    mismatch,
+    relax_batch_dim,
+    split_batch,
+    stack,
+)
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
@@ -84,14 +95,22 @@ class BoundFetch:
         self.binding, self.key, self.values = binding, key, values
 
 
+Values = tuple[list[np.ndarray], list[np.ndarray]]  # one sample's float and quantized tensors, in plan order
+
+
 class NumpyRun:
     """Two sessions whose outputs include every tensor of the :class:`ReductionPlan`.
 
-    **Pipelined** (``pipeline``; default: with two or more cores): once the first sample has shown that two
-    samples' tensors fit in :data:`PIPELINE_BYTES`, the capture loop's :meth:`prefetch` starts the next sample's
-    inference on a worker thread while this thread reduces the current one — ONNX Runtime and numpy each keep a
-    core busy instead of taking turns. The sessions' idle threads then sleep instead of spinning, so the reduction
-    is not slowed by ORT's busy-waiting. The sums are those of the sequential run (same arrays, same order).
+    **Pipelined** (``pipeline``; default: with two or more cores): once the first sample has shown that the
+    tensors fit in :data:`PIPELINE_BYTES`, the capture loop's :meth:`prefetch` starts the next samples' inference
+    on a worker thread while this thread reduces the current ones — ONNX Runtime and numpy each keep a core busy
+    instead of taking turns. The sessions' idle threads then sleep instead of spinning, so the reduction is not
+    slowed by ORT's busy-waiting. The sums are those of the sequential run (same arrays, same order).
+
+    **Batched** (``batch`` > 1, :mod:`qdebug.capture.batching`): up to ``batch`` announced samples of the same
+    input shapes run as one inference call (fewer if their tensors would exceed
+    :data:`~qdebug.capture.batching.BATCH_BYTES`), checked on the first batch; :attr:`batch_reason` says why
+    batching stopped, :attr:`batch_used` the largest batch that ran.
     """
 
     def __init__(
@@ -101,38 +120,71 @@ class NumpyRun:
         pairing: Pairing,
         providers: Sequence[str],
         pipeline: bool | None = None,
+        batch: int = 1,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
         self.pipeline_allowed = usable_cores() >= 2 if pipeline is None else pipeline
+        self.batch_limit, self.batch_used = batch, 1
+        self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
+        self.verified = False  # the first batch has been checked against a sample alone
         spin = not self.pipeline_allowed
-        f_model = expose_outputs(float_model, self.plan.float_names)
+        self.axes = batch_axes(float_model)
+        relax = relax_batch_dim if batch > 1 else (lambda m: m)
+        f_model = relax(expose_outputs(float_model, self.plan.float_names))
         self.f_sess: Any = make_session(f_model, providers, role="float model", spin=spin)
-        q_model = expose_outputs(quant_model, self.plan.quant_names)
+        q_model = relax(expose_outputs(quant_model, self.plan.quant_names))
         self.q_sess: Any = make_session(q_model, providers, role="quantized model", spin=spin)
         self.f_fetch = BoundFetch(self.f_sess, self.plan.float_names)
         self.q_fetch = BoundFetch(self.q_sess, self.plan.quant_names)
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
+        self.alone: dict[InputKey, tuple[Shapes, Shapes]] = {}  # tensor shapes of one sample, per input shapes
         self._pool: ThreadPoolExecutor | None = None
-        self._queued: tuple[int, Mapping[str, np.ndarray]] | None = None
-        self._pending: tuple[int, Future[tuple[list[np.ndarray], list[np.ndarray]]]] | None = None
+        self._queued: list[tuple[int, Mapping[str, np.ndarray]]] = []
+        self._ready: dict[int, Values] = {}
+        self._pending: tuple[frozenset[int], Future[dict[int, Values]]] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """How many samples the next inference call may take (1 until the first sample's size is known)."""
+        if self.batch_limit <= 1 or self.batch_reason is not None or not self.sample_bytes:
+            return 1
+        return max(1, min(self.batch_limit, BATCH_BYTES // self.sample_bytes))
+
+    @property
+    def lookahead(self) -> int:
+        """How many samples past the current one the capture loop should announce through :meth:`prefetch`: the
+        rest of this batch and, when pipelining, the next one."""
+        return max(1, self.batch_size * (2 if self.pipelining else 1) - 1)
+
+    @property
+    def fresh(self) -> bool:
+        """Whether each inference returns new arrays (values are kept past the next call), not bound ones."""
+        return self.pipelining or self.batch_limit > 1
 
     @property
     def pipelining(self) -> bool:
-        """Whether the next sample's inference may run while this one is reduced."""
-        return self.pipeline_allowed and self.sample_bytes is not None and self.sample_bytes <= PIPELINE_BYTES
+        """Whether the next samples' inference may run while this one is reduced."""
+        return (
+            self.pipeline_allowed
+            and self.sample_bytes is not None
+            and self.sample_bytes * self.batch_size <= PIPELINE_BYTES
+        )
+
+    def batching(self) -> tuple[int, str | None]:
+        """The most samples one inference call took, and why batching stopped or never started (asked for and
+        not used: the reason; not asked for: ``None``)."""
+        if self.batch_limit <= 1 or self.batch_reason is not None or self.batch_used > 1:
+            return self.batch_used, self.batch_reason
+        if self.sample_bytes and 2 * self.sample_bytes > BATCH_BYTES:
+            mb = self.sample_bytes / (1 << 20)
+            return 1, f"one sample's tensors take {mb:.0f} MB: two do not fit in {BATCH_BYTES >> 20} MB"
+        return 1, "no two consecutive samples had the same input shapes"
 
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
-        """Announce the sample after the one :meth:`reduce` gets next: when pipelining, its inference starts on the
-        worker thread as soon as the current sample's values are in."""
-        self._queued = (index, sample)
-
-    def _start_queued(self, current: int) -> None:
-        queued, self._queued = self._queued, None
-        if queued is None or queued[0] == current or not self.pipelining:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-infer")
-        self._pending = (queued[0], self._pool.submit(self._infer, *queued))
+        """Announce a sample after the one :meth:`reduce` gets next: it may join that sample's batch, or, when
+        pipelining, the batch inferred on the worker thread while the current one is reduced."""
+        if index not in self._ready and all(index != i for i, _ in self._queued):
+            self._queued.append((index, sample))
 
     def close(self) -> None:
         """Stop the worker thread (a pending inference finishes first)."""
@@ -140,15 +192,65 @@ class NumpyRun:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def _infer(self, index: int, sample: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Both models' values for the sample (fresh arrays when pipelining: the reduction still reads the
-        previous ones).
+    def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
+        """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
+        f_vals, q_vals = self._take(index, sample)
+        if self.sample_bytes is None:
+            self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
+        self._start_next(index)
+        f = dict(zip(self.plan.float_names, f_vals, strict=True))
+        q = dict(zip(self.plan.quant_names, q_vals, strict=True))
+        return reduce_sample(self.plan, f, q)
+
+    def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
+        """The sample's values: already in a batch, being inferred on the worker, or inferred now (with the
+        announced samples that can share its batch)."""
+        self._queued = [(i, s) for i, s in self._queued if i > index]
+        pending = self._pending
+        if index not in self._ready and pending is not None and index in pending[0]:
+            self._pending = None
+            self._ready.update(pending[1].result())  # its DataError / ModelError is raised here
+        if index in self._ready:
+            return self._ready.pop(index)
+        group = self._group(index, sample)
+        self._ready.update(self._infer_group(group))
+        return self._ready.pop(index)
+
+    def _group(self, index: int, sample: Mapping[str, np.ndarray]) -> list[tuple[int, Mapping[str, np.ndarray]]]:
+        """``sample`` and the next announced samples of the same input shapes, up to :attr:`batch_size`; taken
+        out of the queue. A sample of input shapes not seen alone yet runs alone (its shapes are needed to split)."""
+        group = [(index, sample)]
+        key = input_key(sample)
+        if key not in self.alone:
+            return group
+        while self._queued and len(group) < self.batch_size:
+            i, s = self._queued[0]
+            if i != group[-1][0] + 1 or input_key(s) != key:
+                break
+            group.append(self._queued.pop(0))
+        return group
+
+    def _start_next(self, current: int) -> None:
+        """When pipelining and the worker is idle, start inferring the next announced batch on it."""
+        if not self.pipelining or self._pending is not None or not self._queued:
+            return
+        first, last = self._queued[0][0], max(self._ready, default=current)
+        if first != last + 1:
+            return
+        group = self._group(*self._queued.pop(0))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-infer")
+        self._pending = (frozenset(i for i, _ in group), self._pool.submit(self._infer_group, group))
+
+    def _infer(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
+        """Both models' values for one sample (fresh arrays when they are kept past the next call, see
+        :attr:`fresh`; else the bound ones, overwritten by the next call).
 
         A sample the float model cannot run is a :class:`DataError`; a sample the float model runs but the quantized
         model cannot (e.g. a zero point whose shape differs from its scale's, an axis out of range: ORT checks
         those at run time only) is the quantized model's fault, a :class:`ModelError` with that role.
         """
-        fresh = self.pipelining
+        fresh = self.fresh
         try:
             f_vals = list(self.f_sess.run(self.plan.float_names, dict(sample))) if fresh else self.f_fetch.run(sample)
         except Exception as exc:  # ORT's own error types carry no common public base
@@ -160,21 +262,49 @@ class NumpyRun:
                 f"ONNX Runtime cannot run it on sample {index}, which the float model runs on: {ort_message(exc)}",
                 role="quantized model",
             ) from exc
+        self.alone.setdefault(
+            input_key(sample), (tuple(tuple(v.shape) for v in f_vals), tuple(tuple(v.shape) for v in q_vals))
+        )
         return f_vals, q_vals
 
-    def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
-        """Run both models on the sample (or take the prefetched values) and reduce."""
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[0] == index:
-            f_vals, q_vals = pending[1].result()  # its DataError / ModelError is raised here
-        else:
-            f_vals, q_vals = self._infer(index, sample)
-        if self.sample_bytes is None:
-            self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
-        self._start_queued(index)
-        f = dict(zip(self.plan.float_names, f_vals, strict=True))
-        q = dict(zip(self.plan.quant_names, q_vals, strict=True))
-        return reduce_sample(self.plan, f, q)
+    def _infer_group(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Values]:
+        """Each sample's values, from one batched inference when the group has several samples and batching
+        holds (checked on the first batch), else one inference per sample."""
+        if len(group) > 1 and self.batch_reason is None:
+            values = self._infer_batch(group)
+            if values is not None:
+                self.batch_used = max(self.batch_used, len(group))
+                return values
+        return {i: self._infer(i, s) for i, s in group}
+
+    def _infer_batch(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Values] | None:
+        """The group's values from one batched call, or ``None`` (and :attr:`batch_reason` set) when the model
+        does not batch; a sample the batch fails on is then run alone, which names it if it is bad."""
+        n, errors = len(group), ort_errors()
+        stacked = stack([s for _, s in group], self.axes)
+        if stacked is None:
+            self.batch_reason = "an input has no axis to stack samples on"
+            return None
+        try:
+            f_b = self.f_sess.run(self.plan.float_names, stacked)
+            q_b = self.q_sess.run(self.plan.quant_names, stacked)
+        except errors as exc:
+            self.batch_reason = f"ONNX Runtime cannot run {n} samples at once: {ort_message(exc)}"
+            return None
+        f_shapes, q_shapes = self.alone[input_key(group[0][1])]
+        f_per = split_batch(f_b, self.plan.float_names, f_shapes, n)
+        q_per = split_batch(q_b, self.plan.quant_names, q_shapes, n)
+        if isinstance(f_per, str) or isinstance(q_per, str):
+            self.batch_reason = f_per if isinstance(f_per, str) else str(q_per)
+            return None
+        if not self.verified:  # once per run: the first batched sample against itself alone
+            f1, q1 = self._infer(*group[0])
+            why = mismatch(f_per[0], f1, self.plan.float_names) or mismatch(q_per[0], q1, self.plan.quant_names)
+            if why is not None:
+                self.batch_reason = f"batching changes the values: {why}"
+                return None
+            self.verified = True
+        return {i: (f_per[k], q_per[k]) for k, (i, _) in enumerate(group)}
 
 
 class NumpyBackend:

@@ -257,6 +257,14 @@ def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]
         + ", ".join(capture_backends)
         + f" (default {capture_backends[0]}; docs/metrics.md)",
     )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run up to N samples per inference call (numpy capture; checked on the first batch, sums stay "
+        "per sample; default 1)",
+    )
     add_input_shape(p, "fix a dynamic input shape, NAME:D0,D1,... (repeatable)")
     p.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
 

@@ -48,6 +48,7 @@ def run_debug(args: argparse.Namespace) -> Any:
         input_shapes=dict(args.input_shape) or None,
         ignore_data_keys=tuple(args.ignore_key),
         capture=args.capture,
+        batch=args.batch,
     )
     return debug(args.float_model, args.quant_model, args.data, opts)
 

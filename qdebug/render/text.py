@@ -163,6 +163,11 @@ def capture_line(info: Any) -> str | None:
     if info.fallback_samples:
         why = "; ".join(f"{r} ({n})" for r, n in info.fallback_reasons)
         line += f"; {info.fallback_samples} sample(s) redone by {info.fallback_backend}: {why}"
+    batch, batch_reason = getattr(info, "batch", 1), getattr(info, "batch_reason", None)
+    if batch > 1:
+        line += f"; batches of up to {batch} samples"
+    if batch_reason:
+        line += f"; not batched further: {batch_reason}"
     return line
 
 
