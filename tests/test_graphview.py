@@ -191,7 +191,7 @@ def test_heatmap_scales_to_hundreds_of_tensors() -> None:
     assert small.layout.xaxis.ticktext[0] == "/model.0/t0"
     big = figures.layer_heatmap(_df(300))
     assert big.layout.xaxis.showticklabels is False and "hover" in big.layout.xaxis.title.text
-    assert big.data[0].xgap == 0 and big.layout.autosize is True
+    assert big.data[0].xgap == 0 and big.layout.width == 1100  # wide: about 3 px per tensor
     assert "/model.59/t299" in big.data[0].text[1][299]  # the name is in the hover
     groups = {f"/model.{i // 5}/t{i}": f"model.{i // 50}" for i in range(300)}
     grouped = figures.layer_heatmap(_df(300), groups=groups)
