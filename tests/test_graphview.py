@@ -243,3 +243,16 @@ def test_scatter_and_channels() -> None:
     fig = ri.channel_figure("conv.weight", w, wq, 0)
     assert [t.name for t in fig.data] == ["sqnr", "range"] and len(fig.data[0].x) == 4
     assert fig.data[0].y[0] == 60.0 and "worst" in fig.layout.title.text
+
+
+def test_markers_never_overlap_the_next_layer(model_graph: tuple) -> None:
+    # The clicked-neighbour bug: hundreds of layers squeezed into a few hundred pixels made markers overlap.
+    names, edges, ops = model_graph
+    g = gv.group_tensors(names, edges, ops)
+    for expanded in (set(), {grp.key for grp in g.groups}):
+        view = gv.graph_view(names, edges, g, expanded)
+        fig = gv.graph_view_figure(view, _rows(names, ops))
+        layers = max(view.drawing.ranks.values()) + 1
+        px_per_layer = (fig.layout.height - 40) / layers
+        assert px_per_layer >= 10
+        assert max(fig.data[2].marker.size) <= 0.8 * px_per_layer + 1e-9

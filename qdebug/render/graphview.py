@@ -36,6 +36,8 @@ else:
 
 #: Collapsed views aim at no more groups than this (a few dozen readable boxes).
 MAX_GROUPS = 40
+#: Graph figures get 48 px per layer up to this height (px), then 10 px per layer (and smaller markers).
+MAX_HEIGHT = 2400
 #: Node kinds in the figure's ``customdata``: ``[kind, id]``.
 GROUP, TENSOR = "group", "tensor"
 #: Metrics the view colours by; the SQNR ones use the anchored bands, the error ones a log scale.
@@ -488,7 +490,12 @@ def graph_view_figure(
         ex.append(None)
         ey.append(None)
     texts = _node_texts(view, rows, metric)
-    sizes = [12 if view.kind[n] == TENSOR else 14 + 3 * math.sqrt(len(view.members[n])) for n in view.nodes]
+    ranks = max(view.drawing.ranks.values(), default=0) + 1
+    height = int(max(min(MAX_HEIGHT, 60 + 48 * ranks), 420, 40 + 10 * ranks))  # ≥ 10 px per layer
+    # Markers never overlap the next layer: overlapping markers are how a click on one tensor selected its
+    # neighbour (issue 15: 364 layers squeezed into 360 px). Zooming in spreads the layers, not the markers.
+    cap = max(4.0, 0.8 * (height - 40) / ranks)
+    sizes = [min(cap, 12 if view.kind[n] == TENSOR else 14 + 3 * math.sqrt(len(view.members[n]))) for n in view.nodes]
     symbols = ["circle" if view.kind[n] == TENSOR else "square" for n in view.nodes]
     show = len(view.nodes) <= label_limit
     marker: dict[str, Any] = {"size": sizes, "symbol": symbols, "line": {"width": 1, "color": "#495057"}}
@@ -525,11 +532,10 @@ def graph_view_figure(
     fig = go.Figure(traces)
     if selected:
         ring_at(fig, view, selected)
-    ranks = max(view.drawing.ranks.values(), default=0) + 1
     fig.update_layout(
         xaxis={"visible": False}, yaxis={"visible": False, "autorange": "reversed"},
         hovermode="closest", plot_bgcolor="white", dragmode="pan",
-        height=int(min(2400, max(420, 60 + 48 * ranks))), margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        height=height, margin={"l": 10, "r": 10, "t": 30, "b": 10},
         title={"text": f"{len(view.nodes)} nodes ({view.grouping.method}); colour: worst {metric}",
                "font": {"size": 13}},
     )  # fmt: skip
