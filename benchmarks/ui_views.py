@@ -86,7 +86,7 @@ def _count_at_least(page: Any, n: int) -> None:
     page.wait_for_function(f"document.querySelectorAll({NODES!r}).length >= {n}", timeout=TIMEOUT_MS, polling=50)
 
 
-def drive(page: Any, port: int, model: str, images: Path | None, tensors: int) -> dict[str, float]:
+def drive(page: Any, port: int, model: str, images: Path | None) -> dict[str, float]:
     """One round on a served debugger: timings (s) and, with ``images``, the screenshots."""
     out: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -97,6 +97,9 @@ def drive(page: Any, port: int, model: str, images: Path | None, tensors: int) -
     out["debugger shown (debug + views)"] = time.perf_counter() - t0
     groups = page.locator(NODES).count()
     out["groups"] = groups
+    note = page.locator(".qd-graph-note").inner_text()
+    tensors = int(re.search(r"(\d+) tensors in", note).group(1))  # type: ignore[union-attr]
+    out["tensors"] = tensors
     if images is not None:
         page.locator(".qd-graph").screenshot(path=str(images / f"ui_graph_{model}.png"))
     t0 = time.perf_counter()
@@ -132,10 +135,7 @@ def drive(page: Any, port: int, model: str, images: Path | None, tensors: int) -
 def run_model(model: str, args: argparse.Namespace, work: Path) -> list[dict[str, float]]:
     from playwright.sync_api import sync_playwright
 
-    from qdebug.graph import load_model, pair_models
-
     f, q, data = prepare(model, args.samples, work)
-    tensors = len(pair_models(load_model(f, "float model"), load_model(q, "quantized model")).activations)
     rounds = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -151,7 +151,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> list[dict[str
                     )
                     page = ctx.new_page()
                     shots = args.images if (r == 0 and args.images is not None) else None
-                    rounds.append({**drive(page, port, model, shots, tensors), "tensors": tensors})
+                    rounds.append(drive(page, port, model, shots))
                     ctx.close()
         finally:
             browser.close()
