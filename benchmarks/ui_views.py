@@ -110,26 +110,46 @@ def drive(page: Any, port: int, model: str, images: Path | None) -> dict[str, fl
         page.locator(".qd-graph").screenshot(path=str(images / f"ui_graph_all_{model}.png"))
     t0 = time.perf_counter()
     page.locator(".qd-graph-collapse-all").click()
-    page.wait_for_function(f"document.querySelectorAll({NODES!r}).length === {groups}", timeout=TIMEOUT_MS)
+    page.wait_for_function(f"document.querySelectorAll({NODES!r}).length === {groups}", timeout=TIMEOUT_MS, polling=50)
+    print(f"{model}: timings done", file=sys.stderr, flush=True)
     out["collapse all → groups drawn"] = time.perf_counter() - t0
     if images is not None:
-        worst = page.locator(".qd-graph-note b").first.inner_text()
-        box = page.locator(".qd-graph-search input")
-        box.fill(worst)
-        box.press("Enter")
-        page.locator(".qd-inspector").filter(has_text=worst).wait_for(timeout=TIMEOUT_MS)
-        page.locator(".qd-histogram .scatterlayer, .qd-histogram .barlayer").first.wait_for(timeout=TIMEOUT_MS)
-        _count_at_least(page, groups + 1)
-        page.locator(".qd-graph").screenshot(path=str(images / f"ui_graph_worst_{model}.png"))
-        page.locator(".qd-inspector-panel").screenshot(path=str(images / f"ui_inspector_{model}.png"))
-        page.locator(".qd-inspector-panel .lm-TabBar-tab", has_text="weights per channel").click()
-        page.locator(".qd-inspector-panel .qd-channels, .qd-inspector-panel i").first.wait_for(timeout=TIMEOUT_MS)
-        page.locator(".qd-inspector-panel").screenshot(path=str(images / f"ui_weights_{model}.png"))
-        page.locator(".lm-TabBar-tab", has_text="Heatmap").first.click()
-        page.locator(".qd-heatmap-groups input").check()
-        page.locator(".qd-heatmap .xtick").first.wait_for(timeout=TIMEOUT_MS)
-        page.locator(".qd-heatmap").screenshot(path=str(images / f"ui_heatmap_{model}.png"))
+        for step in (_shot_worst, _shot_inspector, _shot_heatmap):
+            try:  # one failed screenshot must not cost the others (nor the timings above)
+                step(page, images, model)
+            except Exception as exc:
+                print(f"{model}: {step.__name__} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     return out
+
+
+SHOT_MS = 240_000
+
+
+def _shot_worst(page: Any, images: Path, model: str) -> None:
+    """Find the worst tensor by name (the graph's note names it): its group expands, the inspector shows it."""
+    worst = page.locator(".qd-graph-note b").first.inner_text()
+    box = page.locator(".qd-graph-search input")
+    box.fill(worst)
+    box.press("Enter")
+    page.locator(".qd-inspector").filter(has_text=worst).first.wait_for(timeout=SHOT_MS)
+    page.locator(NODES).first.wait_for(timeout=SHOT_MS)
+    page.locator(".qd-graph").screenshot(path=str(images / f"ui_graph_worst_{model}.png"))
+
+
+def _shot_inspector(page: Any, images: Path, model: str) -> None:
+    panel = page.locator(".qd-inspector-panel")
+    panel.locator(".qd-histogram .bars path").first.wait_for(timeout=SHOT_MS)
+    panel.screenshot(path=str(images / f"ui_inspector_{model}.png"))
+    panel.locator(".lm-TabBar-tab", has_text="weights per channel").first.click()
+    panel.locator(".qd-channels .bars path").first.wait_for(timeout=SHOT_MS)
+    panel.screenshot(path=str(images / f"ui_weights_{model}.png"))
+
+
+def _shot_heatmap(page: Any, images: Path, model: str) -> None:
+    page.locator(".lm-TabBar-tab", has_text="Heatmap").first.click()
+    page.locator(".qd-heatmap-groups input").check()
+    page.locator(".qd-heatmap .xtick").first.wait_for(timeout=SHOT_MS)
+    page.locator(".qd-heatmap").first.screenshot(path=str(images / f"ui_heatmap_{model}.png"))
 
 
 def run_model(model: str, args: argparse.Namespace, work: Path) -> list[dict[str, float]]:
