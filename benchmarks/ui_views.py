@@ -138,10 +138,10 @@ def _shot_worst(page: Any, images: Path, model: str) -> None:
 
 def _shot_inspector(page: Any, images: Path, model: str) -> None:
     panel = page.locator(".qd-inspector-panel")
-    panel.locator(".qd-histogram .bars path").first.wait_for(timeout=SHOT_MS)
+    panel.locator(".qd-histogram .bars").first.wait_for(state="attached", timeout=SHOT_MS)
     panel.screenshot(path=str(images / f"ui_inspector_{model}.png"))
     panel.locator(".lm-TabBar-tab", has_text="weights per channel").first.click()
-    panel.locator(".qd-channels .bars path").first.wait_for(timeout=SHOT_MS)
+    panel.locator(".qd-channels .bars, i").first.wait_for(state="attached", timeout=SHOT_MS)
     panel.screenshot(path=str(images / f"ui_weights_{model}.png"))
 
 

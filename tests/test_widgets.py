@@ -279,7 +279,8 @@ def test_figure_clicks_select(dbg: QuantDebugger) -> None:
     heat = app.heatmap_box.children[0]
     assert isinstance(heat, go.FigureWidget) and "qd-heatmap" in heat._dom_classes
     c2 = dbg.report.activation("c2")
-    app.on_heatmap_click(heat.data[0], _Points([0], [c2.topo_index]))
+    order = sorted(dbg.report.activations, key=lambda a: a.topo_index)
+    app.on_heatmap_click(heat.data[0], _Points([0], [[a.tensor_name for a in order].index(c2.tensor_name)]))
     assert app.selected == "c2"
     samples = app.samples_box.children[0]
     assert isinstance(samples, go.FigureWidget)

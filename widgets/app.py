@@ -607,14 +607,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.selected = tensor
 
     def on_heatmap_click(self, trace: Any, points: Any, state: Any = None) -> None:
-        """A click on the layer heatmap: its x is the tensor's topological index."""
+        """A click on the layer heatmap: its x is the tensor's position in topological order."""
         xs = list(getattr(points, "xs", []) or [])
-        if not xs:
-            return
-        by_index = {int(a.topo_index): a.tensor_name for a in self.debugger.report.activations}
-        name = by_index.get(int(xs[0]))
-        if name is not None:
-            self.on_select(name)
+        names = list(self.views().table["tensor_name"])  # topological order, as the heatmap's columns
+        if xs and 0 <= int(xs[0]) < len(names):
+            self.on_select(str(names[int(xs[0])]))
 
     def on_samples_click(self, trace: Any, points: Any, state: Any = None) -> None:
         """A click on the samples × tensors heatmap: its x is the tensor's column."""

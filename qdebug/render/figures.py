@@ -216,7 +216,8 @@ def layer_heatmap(
     :func:`weight_sqnr_by_tensor`).
     ``orientation="h"`` puts tensors on x (rows = metrics); ``"v"`` puts tensors on y. Colours follow the module's
     anchoring (red < 20 dB, yellow 20–40, green > 40; +inf top colour, undefined/nonfinite grey). Cells are
-    addressed by ``topo_index`` (unique) and labelled with truncated names; the hover shows the full tensor name,
+    addressed by their position in topological order (0..n-1, equal widths) and labelled with truncated names;
+    the hover shows the full tensor name,
     op, quantization type, all three values and the statuses.
 
     Scaling to real models: tick labels only when at most :data:`MAX_TICK_LABELS` fit (else the names are in the
@@ -248,7 +249,9 @@ def layer_heatmap(
             z[i].append(_z(v))
             st[i].append(s)
             hover[i].append(f"<b>{m}</b>: {_fmt(v, s)}<br>{text}")
-    idx = [int(t) for t in d["topo_index"]] if "topo_index" in d.columns else list(range(len(d)))
+    # Cells are addressed by position in topological order (0..n-1), not by topo_index: a model whose first
+    # 420 nodes are Constants would otherwise give its first tensor a cell 420 columns wide.
+    idx = list(range(len(d)))
     axis, bounds = _tensor_axis(idx, [str(n) for n in d["tensor_name"]], max_label_chars, groups)
     rows = list(metrics)
     line = {"color": "#343a40", "width": 1}
