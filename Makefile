@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser deeploy-env bench bench-ui corpus corpus-ci corpus-test \
+.PHONY: demo test lint typecheck unit install install-dev browser gcc deeploy-env bench bench-ui corpus corpus-ci corpus-test \
 	corpus-data gauntlet gauntlet-ci dashboard screenshots clean
 
 $(BIN)/python:
@@ -36,6 +36,14 @@ browser:
 		|| { echo "could not install chromium"; [ "$$CI" != true ]; }; \
 	else echo "chromium missing and not root: browser tests will be skipped"; [ "$$CI" != true ]; fi
 
+# Running Deeploy's generated C on the host (docs/deeploy.md, "Running the generated code") needs a C compiler:
+# Debian's gcc (the PULP toolchain is not on the package registries; Deeploy's Generic code runs on the host).
+gcc:
+	@if command -v gcc >/dev/null; then echo "gcc: $$(command -v gcc)"; \
+	elif [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null) \
+		|| { echo "could not install gcc"; [ "$$CI" != true ]; }; \
+	else echo "gcc missing and not root: the tests running Deeploy's generated code will be skipped"; [ "$$CI" != true ]; fi
+
 # Deeploy's own environment (deeploy-pulp pins numpy<2): created once, ~75 s and ~410 MB; see docs/deeploy.md.
 deeploy-env: $(VENV)/.installed
 	$(BIN)/python -c "from qdebug.targets.deeploy_env import ensure_env; print(ensure_env())"
@@ -55,7 +63,7 @@ typecheck: $(VENV)/.installed-dev
 unit: $(VENV)/.installed-dev corpus-test
 	$(BIN)/pytest -q
 
-test: $(VENV)/.installed-dev browser deeploy-env corpus-test lint typecheck unit
+test: $(VENV)/.installed-dev browser gcc deeploy-env corpus-test lint typecheck unit
 
 # The no-code dashboard (Voila) on 127.0.0.1 only; PORT=... to change the port. docs/ui.md is the user guide.
 PORT ?= 8866

@@ -41,5 +41,7 @@ class BuildWithData(build_py):
 setup(
     packages=[*find_packages(include=["qdebug", "qdebug.*"]), "qdebug_widgets"],
     package_dir={"qdebug_widgets": "widgets"},
+    # The host kernels and harness that run Deeploy's generated C (qdebug.targets.deeploy_host).
+    package_data={"qdebug.targets": ["deeploy_host/*.c", "deeploy_host/*.h"]},
     cmdclass={"build_py": BuildWithData},
 )

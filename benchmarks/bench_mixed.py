@@ -23,6 +23,10 @@ Usage::
 
     .venv/bin/python benchmarks/bench_mixed.py [--models a,b] [--repeats 3] [--debug-samples 32]
                                                [--gain-db 2] [--no-sweep] [--markdown PATH]
+    .venv/bin/python benchmarks/bench_mixed.py --corpus ppocr-cls,minilm-l3 --debug-samples 8 \
+                                               [--calib-samples 8] [--measure-top 6] [--docs docs/mixed_precision.md]
+
+``--corpus`` runs the measured search on real models instead (``bench_mixed_corpus.py``).
 """
 
 from __future__ import annotations
@@ -432,7 +436,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, STEP_SIZES)), help="tensors per promotion step in (b)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the sensitivity sweep in (c)")
     parser.add_argument("--markdown", type=Path, help="also write the report here (atomically)")
+    parser.add_argument(
+        "--corpus", help="comma-separated real-model corpus names: run bench_mixed_corpus.py on them instead"
+    )
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_mixed_corpus
+
+    bench_mixed_corpus.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.corpus:
+        return bench_mixed_corpus.run([m.strip() for m in args.corpus.split(",") if m.strip()], args)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in ALL_MODELS]
     if unknown or args.repeats < 1 or args.debug_samples < 1:

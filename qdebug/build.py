@@ -537,6 +537,56 @@ def _accuracy(job: _Job, cjob: CompileJob, compiled: Compiled) -> tuple[DebugRep
     return report, acc
 
 
+@dataclass(frozen=True)
+class _Requantizer:
+    """The build's :class:`~qdebug.targets.base.Requantizer`: the fixed float model re-quantized on the build's
+    calibration ranges (no second calibration), promotions planned by :func:`qdebug.mixed.promote.promote`."""
+
+    float_model: Path
+    calibration_cache: Path
+    samples: DataSource
+    model_sha256: str
+
+    def promote(self, config: QuantConfig, tensors: Sequence[str], to: str) -> QuantConfig:
+        """``config`` with ``tensors`` promoted (ORT's mixed-precision fixer adds the converts)."""
+        from qdebug.mixed.promote import promote
+
+        return promote(self.float_model, tensors, to, config=config).config
+
+    def quantize(self, config: QuantConfig, dest: Path) -> Path:
+        """The float model quantized with ``config`` into ``dest``, exactly as asked (no output check)."""
+        from qdebug.quantize import quantize
+
+        res = quantize(
+            self.float_model, self.samples, config, dest, calibration_cache=self.calibration_cache, check=False
+        )
+        return Path(res.model_path)
+
+    def save_overrides(self, config: QuantConfig, dest: Path, requested: Sequence[str], note: str) -> Path:
+        """``config``'s overrides as an overrides file for the fixed float model."""
+        from qdebug.mixed.overrides import OverridesFile
+
+        ofile = OverridesFile.from_config(config, model_sha256=self.model_sha256, requested=requested, note=note)
+        return ofile.save(dest)
+
+
+def _diagnose(
+    job: _Job, cjob: CompileJob, compiled: Compiled, acc: TargetAccuracy | None, quant: QuantizeResult | None
+) -> Compiled:
+    """The target's diagnosis after its check (QNN: bisection and remedies), folded into the compiled result's
+    manifest entries and files."""
+    if quant is not None and cjob.float_model is not None and job.cfg is not None:
+        rq = _Requantizer(cjob.float_model, Path(quant.calibration_cache), cjob.samples, file_sha256(cjob.float_model))
+        cjob = replace(cjob, config=job.cfg, requantizer=rq)
+    t0 = time.perf_counter()
+    diag = job.target.diagnose(cjob, compiled, acc)
+    if not diag.manifest and not diag.files:
+        return compiled
+    job.timed("diagnose_s", t0)
+    job.warnings += list(diag.warnings)
+    return replace(compiled, manifest={**compiled.manifest, **diag.manifest}, files={**compiled.files, **diag.files})
+
+
 def _top1(job: _Job, cjob: CompileJob, compiled: Compiled) -> TopOne | None:
     """Top-1 of the float, QDQ and compiled models on the labelled evaluation set."""
     if job.eval_data is None:
@@ -641,6 +691,7 @@ def _run(job: _Job, staging: Path) -> tuple[BuildManifest, DebugReport | None]:
     )
     compiled = _compile(job, cjob)
     report, acc = _accuracy(job, cjob, compiled)
+    compiled = _diagnose(job, cjob, compiled, acc, quant)
     top1 = _top1(job, cjob, compiled)
     files = _files(cjob, compiled, quant, staging)
     if report is not None:

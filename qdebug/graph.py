@@ -906,15 +906,22 @@ def _qparam_problem(node: onnx.NodeProto, consts: Mapping[str, onnx.TensorProto 
     return None
 
 
-def qdq_parameter_problems(model: onnx.ModelProto) -> list[str]:
-    """One warning per tensor whose Q/DQ parameters cannot be right (scale 0, negative, NaN or inf; a zero point
-    that does not match its scale), naming the tensor. Such a model still runs; its numbers are meaningless."""
+def qdq_parameter_issues(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
+    """``(tensor, problem, node op)`` for each tensor whose Q/DQ parameters cannot be right (scale 0, negative,
+    NaN or inf; a zero point that does not match its scale), named by the float tensor the Q/DQ pair quantizes."""
     index = GraphIndex(model)
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str, str]] = {}
     for node in index.nodes:
         if (is_q(node) or is_dq(node)) and (problem := _qparam_problem(node, index.consts)) is not None:
             # Named by the float tensor the Q/DQ pair quantizes (a weight DQ: its constant).
             q = node if is_q(node) else index.producer.get(node.input[0])
             tensor = q.input[0] if q is not None and is_q(q) else node.input[0]
-            seen.setdefault(tensor, f"{tensor}: {problem} ({node.op_type} {node.name or node.output[0]!r})")
+            where = f"{problem} ({node.op_type} {node.name or node.output[0]!r})"
+            seen.setdefault(tensor, (tensor, where, node.op_type))
     return list(seen.values())
+
+
+def qdq_parameter_problems(model: onnx.ModelProto) -> list[str]:
+    """One warning per tensor whose Q/DQ parameters cannot be right (scale 0, negative, NaN or inf; a zero point
+    that does not match its scale), naming the tensor. Such a model still runs; its numbers are meaningless."""
+    return [f"{tensor}: {problem}" for tensor, problem, _ in qdq_parameter_issues(model)]

@@ -340,6 +340,9 @@ class TargetAccuracy:
     divergence_ops: tuple[tuple[str, int], ...] = ()
     #: (op type, node name) of the float model's nodes computing ``first_divergent`` from its compared inputs
     first_divergent_nodes: tuple[tuple[str, str], ...] = ()
+    #: how far the probe's model outputs were from the compiled model's (0: the probe did not change the graph's
+    #: numbers; ``None``: no probe ran)
+    probe_vs_compiled: float | None = None
 
     @property
     def flagged(self) -> tuple[TargetTensorDiff, ...]:
@@ -364,6 +367,7 @@ class TargetAccuracy:
             "isolated_starts": list(self.isolated_starts),
             "divergence_ops": [{"op_type": op, "nodes": n} for op, n in self.divergence_ops],
             "first_divergent_nodes": [{"op_type": op, "node": n} for op, n in self.first_divergent_nodes],
+            "probe_vs_compiled": self.probe_vs_compiled,
         }
 
     @classmethod
@@ -386,6 +390,7 @@ class TargetAccuracy:
             isolated_starts=tuple(d.get("isolated_starts", ())),
             divergence_ops=tuple((o["op_type"], int(o["nodes"])) for o in d.get("divergence_ops", ())),
             first_divergent_nodes=tuple((o["op_type"], o["node"]) for o in d.get("first_divergent_nodes", ())),
+            probe_vs_compiled=d.get("probe_vs_compiled"),
         )
 
 

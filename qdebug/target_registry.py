@@ -25,7 +25,12 @@ __all__ = [
 ]
 
 #: Modules of the built-in targets, imported by name on first use; each calls :func:`register_target`.
-BUILTIN_TARGET_MODULES: tuple[str, ...] = ("qdebug.targets.cpu", "qdebug.targets.qnn", "qdebug.targets.deeploy")
+#: (``qnn_diagnose`` imports and extends ``qnn``: the QNN target with its bisection and remedies)
+BUILTIN_TARGET_MODULES: tuple[str, ...] = (
+    "qdebug.targets.cpu",
+    "qdebug.targets.qnn_diagnose",
+    "qdebug.targets.deeploy",
+)
 
 _REGISTRY: dict[str, Callable[[], Any]] = {}
 _LOADED = False

@@ -19,6 +19,7 @@ from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
 
 CNN = SAMPLE_MODELS / "digits_cnn.onnx"
 CALIB = SAMPLE_MODELS / "digits_calib.npz"
+EVAL = SAMPLE_MODELS / "digits_eval.npz"
 TRANSFORMER = SAMPLE_MODELS / "digits_transformer.onnx"
 
 
@@ -33,8 +34,9 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
 ) -> None:
     out = tmp_path / "out"
     res = run_cli(
-        "build", "--float-model", CNN, "--target", "deeploy", "--precision", "int8", "--calib", CALIB, "-o", out
-    )
+        "build", "--float-model", CNN, "--target", "deeploy", "--precision", "int8", "--calib", CALIB,
+        "--eval", EVAL, "-o", out,
+    )  # fmt: skip
     assert res.code == 0, res.stderr
     assert _leftovers(tmp_path) == ["out"]  # the staging folder was renamed into place
     m = BuildManifest.load(out / "manifest.json")
@@ -64,6 +66,32 @@ def test_digits_cnn_builds_for_deeploy_end_to_end(
         assert (out / rel).is_file(), rel
     assert "Generic: deeploy/generic/Network.c" in res.out
     assert json.loads((out / "manifest.json").read_text())["deeploy"]["codegen"]["Generic"]["integer_only"] is True
+    _assert_generic_code_ran(m, out, res.out)
+
+
+def _assert_generic_code_ran(m: BuildManifest, out: Path, printed: str) -> None:
+    """The Generic code was compiled with gcc and run with qdebug's host kernels (docs/deeploy.md, "Running the
+    generated code"): bit-exact on the debug samples, its top-1 in the manifest; Siracusa marked codegen-only."""
+    runs = m.target_details["deeploy"]["run"]
+    generic = runs["Generic"]
+    assert generic["ran"] and generic["label"] == "Deeploy's generated code run with qdebug's host kernels", generic
+    assert generic["num_samples"] == 32 and generic["bit_exact"], generic
+    assert generic["equal_fraction_vs_integer_onnx"] == 1.0 and generic["max_diff_vs_integer_onnx"] == 0, generic
+    assert generic["equal_fraction_vs_qdq"] == 1.0 and generic["max_lsb_vs_qdq"] == 0, generic
+    assert generic["compiler_warnings"] == [], generic  # e.g. no int32 bound passed through an int8 parameter
+    assert runs["Siracusa"] == {"ran": False, "why": runs["Siracusa"]["why"]} and "PULP" in runs["Siracusa"]["why"]
+    # The residual Add's two terms are integer Muls (not int32 RequantShifts, which Generic miscompiles) in the network
+    # Generic is generated from: the export's own, or its Generic form (deeploy_generic) when the export has them.
+    codegen = m.target_details["deeploy"]["codegen"]["Generic"]
+    used = onnx.load(str(out / codegen["network"]))
+    assert [n.op_type for n in used.graph.node].count("Mul") == 2
+    assert (codegen["generic_add_terms_rewritten"] > 0) == (codegen["network"] == "deeploy/network.generic.onnx")
+    assert [b["name"] for b in codegen["io"]] == ["input", "logits"]
+    assert m.top1 is not None and m.top1.num_samples == 540
+    # Bit-exact with ORT's unoptimized QDQ run, whose top-1 is 99.44 % (the build's QDQ figure runs ORT optimized).
+    assert m.top1.compiled_model is not None and m.top1.compiled_model > 0.98, m.top1
+    assert "Generic code run (Deeploy's generated code run with qdebug's host kernels" in printed
+    assert "compiled (deeploy) 99." in printed and "Siracusa code not run: code generation only" in printed
 
 
 def test_snap_grid_fine_keeps_scale_changes_small(

@@ -21,9 +21,11 @@ def test_one_tool_per_command_with_the_shared_names() -> None:
     assert [t.name for t in TOOLS] == [
         "quantize",
         "debug",
+        "diagnose",
         "suggest",
         "search",
         "build",
+        "report",
         "demo",
         "dashboard",
         "notebooks",
@@ -35,6 +37,8 @@ def test_one_tool_per_command_with_the_shared_names() -> None:
         ["suggest", "-f", "m", "-q", "q", "-d", "d.npz"],
         ["search", "-f", "m", "--calib", "c.npz", "-d", "d.npz", "-o", "o.json", "--goal-sqnr", "30"],
         ["build", "-f", "m", "--target", "cpu", "--precision", "int8", "--calib", "c.npz", "-d", "d.npz", "-o", "o"],
+        ["diagnose", "-f", "m", "-q", "q", "-d", "d.npz", "-o", "d.json"],
+        ["report", "r.json", "-o", "r.html", "-f", "m", "-q", "q"],
     ):
         args = p.parse_args(argv)
         assert args.float_model == "m", argv

@@ -297,6 +297,9 @@ def test_pareto_figure(form: str) -> None:
     if form != "steps":
         assert list(by["evaluated"].customdata) == [7] and by["evaluated"].y[0] == figures.Z_MAX
         assert "accuracy: n/a" in by["evaluated"].hovertext[0]
+        assert list(by["Pareto front"].customdata) == [0, 7]  # the same front SearchResult.pareto() and the CLI give
+    else:
+        assert "Pareto front" not in by
 
 
 def test_comparison_figure(tiny_report: DebugReport) -> None:

@@ -410,3 +410,22 @@ def test_the_app_says_how_the_tensors_were_captured(dbg: QuantDebugger) -> None:
     info = dbg.report.meta.capture
     assert info is not None
     assert f"capture: {info.backend} backend" in app.capture_note.value
+
+
+def test_report_panel_diagnoses_and_offers_the_html_report(dbg: QuantDebugger, tmp_path: Path) -> None:
+    app = DebuggerApp(dbg, export_path=tmp_path / "overrides.json")
+    panel = app.report_panel
+    first = next(iter(app.suggestion_boxes))
+    app.suggestion_boxes[first].value = True
+    app.on_promote_clicked()
+    gains = dbg.measured_gains()  # every tensor the (fixed) promotion overrides, one measured gain
+    assert first in gains and set(gains) == set(dbg.promoted)
+    gained = dbg.report.min_output_sqnr_db - dbg.session.base.report.min_output_sqnr_db
+    assert list(gains.values()) == pytest.approx([gained] * len(gains))
+    panel.on_diagnose_clicked()
+    assert "diagnostic(s)" in panel.diagnostics_view.value
+    assert dbg.diagnostics() is dbg.diagnostics()  # kept per variant
+    panel.on_html_clicked()
+    assert "data:text/html;base64," in panel.link.value and "download report.html" in panel.link.value
+    page = (dbg.workdir / "report.html").read_text(encoding="utf-8")
+    assert "Promotions applied and measured" in page and first in page

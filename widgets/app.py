@@ -25,6 +25,8 @@ from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
 from qdebug.render.fmt import fmt_db_text, fmt_pct
 from qdebug.render.text import capture_line
 
+from .report_panel import ReportPanel
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -237,9 +239,12 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         # Search.
         self.goal_db = w.FloatText(description="goal dB", value=0.0)
         self.goal_drop = w.FloatText(description="max drop %", value=0.0)
-        self.strategy_picker = w.Dropdown(description="strategy", options=["prefix", "greedy"], value="prefix")
+        self.strategy_picker = w.Dropdown(
+            description="strategy", options=["prefix", "greedy", "measured"], value="prefix"
+        )
         self.search_button = w.Button(description="Search", icon="search", layout=w.Layout(width="auto"))
         self.search_summary = w.HTML("")
+        self.report_panel = ReportPanel(self.debugger)  # Diagnose + Download HTML report
 
     def _wire(self) -> None:
         """CSS classes for the browser tests, click handlers, and widgets ↔ traits links."""
@@ -331,6 +336,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                 self.plan_view,
                 self.before_after,
                 self.download,
+                self.report_panel,
             ],
             layout=w.Layout(width="50%"),
         )
@@ -778,6 +784,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         point = self.search_point(step)
         if point is None:
             self.status = f"no search point {step}"
+            return
+        if point.label == "all16":  # a different recipe (every activation 16-bit), not a promotion set
+            self.status = "the all-16-bit point is the ceiling: quantize with activation_type uint16 to use it"
             return
         if not point.promoted:
             self.debugger.reset()

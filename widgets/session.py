@@ -19,6 +19,7 @@ from qdebug.mixed.session import DataLike, Evaluation, MixedPrecisionSession
 from qdebug.render.fmt import fmt_db_text
 
 if TYPE_CHECKING:
+    from qdebug.diagnose import Diagnostics
     from qdebug.mixed.promote import PromotionPlan
     from qdebug.mixed.search import SearchGoal, SearchResult
     from qdebug.mixed.suggest import Suggestion
@@ -245,6 +246,50 @@ class QuantDebugger:
         res = self.session.search(goal)
         self._step(1, 1, "search done")
         return res
+
+    def diagnostics(self, stats_samples: int = 8) -> Diagnostics:
+        """Why tensors of the current variant lose precision, with the fix to try (:mod:`qdebug.diagnose`: the
+        report, both models' constants and ``stats_samples`` samples of the debug data); kept per variant."""
+        from qdebug.diagnose import diagnose_models
+
+        report = self.report
+        cached: tuple[DebugReport, Diagnostics] | None = getattr(self, "_diagnosed", None)
+        if cached is None or cached[0] is not report:
+            o = self.session.debug_options
+            diags = diagnose_models(
+                report, self.float_model, self.quant_model_path, self.session.debug_data, max_samples=stats_samples,
+                input_shapes=o.input_shapes, synthetic={"seed": o.seed, "distribution": o.distribution},
+            )  # fmt: skip
+            self._diagnosed = (report, diags)
+            return diags
+        return cached[1]
+
+    def measured_gains(self) -> dict[str, float]:
+        """The worst output's SQNR gained by each applied promotion (dB, vs the variant before it; the first vs
+        the re-quantized base), under each tensor that promotion added: the HTML report's *measured* gains."""
+        if not self._history:
+            return {}
+        gains: dict[str, float] = {}
+        prev_db = self._base_eval().report.min_output_sqnr_db
+        seen: set[str] = set()
+        for ev in self._history:
+            now = ev.report.min_output_sqnr_db
+            added = [t for t, _ in ev.config.tensor_overrides if t not in seen]
+            seen.update(added)
+            if now is not None and prev_db is not None:
+                gains.update({t: now - prev_db for t in added})
+            prev_db = now
+        return gains
+
+    def write_html_report(self, path: str | Path) -> Path:
+        """The one-file HTML report of the current variant (:mod:`qdebug.render.html`): verdict, diagnostics,
+        suggestions with predicted and measured gains, heatmaps, graph, worst tables."""
+        from qdebug.render.html import write_report_html
+
+        return write_report_html(
+            path, self.report, diagnostics=self.diagnostics(), suggestions=self.suggestions(),
+            measured_gains=self.measured_gains(),
+        )  # fmt: skip
 
     def export_overrides(self, path: str | Path) -> Path:
         """Write the current config's overrides as an overrides JSON (loadable by ``OverridesFile.load``)."""

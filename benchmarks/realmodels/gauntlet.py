@@ -17,8 +17,8 @@ debug               ``debug`` of the U8S8 model on ``eval.npz`` (worst model-out
 suggest             ``suggest --promote-top K --overrides-out`` on the U8S8 model
 requantize          ``quantize --overrides`` with the overrides ``suggest`` wrote (the fix a user applies next)
 search              ``search --goal-sqnr`` with a few ``--debug-samples`` and bounded ``--max-steps``
-build-qnn-uint8     ``build --target qnn --precision uint8``
-build-qnn-uint16    ``build --target qnn --precision uint16``
+build-qnn-uint8     ``build --target qnn --precision uint8 --no-remedies`` (divergence located, not repaired)
+build-qnn-uint16    ``build --target qnn --precision uint16 --no-remedies``
 build-deeploy-int8  ``build --target deeploy --precision int8``
 ==================  ==============================================================================================
 
@@ -486,6 +486,8 @@ def command(cell: Cell, f: ModelFiles, s: Settings) -> tuple[list[str], list[Pat
         Cell.BUILD_DEEPLOY_I8: ("deeploy", "int8"),
     }[cell]
     args = ["build", *base, "--target", target, "--precision", precision, "--calib", str(f.calib), *debug_data]
+    if target == "qnn":  # the build is checked, not repaired: each remedy is more compiles and simulator runs
+        args.append("--no-remedies")
     return [*args, "--debug-samples", str(s.debug_samples), "-o", str(out / "build"), "--json"], []
 
 

@@ -19,6 +19,7 @@ from qdebug.cli.debug import Debug
 from qdebug.cli.demo import Demo
 from qdebug.cli.notebooks import Notebooks
 from qdebug.cli.quantize import Quantize
+from qdebug.cli.report import Diagnose, Report
 from qdebug.cli.search import Search
 from qdebug.cli.suggest import Suggest
 from qdebug.errors import EXIT_INTERNAL, EXIT_USAGE, QDebugError
@@ -35,7 +36,9 @@ from qdebug.render.text import (
 )
 
 #: Every subcommand, in the order ``--help`` lists them.
-TOOLS: tuple[Tool, ...] = (Quantize(), Debug(), Suggest(), Search(), Build(), Demo(), Dashboard(), Notebooks())
+TOOLS: tuple[Tool, ...] = (
+    Quantize(), Debug(), Diagnose(), Suggest(), Search(), Build(), Report(), Demo(), Dashboard(), Notebooks(),
+)  # fmt: skip
 
 __all__ = [
     "GREEN",

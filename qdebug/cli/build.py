@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import ClassVar, TextIO
+from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import Output, Tool, add_calib, add_float_model, add_input_shape, add_json, add_output, deprecated
+from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import print_build, print_compile_report, print_fixes
 
@@ -77,6 +78,19 @@ class Build(Tool):
         )
         parser.add_argument("--no-tensor-probe", action="store_true", help="skip the per-tensor HTP vs CPU comparison")
         parser.add_argument(
+            "--bisect",
+            choices=("auto", "always", "never"),
+            default="auto",
+            help="qnn: locate the divergence by compiling prefix subgraphs (auto: when the probe changed the HTP "
+            "graph and something diverges; docs/qnn.md)",
+        )
+        parser.add_argument(
+            "--no-remedies",
+            action="store_true",
+            help="qnn: do not try the remedies (16-bit region, per-channel weights, other SoCs, fp16 region) on a "
+            "located divergence",
+        )
+        parser.add_argument(
             "--no-snap-scales",
             action="store_true",
             help="deeploy: keep the calibrated scales instead of snapping each requantization to "
@@ -89,6 +103,8 @@ class Build(Tool):
             help="deeploy: the snapping grid: tie_free (default) or fine (docs/deeploy.md)",
         )
         add_output(parser, "output folder (must be new or empty)", required=True)
+        add_html(parser)
+        add_stats_samples(parser)
         add_json(parser, "the manifest")
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
@@ -104,12 +120,14 @@ class Build(Tool):
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The build folder."""
-        return {"--output": Output(args.output, folder=True)}
+        return {"--output": Output(args.output, folder=True), "--html": Output(args.html)}
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Build; on a target failure print what was learned before the one-line error."""
         from qdebug.build import BuildError, BuildOptions, build
 
+        if args.html:
+            require_html()
         calib, data = args.calib, args.data
         if calib is None and data is not None:
             calib = data  # the 0.1 meaning of build --data (see DATA_COMPAT_NOTE, printed by main)
@@ -123,6 +141,8 @@ class Build(Tool):
             label_key=args.label_key,
             skip_fixes=tuple(args.skip_fix),
             probe_tensors=not args.no_tensor_probe,
+            bisect=args.bisect,
+            remedies=not args.no_remedies,
             snap_scales=not args.no_snap_scales,
             snap_grid=args.snap_grid,
         )
@@ -145,11 +165,35 @@ class Build(Tool):
                 if exc.compile_report is not None:
                     print_compile_report(exc.compile_report, out)
             raise
+        if args.html:
+            self._html(result, args)
         if args.json:
             print(result.manifest.to_json(), file=out, end="")
         else:
             print_build(result, out)
+            if args.html:
+                print(f"HTML report written to {args.html}", file=out)
         return EXIT_OK
+
+    @staticmethod
+    def _html(result: Any, args: argparse.Namespace) -> None:
+        """The HTML report of the build: its debug report, the diagnostics on the built QDQ model, the target."""
+        from qdebug.diagnose import diagnose
+
+        report = result.report
+        if report is None:
+            from qdebug.errors import ConfigError
+
+            raise ConfigError("--html: this build has no debug report (no QDQ model to debug)")
+        files = result.manifest.files
+        if "qdq_model" in files:
+            ns = argparse.Namespace(**{**vars(args), "float_model": str(result.path("float_model"))})
+            ns.quant_model = str(result.path("qdq_model"))
+            ns.data = args.data or args.calib
+            diags = run_diagnostics(report, ns)
+        else:
+            diags = diagnose(report)
+        write_html(args.html, report, diags, manifest=result.manifest, out_dir=result.out_dir)
 
     def notes(self, args: argparse.Namespace) -> list[str]:
         """The compatibility note for the old meaning of --data."""

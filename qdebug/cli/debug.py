@@ -16,6 +16,7 @@ from qdebug.cli._base import (
     positive_int,
     say,
 )
+from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, print_report, use_color
 
@@ -68,14 +69,29 @@ class Debug(Tool):
         parser.add_argument("--top", type=positive_int, default=10, help="rows in each worst-N table")
         parser.add_argument("--fail-below", type=finite_number("dB"), metavar="DB", help=gate_help())
         parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+        parser.add_argument(
+            "--diagnose", action="store_true", help="also print the diagnostics: why, and the fix (docs/diagnostics.md)"
+        )
+        add_html(parser)
+        add_stats_samples(parser)
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
         """Both models and the data."""
         return debug_inputs(args)
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
-        """The report JSON."""
-        return {"--output": Output(args.output)}
+        """The report JSON and the HTML report."""
+        return {"--output": Output(args.output), "--html": Output(args.html)}
+
+    @staticmethod
+    def _diagnostics(report: Any, args: argparse.Namespace, out: TextIO) -> Any:
+        """The diagnostics when ``--diagnose`` or ``--html`` asks for them, and the HTML report written."""
+        if not (args.diagnose or args.html):
+            return None
+        diags = run_diagnostics(report, args)
+        if args.html:
+            write_html(args.html, report, diags)
+        return diags
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Debug, print the tables (or JSON), write the report, apply the gate."""
@@ -83,15 +99,23 @@ class Debug(Tool):
             from qdebug.io import refuse_overwrite_input
 
             refuse_overwrite_input(args.output, args.float_model, args.quant_model)
+        if args.html:
+            require_html()
         report = run_debug(args)
         if args.output:
             report.save(args.output)
+        diags = self._diagnostics(report, args, out)
         if args.json:
             print(report.to_json(), file=out)
         else:
             print_report(report, out, args.top, use_color(args.color, out))
-            if args.output:
-                print(f"\nreport written to {args.output}", file=out)
+            if args.diagnose and diags is not None:
+                from qdebug.render.text import print_diagnostics
+
+                print_diagnostics(diags, out, args.top, use_color(args.color, out))
+            for what, path in (("report", args.output), ("HTML report", args.html)):
+                if path:
+                    print(f"\n{what} written to {path}", file=out)
         if args.fail_below is None:
             return EXIT_OK
         low = [

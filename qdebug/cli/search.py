@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any, ClassVar, TextIO
 
@@ -17,6 +18,9 @@ from qdebug.cli._base import (
 )
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
+
+#: qdebug.mixed.search.STRATEGIES (not imported here: the CLI starts without loading ONNX/ORT; a test checks they agree)
+STRATEGIES = ("prefix", "greedy", "measured")
 
 
 class Search(Tool):
@@ -48,7 +52,28 @@ class Search(Tool):
             metavar="POINTS",
             help="top-1 drop vs float, in percentage points",
         )
-        parser.add_argument("--strategy", choices=["prefix", "greedy"], default="prefix")
+        goal.add_argument(
+            "--goal-near-all16",
+            type=finite_number("dB"),
+            metavar="DB",
+            help="within DB of the all-16-bit-activations model (measured first)",
+        )
+        parser.add_argument(
+            "--strategy",
+            choices=list(STRATEGIES),
+            default="prefix",
+            help="measured: measure the top candidates alone, then joint prefixes of the measured ranking",
+        )
+        parser.add_argument(
+            "--measure-top", type=int, default=8, metavar="K", help="measured strategy: candidates measured alone"
+        )
+        parser.add_argument(
+            "--remedies",
+            action="store_true",
+            help="also measure per-channel weights, 16-bit worst weights, the other activation range mode and "
+            "percentile ranges for the worst tensors",
+        )
+        parser.add_argument("--remedy-output", help="write the best measured remedy's overrides JSON here")
         parser.add_argument("--max-steps", type=int, default=12, help="evaluations (prefix) or steps (greedy) at most")
         parser.add_argument("--to", default="uint16")
         parser.add_argument("--workdir", help="keep the evaluated models here (default: a temp folder)")
@@ -67,23 +92,38 @@ class Search(Tool):
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The overrides JSON (and the kept models' folder)."""
-        return {"--output": Output(args.output), "--workdir": Output(args.workdir, folder=True)}
+        return {
+            "--output": Output(args.output),
+            "--remedy-output": Output(args.remedy_output),
+            "--workdir": Output(args.workdir, folder=True),
+        }
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Search, print the measured curve, write the chosen point's overrides."""
         from qdebug.errors import ConfigError
         from qdebug.io import refuse_overwrite_input
 
-        if args.goal_sqnr is None and args.max_accuracy_drop is None:
-            raise ConfigError("search needs a goal: --goal-sqnr DB and/or --max-accuracy-drop POINTS")
+        if args.goal_sqnr is None and args.max_accuracy_drop is None and args.goal_near_all16 is None:
+            raise ConfigError(
+                "search needs a goal: --goal-sqnr DB, --goal-near-all16 DB and/or --max-accuracy-drop POINTS"
+            )
+        if args.remedy_output and not args.remedies:
+            raise ConfigError("--remedy-output needs --remedies")
         if args.max_accuracy_drop is not None and args.eval is None:
             raise ConfigError("--max-accuracy-drop needs a labelled evaluation set (--eval)")
         refuse_overwrite_input(args.output, args.float_model)
-        base, result = _search(args)
+        if args.remedy_output:
+            refuse_overwrite_input(args.remedy_output, args.float_model)
+        base, result, remedies = _search(args)
         if args.json:
-            print(result.to_json(), file=out)
+            doc = result.to_dict()
+            if remedies is not None:
+                doc["remedies"] = [r.to_dict() for r, _ in remedies]
+            print(json.dumps(doc, indent=2, allow_nan=False), file=out)
         else:
             _print_curve(result, out)
+            if remedies is not None:
+                _print_remedies(remedies, out)
         if not result.reached:
             print("qdebug: FAIL: the goal was not reached; no overrides written", file=sys.stderr)
             return EXIT_GATE
@@ -93,7 +133,7 @@ class Search(Tool):
         return EXIT_OK
 
 
-def _search(args: argparse.Namespace) -> tuple[Any, Any]:
+def _search(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from qdebug.config import QuantConfig
     from qdebug.debug import DebugOptions
     from qdebug.mixed.search import SearchGoal
@@ -106,6 +146,8 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any]:
         max_steps=args.max_steps,
         to=args.to,
         strategy=args.strategy,
+        near_all16_db=args.goal_near_all16,
+        measure_top=args.measure_top,
     )
     ignore = (args.label_key,)  # the label array named by --label-key is never a model input
     with MixedPrecisionSession(
@@ -118,13 +160,93 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any]:
         debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore),
         workdir=args.workdir,
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
-        return base, session.search(goal)
+        result = session.search(goal)
+        remedies = _remedies(session, args) if args.remedies else None
+        return base, result, remedies
+
+
+def _remedies(session: Any, args: argparse.Namespace) -> list[tuple[Any, Any]]:
+    """Measure the remedies; write the best recommended one's overrides where asked. Each with its file or None."""
+    from qdebug.mixed.remedies import measure_remedies, method_ranges, propose_remedies, remedy_overrides
+
+    ranges = {"percentile": method_ranges(session, "percentile")}
+    results = measure_remedies(
+        session, propose_remedies(session.base_config, session.base.report, calibration_ranges=ranges)
+    )
+    out = [(r, remedy_overrides(r, session) if r.recommended else None) for r in results]
+    best = max((x for x in out if x[1] is not None), key=lambda x: x[0].gain_db or 0.0, default=None)
+    if args.remedy_output and best is not None and best[1] is not None:
+        best[1].save(args.remedy_output)
+    return out
+
+
+def _print_remedies(remedies: list[tuple[Any, Any]], out: TextIO) -> None:
+    rows = [
+        [
+            str(r.remedy.kind),
+            r.remedy.description,
+            fmt_db(r.output_sqnr_db),
+            "-" if r.gain_db is None else f"{r.gain_db:+.2f}",
+            "yes" if r.recommended else ("error: " + r.error if r.error else "no"),
+            r.remedy.note,
+        ]
+        for r, _ in remedies
+    ]
+    table(
+        "Remedies (each measured; calibration ranges reused)",
+        ["remedy", "what", "output SQNR", "gain dB", "recommended", "note"],
+        rows,
+        out,
+    )
+
+
+def _print_sensitivity(sens: Any, out: TextIO) -> None:
+    rows = [
+        [
+            m.candidate.name,
+            str(m.candidate.kind),
+            str(len(m.candidate.tensors)),
+            f"{m.predicted_gain_db:+.2f}",
+            "-" if m.measured_gain_db is None else f"{m.measured_gain_db:+.2f}",
+            f"{m.cost_fraction_16bit:.1%}",
+            m.error or "",
+        ]
+        for m in sens.measured
+    ]
+    table(
+        "Candidates promoted alone: predicted vs measured gain of the worst output",
+        ["candidate", "kind", "tensors", "predicted dB", "measured dB", "16-bit elements", "error"],
+        rows,
+        out,
+    )
+    err, rho = sens.estimate_error_db(), sens.rank_agreement()
+    print(
+        f"median |predicted - measured| {fmt_db(err)}; rank agreement {'-' if rho is None else f'{rho:.2f}'} "
+        "(the search ranks by the measured gain)",
+        file=out,
+    )
+
+
+def _print_front(result: Any, out: TextIO) -> None:
+    rows = [
+        [p.label or str(p.step), f"{p.cost_fraction_16bit:.1%}", str(p.num_16bit_tensors), str(p.num_converts),
+         fmt_db(p.output_sqnr_db), "<-" if p.chosen else ""]
+        for p in result.pareto()
+    ]  # fmt: skip
+    table(
+        "Pareto front (every point measured; cost: 16-bit elements)",
+        ["point", "16-bit elements", "16-bit tensors", "8/16-bit converts", "output SQNR", "chosen"],
+        rows,
+        out,
+    )
 
 
 def _print_curve(result: Any, out: TextIO) -> None:
+    if result.sensitivity is not None:
+        _print_sensitivity(result.sensitivity, out)
     rows = [
         [
-            str(p.step),
+            p.label or str(p.step),
             str(len(p.promoted)),
             f"{p.cost_fraction_16bit:.1%}",
             str(p.num_16bit_tensors),
@@ -140,7 +262,10 @@ def _print_curve(result: Any, out: TextIO) -> None:
         rows,
         out,
     )
+    _print_front(result, out)
     fa = "" if result.float_accuracy is None else f", float top-1 {result.float_accuracy:.2%}"
+    if result.ceiling_db is not None:
+        fa += f", all-16-bit {result.ceiling_db:.2f} dB"
     print(
         f"{'reached' if result.reached else 'NOT reached'}: {result.stop_reason}; "
         f"{result.requantizations} re-quantizations (calibration reused) in {result.seconds:.1f} s{fa}",

@@ -41,6 +41,12 @@ class Suggest(Tool):
             "--promote-top", type=int, metavar="K", help="promote the top K suggestions (fixer applied)"
         )
         parser.add_argument("--to", default="uint16", help="type to promote to (default uint16)")
+        parser.add_argument(
+            "--groups",
+            action="store_true",
+            help="with --promote-top: promote each chosen tensor's whole decomposed LayerNorm or attention core "
+            "(one member alone cannot help)",
+        )
         parser.add_argument("--config", "-c", help="base QuantConfig JSON (default: inferred from the quantized model)")
         parser.add_argument("--overrides-out", help="write the promotion as overrides JSON here (needs --promote-top)")
         parser.add_argument("--json", action="store_true", help="print suggestions (and the plan) as JSON")
@@ -96,7 +102,21 @@ def _plan(args: argparse.Namespace, report: Any) -> Any:
     chosen = [s.tensor_name for s in suggest(report, args.promote_top)]
     if not chosen:
         raise ConfigError("no originator to promote: the report has no promotion candidate")
+    if args.groups:
+        chosen = _with_groups(args.float_model, report, chosen)
     return promote(args.float_model, chosen, args.to, config=inferred_base(report, args.config))
+
+
+def _with_groups(float_model: str, report: Any, chosen: list[str]) -> list[str]:
+    """``chosen`` with every group (LayerNorm, attention core) one of them belongs to, in full."""
+    from qdebug.graph import load_model
+    from qdebug.mixed.candidates import candidates
+
+    groups = [c.tensors for c in candidates(load_model(float_model, "float model"), report) if len(c.tensors) > 1]
+    out: list[str] = []
+    for t in chosen:
+        out += next((list(g) for g in groups if t in g), [t])
+    return list(dict.fromkeys(out))
 
 
 def _print_suggestions(shown: Any, plan: Any, out: TextIO) -> None:

@@ -1,7 +1,7 @@
 """Automatic mixed-precision search: a small promotion set that reaches a goal, with its curve.
 
 Every point is *measured* (re-quantized from the cached calibration, re-debugged), never just estimated.
-Two strategies:
+Three strategies:
 
 * ``prefix`` (default) — rank all promotable tensors once by estimated output gain
   (:mod:`qdebug.mixed.suggest`), then measure growing prefixes of that ranking (1, 2, 4, 8, …) until one
@@ -10,8 +10,12 @@ Two strategies:
   little, which stalls a greedy search).
 * ``greedy`` — at each step measure the best ``candidates_per_step`` candidates of the *current* report
   and keep the best; stops when no candidate gains ``min_gain_db``. Finer, but needs many evaluations.
+* ``measured`` — the top candidates (:mod:`qdebug.mixed.candidates`: decomposed LayerNorms and attention cores as
+  one candidate each) measured one at a time, then prefixes of the *measured* ranking measured together
+  (:func:`measured_search`): interactions measured, not assumed additive.
 
-Both stop as soon as the goal is met.
+All stop as soon as the goal is met. ``near_all16_db`` makes the goal relative to the all-16-bit-activations model
+(measured first).
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qdebug.errors import ConfigError
+from qdebug.mixed.candidates import Candidate, candidates, measure_sensitivity
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan
 from qdebug.mixed.suggest import Role, analyse
@@ -33,6 +38,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SCHEMA_VERSION = 1
+
+#: ``prefix``: estimated ranking, doubling + bisection; ``greedy``: best of the next few, one at a time;
+#: ``measured``: the top candidates (groups merged) measured alone, then prefixes of the *measured* ranking, each
+#: measured jointly (interactions measured, never assumed additive).
+STRATEGIES = ("prefix", "greedy", "measured")
 
 
 class SearchSession(Protocol):
@@ -55,6 +65,10 @@ class SearchSession(Protocol):
     def requantizations(self) -> int:
         """Re-quantizations so far."""
 
+    @property
+    def float_proto(self) -> Any:
+        """The float model (its graph gives the candidate groups)."""
+
     def promote(self, tensors: Iterable[str], to: str = "uint16") -> PromotionPlan:
         """A promotion plan from the base config."""
         ...
@@ -76,12 +90,20 @@ class SearchGoal:
     min_gain_db: float = 0.05
     to: str = "uint16"
     strategy: str = "prefix"
+    #: stop within this many dB of the all-16-bit-activations model (measured first: one more evaluation)
+    near_all16_db: float | None = None
+    #: ``measured`` strategy: how many of the best-estimated candidates are measured one at a time
+    measure_top: int = 8
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("prefix", "greedy"):
-            raise ConfigError(f"search strategy must be 'prefix' or 'greedy', got {self.strategy!r}")
-        if self.output_sqnr_db is None and self.max_accuracy_drop is None:
-            raise ConfigError("a search goal needs output_sqnr_db and/or max_accuracy_drop")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"search strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.output_sqnr_db is None and self.max_accuracy_drop is None and self.near_all16_db is None:
+            raise ConfigError("a search goal needs output_sqnr_db, near_all16_db and/or max_accuracy_drop")
+        if self.near_all16_db is not None and not (math.isfinite(self.near_all16_db) and self.near_all16_db >= 0):
+            raise ConfigError(f"near_all16_db must be a finite number of dB >= 0, got {self.near_all16_db}")
+        if self.measure_top < 1:
+            raise ConfigError("measure_top must be positive")
         if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
             raise ConfigError(f"max_accuracy_drop is a fraction in [0, 1), got {self.max_accuracy_drop}")
         if self.max_steps < 1 or self.candidates_per_step < 1:
@@ -100,6 +122,11 @@ class SearchPoint:
     accuracy: float | None
     chosen: bool
     seconds: float
+    #: what the point is ("base", "all16", "single layernorm@x", "prefix 3"…)
+    label: str = ""
+    #: 8↔16-bit conversions (ORT ``convert`` entries: a DQ→Q pair each) the promotion adds — the cost axis for a
+    #: target where every boundary is a requantize op (QNN HTP) rather than memory
+    num_converts: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,17 +143,38 @@ class SearchResult:
     float_accuracy: float | None
     plan: PromotionPlan | None = field(default=None, compare=False)
     chosen_step: int = -1
+    #: the all-16-bit-activations model's worst output (measured when the goal is relative to it)
+    ceiling_db: float | None = None
+    #: predicted vs measured gain of the candidates measured alone (``measured`` strategy), as its ``to_dict()``
+    sensitivity: Any = field(default=None, compare=False)
+
+    @property
+    def evaluations(self) -> int:
+        """Measured variants (each one re-quantization from the cached ranges and one debug pass)."""
+        return self.requantizations
 
     @property
     def final(self) -> SearchPoint:
         """The chosen point: the smallest measured set meeting the goal (else the best tried)."""
         return self.steps[self.chosen_step]
 
-    def pareto(self) -> tuple[SearchPoint, ...]:
-        """Evaluated points not dominated in (lower cost, higher output SQNR)."""
+    def pareto(self, cost: str = "elements") -> tuple[SearchPoint, ...]:
+        """Evaluated points not dominated in (lower cost, higher output SQNR); ``cost`` is ``"elements"`` (share of
+        activation elements in 16 bits) or ``"converts"`` (8↔16-bit boundaries)."""
+        if cost not in ("elements", "converts"):
+            raise ConfigError(f"pareto cost must be 'elements' or 'converts', got {cost!r}")
         pts = [p for p in (*self.steps, *self.evaluated) if p.output_sqnr_db is not None]
+        if cost == "converts":
+            pts = [p for p in pts if p.label != "all16"]  # a different recipe: no boundaries, yet not free
         front: list[SearchPoint] = []
-        for p in sorted(pts, key=lambda p: (p.cost_fraction_16bit, -(p.output_sqnr_db or 0.0))):
+
+        # Ties (same cost and SQNR, e.g. a prefix whose last candidate added nothing): the chosen point, then the
+        # fewest promoted tensors.
+        def key(p: SearchPoint) -> tuple[float, float, bool, int]:
+            c = p.cost_fraction_16bit if cost == "elements" else float(p.num_converts)
+            return c, -(p.output_sqnr_db or 0.0), not p.chosen, len(p.promoted)
+
+        for p in sorted(pts, key=key):
             if not front or (p.output_sqnr_db or 0.0) > (front[-1].output_sqnr_db or 0.0):
                 front.append(p)
         return tuple(front)
@@ -149,6 +197,9 @@ class SearchResult:
             "float_accuracy": self.float_accuracy,
             "promoted": list(self.final.promoted),
             "chosen_step": self.chosen_step,
+            "ceiling_db": encode_number(self.ceiling_db),
+            "pareto": [pt(p) for p in self.pareto()],
+            "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -173,9 +224,10 @@ def _met(goal: SearchGoal, ev: Evaluation, float_acc: float | None) -> bool:
     return ok
 
 
-def _point(step: int, promoted: tuple[str, ...], ev: Evaluation, chosen: bool) -> SearchPoint:
+def _point(step: int, promoted: tuple[str, ...], ev: Evaluation, chosen: bool, label: str = "") -> SearchPoint:
     frac, n16 = sixteen_bit_cost(ev.report)
-    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds)
+    converts = sum(1 for _, es in ev.config.tensor_overrides for e in es if e.convert is not None)
+    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds, label, converts)
 
 
 def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
@@ -211,9 +263,40 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     if goal.max_accuracy_drop is not None and session.eval_data is None:
         # Say so before the base quantization and debug pass, which can take minutes on a large model.
         raise ConfigError("an accuracy goal needs a labelled evaluation set (eval_data)")
+    t0 = time.perf_counter()
+    start = session.requantizations
+    resolved, ceiling = _resolve_goal(session, goal)
     if goal.strategy == "prefix":
-        return _prefix_search(session, goal)
-    return _greedy_search(session, goal)
+        result = _prefix_search(session, resolved)
+    elif goal.strategy == "greedy":
+        result = _greedy_search(session, resolved)
+    else:
+        result = measured_search(session, resolved)
+    return replace(
+        result,
+        goal=goal,
+        evaluated=(*result.evaluated, *([ceiling] if ceiling is not None else [])),
+        ceiling_db=None if ceiling is None else ceiling.output_sqnr_db,
+        requantizations=session.requantizations - start,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+
+
+def _resolve_goal(session: SearchSession, goal: SearchGoal) -> tuple[SearchGoal, SearchPoint | None]:
+    """A goal relative to the all-16-bit model made absolute (that model measured: one evaluation)."""
+    if goal.near_all16_db is None:
+        return goal, None
+    base = session.base
+    # The base recipe with every activation in `to`; its own tensor overrides go (a scale or type set for 8 bits
+    # would not fit 16-bit activations), so the ceiling is the plain 16-bit recipe.
+    ev = session.evaluate(base.config.replace(activation_type=goal.to, tensor_overrides=()), name="all16")
+    point = _point(-1, (), ev, False, "all16")
+    if ev.output_sqnr_db is None:
+        return replace(goal, near_all16_db=None, output_sqnr_db=goal.output_sqnr_db or math.inf), point
+    target = ev.output_sqnr_db - goal.near_all16_db
+    if goal.output_sqnr_db is not None:
+        target = min(target, goal.output_sqnr_db)  # either bound met is enough: the ceiling may be below the number
+    return replace(goal, near_all16_db=None, output_sqnr_db=target), point
 
 
 def _prefix_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
@@ -291,8 +374,6 @@ def _result(
     start_requant: int,
     t0: float,
 ) -> SearchResult:
-    from dataclasses import replace
-
     curve = tuple(replace(results[n][0], step=i, chosen=(n == chosen)) for i, n in enumerate(sorted(results)))
     return SearchResult(
         goal=goal,
@@ -357,3 +438,90 @@ def _greedy_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         plan=plan,
         chosen_step=len(steps) - 1,
     )
+
+
+def _in_cost_order(r: SearchResult) -> SearchResult:
+    """The curve in cost order (then SQNR), renumbered, so that drawn as a line it does not zigzag in the order the
+    points were measured."""
+    order = sorted(
+        range(len(r.steps)), key=lambda i: (r.steps[i].cost_fraction_16bit, r.steps[i].output_sqnr_db or -math.inf)
+    )
+    steps = tuple(replace(r.steps[i], step=k, chosen=(i == r.chosen_step)) for k, i in enumerate(order))
+    return replace(r, steps=steps, chosen_step=order.index(r.chosen_step))
+
+
+def _tensors(order: tuple[Candidate, ...], n: int) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t for c in order[:n] for t in c.tensors))
+
+
+def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
+    """The ``measured`` strategy.
+
+    1. The candidates (:func:`qdebug.mixed.candidates.candidates`: tensors, and decomposed LayerNorms / attention
+       cores as one candidate each) are ranked by estimate; the top ``goal.measure_top`` are promoted one at a time
+       and measured (:func:`~qdebug.mixed.candidates.measure_sensitivity`). Early stop: the cheapest single
+       candidate that meets the goal ends the search.
+    2. The ranking by *measured* gain (unmeasured candidates after, by estimate) is searched like ``prefix``: growing
+       prefixes 1, 2, 4, … then bisection, each prefix promoted and measured *together* — interactions between
+       candidates (a promotion that only helps next to another, or two that fix the same noise) are measured, never
+       assumed additive. At most ``measure_top + max_steps`` evaluations.
+
+    Every point (singles, prefixes, base) is in the result, so :meth:`SearchResult.pareto` is a front of measured
+    points only.
+    """
+    t0 = time.perf_counter()
+    start = session.requantizations
+    base = session.base
+    float_acc = session.float_accuracy
+    points: list[tuple[SearchPoint, PromotionPlan | None]] = [(_point(0, (), base, True, "base"), None)]
+
+    def done(chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
+        return _in_cost_order(
+            SearchResult(
+                goal=goal, steps=tuple(p for p, _ in points), evaluated=(), reached=reached, stop_reason=reason,
+                requantizations=session.requantizations - start, seconds=round(time.perf_counter() - t0, 3),
+                float_accuracy=float_acc, plan=points[chosen][1], chosen_step=chosen, sensitivity=sens,
+            )
+        )  # fmt: skip
+
+    if _met(goal, base, float_acc):
+        return done(0, True, "goal met by the base quantization")
+    cands = candidates(session.float_proto, base.report)
+    if not cands:
+        return done(0, False, "no promotable tensors")
+    sens, singles = measure_sensitivity(session, cands, goal.measure_top, goal.to)
+    hits: list[int] = []
+    for m, ev in singles:
+        if ev is None:
+            continue
+        points.append((_point(0, m.candidate.tensors, ev, False, f"single {m.candidate.name}"), None))
+        if _met(goal, ev, float_acc):
+            hits.append(len(points) - 1)
+    if hits:  # early stop: one candidate alone is enough; the cheapest such one
+        best = min(hits, key=lambda i: points[i][0].cost_fraction_16bit)
+        tensors = points[best][0].promoted
+        points[best] = (points[best][0], session.promote(tensors, goal.to))
+        return done(best, True, "goal met by one candidate alone", sens)
+    order = sens.ranking()
+    by_n: dict[int, int] = {}
+
+    def meets(n: int) -> bool:
+        tensors = _tensors(order, n)
+        plan = session.promote(tensors, goal.to)
+        ev: Evaluation = session.evaluate(plan, name=f"mprefix{n}")
+        points.append((_point(0, tensors, ev, False, f"prefix {n} of {len(order)}"), plan))
+        by_n[n] = len(points) - 1
+        return _met(goal, ev, float_acc)
+
+    budget = max(1, goal.max_steps)
+    lo, hi = smallest_passing_prefix(len(order), meets, budget)
+    if hi is None:
+        best = max(range(len(points)), key=lambda i: points[i][0].output_sqnr_db or -math.inf)
+        if points[best][1] is None and best != 0:
+            points[best] = (points[best][0], session.promote(points[best][0].promoted, goal.to))
+        why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
+        return done(best, False, why, sens)
+    reason = "goal met"
+    if hi - lo > 1:
+        reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
+    return done(by_n[hi], True, reason, sens)

@@ -565,12 +565,28 @@ def _points(
     return steps, evaluated, chosen
 
 
+def _front(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> list[dict[str, Any]]:
+    """The Pareto front of a SearchResult (or the ``pareto`` list of its dict); empty for a bare list of points."""
+    if isinstance(result, SearchResult):
+        return [_asdict(p) for p in result.pareto()]
+    if isinstance(result, Mapping):
+        return [dict(p) for p in result.get("pareto", [])]
+    return []
+
+
+def _asdict(p: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(p)
+
+
 def pareto_figure(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> go.Figure:
     """Cost (fraction of 16-bit elements) vs output SQNR of a mixed-precision search.
 
     ``result`` is a :class:`SearchResult`, its ``to_dict()``, or a list of :class:`SearchPoint` (or their dicts).
-    Traces: ``steps`` (the accepted curve), ``evaluated`` (other measured points, if any) and ``chosen`` (the
-    chosen point, a star). Every point's ``customdata`` is its ``step`` so a click handler can apply that step;
+    Traces: ``steps`` (the accepted curve), ``evaluated`` (other measured points, if any), ``Pareto front`` (the
+    non-dominated measured points, :meth:`SearchResult.pareto`, dashed) and ``chosen`` (the chosen point, a star).
+    Every point's ``customdata`` is its ``step`` so a click handler can apply that step;
     the hover shows accuracy and the number of 16-bit tensors. ``+inf`` SQNR is drawn at :data:`Z_MAX`.
     """
     steps, evaluated, chosen = _points(result)
@@ -603,6 +619,15 @@ def pareto_figure(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> g
             go.Scatter(
                 x=x, y=y, customdata=cd, hovertext=tx, hoverinfo="text", mode="markers", name="evaluated",
                 marker={"color": "#adb5bd"},
+            )
+        )  # fmt: skip
+    front = _front(result)
+    if len(front) > 1:  # the measured Pareto front, the same points `qdebug search` lists
+        x, y, cd, tx = xy(front)
+        traces.append(
+            go.Scatter(
+                x=x, y=y, customdata=cd, hovertext=tx, hoverinfo="text", mode="lines", name="Pareto front",
+                line={"dash": "dash", "color": "#495057"},
             )
         )  # fmt: skip
     if steps and 0 <= chosen < len(steps):

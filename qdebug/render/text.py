@@ -23,6 +23,7 @@ __all__ = [
     "fmt_db",
     "print_build",
     "print_compile_report",
+    "print_diagnostics",
     "print_fixes",
     "print_report",
     "table",
@@ -334,3 +335,27 @@ def _print_top1(m: Any, out: TextIO) -> None:
             f"compiled ({m.device}) {fmt_pct(t1.compiled_model)}",
             file=out,
         )
+
+
+def print_diagnostics(diagnostics: Any, out: TextIO, top: int | None = None, color: bool = False) -> None:
+    """The diagnostics of ``qdebug diagnose`` (and ``debug --diagnose``), one block each: severity, problem,
+    tensor (op), then the evidence and the fix to try; then which checks ran."""
+    sev = {"error": RED, "warning": YELLOW, "info": ""}
+    items = diagnostics.items if top is None else diagnostics.items[:top]
+    print(f"\nDiagnostics (why, and the fix to try): {len(diagnostics.items)}", file=out)
+    for d in items:
+        level = d.severity.value
+        shown = f"{sev[level]}{level}{RESET}" if color and sev[level] else level
+        print(f"{shown}: {d.kind.value.replace('_', ' ')} at {d.tensor} ({d.op})", file=out)
+        print(f"    evidence: {d.evidence}", file=out)
+        print(f"    fix:      {d.remedy.text}", file=out)
+    if not diagnostics.items:
+        print("(none)", file=out)
+    if top is not None and len(diagnostics.items) > top:
+        print(f"... and {len(diagnostics.items) - top} more (--top, --json)", file=out)
+    stats = (
+        f"per-tensor statistics over {diagnostics.stats_samples} sample(s)"
+        if diagnostics.stats_samples
+        else "no per-tensor statistics"
+    )
+    print(f"checks: {', '.join(k.value for k in diagnostics.checks)}; {stats}", file=out)

@@ -150,6 +150,39 @@ def _culprits(deployer: Any, message: str) -> str:
     return " (at node " + ", ".join(found[:3]) + ")"
 
 
+def _io_buffers(deployer: Any, model: Any, offsets: dict[str, int]) -> list[dict[str, Any]]:
+    """The network's input and output buffers as the generated code lays them out, for a harness that runs it.
+
+    ``offset``: the generated buffer holds ``onnx_value - offset`` (Deeploy's sign propagation stores unsigned
+    tensors as signed ones: inputs by the offset qdebug chose, outputs by ``n_levels/2`` when not signed).
+    """
+    inits = {i.name for i in model.graph.initializer}
+    onnx_names = {
+        "input": [i.name for i in model.graph.input if i.name not in inits],
+        "output": [o.name for o in model.graph.output],
+    }
+    # The generated DeeployNetwork_inputs/outputs arrays follow the deployer's own lists (used inputs only).
+    buffers = {"input": list(deployer.inputs()), "output": list(deployer.outputs())}
+    found: list[dict[str, Any]] = []
+    for role, bufs in buffers.items():
+        for idx, buf in enumerate(bufs):
+            names = onnx_names[role]
+            signed = bool(getattr(buf, "_signed", True))
+            levels = int(getattr(buf, "nLevels", 0) or 0)
+            offset = offsets.get(str(buf.name), 0) if role == "input" else (0 if signed else levels // 2)
+            found.append(
+                {
+                    "role": role,
+                    "index": idx,
+                    "name": names[idx] if idx < len(names) else str(buf.name),
+                    "ctype": str(buf._type.referencedType.typeName),
+                    "shape": [int(d) for d in buf.shape],
+                    "offset": int(offset),
+                }
+            )
+    return found
+
+
 def _network_sources(deployer: Any) -> tuple[str, str]:
     """``Network.h`` and ``Network.c`` from the deployer's own generators (RunNetwork / InitNetwork)."""
     header = (
@@ -218,7 +251,13 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         (out_dir / "Network.h").write_text(header, encoding="utf-8")
         (out_dir / "Network.c").write_text(source, encoding="utf-8")
         floats = _float_buffers(deployer)
+        try:
+            io = _io_buffers(deployer, model, offsets)
+        except Exception:  # describing the buffers is a convenience for running the code, never a failure
+            traceback.print_exc()
+            io = []
         return {
+            "io": io,
             "ok": True,
             "stage": "done",
             "seconds": time.perf_counter() - t0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -25,15 +26,18 @@ if TYPE_CHECKING:
 __all__ = [
     "OPTION_FLAGS",
     "Availability",
+    "BisectMode",
     "BuildOptions",
     "CompileJob",
     "CompileReport",
     "Compiled",
+    "Diagnosis",
     "FallbackNode",
     "FixReport",
     "Precision",
     "Prepared",
     "ProgressFn",
+    "Requantizer",
     "ShapeSource",
     "Target",
     "TargetBase",
@@ -164,7 +168,20 @@ OPTION_FLAGS: dict[str, str] = {
     "skip_fixes": "--skip-fix",
     "probe_tensors": "--no-tensor-probe",
     "snap_scales": "--no-snap-scales",
+    "bisect": "--bisect",
+    "remedies": "--no-remedies",
 }
+
+
+class BisectMode(StrEnum):
+    """When the target locates a divergence by compiling prefix subgraphs instead of trusting its probe:
+    ``auto`` when the probe changed the compiled graph, ``always``, ``never``."""
+
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
 SNAP_GRIDS = ("tie_free", "fine")
 ProgressFn = Callable[[str], None]
 
@@ -192,9 +209,20 @@ class BuildOptions:
     timeout_s: float = 600.0
     snap_scales: bool = True
     snap_grid: str = "tie_free"
+    #: QNN: locate the divergence by prefix compiles (:class:`BisectMode`; a string is parsed)
+    bisect: BisectMode = BisectMode.AUTO
+    #: QNN: try the standard remedies on a located divergence (docs/qnn.md)
+    remedies: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "skip_fixes", tuple(self.skip_fixes))
+        if not isinstance(self.bisect, BisectMode):
+            try:
+                object.__setattr__(self, "bisect", BisectMode(str(self.bisect).strip().lower()))
+            except ValueError:
+                raise ConfigError(
+                    f"invalid build options: bisect {self.bisect!r} not in {[m.value for m in BisectMode]}"
+                ) from None
         problems = self.problems()
         if problems:
             raise ConfigError("invalid build options: " + "; ".join(problems))
@@ -375,6 +403,11 @@ class Target(Protocol):
         """Plain lines about the target's own manifest entries (:attr:`Compiled.manifest`)."""
         ...
 
+    def diagnose(self, job: CompileJob, compiled: Compiled, accuracy: TargetAccuracy | None) -> Diagnosis:
+        """After the check: what the target learns about a divergence (e.g. QNN's bisection and remedies),
+        as extra manifest entries and files in ``job.out_dir``."""
+        ...
+
     def hints(self, report: CompileReport, fixes: Sequence[PassReport]) -> list[str]:
         """Warnings that tie a fallback to a skipped fix (or anything else the user can act on)."""
         ...
@@ -412,6 +445,37 @@ class CompileJob:
     #: ``samples``, so a target's per-tensor check measures its own error in these units without recomputing
     #: them (empty: not debugged yet; the target measures them itself)
     cpu_sqnr_db: Mapping[str, float | None] = field(default_factory=dict)
+    #: the quantization config of ``qdq_model`` (``None``: not quantized, or unknown)
+    config: QuantConfig | None = None
+    #: re-quantizes the float model with another config (``build`` gives one; ``None``: the target cannot)
+    requantizer: Requantizer | None = None
+
+
+class Requantizer(Protocol):
+    """What ``build`` lends a target's :meth:`Target.diagnose` to try other quantizations of the same float
+    model (the quantizer and the mixed-precision planner sit above the targets)."""
+
+    def promote(self, config: QuantConfig, tensors: Sequence[str], to: str) -> QuantConfig:
+        """``config`` with ``tensors`` promoted to ``to`` (ORT's mixed-precision fixer adds the converts)."""
+        ...
+
+    def quantize(self, config: QuantConfig, dest: Path) -> Path:
+        """The float model quantized with ``config`` at ``dest`` (the build's calibration ranges reused)."""
+        ...
+
+    def save_overrides(self, config: QuantConfig, dest: Path, requested: Sequence[str], note: str) -> Path:
+        """``config``'s tensor overrides as an overrides JSON file (``qdebug build --overrides``) at ``dest``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What :meth:`Target.diagnose` adds to the build: manifest entries, files (role → path relative to the build
+    folder) and warnings."""
+
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
 def get_target(name: str) -> Target:
@@ -537,6 +601,10 @@ class TargetBase:
     def describe_manifest(self, manifest: Mapping[str, Any]) -> list[str]:
         """No manifest entries of its own by default."""
         return []
+
+    def diagnose(self, job: CompileJob, compiled: Compiled, accuracy: TargetAccuracy | None) -> Diagnosis:
+        """Nothing to diagnose by default."""
+        return Diagnosis()
 
     def hints(self, report: CompileReport, fixes: Sequence[PassReport]) -> list[str]:
         """No hints by default."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from qdebug.data import DataSource
-from qdebug.errors import TargetError
+from qdebug.errors import DataError, TargetError
 from qdebug.graph import load_model
 from qdebug.io import atomic_save_model
 from qdebug.targets.base import (
@@ -93,14 +93,56 @@ def _export_info(out: Path, exp: Any, nodes: int) -> dict[str, Any]:
     }
 
 
+def _platform_network(out: Path, plat: str) -> tuple[Path, int]:
+    """The network Deeploy generates ``plat``'s code from: ``network.onnx``, or for Generic its Generic form
+    (``network.generic.onnx``, :mod:`qdebug.targets.deeploy_generic`) when that differs; (path, terms rewritten)."""
+    path = out / "network.onnx"
+    if plat != "Generic":
+        return path, 0
+    from qdebug.targets.deeploy_generic import generic_form
+
+    model, rewritten = generic_form(onnx.load(str(path)))
+    if not rewritten:
+        return path, 0
+    generic = out / "network.generic.onnx"
+    atomic_save_model(model, generic)
+    return generic, rewritten
+
+
+def _host_run(
+    out: Path, entry: Mapping[str, Any], qdq_model: str | Path, data: Sequence[Mapping[str, np.ndarray]]
+) -> tuple[dict[str, Any], str | None]:
+    """Run the Generic code on the debug samples (:mod:`qdebug.targets.deeploy_host`): the manifest's
+    ``deeploy.run.Generic`` entry and a warning, if any (no C compiler, or outputs that differ)."""
+    from qdebug.targets import deeploy_host
+    from qdebug.targets.deeploy_env import DeeployBuffer
+
+    label = {"label": deeploy_host.HOST_RUN_LABEL}
+    try:
+        io = [DeeployBuffer.from_dict(b) for b in entry["io"]]
+        run = deeploy_host.check_generated(out, out / "generic", io, qdq_model, data)
+    except (TargetError, DataError) as exc:  # no compiler, a kernel the host library lacks, a sample it cannot take
+        return {**label, "ran": False, "error": str(exc)}, f"the generated Generic code was not run: {exc}"
+    warning = None
+    if not run.bit_exact:
+        warning = (
+            f"{deeploy_host.HOST_RUN_LABEL} differs from the integer network: {run.equal_fraction_vs_integer_onnx:.2%} "
+            f"of the output elements equal (max {run.max_diff_vs_integer_onnx}) on {run.num_samples} samples"
+        )
+    return {"ran": True, **run.to_dict()}, warning
+
+
 def _codegen(out: Path, plat: str) -> tuple[dict[str, Any], str | None, Path]:
     """Deeploy's code generation for one platform: the manifest entry, the problem (if any), the folder."""
     from qdebug.targets import deeploy_env
 
     dest = out / plat.lower()
-    res = deeploy_env.generate(out, dest, plat)
+    network, rewritten = _platform_network(out, plat)
+    res = deeploy_env.generate(network, dest, plat, inputs_npz=out / "inputs.npz")
     rel = f"{out.name}/{plat.lower()}"
     entry: dict[str, Any] = {
+        "network": f"{out.name}/{network.name}",
+        "generic_add_terms_rewritten": rewritten,
         "ok": res.ok,
         "dir": rel,
         "files": [f"{rel}/{f}" for f in res.files],
@@ -108,6 +150,7 @@ def _codegen(out: Path, plat: str) -> tuple[dict[str, Any], str | None, Path]:
         "float_buffers": list(res.float_buffers),
         "error": res.error,
         "seconds": round(res.seconds, 4),
+        "io": [{**asdict(b), "shape": list(b.shape)} for b in res.io],
     }
     problem = None
     if not res.ok:
@@ -165,6 +208,16 @@ def compile_deeploy(
             raise TargetError(problem)
         else:
             warnings.append(f"{problem} (the {platforms[0]} code is complete; {plat} is optional)")
+    generic = info["codegen"].get("Generic")
+    if generic is not None and generic["ok"] and data:
+        say("running the generated Generic code (gcc + qdebug's host kernels)")
+        run, warning = _host_run(out, generic, qdq_model, data)
+        info["run"] = {"Generic": run}
+        warnings += [warning] if warning else []
+    if "Siracusa" in info["codegen"]:
+        from qdebug.targets.deeploy_host import SIRACUSA_NOT_RUN
+
+        info.setdefault("run", {})["Siracusa"] = {"ran": False, "why": SIRACUSA_NOT_RUN}
     report = CompileReport(
         target="deeploy",
         ok=True,
@@ -194,7 +247,24 @@ def _notes(job: CompileJob, info: Mapping[str, Any]) -> tuple[str, ...]:
         f"integer network vs CPU QDQ on {e['num_samples']} samples: {e['equal_fraction']:.2%} of output "
         f"elements equal, max {e['max_lsb_diff']} LSB"
     )
+    notes += [line.strip() for line in _describe_runs(info.get("run") or {})]
     return tuple(notes)
+
+
+def _describe_runs(runs: Mapping[str, Any]) -> list[str]:
+    """One line per platform: the host run's equality figures, or why the code was not run."""
+    lines = []
+    for plat, r in runs.items():
+        if r.get("ran"):
+            lines.append(
+                f"  {plat} code run ({r['label']}, {r['compiler']}): on {r['num_samples']} samples "
+                f"{r['equal_fraction_vs_integer_onnx']:.2%} of output elements equal to the integer network "
+                f"(max {r['max_diff_vs_integer_onnx']}), {r['equal_fraction_vs_qdq']:.2%} to the CPU QDQ model "
+                f"(max {r['max_lsb_vs_qdq']} LSB)"
+            )
+        else:
+            lines.append(f"  {plat} code not run: {r.get('why') or r.get('error')}")
+    return lines
 
 
 class DeeployTarget(TargetBase):
@@ -274,12 +344,27 @@ class DeeployTarget(TargetBase):
             "deeploy_outputs": "deeploy/outputs.npz",
         }
         for plat, entry in dbuild.info["codegen"].items():
+            if entry.get("network", "deeploy/network.onnx") != "deeploy/network.onnx":
+                files[f"deeploy_{plat.lower()}_network"] = entry["network"]
             for f in entry["files"]:
                 files[f"{plat.lower()}_{Path(f).stem.lower()}_{Path(f).suffix.lstrip('.')}"] = f
         info = {**dbuild.info, **job.after}
         return Compiled(
             dbuild.compile, files=files, manifest={"deeploy": info}, warnings=dbuild.warnings, notes=_notes(job, info)
         )
+
+    def compiled_top1(
+        self, job: CompileJob, compiled: Compiled, eval_data: Path, qdq_top1: float | None
+    ) -> float | None:
+        """Top-1 of Deeploy's generated Generic code run with qdebug's host kernels (``None`` when it was not run:
+        no C compiler, or no Generic code)."""
+        d = compiled.manifest.get("deeploy") or {}
+        if not (d.get("run") or {}).get("Generic", {}).get("ran"):
+            return None
+        from qdebug.targets.deeploy_host import run_top1
+
+        assert job.float_model is not None
+        return run_top1(job.out_dir / "deeploy", d["codegen"]["Generic"], job.model, eval_data, job.options.label_key)
 
     def describe(self, report: CompileReport) -> list[str]:
         """Headline: state, device, integer nodes, time."""
@@ -313,6 +398,7 @@ class DeeployTarget(TargetBase):
                 f"{', '.join(c['files'])} (integer only: {c['integer_only']})" if c["ok"] else f"failed: {c['error']}"
             )
             lines.append(f"  {plat}: {what}")
+        lines += _describe_runs(d.get("run") or {})
         return lines
 
 

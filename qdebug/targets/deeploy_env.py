@@ -31,6 +31,7 @@ from qdebug.io import atomic_write_text
 __all__ = [
     "DEEPLOY_VERSION",
     "PLATFORMS",
+    "DeeployBuffer",
     "DeeployResult",
     "deeploy_available",
     "default_env_dir",
@@ -157,6 +158,31 @@ def deeploy_available(env_dir: str | Path | None = None) -> tuple[bool, str]:
 
 
 @dataclass(frozen=True)
+class DeeployBuffer:
+    """A graph input or output buffer of the generated code: its C type, shape, and how it stores the ONNX values.
+
+    The buffer holds ``onnx_value - offset`` (Deeploy's sign propagation on Generic stores unsigned tensors as
+    signed ones); ``name`` is the ONNX graph input/output, ``index`` its position in ``DeeployNetwork_inputs`` /
+    ``DeeployNetwork_outputs``.
+    """
+
+    role: str  # "input" or "output"
+    index: int
+    name: str
+    ctype: str
+    shape: tuple[int, ...]
+    offset: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DeeployBuffer:
+        """From the worker's record (or :func:`dataclasses.asdict`)."""
+        return cls(
+            str(d["role"]), int(d["index"]), str(d["name"]), str(d["ctype"]), tuple(int(x) for x in d["shape"]),
+            int(d.get("offset", 0)),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class DeeployResult:
     """What Deeploy's code generation did with one network on one platform.
 
@@ -173,6 +199,8 @@ class DeeployResult:
     integer_only: bool | None = None
     float_buffers: tuple[str, ...] = ()
     log_path: str | None = None
+    #: the graph's input and output buffers as generated (for running the code: :mod:`qdebug.targets.deeploy_host`)
+    io: tuple[DeeployBuffer, ...] = ()
 
     def __bool__(self) -> bool:
         return self.ok
@@ -182,6 +210,7 @@ class DeeployResult:
         d = asdict(self)
         d["files"] = list(self.files)
         d["float_buffers"] = list(self.float_buffers)
+        d["io"] = [{**b, "shape": list(b["shape"])} for b in d["io"]]
         d["schema_version"] = SCHEMA_VERSION
         return d
 
@@ -191,6 +220,7 @@ class DeeployResult:
         kw = {k: v for k, v in d.items() if k != "schema_version"}
         kw["files"] = tuple(kw.get("files", ()))
         kw["float_buffers"] = tuple(kw.get("float_buffers", ()))
+        kw["io"] = tuple(DeeployBuffer.from_dict(b) for b in kw.get("io", ()))
         return cls(**kw)
 
     def to_json(self) -> str:
@@ -288,6 +318,7 @@ def generate(
             integer_only=None if integer_only is None else bool(integer_only),
             float_buffers=tuple(record.get("float_buffers", ())) if ok else (),
             log_path=str(log_path),
+            io=tuple(DeeployBuffer.from_dict(b) for b in record.get("io", ())) if ok else (),
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)

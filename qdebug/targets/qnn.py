@@ -1244,6 +1244,7 @@ def htp_accuracy(
         isolated_starts=where.isolated,
         divergence_ops=where.op_types,
         first_divergent_nodes=where.first_nodes,
+        probe_vs_compiled=tensors.probe_vs_compiled if probe_sess is not None else None,
     )
 
 
@@ -1337,7 +1338,7 @@ class QnnTarget(TargetBase):
         "fp16": Precision("fp16", None, "the float model in HTP fp16; needs --soc"),
     }
     activation_types = frozenset({"uint8", "uint16"})
-    options = frozenset({"soc", "fail_on_fallback", "skip_fixes", "probe_tensors"})
+    options = frozenset({"soc", "fail_on_fallback", "skip_fixes", "probe_tensors", "bisect", "remedies"})
     fix_names = FIX_NAMES
 
     def available(self) -> Availability:

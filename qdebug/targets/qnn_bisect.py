@@ -11,9 +11,10 @@ finds the first divergent one: at most ``⌈log2 N⌉ + 1`` compiles for N candi
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,11 @@ from qdebug.data import DataSource
 from qdebug.errors import DataError, TargetError
 from qdebug.graph import load_model, pair_models
 from qdebug.metrics import reduce_pairs
+from qdebug.report import decode_number, encode_number
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio
 from qdebug.targets.qnn import CPU_EP, QnnOptions, compile_qnn, qnn_session
 
-__all__ = ["PrefixBisection", "PrefixCheck", "bisect_divergence", "prefix_model"]
+__all__ = ["PrefixBisection", "PrefixCheck", "bisect_divergence", "candidate_tensors", "prefix_model"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,20 @@ class PrefixCheck:
     tensor_name: str
     excess_noise_ratio: float
     compile_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (an infinite ratio as the string ``"inf"``)."""
+        return {
+            "tensor_name": self.tensor_name,
+            "excess_noise_ratio": encode_number(self.excess_noise_ratio),
+            "compile_seconds": round(self.compile_seconds, 4),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PrefixCheck:
+        """Inverse of :meth:`to_dict`."""
+        ratio = decode_number(d["excess_noise_ratio"])
+        return cls(d["tensor_name"], float("nan") if ratio is None else ratio, float(d["compile_seconds"]))
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,36 @@ class PrefixBisection:
     def compiles(self) -> int:
         """How many prefix models were compiled."""
         return len(self.checks)
+
+    @property
+    def max_compiles(self) -> int:
+        """The bound on compiles for this many candidates: ``⌈log2 N⌉ + 1`` (the last one, then the search)."""
+        return math.ceil(math.log2(self.candidates)) + 1 if self.candidates > 1 else self.candidates
+
+    def ratio_of(self, tensor: str) -> float | None:
+        """The excess-noise ratio measured for ``tensor`` (``None``: not compiled)."""
+        return next((c.excess_noise_ratio for c in self.checks if c.tensor_name == tensor), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "first_divergent": self.first_divergent,
+            "candidates": self.candidates,
+            "compiles": self.compiles,
+            "max_compiles": self.max_compiles,
+            "checks": [c.to_dict() for c in self.checks],
+            "seconds": round(self.seconds, 4),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PrefixBisection:
+        """Inverse of :meth:`to_dict` (``compiles`` and ``max_compiles`` are derived)."""
+        return cls(
+            d.get("first_divergent"),
+            int(d["candidates"]),
+            tuple(PrefixCheck.from_dict(c) for c in d.get("checks", ())),
+            float(d["seconds"]),
+        )
 
 
 def prefix_model(model: onnx.ModelProto, output: str) -> onnx.ModelProto:
@@ -115,6 +161,23 @@ def _ratio(
     return PrefixCheck(name, ratio, rep.compile_seconds)
 
 
+def _candidates(fmodel: onnx.ModelProto, qmodel: onnx.ModelProto) -> dict[str, tuple[str, str, float]]:
+    """Float name → (float name, QDQ name, mean scale²) of every quantized activation that is not a model output,
+    in topological order."""
+    pairing = pair_models(fmodel, qmodel)
+    outputs = {o.name for o in qmodel.graph.output}
+    return {
+        a.tensor_name: (a.tensor_name, a.post_qdq, float(np.mean(np.square(a.params.scale))))
+        for a in pairing.activations
+        if a.quantized and a.params is not None and a.params.scale is not None and a.post_qdq not in outputs
+    }
+
+
+def candidate_tensors(float_model: onnx.ModelProto, qdq_model: onnx.ModelProto) -> list[str]:
+    """The tensors :func:`bisect_divergence` searches by default (float names, topological order)."""
+    return list(_candidates(float_model, qdq_model))
+
+
 def bisect_divergence(
     float_model: str | Path,
     qdq_model: str | Path,
@@ -131,13 +194,7 @@ def bisect_divergence(
         raise DataError(f"{data.description}: no samples")
     options = options or QnnOptions()
     fmodel, qmodel = load_model(float_model, "float model"), load_model(qdq_model, "QDQ model")
-    pairing = pair_models(fmodel, qmodel)
-    outputs = {o.name for o in qmodel.graph.output}
-    known = {
-        a.tensor_name: (a.tensor_name, a.post_qdq, float(np.mean(np.square(a.params.scale))))
-        for a in pairing.activations
-        if a.quantized and a.params is not None and a.params.scale is not None and a.post_qdq not in outputs
-    }
+    known = _candidates(fmodel, qmodel)
     names = [n for n in (candidates if candidates is not None else list(known)) if n in known]
     f_sess = make_session(expose_outputs(fmodel, names), [CPU_EP])
     t0, checks = time.perf_counter(), []

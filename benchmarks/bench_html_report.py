@@ -1,0 +1,163 @@
+"""What the one-file HTML report costs: its size, the time to write it, and the time Chromium takes to draw it.
+
+Input: a debug report JSON (``qdebug debug -o``), optionally with both models and data for the full diagnostics
+(``--float-model/--quant-model/--data``). Timed in this process: the diagnostics (statistics pass included) and
+:func:`qdebug.render.html.report_html`. Then the file is opened ``--repeats`` times from disk (``file://``) in
+Debian's chromium (Playwright, a fresh context per round, every request that is not ``file:``/``data:``/``blob:``
+aborted and counted), and two times are read: **in the page**, ``window.qdDoneAt`` (``performance.now()`` when the
+last ``Plotly.newPlot`` resolved: milliseconds since navigation start — parsing the file, unpacking and compiling
+plotly.js, drawing every figure; ``window.qdTimes`` has the parts), and **wall**, ``page.goto`` to
+``body[data-qd-rendered]`` as Python sees it. The same is measured on a **floor** page — plotly.js inline in a
+plain script tag and one empty plot, what any self-contained plotly page pays — and the report's time is given as
+a ratio to it, so a loaded machine shows in both.
+
+Targets (issue 17): < 5 MB, renders in Chromium < 3 s, on the largest corpus model (vit-s-focus). This is a
+measurement, not a test: it never fails on timing.
+
+Usage::
+
+    M=~/.cache/qdebug/realmodels/vit-s-focus
+    .venv/bin/qdebug quantize -f $M/vit-s-focus.onnx --calib $M/calib.npz -o /tmp/vit-q.onnx --no-output-check
+    .venv/bin/qdebug debug -f $M/vit-s-focus.onnx -q /tmp/vit-q.onnx -d $M/eval.npz --max-samples 8 -o /tmp/vit.json
+    .venv/bin/python benchmarks/bench_html_report.py /tmp/vit.json -f $M/vit-s-focus.onnx -q /tmp/vit-q.onnx \\
+        -d $M/eval.npz [--stats-samples 8] [--repeats 3] [-o /tmp/vit.html]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+OFFLINE = re.compile(r"^(file|data|blob):")
+
+
+def floor_page(path: Path) -> Path:
+    """The floor: plotly.js inline in a plain ``<script>`` (as plotly's own ``include_plotlyjs=True`` writes it)
+    and one empty plot — what any self-contained plotly page pays before drawing anything."""
+    from qdebug.render.html import _plotly_offline
+
+    js = _plotly_offline.get_plotlyjs()
+    path.write_text(
+        f"<!DOCTYPE html><html><body><div id='a'></div><script>{js}</script><script>"
+        "Plotly.newPlot('a', [], {}).then(() => { window.qdRenderMs = performance.now(); "
+        "window.qdDoneAt = performance.now(); window.qdTimes = {}; document.body.dataset.qdRendered = '0'; });"
+        "</script></body></html>",
+        encoding="utf-8",
+    )
+    return path
+
+
+def browser_times(path: Path, repeats: int) -> list[tuple[float, float, int]]:
+    """``(ms from navigation start to the last figure drawn, wall s, blocked requests)`` per round."""
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        for _ in range(repeats):
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+            blocked: list[str] = []
+
+            def route(r, blocked=blocked):  # type: ignore[no-untyped-def]
+                if OFFLINE.match(r.request.url):
+                    r.continue_()
+                else:
+                    blocked.append(r.request.url)
+                    r.abort()
+
+            ctx.route(re.compile(".*"), route)
+            page = ctx.new_page()
+            t0 = time.perf_counter()
+            page.goto(path.as_uri())
+            page.wait_for_selector("body[data-qd-rendered]", timeout=120_000, state="attached")
+            wall = time.perf_counter() - t0
+            state = page.evaluate("document.body.dataset.qdRendered")
+            if state == "error":
+                raise SystemExit(f"the page failed to draw: {page.inner_text('#figures')[:300]}")
+            out.append((float(page.evaluate("window.qdDoneAt")), wall, len(blocked)))
+            parts = page.evaluate("window.qdTimes")
+            print("  round:", ", ".join(f"{k} {v / 1000:.2f} s" for k, v in parts.items()), flush=True)
+            ctx.close()
+        browser.close()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("report")
+    ap.add_argument("--float-model", "-f")
+    ap.add_argument("--quant-model", "-q")
+    ap.add_argument("--data", "-d")
+    ap.add_argument("--stats-samples", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--output", "-o", help="keep the HTML here (default: a temp file, removed)")
+    a = ap.parse_args()
+
+    from qdebug.diagnose import diagnose, diagnose_models
+    from qdebug.mixed.suggest import suggest
+    from qdebug.render.html import plotly_bundle, report_html
+    from qdebug.report import DebugReport
+
+    report = DebugReport.load(a.report)
+    t = time.perf_counter()
+    if a.float_model and a.quant_model:
+        diags = diagnose_models(report, a.float_model, a.quant_model, a.data, max_samples=a.stats_samples)
+    else:
+        diags = diagnose(report)
+    t_diag = time.perf_counter() - t
+    plotly_bundle()  # compressing plotly.js happens once per process: timed apart
+    t = time.perf_counter()
+    page = report_html(report, diagnostics=diags, suggestions=suggest(report))
+    t_html = time.perf_counter() - t
+    tmp = None
+    if a.output:
+        path = Path(a.output)
+    else:
+        fd, name = tempfile.mkstemp(suffix=".html")
+        os.close(fd)
+        path = tmp = Path(name)
+    path.write_text(page, encoding="utf-8")
+    size = path.stat().st_size
+    try:
+        rounds = browser_times(path, a.repeats)
+    finally:
+        if tmp is not None:
+            tmp.unlink()
+    fd, name = tempfile.mkstemp(suffix=".html")
+    os.close(fd)
+    try:
+        floor = browser_times(floor_page(Path(name)), a.repeats)
+    finally:
+        Path(name).unlink()
+    in_page = [r[0] / 1000 for r in rounds]
+    floor_s = statistics.median(r[0] / 1000 for r in floor)
+    wall = [r[1] for r in rounds]
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
+          f"{platform.python_version()}; chromium {CHROMIUM}")  # fmt: skip
+    print(f"report: {a.report}: {len(report.activations)} tensors, {report.per_sample.values.shape[0]} samples")
+    print(f"diagnostics: {len(diags)} found in {t_diag:.1f} s ({diags.stats_samples} statistics samples)")
+    print(f"HTML written in {t_html:.2f} s (plus plotly.js compression once per process)")
+    print(f"size: {size / 1e6:.2f} MB  ({size / 5e6:.2f} x the 5 MB goal)")
+    best, med = min(in_page), statistics.median(in_page)
+    print(f"chromium, in page: best {best:.2f} s, median {med:.2f} s  ({med / 3:.2f} x the 3 s goal)")
+    print(f"chromium, goto -> rendered (wall): best {min(wall):.2f} s, median {statistics.median(wall):.2f} s")
+    print(f"floor (plotly.js inline + one empty plot): median {floor_s:.2f} s; the report: {med / floor_s:.2f} x it")
+    print(f"load average: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} cores")
+    print(f"requests blocked (would have left the machine): {sum(r[2] for r in rounds)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

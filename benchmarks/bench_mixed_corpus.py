@@ -1,0 +1,249 @@
+"""Mixed precision on the real-model corpus: does the ``measured`` search reach near-16-bit accuracy cheaply?
+
+For each cached corpus model (``~/.cache/qdebug/realmodels`` or ``$QDEBUG_CORPUS_DIR``; see
+``benchmarks/realmodels/README.md``), with U8S8 per-tensor MinMax (the gauntlet's recipe) calibrated on
+``--calib-samples`` of ``calib.npz`` and debugged on ``--debug-samples`` of ``eval.npz``:
+
+* base: the 8-bit model's worst output SQNR, and the seconds of one plain debug pass of it;
+* all-16: every activation in uint16 (the ceiling; measured by the search itself, goal = all-16 − ``--near``);
+* the ``measured`` search (``qdebug.mixed.search.measured_search``): the top ``--measure-top`` candidates (LayerNorm and
+  attention groups merged) measured alone, then joint prefixes of the measured ranking;
+* the chosen point's SQNR and 16-bit cost, the evaluations and the wall time, the cost per evaluation as a multiple
+  of one debug pass, the whole measured Pareto front, and predicted vs measured gain of the singles.
+
+Every number is measured; nothing is estimated. One run per model (no repeats): the machine is shared, so the
+seconds are upper bounds. Run by ``bench_mixed.py --corpus NAMES`` or directly::
+
+    .venv/bin/python benchmarks/bench_mixed_corpus.py --models ppocr-cls,minilm-l3 [--calib-samples 8]
+        [--debug-samples 8] [--measure-top 6] [--near 0.5] [--docs docs/mixed_precision.md] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _mark(args: argparse.Namespace, what: str) -> str:
+    """The HTML comment that delimits a section in the docs (one per recipe and table)."""
+    return f"<!-- bench_mixed_corpus:{args.weight_type}:{what} -->"
+
+
+def corpus_dir() -> Path:
+    """Where the corpus is cached."""
+    return Path(os.environ.get("QDEBUG_CORPUS_DIR", Path.home() / ".cache" / "qdebug" / "realmodels"))
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
+
+
+def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Base, one timed debug pass, then the measured search to all-16 − near; a JSON-ready row."""
+    from qdebug.config import QuantConfig
+    from qdebug.debug import DebugOptions, debug
+    from qdebug.mixed.search import SearchGoal
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    folder = corpus_dir() / name
+    cfg = QuantConfig(num_samples=args.calib_samples, weight_type=args.weight_type)
+    opts = DebugOptions(num_samples=args.debug_samples)
+    t_all = time.perf_counter()
+    with MixedPrecisionSession(
+        folder / f"{name}.onnx", folder / "calib.npz", cfg, debug_data=folder / "eval.npz",
+        debug_options=opts, workdir=work / name,
+    ) as s:  # fmt: skip
+        base = s.base
+        t0 = time.perf_counter()
+        debug(s.float_path, base.quantization.model_path, s.debug_data, s.debug_options)
+        debug_s = time.perf_counter() - t0
+        goal = SearchGoal(
+            near_all16_db=args.near, strategy="measured", measure_top=args.measure_top, max_steps=args.max_steps
+        )
+        r = s.search(goal)
+    wall = time.perf_counter() - t_all
+    final = r.final
+    sens = r.sensitivity
+    return {
+        "model": name,
+        "base_db": base.output_sqnr_db,
+        "all16_db": r.ceiling_db,
+        "chosen_db": final.output_sqnr_db,
+        "chosen_cost": final.cost_fraction_16bit,
+        "chosen_label": final.label,
+        "reached": r.reached,
+        "stop_reason": r.stop_reason,
+        "evaluations": r.evaluations,
+        "search_s": r.seconds,
+        "wall_s": wall,
+        "debug_s": debug_s,
+        "per_eval_over_debug": (r.seconds / r.evaluations / debug_s) if r.evaluations and debug_s else None,
+        "pareto": [(p.label, p.cost_fraction_16bit, p.output_sqnr_db) for p in r.pareto()],
+        "singles": [
+            (m.candidate.name, str(m.candidate.kind), m.predicted_gain_db, m.measured_gain_db)
+            for m in (sens.measured if sens is not None else ())
+        ],
+        "estimate_error_db": None if sens is None else sens.estimate_error_db(),
+        "rank_agreement": None if sens is None else sens.rank_agreement(),
+    }
+
+
+def run_remedies(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The same base, then every remedy of ``qdebug.mixed.remedies`` measured (percentile ranges: one calibration)."""
+    from qdebug.config import QuantConfig
+    from qdebug.debug import DebugOptions
+    from qdebug.mixed.remedies import measure_remedies, method_ranges, propose_remedies
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    folder = corpus_dir() / name
+    cfg = QuantConfig(num_samples=args.calib_samples, weight_type=args.weight_type)
+    t_all = time.perf_counter()
+    with MixedPrecisionSession(
+        folder / f"{name}.onnx", folder / "calib.npz", cfg, debug_data=folder / "eval.npz",
+        debug_options=DebugOptions(num_samples=args.debug_samples), workdir=work / f"{name}-remedies",
+    ) as s:  # fmt: skip
+        base_db = s.base.output_sqnr_db
+        ranges = {"percentile": method_ranges(s, "percentile")}
+        results = measure_remedies(s, propose_remedies(s.base_config, s.base.report, calibration_ranges=ranges))
+    return {
+        "model": name,
+        "base_db": base_db,
+        "remedies": [(r.remedy.description, r.output_sqnr_db, r.gain_db, r.error) for r in results],
+        "wall_s": time.perf_counter() - t_all,
+    }
+
+
+def render_remedies(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The remedies section (its own markers)."""
+    out = [
+        _mark(args, "remedies-begin"),
+        f"Measured by `benchmarks/bench_mixed.py --corpus {','.join(r['model'] for r in rows)} --remedies-only "
+        f"--weight-type {args.weight_type} "
+        f"--calib-samples {args.calib_samples} --debug-samples {args.debug_samples}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (same recipe and sample counts as above):",
+        "",
+        "| model | base dB | remedy | measured dB | gain dB | wall s (all remedies) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for desc, db, gain, err in r["remedies"]:
+            what = f"{_fmt(db)}" if err is None else f"error: {err[:80]}"
+            out.append(
+                f"| {r['model']} | {_fmt(r['base_db'])} | {desc} | {what} | {_fmt(gain)} | {_fmt(r['wall_s'], 0)} |"
+            )
+    out.append(_mark(args, "remedies-end"))
+    return "\n".join(out) + "\n"
+
+
+def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The Markdown section (between the markers, so that it can replace itself in the docs)."""
+    from importlib.metadata import version
+
+    load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
+    out = [
+        _mark(args, "begin"),
+        f"Measured by `benchmarks/bench_mixed.py --corpus {','.join(r['model'] for r in rows)}"
+        f" --weight-type {args.weight_type} --calib-samples "
+        f"{args.calib_samples} --debug-samples {args.debug_samples} --measure-top {args.measure_top} --near {args.near}"
+        f" --max-steps {args.max_steps}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"{os.cpu_count()} cores shared with other jobs (load average {load} at the end), {platform.system()}, "
+        f"onnxruntime {version('onnxruntime')}. uint8 activations, {args.weight_type} per-tensor weights, MinMax; "
+        f"**{args.calib_samples} calibration / "
+        f"{args.debug_samples} debug samples only** (the machine is shared): small-sample figures, one run each.",
+        "",
+        "| model | base dB | all-16 dB | chosen point dB | chosen cost (16-bit elements) | goal reached | "
+        "evaluations | search s | wall s | s per evaluation ÷ one debug pass |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['model']} | {_fmt(r['base_db'])} | {_fmt(r['all16_db'])} | {_fmt(r['chosen_db'])} | "
+            f"{_fmt(100 * r['chosen_cost'], 1)} % | {'yes' if r['reached'] else 'no: ' + r['stop_reason']} | "
+            f"{r['evaluations']} | {_fmt(r['search_s'], 0)} | {_fmt(r['wall_s'], 0)} | "
+            f"{_fmt(r['per_eval_over_debug'], 1)}× |"
+        )
+    out += ["", "Pareto fronts (every point measured; cost = share of activation elements in 16 bits):", ""]
+    for r in rows:
+        pts = ", ".join(f"{label} {_fmt(100 * c, 1)} % → {_fmt(db)} dB" for label, c, db in r["pareto"])
+        out.append(f"- **{r['model']}**: {pts}")
+    out += ["", "Predicted vs measured gain of the candidates measured alone (dB):", ""]
+    for r in rows:
+        pts = ", ".join(f"{n} ({k}) {_fmt(p)} vs {_fmt(m)}" for n, k, p, m in r["singles"])
+        out.append(
+            f"- **{r['model']}** (median |error| {_fmt(r['estimate_error_db'])} dB, "
+            f"rank agreement {_fmt(r['rank_agreement'])}): {pts}"
+        )
+    out.append(_mark(args, "end"))
+    return "\n".join(out) + "\n"
+
+
+def write_docs(path: Path, section: str) -> None:
+    """Replace the marked section of ``path`` (or append it)."""
+    from qdebug.io import atomic_write_text
+
+    text = path.read_text(encoding="utf-8")
+    begin, end = section.split("\n", 1)[0], section.rstrip("\n").rsplit("\n", 1)[-1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    atomic_write_text(path, text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The corpus options (shared with ``bench_mixed.py --corpus``)."""
+    parser.add_argument("--calib-samples", type=int, default=8)
+    parser.add_argument(
+        "--weight-type", default="int8", help="int8 (the gauntlet's U8S8, default) or uint8 (qdebug's default)"
+    )
+    parser.add_argument("--measure-top", type=int, default=6, help="candidates measured one at a time")
+    parser.add_argument("--near", type=float, default=0.5, help="goal: within this many dB of all-16")
+    parser.add_argument("--max-steps", type=int, default=16, help="joint prefixes measured at most")
+    parser.add_argument("--docs", type=Path, help="replace the table section in this Markdown file")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--remedies-only", action="store_true", help="measure the remedies instead of searching")
+
+
+def run(models: Sequence[str], args: argparse.Namespace) -> int:
+    """Run every model, print the section, write it where asked."""
+    missing = [m for m in models if not (corpus_dir() / m / f"{m}.onnx").is_file()]
+    if missing:
+        print(f"not cached (run benchmarks/realmodels/fetch.py and data.py): {', '.join(missing)}", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="qdebug-bench-mixed-corpus-") as tmp:
+        for m in models:
+            rows.append((run_remedies if args.remedies_only else run_model)(m, Path(tmp), args))
+            print(f"[{m}: {rows[-1]['wall_s']:.0f} s]", file=sys.stderr, flush=True)
+            if args.json is not None:  # after each model: a long run that is stopped keeps what it measured
+                args.json.write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
+    section = (render_remedies if args.remedies_only else render)(rows, args)
+    print(section)
+    if args.docs is not None:
+        write_docs(args.docs, section)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--models", required=True, help="comma-separated corpus model names")
+    parser.add_argument("--debug-samples", type=int, default=8)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run([m.strip() for m in args.models.split(",") if m.strip()], args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
