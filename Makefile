@@ -17,8 +17,9 @@ $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 	$(PIP) install -q -e .
 	@touch $@
 
+# ray: tests/test_ray.py runs a local Ray cluster (and fails without it under CI=true).
 $(VENV)/.installed-dev: pyproject.toml setup.py $(VENV)/.installed
-	$(PIP) install -q -e '.[dev,bench,qnn,ui]'
+	$(PIP) install -q -e '.[dev,bench,qnn,ui,ray]'
 	@touch $@
 
 install: $(VENV)/.installed

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from qdebug.errors import DataError, InputFileError
+from qdebug.errors import ConfigError, DataError, InputFileError
 from qdebug.graph import InputSpec
 
 Sample = dict[str, np.ndarray]
@@ -171,6 +171,7 @@ class NpzData:
     def __init__(self, path: str | Path, specs: Sequence[InputSpec], ignore: Sequence[str] = ()) -> None:
         self.path = Path(path)
         self.specs = list(specs)
+        self.ignore = tuple(ignore)
         self._arrays = _read_npz(self.path, self.specs, ignore)
         self._n = next(iter(self._arrays.values())).shape[0] if self._arrays else 0
         if self._n == 0:
@@ -413,3 +414,82 @@ def read_labels(path: str | Path, label_key: str, n: int | None = None) -> np.nd
     if n is not None and labels.shape[0] != n:
         raise DataError(f"{path}: {labels.shape[0]} labels for {n} samples")
     return labels
+
+
+class RangeReader(Protocol):
+    """Reads samples ``[start, stop)`` of a source by itself, in another process or on another machine: what a
+    distributed capture ships to each worker instead of the samples (docs/scale.md)."""
+
+    def read(self, start: int, stop: int) -> Iterator[tuple[int, Sample]]:
+        """``(index, sample)`` for every index in ``[start, stop)``, in order."""
+        ...
+
+
+class _NpzRange:
+    """One ``.npz``: the worker opens it and takes its rows (validated again: the file is read where it runs)."""
+
+    def __init__(self, path: Path, specs: Sequence[InputSpec], ignore: Sequence[str]) -> None:
+        self.path, self.specs, self.ignore = path, list(specs), tuple(ignore)
+
+    def read(self, start: int, stop: int) -> Iterator[tuple[int, Sample]]:
+        arrays = _read_npz(self.path, self.specs, self.ignore)
+        for i in range(start, stop):
+            yield i, {n: np.ascontiguousarray(a[i]) for n, a in arrays.items()}
+
+
+class _FolderRange:
+    """A folder of ``.npz`` files: the worker opens only the files that hold its samples."""
+
+    def __init__(self, files: Sequence[Path], counts: Sequence[int], specs: Sequence[InputSpec], ignore: Sequence[str]):
+        self.files, self.counts, self.specs, self.ignore = list(files), list(counts), list(specs), tuple(ignore)
+
+    def read(self, start: int, stop: int) -> Iterator[tuple[int, Sample]]:
+        first = 0
+        for f, n in zip(self.files, self.counts, strict=True):
+            lo, hi = max(start, first), min(stop, first + n)
+            if lo < hi:
+                arrays = _read_npz(f, self.specs, self.ignore)
+                for i in range(lo, hi):
+                    yield i, {k: np.ascontiguousarray(a[i - first]) for k, a in arrays.items()}
+            first += n
+
+
+class _IndexedRange:
+    """A source whose sample *i* is computed (synthetic: regenerated from the seed) or held (in-memory arrays)."""
+
+    def __init__(self, sample: Any) -> None:
+        self.sample = sample
+
+    def read(self, start: int, stop: int) -> Iterator[tuple[int, Sample]]:
+        for i in range(start, stop):
+            yield i, self.sample(i)
+
+
+class _ArrayRows:
+    """Row ``i`` of in-memory arrays (a picklable callable: the arrays travel once per worker)."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.arrays = dict(arrays)
+
+    def __call__(self, i: int) -> Sample:
+        return {n: np.ascontiguousarray(a[i]) for n, a in self.arrays.items()}
+
+
+def range_reader(source: DataSource) -> RangeReader:
+    """A reader of ``source``'s samples by index range for another process: ``.npz`` files and folders are
+    reopened there, synthetic samples regenerated from ``(seed, index)``, in-memory arrays copied once. Another
+    kind of :class:`DataSource` cannot be read by range: :class:`~qdebug.errors.ConfigError`."""
+    if isinstance(source, Limited):
+        return range_reader(source.source)  # the caller never asks past the limit
+    if isinstance(source, NpzData):
+        return _NpzRange(source.path, source.specs, source.ignore)
+    if isinstance(source, NpzFolderData):
+        return _FolderRange(source.files, source._counts, source.specs, source.ignore)
+    if isinstance(source, SyntheticData):
+        return _IndexedRange(source.sample)
+    if isinstance(source, ArrayData):
+        return _IndexedRange(_ArrayRows(source._arrays))
+    raise ConfigError(
+        f"{source.description}: a {type(source).__name__} cannot be split across workers; "
+        "give an .npz file, a folder of them, arrays or synthetic data"
+    )

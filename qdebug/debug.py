@@ -15,6 +15,7 @@ import onnx
 
 from qdebug._version import __version__
 from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn, capture, capture_choices
+from qdebug.cluster import ClusterSpec
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
 from qdebug.graph import (
@@ -64,6 +65,8 @@ class DebugOptions:
     reduces every pair in-graph; ``"numpy"`` fetches every paired tensor and reduces it in numpy; ``"auto"``, the
     default, measures both on the first samples and keeps the faster. All report the same values, and the report's
     ``meta.capture`` says which ran, why, and which samples fell back).
+    ``cluster`` runs the capture on a Ray cluster (:class:`~qdebug.cluster.ClusterSpec`: local workers or an
+    existing cluster; docs/scale.md), with the same report.
     ``metrics`` names the registered metrics the report computes (:data:`qdebug.metrics.STREAMING_METRICS` for
     activations and outputs, :data:`qdebug.metrics.METRICS` for weights); ``None``: all of them.
     ``batch`` > 1 runs up to that many samples of the same input shapes per inference call (numpy backend;
@@ -80,6 +83,7 @@ class DebugOptions:
     capture: str = AUTO
     metrics: tuple[str, ...] | None = None
     batch: int = 1
+    cluster: ClusterSpec | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -281,6 +285,26 @@ def _named(exc: ModelError, f_path: str, q_path: str) -> ModelError:
     return ModelError(f"{exc} (float model: {f_path}; quantized model: {q_path})")
 
 
+def _capture(
+    fm: onnx.ModelProto,
+    qm: onnx.ModelProto,
+    pairing: Pairing,
+    source: DataSource,
+    opts: DebugOptions,
+    progress: ProgressFn | None,
+) -> CaptureResult:
+    """The capture in this process, or sharded over ``opts.cluster``'s workers (same result)."""
+    if opts.cluster is None:
+        return capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture, batch=opts.batch)
+    from qdebug.capture.ray_backend import capture_distributed
+    from qdebug.cluster import connect
+
+    with connect(opts.cluster) as cluster:
+        return capture_distributed(
+            fm, qm, pairing, source, cluster, opts.providers, progress, path=opts.capture, batch=opts.batch
+        )
+
+
 def debug(
     float_model: ModelLike,
     quant_model: ModelLike,
@@ -313,7 +337,7 @@ def debug(
         ignore=opts.ignore_data_keys,
     )
     try:
-        cap = capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture, batch=opts.batch)
+        cap = _capture(fm, qm, pairing, source, opts, progress)
     except ModelError as exc:  # the engine sees protos only: name the files here
         raise _named(exc, f_path, q_path) from exc
     streaming = opts.selected(STREAMING_METRICS)

@@ -15,6 +15,7 @@ EXIT_MODEL = 4
 EXIT_DATA = 5
 EXIT_MISSING_EXTRA = 6
 EXIT_TARGET = 7
+EXIT_CLUSTER = 8
 EXIT_GATE = 10
 
 EXIT_CODES: dict[int, str] = {
@@ -26,6 +27,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_DATA: "calibration/debug data do not fit the model (names, shapes, dtypes, NaN/Inf, empty)",
     EXIT_MISSING_EXTRA: "an optional dependency is not installed (the message names the pip extra)",
     EXIT_TARGET: "a target backend (QNN, Deeploy) failed",
+    EXIT_CLUSTER: "the Ray cluster could not be started or reached, or its workers kept failing",
     EXIT_GATE: "a quality gate failed (e.g. --fail-below)",
 }
 
@@ -87,6 +89,12 @@ class TargetError(QDebugError):
     """A compile target (QNN, Deeploy) rejected the model or failed."""
 
     exit_code = EXIT_TARGET
+
+
+class ClusterError(QDebugError):
+    """The Ray cluster could not be started or reached, or a shard kept failing after its retries."""
+
+    exit_code = EXIT_CLUSTER
 
 
 class QualityGateError(QDebugError):

@@ -29,9 +29,10 @@ import numpy as np
 import onnx
 
 from qdebug.capture.session import make_session, ort_errors, ort_log_severity, ort_message
+from qdebug.cluster import ClusterSpec
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, normalize_quant_type
-from qdebug.data import DataSource, as_ort_reader, open_data
-from qdebug.errors import ConfigError, DataError, InputFileError, ModelError
+from qdebug.data import DataSource, as_ort_reader, open_data, range_reader
+from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError
 from qdebug.graph import (
     VIEW_OPS,
     ModelKind,
@@ -314,6 +315,91 @@ def _calibrate(model_path: Path, ort_cfg: Any, work: Path) -> Any:
     return calibrator.compute_data()
 
 
+def unmergeable_calibration(ort_cfg: Any) -> str | None:
+    """Why this calibration cannot be split into shards whose statistics merge exactly (``None``: it can).
+
+    ORT's MinMax keeps per-tensor minima and maxima (symmetric: the largest magnitude), which merge exactly; its
+    moving average depends on the order of the batches, and its histogram calibrators (Entropy, Percentile,
+    Distribution) re-fit their bins as data arrive, so histograms of shards do not add up to the one-process one."""
+    from onnxruntime.quantization import CalibrationMethod
+
+    if ort_cfg.calibrate_method != CalibrationMethod.MinMax:
+        return f"ORT's {ort_cfg.calibrate_method.name} histograms re-fit their bins as data arrive"
+    if (ort_cfg.extra_options or {}).get("CalibMovingAverage"):
+        return "a moving-average MinMax depends on the order of the samples"
+    if ort_cfg.use_external_data_format:
+        return "a model with external data is not shipped to workers"
+    return None
+
+
+class _RangeSource:
+    """Samples ``[start, stop)`` of a :class:`~qdebug.data.RangeReader`, as a data source (on a worker)."""
+
+    def __init__(self, reader: Any, start: int, stop: int) -> None:
+        self.reader, self.start, self.stop = reader, start, stop
+        self.description = f"samples {start}-{stop - 1}"
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Any:
+        for _, sample in self.reader.read(self.start, self.stop):
+            yield sample
+
+
+def minmax_shard(
+    model: bytes, op_types: list[str], providers: Any, extra: dict[str, Any], reader: Any, start: int, stop: int
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """ORT's MinMax calibration of samples ``[start, stop)`` (run on a Ray worker): each tensor's (min, max)."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        path.write_bytes(model)
+        calibrator = create_calibrator(
+            path,
+            op_types,
+            augmented_model_path=str(Path(tmp) / "augmented_model.onnx"),
+            calibrate_method=CalibrationMethod.MinMax,
+            providers=providers,
+            extra_options=extra,
+        )
+        calibrator.collect_data(as_ort_reader(_RangeSource(reader, start, stop)))
+        data = calibrator.compute_data()
+    return {k: (np.asarray(v.range_value[0]), np.asarray(v.range_value[1])) for k, v in data.data.items()}
+
+
+def _calibrate_sharded(model_path: Path, ort_cfg: Any, cluster: ClusterSpec) -> Any:
+    """ORT's MinMax calibration with the samples sharded over ``cluster`` (one Ray task per shard, retried by Ray
+    on another worker if its worker dies); the shards' minima and maxima merged in shard order: ORT's ranges."""
+    from onnxruntime.quantization.calibrate import TensorsData
+
+    from qdebug.capture.ray_backend import MAX_ATTEMPTS, plan_shards
+    from qdebug.cluster import connect
+
+    extra = ort_cfg.extra_options or {}
+    keys = {"CalibTensorRangeSymmetric": "symmetric", "CalibMaxIntermediateOutputs": "max_intermediate_outputs"}
+    source = ort_cfg.calibration_data_reader.source
+    reader = range_reader(source)
+    with connect(cluster) as c:
+        task = c.ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS - 1)(minmax_shard)
+        model = c.ray.put(Path(model_path).read_bytes())
+        args = (_op_types(ort_cfg), ort_cfg.calibration_providers, {k: extra[n] for n, k in keys.items() if n in extra})
+        refs = [task.remote(model, *args, reader, a, b) for a, b in plan_shards(len(source), c.workers)]
+        try:
+            parts = c.ray.get(refs)
+        except c.ray.exceptions.RayTaskError as exc:  # a qdebug error of a shard's data: raised as it was there
+            if isinstance(exc.cause, QDebugError):
+                raise exc.cause from None
+            raise
+    merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for part in parts:  # shard order; fmin/fmax as ORT's nanmin/nanmax: a NaN-only shard changes nothing
+        for k, (lo, hi) in part.items():
+            merged[k] = (np.fmin(merged[k][0], lo), np.fmax(merged[k][1], hi)) if k in merged else (lo, hi)
+    return TensorsData(ort_cfg.calibrate_method, merged)
+
+
 def _nonfinite_consumers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str]]:
     """Nodes that read a constant holding NaN/±inf (e.g. a ``-inf`` fed into ``Max``): quantizing such a constant
     gives it an infinite scale and wrecks every tensor after it, so these nodes stay in float. Returns the model
@@ -372,14 +458,20 @@ def _load_float(float_model: str | Path | onnx.ModelProto, work: Path) -> tuple[
     return model, model_path
 
 
-def _calibration(model_path: Path, ort_cfg: Any, work: Path, cache: Path, label: str) -> float:
-    """Calibrate and save the ranges to ``cache``; the seconds it took."""
+def _calibration(
+    model_path: Path, ort_cfg: Any, work: Path, cache: Path, label: str, cluster: ClusterSpec | None = None
+) -> float:
+    """Calibrate (sharded over ``cluster`` where the statistics merge) and save the ranges to ``cache``; the
+    seconds it took."""
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     t0 = time.perf_counter()
     errors: tuple[type[Exception], ...] = (ValueError, RuntimeError, *ort_errors())
     try:
-        ranges = _calibrate(model_path, ort_cfg, work)
+        if cluster is not None and unmergeable_calibration(ort_cfg) is None:
+            ranges = _calibrate_sharded(model_path, ort_cfg, cluster)
+        else:
+            ranges = _calibrate(model_path, ort_cfg, work)
     except errors as exc:
         raise ModelError(f"{label}: calibration failed: {ort_message(exc)}") from exc
     save_tensors_data(ranges, cache)
@@ -454,7 +546,14 @@ _PROTO_LIMIT = 1_800_000_000
 
 
 def _phases(
-    model_path: Path, ort_cfg: Any, work: Path, reused: Path | None, out: Path, label: str, notes: list[str]
+    model_path: Path,
+    ort_cfg: Any,
+    work: Path,
+    reused: Path | None,
+    out: Path,
+    label: str,
+    notes: list[str],
+    cluster: ClusterSpec | None = None,
 ) -> tuple[float, float]:
     """Calibration (skipped when the ``reused`` cache names every tensor; else its ranges go to the ``.calib.json``
     next to ``out``), then QDQ insertion: the seconds of each."""
@@ -462,7 +561,10 @@ def _phases(
     calib_s, ranges = 0.0, _cache_for(reused, ort_model, ort_cfg, work) if reused is not None else None
     if ranges is None:  # calibrate (again, when the cache cannot name this model's tensors)
         ranges = work / "calibration.json" if reused is not None else out.with_suffix(".calib.json")
-        calib_s = _calibration(ort_model, ort_cfg, work, ranges, label)
+        calib_s = _calibration(ort_model, ort_cfg, work, ranges, label, cluster)
+        why = unmergeable_calibration(ort_cfg) if cluster is not None else None
+        if why is not None:
+            notes.append(f"calibration ran in one process, not on the workers: {why}")
         if reused is not None:
             notes.append(
                 f"the calibration ranges in {reused} do not cover every tensor of this quantization "
@@ -616,6 +718,7 @@ def quantize(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     check: bool = True,
     per_channel_fallback: bool = True,
+    cluster: ClusterSpec | None = None,
 ) -> QuantizeResult:
     """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted), by the recipe of the
     config's target (:meth:`qdebug.targets.base.Target.ort_config`; the config is checked against it first).
@@ -631,7 +734,8 @@ def quantize(
     per-tensor weights makes it try per-channel weights on the same ranges and keep them if they measure better
     (the result's config says which was written; a warning says why): off when the caller's recipe must be
     followed exactly (a config or overrides file the user gave). ``check=False`` for re-quantizations that must
-    follow their config exactly (the mixed-precision search).
+    follow their config exactly (the mixed-precision search). ``cluster`` shards a MinMax calibration over Ray
+    workers (same ranges; other methods run here: :func:`unmergeable_calibration`, docs/scale.md).
     """
     cfg = config or QuantConfig()  # validated on construction, its target's rules included
     with _quiet_ort() as ort_log, tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
@@ -658,7 +762,8 @@ def quantize(
             # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                calib_s, qdq_s = _phases(model_path, ort_cfg, work, cache if reuse else None, out, label, notes)
+                reused = cache if reuse else None
+                calib_s, qdq_s = _phases(model_path, ort_cfg, work, reused, out, label, notes, cluster)
         except BaseException as exc:
             if not reuse:  # a failed quantization leaves no calibration ranges behind
                 cache.unlink(missing_ok=True)

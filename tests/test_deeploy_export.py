@@ -124,8 +124,8 @@ def test_check_supported_rejects_a_float_model() -> None:
 
 def test_check_supported_names_the_first_unsupported_node() -> None:
     model, _ = qdq_linear("MatMul", x_zp=0)
-    model.graph.node.insert(3, helper.make_node("Softmax", ["x_DequantizeLinear_Output"], ["sm"], name="my_softmax"))
-    with pytest.raises(TargetError, match="Softmax node 'my_softmax'"):
+    model.graph.node.insert(3, helper.make_node("Tanh", ["x_DequantizeLinear_Output"], ["th"], name="my_tanh"))
+    with pytest.raises(TargetError, match="Tanh node 'my_tanh'"):
         de.check_supported(de.GraphState(model))
 
 
@@ -380,13 +380,14 @@ def test_digits_cnn_needs_batchnorm_folding_then_exports(tmp_path: Path) -> None
     assert res.max_lsb_diff <= 1 and res.equal_fraction >= 0.85
 
 
-def test_transformer_is_refused_at_its_first_layernorm(tmp_path: Path) -> None:
+def test_transformer_needs_zero_centred_attention_operands(tmp_path: Path) -> None:
+    """The transformer's ops all have integer forms now (tests/test_deeploy_transformer.py); exported as ORT
+    quantized it, the first MatMul of two activations is named: its operands need zero point 0."""
     model = onnx.load(str(SAMPLE_MODELS / "digits_transformer.onnx"))
     qdq = quantize(model, SAMPLE_MODELS / "digits_calib.npz", DEEPLOY, tmp_path / "t.onnx").model_path
-    with pytest.raises(
-        TargetError, match=re.escape("LayerNormalization node '/blocks/blocks.0/ln1/LayerNormalization'")
-    ):
+    with pytest.raises(TargetError, match=re.escape("MatMul node '/blocks/blocks.0/attn/MatMul': operand")) as exc:
         de.export(qdq, tmp_path / "out", verbose=False)
+    assert "zero_centre_operands" in str(exc.value)
 
 
 def test_weights_in_constant_nodes_are_folded(tmp_path: Path) -> None:

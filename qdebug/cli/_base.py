@@ -267,6 +267,63 @@ def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]
     )
     add_input_shape(p, "fix a dynamic input shape, NAME:D0,D1,... (repeatable)")
     p.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
+    add_scale_out(p)
+
+
+def add_scale_out(p: argparse.ArgumentParser) -> None:
+    """``--workers`` / ``--ray``: run the sample-parallel work on a Ray cluster (docs/scale.md)."""
+    g = p.add_argument_group("scale-out on Ray (pip install 'qdebug[ray]'; docs/scale.md)")
+    g.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="run on N Ray workers (alone: a local cluster on this machine)",
+    )
+    g.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on the existing Ray cluster at ADDRESS (host:port; 'auto': RAY_ADDRESS); workers: its CPUs",
+    )
+
+
+def cluster_spec(args: argparse.Namespace) -> Any:
+    """The :class:`~qdebug.cluster.ClusterSpec` of ``--workers`` / ``--ray`` (``None``: this process only)."""
+    workers, address = getattr(args, "workers", None), getattr(args, "ray", None)
+    if workers is None and address is None:
+        return None
+    from qdebug.cluster import ClusterSpec
+
+    return ClusterSpec(workers=workers, address=address)
+
+
+class ProgressLine:
+    """One progress line on a terminal (samples done / total, rate), rewritten in place; silent elsewhere, so that
+    a script's stderr holds only qdebug's one-line messages."""
+
+    def __init__(self, stream: TextIO, label: str = "samples") -> None:
+        self.stream, self.label = stream, label
+        self.active = stream.isatty()
+        self.t0: float | None = None
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        """Show ``done`` of ``total``."""
+        import time
+
+        if not self.active:
+            return
+        now = time.perf_counter()
+        self.t0 = now if self.t0 is None else self.t0
+        rate = done / (now - self.t0) if now > self.t0 else 0.0
+        self.stream.write(f"\r{self.label} {done}/{total} ({rate:.1f}/s)")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        """End the line (if one was shown)."""
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def gate_help() -> str:

@@ -7,10 +7,12 @@ from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
     Output,
+    ProgressLine,
     Tool,
     add_debug_inputs,
     add_json,
     add_output,
+    cluster_spec,
     finite_number,
     gate_help,
     positive_int,
@@ -50,8 +52,17 @@ def run_debug(args: argparse.Namespace) -> Any:
         ignore_data_keys=tuple(args.ignore_key),
         capture=args.capture,
         batch=args.batch,
+        cluster=cluster_spec(args),
     )
-    return debug(args.float_model, args.quant_model, args.data, opts)
+    if opts.cluster is None:
+        return debug(args.float_model, args.quant_model, args.data, opts)
+    import sys
+
+    bar = ProgressLine(sys.stderr)  # many samples on many workers: say how far the job is
+    try:
+        return debug(args.float_model, args.quant_model, args.data, opts, progress=bar)
+    finally:
+        bar.close()
 
 
 class Debug(Tool):

@@ -13,6 +13,8 @@ from qdebug.cli._base import (
     add_input_shape,
     add_json,
     add_output,
+    add_scale_out,
+    cluster_spec,
     warn,
 )
 from qdebug.errors import EXIT_OK
@@ -70,6 +72,7 @@ class Quantize(Tool):
         )
         add_quant_config(parser, target_names())
         add_input_shape(parser, "fix a dynamic input shape for synthetic calibration data, NAME:D0,D1,... (repeatable)")
+        add_scale_out(parser)  # MinMax calibration sharded over the workers (docs/scale.md)
         parser.add_argument(
             "--no-output-check",
             dest="output_check",
@@ -114,6 +117,7 @@ class Quantize(Tool):
             check=args.output_check,
             # a config or overrides file is a recipe to follow exactly (overrides reproduce a model byte for byte)
             per_channel_fallback=ofile is None and config is None,
+            cluster=cluster_spec(args),
         )
         if args.json:
             print(result.to_json(), file=out)

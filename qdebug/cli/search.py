@@ -14,6 +14,8 @@ from qdebug.cli._base import (
     add_float_model,
     add_json,
     add_output,
+    add_scale_out,
+    cluster_spec,
     finite_number,
 )
 from qdebug.errors import EXIT_GATE, EXIT_OK
@@ -77,6 +79,7 @@ class Search(Tool):
         parser.add_argument("--max-steps", type=int, default=12, help="evaluations (prefix) or steps (greedy) at most")
         parser.add_argument("--to", default="uint16")
         parser.add_argument("--workdir", help="keep the evaluated models here (default: a temp folder)")
+        add_scale_out(parser)  # greedy: a step's candidates at once; every debug pass sharded over the workers
         add_output(parser, "overrides JSON of the chosen point", required=True)
         add_json(parser, "the search result")
 
@@ -157,7 +160,7 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         debug_data=args.data or args.calib,
         eval_data=args.eval,
         label_key=args.label_key,
-        debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore),
+        debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args)),
         workdir=args.workdir,
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
         result = session.search(goal)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -389,6 +389,16 @@ def _result(
     )
 
 
+def evaluate_all(session: SearchSession, plans: Sequence[PromotionPlan], names: Sequence[str]) -> list[Evaluation]:
+    """The evaluations of independent plans, in their order: at once where the session can run them in parallel
+    (``evaluate_many``: :class:`~qdebug.mixed.session.MixedPrecisionSession` on a Ray cluster), else one by one.
+    Either way the same evaluations, so the search takes the same steps."""
+    many = getattr(session, "evaluate_many", None)
+    if many is not None:
+        return list(many(plans, names))
+    return [session.evaluate(p, name=n) for p, n in zip(plans, names, strict=True)]
+
+
 def _greedy_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     t0 = time.perf_counter()
     start_requant = session.requantizations
@@ -410,9 +420,9 @@ def _greedy_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
             reason = "no candidates left"
             break
         trials: list[tuple[float, str, PromotionPlan, Evaluation]] = []
-        for c in cands:
-            p = session.promote([*promoted, c], goal.to)
-            ev = session.evaluate(p, name=f"step{len(steps)}_{len(trials)}")
+        plans = [session.promote([*promoted, c], goal.to) for c in cands]
+        evs = evaluate_all(session, plans, [f"step{len(steps)}_{k}" for k in range(len(cands))])
+        for c, p, ev in zip(cands, plans, evs, strict=True):
             evaluated.append(_point(len(steps), (*promoted, c), ev, False))
             score = ev.output_sqnr_db if ev.output_sqnr_db is not None else -math.inf
             trials.append((score, c, p, ev))

@@ -7,16 +7,19 @@ every operation returns a typed result. It is what the notebook views drive.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from qdebug.cluster import ClusterSpec
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource
 from qdebug.debug import DebugOptions, debug
@@ -75,14 +78,21 @@ class MixedPrecisionSession:
         self._base: Evaluation | None = None
         self._accuracy: dict[str, float] = {}
         self.requantizations = 0
+        self._held = contextlib.ExitStack()
 
     # ------------------------------------------------------------------ base
     def close(self) -> None:
-        """Remove the working folder if the session created it (a folder the caller gave is left as it is)."""
+        """Remove the working folder if the session created it (a folder the caller gave is left as it is), and
+        stop or leave the Ray cluster the ``with`` block held."""
+        self._held.close()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> MixedPrecisionSession:
+        if self.debug_options.cluster is not None:  # one cluster for every debug pass of the block, not one each
+            from qdebug.cluster import connect
+
+            self._held.enter_context(connect(self.debug_options.cluster))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -157,6 +167,22 @@ class MixedPrecisionSession:
         t0 = time.perf_counter()
         q = self.requantize(config, name)
         report = debug(self.float_path, q.model_path, self.debug_data, self.debug_options)
+        return self._evaluation(config, name, q, report, t0)
+
+    def evaluate_many(self, plans: Sequence[PromotionPlan], names: Sequence[str]) -> list[Evaluation]:
+        """:meth:`evaluate` of each plan, in order. With ``debug_options.cluster`` the debug passes run at once, one
+        Ray task each (the re-quantizations stay here: they write the session's files); the same evaluations."""
+        if self.debug_options.cluster is None:
+            return [self.evaluate(p, name=n) for p, n in zip(plans, names, strict=True)]
+        t0 = time.perf_counter()
+        qs = [self.requantize(p.config, n) for p, n in zip(plans, names, strict=True)]
+        opts = replace(self.debug_options, cluster=None)  # one task per candidate, each in one process
+        reports = _debug_on_cluster(self.debug_options.cluster, self.float_path, qs, self.debug_data, opts)
+        return [self._evaluation(p.config, n, q, r, t0) for p, n, q, r in zip(plans, names, qs, reports, strict=True)]
+
+    def _evaluation(
+        self, config: QuantConfig, name: str | None, q: QuantizeResult, report: DebugReport, t0: float
+    ) -> Evaluation:
         acc = self.accuracy(q.model_path)
         base = self.base
         accuracy = None
@@ -201,6 +227,30 @@ class MixedPrecisionSession:
             data=data,
             options=options,
         )
+
+
+def _debug_on_cluster(
+    spec: ClusterSpec, float_path: Path, qs: Sequence[QuantizeResult], data: Any, opts: DebugOptions
+) -> list[DebugReport]:
+    """``debug()`` of each quantized model as a Ray task (retried by Ray on another worker if its worker dies), the
+    reports in the order of ``qs``; a qdebug error in a task is raised here as it was raised there."""
+    from qdebug.capture.ray_backend import MAX_ATTEMPTS
+    from qdebug.cluster import connect
+    from qdebug.errors import QDebugError
+
+    with connect(spec) as cluster:
+        ray = cluster.ray
+        task = ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS - 1)(debug)
+        refs = [task.remote(str(float_path), q.model_path, data, opts) for q in qs]
+        try:
+            return list(ray.get(refs))
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, QDebugError):
+                raise exc.cause from None
+            raise
+        finally:
+            for ref in refs:
+                ray.cancel(ref, force=True)
 
 
 def _num_eval(path: Path | None) -> int:

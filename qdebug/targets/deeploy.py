@@ -48,6 +48,7 @@ __all__ = [
     "DeeployTarget",
     "compile_deeploy",
     "snap_for_deeploy",
+    "zero_centre_for_deeploy",
 ]
 
 #: What ``--target deeploy`` takes, for the error message of any other precision.
@@ -78,6 +79,20 @@ def snap_for_deeploy(src: Path, dest: Path, enabled: bool, say: ProgressFn, grid
     snapped, rep = snap_scales_for_deeploy(load_model(src, "QDQ model"), grid=grid)
     atomic_save_model(snapped, dest)
     return {"enabled": True, **rep.to_dict()}
+
+
+def zero_centre_for_deeploy(src: Path, dest: Path, say: ProgressFn) -> tuple[Path, list[str]]:
+    """Requantize to zero point 0 the operands of a MatMul of two activations and of a GELU (Deeploy's integer
+    kernels take no zero point there; :func:`qdebug.targets.deeploy_transformer.zero_centre_operands`) into
+    ``dest``; returns the model to continue from and what changed (nothing for a CNN: ``src`` is returned)."""
+    from qdebug.targets.deeploy_transformer import zero_centre_operands
+
+    model, changed = zero_centre_operands(load_model(src, "QDQ model"))
+    if not changed:
+        return src, []
+    say(f"zero-centring {len(changed)} tensor group(s) for Deeploy's integer MatMul/GELU")
+    atomic_save_model(model, dest)
+    return dest, changed
 
 
 def _export_info(out: Path, exp: Any, nodes: int) -> dict[str, Any]:
@@ -327,9 +342,14 @@ class DeeployTarget(TargetBase):
     def after_quantize(
         self, qdq_model: Path, dest: Path, options: BuildOptions, progress: ProgressFn
     ) -> tuple[Path, Mapping[str, Any]]:
-        """Snap the requantization scales into ``dest`` (the snapped model is the one debugged and exported)."""
-        snap = snap_for_deeploy(qdq_model, dest, options.snap_scales, progress, options.snap_grid)
-        return (dest if snap["enabled"] else qdq_model), {"snap": snap}
+        """Zero-centre the operands Deeploy's transformer kernels need without a zero point, then snap the
+        requantization scales, into ``dest`` (that model is the one debugged and exported)."""
+        src, centred = zero_centre_for_deeploy(qdq_model, dest, progress)
+        snap = snap_for_deeploy(src, dest, options.snap_scales, progress, options.snap_grid)
+        after: dict[str, Any] = {"snap": snap}
+        if centred:
+            after["zero_centred"] = centred
+        return (dest if snap["enabled"] or centred else qdq_model), after
 
     def compile(self, job: CompileJob) -> Compiled:
         """Export + Deeploy code generation into ``out_dir/deeploy`` (a previous one there is replaced)."""

@@ -47,6 +47,9 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.errors import DataError, TargetError
 from qdebug.graph import GraphIndex, ModelKind, is_dq, is_q, model_kind, topological_nodes
 from qdebug.passes import Pass, PassReport, run_passes
+from qdebug.targets import deeploy_transformer as dt
+from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node, _requant_node, _rqs
+from qdebug.targets.deeploy_transformer import TRANSFORMER_OPS
 
 __all__ = [
     "PASSES",
@@ -60,20 +63,17 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: Deeploy's LayerNorm forms: ``iLayerNorm`` (mapped on Generic), ``iRMSNorm`` (the decomposition for Siracusa).
+LAYERNORM_FORMS = ("iLayerNorm", "iRMSNorm")
 #: Float ops with an integer form here (Relu/Clip only when absorbed by the following Q's clipping).
 SUPPORTED_OPS = frozenset(
     {"Conv", "Gemm", "MatMul", "Add", "MaxPool", "Reshape", "Flatten", "Relu", "Clip", "GlobalAveragePool"}
+    | TRANSFORMER_OPS
 )
-_PASS_THROUGH = frozenset({"MaxPool", "Reshape", "Flatten"})
+_PASS_THROUGH = frozenset({"MaxPool", "Reshape", "Flatten", "Transpose"})
 _WHY_UNSUPPORTED = {
-    "LayerNormalization": "needs a float mean/variance; Deeploy's integer op set has no LayerNorm",
-    "Softmax": "has no integer form in Deeploy's int8 op set",
-    "Erf": "is a float transcendental with no integer form",
-    "Gelu": "is a float transcendental with no integer form",
     "BatchNormalization": "must be folded into the preceding Conv in the float model before quantizing",
 }
-_INT32_LIMIT = 2**31
-_MAX_SHIFT = 30
 _OUTPUT_FILES = ("network.onnx", "inputs.npz", "outputs.npz")
 
 
@@ -125,6 +125,12 @@ class GraphState:
     requant_errors: dict[str, float] = field(default_factory=dict)
     #: RequantShift after Conv/Gemm/MatMul → (exact multiplier M per channel, output zero point, worst-case |acc|)
     requant_targets: dict[str, tuple[np.ndarray, int, np.ndarray]] = field(default_factory=dict)
+    #: real values of constants that are not weights (biases added, scalar factors): DQ output name → values
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Deeploy's LayerNorm form: "iLayerNorm" (Generic) or "iRMSNorm" (centring MatMul + iRMSNorm: Siracusa)
+    layernorm: str = "iLayerNorm"
+    #: static tensor shapes of the QDQ model as given (ONNX inference on the rewritten graph loses some)
+    shapes: dict[str, list[int]] = field(default_factory=dict)
     #: integer input samples (quantized values q by input name) for data-driven passes and the comparison
     samples: list[dict[str, np.ndarray]] = field(default_factory=list)
 
@@ -166,10 +172,6 @@ PassResult = PassReport
 
 #: An export pass: rewrites ``state.model`` in place, records what it learnt in ``state``, returns its change count.
 StatePass = Callable[[GraphState], int]
-
-
-def _node(op: str, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs: Any) -> onnx.NodeProto:
-    return helper.make_node(op, list(inputs), list(outputs), name=name, **attrs)
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -293,6 +295,10 @@ def fold_weight_quantization(state: GraphState) -> int:
         if is_dq(node) and node.input[0] in consts:
             q = consts[node.input[0]]
             scale, zp = _qparams(node, consts)
+            state.constants[node.output[0]] = _real(q, scale, zp, node)
+            if np.any(zp != 0) and not _weight_use(ix, node.output[0]):
+                n += 1  # an added or multiplied constant: its real value goes into a RequantShift
+                continue
             if np.any(zp != 0):
                 raise TargetError(
                     f"weight {node.input[0]!r} has a non-zero zero point; Deeploy needs symmetric weights"
@@ -311,6 +317,27 @@ def fold_weight_quantization(state: GraphState) -> int:
     del state.graph.node[:]
     state.graph.node.extend(keep)
     return n
+
+
+def _real(q: np.ndarray, scale: np.ndarray, zp: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
+    """The real value of DQ(q) (per-axis parameters broadcast along the DQ's axis)."""
+    axis = int(_attrs(node).get("axis", 1))
+    shape = [1] * q.ndim
+    if scale.size > 1 and q.ndim:
+        shape[axis % q.ndim] = -1
+    s, z = (
+        scale.reshape(shape if scale.size > 1 else ()),
+        np.asarray(zp, np.float64).reshape(shape if zp.size > 1 else ()),
+    )
+    return np.asarray((q.astype(np.float64) - z) * s)
+
+
+def _weight_use(ix: GraphIndex, dq_out: str) -> bool:
+    """Whether a DQ output is read as the weight or bias of a Conv/Gemm/MatMul (or a LayerNorm scale/bias)."""
+    for user in ix.consumers_of(dq_out):
+        if user.op_type in ("Conv", "Gemm", "MatMul") and dq_out in list(user.input)[1:]:
+            return True
+    return False
 
 
 def strip_input_quant(state: GraphState) -> int:
@@ -350,48 +377,6 @@ def _bias_fraction_bits(acc_scale: np.ndarray, bias_scale: np.ndarray) -> int:
     return 0
 
 
-def _choose_requant(
-    m: np.ndarray, acc_max: np.ndarray | float, zp: int, multiple_of: int = 1
-) -> tuple[np.ndarray, int]:
-    """(mul, k) with div = 2^k: the most precise pair whose int32 arithmetic cannot overflow (module docstring).
-    ``multiple_of`` (a power of two) forces every mul to be a multiple of it."""
-    for k in range(_MAX_SHIFT, -1, -1):
-        mul = np.rint(m * 2.0**k / multiple_of) * multiple_of
-        if np.max(mul * acc_max) + (abs(zp) + 1) * 2.0**k < _INT32_LIMIT and mul.min() >= 1:
-            return mul.astype(np.int64), k
-    raise TargetError(f"requantization factor {float(m.max()):.3g} cannot be represented in int32 RequantShift")
-
-
-def _requant_node(
-    state: GraphState,
-    src: str,
-    dst: str,
-    mul: np.ndarray,
-    add: np.ndarray,
-    k: int,
-    act: Activation,
-    ch_shape: tuple[int, ...],
-) -> onnx.NodeProto:
-    mul_name, add_name = state.unique(f"{dst}_rq_mul"), state.unique(f"{dst}_rq_add")
-    state.set_const(mul_name, _channels(mul, ch_shape))
-    state.set_const(add_name, _channels(add, ch_shape))
-    return _rqs(src, mul_name, add_name, dst, state.unique(f"{dst}_RequantShift"), 2**k, 256, act.signed)
-
-
-def _channels(v: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    flat = np.asarray(v, np.int64).reshape(-1)
-    out = np.broadcast_to(flat, (math.prod(shape),)) if flat.size == 1 else flat
-    return out.reshape(shape).astype(np.int32)
-
-
-def _rqs(src: str, mul: str, add: str, dst: str, name: str, div: int, n_levels: int, signed: bool) -> onnx.NodeProto:
-    node = _node("RequantShift", [src, mul, add], [dst], name)
-    for key, val in (("div", float(div)), ("n_levels", float(n_levels)), ("signed", float(signed))):
-        # Deeploy reads these as 1-element tensor attributes; plain ints fail there.
-        node.attribute.append(helper.make_attribute(key, numpy_helper.from_array(np.array([val], np.float32), key)))
-    return node
-
-
 def _activation_aliases(state: GraphState, g: onnx.GraphProto, consts: Mapping[str, np.ndarray]) -> dict[str, str]:
     """Record every activation Q's parameters in ``state.acts``; map each DQ output to its integer tensor."""
     alias: dict[str, str] = {}  # DQ output → integer tensor
@@ -423,12 +408,16 @@ def _integer_node(
             raise TargetError(f"{_label(node)}: its output is requantized to another scale; not supported")
         state.acts[out] = src  # keep the input's storage (shifted or not)
         return [_node(node.op_type, ins, [out], node.name, **_attrs(node))]
+    if node.op_type in TRANSFORMER_OPS or node.op_type in ("MatMul", "Add"):
+        done = dt.integer_transformer_node(state, node, ins, out, out_act, shapes)
+        if done is not None:
+            return done
     if node.op_type == "GlobalAveragePool":
         conv, w_name = _gap_as_depthwise_conv(state, node, ins[0], shapes)
         return _integer_linear(state, conv, [ins[0], w_name], out, out_act)
     if node.op_type == "Add":
         return _integer_add(state, node, ins, out, out_act)
-    return _integer_linear(state, node, ins, out, out_act)
+    return _integer_linear(state, node, ins, out, out_act, shapes.get(node.output[0]))
 
 
 def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
@@ -443,14 +432,24 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
     consts = state.consts()
     ix = state.index()
     alias = _activation_aliases(state, g, consts)
-    shapes = _static_shapes(state.model)
+    shapes = {**state.shapes, **_static_shapes(state.model)}
     new_nodes: list[onnx.NodeProto] = []
     n = 0
+    gelus = dt.gelu_chains(ix, {**consts, **state.constants})
+    inside = {m for _, members in gelus.values() for m in members}
     for node in ix.nodes:
         if is_q(node) or is_dq(node) or node.op_type in ("Relu", "Clip") or node.op_type == "Constant":
             continue
-        q_node, skipped = _output_q(node, ix)
         ins = [alias.get(t, t) for t in node.input]
+        if node.name in gelus:  # the whole GELU chain becomes one node, from the Div's input to the last Mul's Q
+            q_node, _ = _output_q(gelus[node.name][0], ix)
+            out_act = state.acts[q_node.output[0]]
+            new_nodes.extend(dt.integer_gelu_chain(state, node, ins[0], q_node.output[0], out_act))
+            n += 1
+            continue
+        if node.name in inside:
+            continue
+        q_node, skipped = _output_q(node, ix)
         out_act = state.acts[q_node.output[0]]
         new_nodes.extend(_integer_node(state, node, ins, q_node.output[0], out_act, shapes))
         for s in skipped:
@@ -544,7 +543,12 @@ def _check_absorbed(act_node: onnx.NodeProto, out: Activation, consts: Mapping[s
 
 
 def _integer_linear(
-    state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation
+    state: GraphState,
+    node: onnx.NodeProto,
+    ins: list[str],
+    out: str,
+    out_act: Activation,
+    out_shape: Sequence[int] | None = None,
 ) -> list[onnx.NodeProto]:
     op = node.op_type
     x, w_name = ins[0], ins[1]
@@ -592,11 +596,49 @@ def _integer_linear(
         state.pending_zp[integer.name] = in_act.residual_zp
     ch_shape = (channels, 1, 1) if op == "Conv" else (channels,)
     add = out_act.residual_zp * 2**k + frac * mul // 2**frac_bits
+    if op == "MatMul" and out_shape is not None and len(out_shape) > 2:
+        return _flat_requant(state, integer, acc, out, mul, add, k, out_act, out_shape, m)
     rq = _requant_node(state, acc, out, mul, add, k, out_act, ch_shape)
     state.requant_errors[rq.name] = float(np.max(np.abs(mul / 2.0**k - m) / m))
     if not np.any(frac):  # tighten_requant_to_observed_range rebuilds add from the integer bias alone
         state.requant_targets[rq.name] = (np.asarray(m, np.float64), out_act.residual_zp, acc_max)
     return [integer, rq]
+
+
+def _flat_requant(
+    state: GraphState,
+    integer: onnx.NodeProto,
+    acc: str,
+    out: str,
+    mul: np.ndarray,
+    add: np.ndarray,
+    k: int,
+    out_act: Activation,
+    out_shape: Sequence[int],
+    m: np.ndarray,
+) -> list[onnx.NodeProto]:
+    """The RequantShift of a MatMul whose output has more than two dimensions, on a ``[1, N]`` view.
+
+    Deeploy broadcasts a RequantShift's mul/add to the input's first two dimensions and indexes them by
+    ``i / prod(shape[2:])``; the output channels of a MatMul are its *last* dimension, so the constants are
+    tiled over the flattened tensor (Reshapes are free in Deeploy)."""
+    size, ch = int(np.prod(out_shape)), int(out_shape[-1])
+    flat_in, flat_out = state.unique(f"{acc}_flat"), state.unique(f"{out}_flat")
+    s_flat, s_back = state.unique(f"{out}_shape_flat"), state.unique(f"{out}_shape")
+    state.set_const(s_flat, np.array([1, size], np.int64))
+    state.set_const(s_back, np.array(list(out_shape), np.int64))
+    tile = size // ch
+    mul_t = np.tile(np.broadcast_to(np.asarray(mul).reshape(-1), (ch,)), tile)
+    add_t = np.tile(np.broadcast_to(np.asarray(add).reshape(-1), (ch,)), tile)
+    rq = _requant_node(state, flat_in, flat_out, mul_t, add_t, k, out_act, (1, size))
+    state.acts[flat_out] = out_act
+    state.requant_errors[rq.name] = float(np.max(np.abs(mul / 2.0**k - m) / m))
+    return [
+        integer,
+        _node("Reshape", [acc, s_flat], [flat_in], state.unique(f"{integer.name}_flatten")),
+        rq,
+        _node("Reshape", [flat_out, s_back], [out], state.unique(f"{integer.name}_unflatten")),
+    ]
 
 
 def _accumulator_bound(w: np.ndarray, out_axis: int, x: Activation, bias: np.ndarray) -> np.ndarray:
@@ -708,8 +750,10 @@ def fold_input_zero_point(state: GraphState) -> int:
             state.set_const(node.input[2], (consts[node.input[2]].astype(np.int64) + corr).astype(np.int32))
         else:  # MatMul has no bias: the correction goes into the RequantShift's add, times its mul
             rq = ix.consumers_of(node.output[0])[0]
+            if rq.op_type == "Reshape":  # the [1, N] view of a MatMul with more than two dimensions
+                rq = ix.consumers_of(rq.output[0])[0]
             mul, add = consts[rq.input[1]].astype(np.int64), consts[rq.input[2]].astype(np.int64)
-            state.set_const(rq.input[2], (add + mul * corr.reshape(add.shape)).astype(np.int32))
+            state.set_const(rq.input[2], (add + mul * np.resize(corr, add.shape)).astype(np.int32))
         n += 1
     return n
 
@@ -803,6 +847,8 @@ def explicit_attributes(state: GraphState) -> int:
             want |= {"kernel_shape": kshape, "strides": [1] * len(kshape), "pads": [0] * (2 * len(kshape))}
         elif node.op_type == "Gemm":
             want = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
+        elif node.op_type == "Transpose" and "perm" not in a:
+            raise TargetError(f"{_label(node)}: needs an explicit perm (Deeploy's TransposeParser requires it)")
         elif node.op_type == "Flatten":
             want = {"axis": 1}  # Deeploy's FlattenParser requires it (measured: "Did not find adequate mapping")
         for key, val in want.items():
@@ -871,7 +917,8 @@ def check_integer_only(state: GraphState) -> int:
     Deeploy does not reject float graphs (it has fp32 kernels), so this export checks its own output.
     """
     g = state.graph
-    allowed = {"Conv", "Gemm", "MatMul", "Add", "MaxPool", "Reshape", "Flatten", "RequantShift"}
+    allowed = {"Conv", "Gemm", "MatMul", "Add", "Mul", "MaxPool", "Reshape", "Flatten", "RequantShift", "Transpose",
+               "Concat", "iLayerNorm", "iRMSNorm", "iSoftmax", "RequantizediGELU"}  # fmt: skip
     for node in g.node:
         if node.op_type not in allowed:
             raise TargetError(f"internal: {_label(node)} is left in the integer graph")
@@ -981,6 +1028,8 @@ def _run(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, 
             y = x[0] @ x[1]
         elif op == "Add":
             y = x[0] + x[1]
+        elif op == "Mul":
+            y = x[0] * x[1]
         elif op == "MaxPool":
             y = _maxpool(x[0], a)
         elif op == "Flatten":
@@ -989,6 +1038,8 @@ def _run(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, 
         elif op == "Reshape":
             shape = [d if d != 0 else x[0].shape[i] for i, d in enumerate(x[1].tolist())]
             y = x[0].reshape(shape)
+        elif (z := dt.evaluate_node(node, x, a)) is not None:
+            y = z
         elif op == "RequantShift":
             levels = _tensor_attr(a.get("n_levels", a.get("n_levels_out")))
             y = requant_shift(
@@ -1188,6 +1239,7 @@ def export(
     data: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
     verbose: bool = True,
     num_samples: int = 16,
+    layernorm: str = "iLayerNorm",
 ) -> ExportResult:
     """Export a QDQ int8 model to ``out_dir/{network.onnx, inputs.npz, outputs.npz}`` for Deeploy.
 
@@ -1205,13 +1257,16 @@ def export(
     src = qdq_model if isinstance(qdq_model, onnx.ModelProto) else load_model(qdq_model, "QDQ model")
     model = onnx.ModelProto()
     model.CopyFrom(src)
-    state = GraphState(model)
+    if layernorm not in LAYERNORM_FORMS:
+        raise TargetError(f"layernorm must be one of {LAYERNORM_FORMS}, got {layernorm!r}")
+    state = GraphState(model, layernorm=layernorm)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or set(os.listdir(out)) - set(_OUTPUT_FILES)):
         raise TargetError(f"{out}: exists and holds other files than a previous export; choose another folder")
     selected = _select(passes, disable, enable)
     if model_kind(src) is ModelKind.QDQ:
         state.samples = _samples(src, data, num_samples)
+        state.shapes = _static_shapes(src)
     model, results = run_passes(
         model, [_as_pass(name, fn, state) for name, fn in selected], progress=print if verbose else None,
         line=_progress_line,

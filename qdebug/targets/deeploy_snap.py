@@ -54,8 +54,6 @@ from onnx import numpy_helper
 
 from qdebug.graph import GraphIndex, decode_constant, is_dq, is_q
 from qdebug.targets.deeploy_export import (
-    _INT32_LIMIT,
-    _MAX_SHIFT,
     _PASS_THROUGH,
     Activation,
     _accumulator_bound,
@@ -63,11 +61,12 @@ from qdebug.targets.deeploy_export import (
     _attrs,
     _static_shapes,
 )
+from qdebug.targets.deeploy_rq import _INT32_LIMIT, _MAX_SHIFT
 
 __all__ = ["GRIDS", "SNAPPED_OPS", "TIE_FREE_SHIFT", "SnapReport", "SnappedScale", "snap_scales_for_deeploy"]
 
 #: The ops whose requantization ratio is snapped.
-SNAPPED_OPS = ("Conv", "Gemm", "MatMul", "GlobalAveragePool", "Add")
+SNAPPED_OPS = ("Conv", "Gemm", "MatMul", "GlobalAveragePool", "Add", "Mul", "Div", "ReduceMean")
 
 
 @dataclass(frozen=True)
@@ -278,7 +277,10 @@ def snap_scales_for_deeploy(
             continue
         label = f"{node.op_type} {node.name or node.output[0]!r}"
         try:
-            if node.op_type == "Add":
+            uniform = _uniform_factor(node, ix, scales, shapes)
+            if uniform is not None:
+                res = uniform if isinstance(uniform, str) else _snap_uniform(node, ix, scales, *uniform)
+            elif node.op_type == "Add":
                 res = _snap_add(node, ix, scales)
             elif node.op_type == "GlobalAveragePool":
                 res = _snap_gap(node, ix, scales, shapes)
@@ -536,6 +538,83 @@ def _snap_gap(
         return "no k on which the export and the snapping agree"
     label = node.name or node.output[0]
     name = _set_output_scale(q, ix, scales, s_new, f"{q.output[0]}_scale_snapped")
+    return SnappedScale(label, node.op_type, "output", name, k, int(mul[0]), int(mul[0]), abs(s_new - s_out) / s_out)
+
+
+def _const_scalar(name: str, ix: GraphIndex, scales: _Scales) -> float | None:
+    """The real value of a DQ'd scalar constant, else None."""
+    dq = ix.producer.get(name)
+    if dq is None or not is_dq(dq) or dq.input[0] not in scales.values:
+        return None
+    q = scales.values[dq.input[0]]
+    qp = _scalar_qparams(dq, scales)
+    if qp is None or q.size != 1:
+        return None
+    return qp[0] * (float(q.reshape(())) - qp[1])
+
+
+def _uniform_factor(
+    node: onnx.NodeProto, ix: GraphIndex, scales: _Scales, shapes: Mapping[str, list[int]]
+) -> tuple[float, float, float] | str | None:
+    """For the transformer ops the export requantizes with one multiplier (deeploy_transformer): (the real factor
+    ``f`` in ``M = f / s_out``, the export's accumulator bound, its zero-point term); None for any other node."""
+    op = node.op_type
+    if op == "MatMul" and len(node.input) == 2:
+        ins = [_act_in(t, ix, scales) for t in node.input]
+        if any(isinstance(v, str) for v in ins):
+            return None  # a constant weight: _snap_linear
+        s_a, s_b = (float(v[1]) for v in ins if not isinstance(v, str))
+        shape = shapes.get(node.input[0])
+        if shape is None:
+            return "needs a static input shape"
+        return s_a * s_b, shape[-1] * 255.0 * 128, 0.0
+    if op in ("Mul", "Div") and len(node.input) == 2:
+        xi = next((i for i, t in enumerate(node.input) if not isinstance(_act_in(t, ix, scales), str)), None)
+        c = _const_scalar(node.input[1 - xi], ix, scales) if xi is not None else None
+        if xi is None or c is None or c <= 0 or (op == "Div" and xi != 0):
+            return "not an activation times/over a positive scalar constant"
+        x = _act_in(node.input[xi], ix, scales)
+        assert not isinstance(x, str)
+        zp_res = _activation(x[1], x[2]).residual_zp
+        return x[1] * (c if op == "Mul" else 1.0 / c), 256.0, float(abs(zp_res))
+    if op == "ReduceMean":
+        x = _act_in(node.input[0], ix, scales)
+        shape = shapes.get(node.input[0])
+        axes = [a.ints for a in node.attribute if a.name == "axes"]
+        if isinstance(x, str) or shape is None or not axes or len(axes[0]) != 1:
+            return "needs one axis and a static quantized input"
+        n = shape[axes[0][0]]
+        return x[1] / n, n * 255.0, float(n * abs(_activation(x[1], x[2]).residual_zp))
+    return None
+
+
+def _snap_uniform(
+    node: onnx.NodeProto, ix: GraphIndex, scales: _Scales, factor: float, acc_max: float, zp_term: float
+) -> SnappedScale | str:
+    """One multiplier ``M = factor / s_out`` (MatMul of two activations, Mul/Div by a constant, ReduceMean):
+    snap s_out so that M is odd/2^k on the export's own choice of k."""
+    out = _act_out(node, ix, scales)
+    if isinstance(out, str):
+        return out
+    q, s_out, zp_out = out
+    zp_res = _activation(s_out, zp_out).residual_zp
+    bound = acc_max + zp_term
+    m = np.array([factor / s_out])
+    for _ in range(6):
+        choice = _choose(m, bound, zp_res)
+        if choice is None:
+            return f"ratio {float(m[0]):.3g} does not fit int32 RequantShift"
+        mul, k = choice
+        s_new = float(np.float32(factor * 2.0**k / float(mul[0])))
+        check = _export_choice(np.array([factor / s_new]), bound, zp_res)
+        if check is not None and check[1] == k and int(check[0][0]) == int(mul[0]):
+            break
+        if check is not None:
+            m = check[0] / 2.0 ** check[1]
+    else:
+        return "no k on which the export and the snapping agree"
+    name = _set_output_scale(q, ix, scales, s_new, f"{q.output[0]}_scale_snapped")
+    label = node.name or node.output[0]
     return SnappedScale(label, node.op_type, "output", name, k, int(mul[0]), int(mul[0]), abs(s_new - s_out) / s_out)
 
 
