@@ -134,24 +134,44 @@ class Timings:
         return statistics.median(self.values)
 
 
-def bench_python(df: Any, repeats: int) -> tuple[list[Timings], Any, int, int]:
-    from qdebug.render.figures import graph_edges, graph_figure
+def bench_python(df: Any, repeats: int) -> tuple[list[Timings], dict[str, Any], int, int]:
+    """The graph view as the dashboard builds it (qdebug.render.graphview): grouping + the collapsed view's layout
+    + its figure (what opens), and the fully expanded view's layout + figure ("expand all")."""
+    from qdebug.render import graphview as gv
+    from qdebug.render.figures import graph_edges
+
+    d = df.sort_values("topo_index", kind="stable")
+    names = [str(n) for n in d["tensor_name"]]
+    edges = graph_edges(d)
+    rows = {str(r["tensor_name"]): r for r in d.to_dict("records")}
+    ops = {n: str(r["producer_op"]) for n, r in rows.items()}
+    from qdebug.render.figures import graph_figure
     from qdebug.render.layout import layered_layout
 
-    lay, fig_t, total = Timings("layered_layout"), Timings("graph_figure"), Timings("layout + figure (Python)")
-    fig = None
-    names = [str(n) for n in df.sort_values("topo_index")["tensor_name"]]
-    edges = graph_edges(df)
+    old_t = Timings("before issue 15: every tensor, straight edges (layered_layout + graph_figure)")
+    group_t = Timings("grouping (group_tensors)")
+    coll_t, full_t = (
+        Timings("collapsed view: layout + figure"),
+        Timings("expanded view (every tensor): layout + figure"),
+    )
+    figs: dict[str, Any] = {}
     for _ in range(repeats):
+        t = time.perf_counter()
+        graph_figure(df, metric="cumulative", layout=layered_layout(names, edges))
+        old_t.values.append((time.perf_counter() - t) * 1e3)
         t0 = time.perf_counter()
-        pos = layered_layout(names, edges)
+        grouping = gv.group_tensors(names, edges, ops)
         t1 = time.perf_counter()
-        fig = graph_figure(df, metric="cumulative", layout=pos)
+        view = gv.graph_view(names, edges, grouping, set())
+        figs["collapsed"] = (gv.graph_view_figure(view, rows), len(view.nodes))
         t2 = time.perf_counter()
-        lay.values.append((t1 - t0) * 1e3)
-        fig_t.values.append((t2 - t1) * 1e3)
-        total.values.append((t2 - t0) * 1e3)
-    return [lay, fig_t, total], fig, len(names), len(edges)
+        full = gv.graph_view(names, edges, grouping, {g.key for g in grouping.groups})
+        figs["expanded"] = (gv.graph_view_figure(full, rows), len(full.nodes))
+        t3 = time.perf_counter()
+        group_t.values.append((t1 - t0) * 1e3)
+        coll_t.values.append((t2 - t1) * 1e3)
+        full_t.values.append((t3 - t2) * 1e3)
+    return [old_t, group_t, coll_t, full_t], figs, len(names), len(edges)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -207,7 +227,7 @@ def bench_browser(fig: Any, n_nodes: int, repeats: int, work: Path) -> tuple[lis
     except ImportError:
         return [], "browser: not measured (playwright missing: pip install 'qdebug[dev]')", 0
     page_dir = work / "page"
-    page_dir.mkdir()
+    page_dir.mkdir(parents=True)
     html_path = page_dir / "graph.html"
     html_path.write_text(fig.to_html(include_plotlyjs=True, full_html=True), encoding="utf-8")
     size = html_path.stat().st_size
@@ -421,14 +441,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="qdebug-bench-ui-") as tmp:
         work = Path(tmp)
         df, setup_s = report_dataframe(args.nodes, work)
-        rows, fig, n_tensors, n_edges = bench_python(df, args.repeats)
-        notes.append(f"plotly {plotly.__version__}; layout: grandalf Sugiyama (qdebug.render.layout)")
+        rows, figs, n_tensors, n_edges = bench_python(df, args.repeats)
+        notes.append(
+            f"plotly {plotly.__version__}; layout: grandalf Sugiyama (qdebug.render.layout), grouping and view: "
+            f"qdebug.render.graphview; collapsed view: {figs['collapsed'][1]} nodes"
+        )
         if args.no_browser:
             notes.append("browser: not measured (--no-browser)")
         else:
-            brows, note, _ = bench_browser(fig, n_tensors, args.repeats, work)
-            rows += brows
-            notes.append(note)
+            for which, (fig, n) in figs.items():
+                brows, note, _ = bench_browser(fig, n, args.repeats, work / which)
+                for r in brows:
+                    r.name = f"{which} view ({n} nodes): {r.name}"
+                rows += brows
+                notes.append(note)
         if args.no_dashboard:
             notes.append("dashboard: not measured (--no-dashboard)")
         else:

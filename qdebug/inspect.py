@@ -12,9 +12,9 @@ import onnx
 
 from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import DataSource
-from qdebug.graph import GraphIndex
+from qdebug.graph import GraphIndex, pair_models, weight_arrays
 
-__all__ = ["TensorValues", "tensor_values", "weight_owners"]
+__all__ = ["TensorValues", "WeightValues", "tensor_values", "weight_owners", "weight_values"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,27 @@ def weight_owners(model: onnx.ModelProto, activations: Iterable[str]) -> dict[st
                 break
             node = nxt[0]
     return out
+
+
+@dataclass(frozen=True)
+class WeightValues:
+    """One quantized weight (or bias) of a node: float values, dequantized values, the per-channel axis."""
+
+    name: str
+    kind: str
+    float_values: np.ndarray
+    quant_values: np.ndarray
+    axis: int | None
+
+
+def weight_values(
+    float_model: onnx.ModelProto, quant_model: onnx.ModelProto, nodes: Iterable[str]
+) -> list[WeightValues]:
+    """Every quantized weight consumed by one of ``nodes`` (node names of the float model), weights first."""
+    wanted = set(nodes)
+    pairs = [w for w in pair_models(float_model, quant_model).weights if w.consumer_node in wanted]
+    if not pairs:
+        return []
+    fi, qi = GraphIndex(float_model), GraphIndex(quant_model)
+    out = [WeightValues(w.weight_name, w.kind, *weight_arrays(w, fi, qi), w.params.axis) for w in pairs]
+    return sorted(out, key=lambda v: v.kind != "weight")

@@ -448,3 +448,29 @@ def dead_channel_conv(seed: int = 0) -> onnx.ModelProto:
     nodes = [helper.make_node("Conv", ["x", "W"], ["y"], name="dw", group=2, pads=[1, 1, 1, 1])]
     inits = [numpy_helper.from_array(w, "W")]
     return _model(nodes, [value_info("x", [1, 2, 8, 8])], [value_info("y", [1, 2, 8, 8])], inits)
+
+
+def scoped_residual_mlp(blocks: int = 60, width: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """A float residual MLP named like a PyTorch export: block ``k`` is ``/model.k/fc1/MatMul`` → ``/fc1/Add``
+    (bias) → ``/act/Tanh`` → ``/fc2/MatMul`` → ``/model.k/Add`` (residual), 5 tensors per block (60 blocks: 300
+    tensors + the input), input ``x`` [1, width]. For the graph view's grouping and the ≥ 300-tensor UI tests."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    h = "x"
+    for k in range(blocks):
+        p = f"/model.{k}"
+        for j in (1, 2):
+            w = (rng.standard_normal((width, width)) * 0.4).astype(np.float32)
+            inits.append(numpy_helper.from_array(w, f"model.{k}.fc{j}.weight"))
+        inits.append(numpy_helper.from_array((rng.standard_normal(width) * 0.05).astype(np.float32), f"model.{k}.b"))
+        t = {n: f"{p}/{n}_output_0" for n in ("fc1/MatMul", "fc1/Add", "act/Tanh", "fc2/MatMul", "Add")}
+        w1, w2, b = f"model.{k}.fc1.weight", f"model.{k}.fc2.weight", f"model.{k}.b"
+        nodes += [
+            helper.make_node("MatMul", [h, w1], [t["fc1/MatMul"]], name=f"{p}/fc1/MatMul"),
+            helper.make_node("Add", [t["fc1/MatMul"], b], [t["fc1/Add"]], name=f"{p}/fc1/Add"),
+            helper.make_node("Tanh", [t["fc1/Add"]], [t["act/Tanh"]], name=f"{p}/act/Tanh"),
+            helper.make_node("MatMul", [t["act/Tanh"], w2], [t["fc2/MatMul"]], name=f"{p}/fc2/MatMul"),
+            helper.make_node("Add", [t["fc2/MatMul"], h], [t["Add"]], name=f"{p}/Add"),
+        ]
+        h = f"{p}/Add_output_0"
+    return _model(nodes, [value_info("x", [1, width])], [value_info(h, [1, width])], inits)

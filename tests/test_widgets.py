@@ -280,23 +280,27 @@ def test_figure_clicks_select(dbg: QuantDebugger) -> None:
     heat = app.heatmap_box.children[0]
     assert isinstance(heat, go.FigureWidget) and "qd-heatmap" in heat._dom_classes
     c2 = dbg.report.activation("c2")
-    app.on_heatmap_click(heat.data[0], _Points([0], [c2.topo_index]))
+    order = sorted(dbg.report.activations, key=lambda a: a.topo_index)
+    app.on_heatmap_click(heat.data[0], _Points([0], [[a.tensor_name for a in order].index(c2.tensor_name)]))
     assert app.selected == "c2"
     samples = app.samples_box.children[0]
     assert isinstance(samples, go.FigureWidget)
     names = dbg.report.per_sample.tensor_names
     app.on_samples_click(samples.data[0], _Points([0], [names.index("r1")]))
     assert app.selected == "r1"
+    # The graph: a click selects the tensor whose node was clicked (its own customdata), the ring follows it.
     graph = app.graph_box.children[0]
-    nodes = next(t for t in graph.data if t.name == "tensors")
-    i = list(nodes.customdata).index("a1")
-    app._on_graph_click(nodes, _Points([i], [nodes.x[i]]))
+    nodes = next(t for t in graph.data if t.name == "nodes")
+    ids = [tuple(c) for c in nodes.customdata]
+    i = ids.index(("tensor", "a1"))
+    app.graph_panel.on_node_click(nodes, _Points([i], [nodes.x[i]]))
     assert app.selected == "a1"
     ring = next(t for t in app.graph_box.children[0].data if t.name == "selected")
-    assert list(ring.customdata) == ["a1"]
+    assert (ring.x[0], ring.y[0]) == (nodes.x[i], nodes.y[i])
     app.on_select("c2")  # the ring moves in place
+    j = ids.index(("tensor", "c2"))
     ring = next(t for t in app.graph_box.children[0].data if t.name == "selected")
-    assert list(ring.customdata) == ["c2"]
+    assert (ring.x[0], ring.y[0]) == (nodes.x[j], nodes.y[j])
 
 
 def test_search_pareto_click_applies_point(dbg: QuantDebugger) -> None:

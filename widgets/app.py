@@ -55,8 +55,6 @@ LABELS = {
     "mse": "mean squared error",
     "max_abs_error": "max abs error",
 }
-#: Largest graph laid out with grandalf's Sugiyama; bigger ones use the linear longest-path layering.
-SUGIYAMA_MAX_NODES = 3000
 #: Suggestions listed with a checkbox in the mixed-precision panel (the table shows every reason).
 SUGGESTIONS_SHOWN = 10
 #: Rows per page of the tensor table: one widget row per tensor keeps a ~900-tensor model responsive.
@@ -205,7 +203,6 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.last_recompile: RecompileResult | None = None
         self.last_search: SearchResult | None = None
         self.netron: Any = None
-        self._layout: Any = None
         self._views: _ReportViews | None = None
         self._syncing = False
         self.targets_info: dict[str, tuple[bool, str]] = {}
@@ -250,10 +247,15 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def _make_figure_boxes(self) -> None:
         """The figure containers, the Netron opt-in and the inspector."""
         # Figures.
-        self.heatmap_box = w.Box()
-        self.samples_box = w.Box()
-        self.graph_box = w.Box()
-        self.histogram_box = w.Box()
+        self.heatmap_box = w.VBox(layout=w.Layout(width="100%"))  # a column stretches the figure: full width
+        self.samples_box = w.VBox(layout=w.Layout(width="100%"))
+        self.heatmap_groups = w.Checkbox(description="group by scope / block", value=False, indent=False)
+        self.heatmap_groups.add_class("qd-heatmap-groups")
+        self.heatmap_groups.observe(lambda ch: self._render_heatmap(), names="value")
+        from .graph_view import GraphPanel
+
+        self.graph_panel = GraphPanel(self.on_select)
+        self.graph_box = self.graph_panel.box  # holds the live graph figure
         self.comparison_box = w.Box()
         self.pareto_box = w.Box()
         self.metric_picker = w.Dropdown(
@@ -266,7 +268,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.netron_view = w.HTML("")
         # Inspector.
         self.tensor_picker = w.Dropdown(description="tensor", options=[])
-        self.inspector = w.HTML("<i>select a tensor</i>")
+        from .inspector import InspectorPanel
+
+        self.inspector_panel = InspectorPanel()
+        self.inspector = self.inspector_panel.table
+        self.histogram_box = self.inspector_panel.histogram_box
 
     def _make_fix_widgets(self) -> None:
         """The mixed-precision panel and the search tab's controls."""
@@ -351,7 +357,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                 self.table,
             ]
         )
-        graph_tab = w.VBox([w.HBox([self.metric_picker, self.netron_button]), self.graph_box, self.netron_view])
+        graph_tab = w.VBox([w.HBox([self.metric_picker, self.netron_button]), self.graph_panel, self.netron_view])
         search_tab = w.VBox(
             [
                 w.HTML(
@@ -364,12 +370,19 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             ]
         )
         self.tabs = w.Tab(
-            children=[table_tab, self.heatmap_box, self.samples_box, graph_tab, search_tab, self.comparison_box]
+            children=[
+                table_tab,
+                w.VBox([self.heatmap_groups, self.heatmap_box]),
+                self.samples_box,
+                graph_tab,
+                search_tab,
+                self.comparison_box,
+            ]
         )
         for i, title in enumerate(("Tensors", "Heatmap", "Samples", "Graph", "Search", "Before/after")):
             self.tabs.set_title(i, title)
         inspect = w.VBox(
-            [w.HTML("<b>Tensor inspector</b>"), self.tensor_picker, self.inspector, self.histogram_box],
+            [w.HTML("<b>Tensor inspector</b>"), self.tensor_picker, self.inspector_panel],
             layout=w.Layout(width="50%"),
         )
         fix = w.VBox(
@@ -479,15 +492,20 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.capture_note.value = self._notes_html(report)
         self._render_suggestions()
         self._render_table()
-        v = self.views()
-        heat = _figure("layer_heatmap", v.df, v.weights, "h", 40, v.owners, css="qd-heatmap")
-        self._on_click(heat, self.on_heatmap_click)
-        self.heatmap_box.children = [heat]
+        self._render_graph()  # first: the heatmap's optional groups are the graph's
+        self._render_heatmap()
         samples = _figure("samples_heatmap", report.per_sample.to_dataframe(), css="qd-samples-heatmap")
         self._on_click(samples, self.on_samples_click)
         self.samples_box.children = [samples]
-        self._render_graph()
         self._render_inspector()
+
+    def _render_heatmap(self) -> None:
+        v = self.views()
+        # The graph's groups (name scopes or blocks), so both views speak of the same regions.
+        groups = dict(self.graph_panel.grouping.of) if self.heatmap_groups.value else None
+        heat = _figure("layer_heatmap", v.df, v.weights, "h", 40, v.owners, groups, css="qd-heatmap")
+        self._on_click(heat, self.on_heatmap_click)
+        self.heatmap_box.children = [heat]
 
     @staticmethod
     def _notes_html(report: DebugReport) -> str:
@@ -576,57 +594,18 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.suggestions_box.children = rows
 
     def _render_graph(self) -> None:
-        report = self.debugger.report
-        if self._layout is None:  # promotions keep the graph's tensors: lay it out once
-            try:
-                from qdebug.render.layout import Method, layered_layout
-
-                names = [a.tensor_name for a in report.activations]
-                edges = [(i, a.tensor_name) for a in report.activations for i in a.inputs]
-                # grandalf's Sugiyama (crossing reduction): ~0.45 s on 900 nodes (benchmarks/bench_ui.py); the
-                # linear longest-path layering only for graphs far beyond that.
-                method: Method = "sugiyama" if len(names) <= SUGIYAMA_MAX_NODES else "longest_path"
-                self._layout = layered_layout(names, edges, method=method)
-            except Exception:
-                self._layout = None
-        metric = "local" if self.metric.startswith("local") else "cumulative"
-        fig = _figure(
-            "graph_figure", report.to_dataframe(), metric, self._layout, self.selected or None, css="qd-graph"
-        )
-        self._on_click(fig, self._on_graph_click)
-        self.graph_box.children = [fig]
-
-    def _on_graph_click(self, trace: Any, points: Any, state: Any = None) -> None:
-        idx = list(getattr(points, "point_inds", []) or [])
-        if idx and getattr(trace, "customdata", None) is not None:
-            self.on_select(str(trace.customdata[idx[0]]))
+        # Grouped, laid out and drawn by qdebug.render.graphview; colours follow the chosen metric (mse too).
+        rows = self.views().df.sort_values("topo_index", kind="stable").to_dict("records")
+        try:
+            self.graph_panel.show(rows, self.metric, self.selected)
+        except Exception as exc:  # a figure bug must not take the dashboard down
+            self.graph_box.children = [_placeholder("graph", f"{type(exc).__name__}: {exc}")]
 
     def _render_inspector(self) -> None:
-        name = self.selected
-        if not name:
-            self.inspector.value = "<i>select a tensor (table, heatmap, graph or this list)</i>"
-            self.histogram_box.children = []
+        if not self.selected:
+            self.inspector_panel.clear()
             return
-        a = self.debugger.report.activation(name)
-        rows = [
-            ("tensor", a.tensor_name),
-            ("producer", f"{a.producer_op} ({a.producer_node})"),
-            ("quant type", a.quant_type or "not quantized"),
-            ("scale / zero point", f"{a.scale} / {a.zero_point}"),
-            ("local SQNR", _db(a.local_sqnr_db)),
-            ("cumulative SQNR", _db(a.cumulative_sqnr_db)),
-            ("float range", f"[{a.float_min}, {a.float_max}]"),
-        ]
-        body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-        self.inspector.value = f"<table class='qd-inspector-table'>{body}</table>"
-        try:
-            tv = self.debugger.tensor_values(name)
-        except Exception as exc:
-            self.histogram_box.children = [_placeholder("histogram", f"{type(exc).__name__}: {exc}")]
-            return
-        self.histogram_box.children = [
-            _figure("histogram_figure", tv.float_values, tv.quant_values, tv.scale, tv.zero_point, css="qd-histogram")
-        ]
+        self.inspector_panel.show(self.debugger, self.selected, self.views().owners)
 
     def _refresh_targets(self) -> None:
         targets = self.debugger.targets()
@@ -653,15 +632,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self._highlight_graph(change["new"])
 
     def _highlight_graph(self, name: str) -> None:
-        # Move the highlight ring of the live figure instead of rebuilding a ~900-node figure per click.
-        fig = self.graph_box.children[0] if self.graph_box.children else None
-        ring = [t for t in getattr(fig, "data", ()) if getattr(t, "name", None) == "selected"]
-        pos = (self._layout or {}).get(name) if name else None
-        if fig is None or not ring or pos is None:
-            self._render_graph()
-            return
-        with fig.batch_update():
-            ring[0].x, ring[0].y, ring[0].customdata = [pos[0]], [pos[1]], [name]
+        # Move the highlight ring of the live figure instead of rebuilding the figure per click.
+        self.graph_panel.select(name)
 
     @tr.observe("metric")
     def _metric_changed(self, change: dict[str, Any]) -> None:
@@ -726,14 +698,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.selected = tensor
 
     def on_heatmap_click(self, trace: Any, points: Any, state: Any = None) -> None:
-        """A click on the layer heatmap: its x is the tensor's topological index."""
+        """A click on the layer heatmap: its x is the tensor's position in topological order."""
         xs = list(getattr(points, "xs", []) or [])
-        if not xs:
-            return
-        by_index = {int(a.topo_index): a.tensor_name for a in self.debugger.report.activations}
-        name = by_index.get(int(xs[0]))
-        if name is not None:
-            self.on_select(name)
+        names = list(self.views().table["tensor_name"])  # topological order, as the heatmap's columns
+        if xs and 0 <= int(xs[0]) < len(names):
+            self.on_select(str(names[int(xs[0])]))
 
     def on_samples_click(self, trace: Any, points: Any, state: Any = None) -> None:
         """A click on the samples × tensors heatmap: its x is the tensor's column."""

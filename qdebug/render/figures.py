@@ -145,7 +145,9 @@ def _grid_traces(
         [1.0 if (v is None and s in _MISSING_SHOWN) else np.nan for v, s in zip(zr, sr, strict=True)]
         for zr, sr in zip(z, status, strict=True)
     ]
-    common: dict[str, Any] = {"x": x, "y": y, "text": hover, "hovertemplate": "%{text}<extra></extra>", "xgap": 1}
+    # Gaps between cells only while cells are wide enough to keep them (900 columns of 1 px gaps are all gap).
+    gap = 1 if max(len(x), len(y)) <= 200 else 0
+    common: dict[str, Any] = {"x": x, "y": y, "text": hover, "hovertemplate": "%{text}<extra></extra>", "xgap": gap}
     main = go.Heatmap(z=zz, name="SQNR", hoverongaps=False, **common, **_coloraxis_kwargs())
     missing = go.Heatmap(
         z=grey, name="undefined / nonfinite", colorscale=_GREY_SCALE, showscale=False, zmin=0, zmax=1,
@@ -154,12 +156,58 @@ def _grid_traces(
     return [main, missing]
 
 
+#: Most tensor names written under a heatmap; above that the names are in the hover only (they would overlap).
+MAX_TICK_LABELS = 60
+
+
+def _group_axis(
+    idx: list[int], names: list[str], groups: Mapping[str, str]
+) -> tuple[list[float], list[str], list[float]]:
+    """(tick positions, group labels, boundaries) for a heatmap axis whose tensors are grouped (runs of the same
+    group in topological order are one tick; a boundary line separates runs)."""
+    ticks: list[float] = []
+    labels: list[str] = []
+    bounds: list[float] = []
+    start = 0
+    for i in range(1, len(names) + 1):
+        if i == len(names) or groups.get(names[i], names[i]) != groups.get(names[start], names[start]):
+            ticks.append((idx[start] + idx[i - 1]) / 2)
+            labels.append(_short(groups.get(names[start], names[start]), 24))
+            if i < len(names):
+                bounds.append((idx[i - 1] + idx[i]) / 2)
+            start = i
+    return ticks, labels, bounds
+
+
+def _wide(columns: int) -> int | None:
+    """A figure width for a heatmap with ``columns`` tensors: ``None`` (the container's) up to 60 columns, then
+    about 3 px per column, at most 1600 px. Why fixed: a FigureWidget drawn in a tab that is not shown yet takes
+    plotly's 700 px default and is not resized when the tab opens."""
+    return None if columns <= MAX_TICK_LABELS else min(1600, max(900, 3 * columns + 200))
+
+
+def _tensor_axis(
+    idx: list[int], names: list[str], max_label_chars: int, groups: Mapping[str, str] | None
+) -> tuple[dict[str, Any], list[float]]:
+    """The tensor axis: names when they fit, group names (and boundaries) when grouped, else none (hover)."""
+    if groups:
+        ticks, labels, bounds = _group_axis(idx, names, groups)
+        if len(ticks) > MAX_TICK_LABELS:
+            return {"showticklabels": False, "title": f"{len(ticks)} groups (names on hover)"}, bounds
+        return {"tickmode": "array", "tickvals": ticks, "ticktext": labels, "tickangle": -45, "title": "group"}, bounds
+    if len(names) > MAX_TICK_LABELS:
+        return {"showticklabels": False, "title": f"{len(names)} tensors, topological order (names on hover)"}, []
+    labels = [_short(n, max_label_chars) for n in names]
+    return {"tickmode": "array", "tickvals": idx, "ticktext": labels, "title": "tensor"}, []
+
+
 def layer_heatmap(
     df: pd.DataFrame,
     weights: pd.DataFrame | None = None,
     orientation: str = "h",
     max_label_chars: int = 40,
     owners: Mapping[str, str] | None = None,
+    groups: Mapping[str, str] | None = None,
 ) -> go.Figure:
     """Tensors (topological order) × {local, cumulative, weight} SQNR as an anchored heatmap.
 
@@ -168,8 +216,14 @@ def layer_heatmap(
     :func:`weight_sqnr_by_tensor`).
     ``orientation="h"`` puts tensors on x (rows = metrics); ``"v"`` puts tensors on y. Colours follow the module's
     anchoring (red < 20 dB, yellow 20–40, green > 40; +inf top colour, undefined/nonfinite grey). Cells are
-    addressed by ``topo_index`` (unique) and labelled with truncated names; the hover shows the full tensor name,
+    addressed by their position in topological order (0..n-1, equal widths) and labelled with truncated names;
+    the hover shows the full tensor name,
     op, quantization type, all three values and the statuses.
+
+    Scaling to real models: tick labels only when at most :data:`MAX_TICK_LABELS` fit (else the names are in the
+    hover); ``groups`` (``{tensor: group}``, e.g. :func:`qdebug.render.graphview.group_tensors`' ``of``) labels the
+    axis by group and draws a boundary between groups; the figure fills its container's width and zooms with
+    the mouse (double click resets).
     """
     d = _ordered(df)
     wmap = weight_sqnr_by_tensor(d, weights, owners)
@@ -195,24 +249,32 @@ def layer_heatmap(
             z[i].append(_z(v))
             st[i].append(s)
             hover[i].append(f"<b>{m}</b>: {_fmt(v, s)}<br>{text}")
-    idx = [int(t) for t in d["topo_index"]] if "topo_index" in d.columns else list(range(len(d)))
-    labels = [_short(str(n), max_label_chars) for n in d["tensor_name"]]
+    # Cells are addressed by position in topological order (0..n-1), not by topo_index: a model whose first
+    # 420 nodes are Constants would otherwise give its first tensor a cell 420 columns wide.
+    idx = list(range(len(d)))
+    axis, bounds = _tensor_axis(idx, [str(n) for n in d["tensor_name"]], max_label_chars, groups)
     rows = list(metrics)
+    line = {"color": "#343a40", "width": 1}
     if orientation == "h":
-        traces = _grid_traces(z, st, hover, idx, rows)
-        axis: dict[str, Any] = {"tickmode": "array", "tickvals": idx, "ticktext": labels, "title": "tensor"}
-        fig = go.Figure(traces)
-        fig.update_layout(xaxis=axis, yaxis={"autorange": "reversed"})
+        fig = go.Figure(_grid_traces(z, st, hover, idx, rows))
+        fig.update_layout(xaxis=axis, yaxis={"autorange": "reversed", "fixedrange": True})
+        for b in bounds:
+            fig.add_vline(x=b, line=line)
     elif orientation == "v":
         tz = [list(r) for r in zip(*z, strict=True)]
         ts = [list(r) for r in zip(*st, strict=True)]
         th = [list(r) for r in zip(*hover, strict=True)]
-        traces = _grid_traces(tz, ts, th, rows, idx)
-        fig = go.Figure(traces)
-        fig.update_layout(yaxis={"tickmode": "array", "tickvals": idx, "ticktext": labels, "autorange": "reversed"})
+        fig = go.Figure(_grid_traces(tz, ts, th, rows, idx))
+        fig.update_layout(yaxis={**axis, "autorange": "reversed"}, xaxis={"fixedrange": True})
+        for b in bounds:
+            fig.add_hline(y=b, line=line)
     else:
         raise ValueError(f"layer_heatmap: orientation must be 'h' or 'v', got {orientation!r}")
-    fig.update_layout(title="SQNR per tensor (topological order)", margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    fig.update_layout(
+        title="SQNR per tensor (topological order; drag to zoom, double click to reset)", autosize=True,
+        width=_wide(len(idx)),
+        margin={"l": 10, "r": 10, "t": 40, "b": 10}, dragmode="zoom",
+    )  # fmt: skip
     return fig
 
 
@@ -246,12 +308,12 @@ def samples_heatmap(per_sample_df: pd.DataFrame, max_label_chars: int = 40) -> g
         hover.append(hr)
     cols = list(range(len(names)))
     fig = go.Figure(_grid_traces(z, st, hover, cols, samples))
+    axis, _ = _tensor_axis(cols, names, max_label_chars, None)
     fig.update_layout(
         title="Per-sample cumulative SQNR",
-        xaxis={
-            "tickmode": "array", "tickvals": cols, "ticktext": [_short(n, max_label_chars) for n in names],
-            "title": "tensor",
-        },
+        autosize=True,
+        width=_wide(len(cols)),
+        xaxis=axis,
         yaxis={"title": "sample", "autorange": "reversed"},
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
     )  # fmt: skip

@@ -12,7 +12,8 @@ crossing reduction, but it is linear in the size of the graph.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from qdebug._lazy import LazyModule
 
@@ -36,12 +37,38 @@ def _check(nodes: Sequence[Hashable], edges: Iterable[tuple[Hashable, Hashable]]
     return [(a, b) for a, b in edges if a in known and b in known and a != b]
 
 
-def _sugiyama(nodes: Sequence[Hashable], edges: list[tuple[Hashable, Hashable]]) -> dict[Hashable, tuple[float, float]]:
+@dataclass
+class Drawing:
+    """A layered drawing: node positions, each node's layer (rank) and each edge's route.
+
+    ``routes[(a, b)]`` is the polyline from ``a`` to ``b`` through the dummy points grandalf placed on the
+    layers the edge crosses (so a long edge bends around the nodes in between instead of crossing them).
+    """
+
+    pos: dict[Hashable, tuple[float, float]]
+    ranks: dict[Hashable, int] = field(default_factory=dict)
+    routes: dict[tuple[Hashable, Hashable], list[tuple[float, float]]] = field(default_factory=dict)
+
+
+class _Route:
+    """grandalf's edge "view": it receives the routed polyline of one edge."""
+
+    def __init__(self) -> None:
+        self.path: list[tuple[float, float]] = []
+
+    def setpath(self, pts: list[Any]) -> None:
+        self.path = [(float(x), float(y)) for x, y in pts]
+
+
+def _sugiyama_drawing(nodes: Sequence[Hashable], edges: list[tuple[Hashable, Hashable]]) -> Drawing:
     verts = {n: _graphs.Vertex(n) for n in nodes}
     for v in verts.values():
         v.view = _layouts.VertexViewer(w=NODE_W, h=NODE_H)
-    g = _graphs.Graph(list(verts.values()), [_graphs.Edge(verts[a], verts[b]) for a, b in dict.fromkeys(edges)])
-    pos: dict[Hashable, tuple[float, float]] = {}
+    gedges = {(a, b): _graphs.Edge(verts[a], verts[b]) for a, b in dict.fromkeys(edges)}
+    for e in gedges.values():
+        e.view = _Route()
+    g = _graphs.Graph(list(verts.values()), list(gedges.values()))
+    out = Drawing(pos={})
     x_offset = 0.0
     for comp in g.C:
         layout = _layouts.SugiyamaLayout(comp)
@@ -54,9 +81,16 @@ def _sugiyama(nodes: Sequence[Hashable], edges: list[tuple[Hashable, Hashable]])
         lo, hi = min(xs), max(xs)
         for v in comp.sV:
             x, y = v.view.xy
-            pos[v.data] = (float(x - lo + x_offset), float(y))
+            out.pos[v.data] = (float(x - lo + x_offset), float(y))
+            out.ranks[v.data] = int(layout.grx[v].rank)
+        for e in comp.sE:
+            out.routes[(e.v[0].data, e.v[1].data)] = [(x - lo + x_offset, y) for x, y in e.view.path]
         x_offset += hi - lo + COMPONENT_GAP
-    return pos
+    return out
+
+
+def _sugiyama(nodes: Sequence[Hashable], edges: list[tuple[Hashable, Hashable]]) -> dict[Hashable, tuple[float, float]]:
+    return _sugiyama_drawing(nodes, edges).pos
 
 
 def _longest_path(
@@ -112,6 +146,17 @@ def layered_layout(
     if method == "longest_path":
         return _longest_path(nodes, kept)
     raise ValueError(f"layered_layout: unknown method {method!r} (sugiyama|longest_path)")
+
+
+def layered_drawing(nodes: Sequence[Hashable], edges: Iterable[tuple[Hashable, Hashable]]) -> Drawing:
+    """:func:`layered_layout` (Sugiyama) with each node's rank and each edge's routed polyline (:class:`Drawing`).
+
+    On a DAG every edge goes from a lower to a higher rank (grandalf inverts only edges that close a cycle).
+    """
+    nodes = list(nodes)
+    if not nodes:
+        return Drawing(pos={})
+    return _sugiyama_drawing(nodes, _check(nodes, edges))
 
 
 def chain_with_skips(n: int, skip_every: int = 3, skip_len: int = 4) -> tuple[list[str], list[tuple[str, str]]]:

@@ -1,0 +1,123 @@
+"""The graph, heatmap and inspector widgets on a 301-tensor model (``builders.scoped_residual_mlp``), driven from
+Python without a browser: real ONNX Runtime, handlers called with the points a click would send."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from builders import scoped_residual_mlp
+
+import qdebug
+from qdebug.render import graphview as gv
+from widgets.app import DebuggerApp
+from widgets.session import QuantDebugger
+
+
+class _Points:
+    def __init__(self, inds: list[int]) -> None:
+        self.point_inds, self.xs = inds, [0] * len(inds)
+
+
+@pytest.fixture(scope="module")
+def big_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    d = tmp_path_factory.mktemp("scoped")
+    f = d / "scoped.onnx"
+    onnx.save(scoped_residual_mlp(blocks=60), f)
+    data = d / "calib.npz"
+    np.savez(data, x=np.random.default_rng(0).uniform(-1, 1, (4, 1, 8)).astype(np.float32))
+    q = d / "scoped.qdq.onnx"
+    qdebug.quantize(f, data, None, q)
+    return f, q, data
+
+
+@pytest.fixture(scope="module")
+def app(big_pair: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> DebuggerApp:
+    f, q, data = big_pair
+    dbg = QuantDebugger(f, q, data, workdir=tmp_path_factory.mktemp("work"))
+    return DebuggerApp(dbg)
+
+
+def _nodes(app: DebuggerApp) -> Any:
+    return next(t for t in app.graph_box.children[0].data if t.name == "nodes")
+
+
+def test_graph_opens_grouped_and_a_click_expands_or_selects(app: DebuggerApp) -> None:
+    panel = app.graph_panel
+    panel.on_collapse_all()
+    assert len(app.debugger.report.activations) == 301
+    ids = [tuple(c) for c in _nodes(app).customdata]
+    assert len(ids) == len(panel.grouping.groups) <= gv.MAX_GROUPS
+    assert panel.grouping.method == "name scope"
+    assert gv.ranks_respect_edges(panel.view) == []  # type: ignore[arg-type]
+    # A click on a group expands it (its tensors are drawn), and selects nothing.
+    k = next(i for i, (kind, _) in enumerate(ids) if kind == gv.GROUP)
+    key = ids[k][1]
+    before = app.selected
+    panel.on_node_click(_nodes(app), _Points([k]))
+    assert key in panel.expanded and app.selected == before
+    ids = [tuple(c) for c in _nodes(app).customdata]
+    members = panel.grouping.group(key).members
+    assert all((gv.TENSOR, m) in ids for m in members)
+    # A click on each of two neighbouring tensors selects exactly that tensor (the clicked point's own data).
+    for m in members[1:3]:
+        i = ids.index((gv.TENSOR, m))
+        panel.on_node_click(_nodes(app), _Points([i]))
+        assert app.selected == m
+        assert m in app.inspector.value
+        ring = next(t for t in app.graph_box.children[0].data if t.name == "selected")
+        assert (ring.x[0], ring.y[0]) == (_nodes(app).x[i], _nodes(app).y[i])
+
+
+def test_search_selects_and_expands(app: DebuggerApp) -> None:
+    app.graph_panel.on_collapse_all()
+    hits = app.graph_panel.find("model.37/act")
+    assert hits == ["/model.37/act/Tanh_output_0"]
+    assert app.selected == hits[0]
+    assert app.graph_panel.grouping.of[hits[0]] in app.graph_panel.expanded
+    assert app.graph_panel.find("no such tensor") == []
+    assert "no tensor name contains" in app.graph_panel.note.value
+
+
+def test_worst_path_is_drawn(app: DebuggerApp) -> None:
+    path = app.graph_panel.path
+    assert path[0] == "x"
+    worst = min(
+        (a for a in app.debugger.report.activations if a.cumulative_sqnr_db is not None),
+        key=lambda a: a.cumulative_sqnr_db or 0.0,
+    )
+    assert path[-1] == worst.tensor_name
+    trace = next(t for t in app.graph_box.children[0].data if t.name == "path")
+    assert trace.x and len(trace.x) >= 1
+
+
+def test_colour_by_mse_is_mse(app: DebuggerApp) -> None:
+    app.metric = "cumulative_sqnr_db"
+    cum = list(_nodes(app).marker.color)
+    app.metric = "mse"
+    mse = list(_nodes(app).marker.color)
+    assert mse != cum and all(isinstance(c, float) for c in mse)
+    assert "mse" in app.graph_box.children[0].layout.title.text
+    app.metric = "cumulative_sqnr_db"
+
+
+def test_heatmap_groups_and_inspector(app: DebuggerApp) -> None:
+    heat = app.heatmap_box.children[0]
+    assert heat.layout.xaxis.showticklabels is False  # 301 names would overlap
+    app.heatmap_groups.value = True
+    grouped = app.heatmap_box.children[0]
+    assert 10 <= len(grouped.layout.xaxis.ticktext) <= gv.MAX_GROUPS
+    app.heatmap_groups.value = False
+    # The inspector of a MatMul output: grid statistics, histogram, scatter and the weight per channel.
+    app.on_select("/model.5/fc1/MatMul_output_0")
+    panel = app.inspector_panel
+    assert "levels used" in panel.stats.value and "of 256" in panel.stats.value
+    assert "qd-histogram" in panel.histogram_box.children[0]._dom_classes
+    assert "qd-scatter" in panel.scatter_box.children[0]._dom_classes
+    figs = [c for c in panel.weights_box.children if "qd-channels" in getattr(c, "_dom_classes", ())]
+    assert len(figs) == 1 and len(figs[0].data[0].x) == 8  # fc1's weight [8, 8]: 8 channels
+    app.on_select("/model.5/act/Tanh_output_0")
+    assert "no quantized weight" in panel.weights_box.children[0].value

@@ -1,0 +1,160 @@
+"""``GraphPanel``: the model graph tab. View state only (expanded groups, the metric, the selected tensor);
+the grouping, layout and figure come from :mod:`qdebug.render.graphview`.
+
+A click on a group expands it; a click on a tensor calls ``on_select(name)`` with the tensor under the pointer
+(the node trace's own ``customdata``, never an index into another list); the search box selects the first
+tensor whose name contains the text and expands its group; "worst path" draws the way from the worst tensor
+back to the inputs.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ipywidgets as w
+
+from qdebug.render import graphview as gv
+
+
+class GraphPanel(w.VBox):  # type: ignore[misc]
+    """The graph view of one report's tensors; call :meth:`show` with a new report's rows to redraw."""
+
+    def __init__(self, on_select: Callable[[str], None], **kwargs: Any) -> None:
+        self.on_select = on_select
+        self.search_box = w.Text(placeholder="tensor name", description="find", continuous_update=False)
+        self.expand_all = w.Button(description="expand all", layout=w.Layout(width="auto"))
+        self.collapse_all = w.Button(description="collapse all", layout=w.Layout(width="auto"))
+        self.note = w.HTML("")
+        self.box = w.VBox(layout=w.Layout(width="100%"))  # a column stretches the figure to the full width
+        self.search_box.add_class("qd-graph-search")
+        self.expand_all.add_class("qd-graph-expand-all")
+        self.collapse_all.add_class("qd-graph-collapse-all")
+        self.note.add_class("qd-graph-note")
+        self.search_box.observe(lambda ch: self.find(str(ch["new"])), names="value")
+        self.expand_all.on_click(self.on_expand_all)
+        self.collapse_all.on_click(self.on_collapse_all)
+        super().__init__([w.HBox([self.search_box, self.expand_all, self.collapse_all]), self.note, self.box],
+                         **kwargs)  # fmt: skip
+        self.names: list[str] = []
+        self.edges: list[tuple[str, str]] = []
+        self.rows: Mapping[str, Mapping[str, Any]] = {}
+        self.grouping: gv.Grouping = gv.Grouping((), "none", {})
+        self.expanded: set[str] = set()
+        self.metric = "cumulative_sqnr_db"
+        self.selected = ""
+        self.view: gv.GraphView | None = None
+        self.figure: Any = None
+        self.path: list[str] = []
+
+    # ------------------------------------------------------------------ data
+    def show(self, rows: Sequence[Mapping[str, Any]], metric: str, selected: str = "") -> None:
+        """Draw the tensors of ``rows`` (``DebugReport.to_dataframe()`` records, topological order). The grouping
+        is kept while the tensors stay the same (a promotion), so expanded groups stay expanded."""
+        names = [str(r["tensor_name"]) for r in rows]
+        self.rows = {str(r["tensor_name"]): r for r in rows}
+        if names != self.names:
+            self.names = names
+            known = set(names)
+            self.edges = [(str(i), n) for n in names for i in (self.rows[n].get("inputs") or ()) if str(i) in known]
+            ops = {n: str(self.rows[n].get("producer_op", "")) for n in names}
+            self.grouping = gv.group_tensors(names, self.edges, ops)
+            self.expanded = set()
+            self.view = None
+        self.metric = metric
+        self.selected = selected
+        self.redraw()
+
+    def _values(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for n, r in self.rows.items():
+            v = r.get("cumulative_sqnr_db")
+            out[n] = None if v is None or isinstance(v, str) else float(v)
+        return out
+
+    # ------------------------------------------------------------------ drawing
+    def redraw(self) -> None:
+        """Rebuild the figure (layout only when the expanded set changed)."""
+        import plotly.graph_objects as go
+
+        if not self.names:
+            self.box.children = []
+            return
+        if self.view is None:
+            self.view = gv.graph_view(self.names, self.edges, self.grouping, self.expanded)
+        self.path = gv.worst_path(self.names, self.edges, self._values())
+        fig = gv.graph_view_figure(self.view, self.rows, self.metric, self.selected or None, self.path)
+        widget = go.FigureWidget(fig)
+        widget._dom_classes = ("qd-graph",)
+        nodes = next(t for t in widget.data if t.name == "nodes")
+        nodes.on_click(self.on_node_click)
+        self.figure = widget
+        self.box.children = [widget]
+        worst = self.path[-1] if self.path else None
+        self.note.value = (
+            f"<span>{len(self.names)} tensors in {len(self.grouping.groups)} groups ({self.grouping.method}); "
+            "click a square to expand it, a circle to inspect the tensor. "
+            + (
+                f"Orange: the path from the worst tensor <b>{html.escape(worst)}</b> back to the input."
+                if worst
+                else ""
+            )
+            + "</span>"
+        )
+
+    def _set_expanded(self, keys: set[str]) -> None:
+        self.expanded = keys
+        self.view = None
+        self.redraw()
+
+    def on_expand_all(self, b: Any = None) -> None:
+        """Draw every tensor (the full layered graph)."""
+        self._set_expanded({g.key for g in self.grouping.groups})
+
+    def on_collapse_all(self, b: Any = None) -> None:
+        """Back to one node per group."""
+        self._set_expanded(set())
+
+    def expand(self, key: str) -> None:
+        """Expand one group (a click on its square)."""
+        self._set_expanded(self.expanded | {key})
+
+    def select(self, tensor: str) -> None:
+        """Move the ring onto ``tensor`` (or its collapsed group) without rebuilding the figure."""
+        self.selected = tensor
+        if self.figure is None or self.view is None:
+            return
+        with self.figure.batch_update():
+            gv.ring_at(self.figure, self.view, tensor)
+
+    def find(self, query: str) -> list[str]:
+        """Select the first tensor whose name contains ``query``, expanding its group; returns the matches."""
+        hits = gv.find_tensors(self.names, query)
+        if not query.strip():
+            return hits
+        if not hits:
+            self.note.value = f"<span class='qd-graph-nohit'>no tensor name contains {html.escape(query)!s}</span>"
+            return hits
+        key = self.grouping.of.get(hits[0])
+        if key is not None and key not in self.expanded and len(self.grouping.group(key).members) > 1:
+            self.expanded = self.expanded | {key}
+            self.view = None
+        self.selected = hits[0]
+        self.redraw()
+        self.on_select(hits[0])
+        return hits
+
+    def on_node_click(self, trace: Any, points: Any, state: Any = None) -> None:
+        """A click on the node trace: expand a group, or select the tensor under the pointer."""
+        idx = list(getattr(points, "point_inds", []) or [])
+        if not idx or trace.customdata is None:
+            return
+        kind, node = trace.customdata[idx[0]]
+        if kind == gv.GROUP:
+            self.expand(str(node))
+        else:
+            self.on_select(str(node))
+
+
+__all__ = ["GraphPanel"]
