@@ -22,7 +22,6 @@ from qdebug.graph import GraphIndex
 from qdebug.mixed.candidates import CandidateKind, _attention_groups, _layernorm_groups, candidates
 from qdebug.mixed.overrides import OverridesFile
 from qdebug.mixed.remedies import (
-    QNN_16BIT_WEIGHTS_NOTE,
     RemedyKind,
     measure_remedies,
     method_ranges,
@@ -178,7 +177,7 @@ def test_remedies_are_measured_and_end_in_a_checked_overrides_file(tmp_path: Pat
         kinds = {r.kind for r in remedies}
         assert {RemedyKind.PER_CHANNEL_WEIGHTS, RemedyKind.WEIGHTS_16BIT, RemedyKind.CALIBRATION} <= kinds
         w16 = next(r for r in remedies if r.kind == RemedyKind.WEIGHTS_16BIT)
-        assert w16.note == QNN_16BIT_WEIGHTS_NOTE and "v73" in w16.note
+        assert "v73" in w16.note  # the QNN target's own note (Target.sixteen_bit_weights_note)
         results = measure_remedies(s, remedies)
         assert all(r.error is None and r.gain_db is not None for r in results)
         best = max(results, key=lambda r: r.gain_db or 0.0)

@@ -31,11 +31,9 @@ from typing import Any
 from qdebug.config import QuantConfig, make_overrides
 from qdebug.errors import ConfigError, QDebugError
 from qdebug.report import DebugReport, encode_number
+from qdebug.target_registry import lookup
 
 SCHEMA_VERSION = 1
-
-#: Weight overrides to 16 bits: the HTP runs 16-bit weights from this architecture on.
-QNN_16BIT_WEIGHTS_NOTE = "QNN: 16-bit weights need HTP v73 or newer (e.g. --soc SM8550); older SoCs reject them"
 
 
 class RemedyKind(StrEnum):
@@ -130,7 +128,7 @@ def propose_remedies(
     weights = _worst_weights(report, worst_weights)
     if weights:
         wtype = "int16" if base.weight_type.startswith("int") else "uint16"
-        note = QNN_16BIT_WEIGHTS_NOTE if base.target == "qnn" else ""
+        note = str(lookup(base.target).sixteen_bit_weights_note())
         try:
             cfg = _with_overrides(base, {w: [{"quant_type": wtype}] for w in weights})
             out.append(
@@ -223,7 +221,6 @@ def remedy_overrides(result: RemedyResult, session: Any) -> Any:
 
 
 __all__ = [
-    "QNN_16BIT_WEIGHTS_NOTE",
     "Remedy",
     "RemedyKind",
     "RemedyResult",

@@ -522,6 +522,10 @@ class TargetBase:
         """No hint by default."""
         return ""
 
+    def sixteen_bit_weights_note(self) -> str:
+        """What a user must know before 16-bit weights on this target (none by default)."""
+        return ""
+
     def option_problems(self, options: BuildOptions) -> list[str]:
         """No rules of its own by default."""
         return []

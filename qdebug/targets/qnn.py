@@ -1341,6 +1341,10 @@ class QnnTarget(TargetBase):
     options = frozenset({"soc", "fail_on_fallback", "skip_fixes", "probe_tensors", "bisect", "remedies"})
     fix_names = FIX_NAMES
 
+    def sixteen_bit_weights_note(self) -> str:
+        """The HTP generations that take 16-bit weights."""
+        return "QNN: 16-bit weights need HTP v73 or newer (e.g. --soc SM8550); older SoCs reject them"
+
     def available(self) -> Availability:
         """(usable here, why not) — never raises, never imports onnxruntime_qnn."""
         return Availability(*qnn_available())
