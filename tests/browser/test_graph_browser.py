@@ -16,7 +16,7 @@ import pytest
 from builders import scoped_residual_mlp
 
 import qdebug
-from browser.conftest import REPO, assert_no_page_errors, free_port, serve, server_env, start_voila
+from browser.conftest import REPO, assert_no_page_errors, checkout_env, free_port, serve, start_voila
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_graph_click_selects_the_clicked_tensor(
     qdebug.quantize(f, data, None, q)
     nb = debugger_notebook(tmp_path / "graph.ipynb", f, q, data, tmp_path / "work")
     port = free_port()
-    env = {**server_env(tmp_path), "PYTHONPATH": str(REPO)}
+    env = checkout_env(tmp_path)  # qdebug's Voila template (as `qdebug dashboard` serves it) and this checkout
     with serve(start_voila(nb, port), port, cwd=tmp_path, env=env):
         # Voila answers once the notebook ran (quantize-free debug of 301 tensors): a loaded CI machine is slow.
         page.goto(f"http://127.0.0.1:{port}/", wait_until="commit")
