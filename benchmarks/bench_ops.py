@@ -202,19 +202,6 @@ def render(rows: Sequence[dict[str, Any]], command: str) -> list[str]:
     return [*lines, "", END]
 
 
-def write_markdown(path: Path, section: list[str]) -> None:
-    """Replace the marked section of ``path`` (append it if absent), atomically."""
-    text = path.read_text() if path.exists() else ""
-    body = "\n".join(section)
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + body + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure every model, print the tables, optionally write them into a Markdown file."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -236,7 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = render(rows, "benchmarks/bench_ops.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     print("\n".join(section))
     if args.markdown:
-        write_markdown(args.markdown, section)
+        from bench_realmodels import replace_section
+
+        replace_section(args.markdown, "\n".join(section), BEGIN, END)
     return 0
 
 

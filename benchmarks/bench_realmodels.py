@@ -266,10 +266,15 @@ def write_markdown(path: Path, rows: list[str], command: str) -> None:
         f"onnxruntime {onnxruntime.__version__}; shared with other developers' test runs (compare ratios). "
         f"Load average at the end: {os.getloadavg()[0]:.1f}."
     )
-    section = "\n".join([BEGIN, "", f"Command: `{command}`", "", env, "", *rows, "", END])
+    replace_section(path, "\n".join([BEGIN, "", f"Command: `{command}`", "", env, "", *rows, "", END]), BEGIN, END)
+
+
+def replace_section(path: Path, section: str, begin: str, end: str) -> None:
+    """Put ``section`` (which starts with ``begin`` and ends with ``end``) in place of the text between those
+    markers in ``path``, or append it; atomically (benchmark scripts share this)."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     tmp = path.with_suffix(".tmp")
