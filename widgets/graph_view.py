@@ -47,6 +47,9 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         self.view: gv.GraphView | None = None
         self.figure: Any = None
         self.path: list[str] = []
+        # Layered drawings by expanded set: grandalf's Sugiyama is most of an "expand all" (1 s on 374 tensors),
+        # and the same few views (grouped, all expanded, one group open) come back again and again.
+        self._views: dict[frozenset[str], gv.GraphView] = {}
 
     # ------------------------------------------------------------------ data
     def show(self, rows: Sequence[Mapping[str, Any]], metric: str, selected: str = "") -> None:
@@ -62,6 +65,7 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             self.grouping = gv.group_tensors(names, self.edges, ops)
             self.expanded = set()
             self.view = None
+            self._views = {}
         self.metric = metric
         self.selected = selected
         self.redraw()
@@ -75,22 +79,23 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ drawing
     def redraw(self) -> None:
-        """Rebuild the figure (layout only when the expanded set changed)."""
-        import plotly.graph_objects as go
-
+        """Draw the current view: the live figure is updated in place (one message to the browser), a new
+        ``FigureWidget`` is made only the first time; the layout is computed once per expanded set."""
         if not self.names:
             self.box.children = []
+            self.figure = None
             return
         if self.view is None:
-            self.view = gv.graph_view(self.names, self.edges, self.grouping, self.expanded)
+            key = frozenset(self.expanded)
+            if key not in self._views:
+                self._views[key] = gv.graph_view(self.names, self.edges, self.grouping, self.expanded)
+            self.view = self._views[key]
         self.path = gv.worst_path(self.names, self.edges, self._values())
         fig = gv.graph_view_figure(self.view, self.rows, self.metric, self.selected or None, self.path)
-        widget = go.FigureWidget(fig)
-        widget._dom_classes = ("qd-graph",)
-        nodes = next(t for t in widget.data if t.name == "nodes")
-        nodes.on_click(self.on_node_click)
-        self.figure = widget
-        self.box.children = [widget]
+        if self.figure is None or self.figure not in self.box.children:
+            self._new_widget(fig)
+        else:
+            gv.update_figure(self.figure, fig)
         worst = self.path[-1] if self.path else None
         self.note.value = (
             f"<span>{len(self.names)} tensors in {len(self.grouping.groups)} groups ({self.grouping.method}); "
@@ -102,6 +107,16 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             )
             + "</span>"
         )
+
+    def _new_widget(self, fig: Any) -> None:
+        import plotly.graph_objects as go
+
+        widget = go.FigureWidget(fig)
+        widget._dom_classes = ("qd-graph",)
+        nodes = next(t for t in widget.data if t.name == "nodes")
+        nodes.on_click(self.on_node_click)
+        self.figure = widget
+        self.box.children = [widget]
 
     def _set_expanded(self, keys: set[str]) -> None:
         self.expanded = keys

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from qdebug._lazy import LazyModule
 from qdebug.render.bands import GREY, HIGHLIGHT, SQNR_COLORSCALE, SQNR_HIGH, SQNR_LOW, Z_MAX, Z_MIN, sqnr_color
 from qdebug.render.fmt import fmt_db_text
@@ -481,21 +483,21 @@ def graph_view_figure(
     if metric not in SQNR_METRICS + ERROR_METRICS:
         raise ValueError(f"graph_view_figure: unknown metric {metric!r} ({', '.join(SQNR_METRICS + ERROR_METRICS)})")
     pos = view.drawing.pos
-    ex: list[float | None] = []
-    ey: list[float | None] = []
+    # Coordinates go in as float arrays (NaN breaks a line): plotly validates arrays in one copy, lists element by
+    # element, which was a third of an "expand all" on a 374-tensor model.
+    pts: list[tuple[float, float]] = []
     for e in view.edges:
-        for x, y in view.drawing.routes.get(e) or [pos[e[0]], pos[e[1]]]:
-            ex.append(x)
-            ey.append(y)
-        ex.append(None)
-        ey.append(None)
+        pts += view.drawing.routes.get(e) or [pos[e[0]], pos[e[1]]]
+        pts.append((math.nan, math.nan))
+    exy = np.array(pts, dtype=float).reshape(-1, 2)
     texts = _node_texts(view, rows, metric)
     ranks = max(view.drawing.ranks.values(), default=0) + 1
     height = int(max(min(MAX_HEIGHT, 60 + 48 * ranks), 420, 40 + 10 * ranks))  # ≥ 10 px per layer
     # Markers never overlap the next layer: overlapping markers are how a click on one tensor selected its
     # neighbour (issue 15: 364 layers squeezed into 360 px). Zooming in spreads the layers, not the markers.
     cap = max(4.0, 0.8 * (height - 40) / ranks)
-    sizes = [min(cap, 12 if view.kind[n] == TENSOR else 14 + 3 * math.sqrt(len(view.members[n]))) for n in view.nodes]
+    sizes = np.array([min(cap, 12 if view.kind[n] == TENSOR else 14 + 3 * math.sqrt(len(view.members[n])))
+                      for n in view.nodes], dtype=float)  # fmt: skip
     symbols = ["circle" if view.kind[n] == TENSOR else "square" for n in view.nodes]
     show = len(view.nodes) <= label_limit
     marker: dict[str, Any] = {"size": sizes, "symbol": symbols, "line": {"width": 1, "color": "#495057"}}
@@ -514,12 +516,13 @@ def graph_view_figure(
                  "colorbar": {"title": {"text": f"log10 {metric}"}}}  # fmt: skip
     px, py = _path_lines(view, path)
     traces = [
-        go.Scatter(x=ex, y=ey, mode="lines", name="edges", hoverinfo="skip", showlegend=False,
+        go.Scatter(x=exy[:, 0], y=exy[:, 1], mode="lines", name="edges", hoverinfo="skip", showlegend=False,
                    line={"width": 1, "color": "#adb5bd"}),
         go.Scatter(x=px, y=py, mode="lines+markers" if len(px) == 1 else "lines", name="path", hoverinfo="skip",
                    showlegend=False, line={"width": 4, "color": "#e8590c"}, opacity=0.6),
         go.Scatter(
-            x=[pos[n][0] for n in view.nodes], y=[pos[n][1] for n in view.nodes], name="nodes",
+            x=np.array([pos[n][0] for n in view.nodes], dtype=float),
+            y=np.array([pos[n][1] for n in view.nodes], dtype=float), name="nodes",
             mode="markers+text" if show else "markers", text=texts.labels if show else None,
             textposition="middle right", textfont={"size": 10}, customdata=[[view.kind[n], n] for n in view.nodes],
             hovertext=texts.hover, hoverinfo="text", marker=marker, showlegend=False,
@@ -540,6 +543,20 @@ def graph_view_figure(
                "font": {"size": 13}},
     )  # fmt: skip
     return fig
+
+
+def update_figure(live: go.Figure, fig: go.Figure) -> None:
+    """Make ``live`` (a figure, typically a live ``FigureWidget``, made by :func:`graph_view_figure`) show ``fig``,
+    another figure of that function, in one batch: every trace property and the layout are replaced, and
+    properties ``fig`` no longer sets are cleared. A ``FigureWidget`` sends this as one plotly update to the
+    browser, which redraws the existing plot; a new widget per view cost seconds there (a new model, a new plot)."""
+    with live.batch_update():
+        for old, new in zip(live.data, fig.data, strict=True):
+            props = new.to_plotly_json()
+            props.pop("type", None)
+            gone = {k: None for k in old.to_plotly_json() if k not in props and k not in ("type", "uid")}
+            old.update({**gone, **props}, overwrite=True)
+        live.layout.update(fig.layout.to_plotly_json(), overwrite=True)
 
 
 def ring_at(fig: go.Figure, view: GraphView, tensor: str) -> str | None:
@@ -575,5 +592,6 @@ __all__ = [
     "ranks_respect_edges",
     "ring_at",
     "scope_path",
+    "update_figure",
     "worst_path",
 ]
