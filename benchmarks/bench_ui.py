@@ -277,33 +277,33 @@ def _free_port() -> int:
 
 
 @contextmanager
-def voila(notebook: Path, work: Path) -> Iterator[tuple[int, float]]:
-    """Serve a copy of ``notebook`` with Voila on 127.0.0.1 (free port); yields (port, seconds until listening).
+def voila(notebook: Path, work: Path, root: Path | None = None) -> Iterator[tuple[int, float]]:
+    """Serve a copy of ``notebook`` on 127.0.0.1 (free port) exactly as ``qdebug dashboard`` serves it
+    (:func:`qdebug.cli.dashboard.voila_command`: qdebug's template without CDN links, the upload websocket size,
+    kernel culling), this checkout's code first (``qdebug_widgets`` next to the notebook is this ``widgets/``);
+    yields (port, seconds until listening). ``root``: the dashboard's file root (default: the notebook's folder).
 
     Its own process group, its own Jupyter runtime/config dirs; stopped with SIGTERM (kernels shut down), SIGKILL
     after 15 s.
     """
+    from qdebug.cli.dashboard import voila_command, voila_env
+
     nbdir = work / "notebooks"
     nbdir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(notebook, nbdir / notebook.name)
+    link = nbdir / "qdebug_widgets"
+    if not link.exists():
+        link.symlink_to(ROOT / "widgets", target_is_directory=True)
     port = _free_port()
-    env = {
+    env = voila_env(root or nbdir, base={
         **os.environ,
         "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
         "JUPYTER_CONFIG_DIR": str(work / "config"),
         "JUPYTER_PLATFORM_DIRS": "1",
-        "QDEBUG_DASHBOARD_ROOT": str(nbdir),
         "QDEBUG_DASHBOARD_WORKDIR": str(work / "dashboard-work"),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    cmd = [
-        str(Path(sys.executable).parent / "voila"),
-        str(nbdir / notebook.name),
-        "--no-browser",
-        f"--port={port}",
-        "--Voila.ip=127.0.0.1",
-        "--Voila.port_retries=0",
-    ]
+    })  # fmt: skip
+    cmd = voila_command(nbdir / notebook.name, port)
     log = (work / "voila.log").open("wb")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=nbdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -450,10 +450,14 @@ def dead_channel_conv(seed: int = 0) -> onnx.ModelProto:
     return _model(nodes, [value_info("x", [1, 2, 8, 8])], [value_info("y", [1, 2, 8, 8])], inits)
 
 
-def scoped_residual_mlp(blocks: int = 60, width: int = 8, seed: int = 0) -> onnx.ModelProto:
+def scoped_residual_mlp(blocks: int = 60, width: int = 8, seed: int = 0, sigmoid_every: int = 0) -> onnx.ModelProto:
     """A float residual MLP named like a PyTorch export: block ``k`` is ``/model.k/fc1/MatMul`` → ``/fc1/Add``
     (bias) → ``/act/Tanh`` → ``/fc2/MatMul`` → ``/model.k/Add`` (residual), 5 tensors per block (60 blocks: 300
-    tensors + the input), input ``x`` [1, width]. For the graph view's grouping and the ≥ 300-tensor UI tests."""
+    tensors + the input), input ``x`` [1, width]. For the graph view's grouping and the ≥ 300-tensor UI tests.
+
+    Every block is the same (the graph view merges them into one ×N group) unless ``sigmoid_every`` is set: then
+    every ``sigmoid_every``-th block (k % sigmoid_every == sigmoid_every - 1) uses ``/act/Sigmoid``, which breaks the
+    runs (Sigmoid, unlike Relu, is not fused into the Add before it, so the report keeps every tensor)."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
     h = "x"
@@ -463,13 +467,14 @@ def scoped_residual_mlp(blocks: int = 60, width: int = 8, seed: int = 0) -> onnx
             w = (rng.standard_normal((width, width)) * 0.4).astype(np.float32)
             inits.append(numpy_helper.from_array(w, f"model.{k}.fc{j}.weight"))
         inits.append(numpy_helper.from_array((rng.standard_normal(width) * 0.05).astype(np.float32), f"model.{k}.b"))
-        t = {n: f"{p}/{n}_output_0" for n in ("fc1/MatMul", "fc1/Add", "act/Tanh", "fc2/MatMul", "Add")}
+        act = "Sigmoid" if sigmoid_every and k % sigmoid_every == sigmoid_every - 1 else "Tanh"
+        t = {n: f"{p}/{n}_output_0" for n in ("fc1/MatMul", "fc1/Add", f"act/{act}", "fc2/MatMul", "Add")}
         w1, w2, b = f"model.{k}.fc1.weight", f"model.{k}.fc2.weight", f"model.{k}.b"
         nodes += [
             helper.make_node("MatMul", [h, w1], [t["fc1/MatMul"]], name=f"{p}/fc1/MatMul"),
             helper.make_node("Add", [t["fc1/MatMul"], b], [t["fc1/Add"]], name=f"{p}/fc1/Add"),
-            helper.make_node("Tanh", [t["fc1/Add"]], [t["act/Tanh"]], name=f"{p}/act/Tanh"),
-            helper.make_node("MatMul", [t["act/Tanh"], w2], [t["fc2/MatMul"]], name=f"{p}/fc2/MatMul"),
+            helper.make_node(act, [t["fc1/Add"]], [t[f"act/{act}"]], name=f"{p}/act/{act}"),
+            helper.make_node("MatMul", [t[f"act/{act}"], w2], [t["fc2/MatMul"]], name=f"{p}/fc2/MatMul"),
             helper.make_node("Add", [t["fc2/MatMul"], h], [t["Add"]], name=f"{p}/Add"),
         ]
         h = f"{p}/Add_output_0"

@@ -26,7 +26,7 @@ class _Points:
 def big_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     d = tmp_path_factory.mktemp("scoped")
     f = d / "scoped.onnx"
-    onnx.save(scoped_residual_mlp(blocks=60), f)
+    onnx.save(scoped_residual_mlp(blocks=60, sigmoid_every=3), f)
     data = d / "calib.npz"
     np.savez(data, x=np.random.default_rng(0).uniform(-1, 1, (4, 1, 8)).astype(np.float32))
     q = d / "scoped.qdq.onnx"
@@ -120,5 +120,34 @@ def test_heatmap_groups_and_inspector(app: DebuggerApp) -> None:
     assert "qd-scatter" in panel.scatter_box.children[0]._dom_classes
     figs = [c for c in panel.weights_box.children if "qd-channels" in getattr(c, "_dom_classes", ())]
     assert len(figs) == 1 and len(figs[0].data[0].x) == 8  # fc1's weight [8, 8]: 8 channels
-    app.on_select("/model.5/act/Tanh_output_0")
+    app.on_select("/model.4/act/Tanh_output_0")
     assert "no quantized weight" in panel.weights_box.children[0].value
+
+
+def test_repeated_blocks_expand_and_find_in_the_panel() -> None:
+    """The panel on 30 identical residual blocks (rows as the report gives them; no debug needed): the blocks open
+    as one ×N group; find expands the group and the block that holds the tensor; expand all draws every tensor."""
+    from test_graphview import onnx_tensors
+
+    from widgets.graph_view import GraphPanel
+
+    names, edges, ops = onnx_tensors(scoped_residual_mlp(blocks=30))
+    rows = [{"tensor_name": n, "producer_op": ops[n], "inputs": tuple(a for a, b in edges if b == n), "elements": 8,
+             "cumulative_sqnr_db": 30.0 + i % 7} for i, n in enumerate(names)]  # fmt: skip
+    picked: list[str] = []
+    panel = GraphPanel(picked.append)
+    panel.show(rows, "cumulative_sqnr_db")
+    rep = next(g for g in panel.grouping.groups if g.parts)
+    assert (
+        len(rep.parts) >= 20 and rep.label.endswith(f"×{len(rep.parts)}") and "repeated blocks ×N" in panel.note.value
+    )
+
+    def ids() -> set[tuple[str, str]]:
+        return {tuple(c) for c in next(t for t in panel.figure.data if t.name == "nodes").customdata}
+
+    assert (gv.GROUP, rep.key) in ids()
+    assert panel.find("model.27/act") == ["/model.27/act/Tanh_output_0"] and picked == ["/model.27/act/Tanh_output_0"]
+    assert {rep.key, panel.grouping.part_of[picked[0]]} <= panel.expanded
+    assert (gv.TENSOR, picked[0]) in ids() and (gv.GROUP, rep.parts[0].key) in ids()
+    panel.on_expand_all()
+    assert {n for _, n in ids()} == set(names)

@@ -42,7 +42,7 @@ def unscoped(names: list[str], edges: list[tuple[str, str]], ops: dict[str, str]
 
 @pytest.fixture(scope="module")
 def model_graph() -> tuple[list[str], list[tuple[str, str]], dict[str, str]]:
-    return onnx_tensors(scoped_residual_mlp(blocks=60))
+    return onnx_tensors(scoped_residual_mlp(blocks=60, sigmoid_every=3))
 
 
 def test_scope_path() -> None:
@@ -104,6 +104,38 @@ def test_groups_on_a_cycle_are_merged() -> None:
     assert gv.ranks_respect_edges(view) == []
     merged = g.group(g.of["/a/z"])
     assert "/b/0" in merged.members and "merged" in merged.label
+
+
+def test_repeated_blocks_become_one_expandable_group() -> None:
+    # 12 residual blocks, every 6th with Sigmoid instead of Tanh: blocks 1–4 and 6–10 are runs of the same block.
+    names, edges, ops = onnx_tensors(scoped_residual_mlp(blocks=12, sigmoid_every=6))
+    g = gv.group_tensors(names, edges, ops, max_groups=16)
+    reps = {x.label: x for x in g.groups if x.parts}
+    assert set(reps) == {"model.1 … model.4 ×4", "model.6 … model.10 ×5"}
+    four = reps["model.1 … model.4 ×4"]
+    assert [p.label for p in four.parts] == ["model.1", "model.2", "model.3", "model.4"]
+    assert all(len(p.members) == 5 for p in four.parts)
+    assert {"model.5", "model.11"} <= {x.label for x in g.groups}  # the Sigmoid blocks differ: not merged
+    assert sorted(m for grp in g.groups for m in grp.members) == sorted(names)  # still a partition
+    # Collapsed: one node; expanded: its blocks; a block expanded: its tensors. Every drawing respects the edges.
+    third = four.parts[2]
+    v0 = gv.graph_view(names, edges, g, set())
+    v1 = gv.graph_view(names, edges, g, {four.key})
+    v2 = gv.graph_view(names, edges, g, {four.key, third.key})
+    assert four.key in v0.kind and v0.node_of(third.members[0]) == four.key
+    assert four.key not in v1.kind and all(v1.kind[p.key] == gv.GROUP for p in four.parts)
+    assert v1.node_of(third.members[0]) == third.key
+    assert all(v2.kind[m] == gv.TENSOR for m in third.members) and v2.node_of(third.members[0]) == third.members[0]
+    for v in (v0, v1, v2):
+        assert gv.ranks_respect_edges(v) == []
+    fig = gv.graph_view_figure(v0, _rows(names, ops))
+    i = [c[1] for c in fig.data[2].customdata].index(four.key)
+    assert "in 4 identical blocks" in fig.data[2].hovertext[i]
+    assert g.finest()[third.members[0]] == third.key and g.of[third.members[0]] == four.key
+    # Same ops but another size is another block (two Conv+SiLU stages of different widths are not repeats).
+    sizes = {n: 16 if n.startswith("/model.3/") else 8 for n in names}
+    labels = {x.label for x in gv.group_tensors(names, edges, ops, max_groups=16, sizes=sizes).groups}
+    assert {"model.1 … model.2 ×2", "model.3", "model.4"} <= labels
 
 
 def test_small_graphs_are_not_grouped() -> None:
@@ -205,7 +237,7 @@ def test_heatmap_scales_to_hundreds_of_tensors() -> None:
     assert small.layout.xaxis.ticktext[0] == "/model.0/t0"
     big = figures.layer_heatmap(_df(300))
     assert big.layout.xaxis.showticklabels is False and "hover" in big.layout.xaxis.title.text
-    assert big.data[0].xgap == 0 and big.layout.width == 1100  # wide: about 3 px per tensor
+    assert big.data[0].xgap == 0 and big.layout.width is None and big.layout.autosize  # the container's width
     assert "/model.59/t299" in big.data[0].text[1][299]  # the name is in the hover
     groups = {f"/model.{i // 5}/t{i}": f"model.{i // 50}" for i in range(300)}
     grouped = figures.layer_heatmap(_df(300), groups=groups)

@@ -18,11 +18,13 @@ import qdebug
 if TYPE_CHECKING:
     from .app import DebuggerApp
     from .dashboard import Dashboard
+    from .notebook import debugger_notebook
     from .report_panel import ReportPanel
     from .session import QuantDebugger
 
 #: Relative module names: the package is ``qdebug_widgets`` when installed and ``widgets`` in a source checkout.
-_LAZY = {"QuantDebugger": ".session", "DebuggerApp": ".app", "Dashboard": ".dashboard", "ReportPanel": ".report_panel"}
+_LAZY = {"QuantDebugger": ".session", "DebuggerApp": ".app", "Dashboard": ".dashboard", "ReportPanel": ".report_panel",
+         "debugger_notebook": ".notebook"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +35,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Dashboard", "DebuggerApp", "QuantDebugger", "ReportPanel", "qdebug"]
+__all__ = ["Dashboard", "DebuggerApp", "QuantDebugger", "ReportPanel", "debugger_notebook", "qdebug"]

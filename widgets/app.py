@@ -26,6 +26,7 @@ from qdebug.render.fmt import fmt_db_text, fmt_pct
 from qdebug.render.text import capture_line
 
 from .report_panel import ReportPanel
+from .resize import WindowResize
 from .status import StepClock, verdict
 
 if TYPE_CHECKING:
@@ -381,6 +382,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         )
         for i, title in enumerate(("Tensors", "Heatmap", "Samples", "Graph", "Search", "Before/after")):
             self.tabs.set_title(i, title)
+        # Figures drawn in a hidden tab have no width to fill: a window resize when a tab opens makes them fill it.
+        self.resizer = WindowResize()
+        self.tabs.observe(self.resizer.fire, names="selected_index")
+        self.inspector_panel.tabs.observe(self.resizer.fire, names="selected_index")
         inspect = w.VBox(
             [w.HTML("<b>Tensor inspector</b>"), self.tensor_picker, self.inspector_panel],
             layout=w.Layout(width="50%"),
@@ -404,13 +409,21 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             ],
             layout=w.Layout(width="50%"),
         )
-        return [w.HBox([self.progress, self.status_line]), self.capture_note, self.tabs, w.HBox([inspect, fix])]
+        return [w.HBox([self.progress, self.status_line]), self.capture_note, self.tabs, w.HBox([inspect, fix]),
+                self.resizer]  # fmt: skip
 
     # ------------------------------------------------------------------ progress and status
     def _on_progress(self, done: int, total: int, message: str) -> None:
         self.progress.max = max(total, 1)
         self.progress.value = min(done, self.progress.max)
         self.status = self.clock.text(done, total, message)
+
+    def show_tab(self, title: str) -> None:
+        """Open the tab titled ``title`` ("Tensors", "Heatmap", "Samples", "Graph", "Search", "Before/after")."""
+        titles = [self.tabs.get_title(i) for i in range(len(self.tabs.children))]
+        if title not in titles:
+            raise ValueError(f"no tab {title!r}; the tabs are {', '.join(titles)}")
+        self.tabs.selected_index = titles.index(title)
 
     def set_busy(self, busy: bool) -> None:
         """Disable (or enable again) every button that starts work: a second click while the kernel works would
@@ -502,7 +515,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def _render_heatmap(self) -> None:
         v = self.views()
         # The graph's groups (name scopes or blocks), so both views speak of the same regions.
-        groups = dict(self.graph_panel.grouping.of) if self.heatmap_groups.value else None
+        groups = self.graph_panel.grouping.finest() if self.heatmap_groups.value else None  # blocks of a ×N group
         heat = _figure("layer_heatmap", v.df, v.weights, "h", 40, v.owners, groups, css="qd-heatmap")
         self._on_click(heat, self.on_heatmap_click)
         self.heatmap_box.children = [heat]

@@ -62,7 +62,8 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             known = set(names)
             self.edges = [(str(i), n) for n in names for i in (self.rows[n].get("inputs") or ()) if str(i) in known]
             ops = {n: str(self.rows[n].get("producer_op", "")) for n in names}
-            self.grouping = gv.group_tensors(names, self.edges, ops)
+            sizes = {n: int(e) for n in names if isinstance(e := self.rows[n].get("elements"), int | float)}
+            self.grouping = gv.group_tensors(names, self.edges, ops, sizes=sizes)
             self.expanded = set()
             self.view = None
             self._views = {}
@@ -98,7 +99,9 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             gv.update_figure(self.figure, fig)
         worst = self.path[-1] if self.path else None
         self.note.value = (
-            f"<span>{len(self.names)} tensors in {len(self.grouping.groups)} groups ({self.grouping.method}); "
+            f"<span>{len(self.names)} tensors in {len(self.grouping.groups)} groups ({self.grouping.method}"
+            + (f", {reps} of repeated blocks ×N" if (reps := sum(1 for g in self.grouping.groups if g.parts)) else "")
+            + "); "
             "click a square to expand it, a circle to inspect the tensor. "
             + (
                 f"Orange: the path from the worst tensor <b>{html.escape(worst)}</b> back to the input."
@@ -125,7 +128,7 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
 
     def on_expand_all(self, b: Any = None) -> None:
         """Draw every tensor (the full layered graph)."""
-        self._set_expanded({g.key for g in self.grouping.groups})
+        self._set_expanded({k for g in self.grouping.groups for k in (g.key, *(p.key for p in g.parts))})
 
     def on_collapse_all(self, b: Any = None) -> None:
         """Back to one node per group."""
@@ -151,9 +154,10 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         if not hits:
             self.note.value = f"<span class='qd-graph-nohit'>no tensor name contains {html.escape(query)!s}</span>"
             return hits
-        key = self.grouping.of.get(hits[0])
-        if key is not None and key not in self.expanded and len(self.grouping.group(key).members) > 1:
-            self.expanded = self.expanded | {key}
+        keys = {k for k in (self.grouping.of.get(hits[0]), self.grouping.part_of.get(hits[0])) if k is not None}
+        keys = {k for k in keys if len(self.grouping.group(k).members) > 1}
+        if not keys <= self.expanded:
+            self.expanded = self.expanded | keys
             self.view = None
         self.selected = hits[0]
         self.redraw()

@@ -179,13 +179,6 @@ def _group_axis(
     return ticks, labels, bounds
 
 
-def _wide(columns: int) -> int | None:
-    """A figure width for a heatmap with ``columns`` tensors: ``None`` (the container's) up to 60 columns, then
-    about 3 px per column, at most 1600 px. Why fixed: a FigureWidget drawn in a tab that is not shown yet takes
-    plotly's 700 px default and is not resized when the tab opens."""
-    return None if columns <= MAX_TICK_LABELS else min(1600, max(900, 3 * columns + 200))
-
-
 def _tensor_axis(
     idx: list[int], names: list[str], max_label_chars: int, groups: Mapping[str, str] | None
 ) -> tuple[dict[str, Any], list[float]]:
@@ -271,8 +264,9 @@ def layer_heatmap(
     else:
         raise ValueError(f"layer_heatmap: orientation must be 'h' or 'v', got {orientation!r}")
     fig.update_layout(
+        # No width: the container's full width (a tab shown later gets it through a window resize, see
+        # widgets.resize); a fixed width left two thirds of a wide page empty.
         title="SQNR per tensor (topological order; drag to zoom, double click to reset)", autosize=True,
-        width=_wide(len(idx)),
         margin={"l": 10, "r": 10, "t": 40, "b": 10}, dragmode="zoom",
     )  # fmt: skip
     return fig
@@ -312,7 +306,6 @@ def samples_heatmap(per_sample_df: pd.DataFrame, max_label_chars: int = 40) -> g
     fig.update_layout(
         title="Per-sample cumulative SQNR",
         autosize=True,
-        width=_wide(len(cols)),
         xaxis=axis,
         yaxis={"title": "sample", "autorange": "reversed"},
         margin={"l": 10, "r": 10, "t": 40, "b": 10},

@@ -12,6 +12,8 @@ YOLO opens as its ``model.N`` blocks and a BERT as its ``layer.N`` blocks. Names
 ``p2o.Add.12``, ``swish_14.tmp_0``) fall back to the graph structure: the topological order is cut into
 contiguous blocks at the places where the fewest tensors cross (the residual block boundaries). Groups whose
 edges would form a cycle are merged, so the collapsed graph is a DAG and its layered drawing respects every edge.
+Then runs of consecutive groups that are the same block (same ops, sizes and wiring, each fed by the previous
+one: a transformer's layers, a stage's bottlenecks) become one ``×N`` group whose parts expand one by one.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ else:
 MAX_GROUPS = 40
 #: Graph figures get 48 px per layer up to this height (px), then 10 px per layer (and smaller markers).
 MAX_HEIGHT = 2400
+#: Blocks of fewer tensors are not merged into ×N groups.
+MIN_REPEAT = 4
 #: Node kinds in the figure's ``customdata``: ``[kind, id]``.
 GROUP, TENSOR = "group", "tensor"
 #: Metrics the view colours by; the SQNR ones use the anchored bands, the error ones a log scale.
@@ -72,11 +76,16 @@ def scope_path(name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Group:
-    """Tensors drawn as one box while collapsed. ``key`` is unique; ``members`` are in topological order."""
+    """Tensors drawn as one box while collapsed. ``key`` is unique; ``members`` are in topological order.
+
+    A group of ``N`` structurally identical consecutive blocks (transformer layers, repeated bottlenecks) has
+    those blocks as ``parts``: expanding it draws each part as a box of its own, expanding a part its tensors.
+    """
 
     key: str
     label: str
     members: tuple[str, ...]
+    parts: tuple[Group, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,13 +95,21 @@ class Grouping:
     groups: tuple[Group, ...]
     method: str
     of: Mapping[str, str] = field(default_factory=dict)  # tensor -> group key
+    part_of: Mapping[str, str] = field(default_factory=dict)  # tensor -> part key (tensors of a ×N group only)
 
     def group(self, key: str) -> Group:
-        """The group with that key (KeyError otherwise)."""
+        """The group or part with that key (KeyError otherwise)."""
         for g in self.groups:
             if g.key == key:
                 return g
+            for p in g.parts:
+                if p.key == key:
+                    return p
         raise KeyError(key)
+
+    def finest(self) -> dict[str, str]:
+        """``{tensor: key}`` of the smallest box holding each tensor (its part in a ×N group, else its group)."""
+        return {**self.of, **self.part_of}
 
 
 def _by_scope(names: Sequence[str], max_groups: int) -> dict[tuple[str, ...], list[str]] | None:
@@ -258,16 +275,70 @@ def _condense(groups: list[Group], of: dict[str, str], edges: Sequence[tuple[str
     return out
 
 
+def _signature(
+    g: Group, preds: Mapping[str, Sequence[str]], ops: Mapping[str, str], sizes: Mapping[str, int]
+) -> tuple[Any, ...]:
+    """What makes two blocks "the same": each member's op, its size (elements) and where its inputs come from (a
+    member of the block, by position, or outside it), in topological order. The size keeps two Conv+SiLU stages
+    of different widths apart: the same ops, not the same block."""
+    at = {m: i for i, m in enumerate(g.members)}
+    return tuple(
+        (ops.get(m, "?"), sizes.get(m), tuple(sorted(at.get(p, -1) for p in preds.get(m, ())))) for m in g.members
+    )
+
+
+def _repeat_label(run: Sequence[Group]) -> str:
+    first, last = run[0].label.split(" … ")[0], run[-1].label.split(" … ")[-1]
+    return f"{first} … {last} ×{len(run)}"
+
+
+def merge_repeats(
+    groups: Sequence[Group],
+    edges: Sequence[tuple[str, str]],
+    ops: Mapping[str, str],
+    sizes: Mapping[str, int] | None = None,
+) -> list[Group]:
+    """Runs of ≥ 2 consecutive groups (topological order) with the same signature (ops, sizes and internal
+    wiring), each fed by the one before it, become one ×N group whose ``parts`` are those groups (a transformer's
+    layers, a stage's repeated bottlenecks). Groups under :data:`MIN_REPEAT` tensors are left alone: two
+    Conv+SiLU stages of equal size are one op each, not a repeated block."""
+    sizes = sizes or {}
+    preds: dict[str, list[str]] = defaultdict(list)
+    for a, b in edges:
+        preds[b].append(a)
+    sigs = [_signature(g, preds, ops, sizes) if len(g.members) >= MIN_REPEAT else None for g in groups]
+    out: list[Group] = []
+    i = 0
+    while i < len(groups):
+        j = i + 1
+        while j < len(groups) and sigs[j] is not None and sigs[j] == sigs[i]:
+            prev = set(groups[j - 1].members)
+            if not any(p in prev for m in groups[j].members for p in preds.get(m, ())):
+                break  # identical but not chained (e.g. two parallel heads): not a repetition
+            j += 1
+        run = groups[i:j]
+        if len(run) >= 2:
+            members = tuple(m for g in run for m in g.members)
+            out.append(Group(" + ".join(g.key for g in run) + " ×", _repeat_label(run), members, tuple(run)))
+        else:
+            out.append(groups[i])
+        i = j
+    return out
+
+
 def group_tensors(
     names: Sequence[str],
     edges: Sequence[tuple[str, str]],
     ops: Mapping[str, str] | None = None,
     max_groups: int = MAX_GROUPS,
+    sizes: Mapping[str, int] | None = None,
 ) -> Grouping:
     """Partition ``names`` (topological order) into at most about ``max_groups`` groups (module docstring).
 
     ``edges`` are ``(input, tensor)`` pairs between names; ``ops`` names each tensor's producer op (for the
-    labels of structural blocks). Graphs no bigger than ``max_groups`` are not grouped (``method="none"``).
+    labels of structural blocks and for matching repeated blocks), ``sizes`` its element count (also for the
+    matching). Consecutive identical blocks become one ×N group (:func:`merge_repeats`). Graphs no bigger than
+    ``max_groups`` are not grouped (``method="none"``).
     """
     names = list(names)
     ops = ops or {}
@@ -297,7 +368,10 @@ def group_tensors(
     order = {n: i for i, n in enumerate(names)}
     groups.sort(key=lambda g: min(order[m] for m in g.members))
     groups = [Group(g.key, g.label, tuple(sorted(g.members, key=order.__getitem__))) for g in groups]
-    return Grouping(tuple(groups), method, {m: g.key for g in groups for m in g.members})
+    groups = merge_repeats(groups, edges, ops, sizes)
+    of = {m: g.key for g in groups for m in g.members}
+    part_of = {m: p.key for g in groups for p in g.parts for m in p.members}
+    return Grouping(tuple(groups), method, of, part_of)
 
 
 def worst_path(
@@ -355,9 +429,11 @@ class GraphView:
     grouping: Grouping
 
     def node_of(self, tensor: str) -> str:
-        """The visible node that shows ``tensor`` (itself, or its collapsed group)."""
-        g = self.grouping.of.get(tensor, tensor)
-        return tensor if tensor in self.kind and self.kind[tensor] == TENSOR else g
+        """The visible node that shows ``tensor`` (itself, its collapsed part of a ×N group, or its group)."""
+        if self.kind.get(tensor) == TENSOR:
+            return tensor
+        part = self.grouping.part_of.get(tensor)
+        return part if part is not None and part in self.kind else self.grouping.of.get(tensor, tensor)
 
 
 def graph_view(
@@ -368,14 +444,21 @@ def graph_view(
     kind: dict[str, str] = {}
     members: dict[str, tuple[str, ...]] = {}
     rep: dict[str, str] = {}
-    for g in grouping.groups:
-        if g.key in expanded or len(g.members) == 1:
+
+    def show(g: Group) -> None:
+        if g.key in expanded and g.parts:
+            for p in g.parts:
+                show(p)
+        elif g.key in expanded or len(g.members) == 1:
             for m in g.members:
                 kind[m], members[m], rep[m] = TENSOR, (m,), m
         else:
             kind[g.key], members[g.key] = GROUP, g.members
             for m in g.members:
                 rep[m] = g.key
+
+    for g in grouping.groups:
+        show(g)
     vis_edges = list(dict.fromkeys((rep[a], rep[b]) for a, b in edges if a in rep and b in rep and rep[a] != rep[b]))
     nodes = list(kind)
     return GraphView(nodes, kind, members, vis_edges, layered_drawing(nodes, vis_edges), grouping)
@@ -422,10 +505,12 @@ def _node_texts(view: GraphView, rows: Mapping[str, Mapping[str, Any]], metric: 
         worst = _worst([_metric_value(rows.get(m, {}), metric) for m in mem], metric)
         values.append(worst)
         if view.kind[node] == GROUP:
-            label = next(g.label for g in view.grouping.groups if g.key == node)
+            group = view.grouping.group(node)
+            label = group.label
             ops = Counter(str(rows.get(m, {}).get("producer_op", "?")) for m in mem).most_common(4)
+            repeat = f" in {len(group.parts)} identical blocks" if group.parts else ""
             hover.append(
-                f"<b>{label}</b><br>{len(mem)} tensors: "
+                f"<b>{label}</b><br>{len(mem)} tensors{repeat}: "
                 + ", ".join(f"{o}×{k}" for o, k in ops)
                 + f"<br>worst {metric}: {_fmt_metric(worst, metric)}<br><i>click to expand</i>"
             )
@@ -589,6 +674,7 @@ __all__ = [
     "graph_view",
     "graph_view_figure",
     "group_tensors",
+    "merge_repeats",
     "ranks_respect_edges",
     "ring_at",
     "scope_path",

@@ -5,7 +5,6 @@ neighbouring tensors; the name search selects and expands."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -17,29 +16,12 @@ from builders import scoped_residual_mlp
 
 import qdebug
 from browser.conftest import REPO, assert_no_page_errors, checkout_env, free_port, serve, start_voila
+from widgets.notebook import debugger_notebook
 
 pytestmark = pytest.mark.slow
 
 #: The graph figure's traces, in order: edges, path, nodes, scale, selected (qdebug.render.graphview).
 NODES = ".qd-graph .scatterlayer .trace:nth-of-type(3) .points path"
-
-
-def debugger_notebook(path: Path, float_model: Path, quant_model: Path, data: Path, workdir: Path) -> Path:
-    """A one-cell notebook showing ``DebuggerApp`` on the given pair, the Graph tab open."""
-    code = (
-        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-        "from widgets.app import DebuggerApp\nfrom widgets.session import QuantDebugger\n"
-        f"dbg = QuantDebugger({str(float_model)!r}, {str(quant_model)!r}, {str(data)!r}, workdir={str(workdir)!r})\n"
-        "app = DebuggerApp(dbg)\napp.tabs.selected_index = 3\napp"
-    )
-    nb = {
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": code}],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    path.write_text(json.dumps(nb), encoding="utf-8")
-    return path
 
 
 def _hover_name(page: Any, point: Any) -> str:
@@ -55,10 +37,10 @@ def test_graph_click_selects_the_clicked_tensor(
     from playwright.sync_api import expect
 
     f, q, data = tmp_path / "scoped.onnx", tmp_path / "scoped.qdq.onnx", tmp_path / "calib.npz"
-    onnx.save(scoped_residual_mlp(blocks=60), f)
+    onnx.save(scoped_residual_mlp(blocks=60, sigmoid_every=3), f)
     np.savez(data, x=np.random.default_rng(0).uniform(-1, 1, (4, 1, 8)).astype(np.float32))
     qdebug.quantize(f, data, None, q)
-    nb = debugger_notebook(tmp_path / "graph.ipynb", f, q, data, tmp_path / "work")
+    nb = debugger_notebook(tmp_path / "graph.ipynb", f, q, data, tmp_path / "work", tab="Graph", import_root=REPO)
     port = free_port()
     env = checkout_env(tmp_path)  # qdebug's Voila template (as `qdebug dashboard` serves it) and this checkout
     with serve(start_voila(nb, port), port, cwd=tmp_path, env=env):
