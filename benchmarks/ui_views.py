@@ -108,7 +108,7 @@ def drive_dashboard(page: Any, port: int, model: Path, data: Path) -> dict[str, 
     box = page.locator(".qd-dash-model-path input")
     box.fill(str(model))
     box.press("Enter")
-    page.locator(".qd-dash-data-choice select").select_option(value="server")
+    page.locator(".qd-dash-data-choice select").select_option(label="file on the server (.npz)")
     dbox = page.locator(".qd-dash-data input")
     dbox.fill(str(data))
     dbox.press("Enter")

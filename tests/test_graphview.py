@@ -190,20 +190,6 @@ def test_graph_view_figure(model_graph: tuple) -> None:
     assert len(fig.data[1].x) > 1  # the worst path is drawn
 
 
-def test_update_figure_in_place_equals_a_new_figure(model_graph: tuple) -> None:
-    """The live graph is updated in place (one batch) instead of replaced: the result is the new figure, with
-    the properties the new one leaves unset (labels of a view too big to label) cleared."""
-    names, edges, ops = model_graph
-    rows = _rows(names, ops)
-    g = gv.group_tensors(names, edges, ops)
-    small = gv.graph_view_figure(gv.graph_view(names, edges, g, set()), rows)
-    full = gv.graph_view_figure(gv.graph_view(names, edges, g, {x.key for x in g.groups}), rows, "mse", label_limit=5)
-    assert small.data[2].text is not None and full.data[2].text is None
-    gv.update_figure(small, full)
-    assert small.data[2].text is None
-    assert small.to_json() == full.to_json()
-
-
 def test_colour_by_error_metric_is_not_sqnr(model_graph: tuple) -> None:
     names, edges, ops = model_graph
     rows = _rows(names, ops)

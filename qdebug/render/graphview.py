@@ -630,20 +630,6 @@ def graph_view_figure(
     return fig
 
 
-def update_figure(live: go.Figure, fig: go.Figure) -> None:
-    """Make ``live`` (a figure, typically a live ``FigureWidget``, made by :func:`graph_view_figure`) show ``fig``,
-    another figure of that function, in one batch: every trace property and the layout are replaced, and
-    properties ``fig`` no longer sets are cleared. A ``FigureWidget`` sends this as one plotly update to the
-    browser, which redraws the existing plot; a new widget per view cost seconds there (a new model, a new plot)."""
-    with live.batch_update():
-        for old, new in zip(live.data, fig.data, strict=True):
-            props = new.to_plotly_json()
-            props.pop("type", None)
-            gone = {k: None for k in old.to_plotly_json() if k not in props and k not in ("type", "uid")}
-            old.update({**gone, **props}, overwrite=True)
-        live.layout.update(fig.layout.to_plotly_json(), overwrite=True)
-
-
 def ring_at(fig: go.Figure, view: GraphView, tensor: str) -> str | None:
     """Move the ``selected`` ring of ``fig`` onto the node showing ``tensor`` (its group when collapsed);
     returns that node (``None``: the tensor is not in the view, the ring is hidden)."""
@@ -678,6 +664,5 @@ __all__ = [
     "ranks_respect_edges",
     "ring_at",
     "scope_path",
-    "update_figure",
     "worst_path",
 ]
