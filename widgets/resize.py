@@ -23,7 +23,7 @@ export default {
 """
 
 
-class WindowResize(anywidget.AnyWidget):  # type: ignore[misc]
+class WindowResize(anywidget.AnyWidget):
     """Invisible; :meth:`fire` makes the page dispatch one window ``resize`` event."""
 
     _esm = _ESM
