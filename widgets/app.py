@@ -108,6 +108,9 @@ def _figure(name: str, *args: Any, css: str | None = None) -> w.Widget:
         import plotly.graph_objects as go
 
         widget = go.FigureWidget(_json_safe(fig))
+        # plotly.js then follows window resizes itself (the FigureWidget's own listener is never installed under
+        # anywidget), which is how a figure drawn in a hidden tab gets its width (widgets/resize.py)
+        widget._config = {**widget._config, "responsive": True}
     except Exception as exc:  # no anywidget: say so rather than show a static image nobody can click
         return _placeholder(name, f"plotly FigureWidget unavailable ({exc}); pip install 'qdebug[ui]'")
     if css:

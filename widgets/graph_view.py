@@ -117,6 +117,7 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
 
         widget = go.FigureWidget(fig)
         widget._dom_classes = ("qd-graph",)
+        widget._config = {**widget._config, "responsive": True}  # full width once shown (widgets/resize.py)
         nodes = next(t for t in widget.data if t.name == "nodes")
         nodes.on_click(self.on_node_click)
         self.figure = widget
