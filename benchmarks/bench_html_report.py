@@ -11,7 +11,8 @@ paint, ``window.qdReadyAt`` (plotly.js unpacked and compiled), ``window.qdDrawnA
 it into view right after load (**rendered**), and every figure drawn, each scrolled to in turn; ``window.qdTimes``
 has the parts. The same is measured on a **floor** page — plotly.js inline in a plain script tag and one empty
 plot, what any self-contained plotly page pays — and the report's time is given as a ratio to it, so a loaded
-machine shows in both.
+machine shows in both. ``--baseline OLD.html`` (a report written by qdebug before figures were drawn lazily, e.g.
+from a checkout of an earlier commit) is measured in the same interleaved rounds: the before/after ratio.
 
 Targets (issue 17): < 5 MB, renders in Chromium < 3 s, on the largest corpus model (vit-s-focus). This is a
 measurement, not a test: it never fails on timing.
@@ -126,6 +127,12 @@ def main() -> int:
     ap.add_argument("--stats-samples", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--output", "-o", help="keep the HTML here (default: a temp file, removed)")
+    ap.add_argument(
+        "--baseline",
+        metavar="HTML",
+        help="a report written by an earlier qdebug that draws every figure at load (sets data-qd-rendered and "
+        "qdDoneAt when done): measured in the same rounds, as its last figure drawn",
+    )
     a = ap.parse_args()
 
     from qdebug.diagnose import diagnose, diagnose_models
@@ -153,17 +160,22 @@ def main() -> int:
         path = tmp = Path(name)
     path.write_text(page, encoding="utf-8")
     size = path.stat().st_size
-    try:
-        rounds = browser_times(path, a.repeats)
-    finally:
-        if tmp is not None:
-            tmp.unlink()
     fd, name = tempfile.mkstemp(suffix=".html")
     os.close(fd)
-    try:
-        floor = browser_times(floor_page(Path(name)), a.repeats, floor=True)
+    floor_path = floor_page(Path(name))
+    rounds: list[dict[str, float]] = []
+    floor: list[dict[str, float]] = []
+    base: list[dict[str, float]] = []
+    try:  # interleaved, one round of each at a time: a load change on a shared machine hits all of them alike
+        for _ in range(a.repeats):
+            rounds += browser_times(path, 1)
+            floor += browser_times(floor_path, 1, floor=True)
+            if a.baseline:
+                base += browser_times(Path(a.baseline).resolve(), 1, floor=True)
     finally:
-        Path(name).unlink()
+        floor_path.unlink()
+        if tmp is not None:
+            tmp.unlink()
 
     def med(rs: list[dict[str, float]], k: str) -> float:
         return statistics.median(r[k] for r in rs) / (1 if k == "wall" else 1000)
@@ -188,6 +200,10 @@ def main() -> int:
         f"floor (plotly.js inline + one empty plot): {floor_s:.2f} s; rendered / floor: {first / floor_s:.2f} x, "
         f"every figure / floor: {med(rounds, 'all') / floor_s:.2f} x"
     )
+    if base:
+        b, every = med(base, "first"), med(rounds, "all")
+        print(f"baseline {a.baseline}: every figure drawn at load {b:.2f} s = {b / floor_s:.2f} x the floor; "
+              f"rendered now / then: {first / b:.2f} x, every figure now / then: {every / b:.2f} x")  # fmt: skip
     print(f"load average: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} cores")
     print(f"requests blocked (would have left the machine): {sum(int(r['blocked']) for r in rounds)}")
     return 0

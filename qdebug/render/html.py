@@ -211,6 +211,10 @@ def _outputs(report: DebugReport) -> str:
     )
 
 
+#: Diagnostics listed before a "… more" fold: ViT-S has 64, and the figures should not sit 5000 px down the page.
+DIAGNOSTICS_SHOWN = 15
+
+
 def _diagnostics(diagnostics: Diagnostics | None) -> str:
     if diagnostics is None:
         return ""
@@ -228,11 +232,16 @@ def _diagnostics(diagnostics: Diagnostics | None) -> str:
         if diagnostics.stats_samples
         else "no per-tensor statistics (outlier and saturation checks not run)"
     )
+    header = ["severity", "problem", "tensor", "evidence", "fix to try"]
+    shown, rest = rows[:DIAGNOSTICS_SHOWN], rows[DIAGNOSTICS_SHOWN:]
+    more = (
+        f"<details><summary>{len(rest)} more diagnostic(s)</summary>{_table(header, rest, 'diag')}</details>"
+        if rest
+        else ""
+    )
     return (
         '<section id="diagnostics"><h2>Diagnostics: why, and the fix to try</h2>'
-        f'<p class="help">Checks run: {_e(ran)}; {_e(stats)}.</p>'
-        + _table(["severity", "problem", "tensor", "evidence", "fix to try"], rows, "diag")
-        + "</section>"
+        f'<p class="help">Checks run: {_e(ran)}; {_e(stats)}.</p>' + _table(header, shown, "diag") + more + "</section>"
     )
 
 
@@ -476,11 +485,11 @@ def _label_worst(fig: Any, report: DebugReport, top: int) -> Any:
     at = {str(n): (x, y) for n, x, y in zip(nodes.customdata, nodes.x, nodes.y, strict=True)}
     worst = [a.tensor_name for k in (SqnrKind.LOCAL, SqnrKind.CUMULATIVE) for a in report.worst(k, max(3, top // 2))]
     names = [n for n in dict.fromkeys(worst) if n in at]
-    fig.add_scatter(
-        x=[at[n][0] for n in names], y=[at[n][1] for n in names], mode="text", name="worst",
-        text=[_short_name(n) for n in names], textposition="middle right", hoverinfo="skip", showlegend=False,
-        textfont={"size": 11, "color": "#c92a2a"},
-    )  # fmt: skip
+    for n in names:  # annotations, not a text trace: a white box keeps a name legible over edges and nodes
+        fig.add_annotation(
+            x=at[n][0], y=at[n][1], text=_e(_short_name(n)), showarrow=False, xanchor="left", xshift=9,
+            font={"size": 11, "color": "#c92a2a"}, bgcolor="rgba(255,255,255,0.85)", hovertext=_e(n),
+        )  # fmt: skip
     layers = len({round(float(y), 6) for y in nodes.y})
     fig.update_layout(height=int(min(1600, max(450, 60 + 22 * layers))))
     lo, hi = min(nodes.x), max(nodes.x)
@@ -633,7 +642,8 @@ th{background:#f1f3f5}td.db{text-align:right;white-space:nowrap;font-variant-num
 td.db.bad,td.db.unknown{color:#c92a2a;font-weight:600}td.db.marginal{color:#e67700}td.db.good{color:#2b8a3e}
 td.sev.error{color:#fff;background:#c92a2a}td.sev.warning{background:#ffe066}td.sev.info{background:#e7f5ff}
 code{font-size:.92em;word-break:break-all}pre{background:#f8f9fa;padding:.8em;overflow-x:auto;font-size:.85em}
-nav a{margin-right:1em}.fig{width:100%;min-height:420px}.caption{color:#495057;font-size:.92em}
+nav a{margin-right:1em}details summary{cursor:pointer;color:#1864ab;margin:.3em 0}
+.fig{width:100%;min-height:420px}.caption{color:#495057;font-size:.92em}
 """
 
 
