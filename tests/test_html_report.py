@@ -172,6 +172,7 @@ def test_build_html_has_the_target_section(run_cli: Callable[..., CliResult], ti
     text = page.read_text(encoding="utf-8")
     target = text[text.index('<section id="target"') :]
     assert "Target: cpu (int8)" in target and "CPU check OK" in target
+    assert "Compiled for " in target and "left on the CPU" in target  # the summary before the command's text
 
 
 def test_long_axes_keep_at_most_max_ticks() -> None:

@@ -372,29 +372,55 @@ def _text_of(fn: Any, *args: Any) -> str:
     return buf.getvalue()
 
 
+def _accuracy_table(acc: Any) -> str:
+    rows = [
+        [_td(o.output_name), _db_cell(o.cpu_vs_float_db), _db_cell(o.target_vs_float_db),
+         _db_cell(o.target_vs_cpu_db)]
+        for o in acc.outputs
+    ]  # fmt: skip
+    return (
+        f'<h3>Accuracy on the target ({_e(acc.device)})</h3><p class="help">Output SQNR: the quantized model '
+        "run on the CPU vs the float model, the compiled model on the target vs the float model, and target vs "
+        "CPU (what the compiler and the hardware add).</p>"
+        + _table(["output", "CPU-QDQ vs float", "target vs float", "target vs CPU-QDQ"], rows)
+    )
+
+
+def _compile_line(c: Any) -> str:
+    """The compile report in one sentence."""
+    if not c.ok:
+        return f"<b>Compile failed</b> for {_e(c.target)}: {_e(c.error or 'see the log below')}."
+    fb = ", ".join(f"{op} {n}" for op, n in sorted(c.fallback_by_op().items())) or "none"
+    return (
+        f"Compiled for {_e(c.device or c.target)}: {c.accelerator_nodes} node(s) on the accelerator in "
+        f"{c.accelerator_partitions} partition(s), <b>{c.cpu_nodes} left on the CPU</b> (fallback by op: {_e(fb)})."
+    )
+
+
 def _target(report: DebugReport, manifest: BuildManifest | None, out_dir: Any) -> str:
-    """The target section: the build's compile report, fallback, accuracy on the target and located divergence
-    (the CLI's own text, so both say the same), or a report's target accuracy alone."""
+    """The target section: the build's compile report, fallback, accuracy on the target and located divergence —
+    a summary and a table, then the CLI's own text (so both say the same) — or a report's target accuracy alone."""
     from qdebug.render.text import print_build, print_divergence
 
+    acc = report.target_accuracy or (manifest.target_accuracy if manifest is not None else None)
     if manifest is not None:
-        result = _BuildView(Path(str(out_dir or ".")), manifest)
-        text = _text_of(print_build, result)
+        text = _text_of(print_build, _BuildView(Path(str(out_dir or ".")), manifest))
         head = f"Target: {manifest.device} ({manifest.precision})"
-    elif report.target_accuracy is not None:
-        acc = report.target_accuracy
-        rows = [
-            [_td(o.output_name), _db_cell(o.cpu_vs_float_db), _db_cell(o.target_vs_float_db),
-             _db_cell(o.target_vs_cpu_db)]
-            for o in acc.outputs
-        ]  # fmt: skip
+        parts = [f"<p>{_compile_line(manifest.compile)}</p>"]
+    elif acc is not None:
         text = _text_of(print_divergence, acc) if acc.tensors else ""
         head = f"Target: {acc.target} on {acc.device}"
-        table = _table(["output", "CPU-QDQ vs float", "target vs float", "target vs CPU-QDQ"], rows)
-        return f'<section id="target"><h2>{_e(head)}</h2>{table}<pre>{_e(text)}</pre></section>'
+        parts = []
     else:
         return ""
-    return f'<section id="target"><h2>{_e(head)}</h2><pre>{_e(text)}</pre></section>'
+    if acc is not None and acc.outputs:
+        parts.append(_accuracy_table(acc))
+    if text.strip():
+        parts.append(
+            "<details open><summary>The full account (as the command line prints it): fixes, quantization, compile, "
+            f"where the target starts to diverge, remedies tried</summary><pre>{_e(text)}</pre></details>"
+        )
+    return f'<section id="target"><h2>{_e(head)}</h2>{"".join(parts)}</section>'
 
 
 @dataclass(frozen=True)
@@ -641,7 +667,8 @@ th,td{border:1px solid #dee2e6;padding:.25em .6em;text-align:left;vertical-align
 th{background:#f1f3f5}td.db{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 td.db.bad,td.db.unknown{color:#c92a2a;font-weight:600}td.db.marginal{color:#e67700}td.db.good{color:#2b8a3e}
 td.sev.error{color:#fff;background:#c92a2a}td.sev.warning{background:#ffe066}td.sev.info{background:#e7f5ff}
-code{font-size:.92em;word-break:break-all}pre{background:#f8f9fa;padding:.8em;overflow-x:auto;font-size:.85em}
+code{font-size:.92em;word-break:break-all}
+pre{background:#f8f9fa;padding:.8em;overflow-x:auto;font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}
 nav a{margin-right:1em}details summary{cursor:pointer;color:#1864ab;margin:.3em 0}
 .fig{width:100%;min-height:420px}.caption{color:#495057;font-size:.92em}
 """
