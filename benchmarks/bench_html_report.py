@@ -111,7 +111,8 @@ def browser_times(path: Path, repeats: int, floor: bool = False) -> list[dict[st
             )
             r["blocked"] = len(blocked)
             parts = page.evaluate("window.qdTimes")
-            print("  round:", ", ".join(f"{k} {v / 1000:.2f} s" for k, v in parts.items()), flush=True)
+            if parts:
+                print("  round:", ", ".join(f"{k} {v / 1000:.2f} s" for k, v in parts.items()), flush=True)
             out.append(r)
             ctx.close()
         browser.close()
