@@ -46,6 +46,8 @@ def _search_doc(a: str, b: str, c: str) -> dict[str, Any]:
         "evaluated": [_point(-1, [], 40.0, "all16"), _point(2, [c], 20.5, "prefix 1"), _point(3, [a], 23.0)],
         "sensitivity": {"base_output_sqnr_db": 20.0, "measured": measured},
         "remedies": [remedy],
+        "reached": False,
+        "stop_reason": "max_steps (3)",
     }
 
 
@@ -60,6 +62,7 @@ def test_gains_of_a_search_result_round_trip() -> None:
         (("c",), 0.5, False), (("a",), 3.0, False), (("a", "b"), 6.0, True)
     ]  # fmt: skip
     assert g.remedies[0].gain_db == 1.0 and g.remedies[0].recommended
+    assert g.reached is False and g.stop_reason == "max_steps (3)"
     assert MeasuredGains.from_dict(json.loads(json.dumps(g.to_dict()))) == g
     assert list(g.to_dataframe()["measured_gain_db"]) == [3.0, 0.25, 0.25]
     with pytest.raises(Exception, match="not a search result"):
@@ -85,6 +88,7 @@ def test_html_shows_predicted_and_measured_side_by_side() -> None:
     for heading in ("Promoted alone: predicted and measured", "Promotion sets measured", "Remedies measured"):
         assert heading in section
     assert "+6.00 dB" in section and "prefix 2 (chosen)" in section and "per-channel weights" in section
+    assert "Goal <b>not reached</b> (max_steps (3))" in section
     # The summary at the top names the first fix to try with both gains — unless the verdict is already good.
     verdict = page[page.index('<section id="verdict"') :].split("</section>")[0]
     assert "Verdict: good" in verdict and "First fix" not in verdict

@@ -82,6 +82,9 @@ class MeasuredGains:
     sets: tuple[SetGain, ...] = ()
     remedies: tuple[RemedyGain, ...] = ()
     source: str = "qdebug search"
+    #: whether the search met its goal, and why it stopped (``None``/"" when not from a search)
+    reached: bool | None = None
+    stop_reason: str = ""
 
     def per_tensor(self) -> dict[str, float]:
         """Tensor → measured gain (dB), for the tensors that have one."""
@@ -128,7 +131,9 @@ class MeasuredGains:
                        r.get("error"))
             for r in doc.get("remedies") or ()
         )  # fmt: skip
-        return cls(base_db, tuple(tensors.values()), sets, remedies)
+        reached = doc.get("reached")
+        return cls(base_db, tuple(tensors.values()), sets, remedies, "qdebug search",
+                   None if reached is None else bool(reached), str(doc.get("stop_reason") or ""))  # fmt: skip
 
     @classmethod
     def from_search(cls, result: Any, remedies: Sequence[Any] = ()) -> MeasuredGains:
@@ -142,6 +147,8 @@ class MeasuredGains:
         return {
             "schema_version": SCHEMA_VERSION,
             "source": self.source,
+            "reached": self.reached,
+            "stop_reason": self.stop_reason,
             "base_output_sqnr_db": encode_number(self.base_output_sqnr_db),
             "tensors": [
                 {"tensor": t.tensor, "candidate": t.candidate, "group_size": t.group_size,
@@ -177,6 +184,8 @@ class MeasuredGains:
             tuple(RemedyGain(r["kind"], r["description"], tuple(r["tensors"]), _num(r["output_sqnr_db"]),
                              _num(r["gain_db"]), bool(r["recommended"]), r.get("error")) for r in d["remedies"]),
             str(d.get("source", "qdebug search")),
+            d.get("reached"),
+            str(d.get("stop_reason", "")),
         )  # fmt: skip
 
     def to_dataframe(self) -> pd.DataFrame:

@@ -278,8 +278,11 @@ def _search_tables(gains: MeasuredGains, top: int) -> str:
     parts = [
         f'<h3>Measured by {_e(gains.source)}</h3><p class="help">Gains of the worst model output over the '
         f"search's own base ({_e(fmt_db_text(gains.base_output_sqnr_db))}; its quantization and debug samples, "
-        "which may differ from this report's).</p>"
-    ]
+        "which may differ from this report's)."
+        + ("" if gains.reached is None else f" Goal {'reached' if gains.reached else '<b>not reached</b>'}"
+           + (f" ({_e(gains.stop_reason)})" if gains.stop_reason else "") + ".")
+        + "</p>"
+    ]  # fmt: skip
     alone = [t for t in gains.tensors if t.measured_gain_db is not None]
     alone.sort(key=lambda t: -(t.measured_gain_db or 0.0))
     if alone:
