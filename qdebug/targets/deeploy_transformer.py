@@ -32,7 +32,14 @@ from qdebug.targets.deeploy_rq import _choose_requant, _requant_node, _rqs
 if TYPE_CHECKING:
     from qdebug.targets.deeploy_export import Activation, GraphState
 
-__all__ = ["TRANSFORMER_OPS", "evaluate_node", "gelu_chains", "integer_transformer_node", "zero_centre_operands"]
+__all__ = [
+    "TRANSFORMER_OPS",
+    "evaluate_node",
+    "gelu_chains",
+    "int8_operands",
+    "integer_transformer_node",
+    "zero_centre_operands",
+]
 
 #: Float ops this module gives an integer form (Erf/Mul/Div/Add only inside the patterns below).
 TRANSFORMER_OPS = frozenset(
@@ -259,11 +266,70 @@ def _act(state: GraphState, node: onnx.NodeProto, t: str) -> Activation:
     return a
 
 
+def int8_operands(
+    state: GraphState, node: onnx.NodeProto, ins: list[str], shapes: Any
+) -> tuple[list[onnx.NodeProto], list[str]]:
+    """PULPOpen's MatMul takes int8 × int8 only (``state.int8_matmul``): every uint8 activation operand of the
+    MatMul ``node`` (a shifted tensor: a non-negative input, a Softmax output) is first re-encoded to int8 by the
+    exact zero-point shift ``q = u − 128`` (``RequantShift(u, 2, −256, div 2)``); the tensor then has zero point
+    −128 in int8, which the MatMul folds (a weight's column sums, :func:`_integer_matmul_acts`'s ones block).
+    Returns the re-encoding nodes and the inputs to use."""
+    if not state.int8_matmul or node.op_type != "MatMul":
+        return [], ins
+    nodes: list[onnx.NodeProto] = []
+    new = list(ins)
+    for i, t in enumerate(ins[:2]):
+        act = state.acts.get(t)
+        if act is not None and not act.signed:
+            rq, new[i] = _reencode_int8(state, t)
+            shapes[new[i]] = shapes[node.input[i]]
+            nodes.append(rq)
+    return nodes, new
+
+
+def _reencode_int8(state: GraphState, t: str) -> tuple[onnx.NodeProto, str]:
+    """``q = u − 128``: the shifted uint8 tensor ``t`` as int8 with zero point −128 (exact: ``floor((2u − 256 +
+    1) / 2)``; div 2 rather than 1 because Deeploy's fused kernels add ``2^(shift−1)``)."""
+    act = state.acts[t]
+    dst = state.unique(f"{t}_int8")
+    state.acts[dst] = type(act)(act.scale, act.zero_point, 0)
+    return _requant_node(state, t, dst, np.array([2]), np.array(-256), 1, state.acts[dst], ()), dst
+
+
+def _ones_block_matmul(
+    state: GraphState, node: onnx.NodeProto, ins: list[str], acc: str, shapes: Any
+) -> list[onnx.NodeProto]:
+    """``Σ_k u_k·b_kj`` for an operand ``u = q + 128`` re-encoded to int8 ``q`` (PULPOpen): one MatMul over the
+    contraction extended by a constant block, ``[q | 64·1 | 64·1] × [b; b; b]`` = ``Σ q·b + 128·Σ b``, exact in
+    int8 × int8 (128 itself is no int8). Costs 3× the MACs of the plain MatMul; no Add of int32 tensors, which
+    PULPOpen's Add → RequantShift fusion (RequantizedAdd) would need in int8."""
+    a_shape = list(shapes[node.input[0]])
+    rank, n = len(a_shape), a_shape[-1]
+    ones, wide, bb, bbb = (state.unique(f"{acc}_{p}") for p in ("ones64", "a_wide", "b2", "b3"))
+    state.set_const(ones, np.full([*a_shape[:-1], 2 * n], 64, np.int8))
+    copies = [state.unique(f"{acc}_b_copy{i}") for i in (1, 2)]  # unique() sees only the graph so far
+    for t in (wide, *copies, bb, bbb):
+        state.acts[t] = state.acts[ins[0] if t == wide else ins[1]]
+    # b is copied by identity RequantShifts (add −1, not 0: Deeploy drops a "unity" one after a Transpose) so
+    # that every tensor here has one reader, once: Deeploy's TransposeSplitPass fails on Concat(t, t) of a
+    # Transpose, and its RQSSplitPass shares one constant between the copies of a RequantShift read twice.
+    dups = [_requant_node(state, ins[1], c, np.array([2]), np.array(-1), 1, state.acts[c], ()) for c in copies]
+    return [
+        helper.make_node("Concat", [ins[0], ones], [wide], name=state.unique(f"{node.name}_ones"), axis=rank - 1),
+        *dups,
+        helper.make_node("Concat", [ins[1], copies[0]], [bb], name=state.unique(f"{node.name}_b2"), axis=rank - 2),
+        helper.make_node("Concat", [copies[1], bb], [bbb], name=state.unique(f"{node.name}_b3"), axis=rank - 2),
+        helper.make_node("MatMul", [wide, bbb], [acc], name=node.name),
+    ]
+
+
 def _integer_matmul_acts(
     state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation, shapes: Any
 ) -> list[onnx.NodeProto]:
+    pre, ins = int8_operands(state, node, ins, shapes)
     a, b = (_act(state, node, t) for t in ins[:2])
-    for t, act in zip(ins, (a, b), strict=False):
+    shifted = state.int8_matmul and a.residual_zp == -128 and a.zero_point == -128 and not b.residual_zp
+    for t, act in [(ins[1], b)] if shifted else [(ins[0], a), (ins[1], b)]:
         if act.residual_zp:
             raise TargetError(
                 f"MatMul node {node.name!r}: operand {t!r} has zero point {act.zero_point}; Deeploy's MatMul of two "
@@ -271,10 +337,12 @@ def _integer_matmul_acts(
             )
     n = shapes[node.input[0]][-1]
     acc = state.unique(f"{out}_acc")
-    mm = helper.make_node("MatMul", ins[:2], [acc], name=node.name)
+    mm = [helper.make_node("MatMul", ins[:2], [acc], name=node.name)]
+    if shifted:
+        mm = _ones_block_matmul(state, node, ins, acc, shapes)
     rq = _uniform_requant(state, acc, out, a.scale * b.scale / out_act.scale, n * 255.0 * 128, 0, out_act,
                           shapes[node.output[0]])  # fmt: skip
-    return [mm, rq]
+    return [*pre, *mm, rq]
 
 
 def _const_real(state: GraphState, t: str) -> np.ndarray | None:
@@ -393,6 +461,10 @@ def _layernorm_as_rmsnorm(
     if d > 128:
         raise TargetError(f"LayerNormalization node {node.name!r}: the centring matrix needs D ≤ 128 (got {d})")
     x = _act(state, node, x_name)
+    pre: list[onnx.NodeProto] = []
+    if state.int8_matmul and not x.signed:  # the centring MatMul cancels the zero point −128 of q = u − 128
+        rq8, x_name = _reencode_int8(state, x_name)
+        pre, x = [rq8], state.acts[x_name]
     centre, acc, xc, normed = (state.unique(f"{out}_{p}") for p in ("centre", "centred_acc", "centred", "normed"))
     state.set_const(centre, (d * np.eye(d) - 1).astype(np.int8))
     xc_act = type(x)(x.scale, 0, 0)
@@ -409,6 +481,7 @@ def _layernorm_as_rmsnorm(
     add = helper.make_node("Add", [normed, bias_name], [out], name=state.unique(f"{node.name}_beta"))
     shapes = {**shapes, add.output[0]: shape}
     return [
+        *pre,
         helper.make_node("MatMul", [x_name, centre], [acc], name=state.unique(f"{node.name}_centre")),
         rq,
         rms,
