@@ -74,14 +74,24 @@ def family_model(family: str, seed: int = 0) -> onnx.ModelProto:
             helper.make_node("Concat", ["r", "r"], ["y"], name="cat", axis=1),
         ]
         out_shape = [1, 2 * D]
+    elif family == "pv":  # non-negative x → q·kᵀ → Softmax → p·v: uint8 operands of three MatMuls
+        inits = [_w(rng, "w1", (D, T)), _w(rng, "w2", (D, D))]
+        body = [
+            helper.make_node("Softmax", ["h"], ["p"], name="softmax", axis=-1),
+            helper.make_node("MatMul", ["x", "w2"], ["v"], name="v_proj"),
+            helper.make_node("MatMul", ["p", "v"], ["y"], name="pv"),
+        ]
     else:
         raise ValueError(family)
     return _model([mm, *body], [value_info("x", [1, T, D])], [value_info("y", out_shape)], inits)
 
 
-def _export(family: str, tmp_path: Path, **kw: str) -> tuple[de.ExportResult, onnx.ModelProto, list[str]]:
+def _export(
+    family: str, tmp_path: Path, low: float = -1.0, **kw: str
+) -> tuple[de.ExportResult, onnx.ModelProto, list[str]]:
     rng = np.random.default_rng(1)
-    data = {"x": rng.uniform(-1, 1, (64, 1, T, D)).astype(np.float32)}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = {"x": rng.uniform(low, 1, (64, 1, T, D)).astype(np.float32)}
     float_path = tmp_path / f"{family}.onnx"
     onnx.save(family_model(family), str(float_path))
     qdq = onnx.load(str(quantize(float_path, data, DEEPLOY, tmp_path / f"{family}.qdq.onnx").model_path))
@@ -181,3 +191,26 @@ def test_erf_outside_gelu_is_refused_naming_the_node(tmp_path: Path) -> None:
     qdq = quantize(model, data, DEEPLOY, tmp_path / "e.qdq.onnx").model_path
     with pytest.raises(TargetError, match="Erf node 'gelu_erf'"):
         de.export(qdq, tmp_path / "out", data=data, verbose=False)
+
+
+def test_siracusa_form_reencodes_uint8_matmul_operands_exactly(deeploy: Path, tmp_path: Path) -> None:  # noqa: F811
+    """PULPOpen's MatMul is int8 × int8: the non-negative input and the Softmax output (uint8) are re-encoded to
+    int8 (q = u − 128) and the zero point folded (weight column sums; a ones block for p·v). Exact: the Siracusa
+    network computes the Generic network's integers on every sample, and its code generates."""
+    generic, gen_net, _ = _export("pv", tmp_path / "g", low=0.0)
+    res, net, _ = _export("pv", tmp_path / "s", low=0.0, platform="Siracusa")
+    elem = {v.name: v.type.tensor_type.elem_type for v in (*net.graph.value_info, *net.graph.input)}
+    inits = {i.name for i in net.graph.initializer}
+    mm_ins = [t for n in net.graph.node if n.op_type == "MatMul" for t in n.input]
+    assert len(mm_ins) == 6 and all(t in inits or elem[t] == onnx.TensorProto.INT8 for t in mm_ins), mm_ins
+    assert net.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8  # same inputs.npz as Generic
+    assert "Concat" in {n.op_type for n in net.graph.node}  # the ones block of p·v
+    rng = np.random.default_rng(5)
+    for _ in range(8):
+        x = {"x": rng.integers(0, 256, (1, T, D)).astype(np.int64)}
+        np.testing.assert_array_equal(de.evaluate_integer(net, x)["y"], de.evaluate_integer(gen_net, x)["y"])
+    assert (res.equal_fraction, res.max_lsb_diff) == (generic.equal_fraction, generic.max_lsb_diff)
+    gen = denv.generate(tmp_path / "s" / "out", tmp_path / "siracusa", "Siracusa")
+    assert gen.ok and gen.integer_only is True, gen.error
+    with pytest.raises(TargetError, match="platform must be one of"):
+        de.export(family_model("pv"), tmp_path / "x", platform="Snitch")

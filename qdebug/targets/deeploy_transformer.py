@@ -283,17 +283,20 @@ def int8_operands(
         if act is not None and not act.signed:
             rq, new[i] = _reencode_int8(state, t)
             shapes[new[i]] = shapes[node.input[i]]
-            nodes.append(rq)
+            nodes += rq
     return nodes, new
 
 
-def _reencode_int8(state: GraphState, t: str) -> tuple[onnx.NodeProto, str]:
+def _reencode_int8(state: GraphState, t: str) -> tuple[list[onnx.NodeProto], str]:
     """``q = u − 128``: the shifted uint8 tensor ``t`` as int8 with zero point −128 (exact: ``floor((2u − 256 +
-    1) / 2)``; div 2 rather than 1 because Deeploy's fused kernels add ``2^(shift−1)``)."""
+    1) / 2)``; div 2 rather than 1 because Deeploy's fused kernels add ``2^(shift−1)``). Once per tensor: a
+    second reader reuses it (no node)."""
     act = state.acts[t]
-    dst = state.unique(f"{t}_int8")
+    dst = state.unique(f"{t}_int8")  # the graph is rebuilt at the end of the pass: a re-encoding made for an
+    if dst in state.acts:  # earlier reader is not in it yet, but its encoding is known
+        return [], dst
     state.acts[dst] = type(act)(act.scale, act.zero_point, 0)
-    return _requant_node(state, t, dst, np.array([2]), np.array(-256), 1, state.acts[dst], ()), dst
+    return [_requant_node(state, t, dst, np.array([2]), np.array(-256), 1, state.acts[dst], ())], dst
 
 
 def _ones_block_matmul(
@@ -463,8 +466,8 @@ def _layernorm_as_rmsnorm(
     x = _act(state, node, x_name)
     pre: list[onnx.NodeProto] = []
     if state.int8_matmul and not x.signed:  # the centring MatMul cancels the zero point −128 of q = u − 128
-        rq8, x_name = _reencode_int8(state, x_name)
-        pre, x = [rq8], state.acts[x_name]
+        pre, x_name = _reencode_int8(state, x_name)
+        x = state.acts[x_name]
     centre, acc, xc, normed = (state.unique(f"{out}_{p}") for p in ("centre", "centred_acc", "centred", "normed"))
     state.set_const(centre, (d * np.eye(d) - 1).astype(np.int8))
     xc_act = type(x)(x.scale, 0, 0)
