@@ -238,11 +238,17 @@ def check_supported(state: GraphState) -> int:
             f"{what}{'; '.join(wide.values())}; Deeploy export supports int8 "
             "activations/weights and int32 biases only (drop these 16-bit promotions for target 'deeploy')"
         )
+    in_gelu = {m for _, members, _ in dt.gelu_chains(ix, consts).values() for m in members}
     for node in ix.nodes:
         if is_q(node) or is_dq(node):
             continue
         if node.op_type == "Constant":
             continue
+        if node.op_type in dt.GELU_ONLY_OPS and node.name not in in_gelu:
+            raise TargetError(
+                f"{_label(node)} cannot be exported to Deeploy: {node.op_type} has an integer form only inside a "
+                "GELU (PyTorch's Erf or tanh form)"
+            )
         if node.op_type not in SUPPORTED_OPS or node.domain not in ("", "ai.onnx"):
             why = _WHY_UNSUPPORTED.get(node.op_type, "has no integer form in this export")
             raise TargetError(
@@ -446,15 +452,16 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
     new_nodes: list[onnx.NodeProto] = []
     n = 0
     gelus = dt.gelu_chains(ix, {**consts, **state.constants})
-    inside = {m for _, members in gelus.values() for m in members}
+    inside = {m for _, members, _ in gelus.values() for m in members}
     for node in ix.nodes:
         if is_q(node) or is_dq(node) or node.op_type in ("Relu", "Clip") or node.op_type == "Constant":
             continue
         ins = [alias.get(t, t) for t in node.input]
-        if node.name in gelus:  # the whole GELU chain becomes one node, from the Div's input to the last Mul's Q
-            q_node, _ = _output_q(gelus[node.name][0], ix)
+        if node.name in gelus:  # the whole GELU chain becomes one node, from x to the last Mul's Q
+            last, _, x = gelus[node.name]
+            q_node, _ = _output_q(last, ix)
             out_act = state.acts[q_node.output[0]]
-            new_nodes.extend(dt.integer_gelu_chain(state, node, ins[0], q_node.output[0], out_act))
+            new_nodes.extend(dt.integer_gelu_chain(state, node, alias.get(x, x), q_node.output[0], out_act))
             n += 1
             continue
         if node.name in inside:

@@ -43,8 +43,10 @@ __all__ = [
 
 #: Float ops this module gives an integer form (Erf/Mul/Div/Add only inside the patterns below).
 TRANSFORMER_OPS = frozenset(
-    {"LayerNormalization", "Softmax", "Erf", "Gelu", "Mul", "Div", "Transpose", "Concat", "ReduceMean"}
+    {"LayerNormalization", "Softmax", "Erf", "Tanh", "Pow", "Gelu", "Mul", "Div", "Transpose", "Concat", "ReduceMean"}
 )
+#: Ops exported only as members of a GELU chain (:func:`gelu_chains`).
+GELU_ONLY_OPS = frozenset({"Erf", "Tanh", "Pow"})
 #: Shape-only ops whose Q repeats the input's quantization.
 SHAPE_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 _INT32 = 2**31
@@ -104,9 +106,14 @@ def _needs_zero_centre(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict
             srcs = [act_source(t) for t in node.input[:2]]
             if all(srcs):
                 want.update({s: want.get(s, 0.0) for s in srcs if s})
-        elif node.op_type in ("Erf", "Gelu"):
-            head = node if node.op_type == "Gelu" else _gelu_head(ix, node, consts)
-            src = act_source(head.input[0]) if head is not None else None
+        elif node.op_type in ("Erf", "Gelu", "Tanh"):
+            chain = (
+                None
+                if node.op_type == "Gelu"
+                else (_erf_gelu if node.op_type == "Erf" else _tanh_gelu)(ix, node, consts)
+            )
+            x = node.input[0] if node.op_type == "Gelu" else chain[2] if chain is not None else None
+            src = act_source(x) if x is not None else None
             if src:
                 want[src] = GELU_MIN_SCALE
     return want
@@ -203,29 +210,110 @@ def _gelu_head(ix: GraphIndex, erf: onnx.NodeProto, consts: Mapping[str, np.ndar
     return div if c is not None and abs(c - math.sqrt(2)) < 2e-2 else None
 
 
-def gelu_chains(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, tuple[onnx.NodeProto, set[str]]]:
-    """PyTorch's exact GELU, ``Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)`` with Q/DQ between the ops: head Div
-    name → (the last Mul, names of every node of the chain)."""
-    out: dict[str, tuple[onnx.NodeProto, set[str]]] = {}
+def gelu_chains(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, tuple[onnx.NodeProto, set[str], str]]:
+    """PyTorch's GELU written out as ops with Q/DQ between them: the exact form ``Mul(Mul(x, Add(Erf(Div(x, √2)),
+    1)), 0.5)`` and the tanh form (:func:`_tanh_gelu`). Head (the chain's first node in graph order) name → (the
+    last Mul, names of every node of the chain, the DQ output that feeds x)."""
+    out: dict[str, tuple[onnx.NodeProto, set[str], str]] = {}
+    order = {n.name: i for i, n in enumerate(ix.nodes)}
     for erf in ix.nodes:
-        if erf.op_type != "Erf":
-            continue
-        div = _gelu_head(ix, erf, consts)
-        add = _after_qdq(ix, erf)
-        mul = _after_qdq(ix, add) if add is not None and add.op_type == "Add" else None
-        half = _after_qdq(ix, mul) if mul is not None and mul.op_type == "Mul" else None
-        if div is None or add is None or mul is None or half is None or half.op_type != "Mul":
-            continue
-        one = [_const_value(ix, t, consts) for t in add.input]
-        x_src = {ix.producer[t].input[0] for t in (div.input[0],) if t in ix.producer}
-        mul_srcs = {ix.producer[t].input[0] for t in mul.input if t in ix.producer and is_dq(ix.producer[t])}
-        c_half = [_const_value(ix, t, consts) for t in half.input]
-        if not any(v is not None and abs(v - 1) < 2e-2 for v in one) or not x_src & mul_srcs:
-            continue
-        if not any(v is not None and abs(v - 0.5) < 1e-2 for v in c_half):
-            continue
-        out[div.name] = (half, {div.name, erf.name, add.name, mul.name, half.name})
+        found = _erf_gelu(ix, erf, consts) if erf.op_type == "Erf" else None
+        if erf.op_type == "Tanh":
+            found = _tanh_gelu(ix, erf, consts)
+        if found is not None:
+            half, members, x = found
+            out[min(members, key=order.__getitem__)] = (half, members, x)
     return out
+
+
+def _near(v: float | None, want: float, rel: float = 2e-2) -> bool:
+    return v is not None and abs(v - want) <= rel * abs(want)
+
+
+def _has_const(ix: GraphIndex, node: onnx.NodeProto, consts: Mapping[str, np.ndarray], want: float) -> str | None:
+    """The other input of a two-input ``node`` one of whose inputs is the constant ``want``, else None."""
+    vals = [_const_value(ix, t, consts) for t in node.input]
+    hit = [i for i, v in enumerate(vals) if _near(v, want)]
+    return str(node.input[1 - hit[0]]) if len(node.input) == 2 and hit else None
+
+
+def _tail(ix: GraphIndex, head: onnx.NodeProto, consts: Mapping[str, np.ndarray], x_src: str) -> list | None:
+    """The shared end of both GELU forms after Erf/Tanh: ``Mul(Mul(x, Add(·, 1)), 0.5)`` (through Q/DQ)."""
+    add = _after_qdq(ix, head)
+    mul = _after_qdq(ix, add) if add is not None and add.op_type == "Add" else None
+    half = _after_qdq(ix, mul) if mul is not None and mul.op_type == "Mul" else None
+    if add is None or mul is None or half is None or half.op_type != "Mul" or _has_const(ix, add, consts, 1.0) is None:
+        return None
+    if x_src not in {_dq_source(ix, t) for t in mul.input} or _has_const(ix, half, consts, 0.5) is None:
+        return None
+    return [add, mul, half]
+
+
+def _dq_source(ix: GraphIndex, t: str) -> str | None:
+    """The quantized tensor (a Q output) behind the DQ output ``t``."""
+    dq = ix.producer.get(t)
+    return str(dq.input[0]) if dq is not None and is_dq(dq) else None
+
+
+def _op_before(ix: GraphIndex, t: str) -> onnx.NodeProto | None:
+    """The op whose output reaches ``t`` through one Q → DQ pair."""
+    src = _dq_source(ix, t)
+    q = ix.producer.get(src) if src is not None else None
+    return ix.producer.get(q.input[0]) if q is not None and is_q(q) else None
+
+
+def _erf_gelu(
+    ix: GraphIndex, erf: onnx.NodeProto, consts: Mapping[str, np.ndarray]
+) -> tuple[onnx.NodeProto, set[str], str] | None:
+    div = _gelu_head(ix, erf, consts)
+    x_src = _dq_source(ix, div.input[0]) if div is not None else None
+    tail = _tail(ix, erf, consts, x_src) if div is not None and x_src is not None else None
+    if div is None or tail is None:
+        return None
+    return tail[-1], {div.name, erf.name, *(n.name for n in tail)}, str(div.input[0])
+
+
+def _cube_of(
+    ix: GraphIndex, node: onnx.NodeProto | None, consts: Mapping[str, np.ndarray]
+) -> tuple[str, set[str]] | None:
+    """``x³`` as ``Pow(x, 3)``, ``Mul(x, Mul(x, x))`` or ``Mul(Mul(x, x), x)`` (Q/DQ between): (x's quantized
+    source, the nodes)."""
+    if node is None:
+        return None
+    if node.op_type == "Pow" and _near(_const_value(ix, node.input[1], consts), 3.0, 1e-6):
+        src = _dq_source(ix, node.input[0])
+        return (src, {node.name}) if src else None
+    if node.op_type != "Mul" or len(node.input) != 2:
+        return None
+    for i in (0, 1):
+        sq = _op_before(ix, node.input[1 - i])
+        src = _dq_source(ix, node.input[i])
+        if sq is not None and sq.op_type == "Mul" and src and {_dq_source(ix, t) for t in sq.input} == {src}:
+            return src, {node.name, sq.name}
+    return None
+
+
+def _tanh_gelu(
+    ix: GraphIndex, tanh: onnx.NodeProto, consts: Mapping[str, np.ndarray]
+) -> tuple[onnx.NodeProto, set[str], str] | None:
+    """``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` as PyTorch's ``gelu(approximate="tanh")`` exports it
+    (any operand order, ``Pow(x, 3)`` or two Muls for the cube), Q/DQ between the ops."""
+    beta = _op_before(ix, tanh.input[0])
+    inner = _has_const(ix, beta, consts, math.sqrt(2 / math.pi)) if beta is not None and beta.op_type == "Mul" else None
+    add = _op_before(ix, inner) if inner is not None else None
+    if add is None or add.op_type != "Add" or len(add.input) != 2:
+        return None
+    for i in (0, 1):
+        x_src, kmul = _dq_source(ix, add.input[i]), _op_before(ix, add.input[1 - i])
+        cubed = _has_const(ix, kmul, consts, 0.044715) if kmul is not None and kmul.op_type == "Mul" else None
+        cube = _cube_of(ix, _op_before(ix, cubed), consts) if cubed is not None else None
+        if x_src is None or cube is None or cube[0] != x_src:
+            continue
+        tail = _tail(ix, tanh, consts, x_src)
+        if tail is not None:
+            members = {beta.name, add.name, kmul.name, tanh.name, *cube[1], *(n.name for n in tail)}  # type: ignore[union-attr]
+            return tail[-1], members, str(add.input[i])
+    return None
 
 
 # --------------------------------------------------------------------------- export handlers
@@ -628,8 +716,8 @@ def integer_transformer_node(
         return handlers[op](state, node, ins, out, out_act, shapes)
     if op == "Gelu":
         return _integer_gelu(state, node, ins[0], out, out_act)
-    if op == "Erf":
-        raise TargetError(f"Erf node {node.name!r}: an Erf outside PyTorch's GELU pattern has no integer form")
+    if op in ("Erf", "Tanh", "Pow"):
+        raise TargetError(f"{op} node {node.name!r}: an {op} outside PyTorch's GELU patterns has no integer form")
     return None
 
 
