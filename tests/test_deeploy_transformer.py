@@ -56,11 +56,16 @@ def family_model(family: str, seed: int = 0) -> onnx.ModelProto:
             helper.make_node("Mul", ["h", "e1"], ["m"], name="gelu_mul"),
             helper.make_node("Mul", ["m", "half"], ["y"], name="gelu_half"),
         ]
-    elif family == "gelu_tanh":  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) as PyTorch exports approximate="tanh"
+    elif family in ("gelu_tanh", "gelu_tanh_pow"):  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): PyTorch's
+        # approximate="tanh" (x·(x·x)), or with Pow(x, 3) as other exporters write the cube
         inits += [_c("kappa", 0.044715), _c("beta", math.sqrt(2 / math.pi)), _c("one", 1.0), _c("half", 0.5)]
-        body = [
+        inits += [_c("three", 3.0)] if family == "gelu_tanh_pow" else []
+        cube = [
             helper.make_node("Mul", ["h", "h"], ["h2"], name="g_sq"),
             helper.make_node("Mul", ["h", "h2"], ["h3"], name="g_cube"),
+        ]
+        body = [
+            *(cube if family == "gelu_tanh" else [helper.make_node("Pow", ["h", "three"], ["h3"], name="g_pow")]),
             helper.make_node("Mul", ["kappa", "h3"], ["kh3"], name="g_kappa"),
             helper.make_node("Add", ["h", "kh3"], ["inner0"], name="g_add"),
             helper.make_node("Mul", ["beta", "inner0"], ["inner"], name="g_beta"),
@@ -123,6 +128,7 @@ FAMILIES = {
     "softmax": ("iSoftmax", 0.3, 4),
     "gelu": ("RequantizediGELU", 0.3, 4),
     "gelu_tanh": ("RequantizediGELU", 0.3, 4),  # the same I-BERT erf kernel: Deeploy has no integer tanh GELU
+    "gelu_tanh_pow": ("RequantizediGELU", 0.3, 4),
 }
 
 
@@ -138,7 +144,12 @@ def test_family_exports_and_generates_integer_code(
     assert op in ops, ops
     assert ops <= {"MatMul", "RequantShift", "Reshape", "Transpose", "Add", "Concat", op}, ops
     assert res.equal_fraction >= least_equal and res.max_lsb_diff <= most_lsb, (res.equal_fraction, res.max_lsb_diff)
-    if family in ("attention", "gelu", "gelu_tanh"):  # their MatMul/GELU operands were requantized to zero point 0
+    if family in (
+        "attention",
+        "gelu",
+        "gelu_tanh",
+        "gelu_tanh_pow",
+    ):  # their MatMul/GELU operands were requantized to zero point 0
         assert changed, changed
     gen = denv.generate(tmp_path / "out", tmp_path / "generic", "Generic")
     assert gen.ok and gen.integer_only is True, gen.error
