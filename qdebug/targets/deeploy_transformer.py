@@ -237,7 +237,9 @@ def _has_const(ix: GraphIndex, node: onnx.NodeProto, consts: Mapping[str, np.nda
     return str(node.input[1 - hit[0]]) if len(node.input) == 2 and hit else None
 
 
-def _tail(ix: GraphIndex, head: onnx.NodeProto, consts: Mapping[str, np.ndarray], x_src: str) -> list | None:
+def _tail(
+    ix: GraphIndex, head: onnx.NodeProto, consts: Mapping[str, np.ndarray], x_src: str
+) -> list[onnx.NodeProto] | None:
     """The shared end of both GELU forms after Erf/Tanh: ``Mul(Mul(x, Add(·, 1)), 0.5)`` (through Q/DQ)."""
     add = _after_qdq(ix, head)
     mul = _after_qdq(ix, add) if add is not None and add.op_type == "Add" else None
@@ -310,8 +312,8 @@ def _tanh_gelu(
         if x_src is None or cube is None or cube[0] != x_src:
             continue
         tail = _tail(ix, tanh, consts, x_src)
-        if tail is not None:
-            members = {beta.name, add.name, kmul.name, tanh.name, *cube[1], *(n.name for n in tail)}  # type: ignore[union-attr]
+        if tail is not None and beta is not None and kmul is not None:  # (both are, once cube was found)
+            members = {beta.name, add.name, kmul.name, tanh.name, *cube[1], *(n.name for n in tail)}
             return tail[-1], members, str(add.input[i])
     return None
 
