@@ -647,7 +647,8 @@ def _flat_requant(
     tile = size // ch
     mul_t = np.tile(np.broadcast_to(np.asarray(mul).reshape(-1), (ch,)), tile)
     add_t = np.tile(np.broadcast_to(np.asarray(add).reshape(-1), (ch,)), tile)
-    rq = _requant_node(state, flat_in, flat_out, mul_t, add_t, k, out_act, (1, size))
+    # (size,), not (1, size): Deeploy's RequantShift layer would broadcast a [1, N] constant to [1, N, N]
+    rq = _requant_node(state, flat_in, flat_out, mul_t, add_t, k, out_act, (size,))
     state.acts[flat_out] = out_act
     state.requant_errors[rq.name] = float(np.max(np.abs(mul / 2.0**k - m) / m))
     return [
