@@ -695,6 +695,8 @@ def _run(job: _Job, staging: Path) -> tuple[BuildManifest, DebugReport | None]:
     compiled = _diagnose(job, cjob, compiled, acc, quant)
     top1 = _top1(job, cjob, compiled)
     files = _files(cjob, compiled, quant, staging)
+    if job.region is not None and job.eval_data is not None:  # the region's evaluation inputs (+ labels)
+        files["region_eval_data"] = job.eval_data.name
     if report is not None:
         files["report"] = "report.json"
         final = job.out.resolve()  # the report names the models where they will be, not in the staging folder

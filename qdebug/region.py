@@ -85,7 +85,9 @@ def _run_to(model: onnx.ModelProto, tensors: Sequence[str], what: str) -> Any:
     return make_session(m, ["CPUExecutionProvider"], what=what)
 
 
-def probe(model: onnx.ModelProto, sample: Mapping[str, np.ndarray], tensors: Sequence[str], what: str) -> dict:
+def probe(
+    model: onnx.ModelProto, sample: Mapping[str, np.ndarray], tensors: Sequence[str], what: str
+) -> dict[str, np.ndarray]:
     """The values of ``tensors`` (graph inputs or intermediate tensors) on one sample of ``model``'s inputs."""
     graph_inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     computed = [t for t in tensors if t not in graph_inputs]

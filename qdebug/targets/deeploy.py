@@ -195,9 +195,23 @@ def _codegen(
     from qdebug.targets import deeploy_env
 
     dest = out / plat.lower()
-    network, rewritten, platform_export = _platform_network(out, plat, qdq_model, data)
-    res = deeploy_env.generate(network, dest, plat, inputs_npz=out / "inputs.npz")
     rel = f"{out.name}/{plat.lower()}"
+    try:
+        network, rewritten, platform_export = _platform_network(out, plat, qdq_model, data)
+    except TargetError as exc:  # the platform's own form cannot take an op (e.g. iRMSNorm's LayerNorm, D > 128)
+        failed: dict[str, Any] = {
+            **dict.fromkeys(("network", "platform_export", "integer_only")),
+            "generic_add_terms_rewritten": 0,
+            "ok": False,
+            "dir": rel,
+            "files": [],
+            "float_buffers": [],
+            "error": str(exc),
+            "seconds": 0.0,
+            "io": [],
+        }
+        return failed, f"the {plat} network cannot be exported: {exc}", dest
+    res = deeploy_env.generate(network, dest, plat, inputs_npz=out / "inputs.npz")
     entry: dict[str, Any] = {
         "network": f"{out.name}/{network.name}",
         "generic_add_terms_rewritten": rewritten,
