@@ -428,7 +428,7 @@ class DeeployTarget(TargetBase):
             "deeploy_outputs": "deeploy/outputs.npz",
         }
         for plat, entry in dbuild.info["codegen"].items():
-            if entry.get("network", "deeploy/network.onnx") != "deeploy/network.onnx":
+            if entry.get("network") not in (None, "deeploy/network.onnx"):
                 files[f"deeploy_{plat.lower()}_network"] = entry["network"]
             for f in entry["files"]:
                 files[f"{plat.lower()}_{Path(f).stem.lower()}_{Path(f).suffix.lstrip('.')}"] = f
