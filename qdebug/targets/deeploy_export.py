@@ -707,7 +707,7 @@ def _integer_add(
     known = shapes or {}
     for i, (t0, a, mul) in enumerate(zip(ins, acts, muls, strict=True)):
         assert a is not None
-        t = _broadcast(state, t0, known.get(node.input[i]), known.get(node.output[0]), nodes)
+        t = _broadcast(state, t0, known.get(node.input[i]), known.get(node.output[0]), nodes, f"{t0}_to_{out}")
         dst = state.unique(f"{t}_to_{out}_grid")
         mn, an = state.unique(f"{dst}_mul"), state.unique(f"{dst}_add")
         state.set_const(mn, np.array(mul, np.int32))
@@ -723,7 +723,12 @@ def _integer_add(
 
 
 def _broadcast(
-    state: GraphState, t: str, shape: list[int] | None, want: list[int] | None, nodes: list[onnx.NodeProto]
+    state: GraphState,
+    t: str,
+    shape: list[int] | None,
+    want: list[int] | None,
+    nodes: list[onnx.NodeProto],
+    tag: str,
 ) -> str:
     """``t`` expanded to the Add's output shape by Concats of itself (exact), when ONNX broadcasting would do it:
     Deeploy 0.2.1's Generic Add (and Mul) make both operands the same shape, so a broadcast operand (MiniLM's
@@ -736,37 +741,38 @@ def _broadcast(
     for axis in range(len(want)):
         if cur_shape[axis] == want[axis]:
             continue
-        cur = _repeat(state, cur, cur_shape, axis, int(want[axis]), act, nodes)
+        cur = _repeat(state, cur, (tag, axis), int(want[axis]), act, nodes)
         cur_shape[axis] = int(want[axis])
     return cur
 
 
 def _repeat(
-    state: GraphState, t: str, shape: list[int], axis: int, n: int, act: Activation, nodes: list[onnx.NodeProto]
+    state: GraphState, t: str, where: tuple[str, int], n: int, act: Activation, nodes: list[onnx.NodeProto]
 ) -> str:
     """``t`` (size 1 on ``axis``) repeated ``n`` times along it: doubling, plus one more copy for an odd count.
 
     Every Concat reads two identity-RequantShift copies (floor((2x − 1 + 1) / 2) = x; add −1: Deeploy drops a
     "unity" RequantShift): Deeploy's Generic Concat declares ``char* <input>_tf`` in the function's scope, so a
     Concat reading another Concat's output redeclares it, and a Concat reading one tensor twice fails its
-    TransposeSplitPass."""
+    TransposeSplitPass. ``where``: (a name unique to this Add operand, the axis)."""
+    tag, axis = where
 
     def copy(src: str) -> str:
         # unique() sees only the graph so far, not these new nodes: the node count keeps the names apart
-        name = state.unique(f"{t}_bcopy{axis}_{len(nodes)}")
+        name = state.unique(f"{tag}_bcopy{axis}_{len(nodes)}")
         state.acts[name] = act
         nodes.append(_requant_node(state, src, name, np.array([2]), np.array(-1), 1, act, ()))
         return name
 
     def cat(a: str, b: str) -> str:
-        name = state.unique(f"{t}_bcast{axis}_{len(nodes)}")
+        name = state.unique(f"{tag}_bcast{axis}_{len(nodes)}")
         state.acts[name] = act
         nodes.append(_node("Concat", [a, b], [name], state.unique(f"{name}_Concat"), axis=axis))
         return name
 
     if n == 1:
         return t
-    half = _repeat(state, t, shape, axis, n // 2, act, nodes)
+    half = _repeat(state, t, where, n // 2, act, nodes)
     cur = cat(copy(half), copy(half))
     return cat(copy(cur), copy(t)) if n % 2 else cur
 
