@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.errors import ConfigError, ModelError
+from qdebug.errors import ConfigError, DataError, ModelError
 
 __all__ = ["Region", "check_region", "extract_region", "parse_tensor_list", "probe", "region_data"]
 
@@ -85,16 +85,28 @@ def _run_to(model: onnx.ModelProto, tensors: Sequence[str], what: str) -> Any:
     return make_session(m, ["CPUExecutionProvider"], what=what)
 
 
+def _values(
+    sess: Any, computed: Sequence[str], feed: Mapping[str, np.ndarray], what: str, i: int
+) -> dict[str, np.ndarray]:
+    """``computed`` on one sample; ONNX Runtime's failure is a one-line :class:`DataError` naming the sample."""
+    from qdebug.capture.session import ort_errors, ort_message
+
+    try:
+        return dict(zip(computed, sess.run(list(computed), dict(feed)), strict=True))
+    except ort_errors() as exc:
+        raise DataError(f"{what}: computing the region's inputs failed on sample {i}: {ort_message(exc)}") from exc
+
+
 def probe(
     model: onnx.ModelProto, sample: Mapping[str, np.ndarray], tensors: Sequence[str], what: str
 ) -> dict[str, np.ndarray]:
     """The values of ``tensors`` (graph inputs or intermediate tensors) on one sample of ``model``'s inputs."""
     graph_inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     computed = [t for t in tensors if t not in graph_inputs]
-    values = {}
+    values: dict[str, np.ndarray] = {}
     if computed:
         sess = _run_to(model, computed, what)
-        values = dict(zip(computed, sess.run(computed, {k: sample[k] for k in graph_inputs}), strict=True))
+        values = _values(sess, computed, {k: sample[k] for k in graph_inputs}, what, 0)
     return {t: np.asarray(values[t] if t in values else sample[t]) for t in tensors}
 
 
@@ -106,8 +118,8 @@ def region_data(
     computed = [t for t in region.inputs if t not in feeds]
     sess = _run_to(model, computed, what) if computed else None
     rows: dict[str, list[np.ndarray]] = {t: [] for t in region.inputs}
-    for sample in samples:
-        values = dict(zip(computed, sess.run(computed, {k: sample[k] for k in feeds}), strict=True)) if sess else {}
+    for i, sample in enumerate(samples):
+        values = _values(sess, computed, {k: sample[k] for k in feeds}, what, i) if sess else {}
         for t in region.inputs:
             rows[t].append(np.asarray(values[t] if t in values else sample[t]))
     return {t: np.stack(v) for t, v in rows.items()}
