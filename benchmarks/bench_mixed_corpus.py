@@ -67,9 +67,14 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         debug(s.float_path, base.quantization.model_path, s.debug_data, s.debug_options)
         debug_s = time.perf_counter() - t0
         goal = SearchGoal(
-            near_all16_db=args.near, strategy="measured", measure_top=args.measure_top, max_steps=args.max_steps
+            near_all16_db=args.near,
+            strategy=args.strategy,
+            measure_top=args.measure_top,
+            max_steps=args.max_steps,
+            rank=args.rank,
         )
         r = s.search(goal)
+        at_budget = best_at_budget(s, r, args.budget)
     wall = time.perf_counter() - t_all
     final = r.final
     sens = r.sensitivity
@@ -92,9 +97,55 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
             (m.candidate.name, str(m.candidate.kind), m.predicted_gain_db, m.measured_gain_db)
             for m in (sens.measured if sens is not None else ())
         ],
+        "at_budget": at_budget,
+        "strategy": args.strategy,
+        "carriers": _carriers(sens),
         "estimate_error_db": None if sens is None else sens.estimate_error_db(),
         "rank_agreement": None if sens is None else sens.rank_agreement(),
     }
+
+
+def best_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None:
+    """The best point the search's measured ranking offers at most ``budget`` of the activation elements in 16 bits:
+    the measured point of the result if one is within the budget and better, else the longest prefix of the ranking
+    whose candidates' elements fit, measured here (one evaluation; not counted in the search's evaluations)."""
+    from qdebug.mixed.evaluation import sixteen_bit_cost
+
+    sens = r.sensitivity
+    inside = [p for p in (*r.steps, *r.evaluated) if p.cost_fraction_16bit <= budget and p.output_sqnr_db is not None]
+    best = max(inside, key=lambda p: p.output_sqnr_db, default=None)
+    row: dict[str, Any] = {"budget": budget, "search_best_db": None if best is None else best.output_sqnr_db,
+                           "search_best_cost": None if best is None else best.cost_fraction_16bit}  # fmt: skip
+    if sens is None or not sens.measured:
+        return row
+    share = {m.candidate.name: m.cost_fraction_16bit for m in sens.measured}
+    order = sens.ranking("efficiency")
+    n, used = 0, 0.0
+    for c in order:
+        if c.name not in share or used + share[c.name] > budget:
+            break
+        used += share[c.name]
+        n += 1
+    if n == 0:
+        return row
+    tensors = tuple(dict.fromkeys(t for c in order[:n] for t in c.tensors))
+    ev = session.evaluate(session.promote(tensors), name="at_budget")
+    row.update(prefix=n, prefix_db=ev.output_sqnr_db, prefix_cost=sixteen_bit_cost(ev.report)[0])
+    return row
+
+
+def _carriers(sens: Any, k: int = 12) -> list[tuple[str, str, int, float, float | None, float]]:
+    """The ``k`` candidates that carry the most measured noise: (name, kind, tensors, element share, gain dB,
+    share of the measured noise)."""
+    if sens is None:
+        return []
+    total = sum(sens.noise_moved(m) for m in sens.measured) or 1.0
+    top = sorted(sens.measured, key=lambda m: -sens.noise_moved(m))[:k]
+    return [
+        (m.candidate.name, str(m.candidate.kind), len(m.candidate.tensors), m.cost_fraction_16bit,
+         m.measured_gain_db, sens.noise_moved(m) / total)
+        for m in top
+    ]  # fmt: skip
 
 
 def run_remedies(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -207,7 +258,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weight-type", default="int8", help="int8 (the gauntlet's U8S8, default) or uint8 (qdebug's default)"
     )
-    parser.add_argument("--measure-top", type=int, default=6, help="candidates measured one at a time")
+    parser.add_argument(
+        "--measure-top", type=int, default=None, help="candidates measured one at a time (default: 8 / all)"
+    )
+    parser.add_argument("--strategy", default="efficient", help="search strategy (default efficient)")
+    parser.add_argument("--rank", default="gain", help="measured strategy: gain or efficiency")
+    parser.add_argument("--budget", type=float, default=0.10, help="element share for the best-at-budget probe")
     parser.add_argument("--near", type=float, default=0.5, help="goal: within this many dB of all-16")
     parser.add_argument("--max-steps", type=int, default=16, help="joint prefixes measured at most")
     parser.add_argument("--docs", type=Path, help="replace the table section in this Markdown file")

@@ -22,7 +22,7 @@ from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
 
 #: qdebug.mixed.search.STRATEGIES (not imported here: the CLI starts without loading ONNX/ORT; a test checks they agree)
-STRATEGIES = ("prefix", "greedy", "measured")
+STRATEGIES = ("prefix", "greedy", "measured", "efficient")
 
 
 class Search(Tool):
