@@ -203,7 +203,7 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
     out = [
         _mark(args, "begin"),
         f"Measured by `benchmarks/bench_mixed.py --corpus {','.join(r['model'] for r in rows)}"
-        f" --weight-type {args.weight_type} --calib-samples "
+        f" --strategy {args.strategy} --weight-type {args.weight_type} --calib-samples "
         f"{args.calib_samples} --debug-samples {args.debug_samples} --measure-top {args.measure_top} --near {args.near}"
         f" --max-steps {args.max_steps}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{os.cpu_count()} cores shared with other jobs (load average {load} at the end), {platform.system()}, "
@@ -212,19 +212,31 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
         f"{args.debug_samples} debug samples only** (the machine is shared): small-sample figures, one run each.",
         "",
         "| model | base dB | all-16 dB | chosen point dB | chosen cost (16-bit elements) | goal reached | "
-        "evaluations | search s | wall s | s per evaluation ÷ one debug pass |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"evaluations | search s | wall s | s per evaluation ÷ one debug pass | best measured ≤ {args.budget:.0%} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['model']} | {_fmt(r['base_db'])} | {_fmt(r['all16_db'])} | {_fmt(r['chosen_db'])} | "
             f"{_fmt(100 * r['chosen_cost'], 1)} % | {'yes' if r['reached'] else 'no: ' + r['stop_reason']} | "
             f"{r['evaluations']} | {_fmt(r['search_s'], 0)} | {_fmt(r['wall_s'], 0)} | "
-            f"{_fmt(r['per_eval_over_debug'], 1)}× |"
+            f"{_fmt(r['per_eval_over_debug'], 1)}× | {_budget_cell(r.get('at_budget'))} |"
         )
     out += ["", "Pareto fronts (every point measured; cost = share of activation elements in 16 bits):", ""]
     for r in rows:
         pts = ", ".join(f"{label} {_fmt(100 * c, 1)} % → {_fmt(db)} dB" for label, c, db in r["pareto"])
+        out.append(f"- **{r['model']}**: {pts}")
+    out += [
+        "",
+        "Where the noise sits (the candidates or blocks carrying the most measured output noise: element share, "
+        "gain dB, share of the measured noise):",
+        "",
+    ]
+    for r in rows:
+        pts = "; ".join(
+            f"{n} ({k}, {t} tensors) {_fmt(100 * c, 1)} %, {_fmt(g)} dB, {_fmt(100 * sh, 0)} %"
+            for n, k, t, c, g, sh in r.get("carriers", ())
+        )
         out.append(f"- **{r['model']}**: {pts}")
     out += ["", "Predicted vs measured gain of the candidates measured alone (dB):", ""]
     for r in rows:
@@ -235,6 +247,15 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
         )
     out.append(_mark(args, "end"))
     return "\n".join(out) + "\n"
+
+
+def _budget_cell(b: dict[str, Any] | None) -> str:
+    if not b:
+        return "n/a"
+    cell = f"search: {_fmt(b['search_best_db'])} dB at {_fmt(100 * (b['search_best_cost'] or 0), 1)} %"
+    if "prefix_db" in b:
+        cell += f"; ranking prefix {b['prefix']}: {_fmt(b['prefix_db'])} dB at {_fmt(100 * b['prefix_cost'], 1)} %"
+    return cell
 
 
 def write_docs(path: Path, section: str) -> None:

@@ -40,6 +40,7 @@ from qdebug.mixed.candidates import (
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan
 from qdebug.mixed.suggest import Role, analyse
+from qdebug.mixed.target_cost import TargetCost
 from qdebug.report import encode_number
 
 if TYPE_CHECKING:
@@ -143,6 +144,8 @@ class SearchPoint:
     #: 8↔16-bit conversions (ORT ``convert`` entries: a DQ→Q pair each) the promotion adds — the cost axis for a
     #: target where every boundary is a requantize op (QNN HTP) rather than memory
     num_converts: int = 0
+    #: the point compiled for a target (:func:`qdebug.mixed.target_cost.compile_points`), if it was picked
+    target_cost: TargetCost | None = None
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,9 @@ class SearchResult:
         """JSON-ready dict with ``schema_version``."""
 
         def pt(p: SearchPoint) -> dict[str, Any]:
-            return {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(p).items()}
+            d = {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(p).items()}
+            d["target_cost"] = None if p.target_cost is None else p.target_cost.to_dict()  # with ``splits``
+            return d
 
         return {
             "schema_version": SCHEMA_VERSION,
