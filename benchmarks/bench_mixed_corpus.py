@@ -6,8 +6,11 @@ For each cached corpus model (``~/.cache/qdebug/realmodels`` or ``$QDEBUG_CORPUS
 
 * base: the 8-bit model's worst output SQNR, and the seconds of one plain debug pass of it;
 * all-16: every activation in uint16 (the ceiling; measured by the search itself, goal = all-16 − ``--near``);
-* the ``measured`` search (``qdebug.mixed.search.measured_search``): the top ``--measure-top`` candidates (LayerNorm and
-  attention groups merged) measured alone, then joint prefixes of the measured ranking;
+* the search (``--strategy``, default ``efficient``: ``qdebug.mixed.search.efficient_search``, blocks demoted from
+  all-16 to find where the noise sits, then joint prefixes of the ranking by noise per 16-bit element; ``measured``:
+  the top ``--measure-top`` candidates promoted alone, then joint prefixes of the measured ranking);
+* the best point measured within ``--budget`` of the activation elements (10 %): the search's own, and the longest
+  prefix of its ranking that fits the budget, measured once more (not counted in the search's evaluations);
 * the chosen point's SQNR and 16-bit cost, the evaluations and the wall time, the cost per evaluation as a multiple
   of one debug pass, the whole measured Pareto front, and predicted vs measured gain of the singles.
 
@@ -35,7 +38,12 @@ from typing import Any
 
 def _mark(args: argparse.Namespace, what: str) -> str:
     """The HTML comment that delimits a section in the docs (one per recipe and table)."""
-    return f"<!-- bench_mixed_corpus:{args.weight_type}:{what} -->"
+    recipe = (
+        args.weight_type
+        if getattr(args, "strategy", "measured") == "measured"
+        else f"{args.weight_type}-{args.strategy}"
+    )
+    return f"<!-- bench_mixed_corpus:{recipe}:{what} -->"
 
 
 def corpus_dir() -> Path:
