@@ -295,3 +295,14 @@ def test_prefix_and_greedy_promote_groups_whole(block_session: MixedPrecisionSes
         for g in groups:
             assert not (g & set(p.promoted)) or g <= set(p.promoted), (p.label, g - set(p.promoted))
     assert any(any(g <= set(p.promoted) for g in groups) for p in points)
+
+
+def test_cli_efficient_search_prints_the_demotion_table(tmp_path: Path, run_cli) -> None:
+    onnx.save(builders.tiny_convnet(), str(tmp_path / "m.onnx"))
+    o = tmp_path / "o.json"
+    r = run_cli("search", "-f", tmp_path / "m.onnx", "--debug-samples", "4", "--strategy", "efficient",
+                "--goal-near-all16", "0.2", "--max-steps", "4", "-o", o)  # fmt: skip
+    assert r.code in (EXIT_OK, 10), r.stderr
+    assert "left in 8 bits alone in the all-16-bit model" in r.out and "noise/element" in r.out
+    assert "Pareto front" in r.out and "all-16-bit" in r.out
+    assert o.exists() == (r.code == EXIT_OK)

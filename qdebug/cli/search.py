@@ -233,6 +233,7 @@ def _print_remedies(remedies: list[tuple[Any, Any]], out: TextIO) -> None:
 
 
 def _print_sensitivity(sens: Any, out: TextIO) -> None:
+    demote = str(sens.mode) == "demote"
     rows = [
         [
             m.candidate.name,
@@ -241,20 +242,22 @@ def _print_sensitivity(sens: Any, out: TextIO) -> None:
             f"{m.predicted_gain_db:+.2f}",
             "-" if m.measured_gain_db is None else f"{m.measured_gain_db:+.2f}",
             f"{m.cost_fraction_16bit:.1%}",
+            f"{sens.efficiency(m):.3g}",
             m.error or "",
         ]
         for m in sens.measured
     ]
-    table(
-        "Candidates promoted alone: predicted vs measured gain of the worst output",
-        ["candidate", "kind", "tensors", "predicted dB", "measured dB", "16-bit elements", "error"],
-        rows,
-        out,
+    title = (
+        "Candidates (and blocks of them) left in 8 bits alone in the all-16-bit model: the gain each carries"
+        if demote
+        else "Candidates promoted alone: predicted vs measured gain of the worst output"
     )
+    cols = ["candidate", "kind", "tensors", "predicted dB", "measured dB", "16-bit elements", "noise/element", "error"]
+    table(title, cols, rows, out)
     err, rho = sens.estimate_error_db(), sens.rank_agreement()
     print(
         f"median |predicted - measured| {fmt_db(err)}; rank agreement {'-' if rho is None else f'{rho:.2f}'} "
-        "(the search ranks by the measured gain)",
+        + ("(the search ranks by noise per element)" if demote else "(the search ranks by the measured gain)"),
         file=out,
     )
 
