@@ -108,6 +108,7 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         "at_budget": at_budget,
         "strategy": args.strategy,
         "carriers": _carriers(sens),
+        "model_min_cost": _model_min_cost(sens, base.output_sqnr_db, r.goal.output_sqnr_db, r.ceiling_db),
         "estimate_error_db": None if sens is None else sens.estimate_error_db(),
         "rank_agreement": None if sens is None else sens.rank_agreement(),
     }
@@ -140,6 +141,32 @@ def best_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None
     ev = session.evaluate(session.promote(tensors), name="at_budget")
     row.update(prefix=n, prefix_db=ev.output_sqnr_db, prefix_cost=sixteen_bit_cost(ev.report)[0])
     return row
+
+
+def _model_min_cost(sens: Any, base_db: float | None, goal_db: float | None, ceiling_db: float | None) -> float | None:
+    """The fewest activation elements (share) that meet ``goal_db`` under the additive model of the measured noises
+    (fractional knapsack: leaves taken by noise per element, the last one in part). ``None`` without a demotion
+    sweep or a goal."""
+    from qdebug.mixed.candidates import noise_power
+
+    if sens is None or str(sens.mode) != "demote" or goal_db is None:
+        return None
+    n_base, n_goal, n_ceil = noise_power(base_db), noise_power(goal_db), noise_power(ceiling_db)
+    if n_base is None or n_goal is None or n_ceil is None or n_base <= n_ceil:
+        return None
+    leaves = sorted(sens.measured, key=lambda m: -sens.efficiency(m))
+    total = sum(sens.noise_moved(m) for m in leaves) or 1.0
+    scale = (n_base - n_ceil) / total
+    need, cost = n_base - n_goal, 0.0
+    for m in leaves:
+        moved = scale * sens.noise_moved(m)
+        if moved <= 0:
+            break
+        if moved >= need:
+            return cost + m.cost_fraction_16bit * need / moved
+        need -= moved
+        cost += m.cost_fraction_16bit
+    return None
 
 
 def _carriers(sens: Any, k: int = 12) -> list[tuple[str, str, int, float, float | None, float]]:
@@ -228,7 +255,7 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
             f"| {r['model']} | {_fmt(r['base_db'])} | {_fmt(r['all16_db'])} | {_fmt(r['chosen_db'])} | "
             f"{_fmt(100 * r['chosen_cost'], 1)} % | {'yes' if r['reached'] else 'no: ' + r['stop_reason']} | "
             f"{r['evaluations']} | {_fmt(r['search_s'], 0)} | {_fmt(r['wall_s'], 0)} | "
-            f"{_fmt(r['per_eval_over_debug'], 1)}× | {_budget_cell(r.get('at_budget'))} |"
+            f"{_fmt(r['per_eval_over_debug'], 1)}× | {_budget_cell(r)} |"
         )
     out += ["", "Pareto fronts (every point measured; cost = share of activation elements in 16 bits):", ""]
     for r in rows:
@@ -257,10 +284,13 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(out) + "\n"
 
 
-def _budget_cell(b: dict[str, Any] | None) -> str:
+def _budget_cell(r: dict[str, Any]) -> str:
+    b = r.get("at_budget")
     if not b:
         return "n/a"
     cell = f"search: {_fmt(b['search_best_db'])} dB at {_fmt(100 * (b['search_best_cost'] or 0), 1)} %"
+    if r.get("model_min_cost") is not None:
+        cell += f"; additive model needs {_fmt(100 * r['model_min_cost'], 1)} % for the goal"
     if "prefix_db" in b:
         cell += f"; ranking prefix {b['prefix']}: {_fmt(b['prefix_db'])} dB at {_fmt(100 * b['prefix_cost'], 1)} %"
     return cell
