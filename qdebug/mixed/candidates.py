@@ -370,7 +370,8 @@ def measure_demotions(
     recipe), and measured (calibration reused). Blocks are split in halves, the noisiest first, each half measured,
     until single candidates, at most ``budget`` evaluations, or every block left adds at most ``resolve`` (output
     noise power relative to the signal) — a block that adds nothing worth finding stays whole. The leaves are the
-    :class:`Sensitivity` (:attr:`SweepMode.DEMOTE`); a leaf's gain is what its demotion costs the ceiling.
+    :class:`Sensitivity` (:attr:`SweepMode.DEMOTE`); a leaf's gain is what its demotion costs the ceiling, its cost
+    what promoting it alone would put in 16 bits (ORT's fixer's region included).
 
     With the noise in k of N candidates that is ~2·k·log2(N/k) evaluations instead of N."""
     import heapq
@@ -424,6 +425,7 @@ def measure_demotions(
             pm = measure(part)
             heapq.heappush(heap, (-noise(pm[0]), tie, part, pm))
             tie += 1
+    leaves = [(_region_cost(session, m, by_name, total, to) if 0 < noise(m) < math.inf else m, ev) for m, ev in leaves]
     sens = Sensitivity(
         base_output_sqnr_db=ref_db,
         measured=tuple(m for m, _ in leaves),
@@ -433,6 +435,20 @@ def measure_demotions(
         mode=SweepMode.DEMOTE,
     )
     return sens, leaves
+
+
+def _region_cost(session: Any, m: Measured, by_name: dict[str, Any], total: int, to: str) -> Measured:
+    """``m`` with its cost set to what promoting it alone puts in 16 bits, the region ORT's fixer adds included (no
+    evaluation: the fixer only). On MiniLM a LayerNorm output's region also takes the Q/K/V MatMul outputs it feeds:
+    5× its own elements; ranking by the bare tensor would under-price it."""
+    from qdebug.errors import ConfigError
+
+    try:
+        promoted = session.promote(m.candidate.tensors, to).promoted
+    except ConfigError:
+        return m
+    share = sum(by_name[t].elements for t in {*promoted, *m.candidate.tensors} if t in by_name) / total
+    return replace(m, cost_fraction_16bit=max(share, m.cost_fraction_16bit))
 
 
 def _merged(block: Sequence[Candidate]) -> Candidate:
