@@ -108,7 +108,9 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         "at_budget": at_budget,
         "strategy": args.strategy,
         "carriers": _carriers(sens),
-        "model_min_cost": _model_min_cost(sens, base.output_sqnr_db, r.goal.output_sqnr_db, r.ceiling_db),
+        "model_min_cost": _model_min_cost(
+            sens, base.output_sqnr_db, None if r.ceiling_db is None else r.ceiling_db - args.near, r.ceiling_db
+        ),
         "estimate_error_db": None if sens is None else sens.estimate_error_db(),
         "rank_agreement": None if sens is None else sens.rank_agreement(),
     }
