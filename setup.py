@@ -44,6 +44,10 @@ setup(
     packages=[*find_packages(include=["qdebug", "qdebug.*"]), "qdebug_widgets"],
     package_dir={"qdebug_widgets": "widgets"},
     # The host kernels and harness that run Deeploy's generated C (qdebug.targets.deeploy_host).
-    package_data={"qdebug.targets": ["deeploy_host/*.c", "deeploy_host/*.h"]},
+    # ... and the vendored plotly.js bundle the HTML report inlines (qdebug/render/vendor/README.md).
+    package_data={
+        "qdebug.targets": ["deeploy_host/*.c", "deeploy_host/*.h"],
+        "qdebug.render": ["vendor/*.gz", "vendor/*.txt", "vendor/README.md"],
+    },
     cmdclass={"build_py": BuildWithData},
 )

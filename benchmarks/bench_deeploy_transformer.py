@@ -12,7 +12,10 @@ deeploy`` does, exports it with ``deeploy_export.export`` on the eval digits, an
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_deeploy_transformer.py [--local-samples 64]
+    .venv/bin/python benchmarks/bench_deeploy_transformer.py [--local-samples 64] [--platform Siracusa]
+
+``--platform Siracusa`` measures the network Siracusa's code is generated from (LayerNorm as centring MatMul +
+iRMSNorm, uint8 MatMul operands re-encoded to int8; ``deeploy_export.PLATFORM_FORMS``).
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--local-samples", type=int, default=64)
+    ap.add_argument("--platform", default="Generic", choices=sorted(de.PLATFORM_FORMS))
     args = ap.parse_args()
     ev = np.load(EVAL)
     x, labels = ev["input"].astype(np.float32), ev["label"]
@@ -118,7 +122,8 @@ def main() -> None:
         centred, changed = zero_centre_operands(qdq0)
         qdq, rep = snap_scales_for_deeploy(centred)
         print(f"zero-centred {len(changed)} tensor groups; snapped {len(rep.snapped)} requantizations")
-        res = de.export(qdq, Path(tmp) / "out", data={"input": x}, num_samples=len(x), verbose=False)
+        res = de.export(qdq, Path(tmp) / "out", data={"input": x}, num_samples=len(x), verbose=False,
+                        platform=args.platform)  # fmt: skip
         net = onnx.load(str(Path(tmp) / "out" / "network.onnx"))
     print(f"output logits, {res.num_samples} eval digits: {res.equal_fraction:.2%} equal, max {res.max_lsb_diff} LSB")
     print(f"\nlocal deviation per op family ({args.local_samples} digits):")

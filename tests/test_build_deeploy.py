@@ -130,7 +130,7 @@ def test_no_snap_scales_keeps_the_calibrated_scales(
     assert "scales not snapped (--no-snap-scales)" in res.out
 
 
-def test_transformer_builds_for_deeploy_generic_end_to_end(
+def test_transformer_builds_for_deeploy_generic_and_siracusa_end_to_end(
     deeploy: Path,  # noqa: F811
     run_cli: Callable[..., CliResult],
     tmp_path: Path,
@@ -150,10 +150,19 @@ def test_transformer_builds_for_deeploy_generic_end_to_end(
     generic = d["codegen"]["Generic"]
     assert generic["ok"] and generic["integer_only"] is True, generic
     assert (out / "deeploy" / "generic" / "Network.c").is_file()
-    # Deeploy 0.2.1 maps iLayerNorm on Generic only: Siracusa is tried and its failure is a warning.
+    # Deeploy 0.2.1 maps iLayerNorm on Generic only: Siracusa gets its own network (LayerNorm as centring MatMul
+    # + iRMSNorm, every MatMul operand int8) and its code generation succeeds.
     siracusa = d["codegen"]["Siracusa"]
-    assert not siracusa["ok"] and "iLayerNorm" in siracusa["error"], siracusa
-    assert any("Siracusa is optional" in w for w in m.warnings), m.warnings
+    assert siracusa["ok"] and siracusa["integer_only"] is True, siracusa
+    assert (
+        siracusa["network"] == "deeploy/network.siracusa.onnx"
+        and (out / "deeploy" / "siracusa" / "Network.c").is_file()
+    )
+    sir = onnx.load(str(out / siracusa["network"]))
+    assert "iRMSNorm" in {n.op_type for n in sir.graph.node} and "iLayerNorm" not in {n.op_type for n in sir.graph.node}
+    pe = siracusa["platform_export"]
+    assert pe["layernorm"] == "iRMSNorm" and pe["int8_matmul_operands"] is True and pe["equal_fraction"] > 0.1, pe
+    assert not any("Siracusa is optional" in w for w in m.warnings), m.warnings
     # iLayerNorm/iSoftmax/iGELU approximate (measured 18.75 % of the logits equal on the 32 debug samples):
     # the deviation is reported as a warning, never hidden.
     e = d["export"]

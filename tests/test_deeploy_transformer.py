@@ -56,6 +56,24 @@ def family_model(family: str, seed: int = 0) -> onnx.ModelProto:
             helper.make_node("Mul", ["h", "e1"], ["m"], name="gelu_mul"),
             helper.make_node("Mul", ["m", "half"], ["y"], name="gelu_half"),
         ]
+    elif family in ("gelu_tanh", "gelu_tanh_pow"):  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): PyTorch's
+        # approximate="tanh" (x·(x·x)), or with Pow(x, 3) as other exporters write the cube
+        inits += [_c("kappa", 0.044715), _c("beta", math.sqrt(2 / math.pi)), _c("one", 1.0), _c("half", 0.5)]
+        inits += [_c("three", 3.0)] if family == "gelu_tanh_pow" else []
+        cube = [
+            helper.make_node("Mul", ["h", "h"], ["h2"], name="g_sq"),
+            helper.make_node("Mul", ["h", "h2"], ["h3"], name="g_cube"),
+        ]
+        body = [
+            *(cube if family == "gelu_tanh" else [helper.make_node("Pow", ["h", "three"], ["h3"], name="g_pow")]),
+            helper.make_node("Mul", ["kappa", "h3"], ["kh3"], name="g_kappa"),
+            helper.make_node("Add", ["h", "kh3"], ["inner0"], name="g_add"),
+            helper.make_node("Mul", ["beta", "inner0"], ["inner"], name="g_beta"),
+            helper.make_node("Tanh", ["inner"], ["t"], name="g_tanh"),
+            helper.make_node("Add", ["one", "t"], ["t1"], name="g_add1"),
+            helper.make_node("Mul", ["h", "t1"], ["m"], name="g_mul"),
+            helper.make_node("Mul", ["half", "m"], ["y"], name="g_half"),
+        ]
     elif family == "attention":  # q·kᵀ·0.25 with a biased q, a Transpose and a MatMul of two activations
         inits += [_w(rng, "w2", (D, D)), _w(rng, "bq", (D,), 0.1), _c("scale", 0.25)]
         body = [
@@ -74,14 +92,24 @@ def family_model(family: str, seed: int = 0) -> onnx.ModelProto:
             helper.make_node("Concat", ["r", "r"], ["y"], name="cat", axis=1),
         ]
         out_shape = [1, 2 * D]
+    elif family == "pv":  # non-negative x → q·kᵀ → Softmax → p·v: uint8 operands of three MatMuls
+        inits = [_w(rng, "w1", (D, T)), _w(rng, "w2", (D, D))]
+        body = [
+            helper.make_node("Softmax", ["h"], ["p"], name="softmax", axis=-1),
+            helper.make_node("MatMul", ["x", "w2"], ["v"], name="v_proj"),
+            helper.make_node("MatMul", ["p", "v"], ["y"], name="pv"),
+        ]
     else:
         raise ValueError(family)
     return _model([mm, *body], [value_info("x", [1, T, D])], [value_info("y", out_shape)], inits)
 
 
-def _export(family: str, tmp_path: Path, **kw: str) -> tuple[de.ExportResult, onnx.ModelProto, list[str]]:
+def _export(
+    family: str, tmp_path: Path, low: float = -1.0, **kw: str
+) -> tuple[de.ExportResult, onnx.ModelProto, list[str]]:
     rng = np.random.default_rng(1)
-    data = {"x": rng.uniform(-1, 1, (64, 1, T, D)).astype(np.float32)}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = {"x": rng.uniform(low, 1, (64, 1, T, D)).astype(np.float32)}
     float_path = tmp_path / f"{family}.onnx"
     onnx.save(family_model(family), str(float_path))
     qdq = onnx.load(str(quantize(float_path, data, DEEPLOY, tmp_path / f"{family}.qdq.onnx").model_path))
@@ -99,6 +127,8 @@ FAMILIES = {
     "layernorm": ("iLayerNorm", 0.3, 255),  # the kernel's int8 cast wraps an out-of-range value
     "softmax": ("iSoftmax", 0.3, 4),
     "gelu": ("RequantizediGELU", 0.3, 4),
+    "gelu_tanh": ("RequantizediGELU", 0.3, 4),  # the same I-BERT erf kernel: Deeploy has no integer tanh GELU
+    "gelu_tanh_pow": ("RequantizediGELU", 0.3, 4),
 }
 
 
@@ -114,7 +144,12 @@ def test_family_exports_and_generates_integer_code(
     assert op in ops, ops
     assert ops <= {"MatMul", "RequantShift", "Reshape", "Transpose", "Add", "Concat", op}, ops
     assert res.equal_fraction >= least_equal and res.max_lsb_diff <= most_lsb, (res.equal_fraction, res.max_lsb_diff)
-    if family in ("attention", "gelu"):  # their MatMul/GELU operands were requantized to zero point 0
+    if family in (
+        "attention",
+        "gelu",
+        "gelu_tanh",
+        "gelu_tanh_pow",
+    ):  # their MatMul/GELU operands were requantized to zero point 0
         assert changed, changed
     gen = denv.generate(tmp_path / "out", tmp_path / "generic", "Generic")
     assert gen.ok and gen.integer_only is True, gen.error
@@ -181,3 +216,26 @@ def test_erf_outside_gelu_is_refused_naming_the_node(tmp_path: Path) -> None:
     qdq = quantize(model, data, DEEPLOY, tmp_path / "e.qdq.onnx").model_path
     with pytest.raises(TargetError, match="Erf node 'gelu_erf'"):
         de.export(qdq, tmp_path / "out", data=data, verbose=False)
+
+
+def test_siracusa_form_reencodes_uint8_matmul_operands_exactly(deeploy: Path, tmp_path: Path) -> None:  # noqa: F811
+    """PULPOpen's MatMul is int8 × int8: the non-negative input and the Softmax output (uint8) are re-encoded to
+    int8 (q = u − 128) and the zero point folded (weight column sums; a ones block for p·v). Exact: the Siracusa
+    network computes the Generic network's integers on every sample, and its code generates."""
+    generic, gen_net, _ = _export("pv", tmp_path / "g", low=0.0)
+    res, net, _ = _export("pv", tmp_path / "s", low=0.0, platform="Siracusa")
+    elem = {v.name: v.type.tensor_type.elem_type for v in (*net.graph.value_info, *net.graph.input)}
+    inits = {i.name for i in net.graph.initializer}
+    mm_ins = [t for n in net.graph.node if n.op_type == "MatMul" for t in n.input]
+    assert len(mm_ins) == 6 and all(t in inits or elem[t] == onnx.TensorProto.INT8 for t in mm_ins), mm_ins
+    assert net.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8  # same inputs.npz as Generic
+    assert "Concat" in {n.op_type for n in net.graph.node}  # the ones block of p·v
+    rng = np.random.default_rng(5)
+    for _ in range(8):
+        x = {"x": rng.integers(0, 256, (1, T, D)).astype(np.int64)}
+        np.testing.assert_array_equal(de.evaluate_integer(net, x)["y"], de.evaluate_integer(gen_net, x)["y"])
+    assert (res.equal_fraction, res.max_lsb_diff) == (generic.equal_fraction, generic.max_lsb_diff)
+    gen = denv.generate(tmp_path / "s" / "out", tmp_path / "siracusa", "Siracusa")
+    assert gen.ok and gen.integer_only is True, gen.error
+    with pytest.raises(TargetError, match="platform must be one of"):
+        de.export(family_model("pv"), tmp_path / "x", platform="Snitch")

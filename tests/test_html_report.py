@@ -21,7 +21,7 @@ from diag_models import per_channel_weight, scale_mismatch
 from qdebug.debug import DebugOptions, debug
 from qdebug.diagnose import Diagnostics, diagnose_models
 from qdebug.mixed.suggest import suggest
-from qdebug.render.html import HtmlOptions, report_html
+from qdebug.render.html import CARTESIAN_BUNDLE, HtmlOptions, _cartesian_only, plotly_bundle, report_html
 from qdebug.report import DebugReport, TargetAccuracy, TargetOutputAccuracy
 
 pytest.importorskip("plotly")
@@ -58,7 +58,13 @@ def test_self_contained_with_every_section(report: DebugReport, diags: Diagnosti
     page = report_html(report, diagnostics=diags, suggestions=suggest(report))
     # Nothing is fetched: no external script, stylesheet, image or frame (plotly.js' own code holds URLs as text).
     assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)
-    assert _blob(page, "qd-plotly") == plotly.offline.get_plotlyjs()
+    # The vendored 2-D bundle (heatmaps and scatter only here), a real plotly.js build of plotly.py's major version.
+    js = _blob(page, "qd-plotly")
+    assert js == gzip.decompress(CARTESIAN_BUNDLE.read_bytes()).decode("utf-8")
+    full = plotly.offline.get_plotlyjs()
+    major = re.compile(r'version:"(\d+)\.')
+    assert "plotly.js (cartesian - minified)" in js[:200] and len(js) < len(full) / 3
+    assert major.search(js)[1] == major.search(full)[1]  # type: ignore[index]
     figs = json.loads(_blob(page, "qd-figures"))
     assert [f["id"] for f in figs] == ["fig-layers", "fig-samples", "fig-graph"]
     graph = figs[2]["fig"]["data"]
@@ -69,6 +75,18 @@ def test_self_contained_with_every_section(report: DebugReport, diags: Diagnosti
         assert f'<section id="{section}"' in page
     assert '<section id="target"' not in page  # no target run, no empty section
     assert "scale mismatch" in page and "Verdict: " in page
+    samples = figs[1]["fig"]["layout"]["yaxis"]  # whole sample numbers, not plotly's "0.5"
+    assert samples["dtick"] == 1 and samples["tickformat"] == "d"
+    assert all("width" not in f["fig"]["layout"] for f in figs)  # the page's width
+
+
+def test_a_figure_outside_the_cartesian_bundle_gets_the_full_one() -> None:
+    import plotly.graph_objects as go
+    import plotly.offline
+
+    assert _cartesian_only([("a", "", go.Figure([go.Heatmap(z=[[1]]), go.Scatter(x=[1])]))])
+    assert not _cartesian_only([("a", "", go.Figure(go.Scatter3d(x=[1], y=[1], z=[1])))])
+    assert gzip.decompress(base64.b64decode(plotly_bundle(False))).decode() == plotly.offline.get_plotlyjs()
 
 
 def test_names_are_escaped_and_options_apply(report: DebugReport) -> None:
@@ -129,7 +147,7 @@ def test_diagnose_command(run_cli: Callable[..., CliResult], tmp_path: Path) -> 
     assert "per channel weight at W (MatMul)" in res.out and "fix:" in res.out
     saved = Diagnostics.from_dict(json.loads((tmp_path / "d.json").read_text(encoding="utf-8")))
     assert [d.tensor for d in saved.items] == ["W"] and saved.stats_samples == 4
-    assert (tmp_path / "d.html").stat().st_size > 1_000_000  # plotly.js inside
+    assert (tmp_path / "d.html").stat().st_size > 500_000  # plotly.js (the cartesian bundle, compressed) inside
     res = run_cli(*args, "--json", "--stats-samples", "0")
     assert res.code == 0 and json.loads(res.out)["stats_samples"] == 0
 
@@ -154,6 +172,7 @@ def test_build_html_has_the_target_section(run_cli: Callable[..., CliResult], ti
     text = page.read_text(encoding="utf-8")
     target = text[text.index('<section id="target"') :]
     assert "Target: cpu (int8)" in target and "CPU check OK" in target
+    assert "Compiled for " in target and "left on the CPU" in target  # the summary before the command's text
 
 
 def test_long_axes_keep_at_most_max_ticks() -> None:

@@ -22,9 +22,9 @@ def add_stats_samples(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_html(p: argparse.ArgumentParser) -> None:
+def add_html(p: argparse.ArgumentParser, help: str = "also write the one-file HTML report here") -> None:
     """``--html PATH``: also write the one-file HTML report."""
-    p.add_argument("--html", default=None, metavar="PATH", help="also write the one-file HTML report here")
+    p.add_argument("--html", default=None, metavar="PATH", help=help)
 
 
 def run_diagnostics(report: Any, args: argparse.Namespace) -> Any:
@@ -58,14 +58,41 @@ def require_html() -> None:
     require("grandalf")
 
 
-def write_html(path: str | Path, report: Any, diagnostics: Any, *, manifest: Any = None, out_dir: Any = None) -> Path:
-    """The HTML report with the diagnostics and the suggestions (plotly, the ``ui`` extra, loads here)."""
+def write_html(
+    path: str | Path, report: Any, diagnostics: Any, *, manifest: Any = None, out_dir: Any = None, gains: Any = None
+) -> Path:
+    """The HTML report with the diagnostics and the suggestions (plotly, the ``ui`` extra, loads here); ``gains``
+    (:class:`~qdebug.mixed.gains.MeasuredGains`) adds what a search measured next to the predictions."""
     from qdebug.mixed.suggest import suggest
     from qdebug.render.html import write_report_html
 
     return write_report_html(
-        path, report, diagnostics=diagnostics, suggestions=suggest(report), manifest=manifest, out_dir=out_dir
-    )
+        path, report, diagnostics=diagnostics, suggestions=suggest(report), manifest=manifest, out_dir=out_dir,
+        measured_gains=gains,
+    )  # fmt: skip
 
 
-__all__ = ["STATS_SAMPLES", "add_html", "add_stats_samples", "require_html", "run_diagnostics", "write_html"]
+def load_search_gains(path: str | Path) -> Any:
+    """The measured gains of a search result JSON (``qdebug search --json > search.json``); a file that is not one
+    is a one-line :class:`~qdebug.errors.ConfigError` naming it."""
+    import json
+
+    from qdebug.errors import ConfigError
+    from qdebug.mixed.gains import MeasuredGains
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        return MeasuredGains.from_search_dict(doc)
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
+        raise ConfigError(f"{path}: not a search result of 'qdebug search --json' ({e})") from e
+
+
+__all__ = [
+    "STATS_SAMPLES",
+    "add_html",
+    "add_stats_samples",
+    "load_search_gains",
+    "require_html",
+    "run_diagnostics",
+    "write_html",
+]

@@ -17,7 +17,14 @@ from qdebug.cli._base import (
     add_quant_model,
     positive_int,
 )
-from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
+from qdebug.cli._html import (
+    add_html,
+    add_stats_samples,
+    load_search_gains,
+    require_html,
+    run_diagnostics,
+    write_html,
+)
 from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, debug_inputs, run_debug
 from qdebug.errors import EXIT_OK
 
@@ -31,7 +38,8 @@ class Report(Tool):
         "Write one self-contained HTML file (no network access when opened) from a report written by "
         "'qdebug debug -o': verdict, outputs, diagnostics, suggestions, heatmaps, graph, worst tables. With both "
         "models the diagnostics include the weight, Q/DQ parameter and per-tensor statistics checks; with "
-        "--manifest (a build's manifest.json) the target section is added."
+        "--manifest (a build's manifest.json) the target section is added; with --search (qdebug search --json) the "
+        "gains it measured are shown beside the predicted ones."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -43,6 +51,11 @@ class Report(Tool):
         parser.add_argument("--data", "-d", help="data for the per-tensor statistics (default: synthetic)")
         add_stats_samples(parser)
         parser.add_argument("--manifest", help="a build's manifest.json: adds the target section")
+        parser.add_argument(
+            "--search",
+            metavar="JSON",
+            help="a search result (qdebug search --json > search.json): its measured gains beside the predicted ones",
+        )
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
         """The report, the models, the data and the manifest."""
@@ -52,6 +65,7 @@ class Report(Tool):
             "--quant-model": args.quant_model,
             "--data": args.data,
             "--manifest": args.manifest,
+            "--search": args.search,
         }
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
@@ -69,6 +83,7 @@ class Report(Tool):
         if (args.float_model is None) != (args.quant_model is None):
             raise ConfigError("give both --float-model and --quant-model (or neither: report-only diagnostics)")
         require_html()
+        gains = load_search_gains(args.search) if args.search else None
         report = DebugReport.load(args.report)
         diags = run_diagnostics(report, args) if args.float_model is not None else diagnose(report)
         manifest, out_dir = None, None
@@ -76,7 +91,7 @@ class Report(Tool):
             from qdebug.build import BuildManifest
 
             manifest, out_dir = BuildManifest.load(args.manifest), Path(args.manifest).parent
-        path = write_html(args.output, report, diags, manifest=manifest, out_dir=out_dir)
+        path = write_html(args.output, report, diags, manifest=manifest, out_dir=out_dir, gains=gains)
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(diags)} diagnostic(s))", file=out)
         return EXIT_OK
 

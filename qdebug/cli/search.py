@@ -19,6 +19,7 @@ from qdebug.cli._base import (
     cluster_spec,
     finite_number,
 )
+from qdebug.cli._html import add_html, require_html, write_html
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
 
@@ -100,6 +101,7 @@ class Search(Tool):
         parser.add_argument("--workdir", help="keep the evaluated models here (default: a temp folder)")
         add_scale_out(parser)  # greedy: a step's candidates at once; every debug pass sharded over the workers
         add_output(parser, "overrides JSON of the chosen point", required=True)
+        add_html(parser, "the one-file HTML report of the search's base, its suggestions beside the measured gains")
         add_json(parser, "the search result")
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
@@ -118,6 +120,7 @@ class Search(Tool):
             "--output": Output(args.output),
             "--remedy-output": Output(args.remedy_output),
             "--workdir": Output(args.workdir, folder=True),
+            "--html": Output(args.html),
         }
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
@@ -141,7 +144,9 @@ class Search(Tool):
         refuse_overwrite_input(args.output, args.float_model)
         if args.remedy_output:
             refuse_overwrite_input(args.remedy_output, args.float_model)
-        base, result, remedies = _search(args)
+        if args.html:
+            require_html()
+        base, result, remedies, base_report = _search(args)
         if args.json:
             doc = result.to_dict()
             if remedies is not None:
@@ -151,6 +156,10 @@ class Search(Tool):
             _print_curve(result, out)
             if remedies is not None:
                 _print_remedies(remedies, out)
+        if args.html:  # also when the goal was missed: what was measured is worth reading
+            _write_html(args.html, base_report, result, remedies)
+            if not args.json:
+                print(f"HTML report written to {args.html}", file=out)
         if not result.reached:
             print("qdebug: FAIL: the goal was not reached; no overrides written", file=sys.stderr)
             return EXIT_GATE
@@ -160,7 +169,7 @@ class Search(Tool):
         return EXIT_OK
 
 
-def _search(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from qdebug.config import QuantConfig
     from qdebug.debug import DebugOptions
     from qdebug.mixed.search import SearchGoal
@@ -194,7 +203,16 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
             result = compile_points(session, result, pick_points(result, args.compile_points), args.target)
         remedies = _remedies(session, args) if args.remedies else None
-        return base, result, remedies
+        return base, result, remedies, session.base.report
+
+
+def _write_html(path: str, report: Any, result: Any, remedies: list[tuple[Any, Any]] | None) -> None:
+    """The HTML report of the search's base: report-only diagnostics, suggestions beside what the search measured."""
+    from qdebug.diagnose import diagnose
+    from qdebug.mixed.gains import MeasuredGains
+
+    gains = MeasuredGains.from_search(result, [r for r, _ in remedies or ()])
+    write_html(path, report, diagnose(report), gains=gains)
 
 
 def _remedies(session: Any, args: argparse.Namespace) -> list[tuple[Any, Any]]:

@@ -314,10 +314,19 @@ def samples_heatmap(per_sample_df: pd.DataFrame, max_label_chars: int = 40) -> g
         autosize=True,
         width=_wide(len(cols)),
         xaxis=axis,
-        yaxis={"title": "sample", "autorange": "reversed"},
+        yaxis={"title": "sample", "autorange": "reversed", **_sample_ticks(samples)},
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
     )  # fmt: skip
     return fig
+
+
+def _sample_ticks(samples: Sequence[Any]) -> dict[str, Any]:
+    """Whole sample numbers on the axis (plotly's automatic ticks put "0.5" and "-0.5" on a 4-sample heatmap)."""
+    ints = [s for s in samples if isinstance(s, int)]
+    if not ints or len(ints) != len(samples):
+        return {}
+    span = max(ints) - min(ints) + 1
+    return {"tickmode": "linear", "tick0": min(ints), "dtick": max(1, -(-span // 20)), "tickformat": "d"}
 
 
 def _suggestion_rows(suggestions: Any) -> dict[str, tuple[str, str]]:

@@ -8,6 +8,7 @@ RequantShift (:mod:`qdebug.targets.deeploy_snap`), then exported to Deeploy's in
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -108,20 +109,60 @@ def _export_info(out: Path, exp: Any, nodes: int) -> dict[str, Any]:
     }
 
 
-def _platform_network(out: Path, plat: str) -> tuple[Path, int]:
+def _platform_network(
+    out: Path, plat: str, qdq_model: str | Path, data: Sequence[Mapping[str, np.ndarray]] | None
+) -> tuple[Path, int, dict[str, Any] | None]:
     """The network Deeploy generates ``plat``'s code from: ``network.onnx``, or for Generic its Generic form
-    (``network.generic.onnx``, :mod:`qdebug.targets.deeploy_generic`) when that differs; (path, terms rewritten)."""
+    (``network.generic.onnx``, :mod:`qdebug.targets.deeploy_generic`) when that differs, or for a PULP platform
+    its own export (``network.<plat>.onnx``: LayerNorm as iRMSNorm, int8 MatMul operands;
+    ``deeploy_export.PLATFORM_FORMS``) when that differs; (path, Generic terms rewritten, the platform export's
+    figures or None)."""
+    from qdebug.targets import deeploy_export
+
     path = out / "network.onnx"
     if plat != "Generic":
-        return path, 0
+        if deeploy_export.PLATFORM_FORMS.get(plat) in (None, deeploy_export.PLATFORM_FORMS["Generic"]):
+            return path, 0, None
+        return _pulp_network(out, plat, qdq_model, data)
     from qdebug.targets.deeploy_generic import generic_form
 
     model, rewritten = generic_form(onnx.load(str(path)))
     if not rewritten:
-        return path, 0
+        return path, 0, None
     generic = out / "network.generic.onnx"
     atomic_save_model(model, generic)
-    return generic, rewritten
+    return generic, rewritten, None
+
+
+def _pulp_network(
+    out: Path, plat: str, qdq_model: str | Path, data: Sequence[Mapping[str, np.ndarray]] | None
+) -> tuple[Path, int, dict[str, Any] | None]:
+    """Export ``qdq_model`` again in ``plat``'s form; kept as ``network.<plat>.onnx`` only where it differs from
+    ``network.onnx`` (a CNN's does not). Its inputs are encoded as network.onnx's (same ``inputs.npz``)."""
+    from qdebug.targets import deeploy_export
+
+    tmp = out / f".{plat.lower()}-export"
+    try:
+        exp = deeploy_export.export(qdq_model, tmp, data=data, verbose=False, num_samples=len(data) if data else 16,
+                                    platform=plat)  # fmt: skip
+        same = (tmp / "network.onnx").read_bytes() == (out / "network.onnx").read_bytes()
+        dest = out / f"network.{plat.lower()}.onnx"
+        if not same:
+            os.replace(tmp / "network.onnx", dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if same:
+        return out / "network.onnx", 0, None
+    layernorm, int8_matmul = deeploy_export.PLATFORM_FORMS[plat]
+    figures = {
+        "layernorm": layernorm,
+        "int8_matmul_operands": int8_matmul,
+        "num_samples": exp.num_samples,
+        "equal_fraction": exp.equal_fraction,
+        "max_lsb_diff": exp.max_lsb_diff,
+        "bit_exact_ok": exp.bit_exact_ok,
+    }
+    return dest, 0, figures
 
 
 def _host_run(
@@ -147,17 +188,20 @@ def _host_run(
     return {"ran": True, **run.to_dict()}, warning
 
 
-def _codegen(out: Path, plat: str) -> tuple[dict[str, Any], str | None, Path]:
+def _codegen(
+    out: Path, plat: str, qdq_model: str | Path, data: Sequence[Mapping[str, np.ndarray]] | None
+) -> tuple[dict[str, Any], str | None, Path]:
     """Deeploy's code generation for one platform: the manifest entry, the problem (if any), the folder."""
     from qdebug.targets import deeploy_env
 
     dest = out / plat.lower()
-    network, rewritten = _platform_network(out, plat)
+    network, rewritten, platform_export = _platform_network(out, plat, qdq_model, data)
     res = deeploy_env.generate(network, dest, plat, inputs_npz=out / "inputs.npz")
     rel = f"{out.name}/{plat.lower()}"
     entry: dict[str, Any] = {
         "network": f"{out.name}/{network.name}",
         "generic_add_terms_rewritten": rewritten,
+        "platform_export": platform_export,
         "ok": res.ok,
         "dir": rel,
         "files": [f"{rel}/{f}" for f in res.files],
@@ -215,7 +259,13 @@ def compile_deeploy(
     compiled: str | None = None
     for i, plat in enumerate(platforms):
         say(f"generating Deeploy code for {plat}")
-        entry, problem, dest = _codegen(out, plat)
+        entry, problem, dest = _codegen(out, plat, qdq_model, data)
+        pe = entry["platform_export"]
+        if pe is not None and not pe["bit_exact_ok"]:
+            warnings.append(
+                f"the {plat} network ({entry['network']}) matches the CPU QDQ model on {pe['equal_fraction']:.2%} of "
+                f"the output elements (max {pe['max_lsb_diff']} LSB, {pe['num_samples']} samples)"
+            )
         info["codegen"][plat] = entry
         if problem is None:
             compiled = compiled or str(dest / "Network.c")
@@ -418,6 +468,13 @@ class DeeployTarget(TargetBase):
                 f"{', '.join(c['files'])} (integer only: {c['integer_only']})" if c["ok"] else f"failed: {c['error']}"
             )
             lines.append(f"  {plat}: {what}")
+            pe = c.get("platform_export")
+            if pe:
+                lines.append(
+                    f"    from {c['network']} (LayerNorm as {pe['layernorm']}, int8 MatMul operands: "
+                    f"{pe['int8_matmul_operands']}): vs CPU QDQ on {pe['num_samples']} samples "
+                    f"{pe['equal_fraction']:.2%} of output elements equal, max {pe['max_lsb_diff']} LSB"
+                )
         lines += _describe_runs(d.get("run") or {})
         return lines
 

@@ -65,6 +65,13 @@ __all__ = [
 SCHEMA_VERSION = 1
 #: Deeploy's LayerNorm forms: ``iLayerNorm`` (mapped on Generic), ``iRMSNorm`` (the decomposition for Siracusa).
 LAYERNORM_FORMS = ("iLayerNorm", "iRMSNorm")
+#: Each Deeploy platform's form of the network: (LayerNorm form, MatMul operands int8 only). Generic maps
+#: iLayerNorm and takes uint8 MatMul operands; PULPOpen (Siracusa) maps iRMSNorm only and its MatMul is int8 × int8.
+PLATFORM_FORMS: dict[str, tuple[str, bool]] = {
+    "Generic": ("iLayerNorm", False),
+    "Siracusa": ("iRMSNorm", True),
+    "PULPOpen": ("iRMSNorm", True),
+}
 #: Float ops with an integer form here (Relu/Clip only when absorbed by the following Q's clipping).
 SUPPORTED_OPS = frozenset(
     {"Conv", "Gemm", "MatMul", "Add", "MaxPool", "Reshape", "Flatten", "Relu", "Clip", "GlobalAveragePool"}
@@ -129,6 +136,8 @@ class GraphState:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     #: Deeploy's LayerNorm form: "iLayerNorm" (Generic) or "iRMSNorm" (centring MatMul + iRMSNorm: Siracusa)
     layernorm: str = "iLayerNorm"
+    #: MatMul operands must be int8 (PULPOpen/Siracusa): uint8 ones are re-encoded (``deeploy_transformer``)
+    int8_matmul: bool = False
     #: static tensor shapes of the QDQ model as given (ONNX inference on the rewritten graph loses some)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     #: integer input samples (quantized values q by input name) for data-driven passes and the comparison
@@ -229,11 +238,17 @@ def check_supported(state: GraphState) -> int:
             f"{what}{'; '.join(wide.values())}; Deeploy export supports int8 "
             "activations/weights and int32 biases only (drop these 16-bit promotions for target 'deeploy')"
         )
+    in_gelu = {m for _, members, _ in dt.gelu_chains(ix, consts).values() for m in members}
     for node in ix.nodes:
         if is_q(node) or is_dq(node):
             continue
         if node.op_type == "Constant":
             continue
+        if node.op_type in dt.GELU_ONLY_OPS and node.name not in in_gelu:
+            raise TargetError(
+                f"{_label(node)} cannot be exported to Deeploy: {node.op_type} has an integer form only inside a "
+                "GELU (PyTorch's Erf or tanh form)"
+            )
         if node.op_type not in SUPPORTED_OPS or node.domain not in ("", "ai.onnx"):
             why = _WHY_UNSUPPORTED.get(node.op_type, "has no integer form in this export")
             raise TargetError(
@@ -399,7 +414,7 @@ def _integer_node(
     ins: list[str],
     out: str,
     out_act: Activation,
-    shapes: Mapping[str, list[int]],
+    shapes: dict[str, list[int]],
 ) -> list[onnx.NodeProto]:
     """The integer form of one compute node whose output is quantized to ``out``."""
     if node.op_type in _PASS_THROUGH:
@@ -417,7 +432,8 @@ def _integer_node(
         return _integer_linear(state, conv, [ins[0], w_name], out, out_act)
     if node.op_type == "Add":
         return _integer_add(state, node, ins, out, out_act)
-    return _integer_linear(state, node, ins, out, out_act, shapes.get(node.output[0]))
+    pre, ins = dt.int8_operands(state, node, ins, shapes)  # PULPOpen: a uint8 input of a MatMul → int8
+    return [*pre, *_integer_linear(state, node, ins, out, out_act, shapes.get(node.output[0]))]
 
 
 def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
@@ -436,15 +452,16 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
     new_nodes: list[onnx.NodeProto] = []
     n = 0
     gelus = dt.gelu_chains(ix, {**consts, **state.constants})
-    inside = {m for _, members in gelus.values() for m in members}
+    inside = {m for _, members, _ in gelus.values() for m in members}
     for node in ix.nodes:
         if is_q(node) or is_dq(node) or node.op_type in ("Relu", "Clip") or node.op_type == "Constant":
             continue
         ins = [alias.get(t, t) for t in node.input]
-        if node.name in gelus:  # the whole GELU chain becomes one node, from the Div's input to the last Mul's Q
-            q_node, _ = _output_q(gelus[node.name][0], ix)
+        if node.name in gelus:  # the whole GELU chain becomes one node, from x to the last Mul's Q
+            last, _, x = gelus[node.name]
+            q_node, _ = _output_q(last, ix)
             out_act = state.acts[q_node.output[0]]
-            new_nodes.extend(dt.integer_gelu_chain(state, node, ins[0], q_node.output[0], out_act))
+            new_nodes.extend(dt.integer_gelu_chain(state, node, alias.get(x, x), q_node.output[0], out_act))
             n += 1
             continue
         if node.name in inside:
@@ -1239,7 +1256,8 @@ def export(
     data: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
     verbose: bool = True,
     num_samples: int = 16,
-    layernorm: str = "iLayerNorm",
+    layernorm: str | None = None,
+    platform: str = "Generic",
 ) -> ExportResult:
     """Export a QDQ int8 model to ``out_dir/{network.onnx, inputs.npz, outputs.npz}`` for Deeploy.
 
@@ -1249,6 +1267,10 @@ def export(
     with the model's own input QuantizeLinear. ``None`` draws ``num_samples`` seeded random int8 inputs. At most
     ``num_samples`` samples are compared with ONNX Runtime; the first becomes inputs.npz/outputs.npz.
 
+    ``platform`` picks the network's form (:data:`PLATFORM_FORMS`): ``"Siracusa"``/``"PULPOpen"`` write
+    LayerNorm as a centring MatMul + ``iRMSNorm`` and re-encode uint8 MatMul operands to int8 (docs/deeploy.md,
+    "Siracusa"); ``layernorm`` overrides the LayerNorm form alone.
+
     ``out_dir`` appears whole or not at all: it is built in a temp folder next to it and renamed. An existing
     ``out_dir`` is replaced only if it holds nothing but a previous export's three files.
     """
@@ -1257,9 +1279,13 @@ def export(
     src = qdq_model if isinstance(qdq_model, onnx.ModelProto) else load_model(qdq_model, "QDQ model")
     model = onnx.ModelProto()
     model.CopyFrom(src)
+    if platform not in PLATFORM_FORMS:
+        raise TargetError(f"platform must be one of {tuple(PLATFORM_FORMS)}, got {platform!r}")
+    form, int8_matmul = PLATFORM_FORMS[platform]
+    layernorm = layernorm or form
     if layernorm not in LAYERNORM_FORMS:
         raise TargetError(f"layernorm must be one of {LAYERNORM_FORMS}, got {layernorm!r}")
-    state = GraphState(model, layernorm=layernorm)
+    state = GraphState(model, layernorm=layernorm, int8_matmul=int8_matmul)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or set(os.listdir(out)) - set(_OUTPUT_FILES)):
         raise TargetError(f"{out}: exists and holds other files than a previous export; choose another folder")

@@ -44,7 +44,7 @@ modified (a new model is returned).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -522,23 +522,43 @@ def _snap_gap(
     in_act = _activation(s_in, zp_in)
     zp_res = _activation(s_out, zp_out).residual_zp
     acc_max = _accumulator_bound(np.ones((c, 1, shape[2], shape[3]), np.int8), 0, in_act, np.zeros(c, np.int64))
-    m = np.array([s_in / hw / s_out])
-    for _ in range(6):
-        choice = _choose(m, acc_max, zp_res)
-        if choice is None:
-            return f"ratio {float(m[0]):.3g} does not fit int32 RequantShift"
-        mul, k = choice
-        s_new = float(np.float32(s_in * 2.0**k / (hw * float(mul[0]))))
-        check = _export_choice(np.array([s_in * (1.0 / hw) / s_new]), acc_max, zp_res)
-        if check is not None and check[1] == k and int(check[0][0]) == int(mul[0]):
-            break
-        if check is not None:
-            m = check[0] / 2.0 ** check[1]
-    else:
-        return "no k on which the export and the snapping agree"
+    # The export's GAP weight scale is 1/(H·W), so its ratio is s_in·(1/(H·W))/s_out: computed in that order here.
+    found = _snapped_output_scale(
+        s_in / hw / s_out, acc_max, zp_res,
+        lambda mul, k: s_in * 2.0**k / (hw * mul), lambda s_new: s_in * (1.0 / hw) / s_new,
+    )  # fmt: skip
+    if isinstance(found, str):
+        return found
+    mul, k, s_new = found
     label = node.name or node.output[0]
     name = _set_output_scale(q, ix, scales, s_new, f"{q.output[0]}_scale_snapped")
-    return SnappedScale(label, node.op_type, "output", name, k, int(mul[0]), int(mul[0]), abs(s_new - s_out) / s_out)
+    return SnappedScale(label, node.op_type, "output", name, k, mul, mul, abs(s_new - s_out) / s_out)
+
+
+def _snapped_output_scale(
+    m0: float,
+    bound: np.ndarray | float,
+    zp_res: int,
+    scale_for: Callable[[int, int], float],
+    ratio_of: Callable[[float], float],
+) -> tuple[int, int, float] | str:
+    """The fixed-point search shared by every output-scale snapping: from the ratio ``m0``, choose ``(mul, k)``
+    (odd mul, largest k in the int32 budget ``bound``), take the float32 output scale ``scale_for(mul, k)`` and
+    check that the export, reading ``ratio_of(that scale)``, picks the same ``(mul, k)``; otherwise retry from the
+    export's own choice (at most 6 rounds). Returns ``(mul, k, scale)`` or why it failed."""
+    m = np.array([m0])
+    for _ in range(6):
+        choice = _choose(m, bound, zp_res)
+        if choice is None:
+            return f"ratio {float(m[0]):.3g} does not fit int32 RequantShift"
+        mul, k = int(choice[0][0]), choice[1]
+        s_new = float(np.float32(scale_for(mul, k)))
+        check = _export_choice(np.array([ratio_of(s_new)]), bound, zp_res)
+        if check is not None and check[1] == k and int(check[0][0]) == mul:
+            return mul, k, s_new
+        if check is not None:
+            m = check[0] / 2.0 ** check[1]
+    return "no k on which the export and the snapping agree"
 
 
 def _const_scalar(name: str, ix: GraphIndex, scales: _Scales) -> float | None:
@@ -599,23 +619,15 @@ def _snap_uniform(
     q, s_out, zp_out = out
     zp_res = _activation(s_out, zp_out).residual_zp
     bound = acc_max + zp_term
-    m = np.array([factor / s_out])
-    for _ in range(6):
-        choice = _choose(m, bound, zp_res)
-        if choice is None:
-            return f"ratio {float(m[0]):.3g} does not fit int32 RequantShift"
-        mul, k = choice
-        s_new = float(np.float32(factor * 2.0**k / float(mul[0])))
-        check = _export_choice(np.array([factor / s_new]), bound, zp_res)
-        if check is not None and check[1] == k and int(check[0][0]) == int(mul[0]):
-            break
-        if check is not None:
-            m = check[0] / 2.0 ** check[1]
-    else:
-        return "no k on which the export and the snapping agree"
+    found = _snapped_output_scale(
+        factor / s_out, bound, zp_res, lambda mul, k: factor * 2.0**k / float(mul), lambda s_new: factor / s_new
+    )
+    if isinstance(found, str):
+        return found
+    mul, k, s_new = found
     name = _set_output_scale(q, ix, scales, s_new, f"{q.output[0]}_scale_snapped")
     label = node.name or node.output[0]
-    return SnappedScale(label, node.op_type, "output", name, k, int(mul[0]), int(mul[0]), abs(s_new - s_out) / s_out)
+    return SnappedScale(label, node.op_type, "output", name, k, mul, mul, abs(s_new - s_out) / s_out)
 
 
 def _snap_add(

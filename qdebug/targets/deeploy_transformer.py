@@ -32,12 +32,21 @@ from qdebug.targets.deeploy_rq import _choose_requant, _requant_node, _rqs
 if TYPE_CHECKING:
     from qdebug.targets.deeploy_export import Activation, GraphState
 
-__all__ = ["TRANSFORMER_OPS", "evaluate_node", "gelu_chains", "integer_transformer_node", "zero_centre_operands"]
+__all__ = [
+    "TRANSFORMER_OPS",
+    "evaluate_node",
+    "gelu_chains",
+    "int8_operands",
+    "integer_transformer_node",
+    "zero_centre_operands",
+]
 
 #: Float ops this module gives an integer form (Erf/Mul/Div/Add only inside the patterns below).
 TRANSFORMER_OPS = frozenset(
-    {"LayerNormalization", "Softmax", "Erf", "Gelu", "Mul", "Div", "Transpose", "Concat", "ReduceMean"}
+    {"LayerNormalization", "Softmax", "Erf", "Tanh", "Pow", "Gelu", "Mul", "Div", "Transpose", "Concat", "ReduceMean"}
 )
+#: Ops exported only as members of a GELU chain (:func:`gelu_chains`).
+GELU_ONLY_OPS = frozenset({"Erf", "Tanh", "Pow"})
 #: Shape-only ops whose Q repeats the input's quantization.
 SHAPE_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 _INT32 = 2**31
@@ -97,9 +106,14 @@ def _needs_zero_centre(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict
             srcs = [act_source(t) for t in node.input[:2]]
             if all(srcs):
                 want.update({s: want.get(s, 0.0) for s in srcs if s})
-        elif node.op_type in ("Erf", "Gelu"):
-            head = node if node.op_type == "Gelu" else _gelu_head(ix, node, consts)
-            src = act_source(head.input[0]) if head is not None else None
+        elif node.op_type in ("Erf", "Gelu", "Tanh"):
+            chain = (
+                None
+                if node.op_type == "Gelu"
+                else (_erf_gelu if node.op_type == "Erf" else _tanh_gelu)(ix, node, consts)
+            )
+            x = node.input[0] if node.op_type == "Gelu" else chain[2] if chain is not None else None
+            src = act_source(x) if x is not None else None
             if src:
                 want[src] = GELU_MIN_SCALE
     return want
@@ -196,29 +210,112 @@ def _gelu_head(ix: GraphIndex, erf: onnx.NodeProto, consts: Mapping[str, np.ndar
     return div if c is not None and abs(c - math.sqrt(2)) < 2e-2 else None
 
 
-def gelu_chains(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, tuple[onnx.NodeProto, set[str]]]:
-    """PyTorch's exact GELU, ``Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)`` with Q/DQ between the ops: head Div
-    name → (the last Mul, names of every node of the chain)."""
-    out: dict[str, tuple[onnx.NodeProto, set[str]]] = {}
+def gelu_chains(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, tuple[onnx.NodeProto, set[str], str]]:
+    """PyTorch's GELU written out as ops with Q/DQ between them: the exact form ``Mul(Mul(x, Add(Erf(Div(x, √2)),
+    1)), 0.5)`` and the tanh form (:func:`_tanh_gelu`). Head (the chain's first node in graph order) name → (the
+    last Mul, names of every node of the chain, the DQ output that feeds x)."""
+    out: dict[str, tuple[onnx.NodeProto, set[str], str]] = {}
+    order = {n.name: i for i, n in enumerate(ix.nodes)}
     for erf in ix.nodes:
-        if erf.op_type != "Erf":
-            continue
-        div = _gelu_head(ix, erf, consts)
-        add = _after_qdq(ix, erf)
-        mul = _after_qdq(ix, add) if add is not None and add.op_type == "Add" else None
-        half = _after_qdq(ix, mul) if mul is not None and mul.op_type == "Mul" else None
-        if div is None or add is None or mul is None or half is None or half.op_type != "Mul":
-            continue
-        one = [_const_value(ix, t, consts) for t in add.input]
-        x_src = {ix.producer[t].input[0] for t in (div.input[0],) if t in ix.producer}
-        mul_srcs = {ix.producer[t].input[0] for t in mul.input if t in ix.producer and is_dq(ix.producer[t])}
-        c_half = [_const_value(ix, t, consts) for t in half.input]
-        if not any(v is not None and abs(v - 1) < 2e-2 for v in one) or not x_src & mul_srcs:
-            continue
-        if not any(v is not None and abs(v - 0.5) < 1e-2 for v in c_half):
-            continue
-        out[div.name] = (half, {div.name, erf.name, add.name, mul.name, half.name})
+        found = _erf_gelu(ix, erf, consts) if erf.op_type == "Erf" else None
+        if erf.op_type == "Tanh":
+            found = _tanh_gelu(ix, erf, consts)
+        if found is not None:
+            half, members, x = found
+            out[min(members, key=order.__getitem__)] = (half, members, x)
     return out
+
+
+def _near(v: float | None, want: float, rel: float = 2e-2) -> bool:
+    return v is not None and abs(v - want) <= rel * abs(want)
+
+
+def _has_const(ix: GraphIndex, node: onnx.NodeProto, consts: Mapping[str, np.ndarray], want: float) -> str | None:
+    """The other input of a two-input ``node`` one of whose inputs is the constant ``want``, else None."""
+    vals = [_const_value(ix, t, consts) for t in node.input]
+    hit = [i for i, v in enumerate(vals) if _near(v, want)]
+    return str(node.input[1 - hit[0]]) if len(node.input) == 2 and hit else None
+
+
+def _tail(
+    ix: GraphIndex, head: onnx.NodeProto, consts: Mapping[str, np.ndarray], x_src: str
+) -> list[onnx.NodeProto] | None:
+    """The shared end of both GELU forms after Erf/Tanh: ``Mul(Mul(x, Add(·, 1)), 0.5)`` (through Q/DQ)."""
+    add = _after_qdq(ix, head)
+    mul = _after_qdq(ix, add) if add is not None and add.op_type == "Add" else None
+    half = _after_qdq(ix, mul) if mul is not None and mul.op_type == "Mul" else None
+    if add is None or mul is None or half is None or half.op_type != "Mul" or _has_const(ix, add, consts, 1.0) is None:
+        return None
+    if x_src not in {_dq_source(ix, t) for t in mul.input} or _has_const(ix, half, consts, 0.5) is None:
+        return None
+    return [add, mul, half]
+
+
+def _dq_source(ix: GraphIndex, t: str) -> str | None:
+    """The quantized tensor (a Q output) behind the DQ output ``t``."""
+    dq = ix.producer.get(t)
+    return str(dq.input[0]) if dq is not None and is_dq(dq) else None
+
+
+def _op_before(ix: GraphIndex, t: str) -> onnx.NodeProto | None:
+    """The op whose output reaches ``t`` through one Q → DQ pair."""
+    src = _dq_source(ix, t)
+    q = ix.producer.get(src) if src is not None else None
+    return ix.producer.get(q.input[0]) if q is not None and is_q(q) else None
+
+
+def _erf_gelu(
+    ix: GraphIndex, erf: onnx.NodeProto, consts: Mapping[str, np.ndarray]
+) -> tuple[onnx.NodeProto, set[str], str] | None:
+    div = _gelu_head(ix, erf, consts)
+    x_src = _dq_source(ix, div.input[0]) if div is not None else None
+    tail = _tail(ix, erf, consts, x_src) if div is not None and x_src is not None else None
+    if div is None or tail is None:
+        return None
+    return tail[-1], {div.name, erf.name, *(n.name for n in tail)}, str(div.input[0])
+
+
+def _cube_of(
+    ix: GraphIndex, node: onnx.NodeProto | None, consts: Mapping[str, np.ndarray]
+) -> tuple[str, set[str]] | None:
+    """``x³`` as ``Pow(x, 3)``, ``Mul(x, Mul(x, x))`` or ``Mul(Mul(x, x), x)`` (Q/DQ between): (x's quantized
+    source, the nodes)."""
+    if node is None:
+        return None
+    if node.op_type == "Pow" and _near(_const_value(ix, node.input[1], consts), 3.0, 1e-6):
+        src = _dq_source(ix, node.input[0])
+        return (src, {node.name}) if src else None
+    if node.op_type != "Mul" or len(node.input) != 2:
+        return None
+    for i in (0, 1):
+        sq = _op_before(ix, node.input[1 - i])
+        src = _dq_source(ix, node.input[i])
+        if sq is not None and sq.op_type == "Mul" and src and {_dq_source(ix, t) for t in sq.input} == {src}:
+            return src, {node.name, sq.name}
+    return None
+
+
+def _tanh_gelu(
+    ix: GraphIndex, tanh: onnx.NodeProto, consts: Mapping[str, np.ndarray]
+) -> tuple[onnx.NodeProto, set[str], str] | None:
+    """``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` as PyTorch's ``gelu(approximate="tanh")`` exports it
+    (any operand order, ``Pow(x, 3)`` or two Muls for the cube), Q/DQ between the ops."""
+    beta = _op_before(ix, tanh.input[0])
+    inner = _has_const(ix, beta, consts, math.sqrt(2 / math.pi)) if beta is not None and beta.op_type == "Mul" else None
+    add = _op_before(ix, inner) if inner is not None else None
+    if add is None or add.op_type != "Add" or len(add.input) != 2:
+        return None
+    for i in (0, 1):
+        x_src, kmul = _dq_source(ix, add.input[i]), _op_before(ix, add.input[1 - i])
+        cubed = _has_const(ix, kmul, consts, 0.044715) if kmul is not None and kmul.op_type == "Mul" else None
+        cube = _cube_of(ix, _op_before(ix, cubed), consts) if cubed is not None else None
+        if x_src is None or cube is None or cube[0] != x_src:
+            continue
+        tail = _tail(ix, tanh, consts, x_src)
+        if tail is not None and beta is not None and kmul is not None:  # (both are, once cube was found)
+            members = {beta.name, add.name, kmul.name, tanh.name, *cube[1], *(n.name for n in tail)}
+            return tail[-1], members, str(add.input[i])
+    return None
 
 
 # --------------------------------------------------------------------------- export handlers
@@ -259,11 +356,73 @@ def _act(state: GraphState, node: onnx.NodeProto, t: str) -> Activation:
     return a
 
 
+def int8_operands(
+    state: GraphState, node: onnx.NodeProto, ins: list[str], shapes: Any
+) -> tuple[list[onnx.NodeProto], list[str]]:
+    """PULPOpen's MatMul takes int8 × int8 only (``state.int8_matmul``): every uint8 activation operand of the
+    MatMul ``node`` (a shifted tensor: a non-negative input, a Softmax output) is first re-encoded to int8 by the
+    exact zero-point shift ``q = u − 128`` (``RequantShift(u, 2, −256, div 2)``); the tensor then has zero point
+    −128 in int8, which the MatMul folds (a weight's column sums, :func:`_integer_matmul_acts`'s ones block).
+    Returns the re-encoding nodes and the inputs to use."""
+    if not state.int8_matmul or node.op_type != "MatMul":
+        return [], ins
+    nodes: list[onnx.NodeProto] = []
+    new = list(ins)
+    for i, t in enumerate(ins[:2]):
+        act = state.acts.get(t)
+        if act is not None and not act.signed:
+            rq, new[i] = _reencode_int8(state, t)
+            shapes[new[i]] = shapes[node.input[i]]
+            nodes += rq
+    return nodes, new
+
+
+def _reencode_int8(state: GraphState, t: str) -> tuple[list[onnx.NodeProto], str]:
+    """``q = u − 128``: the shifted uint8 tensor ``t`` as int8 with zero point −128 (exact: ``floor((2u − 256 +
+    1) / 2)``; div 2 rather than 1 because Deeploy's fused kernels add ``2^(shift−1)``). Once per tensor: a
+    second reader reuses it (no node)."""
+    act = state.acts[t]
+    dst = state.unique(f"{t}_int8")  # the graph is rebuilt at the end of the pass: a re-encoding made for an
+    if dst in state.acts:  # earlier reader is not in it yet, but its encoding is known
+        return [], dst
+    state.acts[dst] = type(act)(act.scale, act.zero_point, 0)
+    return [_requant_node(state, t, dst, np.array([2]), np.array(-256), 1, state.acts[dst], ())], dst
+
+
+def _ones_block_matmul(
+    state: GraphState, node: onnx.NodeProto, ins: list[str], acc: str, shapes: Any
+) -> list[onnx.NodeProto]:
+    """``Σ_k u_k·b_kj`` for an operand ``u = q + 128`` re-encoded to int8 ``q`` (PULPOpen): one MatMul over the
+    contraction extended by a constant block, ``[q | 64·1 | 64·1] × [b; b; b]`` = ``Σ q·b + 128·Σ b``, exact in
+    int8 × int8 (128 itself is no int8). Costs 3× the MACs of the plain MatMul; no Add of int32 tensors, which
+    PULPOpen's Add → RequantShift fusion (RequantizedAdd) would need in int8."""
+    a_shape = list(shapes[node.input[0]])
+    rank, n = len(a_shape), a_shape[-1]
+    ones, wide, bb, bbb = (state.unique(f"{acc}_{p}") for p in ("ones64", "a_wide", "b2", "b3"))
+    state.set_const(ones, np.full([*a_shape[:-1], 2 * n], 64, np.int8))
+    copies = [state.unique(f"{acc}_b_copy{i}") for i in (1, 2)]  # unique() sees only the graph so far
+    for t in (wide, *copies, bb, bbb):
+        state.acts[t] = state.acts[ins[0] if t == wide else ins[1]]
+    # b is copied by identity RequantShifts (add −1, not 0: Deeploy drops a "unity" one after a Transpose) so
+    # that every tensor here has one reader, once: Deeploy's TransposeSplitPass fails on Concat(t, t) of a
+    # Transpose, and its RQSSplitPass shares one constant between the copies of a RequantShift read twice.
+    dups = [_requant_node(state, ins[1], c, np.array([2]), np.array(-1), 1, state.acts[c], ()) for c in copies]
+    return [
+        helper.make_node("Concat", [ins[0], ones], [wide], name=state.unique(f"{node.name}_ones"), axis=rank - 1),
+        *dups,
+        helper.make_node("Concat", [ins[1], copies[0]], [bb], name=state.unique(f"{node.name}_b2"), axis=rank - 2),
+        helper.make_node("Concat", [copies[1], bb], [bbb], name=state.unique(f"{node.name}_b3"), axis=rank - 2),
+        helper.make_node("MatMul", [wide, bbb], [acc], name=node.name),
+    ]
+
+
 def _integer_matmul_acts(
     state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation, shapes: Any
 ) -> list[onnx.NodeProto]:
+    pre, ins = int8_operands(state, node, ins, shapes)
     a, b = (_act(state, node, t) for t in ins[:2])
-    for t, act in zip(ins, (a, b), strict=False):
+    shifted = state.int8_matmul and a.residual_zp == -128 and a.zero_point == -128 and not b.residual_zp
+    for t, act in [(ins[1], b)] if shifted else [(ins[0], a), (ins[1], b)]:
         if act.residual_zp:
             raise TargetError(
                 f"MatMul node {node.name!r}: operand {t!r} has zero point {act.zero_point}; Deeploy's MatMul of two "
@@ -271,10 +430,12 @@ def _integer_matmul_acts(
             )
     n = shapes[node.input[0]][-1]
     acc = state.unique(f"{out}_acc")
-    mm = helper.make_node("MatMul", ins[:2], [acc], name=node.name)
+    mm = [helper.make_node("MatMul", ins[:2], [acc], name=node.name)]
+    if shifted:
+        mm = _ones_block_matmul(state, node, ins, acc, shapes)
     rq = _uniform_requant(state, acc, out, a.scale * b.scale / out_act.scale, n * 255.0 * 128, 0, out_act,
                           shapes[node.output[0]])  # fmt: skip
-    return [mm, rq]
+    return [*pre, *mm, rq]
 
 
 def _const_real(state: GraphState, t: str) -> np.ndarray | None:
@@ -393,6 +554,10 @@ def _layernorm_as_rmsnorm(
     if d > 128:
         raise TargetError(f"LayerNormalization node {node.name!r}: the centring matrix needs D ≤ 128 (got {d})")
     x = _act(state, node, x_name)
+    pre: list[onnx.NodeProto] = []
+    if state.int8_matmul and not x.signed:  # the centring MatMul cancels the zero point −128 of q = u − 128
+        pre, x_name = _reencode_int8(state, x_name)
+        x = state.acts[x_name]
     centre, acc, xc, normed = (state.unique(f"{out}_{p}") for p in ("centre", "centred_acc", "centred", "normed"))
     state.set_const(centre, (d * np.eye(d) - 1).astype(np.int8))
     xc_act = type(x)(x.scale, 0, 0)
@@ -409,6 +574,7 @@ def _layernorm_as_rmsnorm(
     add = helper.make_node("Add", [normed, bias_name], [out], name=state.unique(f"{node.name}_beta"))
     shapes = {**shapes, add.output[0]: shape}
     return [
+        *pre,
         helper.make_node("MatMul", [x_name, centre], [acc], name=state.unique(f"{node.name}_centre")),
         rq,
         rms,
@@ -552,8 +718,8 @@ def integer_transformer_node(
         return handlers[op](state, node, ins, out, out_act, shapes)
     if op == "Gelu":
         return _integer_gelu(state, node, ins[0], out, out_act)
-    if op == "Erf":
-        raise TargetError(f"Erf node {node.name!r}: an Erf outside PyTorch's GELU pattern has no integer form")
+    if op in ("Erf", "Tanh", "Pow"):
+        raise TargetError(f"{op} node {node.name!r}: an {op} outside PyTorch's GELU patterns has no integer form")
     return None
 
 

@@ -32,7 +32,8 @@ def html_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_renders_offline(browser: Any, html_report: Path, screenshot_dir: Path) -> None:
     from playwright.sync_api import expect
 
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    # A short window: the graph, the third figure, starts well below it (plus the 400 px look-ahead).
+    context = browser.new_context(viewport={"width": 1400, "height": 600})
     requests: list[str] = []
     errors: list[str] = []
 
@@ -48,11 +49,20 @@ def test_report_renders_offline(browser: Any, html_report: Path, screenshot_dir:
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     try:
         page.goto(html_report.as_uri())
-        expect(page.locator("body[data-qd-rendered]")).to_have_attribute("data-qd-rendered", "3", timeout=60_000)
-        assert page.locator("#fig-layers .main-svg").count() >= 1
-        assert page.locator("#fig-graph .scatterlayer .point").count() >= 4  # x, a, b, cat (and y)
         expect(page.locator("#verdict h2")).to_contain_text("Verdict")
         expect(page.locator("#diagnostics")).to_contain_text("scale mismatch")
+        expect(page.locator("body")).to_have_attribute("data-qd-ready", "3", timeout=60_000)
+        # Drawn only when reached: the graph, out of view, is not drawn yet.
+        assert page.locator("#fig-graph[data-qd-drawn]").count() == 0
+        assert page.locator("#fig-graph .main-svg").count() == 0
+        for fig in ("fig-layers", "fig-samples", "fig-graph"):  # as a reader scrolls down: each one draws
+            page.locator(f"#{fig}").scroll_into_view_if_needed()
+            expect(page.locator(f"#{fig}[data-qd-drawn]")).to_have_count(1, timeout=60_000)
+            assert page.locator(f"#{fig} .main-svg").count() >= 1, fig
+            assert page.locator(f"#{fig} .wait").count() == 0, fig  # the placeholder is gone
+        assert page.locator("#fig-layers .heatmaplayer image, #fig-layers .hm image").count() >= 1
+        assert page.locator("#fig-graph .scatterlayer .point").count() >= 4  # x, a, b, cat (and y)
+        expect(page.locator("body")).to_have_attribute("data-qd-rendered", "3")
         page.screenshot(path=str(screenshot_dir / "html_report.png"), full_page=False)
     finally:
         context.close()

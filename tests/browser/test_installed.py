@@ -90,6 +90,8 @@ def test_the_wheel_carries_the_samples_notebooks_and_ui(installed: dict[str, Any
         "qdebug_widgets/__init__.py",
         "qdebug_widgets/dashboard.py",
         "qdebug/__main__.py",
+        "qdebug/render/vendor/plotly-cartesian.min.js.gz",  # the HTML report's plotly.js (and its licence)
+        "qdebug/render/vendor/LICENSE-plotly.js.txt",
     ):
         assert must in names, must
     assert not [n for n in names if n.startswith("widgets/")]  # no top-level 'widgets' to collide with
