@@ -6,8 +6,11 @@ For each cached corpus model (``~/.cache/qdebug/realmodels`` or ``$QDEBUG_CORPUS
 
 * base: the 8-bit model's worst output SQNR, and the seconds of one plain debug pass of it;
 * all-16: every activation in uint16 (the ceiling; measured by the search itself, goal = all-16 − ``--near``);
-* the ``measured`` search (``qdebug.mixed.search.measured_search``): the top ``--measure-top`` candidates (LayerNorm and
-  attention groups merged) measured alone, then joint prefixes of the measured ranking;
+* the search (``--strategy``, default ``efficient``: ``qdebug.mixed.search.efficient_search``, blocks demoted from
+  all-16 to find where the noise sits, then joint prefixes of the ranking by noise per 16-bit element; ``measured``:
+  the top ``--measure-top`` candidates promoted alone, then joint prefixes of the measured ranking);
+* the best point measured within ``--budget`` of the activation elements (10 %): the search's own, and the longest
+  prefix of its ranking that fits the budget, measured once more (not counted in the search's evaluations);
 * the chosen point's SQNR and 16-bit cost, the evaluations and the wall time, the cost per evaluation as a multiple
   of one debug pass, the whole measured Pareto front, and predicted vs measured gain of the singles.
 
@@ -35,7 +38,12 @@ from typing import Any
 
 def _mark(args: argparse.Namespace, what: str) -> str:
     """The HTML comment that delimits a section in the docs (one per recipe and table)."""
-    return f"<!-- bench_mixed_corpus:{args.weight_type}:{what} -->"
+    recipe = (
+        args.weight_type
+        if getattr(args, "strategy", "measured") == "measured"
+        else f"{args.weight_type}-{args.strategy}"
+    )
+    return f"<!-- bench_mixed_corpus:{recipe}:{what} -->"
 
 
 def corpus_dir() -> Path:
@@ -67,9 +75,14 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         debug(s.float_path, base.quantization.model_path, s.debug_data, s.debug_options)
         debug_s = time.perf_counter() - t0
         goal = SearchGoal(
-            near_all16_db=args.near, strategy="measured", measure_top=args.measure_top, max_steps=args.max_steps
+            near_all16_db=args.near,
+            strategy=args.strategy,
+            measure_top=args.measure_top,
+            max_steps=args.max_steps,
+            rank=args.rank,
         )
         r = s.search(goal)
+        at_budget = best_at_budget(s, r, args.budget)
     wall = time.perf_counter() - t_all
     final = r.final
     sens = r.sensitivity
@@ -92,9 +105,84 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
             (m.candidate.name, str(m.candidate.kind), m.predicted_gain_db, m.measured_gain_db)
             for m in (sens.measured if sens is not None else ())
         ],
+        "at_budget": at_budget,
+        "strategy": args.strategy,
+        "carriers": _carriers(sens),
+        "model_min_cost": _model_min_cost(
+            sens, base.output_sqnr_db, None if r.ceiling_db is None else r.ceiling_db - args.near, r.ceiling_db
+        ),
         "estimate_error_db": None if sens is None else sens.estimate_error_db(),
         "rank_agreement": None if sens is None else sens.rank_agreement(),
     }
+
+
+def best_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None:
+    """The best point the search's measured ranking offers at most ``budget`` of the activation elements in 16 bits:
+    the measured point of the result if one is within the budget and better, else the longest prefix of the ranking
+    whose candidates' elements fit, measured here (one evaluation; not counted in the search's evaluations)."""
+    from qdebug.mixed.evaluation import sixteen_bit_cost
+
+    sens = r.sensitivity
+    inside = [p for p in (*r.steps, *r.evaluated) if p.cost_fraction_16bit <= budget and p.output_sqnr_db is not None]
+    best = max(inside, key=lambda p: p.output_sqnr_db, default=None)
+    row: dict[str, Any] = {"budget": budget, "search_best_db": None if best is None else best.output_sqnr_db,
+                           "search_best_cost": None if best is None else best.cost_fraction_16bit}  # fmt: skip
+    if sens is None or not sens.measured:
+        return row
+    share = {m.candidate.name: m.cost_fraction_16bit for m in sens.measured}
+    order = sens.ranking("efficiency")
+    n, used = 0, 0.0
+    for c in order:
+        if c.name not in share or used + share[c.name] > budget:
+            break
+        used += share[c.name]
+        n += 1
+    if n == 0:
+        return row
+    tensors = tuple(dict.fromkeys(t for c in order[:n] for t in c.tensors))
+    ev = session.evaluate(session.promote(tensors), name="at_budget")
+    row.update(prefix=n, prefix_db=ev.output_sqnr_db, prefix_cost=sixteen_bit_cost(ev.report)[0])
+    return row
+
+
+def _model_min_cost(sens: Any, base_db: float | None, goal_db: float | None, ceiling_db: float | None) -> float | None:
+    """The fewest activation elements (share) that meet ``goal_db`` under the additive model of the measured noises
+    (fractional knapsack: leaves taken by noise per element, the last one in part). ``None`` without a demotion
+    sweep or a goal."""
+    from qdebug.mixed.candidates import noise_power
+
+    if sens is None or str(sens.mode) != "demote" or goal_db is None:
+        return None
+    n_base, n_goal, n_ceil = noise_power(base_db), noise_power(goal_db), noise_power(ceiling_db)
+    if n_base is None or n_goal is None or n_ceil is None or n_base <= n_ceil:
+        return None
+    leaves = sorted(sens.measured, key=lambda m: -sens.efficiency(m))
+    total = sum(sens.noise_moved(m) for m in leaves) or 1.0
+    scale = (n_base - n_ceil) / total
+    need, cost = n_base - n_goal, 0.0
+    for m in leaves:
+        moved = scale * sens.noise_moved(m)
+        if moved <= 0:
+            break
+        if moved >= need:
+            return cost + m.cost_fraction_16bit * need / moved
+        need -= moved
+        cost += m.cost_fraction_16bit
+    return None
+
+
+def _carriers(sens: Any, k: int = 12) -> list[tuple[str, str, int, float, float | None, float]]:
+    """The ``k`` candidates that carry the most measured noise: (name, kind, tensors, element share, gain dB,
+    share of the measured noise)."""
+    if sens is None:
+        return []
+    total = sum(sens.noise_moved(m) for m in sens.measured) or 1.0
+    top = sorted(sens.measured, key=lambda m: -sens.noise_moved(m))[:k]
+    return [
+        (m.candidate.name, str(m.candidate.kind), len(m.candidate.tensors), m.cost_fraction_16bit,
+         m.measured_gain_db, sens.noise_moved(m) / total)
+        for m in top
+    ]  # fmt: skip
 
 
 def run_remedies(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -152,7 +240,7 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
     out = [
         _mark(args, "begin"),
         f"Measured by `benchmarks/bench_mixed.py --corpus {','.join(r['model'] for r in rows)}"
-        f" --weight-type {args.weight_type} --calib-samples "
+        f" --strategy {args.strategy} --weight-type {args.weight_type} --calib-samples "
         f"{args.calib_samples} --debug-samples {args.debug_samples} --measure-top {args.measure_top} --near {args.near}"
         f" --max-steps {args.max_steps}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{os.cpu_count()} cores shared with other jobs (load average {load} at the end), {platform.system()}, "
@@ -161,19 +249,31 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
         f"{args.debug_samples} debug samples only** (the machine is shared): small-sample figures, one run each.",
         "",
         "| model | base dB | all-16 dB | chosen point dB | chosen cost (16-bit elements) | goal reached | "
-        "evaluations | search s | wall s | s per evaluation ÷ one debug pass |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"evaluations | search s | wall s | s per evaluation ÷ one debug pass | best measured ≤ {args.budget:.0%} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['model']} | {_fmt(r['base_db'])} | {_fmt(r['all16_db'])} | {_fmt(r['chosen_db'])} | "
             f"{_fmt(100 * r['chosen_cost'], 1)} % | {'yes' if r['reached'] else 'no: ' + r['stop_reason']} | "
             f"{r['evaluations']} | {_fmt(r['search_s'], 0)} | {_fmt(r['wall_s'], 0)} | "
-            f"{_fmt(r['per_eval_over_debug'], 1)}× |"
+            f"{_fmt(r['per_eval_over_debug'], 1)}× | {_budget_cell(r)} |"
         )
     out += ["", "Pareto fronts (every point measured; cost = share of activation elements in 16 bits):", ""]
     for r in rows:
         pts = ", ".join(f"{label} {_fmt(100 * c, 1)} % → {_fmt(db)} dB" for label, c, db in r["pareto"])
+        out.append(f"- **{r['model']}**: {pts}")
+    out += [
+        "",
+        "Where the noise sits (the candidates or blocks carrying the most measured output noise: element share, "
+        "gain dB, share of the measured noise):",
+        "",
+    ]
+    for r in rows:
+        pts = "; ".join(
+            f"{n} ({k}, {t} tensors) {_fmt(100 * c, 1)} %, {_fmt(g)} dB, {_fmt(100 * sh, 0)} %"
+            for n, k, t, c, g, sh in r.get("carriers", ())
+        )
         out.append(f"- **{r['model']}**: {pts}")
     out += ["", "Predicted vs measured gain of the candidates measured alone (dB):", ""]
     for r in rows:
@@ -184,6 +284,18 @@ def render(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
         )
     out.append(_mark(args, "end"))
     return "\n".join(out) + "\n"
+
+
+def _budget_cell(r: dict[str, Any]) -> str:
+    b = r.get("at_budget")
+    if not b:
+        return "n/a"
+    cell = f"search: {_fmt(b['search_best_db'])} dB at {_fmt(100 * (b['search_best_cost'] or 0), 1)} %"
+    if r.get("model_min_cost") is not None:
+        cell += f"; additive model needs {_fmt(100 * r['model_min_cost'], 1)} % for the goal"
+    if "prefix_db" in b:
+        cell += f"; ranking prefix {b['prefix']}: {_fmt(b['prefix_db'])} dB at {_fmt(100 * b['prefix_cost'], 1)} %"
+    return cell
 
 
 def write_docs(path: Path, section: str) -> None:
@@ -207,7 +319,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weight-type", default="int8", help="int8 (the gauntlet's U8S8, default) or uint8 (qdebug's default)"
     )
-    parser.add_argument("--measure-top", type=int, default=6, help="candidates measured one at a time")
+    parser.add_argument(
+        "--measure-top", type=int, default=None, help="candidates measured one at a time (default: 8 / all)"
+    )
+    parser.add_argument("--strategy", default="efficient", help="search strategy (default efficient)")
+    parser.add_argument("--rank", default="gain", help="measured strategy: gain or efficiency")
+    parser.add_argument("--budget", type=float, default=0.10, help="element share for the best-at-budget probe")
     parser.add_argument("--near", type=float, default=0.5, help="goal: within this many dB of all-16")
     parser.add_argument("--max-steps", type=int, default=16, help="joint prefixes measured at most")
     parser.add_argument("--docs", type=Path, help="replace the table section in this Markdown file")

@@ -388,6 +388,7 @@ class _Job:
     timings: dict[str, float] = field(default_factory=dict)
     fixes: tuple[PassReport, ...] = ()
     compile_report: CompileReport | None = None
+    region: Any = None  # the :class:`qdebug.region.Region` built, if any
 
     def timed(self, key: str, t0: float) -> None:
         self.timings[key] = round(time.perf_counter() - t0, 4)
@@ -664,7 +665,7 @@ def _manifest(
         timings=job.timings,
         files=files,
         warnings=tuple(job.warnings),
-        target_details=compiled.manifest,
+        target_details={**compiled.manifest, **({"region": job.region.to_dict()} if job.region else {})},
     )
 
 
@@ -694,6 +695,8 @@ def _run(job: _Job, staging: Path) -> tuple[BuildManifest, DebugReport | None]:
     compiled = _diagnose(job, cjob, compiled, acc, quant)
     top1 = _top1(job, cjob, compiled)
     files = _files(cjob, compiled, quant, staging)
+    if job.region is not None and job.eval_data is not None:  # the region's evaluation inputs (+ labels)
+        files["region_eval_data"] = job.eval_data.name
     if report is not None:
         files["report"] = "report.json"
         final = job.out.resolve()  # the report names the models where they will be, not in the staging folder
@@ -733,6 +736,8 @@ def build(
     job.out.parent.mkdir(parents=True, exist_ok=True)
     staging = _staging_dir(job.out)
     try:
+        if options.extract_inputs:
+            _extract(job, staging)
         manifest, report = _run(job, staging)
         job.timings["total_s"] = round(time.perf_counter() - t_start, 4)
         manifest = replace(manifest, timings=job.timings)
@@ -747,6 +752,42 @@ def build(
             raise named from exc
         raise
     return BuildResult(out_dir=job.out, manifest=manifest, report=report)
+
+
+def _extract(job: _Job, staging: Path) -> None:
+    """0. Cut the float model to the region asked for (:mod:`qdebug.region`); the data becomes the region's input
+    values, computed by the float model on ONNX Runtime (labels of the evaluation set kept)."""
+    from qdebug.region import Region, check_region, extract_region, probe, region_data
+
+    t0 = time.perf_counter()
+    region = Region(job.options.extract_inputs, job.options.extract_outputs)
+    what = str(job.src)
+    check_region(job.model, region, what)
+    job.say(f"extracting the region {list(region.inputs)} -> {list(region.outputs)}")
+    specs, label = input_specs(job.model), job.options.label_key
+    shapes = job.options.input_shapes
+
+    def source(d: Any, n: int | None = None) -> DataSource:
+        return open_data(d, specs, num_samples=n, ignore=(label,), input_shapes=shapes)
+
+    first_src = next((d for d in (job.data, job.debug_data, job.eval_data) if d is not None), None)
+    first = next(iter(source(first_src, 1)))
+    sub = extract_region(job.model, region, probe(job.model, first, (*region.inputs, *region.outputs), what), what)
+    cfg_n = job.cfg.num_samples if job.cfg is not None else None
+    if job.data is not None:
+        job.data = region_data(job.model, source(job.data, cfg_n), region, what)
+    if job.debug_data is not None:
+        job.debug_data = region_data(job.model, source(job.debug_data, job.options.debug_samples), region, what)
+    if job.eval_data is not None:
+        arrays = region_data(job.model, source(job.eval_data), region, what)
+        with np.load(job.eval_data, allow_pickle=False) as z:
+            arrays.update({k: z[k] for k in z.files if k not in {s.name for s in specs}})
+        job.eval_data = staging / f"{_stem(job)}.region_eval.npz"
+        np.savez(job.eval_data, **arrays)  # type: ignore[arg-type]
+    job.model = sub
+    job.options = replace(job.options, input_shapes=None)  # they named the original inputs
+    job.region = region
+    job.timed("extract_s", t0)
 
 
 def _unstaged(exc: BaseException, job: _Job, staging: Path) -> QDebugError | None:

@@ -479,3 +479,30 @@ def scoped_residual_mlp(blocks: int = 60, width: int = 8, seed: int = 0, sigmoid
         ]
         h = f"{p}/Add_output_0"
     return _model(nodes, [value_info("x", [1, width])], [value_info(h, [1, width])], inits)
+
+
+def host_device_host(seed: int = 0) -> onnx.ModelProto:
+    """A model in three parts, as MiniLM for an MCU: an int64 lookup (host) → a float MLP with an additive bias
+    input (device) → an Unsqueeze (host). ``ids`` [1, 4] int64 → ``Gather(table)`` → ``h`` [1, 4, 8];
+    ``bias`` = ``Cast(mask)·(−1)`` [1, 4, 1]; ``Add(MatMul(h, W1), bias)`` → Relu → ``MatMul(·, W2)`` → ``y``;
+    ``Unsqueeze(y)`` → ``z`` (graph output). The device region: inputs ``h``, ``bias``; output ``y``."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["h"], name="lookup"),
+        helper.make_node("Cast", ["mask"], ["maskf"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["maskf", "minus"], ["bias"], name="bias"),
+        helper.make_node("MatMul", ["h", "W1"], ["m1"], name="mm1"),
+        helper.make_node("Add", ["m1", "bias"], ["a1"], name="add"),
+        helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+        helper.make_node("MatMul", ["r1", "W2"], ["y"], name="mm2"),
+        helper.make_node("Unsqueeze", ["y", "axes"], ["z"], name="unsq"),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "table"),
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32) * 0.5, "W1"),
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32) * 0.5, "W2"),
+        scalar("minus", -1.0, np.float32),
+        numpy_helper.from_array(np.array([0], np.int64), "axes"),
+    ]
+    inputs = [value_info("ids", [1, 4], TensorProto.INT64), value_info("mask", [1, 4, 1], TensorProto.INT64)]
+    return _model(nodes, inputs, [value_info("z", [1, 1, 4, 8])], inits)

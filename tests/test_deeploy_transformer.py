@@ -14,6 +14,7 @@ import pytest
 from builders import _model, value_info
 from onnx import helper, numpy_helper
 from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
+from test_deeploy_host import gcc  # noqa: F401  (fixture)
 
 from qdebug import quantize
 from qdebug.config import QuantConfig
@@ -239,3 +240,44 @@ def test_siracusa_form_reencodes_uint8_matmul_operands_exactly(deeploy: Path, tm
     assert gen.ok and gen.integer_only is True, gen.error
     with pytest.raises(TargetError, match="platform must be one of"):
         de.export(family_model("pv"), tmp_path / "x", platform="Snitch")
+
+
+def test_broadcast_add_is_expanded_and_the_generated_code_runs(
+    deeploy: Path,  # noqa: F811
+    gcc: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """An Add whose second operand broadcasts (MiniLM's [1, 1, 1, S] attention-mask bias on [1, H, S, S] scores):
+    Deeploy's Generic Add gives both operands one shape, so the small operand is expanded by Concats of itself
+    first; the integer network stays exact and the generated Generic code, run on the host, equals it (before the
+    expansion it wrote past the small buffer: a heap overflow)."""
+    from qdebug.targets.deeploy import compile_deeploy
+
+    rng = np.random.default_rng(0)
+    # scores [1, 2, 5, 5] from x [1, 5, 8] (Deeploy's Generic MatMul steps a 2-D weight per batch: keep batch 1)
+    body = [
+        helper.make_node("MatMul", ["x", "W"], ["p"], name="mm"),
+        helper.make_node("Reshape", ["p", "heads"], ["ph"], name="split"),
+        helper.make_node("Transpose", ["ph"], ["s"], name="perm", perm=[0, 2, 1, 3]),
+        helper.make_node("Add", ["s", "m"], ["y"], name="masked"),
+    ]
+    inits = [_w(rng, "W", (8, 10)), numpy_helper.from_array(np.array([1, 5, 2, 5], np.int64), "heads")]
+    model = _model(
+        body, [value_info("x", [1, 5, 8]), value_info("m", [1, 1, 1, 5])], [value_info("y", [1, 2, 5, 5])], inits
+    )
+    data = {
+        "x": rng.uniform(-1, 1, (32, 1, 5, 8)).astype(np.float32),
+        "m": rng.uniform(-2, 0, (32, 1, 1, 1, 5)).astype(np.float32),
+    }
+    onnx.save(model, str(tmp_path / "f.onnx"))
+    qdq = quantize(tmp_path / "f.onnx", data, DEEPLOY, tmp_path / "q.onnx").model_path
+    snapped, _ = snap_scales_for_deeploy(onnx.load(str(qdq)))
+    onnx.save(snapped, str(tmp_path / "s.onnx"))
+    samples = [{k: v[i] for k, v in data.items()} for i in range(8)]
+    built = compile_deeploy(tmp_path / "s.onnx", tmp_path / "out", samples, platforms=("Generic",))
+    net = onnx.load(str(tmp_path / "out" / "network.onnx"))
+    # 2 heads: one Concat; 5 rows = 2·2 + 1: three
+    assert sum(n.op_type == "Concat" for n in net.graph.node) == 4
+    assert built.info["export"]["equal_fraction"] == 1.0
+    run = built.info["run"]["Generic"]
+    assert run["ran"] and run["equal_fraction_vs_integer_onnx"] == 1.0, run

@@ -232,3 +232,77 @@ def test_suggest_groups_expands_a_member_to_its_group(block_session: MixedPrecis
     ln = next(c for c in cands if c.kind == CandidateKind.LAYERNORM)
     got = _with_groups(str(block_session.float_path), block_session.base.report, [ln.tensors[-1], "y"])
     assert got == [*ln.tensors, "y"]  # the member brings its whole group; a tensor in no group stays alone
+
+
+def test_smallest_passing_prefix_from_any_start_finds_the_threshold() -> None:
+    from qdebug.mixed.search import smallest_passing_prefix
+
+    n_max = 37
+    bound = 2 * math.ceil(math.log2(n_max)) + 2
+    for threshold in range(1, n_max + 1):
+        for start in (1, 2, threshold, threshold + 3, n_max):
+            probed: list[int] = []
+
+            def meets(n: int, t: int = threshold, seen: list[int] = probed) -> bool:
+                seen.append(n)
+                return n >= t
+
+            lo, hi = smallest_passing_prefix(n_max, meets, start=start)
+            assert (lo, hi) == (threshold - 1, threshold), (threshold, start, probed)
+            assert len(probed) <= bound and len(set(probed)) == len(probed)
+    assert smallest_passing_prefix(8, lambda n: False) == (8, None)
+    assert smallest_passing_prefix(8, lambda n: True, budget=0) == (0, None)
+
+
+def test_efficient_search_demotes_blocks_and_ranks_by_noise_per_element(
+    block_session: MixedPrecisionSession,
+) -> None:
+    s = block_session
+    start = s.requantizations
+    n = len(candidates(s.float_proto, s.base.report))
+    r = s.search(SearchGoal(near_all16_db=0.1, strategy="efficient", max_steps=8))
+    assert r.evaluations == s.requantizations - start
+    assert r.evaluations <= n + 2 * math.ceil(math.log2(n)) + 2 + 1  # sweep + prefixes (+ the ceiling)
+    sens = r.sensitivity
+    assert sens is not None and str(sens.mode) == "demote" and sens.measured
+    assert sens.base_output_sqnr_db == r.ceiling_db  # demotions are measured against the all-16-bit model
+    # The leaves cover every candidate once; each demotion lowers (or keeps) the ceiling's SQNR.
+    covered = [t for m in sens.measured for t in m.candidate.tensors]
+    assert sorted(covered) == sorted(t for c in candidates(s.float_proto, s.base.report) for t in c.tensors)
+    for m in sens.measured:
+        assert m.error is None and m.output_sqnr_db is not None and 0 < m.cost_fraction_16bit <= 1
+        assert math.isclose(m.measured_gain_db, r.ceiling_db - m.output_sqnr_db)
+    effs = [sens.efficiency(m) for m in sens.measured]
+    ranked = sens.ranking("efficiency")
+    assert ranked[0] == sens.measured[effs.index(max(effs))].candidate
+    front = r.pareto()
+    assert front and all(p in (*r.steps, *r.evaluated) for p in front)
+    if r.reached:
+        assert r.final.output_sqnr_db >= r.ceiling_db - 0.1
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["sensitivity"]["mode"] == "demote" and d["goal"]["strategy"] == "efficient"
+
+
+@pytest.mark.parametrize("strategy", ["prefix", "greedy"])
+def test_prefix_and_greedy_promote_groups_whole(block_session: MixedPrecisionSession, strategy: str) -> None:
+    s = block_session
+    groups = [set(c.tensors) for c in candidates(s.float_proto, s.base.report) if len(c.tensors) > 1]
+    assert len(groups) == 2
+    r = s.search(SearchGoal(output_sqnr_db=1e3, strategy=strategy, max_steps=3, candidates_per_step=2))
+    points = [p for p in (*r.steps, *r.evaluated) if p.promoted]
+    assert points
+    for p in points:  # a group is in a promotion set whole or not at all
+        for g in groups:
+            assert not (g & set(p.promoted)) or g <= set(p.promoted), (p.label, g - set(p.promoted))
+    assert any(any(g <= set(p.promoted) for g in groups) for p in points)
+
+
+def test_cli_efficient_search_prints_the_demotion_table(tmp_path: Path, run_cli) -> None:
+    onnx.save(builders.tiny_convnet(), str(tmp_path / "m.onnx"))
+    o = tmp_path / "o.json"
+    r = run_cli("search", "-f", tmp_path / "m.onnx", "--debug-samples", "4", "--strategy", "efficient",
+                "--goal-near-all16", "0.2", "--max-steps", "4", "-o", o)  # fmt: skip
+    assert r.code in (EXIT_OK, 10), r.stderr
+    assert "left in 8 bits alone in the all-16-bit model" in r.out and "noise/element" in r.out
+    assert "Pareto front" in r.out and "all-16-bit" in r.out
+    assert o.exists() == (r.code == EXIT_OK)

@@ -301,7 +301,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.goal_db = w.FloatText(description="goal dB", value=0.0)
         self.goal_drop = w.FloatText(description="max drop %", value=0.0)
         self.strategy_picker = w.Dropdown(
-            description="strategy", options=["prefix", "greedy", "measured"], value="prefix"
+            description="strategy", options=["prefix", "greedy", "measured", "efficient"], value="prefix"
         )
         self.search_button = w.Button(description="Search", icon="search", layout=_button_layout())
         self.search_summary = w.HTML("")

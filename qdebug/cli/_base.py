@@ -239,6 +239,25 @@ def add_input_shape(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--input-shape", type=shape_arg, action="append", default=[], help=help)
 
 
+def add_region(p: argparse.ArgumentParser) -> None:
+    """``--extract-inputs T1,T2 --extract-outputs T3``: only the region of the model between these tensors."""
+    p.add_argument(
+        "--extract-inputs",
+        action="append",
+        default=[],
+        metavar="T1,T2",
+        help="build only the region of the float model that starts at these tensors (comma-separated, "
+        "repeatable; the data still feeds the original inputs: the float model computes the region's inputs)",
+    )
+    p.add_argument(
+        "--extract-outputs",
+        action="append",
+        default=[],
+        metavar="T3",
+        help="... and ends at these tensors (with --extract-inputs; docs/deeploy.md, MiniLM)",
+    )
+
+
 def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]) -> None:
     """The models and debug data of ``debug`` and ``suggest``."""
     add_float_model(p)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Output, Tool, add_calib, add_float_model, add_input_shape, add_json, add_output, deprecated
+from qdebug.cli._base import (
+    Output,
+    Tool,
+    add_calib,
+    add_float_model,
+    add_input_shape,
+    add_json,
+    add_output,
+    add_region,
+    deprecated,
+)
 from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import print_build, print_compile_report, print_fixes
@@ -102,6 +112,7 @@ class Build(Tool):
             default="tie_free",
             help="deeploy: the snapping grid: tie_free (default) or fine (docs/deeploy.md)",
         )
+        add_region(parser)
         add_output(parser, "output folder (must be new or empty)", required=True)
         add_html(parser)
         add_stats_samples(parser)
@@ -125,6 +136,7 @@ class Build(Tool):
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Build; on a target failure print what was learned before the one-line error."""
         from qdebug.build import BuildError, BuildOptions, build
+        from qdebug.region import parse_tensor_list
 
         if args.html:
             require_html()
@@ -145,6 +157,8 @@ class Build(Tool):
             remedies=not args.no_remedies,
             snap_scales=not args.no_snap_scales,
             snap_grid=args.snap_grid,
+            extract_inputs=parse_tensor_list(args.extract_inputs),
+            extract_outputs=parse_tensor_list(args.extract_outputs),
         )
         progress = None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
@@ -23,7 +24,9 @@ from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
 
 #: qdebug.mixed.search.STRATEGIES (not imported here: the CLI starts without loading ONNX/ORT; a test checks they agree)
-STRATEGIES = ("prefix", "greedy", "measured")
+STRATEGIES = ("prefix", "greedy", "measured", "efficient")
+#: qdebug.mixed.candidates.Ranking
+RANKINGS = ("gain", "efficiency")
 
 
 class Search(Tool):
@@ -65,10 +68,26 @@ class Search(Tool):
             "--strategy",
             choices=list(STRATEGIES),
             default="prefix",
-            help="measured: measure the top candidates alone, then joint prefixes of the measured ranking",
+            help="measured: measure the top candidates alone, then joint prefixes of the measured ranking; "
+            "efficient: find where the noise sits by demoting blocks from all-16-bit, rank by noise per 16-bit "
+            "element",
         )
         parser.add_argument(
-            "--measure-top", type=int, default=8, metavar="K", help="measured strategy: candidates measured alone"
+            "--measure-top",
+            type=int,
+            default=None,
+            metavar="K",
+            help="measured: candidates measured alone (default 8); efficient: demotion evaluations at most "
+            "(default: the number of candidates)",
+        )
+        parser.add_argument(
+            "--rank", choices=list(RANKINGS), default="gain", help="measured: rank by gain or by gain per element"
+        )
+        parser.add_argument(
+            "--compile-points",
+            metavar="SPEC",
+            help="compile these Pareto points for --target and report partitions and CPU-fallback nodes: 'chosen', "
+            "'front' or front indices (the table's # column) like 0,2; a point that splits the graph is marked",
         )
         parser.add_argument(
             "--remedies",
@@ -115,6 +134,11 @@ class Search(Tool):
             )
         if args.remedy_output and not args.remedies:
             raise ConfigError("--remedy-output needs --remedies")
+        if args.compile_points and not args.target:
+            raise ConfigError("--compile-points needs --target (e.g. --target qnn)")
+        spec = (args.compile_points or "chosen").replace(" ", "")
+        if spec not in ("chosen", "front") and not all(x.isdigit() for x in spec.split(",")):
+            raise ConfigError(f"--compile-points takes 'chosen', 'front' or front indices like 0,2; got {spec!r}")
         if args.max_accuracy_drop is not None and args.eval is None:
             raise ConfigError("--max-accuracy-drop needs a labelled evaluation set (--eval)")
         refuse_overwrite_input(args.output, args.float_model)
@@ -160,6 +184,7 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         strategy=args.strategy,
         near_all16_db=args.goal_near_all16,
         measure_top=args.measure_top,
+        rank=args.rank,
     )
     ignore = (args.label_key,)  # the label array named by --label-key is never a model input
     with MixedPrecisionSession(
@@ -173,6 +198,10 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         workdir=args.workdir,
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
         result = session.search(goal)
+        if args.compile_points:
+            from qdebug.mixed.target_cost import compile_points, pick_points
+
+            result = compile_points(session, result, pick_points(result, args.compile_points), args.target)
         remedies = _remedies(session, args) if args.remedies else None
         return base, result, remedies, session.base.report
 
@@ -222,6 +251,7 @@ def _print_remedies(remedies: list[tuple[Any, Any]], out: TextIO) -> None:
 
 
 def _print_sensitivity(sens: Any, out: TextIO) -> None:
+    demote = str(sens.mode) == "demote"
     rows = [
         [
             m.candidate.name,
@@ -230,60 +260,59 @@ def _print_sensitivity(sens: Any, out: TextIO) -> None:
             f"{m.predicted_gain_db:+.2f}",
             "-" if m.measured_gain_db is None else f"{m.measured_gain_db:+.2f}",
             f"{m.cost_fraction_16bit:.1%}",
+            f"{sens.efficiency(m):.3g}",
             m.error or "",
         ]
         for m in sens.measured
     ]
-    table(
-        "Candidates promoted alone: predicted vs measured gain of the worst output",
-        ["candidate", "kind", "tensors", "predicted dB", "measured dB", "16-bit elements", "error"],
-        rows,
-        out,
+    title = (
+        "Candidates (and blocks of them) left in 8 bits alone in the all-16-bit model: the gain each carries"
+        if demote
+        else "Candidates promoted alone: predicted vs measured gain of the worst output"
     )
+    cols = ["candidate", "kind", "tensors", "predicted dB", "measured dB", "16-bit elements", "noise/element", "error"]
+    table(title, cols, rows, out)
     err, rho = sens.estimate_error_db(), sens.rank_agreement()
     print(
         f"median |predicted - measured| {fmt_db(err)}; rank agreement {'-' if rho is None else f'{rho:.2f}'} "
-        "(the search ranks by the measured gain)",
+        + ("(the search ranks by noise per element)" if demote else "(the search ranks by the measured gain)"),
         file=out,
     )
 
 
-def _print_front(result: Any, out: TextIO) -> None:
-    rows = [
-        [p.label or str(p.step), f"{p.cost_fraction_16bit:.1%}", str(p.num_16bit_tensors), str(p.num_converts),
-         fmt_db(p.output_sqnr_db), "<-" if p.chosen else ""]
-        for p in result.pareto()
-    ]  # fmt: skip
-    table(
-        "Pareto front (every point measured; cost: 16-bit elements)",
-        ["point", "16-bit elements", "16-bit tensors", "8/16-bit converts", "output SQNR", "chosen"],
-        rows,
-        out,
-    )
+#: Columns of the point tables (the measured curve, the Pareto front): header → the cell of one point.
+_CELLS: dict[str, Callable[[Any], str]] = {
+    "point": lambda p: p.label or str(p.step),
+    "promoted": lambda p: str(len(p.promoted)),
+    "16-bit elements": lambda p: f"{p.cost_fraction_16bit:.1%}",
+    "16-bit tensors": lambda p: str(p.num_16bit_tensors),
+    "8/16-bit converts": lambda p: str(p.num_converts),
+    "output SQNR": lambda p: fmt_db(p.output_sqnr_db),
+    "top-1": lambda p: "-" if p.accuracy is None else f"{p.accuracy:.2%}",
+    "chosen": lambda p: "<-" if p.chosen else "",
+    "target graph": lambda p: "-" if p.target_cost is None else p.target_cost.describe(),
+}
+
+
+def _print_points(title: str, points: Sequence[Any], columns: Sequence[str], out: TextIO, index: bool = False) -> None:
+    """One table of search points (``index``: a first ``#`` column, what ``--compile-points`` refers to)."""
+    rows = [[*([str(i)] if index else []), *(_CELLS[c](p) for c in columns)] for i, p in enumerate(points)]
+    table(title, [*(["#"] if index else []), *columns], rows, out)
 
 
 def _print_curve(result: Any, out: TextIO) -> None:
     if result.sensitivity is not None:
         _print_sensitivity(result.sensitivity, out)
-    rows = [
-        [
-            p.label or str(p.step),
-            str(len(p.promoted)),
-            f"{p.cost_fraction_16bit:.1%}",
-            str(p.num_16bit_tensors),
-            fmt_db(p.output_sqnr_db),
-            "-" if p.accuracy is None else f"{p.accuracy:.2%}",
-            "<-" if p.chosen else "",
-        ]
-        for p in result.steps
-    ]
-    table(
-        "Search curve (measured)",
-        ["step", "promoted", "16-bit elements", "16-bit tensors", "output SQNR", "top-1", "chosen"],
-        rows,
-        out,
-    )
-    _print_front(result, out)
+    curve = ["point", "promoted", "16-bit elements", "16-bit tensors", "output SQNR", "top-1", "chosen"]
+    _print_points("Search curve (measured)", result.steps, curve, out)
+    front = result.pareto()
+    cols = ["point", "16-bit elements", "16-bit tensors", "8/16-bit converts", "output SQNR", "chosen"]
+    if any(p.target_cost is not None for p in front):
+        cols.append("target graph")
+    _print_points("Pareto front (every point measured; cost: 16-bit elements)", front, cols, out, index=True)
+    split = [p for p in front if p.target_cost is not None and p.target_cost.splits]
+    if split:
+        print(f"{len(split)} compiled point(s) split the {split[0].target_cost.target.upper()} graph (SPLIT)", file=out)
     fa = "" if result.float_accuracy is None else f", float top-1 {result.float_accuracy:.2%}"
     if result.ceiling_db is not None:
         fa += f", all-16-bit {result.ceiling_db:.2f} dB"

@@ -45,6 +45,8 @@ class CandidateKind(StrEnum):
     TENSOR = "tensor"
     LAYERNORM = "layernorm"
     ATTENTION = "attention"
+    #: candidates next to each other in graph order, measured together (:func:`measure_demotions`)
+    BLOCK = "block"
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,35 @@ def candidates(model: onnx.ModelProto, report: DebugReport, *, groups: bool = Tr
     return tuple(cands)
 
 
+class SweepMode(StrEnum):
+    """How each candidate was measured alone: ``promote`` — promoted alone, everything else as in the base (its
+    gain: over the base); ``demote`` — left in 8 bits alone, everything else in 16 bits (its gain: what demoting
+    it costs the all-16-bit model). A demotion measures the candidate's own rounding noise, not masked by every
+    other tensor's and not undone by an 8-bit neighbour re-quantizing what it computed."""
+
+    PROMOTE = "promote"
+    DEMOTE = "demote"
+
+
+class Ranking(StrEnum):
+    """How measured candidates are ranked: by measured gain, or by output noise power removed per 16-bit element
+    (cost-effectiveness: a small tensor that carries the gain before a big one that carries a little more)."""
+
+    GAIN = "gain"
+    EFFICIENCY = "efficiency"
+
+
+def noise_power(db: float | None) -> float | None:
+    """Output noise power relative to the signal, from an SQNR in dB."""
+    return None if db is None or not math.isfinite(db) else 10.0 ** (-db / 10.0)
+
+
 @dataclass(frozen=True)
 class Measured:
-    """A candidate promoted alone: predicted vs measured gain of the worst model output, and what it cost."""
+    """A candidate measured alone: predicted vs measured gain of the worst model output, and what it cost.
+
+    ``cost_fraction_16bit``: share of activation elements in 16 bits when the candidate alone is promoted (promote
+    sweep), or the candidate's own share (demote sweep; the measured model had everything else in 16 bits)."""
 
     candidate: Candidate
     output_sqnr_db: float | None
@@ -192,16 +220,35 @@ class Measured:
 class Sensitivity:
     """The measured sensitivity of the top candidates, and the estimate's track record on them."""
 
+    #: the reference every candidate was measured against: the base (promote sweep) or all-16-bit (demote sweep)
     base_output_sqnr_db: float | None
     measured: tuple[Measured, ...]
     unmeasured: tuple[Candidate, ...]
     evaluations: int
     seconds: float
+    mode: SweepMode = SweepMode.PROMOTE
 
-    def ranking(self) -> tuple[Candidate, ...]:
-        """Measured candidates by measured gain (best first), then the unmeasured ones by estimate."""
+    def noise_moved(self, m: Measured) -> float:
+        """Output noise power (relative to the signal) the candidate carries: what promoting it alone removed from
+        the base, or what demoting it alone added to the all-16-bit model. 0 when unknown or negative."""
+        ref = noise_power(self.base_output_sqnr_db)
+        own = noise_power(m.output_sqnr_db)
+        if ref is None or own is None:
+            return 0.0
+        return max(0.0, own - ref if self.mode == SweepMode.DEMOTE else ref - own)
+
+    def efficiency(self, m: Measured) -> float:
+        """:meth:`noise_moved` per share of activation elements the candidate puts in 16 bits."""
+        return self.noise_moved(m) / max(m.cost_fraction_16bit, 1e-12)
+
+    def ranking(self, by: Ranking | str = Ranking.GAIN) -> tuple[Candidate, ...]:
+        """Measured candidates best first (by measured gain, or by :meth:`efficiency`; candidates that gained
+        nothing after, by gain), then the unmeasured ones by estimate."""
         ok = [m for m in self.measured if m.measured_gain_db is not None]
-        ok.sort(key=lambda m: (-(m.measured_gain_db or 0.0), m.cost_fraction_16bit, m.candidate.topo_index))
+        if Ranking(by) == Ranking.EFFICIENCY:
+            ok.sort(key=lambda m: (-self.efficiency(m), -(m.measured_gain_db or 0.0), m.candidate.topo_index))
+        else:
+            ok.sort(key=lambda m: (-(m.measured_gain_db or 0.0), m.cost_fraction_16bit, m.candidate.topo_index))
         return (*(m.candidate for m in ok), *self.unmeasured)
 
     def estimate_error_db(self) -> float | None:
@@ -231,6 +278,7 @@ class Sensitivity:
 
         return {
             "schema_version": SCHEMA_VERSION,
+            "mode": str(self.mode),
             "base_output_sqnr_db": encode_number(self.base_output_sqnr_db),
             "measured": [m(x) for x in self.measured],
             "unmeasured": [c.to_dict() for c in self.unmeasured],
@@ -254,6 +302,7 @@ class Sensitivity:
                     "measured_gain_db": x.measured_gain_db,
                     "output_sqnr_db": x.output_sqnr_db,
                     "cost_fraction_16bit": x.cost_fraction_16bit,
+                    "efficiency": self.efficiency(x),
                 }
                 for x in self.measured
             ]
@@ -313,6 +362,105 @@ def measure_sensitivity(
     return sens, out
 
 
+def measure_demotions(
+    session: Any, cands: Sequence[Candidate], budget: int, ceiling: Any, to: str = "uint16", *, resolve: float = 0.0
+) -> tuple[Sensitivity, list[tuple[Measured, Any]]]:
+    """Find where the all-16-bit model's lost accuracy sits by *demoting*: a block of candidates (contiguous in
+    graph order) is left in the base activation type, everything else in ``to`` (the ``ceiling`` evaluation's
+    recipe), and measured (calibration reused). Blocks are split in halves, the noisiest first, each half measured,
+    until single candidates, at most ``budget`` evaluations, or every block left adds at most ``resolve`` (output
+    noise power relative to the signal) — a block that adds nothing worth finding stays whole. The leaves are the
+    :class:`Sensitivity` (:attr:`SweepMode.DEMOTE`); a leaf's gain is what its demotion costs the ceiling, its cost
+    what promoting it alone would put in 16 bits (ORT's fixer's region included).
+
+    With the noise in k of N candidates that is ~2·k·log2(N/k) evaluations instead of N."""
+    import heapq
+
+    from qdebug.errors import ConfigError
+    from qdebug.mixed.promote import promote
+
+    t0 = time.perf_counter()
+    ref_db = ceiling.output_sqnr_db
+    ref = noise_power(ref_db)
+    base = session.base
+    low = base.config.activation_type
+    by_name = {a.tensor_name: a for a in base.report.activations}
+    total = sum(a.elements for a in by_name.values() if a.quantized and a.quant_type) or 1
+    start = session.requantizations
+
+    def measure(block: tuple[Candidate, ...]) -> tuple[Measured, Any]:
+        c = _merged(block)
+        share = sum(by_name[t].elements for t in c.tensors if t in by_name) / total
+        t1 = time.perf_counter()
+        try:
+            ev = session.evaluate(promote(session.float_proto, c.tensors, low, config=ceiling.config), name="demote")
+        except ConfigError as exc:
+            return Measured(c, None, None, share, None, round(time.perf_counter() - t1, 3), str(exc)), None
+        db = ev.output_sqnr_db
+        gain = None if db is None or ref_db is None else ref_db - db
+        return Measured(c, db, gain, share, ev.accuracy, ev.seconds), ev
+
+    def noise(m: Measured) -> float:
+        own = noise_power(m.output_sqnr_db)
+        return math.inf if own is None or ref is None or m.error else max(0.0, own - ref)
+
+    order = tuple(sorted(cands, key=lambda c: c.topo_index))
+    root = Measured(_merged(order), base.output_sqnr_db, None, 1.0, base.accuracy, 0.0)
+    root = replace(
+        root, measured_gain_db=None if ref_db is None or root.output_sqnr_db is None else ref_db - root.output_sqnr_db
+    )
+    heap: list[tuple[float, int, tuple[Candidate, ...], tuple[Measured, Any]]] = [
+        (-noise(root), 0, order, (root, base))
+    ]
+    leaves: list[tuple[Measured, Any]] = []
+    tie = 1
+    while heap:
+        neg, _, block, m = heapq.heappop(heap)
+        used = session.requantizations - start
+        if len(block) == 1 or -neg <= resolve or used + 2 > budget:
+            leaves.append(m)
+            continue
+        half = len(block) // 2
+        for part in (block[:half], block[half:]):
+            pm = measure(part)
+            heapq.heappush(heap, (-noise(pm[0]), tie, part, pm))
+            tie += 1
+    leaves = [(_region_cost(session, m, by_name, total, to) if 0 < noise(m) < math.inf else m, ev) for m, ev in leaves]
+    sens = Sensitivity(
+        base_output_sqnr_db=ref_db,
+        measured=tuple(m for m, _ in leaves),
+        unmeasured=(),
+        evaluations=session.requantizations - start,
+        seconds=round(time.perf_counter() - t0, 3),
+        mode=SweepMode.DEMOTE,
+    )
+    return sens, leaves
+
+
+def _region_cost(session: Any, m: Measured, by_name: dict[str, Any], total: int, to: str) -> Measured:
+    """``m`` with its cost set to what promoting it alone puts in 16 bits, the region ORT's fixer adds included (no
+    evaluation: the fixer only). On MiniLM a LayerNorm output's region also takes the Q/K/V MatMul outputs it feeds:
+    5× its own elements; ranking by the bare tensor would under-price it."""
+    from qdebug.errors import ConfigError
+
+    try:
+        promoted = session.promote(m.candidate.tensors, to).promoted
+    except ConfigError:
+        return m
+    share = sum(by_name[t].elements for t in {*promoted, *m.candidate.tensors} if t in by_name) / total
+    return replace(m, cost_fraction_16bit=max(share, m.cost_fraction_16bit))
+
+
+def _merged(block: Sequence[Candidate]) -> Candidate:
+    """One candidate for a block of candidates (itself when there is one)."""
+    if len(block) == 1:
+        return block[0]
+    tensors = tuple(dict.fromkeys(t for c in block for t in c.tensors))
+    est = _gain_from_share(sum(1.0 - 10.0 ** (-c.estimated_output_gain_db / 10.0) for c in block))
+    return Candidate(f"block {block[0].name} … {block[-1].name} ({len(block)})", CandidateKind.BLOCK, tensors, est,
+                     min(c.topo_index for c in block))  # fmt: skip
+
+
 def with_measured_estimates(cands: Sequence[Candidate], sens: Sensitivity) -> tuple[Candidate, ...]:
     """``cands`` with each measured candidate's estimate replaced by its measured gain (for display and ranking)."""
     measured = {m.candidate.name: m.measured_gain_db for m in sens.measured if m.measured_gain_db is not None}
@@ -323,8 +471,12 @@ __all__ = [
     "Candidate",
     "CandidateKind",
     "Measured",
+    "Ranking",
     "Sensitivity",
+    "SweepMode",
     "candidates",
+    "measure_demotions",
     "measure_sensitivity",
+    "noise_power",
     "with_measured_estimates",
 ]

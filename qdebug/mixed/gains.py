@@ -110,7 +110,9 @@ class MeasuredGains:
             return None if out is None or base_db is None else out - base_db
 
         tensors: dict[str, TensorGain] = {}
-        for m in sens.get("measured", []):
+        # A demotion sweep (``efficient``) measures what leaving a candidate in 8 bits costs the all-16-bit model, not
+        # a gain over this base: not a tensor's gain here.
+        for m in sens.get("measured", []) if sens.get("mode") != "demote" else ():
             c = m["candidate"]
             for t in c["tensors"]:
                 tensors[t] = TensorGain(

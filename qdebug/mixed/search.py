@@ -28,10 +28,19 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qdebug.errors import ConfigError
-from qdebug.mixed.candidates import Candidate, candidates, measure_sensitivity
+from qdebug.mixed.candidates import (
+    Candidate,
+    Ranking,
+    Sensitivity,
+    candidates,
+    measure_demotions,
+    measure_sensitivity,
+    noise_power,
+)
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan
 from qdebug.mixed.suggest import Role, analyse
+from qdebug.mixed.target_cost import TargetCost
 from qdebug.report import encode_number
 
 if TYPE_CHECKING:
@@ -42,7 +51,9 @@ SCHEMA_VERSION = 1
 #: ``prefix``: estimated ranking, doubling + bisection; ``greedy``: best of the next few, one at a time;
 #: ``measured``: the top candidates (groups merged) measured alone, then prefixes of the *measured* ranking, each
 #: measured jointly (interactions measured, never assumed additive).
-STRATEGIES = ("prefix", "greedy", "measured")
+#: ``efficient``: the all-16-bit model measured, then each candidate left alone in 8 bits (its own noise, measured),
+#: then prefixes of the ranking by noise per 16-bit element, starting at the prefix that ranking predicts.
+STRATEGIES = ("prefix", "greedy", "measured", "efficient")
 
 
 class SearchSession(Protocol):
@@ -92,8 +103,12 @@ class SearchGoal:
     strategy: str = "prefix"
     #: stop within this many dB of the all-16-bit-activations model (measured first: one more evaluation)
     near_all16_db: float | None = None
-    #: ``measured`` strategy: how many of the best-estimated candidates are measured one at a time
-    measure_top: int = 8
+    #: ``measured``/``efficient``: how many of the best-estimated candidates are measured one at a time (``None``:
+    #: 8 for ``measured``, every candidate for ``efficient``)
+    measure_top: int | None = None
+    #: ``measured``: rank the measured candidates by gain or by gain per 16-bit element (``efficient`` always uses
+    #: the latter)
+    rank: str = "gain"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -102,8 +117,10 @@ class SearchGoal:
             raise ConfigError("a search goal needs output_sqnr_db, near_all16_db and/or max_accuracy_drop")
         if self.near_all16_db is not None and not (math.isfinite(self.near_all16_db) and self.near_all16_db >= 0):
             raise ConfigError(f"near_all16_db must be a finite number of dB >= 0, got {self.near_all16_db}")
-        if self.measure_top < 1:
+        if self.measure_top is not None and self.measure_top < 1:
             raise ConfigError("measure_top must be positive")
+        if self.rank not in tuple(Ranking):
+            raise ConfigError(f"rank must be one of {', '.join(Ranking)}, got {self.rank!r}")
         if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
             raise ConfigError(f"max_accuracy_drop is a fraction in [0, 1), got {self.max_accuracy_drop}")
         if self.max_steps < 1 or self.candidates_per_step < 1:
@@ -127,6 +144,8 @@ class SearchPoint:
     #: 8↔16-bit conversions (ORT ``convert`` entries: a DQ→Q pair each) the promotion adds — the cost axis for a
     #: target where every boundary is a requantize op (QNN HTP) rather than memory
     num_converts: int = 0
+    #: the point compiled for a target (:func:`qdebug.mixed.target_cost.compile_points`), if it was picked
+    target_cost: TargetCost | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +202,9 @@ class SearchResult:
         """JSON-ready dict with ``schema_version``."""
 
         def pt(p: SearchPoint) -> dict[str, Any]:
-            return {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(p).items()}
+            d = {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(p).items()}
+            d["target_cost"] = None if p.target_cost is None else p.target_cost.to_dict()  # with ``splits``
+            return d
 
         return {
             "schema_version": SCHEMA_VERSION,
@@ -258,6 +279,28 @@ def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
     return out
 
 
+def _group_map(session: SearchSession, ev: Evaluation) -> dict[str, tuple[str, ...]]:
+    """Each tensor of a candidate group (decomposed LayerNorm, attention core) → the group's tensors: the prefix and
+    greedy strategies promote a group whole, since one member alone cannot help."""
+    return {t: c.tensors for c in candidates(session.float_proto, ev.report) if len(c.tensors) > 1 for t in c.tensors}
+
+
+def _grouped(order: Sequence[str], groups: dict[str, tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """``order`` (tensors, best first) as candidates: a grouped tensor brings its whole group, at its best rank."""
+    out: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for t in order:
+        if t not in seen:
+            unit = tuple(m for m in groups.get(t, (t,)) if m not in seen)
+            seen.update(unit)
+            out.append(unit)
+    return out
+
+
+def _flat(units: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t for u in units for t in u))
+
+
 def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     """Find a small promotion set that meets ``goal``; see the module docstring."""
     if goal.max_accuracy_drop is not None and session.eval_data is None:
@@ -265,13 +308,21 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         raise ConfigError("an accuracy goal needs a labelled evaluation set (eval_data)")
     t0 = time.perf_counter()
     start = session.requantizations
-    resolved, ceiling = _resolve_goal(session, goal)
+    ceiling_ev = None
+    if goal.near_all16_db is not None or goal.strategy == "efficient":
+        session.base  # noqa: B018 - the base first (its calibration is what every variant reuses)
+        ceiling_ev = _ceiling(session, goal.to)
+    ceiling = None if ceiling_ev is None else _point(-1, (), ceiling_ev, False, "all16")
+    resolved = _resolve_goal(session, goal, ceiling_ev)
     if goal.strategy == "prefix":
         result = _prefix_search(session, resolved)
     elif goal.strategy == "greedy":
         result = _greedy_search(session, resolved)
-    else:
+    elif goal.strategy == "measured":
         result = measured_search(session, resolved)
+    else:
+        assert ceiling_ev is not None
+        result = efficient_search(session, resolved, ceiling_ev)
     return replace(
         result,
         goal=goal,
@@ -282,21 +333,22 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     )
 
 
-def _resolve_goal(session: SearchSession, goal: SearchGoal) -> tuple[SearchGoal, SearchPoint | None]:
-    """A goal relative to the all-16-bit model made absolute (that model measured: one evaluation)."""
-    if goal.near_all16_db is None:
-        return goal, None
-    base = session.base
-    # The base recipe with every activation in `to`; its own tensor overrides go (a scale or type set for 8 bits
-    # would not fit 16-bit activations), so the ceiling is the plain 16-bit recipe.
-    ev = session.evaluate(base.config.replace(activation_type=goal.to, tensor_overrides=()), name="all16")
-    point = _point(-1, (), ev, False, "all16")
+def _ceiling(session: SearchSession, to: str) -> Evaluation:
+    """The base recipe with every activation in ``to``: its own tensor overrides go (a scale or type set for 8 bits
+    would not fit 16-bit activations), so the ceiling is the plain 16-bit recipe."""
+    return session.evaluate(session.base.config.replace(activation_type=to, tensor_overrides=()), name="all16")
+
+
+def _resolve_goal(session: SearchSession, goal: SearchGoal, ev: Evaluation | None) -> SearchGoal:
+    """A goal relative to the all-16-bit model (``ev``, measured) made absolute."""
+    if goal.near_all16_db is None or ev is None:
+        return goal
     if ev.output_sqnr_db is None:
-        return replace(goal, near_all16_db=None, output_sqnr_db=goal.output_sqnr_db or math.inf), point
+        return replace(goal, near_all16_db=None, output_sqnr_db=goal.output_sqnr_db or math.inf)
     target = ev.output_sqnr_db - goal.near_all16_db
     if goal.output_sqnr_db is not None:
         target = min(target, goal.output_sqnr_db)  # either bound met is enough: the ceiling may be below the number
-    return replace(goal, near_all16_db=None, output_sqnr_db=target), point
+    return replace(goal, near_all16_db=None, output_sqnr_db=target)
 
 
 def _prefix_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
@@ -309,14 +361,15 @@ def _prefix_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     }
     if _met(goal, base, float_acc):
         return _result(goal, results, 0, True, "goal met by the base quantization", session, start_requant, t0)
-    order = _candidates(base, (), 1 << 30)
+    order = _grouped(_candidates(base, (), 1 << 30), _group_map(session, base))
     if not order:
         return _result(goal, results, 0, False, "no promotable tensors", session, start_requant, t0)
 
     def measure(n: int) -> bool:
-        plan = session.promote(order[:n], goal.to)
+        tensors = _flat(order[:n])
+        plan = session.promote(tensors, goal.to)
         ev = session.evaluate(plan, name=f"prefix{n}")
-        results[n] = (_point(len(results), tuple(order[:n]), ev, False), ev, plan)
+        results[n] = (_point(len(results), tensors, ev, False), ev, plan)
         return _met(goal, ev, float_acc)
 
     lo, hi = smallest_passing_prefix(len(order), measure, goal.max_steps)
@@ -325,37 +378,58 @@ def _prefix_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         return _result(goal, results, lo, False, why, session, start_requant, t0)
     reason = "goal met"
     if hi - lo > 1:  # max_steps cut the bisection short: a smaller set may also meet the goal
-        reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} tensors untried"
+        reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
     return _result(goal, results, hi, True, reason, session, start_requant, t0)
 
 
 def smallest_passing_prefix(
-    n_max: int, meets: Callable[[int], bool], budget: int | None = None
+    n_max: int, meets: Callable[[int], bool], budget: int | None = None, start: int = 1
 ) -> tuple[int, int | None]:
-    """Probe prefix sizes 1, 2, 4, … (capped at ``n_max``) until ``meets``, then bisect.
+    """The smallest prefix size that ``meets``: probe ``start``, then gallop (steps doubling) up while it fails or
+    down while it passes, then bisect. From ``start=1`` that is sizes 1, 2, 4, … (capped at ``n_max``); from a good
+    guess of the answer, a few probes around it. Either way at most ~2·log2(``n_max``) probes.
 
     Returns ``(largest size seen failing, smallest size seen passing or None)``; at most ``budget`` probes.
-    Assumes the goal is roughly monotone in the prefix size, which is what ranking by estimated gain buys.
+    Assumes the goal is roughly monotone in the prefix size, which is what ranking by (estimated or measured) gain
+    buys.
     """
     probes = 0
+
+    def left() -> bool:
+        return budget is None or probes < budget
 
     def probe(n: int) -> bool:
         nonlocal probes
         probes += 1
         return meets(n)
 
-    lo, hi, n = 0, None, 1
-    while budget is None or probes < budget:
-        if probe(n):
-            hi = n
-            break
+    n = min(max(start, 1), n_max)
+    step = 1 if n == 1 else max(1, n // 8)
+    lo, hi = 0, None
+    if not left():
+        return lo, hi
+    if probe(n):
+        hi = n
+        while hi - lo > 1 and left():  # gallop down
+            m = max(lo + 1, hi - step)
+            if probe(m):
+                hi = m
+            else:
+                lo = m
+                break
+            step *= 2
+    else:
         lo = n
-        if n >= n_max:
-            break
-        n = min(2 * n, n_max)
+        while lo < n_max and left():  # gallop up
+            m = min(lo + step, n_max)
+            if probe(m):
+                hi = m
+                break
+            lo = m
+            step *= 2
     if hi is None:
         return lo, None
-    while hi - lo > 1 and (budget is None or probes < budget):
+    while hi - lo > 1 and left():
         mid = (lo + hi) // 2
         if probe(mid):
             hi = mid
@@ -411,19 +485,20 @@ def _greedy_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     plan: PromotionPlan | None = None
     reason = "goal met by the base quantization"
     reached = _met(goal, base, float_acc)
+    groups = _group_map(session, base) if not reached else {}
     while not reached:
         if len(steps) - 1 >= goal.max_steps:
             reason = f"max_steps ({goal.max_steps}) reached"
             break
-        cands = _candidates(current, promoted, goal.candidates_per_step)
+        cands = _grouped(_candidates(current, promoted, 1 << 30), groups)[: goal.candidates_per_step]
         if not cands:
             reason = "no candidates left"
             break
-        trials: list[tuple[float, str, PromotionPlan, Evaluation]] = []
-        plans = [session.promote([*promoted, c], goal.to) for c in cands]
+        trials: list[tuple[float, tuple[str, ...], PromotionPlan, Evaluation]] = []
+        plans = [session.promote(_flat((promoted, c)), goal.to) for c in cands]
         evs = evaluate_all(session, plans, [f"step{len(steps)}_{k}" for k in range(len(cands))])
         for c, p, ev in zip(cands, plans, evs, strict=True):
-            evaluated.append(_point(len(steps), (*promoted, c), ev, False))
+            evaluated.append(_point(len(steps), _flat((promoted, c)), ev, False))
             score = ev.output_sqnr_db if ev.output_sqnr_db is not None else -math.inf
             trials.append((score, c, p, ev))
         best_score, best_c, best_plan, best_ev = max(trials, key=lambda t: t[0])
@@ -431,7 +506,7 @@ def _greedy_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         if best_score - cur_score < goal.min_gain_db and not _met(goal, best_ev, float_acc):
             reason = f"stalled: no candidate gains ≥ {goal.min_gain_db} dB"
             break
-        promoted = (*promoted, best_c)
+        promoted = _flat((promoted, best_c))
         current, plan = best_ev, best_plan
         steps.append(_point(len(steps), promoted, best_ev, True))
         reached = _met(goal, current, float_acc)
@@ -499,7 +574,7 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     cands = candidates(session.float_proto, base.report)
     if not cands:
         return done(0, False, "no promotable tensors")
-    sens, singles = measure_sensitivity(session, cands, goal.measure_top, goal.to)
+    sens, singles = measure_sensitivity(session, cands, goal.measure_top or 8, goal.to)
     hits: list[int] = []
     for m, ev in singles:
         if ev is None:
@@ -512,7 +587,7 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         tensors = points[best][0].promoted
         points[best] = (points[best][0], session.promote(tensors, goal.to))
         return done(best, True, "goal met by one candidate alone", sens)
-    order = sens.ranking()
+    order = sens.ranking(goal.rank)
     by_n: dict[int, int] = {}
 
     def meets(n: int) -> bool:
@@ -534,4 +609,88 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     reason = "goal met"
     if hi - lo > 1:
         reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
+    return done(by_n[hi], True, reason, sens)
+
+
+def predicted_prefix(
+    sens: Sensitivity, order: Sequence[Candidate], base_db: float | None, goal_db: float | None
+) -> int:
+    """The smallest prefix of ``order`` that the measured noise of its candidates predicts meets ``goal_db``.
+
+    Additive model: promoting a candidate removes the output noise power its demotion added to the all-16-bit model,
+    scaled so that removing every measured candidate's noise takes the base to the ceiling (the scale absorbs how far
+    the noises are from additive). ``len(order)`` when even that misses the goal."""
+    n_base, n_goal = noise_power(base_db), noise_power(goal_db)
+    moved = {m.candidate.name: sens.noise_moved(m) for m in sens.measured}
+    n_ceil = noise_power(sens.base_output_sqnr_db) if sens.mode == "demote" else None
+    total = sum(moved.values())
+    if n_base is None or n_goal is None or total <= 0:
+        return len(order)
+    scale = (n_base - n_ceil) / total if n_ceil is not None and n_base > n_ceil else 1.0
+    left = n_base
+    for i, c in enumerate(order, 1):
+        left -= scale * moved.get(c.name, 0.0)
+        if left <= n_goal:
+            return i
+    return len(order)
+
+
+def efficient_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluation) -> SearchResult:
+    """The ``efficient`` strategy (cost-effectiveness).
+
+    1. Where the noise sits: blocks of candidates (groups merged) are left in 8 bits with everything else in 16 bits
+       and measured, the noisiest block split in halves first (:func:`~qdebug.mixed.candidates.measure_demotions`,
+       at most ``goal.measure_top`` evaluations, default N): the output noise a block adds is its own rounding noise,
+       not masked by every other tensor's as when a candidate is promoted alone.
+    2. Blocks are ranked by that noise per 16-bit element: a small tensor carrying the gain before a big one
+       carrying a little more (on real models most elements sit in wide tensors that matter little).
+    3. Prefixes of that ranking are measured jointly (interactions measured), starting at the prefix the additive
+       noise model predicts meets the goal, galloping and bisecting from there (:func:`smallest_passing_prefix`).
+
+    At most N + ~2·log2(N) evaluations for N candidates, plus the ceiling. Only measured points are on the front.
+    """
+    t0 = time.perf_counter()
+    start = session.requantizations
+    base = session.base
+    float_acc = session.float_accuracy
+    points: list[tuple[SearchPoint, PromotionPlan | None]] = [(_point(0, (), base, True, "base"), None)]
+
+    def done(chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
+        return _in_cost_order(
+            SearchResult(
+                goal=goal, steps=tuple(p for p, _ in points), evaluated=(), reached=reached, stop_reason=reason,
+                requantizations=session.requantizations - start, seconds=round(time.perf_counter() - t0, 3),
+                float_accuracy=float_acc, plan=points[chosen][1], chosen_step=chosen, sensitivity=sens,
+            )
+        )  # fmt: skip
+
+    if _met(goal, base, float_acc):
+        return done(0, True, "goal met by the base quantization")
+    cands = candidates(session.float_proto, base.report)
+    if not cands:
+        return done(0, False, "no promotable tensors")
+    # Blocks adding less than an eighth of the noise the goal allows over the ceiling are not worth splitting.
+    n_goal, n_ceil = noise_power(goal.output_sqnr_db), noise_power(ceiling.output_sqnr_db)
+    resolve = (n_goal - n_ceil) / 8.0 if n_goal is not None and n_ceil is not None and n_goal > n_ceil else 0.0
+    sens, _ = measure_demotions(session, cands, goal.measure_top or len(cands), ceiling, goal.to, resolve=resolve)
+    order = sens.ranking(Ranking.EFFICIENCY)
+    guess = predicted_prefix(sens, order, base.output_sqnr_db, goal.output_sqnr_db)
+    by_n: dict[int, int] = {}
+
+    def meets(n: int) -> bool:
+        tensors = _tensors(order, n)
+        plan = session.promote(tensors, goal.to)
+        ev: Evaluation = session.evaluate(plan, name=f"eprefix{n}")
+        points.append((_point(0, tensors, ev, False, f"prefix {n} of {len(order)}"), plan))
+        by_n[n] = len(points) - 1
+        return _met(goal, ev, float_acc)
+
+    lo, hi = smallest_passing_prefix(len(order), meets, max(1, goal.max_steps), start=guess)
+    if hi is None:
+        best = max(range(len(points)), key=lambda i: points[i][0].output_sqnr_db or -math.inf)
+        why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
+        return done(best, False, why, sens)
+    reason = f"goal met (predicted prefix {guess})"
+    if hi - lo > 1:
+        reason += f"; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
     return done(by_n[hi], True, reason, sens)

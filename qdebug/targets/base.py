@@ -213,9 +213,15 @@ class BuildOptions:
     bisect: BisectMode = BisectMode.AUTO
     #: QNN: try the standard remedies on a located divergence (docs/qnn.md)
     remedies: bool = True
+    #: build only the region of the float model between these tensors (``--extract-inputs/--extract-outputs``,
+    #: :mod:`qdebug.region`); both empty: the whole model
+    extract_inputs: tuple[str, ...] = ()
+    extract_outputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "skip_fixes", tuple(self.skip_fixes))
+        object.__setattr__(self, "extract_inputs", tuple(self.extract_inputs))
+        object.__setattr__(self, "extract_outputs", tuple(self.extract_outputs))
         if not isinstance(self.bisect, BisectMode):
             try:
                 object.__setattr__(self, "bisect", BisectMode(str(self.bisect).strip().lower()))
@@ -241,6 +247,8 @@ class BuildOptions:
             p += self._target_problems(self.target)
         if self.snap_grid not in SNAP_GRIDS:
             p.append(f"snap_grid {self.snap_grid!r} not in {list(SNAP_GRIDS)}")
+        if bool(self.extract_inputs) != bool(self.extract_outputs):
+            p.append("a region needs both --extract-inputs and --extract-outputs")
         if not isinstance(self.debug_samples, int) or self.debug_samples < 1:
             p.append(f"debug_samples must be a positive integer, got {self.debug_samples!r}")
         known = sorted({f for n in target_names() for f in get_target(n).fix_names})

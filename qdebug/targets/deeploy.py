@@ -195,9 +195,23 @@ def _codegen(
     from qdebug.targets import deeploy_env
 
     dest = out / plat.lower()
-    network, rewritten, platform_export = _platform_network(out, plat, qdq_model, data)
-    res = deeploy_env.generate(network, dest, plat, inputs_npz=out / "inputs.npz")
     rel = f"{out.name}/{plat.lower()}"
+    try:
+        network, rewritten, platform_export = _platform_network(out, plat, qdq_model, data)
+    except TargetError as exc:  # the platform's own form cannot take an op (e.g. iRMSNorm's LayerNorm, D > 128)
+        failed: dict[str, Any] = {
+            **dict.fromkeys(("network", "platform_export", "integer_only")),
+            "generic_add_terms_rewritten": 0,
+            "ok": False,
+            "dir": rel,
+            "files": [],
+            "float_buffers": [],
+            "error": str(exc),
+            "seconds": 0.0,
+            "io": [],
+        }
+        return failed, f"the {plat} network cannot be exported: {exc}", dest
+    res = deeploy_env.generate(network, dest, plat, inputs_npz=out / "inputs.npz")
     entry: dict[str, Any] = {
         "network": f"{out.name}/{network.name}",
         "generic_add_terms_rewritten": rewritten,
@@ -414,7 +428,7 @@ class DeeployTarget(TargetBase):
             "deeploy_outputs": "deeploy/outputs.npz",
         }
         for plat, entry in dbuild.info["codegen"].items():
-            if entry.get("network", "deeploy/network.onnx") != "deeploy/network.onnx":
+            if entry.get("network") not in (None, "deeploy/network.onnx"):
                 files[f"deeploy_{plat.lower()}_network"] = entry["network"]
             for f in entry["files"]:
                 files[f"{plat.lower()}_{Path(f).stem.lower()}_{Path(f).suffix.lstrip('.')}"] = f

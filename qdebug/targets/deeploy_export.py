@@ -431,7 +431,7 @@ def _integer_node(
         conv, w_name = _gap_as_depthwise_conv(state, node, ins[0], shapes)
         return _integer_linear(state, conv, [ins[0], w_name], out, out_act)
     if node.op_type == "Add":
-        return _integer_add(state, node, ins, out, out_act)
+        return _integer_add(state, node, ins, out, out_act, shapes)
     pre, ins = dt.int8_operands(state, node, ins, shapes)  # PULPOpen: a uint8 input of a MatMul → int8
     return [*pre, *_integer_linear(state, node, ins, out, out_act, shapes.get(node.output[0]))]
 
@@ -647,7 +647,8 @@ def _flat_requant(
     tile = size // ch
     mul_t = np.tile(np.broadcast_to(np.asarray(mul).reshape(-1), (ch,)), tile)
     add_t = np.tile(np.broadcast_to(np.asarray(add).reshape(-1), (ch,)), tile)
-    rq = _requant_node(state, flat_in, flat_out, mul_t, add_t, k, out_act, (1, size))
+    # (size,), not (1, size): Deeploy's RequantShift layer would broadcast a [1, N] constant to [1, N, N]
+    rq = _requant_node(state, flat_in, flat_out, mul_t, add_t, k, out_act, (size,))
     state.acts[flat_out] = out_act
     state.requant_errors[rq.name] = float(np.max(np.abs(mul / 2.0**k - m) / m))
     return [
@@ -681,7 +682,12 @@ def _weight_initializer(state: GraphState, dq_out: str, w: np.ndarray) -> str:
 
 
 def _integer_add(
-    state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation
+    state: GraphState,
+    node: onnx.NodeProto,
+    ins: list[str],
+    out: str,
+    out_act: Activation,
+    shapes: Mapping[str, list[int]] | None = None,
 ) -> list[onnx.NodeProto]:
     acts = [state.acts.get(t) for t in ins[:2]]
     if len(ins) != 2 or acts[0] is None or acts[1] is None:
@@ -698,8 +704,10 @@ def _integer_add(
     err = float(np.max(np.abs(muls / 2.0**k - ratios) / ratios))
     nodes: list[onnx.NodeProto] = []
     scaled: list[str] = []
-    for t, a, mul in zip(ins, acts, muls, strict=True):
+    known = shapes or {}
+    for i, (t0, a, mul) in enumerate(zip(ins, acts, muls, strict=True)):
         assert a is not None
+        t = _broadcast(state, t0, known.get(node.input[i]), known.get(node.output[0]), nodes, f"{t0}_to_{out}")
         dst = state.unique(f"{t}_to_{out}_grid")
         mn, an = state.unique(f"{dst}_mul"), state.unique(f"{dst}_add")
         state.set_const(mn, np.array(mul, np.int32))
@@ -712,6 +720,61 @@ def _integer_add(
     nodes.append(_requant_node(state, acc, out, one, np.array(out_act.residual_zp * 2**k), k, out_act, ()))
     state.requant_errors[nodes[-1].name] = err
     return nodes
+
+
+def _broadcast(
+    state: GraphState,
+    t: str,
+    shape: list[int] | None,
+    want: list[int] | None,
+    nodes: list[onnx.NodeProto],
+    tag: str,
+) -> str:
+    """``t`` expanded to the Add's output shape by Concats of itself (exact), when ONNX broadcasting would do it:
+    Deeploy 0.2.1's Generic Add (and Mul) make both operands the same shape, so a broadcast operand (MiniLM's
+    ``[1, 1, 1, S]`` attention-mask bias on ``[1, H, S, S]`` scores) gets the small buffer and the Add writes
+    past it. Each Concat reads a tensor and an identity RequantShift copy of it, never one tensor twice."""
+    if shape is None or want is None or list(shape) == list(want) or len(shape) != len(want):
+        return t
+    act = state.acts[t]
+    cur, cur_shape = t, list(shape)
+    for axis in range(len(want)):
+        if cur_shape[axis] == want[axis]:
+            continue
+        cur = _repeat(state, cur, (tag, axis), int(want[axis]), act, nodes)
+        cur_shape[axis] = int(want[axis])
+    return cur
+
+
+def _repeat(
+    state: GraphState, t: str, where: tuple[str, int], n: int, act: Activation, nodes: list[onnx.NodeProto]
+) -> str:
+    """``t`` (size 1 on ``axis``) repeated ``n`` times along it: doubling, plus one more copy for an odd count.
+
+    Every Concat reads two identity-RequantShift copies (floor((2x − 1 + 1) / 2) = x; add −1: Deeploy drops a
+    "unity" RequantShift): Deeploy's Generic Concat declares ``char* <input>_tf`` in the function's scope, so a
+    Concat reading another Concat's output redeclares it, and a Concat reading one tensor twice fails its
+    TransposeSplitPass. ``where``: (a name unique to this Add operand, the axis)."""
+    tag, axis = where
+
+    def copy(src: str) -> str:
+        # unique() sees only the graph so far, not these new nodes: the node count keeps the names apart
+        name = state.unique(f"{tag}_bcopy{axis}_{len(nodes)}")
+        state.acts[name] = act
+        nodes.append(_requant_node(state, src, name, np.array([2]), np.array(-1), 1, act, ()))
+        return name
+
+    def cat(a: str, b: str) -> str:
+        name = state.unique(f"{tag}_bcast{axis}_{len(nodes)}")
+        state.acts[name] = act
+        nodes.append(_node("Concat", [a, b], [name], state.unique(f"{name}_Concat"), axis=axis))
+        return name
+
+    if n == 1:
+        return t
+    half = _repeat(state, t, where, n // 2, act, nodes)
+    cur = cat(copy(half), copy(half))
+    return cat(copy(cur), copy(t)) if n % 2 else cur
 
 
 def strip_output_dequant(state: GraphState) -> int:

@@ -491,8 +491,10 @@ def _integer_add_const(
     state.acts[flat_in] = x
     state.acts[flat_out] = out_act
     mul_name, add_name = state.unique(f"{out}_rq_mul"), state.unique(f"{out}_rq_add")
-    state.set_const(mul_name, np.full((1, size), mul_i, np.int32))
-    state.set_const(add_name, add.reshape(1, size).astype(np.int32))
+    # 1-D constants: Deeploy's RequantShift layer reshapes mul/add to [batch, channels] + shape[1:], so a [1, N]
+    # constant on a [1, N] input would become [1, N, N] (2.4 GB of copies for MiniLM's N = 12,288)
+    state.set_const(mul_name, np.full((size,), mul_i, np.int32))
+    state.set_const(add_name, add.reshape(size).astype(np.int32))
     rq = _rqs(flat_in, mul_name, add_name, flat_out, state.unique(f"{out}_RequantShift"), 2**k, 256, out_act.signed)
     state.requant_errors[rq.name] = float(abs(mul_i / 2.0**k - m) / m)
     return [
