@@ -539,6 +539,57 @@ def _tensors(order: tuple[Candidate, ...], n: int) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for c in order[:n] for t in c.tensors))
 
 
+class _Run:
+    """One run of a measured strategy (``measured``, ``efficient``): the points measured so far, each with its plan
+    when it has one, the base first; how the run ends (:meth:`done`); and its prefix search (:meth:`prefixes`)."""
+
+    def __init__(self, session: SearchSession, goal: SearchGoal) -> None:
+        self.session, self.goal = session, goal
+        self.t0, self.start = time.perf_counter(), session.requantizations
+        self.points: list[tuple[SearchPoint, PromotionPlan | None]] = [
+            (_point(0, (), session.base, True, "base"), None)
+        ]
+
+    def done(self, chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
+        """The result, ``chosen`` (an index into :attr:`points`) being the point the run recommends."""
+        s, points = self.session, self.points
+        return _in_cost_order(
+            SearchResult(
+                goal=self.goal, steps=tuple(p for p, _ in points), evaluated=(), reached=reached, stop_reason=reason,
+                requantizations=s.requantizations - self.start, seconds=round(time.perf_counter() - self.t0, 3),
+                float_accuracy=s.float_accuracy, plan=points[chosen][1], chosen_step=chosen, sensitivity=sens,
+            )
+        )  # fmt: skip
+
+    def prefixes(
+        self, order: tuple[Candidate, ...], tag: str, sens: object, start: int = 1, met: str = "goal met"
+    ) -> SearchResult:
+        """Prefixes of ``order`` promoted and measured together (:func:`smallest_passing_prefix` from ``start``);
+        the smallest that meets the goal, else the best point measured."""
+        session, goal, points = self.session, self.goal, self.points
+        by_n: dict[int, int] = {}
+
+        def meets(n: int) -> bool:
+            tensors = _tensors(order, n)
+            plan = session.promote(tensors, goal.to)
+            ev: Evaluation = session.evaluate(plan, name=f"{tag}{n}")
+            points.append((_point(0, tensors, ev, False, f"prefix {n} of {len(order)}"), plan))
+            by_n[n] = len(points) - 1
+            return _met(goal, ev, session.float_accuracy)
+
+        lo, hi = smallest_passing_prefix(len(order), meets, max(1, goal.max_steps), start=start)
+        if hi is None:
+            best = max(range(len(points)), key=lambda i: points[i][0].output_sqnr_db or -math.inf)
+            if points[best][1] is None and best != 0:  # a single measured without its plan kept
+                points[best] = (points[best][0], session.promote(points[best][0].promoted, goal.to))
+            why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
+            return self.done(best, False, why, sens)
+        reason = met
+        if hi - lo > 1:
+            reason += f"; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
+        return self.done(by_n[hi], True, reason, sens)
+
+
 def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     """The ``measured`` strategy.
 
@@ -554,21 +605,8 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     Every point (singles, prefixes, base) is in the result, so :meth:`SearchResult.pareto` is a front of measured
     points only.
     """
-    t0 = time.perf_counter()
-    start = session.requantizations
-    base = session.base
-    float_acc = session.float_accuracy
-    points: list[tuple[SearchPoint, PromotionPlan | None]] = [(_point(0, (), base, True, "base"), None)]
-
-    def done(chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
-        return _in_cost_order(
-            SearchResult(
-                goal=goal, steps=tuple(p for p, _ in points), evaluated=(), reached=reached, stop_reason=reason,
-                requantizations=session.requantizations - start, seconds=round(time.perf_counter() - t0, 3),
-                float_accuracy=float_acc, plan=points[chosen][1], chosen_step=chosen, sensitivity=sens,
-            )
-        )  # fmt: skip
-
+    run = _Run(session, goal)
+    base, float_acc, points, done = session.base, session.float_accuracy, run.points, run.done
     if _met(goal, base, float_acc):
         return done(0, True, "goal met by the base quantization")
     cands = candidates(session.float_proto, base.report)
@@ -587,29 +625,7 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         tensors = points[best][0].promoted
         points[best] = (points[best][0], session.promote(tensors, goal.to))
         return done(best, True, "goal met by one candidate alone", sens)
-    order = sens.ranking(goal.rank)
-    by_n: dict[int, int] = {}
-
-    def meets(n: int) -> bool:
-        tensors = _tensors(order, n)
-        plan = session.promote(tensors, goal.to)
-        ev: Evaluation = session.evaluate(plan, name=f"mprefix{n}")
-        points.append((_point(0, tensors, ev, False, f"prefix {n} of {len(order)}"), plan))
-        by_n[n] = len(points) - 1
-        return _met(goal, ev, float_acc)
-
-    budget = max(1, goal.max_steps)
-    lo, hi = smallest_passing_prefix(len(order), meets, budget)
-    if hi is None:
-        best = max(range(len(points)), key=lambda i: points[i][0].output_sqnr_db or -math.inf)
-        if points[best][1] is None and best != 0:
-            points[best] = (points[best][0], session.promote(points[best][0].promoted, goal.to))
-        why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
-        return done(best, False, why, sens)
-    reason = "goal met"
-    if hi - lo > 1:
-        reason = f"goal met; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
-    return done(by_n[hi], True, reason, sens)
+    return run.prefixes(sens.ranking(goal.rank), "mprefix", sens)
 
 
 def predicted_prefix(
@@ -649,21 +665,8 @@ def efficient_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluati
 
     At most N + ~2·log2(N) evaluations for N candidates, plus the ceiling. Only measured points are on the front.
     """
-    t0 = time.perf_counter()
-    start = session.requantizations
-    base = session.base
-    float_acc = session.float_accuracy
-    points: list[tuple[SearchPoint, PromotionPlan | None]] = [(_point(0, (), base, True, "base"), None)]
-
-    def done(chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
-        return _in_cost_order(
-            SearchResult(
-                goal=goal, steps=tuple(p for p, _ in points), evaluated=(), reached=reached, stop_reason=reason,
-                requantizations=session.requantizations - start, seconds=round(time.perf_counter() - t0, 3),
-                float_accuracy=float_acc, plan=points[chosen][1], chosen_step=chosen, sensitivity=sens,
-            )
-        )  # fmt: skip
-
+    run = _Run(session, goal)
+    base, float_acc, done = session.base, session.float_accuracy, run.done
     if _met(goal, base, float_acc):
         return done(0, True, "goal met by the base quantization")
     cands = candidates(session.float_proto, base.report)
@@ -675,22 +678,4 @@ def efficient_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluati
     sens, _ = measure_demotions(session, cands, goal.measure_top or len(cands), ceiling, goal.to, resolve=resolve)
     order = sens.ranking(Ranking.EFFICIENCY)
     guess = predicted_prefix(sens, order, base.output_sqnr_db, goal.output_sqnr_db)
-    by_n: dict[int, int] = {}
-
-    def meets(n: int) -> bool:
-        tensors = _tensors(order, n)
-        plan = session.promote(tensors, goal.to)
-        ev: Evaluation = session.evaluate(plan, name=f"eprefix{n}")
-        points.append((_point(0, tensors, ev, False, f"prefix {n} of {len(order)}"), plan))
-        by_n[n] = len(points) - 1
-        return _met(goal, ev, float_acc)
-
-    lo, hi = smallest_passing_prefix(len(order), meets, max(1, goal.max_steps), start=guess)
-    if hi is None:
-        best = max(range(len(points)), key=lambda i: points[i][0].output_sqnr_db or -math.inf)
-        why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
-        return done(best, False, why, sens)
-    reason = f"goal met (predicted prefix {guess})"
-    if hi - lo > 1:
-        reason += f"; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
-    return done(by_n[hi], True, reason, sens)
+    return run.prefixes(order, "eprefix", sens, start=guess, met=f"goal met (predicted prefix {guess})")
