@@ -74,6 +74,14 @@ def prepare(model: str, samples: int, work: Path) -> tuple[Path, Path, Path]:
     return f, q, data
 
 
+def _full_width(page: Any, sel: str) -> None:
+    """Wait until the figure under ``sel`` is drawn as wide as its container (widgets/resize.py resizes it after
+    each draw), so a screenshot shows the figure as the user sees it."""
+    js = f"""() => {{ const el = document.querySelector({sel!r}); const svg = el && el.querySelector('.main-svg');
+        return !!svg && Math.abs(+svg.getAttribute('width') - el.parentElement.clientWidth) <= 2; }}"""
+    page.wait_for_function(js, timeout=SHOT_MS, polling=100)
+
+
 def _count_at_least(page: Any, n: int) -> None:
     page.wait_for_function(f"document.querySelectorAll({NODES!r}).length >= {n}", timeout=TIMEOUT_MS, polling=50)
 
@@ -141,6 +149,7 @@ def drive_debugger(page: Any, port: int, model: str, images: Path, inspect: str 
     """The screenshots, on the debugger notebook (Graph tab open)."""
     page.goto(f"http://127.0.0.1:{port}/", wait_until="commit", timeout=TIMEOUT_MS)
     page.locator(NODES).first.wait_for(timeout=TIMEOUT_MS)
+    _full_width(page, ".qd-graph")
     page.locator(".qd-graph").screenshot(path=str(images / f"ui_graph_{model}.png"))
     print(f"{model}: graph shown", file=sys.stderr, flush=True)
     for step in (_shot_worst, _shot_inspector, _shot_heatmap):
@@ -151,6 +160,10 @@ def drive_debugger(page: Any, port: int, model: str, images: Path, inspect: str 
 
 
 SHOT_MS = 240_000
+#: The screenshots' viewport height (px): taller than the page, so nothing is scrolled. Voila's page scrolls inside
+#: its own container, and chromium draws nothing of an element below the viewport (a 2200 px graph came out cut
+#: at 1400 px, the rest white).
+SHOT_HEIGHT = 4000
 
 
 def _shot_worst(page: Any, images: Path, model: str, inspect: str | None) -> None:
@@ -161,6 +174,7 @@ def _shot_worst(page: Any, images: Path, model: str, inspect: str | None) -> Non
     box.press("Enter")
     page.locator(".qd-inspector").filter(has_text=worst).first.wait_for(timeout=SHOT_MS)
     page.locator(NODES).first.wait_for(timeout=SHOT_MS)
+    _full_width(page, ".qd-graph")
     page.locator(".qd-graph").screenshot(path=str(images / f"ui_graph_worst_{model}.png"))
 
 
@@ -182,6 +196,7 @@ def _shot_heatmap(page: Any, images: Path, model: str, inspect: str | None) -> N
     page.locator(".lm-TabBar-tab", has_text="Heatmap").first.click()
     page.locator(".qd-heatmap-groups input").check()
     page.locator(".qd-heatmap .xtick").first.wait_for(timeout=SHOT_MS)
+    _full_width(page, ".qd-heatmap")
     page.locator(".qd-heatmap").first.screenshot(path=str(images / f"ui_heatmap_{model}.png"))
 
 
@@ -217,7 +232,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> list[dict[str
                 nb = rw / f"views_{model.replace('-', '_')}.ipynb"
                 debugger_notebook(nb, f, q, data, rw / "dbg", tab="Graph", import_root=ROOT)
                 with voila(nb, rw) as (port, _):
-                    ctx = _context(browser, 1400)
+                    ctx = _context(browser, SHOT_HEIGHT)
                     drive_debugger(ctx.new_page(), port, model, args.images, args.inspect.get(model))
                     ctx.close()
         finally:
