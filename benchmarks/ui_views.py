@@ -135,6 +135,7 @@ def drive_dashboard(page: Any, port: int, model: Path, data: Path) -> dict[str, 
     if boxes.count() == 0:
         boxes = app.locator(".qd-row-check input[type=checkbox]")
     boxes.first.check()
+    page.evaluate(_STATUS_LOG)
     t0 = time.perf_counter()
     app.locator(".qd-promote").click()
     status = app.locator(".qd-status")
@@ -142,7 +143,28 @@ def drive_dashboard(page: Any, port: int, model: Path, data: Path) -> dict[str, 
     if "promotion failed" in (status.text_content() or ""):
         raise RuntimeError(f"promotion failed: {status.text_content()}")
     out["promote round trip"] = time.perf_counter() - t0
+    _print_timeline("promote", page.evaluate("() => window.__qdStatus"))
     return out
+
+
+#: Records every text the status line shows, with the page's clock (ms), into ``window.__qdStatus``: where a round
+#: trip's time goes as the user sees it (the kernel's steps, then the views redrawn after the last one).
+_STATUS_LOG = """() => {
+  const el = document.querySelector('.qd-app .qd-status');
+  const log = window.__qdStatus = [[performance.now(), el.textContent]];
+  new MutationObserver(() => log.push([performance.now(), el.textContent]))
+    .observe(el, { childList: true, subtree: true, characterData: true });
+}"""
+
+
+def _print_timeline(what: str, log: list[tuple[float, str]]) -> None:
+    """One line per status change: seconds since the click, and the status text (counted steps collapsed)."""
+    t0, last = log[0][0], ""
+    for t, text in log[1:]:
+        step = re.sub(r"\d+/\d+.*", "k/N", text.strip())
+        if step != last:
+            print(f"  {what} +{(t - t0) / 1000:6.2f}s  {text.strip()[:110]}", file=sys.stderr, flush=True)
+        last = step
 
 
 def drive_debugger(page: Any, port: int, model: str, images: Path, inspect: str | None) -> None:

@@ -318,6 +318,17 @@ def test_comparison_figure(tiny_report: DebugReport) -> None:
     assert all(d.name in h for d, h in zip(cmp.cumulative, before_t.hovertext, strict=True))
 
 
+def test_comparison_figure_names_tensors_only_while_they_fit(tiny_report: DebugReport) -> None:
+    # 300 tensors: no tick labels (they would overlap, and plotly measures each one), every name still in the hover
+    many = tuple(replace(a, tensor_name=f"t{i}") for i in range(300) for a in tiny_report.activations[:1])
+    big = replace(tiny_report, activations=many)
+    fig = figures.comparison_figure(compare(big, big))
+    assert fig.layout.xaxis2.showticklabels is False and fig.layout.xaxis2.ticktext is None
+    assert len(fig.data[0].hovertext) == 300 and "t299" in fig.data[0].hovertext[-1]
+    small = figures.comparison_figure(compare(tiny_report, tiny_report))
+    assert list(small.layout.xaxis2.ticktext) == [a.tensor_name for a in tiny_report.activations]
+
+
 def test_figures_import_and_core_stays_plotly_free() -> None:
     # The rendering layer is core: importing it loads no plotly; building the first figure does.
     code = (

@@ -105,9 +105,9 @@ def _figure(name: str, *args: Any, css: str | None = None) -> w.Widget:
     except Exception as exc:
         return _placeholder(name, f"{type(exc).__name__}: {exc}")
     try:
-        import plotly.graph_objects as go
+        from .live_figure import live_figure
 
-        widget = go.FigureWidget(_json_safe(fig))
+        widget = live_figure(_json_safe(fig))  # plotly's FigureWidget, its 5 MB front end sent once per kernel
         # plotly.js then follows window resizes itself (the FigureWidget's own listener is never installed under
         # anywidget), which is how a figure drawn in a hidden tab gets its width (widgets/resize.py)
         widget._config = {**widget._config, "responsive": True}

@@ -21,9 +21,9 @@ def _placeholder(what: str, why: str) -> w.HTML:
 
 
 def _live(fig: Any, css: str) -> w.Widget:
-    import plotly.graph_objects as go
+    from .live_figure import live_figure
 
-    widget = go.FigureWidget(fig)
+    widget = live_figure(fig)
     widget._dom_classes = (*widget._dom_classes, css)
     return widget
 

@@ -656,7 +656,8 @@ def comparison_figure(comparison: Comparison, max_label_chars: int = 40) -> go.F
 
     Tensors are in the comparison's (topological) order. Non-finite values leave gaps in the lines and are
     named in the hover ("identical (inf)" or "n/a"); a delta that is not comparable has no bar. Bars are
-    green where the change helped and red where it hurt. Traces: ``before``, ``after``, ``delta``.
+    green where the change helped and red where it hurt. Traces: ``before``, ``after``, ``delta``. Above
+    :data:`MAX_TICK_LABELS` tensors the axis carries no names (the hover has them).
     """
     names = [d.name for d in comparison.cumulative]
     idx = list(range(len(names)))
@@ -690,8 +691,11 @@ def comparison_figure(comparison: Comparison, max_label_chars: int = 40) -> go.F
     )  # fmt: skip
     for y in (SQNR_LOW, SQNR_HIGH):
         fig.add_hline(y=y, line={"dash": "dot", "color": "#adb5bd"}, row=1, col=1)
-    ticks = [_short(n, max_label_chars) for n in names]
-    fig.update_xaxes(tickmode="array", tickvals=idx, ticktext=ticks, row=2, col=1)
+    if len(names) <= MAX_TICK_LABELS:
+        ticks = [_short(n, max_label_chars) for n in names]
+        fig.update_xaxes(tickmode="array", tickvals=idx, ticktext=ticks, row=2, col=1)
+    else:  # as the heatmap: more names than fit overlap into a band, and plotly measures each one (seconds)
+        fig.update_xaxes(showticklabels=False, title_text="tensor (topological order; the hover names it)", row=2, col=1)
     fig.update_yaxes(title_text="cumulative dB", row=1, col=1)
     fig.update_yaxes(title_text="Δ dB", row=2, col=1)
     fig.update_layout(
