@@ -12,7 +12,7 @@ from widgets.app import _figure
 def test_figures_carry_a_shim_and_share_one_bundle() -> None:
     a = lf.live_figure(go.Figure(go.Scatter(x=[0, 1], y=[1, 2])))
     b = _figure("pareto_figure", [])  # what the debugger's views draw
-    bundle = lf._bundle
+    bundle = lf._open["bundle"]
     assert bundle is not None and bundle.bundle == lf.BUNDLE.read_text(encoding="utf-8")
     assert len(bundle.bundle) > 1_000_000  # plotly's widget bundle (plotly.js inside)
     for fig in (a, b):
@@ -21,7 +21,7 @@ def test_figures_carry_a_shim_and_share_one_bundle() -> None:
         assert len(state["_esm"]) < 2_000 and "__qdebugPlotly" in state["_esm"]  # not the 5 MB bundle
     assert len(a.data) == 1 and list(a.data[0].y) == [1, 2]
     lf.live_figure(go.Figure())
-    assert lf._bundle is bundle  # one per kernel
+    assert lf._open["bundle"] is bundle  # one per kernel
     bundle.close()
     lf.live_figure(go.Figure())
-    assert lf._bundle is not bundle and lf._bundle.comm is not None  # a closed one is replaced
+    assert lf._open["bundle"] is not bundle and lf._open["bundle"].comm is not None  # a closed one is replaced

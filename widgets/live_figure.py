@@ -68,14 +68,15 @@ class SharedFigureWidget(FigureWidget):  # type: ignore[misc]
     _esm = _SHIM_ESM
 
 
-_bundle: PlotlyBundle | None = None
+#: The kernel's bundle widget, under "bundle" once made.
+_open: dict[str, PlotlyBundle] = {}
 
 
 def _ensure_bundle() -> PlotlyBundle:
-    global _bundle
-    if _bundle is None or getattr(_bundle, "comm", None) is None:  # first use, or closed (a test, a reset)
-        _bundle = PlotlyBundle(bundle=BUNDLE.read_text(encoding="utf-8"))
-    return _bundle
+    b = _open.get("bundle")
+    if b is None or getattr(b, "comm", None) is None:  # first use, or closed (a test, a reset)
+        b = _open["bundle"] = PlotlyBundle(bundle=BUNDLE.read_text(encoding="utf-8"))
+    return b
 
 
 def live_figure(fig: Any) -> SharedFigureWidget:

@@ -695,7 +695,8 @@ def comparison_figure(comparison: Comparison, max_label_chars: int = 40) -> go.F
         ticks = [_short(n, max_label_chars) for n in names]
         fig.update_xaxes(tickmode="array", tickvals=idx, ticktext=ticks, row=2, col=1)
     else:  # as the heatmap: more names than fit overlap into a band, and plotly measures each one (seconds)
-        fig.update_xaxes(showticklabels=False, title_text="tensor (topological order; the hover names it)", row=2, col=1)
+        title = "tensor (topological order; the hover names it)"
+        fig.update_xaxes(showticklabels=False, title_text=title, row=2, col=1)
     fig.update_yaxes(title_text="cumulative dB", row=1, col=1)
     fig.update_yaxes(title_text="Δ dB", row=2, col=1)
     fig.update_layout(
