@@ -112,6 +112,8 @@ class AutoRun:
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
+        # numba's import and kernel load overlap the sessions' set-up and sample 0 (runs too short to switch skip it)
+        self.warm_up = compiled.start_warm_up() if samples > MIN_REMAINING + 1 else None
         t0 = clock()
         self.numpy = NumpyRun(float_model, quant_model, pairing, providers)
         self.numpy_setup = clock() - t0
@@ -140,8 +142,10 @@ class AutoRun:
             self.numpy.prefetch(index, sample)
 
     def close(self) -> None:
-        """Stop the numpy run's worker thread."""
+        """Stop the numpy run's worker thread (and wait for numba's warm-up, which cannot be interrupted)."""
         self.numpy.close()
+        if self.warm_up is not None:
+            self.warm_up.join()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
         """Sample 0 on numpy (timed), sample 1 on the merged graph if it may win (timed), then the faster one."""
@@ -180,6 +184,8 @@ class AutoRun:
         if not compiled.available():  # said in the reason whatever is chosen: the user can install it
             self.missing_fast = f"a compiled reduction would save est. {saving:.1f} s: pip install 'qdebug[fast]'"
             return False
+        if self.warm_up is not None:
+            self.warm_up.join()
         self.numpy.reducer = compiled.reduce_sample_compiled
         self.choice, self.graph = (
             Choice(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -42,6 +43,7 @@ STARTUP_S = 1.5
 SAVING = 0.7
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+LANES_PLUS_ONE = 17  # a warm-up tensor that runs the kernel's lanes and its tail
 
 
 @functools.cache
@@ -49,6 +51,23 @@ def _load() -> ModuleType:
     """The kernel module (numba imported on first use; :class:`~qdebug.errors.MissingExtraError` without it)."""
     require("numba")
     return importlib.import_module("qdebug.capture._kernels")
+
+
+def warm_up() -> None:
+    """Import numba and load (or, the first time on a machine, compile) the kernel for float32 tensors."""
+    k = _load()
+    x, row = np.zeros(LANES_PLUS_ONE, np.float32), np.zeros(k.SLOTS)
+    k.activation_sums(x, x, x, -np.inf, np.inf, -np.inf, np.inf, True, row)
+
+
+def start_warm_up() -> threading.Thread | None:
+    """:func:`warm_up` on a background thread (``None`` without numba): ``auto`` starts it with its sessions, so
+    that numba's start-up overlaps their set-up and the first sample instead of delaying the second one."""
+    if not available():
+        return None
+    thread = threading.Thread(target=warm_up, name="qdebug-numba-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def available() -> bool:
