@@ -148,7 +148,7 @@ def test_auto_switches_when_the_reduction_would_cost_more_than_the_start_up(
     monkeypatch.setattr(compiled, "STARTUP_S", 0.0)  # any measured reduction pays it back
     run = _auto(fm, qm, 4)
     assert run.final().backend == "compiled" and "the compiled pass saves est." in run.final().reason
-    assert run.numpy.reducer is compiled.reduce_sample_compiled and run.graph is None
+    assert isinstance(run.numpy.reducer, compiled.CompiledReducer) and run.graph is None
     monkeypatch.setattr(compiled, "STARTUP_S", 1e9)  # never pays: the numpy choice, no word about numba
     run = _auto(fm, qm, 4)
     assert run.final().backend == "numpy" and "qdebug[fast]" not in run.final().reason
@@ -168,3 +168,21 @@ def test_numba_is_imported_only_when_the_compiled_reduction_runs() -> None:
     code = "import sys, qdebug.debug, qdebug.capture; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_sample_split_over_threads_gives_the_same_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    arrays = [(r, r * np.float32(1.01), np.round(r * 4) / np.float32(4)) for r in
+              (rng.standard_normal(n).astype(np.float32) for n in (5000, 17, 300, 4096, 1))]  # fmt: skip
+    plan, (f, q) = _plan([(True, None, None)] * len(arrays)), _tensors(arrays)
+    one = compiled.reduce_sample_compiled(plan, f, q)
+    monkeypatch.setattr(compiled, "SPLIT_ELEMENTS", 0)
+    reducer = compiled.CompiledReducer()
+    reducer.threads = 2
+    split = reducer(plan, f, q)
+    reducer.close()
+    for kind in ("cumulative", "local"):
+        for name in ("signal", "noise", "max_abs", "count"):
+            np.testing.assert_array_equal(getattr(getattr(one, kind), name), getattr(getattr(split, kind), name))
+    parts = compiled._deal(np.array([5, 1, 4, 2, 3]), 2)  # sizes 5+1+2 | 4+3: every index once, loads 8 and 7
+    assert sorted(parts[0] + parts[1]) == [0, 1, 2, 3, 4] and {len(p) for p in parts} == {2, 3}

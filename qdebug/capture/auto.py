@@ -186,7 +186,7 @@ class AutoRun:
             return False
         if self.warm_up is not None:
             self.warm_up.join()
-        self.numpy.reducer = compiled.reduce_sample_compiled
+        self.numpy.reducer = compiled.CompiledReducer()
         self.choice, self.graph = (
             Choice(
                 "compiled",

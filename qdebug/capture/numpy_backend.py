@@ -30,6 +30,7 @@ from qdebug.capture.batching import (
     split_batch,
     stack,
 )
+from qdebug.capture.compiled import CompiledReducer
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
@@ -192,10 +193,12 @@ class NumpyRun:
             self._queued.append((index, sample))
 
     def close(self) -> None:
-        """Stop the worker thread (a pending inference finishes first)."""
+        """Stop the worker thread (a pending inference finishes first) and the reducer's threads."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if isinstance(self.reducer, CompiledReducer):
+            self.reducer.close()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
@@ -205,6 +208,8 @@ class NumpyRun:
         self._start_next(index)
         f = dict(zip(self.plan.float_names, f_vals, strict=True))
         q = dict(zip(self.plan.quant_names, q_vals, strict=True))
+        if isinstance(self.reducer, CompiledReducer):  # idle cores help reduce when no inference runs beside it
+            self.reducer.threads = 1 if self.pipelining else usable_cores()
         t0 = time.perf_counter()
         sums = self.reducer(self.plan, f, q)
         self.reduce_seconds = time.perf_counter() - t0
