@@ -186,3 +186,18 @@ def test_a_sample_split_over_threads_gives_the_same_sums(monkeypatch: pytest.Mon
             np.testing.assert_array_equal(getattr(getattr(one, kind), name), getattr(getattr(split, kind), name))
     parts = compiled._deal(np.array([5, 1, 4, 2, 3]), 2)  # sizes 5+1+2 | 4+3: every index once, loads 8 and 7
     assert sorted(parts[0] + parts[1]) == [0, 1, 2, 3, 4] and {len(p) for p in parts} == {2, 3}
+
+
+def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> None:
+        raise ImportError("Numba needs NumPy 2.3 or less\nsecond line")
+
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    monkeypatch.setattr(compiled, "STARTUP_S", 0.0)
+    monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread of a run of > 9 samples
+    run = _auto(fm, qm, 12)
+    assert run.final().backend != "compiled" and not isinstance(run.numpy.reducer, compiled.CompiledReducer)
+    # the reason of a numpy choice carries it (a merged graph, if it won on timing, says why it won instead)
+    assert run.missing_fast == "the compiled reduction could not load (ImportError: Numba needs NumPy 2.3 or less)"

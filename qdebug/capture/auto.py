@@ -186,6 +186,9 @@ class AutoRun:
             return False
         if self.warm_up is not None:
             self.warm_up.join()
+            if self.warm_up.error is not None:
+                self.missing_fast = f"the compiled reduction could not load ({self.warm_up.error})"
+                return False
         self.numpy.reducer = compiled.CompiledReducer()
         self.choice, self.graph = (
             Choice(

@@ -39,6 +39,7 @@ __all__ = [
     "STARTUP_S",
     "CompiledBackend",
     "CompiledReducer",
+    "WarmUp",
     "available",
     "reduce_sample_compiled",
 ]
@@ -72,12 +73,28 @@ def warm_up() -> None:
     k.activation_sums(x, x, x, -np.inf, np.inf, -np.inf, np.inf, True, row)
 
 
-def start_warm_up() -> threading.Thread | None:
-    """:func:`warm_up` on a background thread (``None`` without numba): ``auto`` starts it with its sessions, so
-    that numba's start-up overlaps their set-up and the first sample instead of delaying the second one."""
+class WarmUp(threading.Thread):
+    """:func:`warm_up` on a background thread; :attr:`error` says why it failed (a numba that cannot load), so
+    that the caller keeps the numpy reduction with that reason instead of a traceback on stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(name="qdebug-numba-warm-up", daemon=True)
+        self.error: str | None = None
+
+    def run(self) -> None:
+        """Warm up, recording the failure."""
+        try:
+            warm_up()
+        except Exception as exc:  # numba's import can fail in many ways (e.g. a numpy it does not support)
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def start_warm_up() -> WarmUp | None:
+    """A started :class:`WarmUp` (``None`` without numba): ``auto`` starts it with its sessions, so that numba's
+    start-up overlaps their set-up and the first sample instead of delaying the second one."""
     if not available():
         return None
-    thread = threading.Thread(target=warm_up, name="qdebug-numba-warm-up", daemon=True)
+    thread = WarmUp()
     thread.start()
     return thread
 
