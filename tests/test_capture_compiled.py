@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -133,10 +134,14 @@ def test_the_compiled_backend_matches_the_numpy_one(tiny_float: Path, tiny_quant
     assert [s.count for s in got.cumulative] == [s.count for s in ref.cumulative]
 
 
-def _auto(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int) -> AutoRun:
+def _auto(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, wait: bool = True) -> AutoRun:
+    """An auto run over ``n`` samples; ``wait``: let numba's background load finish after sample 0, so that the
+    switch (if any) happens at sample 1 and the test is deterministic."""
     run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=n, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
+        if i == 0 and wait and run.warm_up is not None:
+            run.warm_up.join()
     run.close()
     return run
 
@@ -148,6 +153,7 @@ def test_auto_switches_when_the_reduction_would_cost_more_than_the_start_up(
     monkeypatch.setattr(compiled, "STARTUP_S", 0.0)  # any measured reduction pays it back
     run = _auto(fm, qm, 4)
     assert run.final().backend == "compiled" and "the compiled pass saves est." in run.final().reason
+    assert "from sample 1, once numba had loaded" in run.final().reason
     assert isinstance(run.numpy.reducer, compiled.CompiledReducer) and run.graph is None
     monkeypatch.setattr(compiled, "STARTUP_S", 1e9)  # never pays: the numpy choice, no word about numba
     run = _auto(fm, qm, 4)
@@ -196,8 +202,23 @@ def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     monkeypatch.setattr(compiled, "STARTUP_S", 0.0)
-    monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread of a run of > 9 samples
-    run = _auto(fm, qm, 12)
-    assert run.final().backend != "compiled" and not isinstance(run.numpy.reducer, compiled.CompiledReducer)
-    # the reason of a numpy choice carries it (a merged graph, if it won on timing, says why it won instead)
-    assert run.missing_fast == "the compiled reduction could not load (ImportError: Numba needs NumPy 2.3 or less)"
+    monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread once sample 0 says it pays
+    run = _auto(fm, qm, 3)
+    assert run.final().backend == "numpy" and not isinstance(run.numpy.reducer, compiled.CompiledReducer)
+    assert "could not load (ImportError: Numba needs NumPy 2.3 or less)" in run.final().reason
+
+
+def test_numpy_reduces_until_numba_has_loaded(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = threading.Event()
+    monkeypatch.setattr(compiled, "STARTUP_S", 0.0)
+    monkeypatch.setattr(compiled, "warm_up", loaded.wait)  # numba "loads" only when the test says so
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 3)
+    for i, s in enumerate(open_data(None, input_specs(fm), num_samples=3, seed=3)):
+        assert isinstance(run.reduce(i, s), SampleSums)
+    assert not isinstance(run.numpy.reducer, compiled.CompiledReducer)  # never waited for numba
+    assert run.final().backend == "numpy" and "the data ran out before numba had loaded" in run.final().reason
+    loaded.set()
+    run.close()

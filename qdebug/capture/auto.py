@@ -8,9 +8,10 @@ on models with large activations its in-graph float64 reductions cost more per s
 1. sample 0 runs on ``numpy`` (always opened: it is also every backend's fallback), timed with its session set-up;
 2. if numpy's *reduction* of sample 0 (timed apart from its inference), over the remaining samples, would cost
    more than the compiled reduction's start-up (:data:`qdebug.capture.compiled.STARTUP_S`; numba, the ``fast``
-   extra), the numpy run switches to that one-pass reduction (``compiled``) — no new session, so nothing to
-   measure first, and it saves more per sample than the merged graph ever measured; without numba, the reason
-   says what it would have saved;
+   extra), numba loads on a background thread while numpy keeps reducing, and the numpy run switches to that
+   one-pass reduction (``compiled``) at the first sample after — no new session, nothing else to measure, and it
+   saves more per sample than the merged graph ever measured; without numba (or if it fails to load), the
+   reason says what it would have saved;
 3. if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
    (the merged graph is slower per sample there); otherwise the merged model is *built* (no session: a
    protobuf, cheap) and its set-up is **estimated** from the numpy
@@ -112,8 +113,8 @@ class AutoRun:
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
-        # numba's import and kernel load overlap the sessions' set-up and sample 0 (runs too short to switch skip it)
-        self.warm_up = compiled.start_warm_up() if samples > MIN_REMAINING + 1 else None
+        self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (see _compiled_pays)
+        self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         t0 = clock()
         self.numpy = NumpyRun(float_model, quant_model, pairing, providers)
         self.numpy_setup = clock() - t0
@@ -123,7 +124,11 @@ class AutoRun:
         self.choice: Choice | None = None
 
     def final(self) -> Choice:
-        """The choice, also when the data ran out before it was made."""
+        """The choice, also when the data ran out before it was made (or before numba had loaded)."""
+        if self.choice is not None and self.choice.backend == "compiled":
+            if self.switched_at is None:
+                return Choice("numpy", f"{self.choice.reason}; the data ran out before numba had loaded")
+            return Choice("compiled", f"{self.choice.reason}; from sample {self.switched_at}, once numba had loaded")
         return self.choice or Choice("numpy", "the data ran out before the backends could be compared")
 
     @property
@@ -150,6 +155,8 @@ class AutoRun:
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
         """Sample 0 on numpy (timed), sample 1 on the merged graph if it may win (timed), then the faster one."""
         if self.choice is not None:
+            if self.warm_up is not None and not self.warm_up.is_alive():
+                self._switch(index)
             return self.current.reduce(index, sample)
         if self.numpy_sample is None:
             t0 = self.clock()
@@ -174,9 +181,10 @@ class AutoRun:
         self.choice, self.graph = Choice("numpy", why), None  # drop the merged session: its memory goes with it
 
     def _compiled_pays(self) -> bool:
-        """Switch the numpy run to the compiled reduction when its measured numpy reduction, over the remaining
-        samples, costs more than the compiled pass's start-up. It needs no
-        new session, so it is decided before (and instead of) the merged graph, which saves less per sample."""
+        """Whether the compiled reduction pays: numpy's measured reduction of sample 0 over the remaining samples
+        costs more than numba's start-up. It needs no new session, so it is decided before (and instead of) the
+        merged graph, which saves less per sample. numba then loads on a background thread while numpy keeps
+        reducing; the run switches at the first sample after it has loaded (:meth:`_switch`)."""
         reduce_s, remaining = self.numpy.reduce_seconds or 0.0, self.samples - 1
         saving = remaining * reduce_s * compiled.SAVING
         if saving <= compiled.STARTUP_S:
@@ -184,12 +192,7 @@ class AutoRun:
         if not compiled.available():  # said in the reason whatever is chosen: the user can install it
             self.missing_fast = f"a compiled reduction would save est. {saving:.1f} s: pip install 'qdebug[fast]'"
             return False
-        if self.warm_up is not None:
-            self.warm_up.join()
-            if self.warm_up.error is not None:
-                self.missing_fast = f"the compiled reduction could not load ({self.warm_up.error})"
-                return False
-        self.numpy.reducer = compiled.CompiledReducer()
+        self.warm_up = compiled.start_warm_up()
         self.choice, self.graph = (
             Choice(
                 "compiled",
@@ -199,6 +202,18 @@ class AutoRun:
             None,
         )
         return True
+
+    def _switch(self, index: int) -> None:
+        """numba has loaded (or failed to): reduce with the compiled pass from sample ``index`` on (or keep numpy,
+        with the reason)."""
+        assert self.warm_up is not None and self.choice is not None
+        error, self.warm_up = self.warm_up.error, None
+        if error is not None:
+            self.missing_fast = f"the compiled reduction could not load ({error})"
+            self._keep_numpy(self.choice.reason)
+            return
+        self.numpy.reducer = compiled.CompiledReducer()
+        self.switched_at = index
 
     def _open_graph(self) -> None:
         """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
