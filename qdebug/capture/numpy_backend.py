@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import onnx
@@ -30,7 +30,6 @@ from qdebug.capture.batching import (
     split_batch,
     stack,
 )
-from qdebug.capture.compiled import CompiledReducer
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
@@ -99,6 +98,21 @@ class BoundFetch:
 
 Values = tuple[list[np.ndarray], list[np.ndarray]]  # one sample's float and quantized tensors, in plan order
 Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], SampleSums]
+
+
+@runtime_checkable
+class ThreadedReducer(Protocol):
+    """A reducer that can split a sample over threads (:class:`qdebug.capture.compiled.CompiledReducer`)."""
+
+    threads: int
+
+    def __call__(self, plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> SampleSums:
+        """One sample's sums."""
+        ...
+
+    def close(self) -> None:
+        """Stop the threads."""
+        ...
 
 
 class NumpyRun:
@@ -198,7 +212,7 @@ class NumpyRun:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if isinstance(self.reducer, CompiledReducer):
+        if isinstance(self.reducer, ThreadedReducer):
             self.reducer.close()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
@@ -209,7 +223,7 @@ class NumpyRun:
         self._start_next(index)
         f = dict(zip(self.plan.float_names, f_vals, strict=True))
         q = dict(zip(self.plan.quant_names, q_vals, strict=True))
-        if isinstance(self.reducer, CompiledReducer):  # idle cores help reduce when no inference runs beside it
+        if isinstance(self.reducer, ThreadedReducer):  # idle cores help reduce when no inference runs beside it
             self.reducer.threads = 1 if self.pipelining else usable_cores()
         t0 = time.perf_counter()
         sums = self.reducer(self.plan, f, q)
