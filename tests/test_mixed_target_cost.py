@@ -1,9 +1,11 @@
 """Issue 14 item 4: target-aware cost — the Pareto points a user picks compiled for QNN (onnxruntime-qnn, HTP
-simulator), with partitions and CPU-fallback nodes; a point that splits the HTP graph is marked."""
+simulator), with partitions and CPU-fallback nodes; a point that splits the HTP graph is marked; each compiled point
+also runs on the HTP simulator, its output SQNR vs float beside the CPU's."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import builders
@@ -23,9 +25,18 @@ def test_target_cost_marks_a_split_graph_and_round_trips() -> None:
     assert two.splits and two.describe().startswith("SPLIT: 2 partitions, 3 CPU nodes (Softmax 2")
     failed = TargetCost("qnn", False, 0, 0, error="boom")
     assert failed.splits and "boom" in failed.describe()
-    for c in (one, two, failed):
-        d = json.loads(json.dumps(c.to_dict()))
+    ran = TargetCost("qnn", True, 1, 0, target_sqnr_db=31.5, cpu_sqnr_db=32.25, accuracy_samples=2, device="HTP")
+    assert ran.describe_accuracy() == "31.50 dB (CPU 32.25 dB, 2 samples)" and ran.target_loss_db == 0.75
+    same = TargetCost("qnn", True, 1, 0, target_sqnr_db=math.inf, cpu_sqnr_db=math.inf, accuracy_samples=1)
+    assert same.target_loss_db == 0.0 and same.describe_accuracy().startswith("identical")
+    broke = TargetCost("qnn", True, 1, 0, accuracy_error="TargetError: no HTP")
+    assert broke.describe_accuracy() == "run failed: TargetError: no HTP" and one.describe_accuracy() == "-"
+    for c in (one, two, failed, ran, same, broke):
+        d = json.loads(json.dumps(c.to_dict(), allow_nan=False))
         assert d["splits"] == c.splits and TargetCost.from_dict(d) == c
+    # A search result of schema 1 has no target-side accuracy: it reads as not run.
+    old = {k: v for k, v in two.to_dict().items() if k not in ("target_sqnr_db", "cpu_sqnr_db", "accuracy_samples")}
+    assert TargetCost.from_dict(old) == two and TargetCost.from_dict(old).target_sqnr_db is None
 
 
 def test_compile_points_needs_a_target_and_a_valid_spec(tmp_path: Path, run_cli) -> None:
@@ -36,6 +47,9 @@ def test_compile_points_needs_a_target_and_a_valid_spec(tmp_path: Path, run_cli)
     r = run_cli("search", "-f", tmp_path / "m.onnx", "--goal-sqnr", "90", "--target", "qnn", "--compile-points",
                 "best", "-o", o)  # fmt: skip
     assert_one_line_error(r, EXIT_USAGE, "--compile-points")
+    r = run_cli("search", "-f", tmp_path / "m.onnx", "--goal-sqnr", "90", "--target", "qnn", "--compile-points",
+                "front", "--target-samples", "-1", "-o", o)  # fmt: skip
+    assert_one_line_error(r, EXIT_USAGE, "--target-samples")
     assert not o.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
@@ -45,11 +59,12 @@ def test_search_compiles_the_front_for_qnn(tmp_path: Path, run_cli, as_json: boo
     onnx.save(builders.tiny_convnet(), str(tmp_path / "m.onnx"))
     o = tmp_path / "o.json"
     args = ["search", "-f", tmp_path / "m.onnx", "--debug-samples", "4", "--target", "qnn", "--goal-near-all16",
-            "0", "--max-steps", "2", "--compile-points", "front", "-o", o]  # fmt: skip
+            "0", "--max-steps", "2", "--compile-points", "front", "--target-samples", "2", "-o", o]  # fmt: skip
     r = run_cli(*args, *(["--json"] if as_json else []))
     assert r.code in (0, 10), r.stderr
     if not as_json:
-        assert "target graph" in r.out and ("partition" in r.out)
+        assert "target graph" in r.out and "partition" in r.out
+        assert "on target vs float" in r.out and "(CPU " in r.out and "2 samples)" in r.out
         return
     d = json.loads(r.out)
     front = d["pareto"]
@@ -59,6 +74,11 @@ def test_search_compiles_the_front_for_qnn(tmp_path: Path, run_cli, as_json: boo
         assert tc["target"] == "qnn" and tc["ok"], tc
         assert tc["partitions"] >= 1
         assert tc["splits"] == (tc["partitions"] != 1 or tc["cpu_nodes"] > 0)
+        # The compiled model ran on the HTP simulator over 2 debug samples: its worst output vs float, and the CPU
+        # QDQ model's on the same samples (an 8-bit tiny CNN: both well above 20 dB, a few dB apart at most).
+        assert tc["accuracy_samples"] == 2 and tc["accuracy_error"] is None and "HTP" in tc["device"]
+        assert 20 < tc["target_sqnr_db"] < 80 and 20 < tc["cpu_sqnr_db"] < 80
+        assert abs(tc["target_sqnr_db"] - tc["cpu_sqnr_db"]) < 6
     # The base point (all 8-bit) of this small CNN runs as one HTP partition.
     base = next(p for p in front if not p["promoted"] and p["label"] != "all16")
     assert base["target_cost"]["splits"] is False
