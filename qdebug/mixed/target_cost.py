@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdebug.errors import ConfigError, QDebugError
+from qdebug.errors import ConfigError, MissingExtraError, QDebugError
 from qdebug.report import decode_number, encode_number
 
 if TYPE_CHECKING:
@@ -147,6 +148,38 @@ def _db(v: float | None) -> str:
     return "identical" if math.isinf(v) and v > 0 else f"{v:.2f} dB"
 
 
+@dataclass(frozen=True)
+class _Job:
+    qdq: Path
+    out: Path
+    target: str
+    options: Any
+
+
+def _compile_one(job: _Job, float_model: Path | None, data: Any) -> TargetCost:
+    """One point compiled (and, given ``float_model``, run on the target). What fails is recorded on the point, not
+    raised: a search's measurements are not lost to one point the target refuses (e.g. dynamic input shapes for
+    QNN). A missing backend still raises — no point could compile."""
+    from qdebug.targets.recompile import recompile
+
+    try:
+        r = recompile(job.qdq, job.out, job.target, options=job.options, float_model=float_model, data=data)
+        return TargetCost.from_report(r.compile, r.target_accuracy)
+    except MissingExtraError:
+        raise
+    except QDebugError as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    if float_model is not None:  # did the compile go through and only the run on the target fail?
+        try:
+            r = recompile(job.qdq, job.out, job.target, options=job.options)
+            return TargetCost.from_report(r.compile, None, why)
+        except MissingExtraError:
+            raise
+        except QDebugError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+    return TargetCost(job.target, False, 0, 0, error=why)
+
+
 def pick_points(result: SearchResult, spec: str) -> tuple[SearchPoint, ...]:
     """The points ``spec`` names: ``chosen``, ``front`` (every Pareto point) or comma-separated indices into the
     Pareto front as printed (0 = cheapest)."""
@@ -192,8 +225,10 @@ def compile_points(
     ``samples`` > 0: each compiled model also runs on the target over the first ``samples`` debug samples (the
     target's own check, per-tensor probe off: only the outputs are compared); its worst output SQNR vs float goes
     into the point's :class:`TargetCost` beside the CPU QDQ model's on the same samples. A run that fails is noted
-    on the point (``accuracy_error``), not raised: the compile result still stands."""
-    from qdebug.targets.recompile import build_options, recompile
+    on the point (``accuracy_error``), not raised: the compile result still stands; a compile that fails (or that the
+    target refuses, e.g. QNN and dynamic input shapes) is a point with ``ok`` False and the reason, not an error that
+    throws the search's measurements away."""
+    from qdebug.targets.recompile import build_options
 
     if samples < 0:
         raise ConfigError(f"the number of samples to run on the target must be >= 0, got {samples}")
@@ -202,16 +237,8 @@ def compile_points(
     costs: dict[int, TargetCost] = {}
     for i, p in enumerate(points):
         q = session.requantize(_config(session, result, p), name=f"compile_point{i}")
-        out = session.workdir / f"compile_point{i}.{target}"
-        err: str | None = None
-        try:
-            r = recompile(q.model_path, out, target, options=opts,
-                          float_model=session.float_path if samples else None, data=data)  # fmt: skip
-        except QDebugError as exc:  # the compile went through, the run on the target did not
-            if not samples:
-                raise
-            r, err = recompile(q.model_path, out, target, options=opts), f"{type(exc).__name__}: {exc}"
-        costs[id(p)] = TargetCost.from_report(r.compile, r.target_accuracy, err)
+        job = _Job(Path(q.model_path), session.workdir / f"compile_point{i}.{target}", target, opts)
+        costs[id(p)] = _compile_one(job, session.float_path if samples else None, data)
 
     def mark(ps: tuple[SearchPoint, ...]) -> tuple[SearchPoint, ...]:
         return tuple(replace(p, target_cost=costs[id(p)]) if id(p) in costs else p for p in ps)
