@@ -96,7 +96,8 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
                 row["requantize"].append(t_q)
                 row["debug variant"].append(t_vd)
                 row["rest"].append(t_rest)
-    out: dict[str, Any] = {"model": name}
+        float_side = [_float_side(s) for _ in range(args.repeats)]
+    out: dict[str, Any] = {"model": name, "float_side_s": statistics.median(float_side)}
     for mode in MODES:
         med = {k: statistics.median(v) for k, v in rows[mode].items()}
         step = med["promote"] + med["requantize"] + med["debug variant"] + med["rest"]
@@ -106,6 +107,23 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(args.profile_top)
         out["profile"] = buf.getvalue()
     return out
+
+
+def _float_side(s: Any) -> float:
+    """Seconds of the float model's part of a debug pass, alone: its session with every paired tensor exposed, and
+    the debug samples run through it (what a step could reuse, the float model never changing)."""
+    from qdebug.capture.session import expose_outputs, make_session
+    from qdebug.graph import load_model, pair_models
+
+    pairing = pair_models(s.float_proto, load_model(s.base.quantization.model_path, "QDQ model"))
+    names = list(dict.fromkeys([*(a.tensor_name for a in pairing.activations),
+                                *(o.output_name for o in pairing.outputs)]))  # fmt: skip
+    data = list(s.target_data())
+    t = time.perf_counter()
+    sess: Any = make_session(expose_outputs(s.float_proto, names), ["CPUExecutionProvider"])
+    for sample in data:
+        sess.run(names, {i.name: sample[i.name] for i in sess.get_inputs()})
+    return time.perf_counter() - t
 
 
 def render(results: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -127,6 +145,13 @@ def render(results: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
             d = m["debug"]
             cells = " | ".join(f"{m[p]:.2f} s ({m[p] / d:.2f}×)" for p in parts)
             lines.append(f"| {r['model']} | {mode} | {d:.2f} | {cells} | **{r[mode]['step_over_debug']:.2f}×** |")
+    lines.append("")
+    for r in results:
+        d = r["warm"]["median_s"]["debug"]
+        lines.append(
+            f"- {r['model']}: the float model's side alone (session with every paired tensor exposed + the debug "
+            f"samples run through it) {r['float_side_s']:.2f} s = {r['float_side_s'] / d:.2f}× one debug pass"
+        )
     return "\n".join(lines) + "\n"
 
 
