@@ -59,9 +59,17 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
     cfg = QuantConfig(num_samples=args.calib_samples, weight_type="int8")
     qz = importlib.import_module("qdebug.quantize")  # the module: the package exports its function by that name
 
+    kept: tuple[dict[Any, Any], set[str]] = ({}, set())
+
     def forget() -> None:
         qz._VIEWS.clear()
         qz._LOADABLE.clear()
+
+    def restore() -> None:  # the memos as a search's later steps find them
+        qz._VIEWS.clear()
+        qz._VIEWS.update(kept[0])
+        qz._LOADABLE.clear()
+        qz._LOADABLE.update(kept[1])
 
     rows = {m: {k: [] for k in ("debug", "promote", "requantize", "debug variant", "rest")} for m in MODES}
     with MixedPrecisionSession(
@@ -71,10 +79,13 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
         base = s.base
         cands = candidates(s.float_proto, base.report)
         tensors = [t for c in cands[: args.promote] for t in c.tensors]
+        s.requantize(s.promote(tensors).config, name="warmup")  # one step first: the memos a search's later steps see
+        kept = (dict(qz._VIEWS), set(qz._LOADABLE))
         prof = None
         for r in range(args.repeats):
             for mode in MODES:
                 row = rows[mode]
+                restore()
                 _, t_dbg = _timed(debug, s.float_path, base.quantization.model_path, s.debug_data, s.debug_options)
                 row["debug"].append(t_dbg)
                 if mode == "cold":
