@@ -14,7 +14,7 @@ import pytest
 from conftest import assert_one_line_error
 from test_qnn_fixes import require_qnn
 
-from qdebug.errors import EXIT_USAGE
+from qdebug.errors import EXIT_TARGET, EXIT_USAGE
 from qdebug.mixed.target_cost import TargetCost
 
 
@@ -84,16 +84,33 @@ def test_search_compiles_the_front_for_qnn(tmp_path: Path, run_cli, as_json: boo
     assert base["target_cost"]["splits"] is False
 
 
-def test_a_point_the_target_refuses_is_recorded_not_raised(tmp_path: Path, run_cli) -> None:
+def test_a_model_the_target_refuses_stops_the_search_before_it_starts(tmp_path: Path, run_cli) -> None:
     """A dynamic input dimension: QNN refuses to compile (found on the corpus' ppocr-cls, whose input is
-    [-1, 3, ?, ?]); the point says why and the search's measurements are still printed and written."""
+    [-1, 3, ?, ?]). Said in one line before the search measures anything, not after."""
     require_qnn()  # fails (not skips) under CI=true without onnxruntime-qnn
     onnx.save(builders.tiny_convnet(batch="N"), str(tmp_path / "m.onnx"))
     o = tmp_path / "o.json"
-    r = run_cli("search", "-f", tmp_path / "m.onnx", "--debug-samples", "2", "--target", "qnn", "--goal-sqnr", "0",
-                "--compile-points", "chosen", "--target-samples", "2", "-o", o, "--json")  # fmt: skip
-    assert r.code == 0, r.stderr
-    d = json.loads(r.out)
-    tc = next(p for p in d["pareto"] if p["chosen"])["target_cost"]
-    assert tc["ok"] is False and tc["splits"] is True and "fixed input shapes" in tc["error"]
-    assert o.is_file()  # the goal was met: the overrides are written as without --compile-points
+    r = run_cli("search", "-f", tmp_path / "m.onnx", "--debug-samples", "2", "--target", "qnn", "--goal-sqnr", "90",
+                "--compile-points", "front", "-o", o)  # fmt: skip
+    assert_one_line_error(r, EXIT_TARGET, "qnn cannot compile this model's base quantization", "fixed input shapes")
+    assert "Search curve" not in r.out and not o.exists()
+
+
+def test_a_model_the_target_refuses_is_a_point_with_the_reason(tmp_path: Path) -> None:
+    """compile_points itself records a point that does not compile (ok False, the reason, SPLIT) rather than
+    raising: the search's measurements stay."""
+    require_qnn()
+    from qdebug.config import QuantConfig
+    from qdebug.debug import DebugOptions
+    from qdebug.mixed.search import SearchGoal
+    from qdebug.mixed.session import MixedPrecisionSession
+    from qdebug.mixed.target_cost import compile_points, pick_points
+
+    onnx.save(builders.tiny_convnet(batch="N"), str(tmp_path / "m.onnx"))
+    with MixedPrecisionSession(tmp_path / "m.onnx", None, QuantConfig(num_samples=2, target="qnn"),
+                               debug_options=DebugOptions(num_samples=2), workdir=tmp_path / "w") as s:  # fmt: skip
+        result = s.search(SearchGoal(output_sqnr_db=0.0))
+        out = compile_points(s, result, pick_points(result, "chosen"), "qnn", samples=2)
+    tc = out.final.target_cost
+    assert tc is not None and not tc.ok and tc.splits and "fixed input shapes" in (tc.error or "")
+    assert tc.describe().startswith("compile failed:") and out.final.output_sqnr_db == result.final.output_sqnr_db

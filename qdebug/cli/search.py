@@ -211,6 +211,10 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args)),
         workdir=args.workdir,
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
+        if args.compile_points:  # a model the target refuses is said now, not after the search
+            from qdebug.mixed.target_cost import preflight
+
+            preflight(session, args.target)
         result = session.search(goal)
         if args.compile_points:
             from qdebug.mixed.target_cost import compile_points, pick_points

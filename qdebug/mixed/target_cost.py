@@ -21,13 +21,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdebug.errors import ConfigError, MissingExtraError, QDebugError
+from qdebug.errors import ConfigError, MissingExtraError, QDebugError, TargetError
 from qdebug.report import decode_number, encode_number
 
 if TYPE_CHECKING:
     from qdebug.mixed.search import SearchPoint, SearchResult
 
-__all__ = ["TargetCost", "compile_points", "pick_points"]
+__all__ = ["TargetCost", "compile_points", "pick_points", "preflight"]
 
 
 @dataclass(frozen=True)
@@ -244,3 +244,19 @@ def compile_points(
         return tuple(replace(p, target_cost=costs[id(p)]) if id(p) in costs else p for p in ps)
 
     return replace(result, steps=mark(result.steps), evaluated=mark(result.evaluated))
+
+
+def preflight(session: Any, target: str, options: Any = None) -> TargetCost:
+    """Compile the base quantization for ``target`` before a search whose points will be compiled: a model the
+    target cannot take at all (e.g. QNN and dynamic input shapes: the corpus' ppocr-cls) is said in one line before
+    the search's minutes of measuring, not after. Raises :class:`~qdebug.errors.TargetError` when it does not
+    compile; returns its cost otherwise (a split base is fine: the search shows what promotions change)."""
+    q = session.requantize(session.base.config, name="compile_preflight")
+    job = _Job(Path(q.model_path), session.workdir / f"compile_preflight.{target}", target, options)
+    cost = _compile_one(job, None, None)
+    if not cost.ok:
+        raise TargetError(
+            f"{target} cannot compile this model's base quantization, so no search point would compile: "
+            f"{cost.error}; fix the model first (`qdebug build --target {target}` lists the target's fixes)"
+        )
+    return cost
