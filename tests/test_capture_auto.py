@@ -112,7 +112,7 @@ def test_setup_estimate_grows_faster_than_the_node_count() -> None:
     assert estimate_setup(1.0, [], 10) == float("inf")
 
 
-@pytest.mark.parametrize("flag", ["numpy", "graph"])
+@pytest.mark.parametrize("flag", ["numpy", "graph", "compiled"])
 def test_the_override_is_obeyed(
     flag: str, tiny_float: Path, tiny_quant: Callable[[str], Path], run_cli: Callable[..., object]
 ) -> None:

@@ -6,12 +6,18 @@ session set-up grows with the *square* of the node count (≈ 5.5e-8 s per node�
 on models with large activations its in-graph float64 reductions cost more per sample than numpy's. So:
 
 1. sample 0 runs on ``numpy`` (always opened: it is also every backend's fallback), timed with its session set-up;
-2. if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
+2. if numpy's *reduction* of sample 0 (timed apart from its inference), over the remaining samples, would cost
+   more than the compiled reduction's start-up (:data:`qdebug.capture.compiled.STARTUP_S`; numba, the ``fast``
+   extra), numba loads on a background thread while numpy keeps reducing, and the numpy run switches to that
+   one-pass reduction (``compiled``) at the first sample after — no new session, nothing else to measure, and it
+   saves more per sample than the merged graph ever measured; without numba (or if it fails to load), the
+   reason says what it would have saved;
+3. if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
    (the merged graph is slower per sample there); otherwise the merged model is *built* (no session: a
    protobuf, cheap) and its set-up is **estimated** from the numpy
    sessions' measured set-up scaled by the node counts (:func:`estimate_setup`); if that estimate exceeds
    :data:`PAYBACK_SHARE` of the numpy path's remaining time, ``numpy`` keeps the run;
-3. otherwise the merged session is created and sample 1 runs on it, timed: the faster per sample keeps the run
+4. otherwise the merged session is created and sample 1 runs on it, timed: the faster per sample keeps the run
    (both timings are first runs of their sessions, so both include ONNX Runtime's first-run allocations).
 
 Every sample is reduced exactly once, by one backend or the other; sums merge exactly, so the result is the
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from qdebug.capture import compiled
 from qdebug.capture.base import CaptureRun, Fallback, SampleSums, UnsupportedPairError
 from qdebug.capture.graph_backend import GraphRun, merged_model
 from qdebug.capture.numpy_backend import NumpyRun
@@ -106,15 +113,22 @@ class AutoRun:
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
+        self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (see _compiled_pays)
+        self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         t0 = clock()
         self.numpy = NumpyRun(float_model, quant_model, pairing, providers)
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None
         self.numpy_sample: float | None = None  # seconds of numpy's first sample
+        self.missing_fast = ""  # the saving a compiled reduction would bring, when numba is not installed
         self.choice: Choice | None = None
 
     def final(self) -> Choice:
-        """The choice, also when the data ran out before it was made."""
+        """The choice, also when the data ran out before it was made (or before numba had loaded)."""
+        if self.choice is not None and self.choice.backend == "compiled":
+            if self.switched_at is None:
+                return Choice("numpy", f"{self.choice.reason}; the data ran out before numba had loaded")
+            return Choice("compiled", f"{self.choice.reason}; from sample {self.switched_at}, once numba had loaded")
         return self.choice or Choice("numpy", "the data ran out before the backends could be compared")
 
     @property
@@ -133,18 +147,24 @@ class AutoRun:
             self.numpy.prefetch(index, sample)
 
     def close(self) -> None:
-        """Stop the numpy run's worker thread."""
+        """Stop the numpy run's worker thread (and wait for numba's warm-up, which cannot be interrupted)."""
         self.numpy.close()
+        if self.warm_up is not None:
+            self.warm_up.join()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
         """Sample 0 on numpy (timed), sample 1 on the merged graph if it may win (timed), then the faster one."""
         if self.choice is not None:
+            if self.warm_up is not None and not self.warm_up.is_alive():
+                self._switch(index)
             return self.current.reduce(index, sample)
         if self.numpy_sample is None:
             t0 = self.clock()
             res = self.numpy.reduce(index, sample)
             self.numpy_sample = self.clock() - t0
             mean = float(res.elements.mean()) if res.elements.size else 0.0
+            if self._compiled_pays():
+                return res
             if mean > GRAPH_MAX_MEAN_ELEMENTS:
                 self._keep_numpy(
                     f"tensors of {mean:,.0f} elements on average (> {GRAPH_MAX_MEAN_ELEMENTS:,}): "
@@ -156,7 +176,44 @@ class AutoRun:
         return self._probe(index, sample)
 
     def _keep_numpy(self, why: str) -> None:
+        if self.missing_fast:
+            why += f"; {self.missing_fast}"
         self.choice, self.graph = Choice("numpy", why), None  # drop the merged session: its memory goes with it
+
+    def _compiled_pays(self) -> bool:
+        """Whether the compiled reduction pays: numpy's measured reduction of sample 0 over the remaining samples
+        costs more than numba's start-up. It needs no new session, so it is decided before (and instead of) the
+        merged graph, which saves less per sample. numba then loads on a background thread while numpy keeps
+        reducing; the run switches at the first sample after it has loaded (:meth:`_switch`)."""
+        reduce_s, remaining = self.numpy.reduce_seconds or 0.0, self.samples - 1
+        saving = remaining * reduce_s * compiled.SAVING
+        if saving <= compiled.STARTUP_S:
+            return False
+        if not compiled.available():  # said in the reason whatever is chosen: the user can install it
+            self.missing_fast = f"a compiled reduction would save est. {saving:.1f} s: pip install 'qdebug[fast]'"
+            return False
+        self.warm_up = compiled.start_warm_up()
+        self.choice, self.graph = (
+            Choice(
+                "compiled",
+                f"numpy's reduction took {_ms(reduce_s)}/sample: the compiled pass saves est. {saving:.1f} s over "
+                f"{remaining} samples, more than its {compiled.STARTUP_S:.1f} s start-up",
+            ),
+            None,
+        )
+        return True
+
+    def _switch(self, index: int) -> None:
+        """numba has loaded (or failed to): reduce with the compiled pass from sample ``index`` on (or keep numpy,
+        with the reason)."""
+        assert self.warm_up is not None and self.choice is not None
+        error, self.warm_up = self.warm_up.error, None
+        if error is not None:
+            self.missing_fast = f"the compiled reduction could not load ({error})"
+            self._keep_numpy(self.choice.reason)
+            return
+        self.numpy.reducer = compiled.CompiledReducer()
+        self.switched_at = index
 
     def _open_graph(self) -> None:
         """Estimate the merged graph's set-up; create its session only if it can pay itself back."""

@@ -10,7 +10,8 @@ sample, and fresh pages cost the kernel's zeroing and faults every time (PP-OCRv
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +30,7 @@ from qdebug.capture.batching import (
     split_batch,
     stack,
 )
+from qdebug.capture.compiled import CompiledReducer
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
@@ -96,6 +98,7 @@ class BoundFetch:
 
 
 Values = tuple[list[np.ndarray], list[np.ndarray]]  # one sample's float and quantized tensors, in plan order
+Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], SampleSums]
 
 
 class NumpyRun:
@@ -121,8 +124,11 @@ class NumpyRun:
         providers: Sequence[str],
         pipeline: bool | None = None,
         batch: int = 1,
+        reducer: Reducer = reduce_sample,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
+        self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
+        self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
         self.pipeline_allowed = usable_cores() >= 2 if pipeline is None else pipeline
         self.batch_limit, self.batch_used = batch, 1
         self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
@@ -187,10 +193,12 @@ class NumpyRun:
             self._queued.append((index, sample))
 
     def close(self) -> None:
-        """Stop the worker thread (a pending inference finishes first)."""
+        """Stop the worker thread (a pending inference finishes first) and the reducer's threads."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if isinstance(self.reducer, CompiledReducer):
+            self.reducer.close()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
@@ -200,7 +208,12 @@ class NumpyRun:
         self._start_next(index)
         f = dict(zip(self.plan.float_names, f_vals, strict=True))
         q = dict(zip(self.plan.quant_names, q_vals, strict=True))
-        return reduce_sample(self.plan, f, q)
+        if isinstance(self.reducer, CompiledReducer):  # idle cores help reduce when no inference runs beside it
+            self.reducer.threads = 1 if self.pipelining else usable_cores()
+        t0 = time.perf_counter()
+        sums = self.reducer(self.plan, f, q)
+        self.reduce_seconds = time.perf_counter() - t0
+        return sums
 
     def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """The sample's values: already in a batch, being inferred on the worker, or inferred now (with the
