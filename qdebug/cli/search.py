@@ -18,6 +18,7 @@ from qdebug.cli._base import (
     add_scale_out,
     cluster_spec,
     finite_number,
+    say,
 )
 from qdebug.cli._html import add_html, require_html, write_html
 from qdebug.errors import EXIT_GATE, EXIT_OK
@@ -214,7 +215,8 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         if args.compile_points:  # a model the target refuses is said now, not after the search
             from qdebug.mixed.target_cost import preflight
 
-            preflight(session, args.target)
+            for note in preflight(session, args.target)[1]:
+                say("note", note)
         result = session.search(goal)
         if args.compile_points:
             from qdebug.mixed.target_cost import compile_points, pick_points
