@@ -135,12 +135,13 @@ def test_the_compiled_backend_matches_the_numpy_one(tiny_float: Path, tiny_quant
 
 
 def _auto(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, wait: bool = True) -> AutoRun:
-    """An auto run over ``n`` samples; ``wait``: let numba's background load finish after sample 0, so that the
-    switch (if any) happens at sample 1 and the test is deterministic."""
+    """An auto run over ``n`` samples; ``wait``: let numba's background load finish as soon as it starts (after
+    sample 3, the last numpy sample ``auto`` weighs it on), so that the switch happens at sample 4 and the test is
+    deterministic."""
     run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=n, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
-        if i == 0 and wait and run.warm_up is not None:
+        if wait and run.warm_up is not None:
             run.warm_up.join()
     run.close()
     return run
@@ -150,13 +151,13 @@ def test_auto_switches_when_the_reduction_would_cost_more_than_the_start_up(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    monkeypatch.setattr(compiled, "STARTUP_S", 0.0)  # any measured reduction pays it back
-    run = _auto(fm, qm, 4)
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)  # any run pays it back
+    run = _auto(fm, qm, 6)
     assert run.final().backend == "compiled" and "the compiled pass saves est." in run.final().reason
-    assert "from sample 1, once numba had loaded" in run.final().reason
+    assert "from sample 4, once numba had loaded" in run.final().reason
     assert isinstance(run.numpy.reducer, compiled.CompiledReducer) and run.graph is None
     monkeypatch.setattr(compiled, "STARTUP_S", 1e9)  # never pays: the numpy choice, no word about numba
-    run = _auto(fm, qm, 4)
+    run = _auto(fm, qm, 6)
     assert run.final().backend == "numpy" and "qdebug[fast]" not in run.final().reason
 
 
@@ -164,9 +165,9 @@ def test_without_numba_auto_says_what_it_would_save(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    monkeypatch.setattr(compiled, "STARTUP_S", 0.0)
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
     monkeypatch.setattr(compiled, "available", lambda: False)
-    run = _auto(fm, qm, 4)
+    run = _auto(fm, qm, 6)
     assert run.final().backend == "numpy" and "pip install 'qdebug[fast]'" in run.final().reason
 
 
@@ -201,9 +202,9 @@ def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
         raise ImportError("Numba needs NumPy 2.3 or less\nsecond line")
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    monkeypatch.setattr(compiled, "STARTUP_S", 0.0)
-    monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread once sample 0 says it pays
-    run = _auto(fm, qm, 3)
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
+    monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread once samples 1-3 say it pays
+    run = _auto(fm, qm, 6)
     assert run.final().backend == "numpy" and not isinstance(run.numpy.reducer, compiled.CompiledReducer)
     assert "could not load (ImportError: Numba needs NumPy 2.3 or less)" in run.final().reason
 
@@ -212,13 +213,22 @@ def test_numpy_reduces_until_numba_has_loaded(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loaded = threading.Event()
-    monkeypatch.setattr(compiled, "STARTUP_S", 0.0)
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
     monkeypatch.setattr(compiled, "warm_up", loaded.wait)  # numba "loads" only when the test says so
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 3)
-    for i, s in enumerate(open_data(None, input_specs(fm), num_samples=3, seed=3)):
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6)
+    for i, s in enumerate(open_data(None, input_specs(fm), num_samples=6, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
     assert not isinstance(run.numpy.reducer, compiled.CompiledReducer)  # never waited for numba
     assert run.final().backend == "numpy" and "the data ran out before numba had loaded" in run.final().reason
     loaded.set()
     run.close()
+
+
+def test_a_pipelined_run_counts_only_the_reduction_above_the_inference() -> None:
+    from qdebug.capture.auto import _saving_per_sample
+
+    assert _saving_per_sample(0.010, 0.004, pipelined=False) == pytest.approx(compiled.SAVING * 0.010)
+    assert _saving_per_sample(0.0058, 0.0035, pipelined=True) == pytest.approx(0.0058 - 0.0035)  # fetch-bound after
+    assert _saving_per_sample(0.003, 0.010, pipelined=True) == 0.0  # inference-bound already: nothing to save
+    assert _saving_per_sample(0.010, 0.001, pipelined=True) == pytest.approx(compiled.SAVING * 0.010)

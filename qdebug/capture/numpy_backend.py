@@ -129,6 +129,7 @@ class NumpyRun:
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
         self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
+        self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
         self.pipeline_allowed = usable_cores() >= 2 if pipeline is None else pipeline
         self.batch_limit, self.batch_used = batch, 1
         self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
@@ -288,7 +289,10 @@ class NumpyRun:
             if values is not None:
                 self.batch_used = max(self.batch_used, len(group))
                 return values
-        return {i: self._infer(i, s) for i, s in group}
+        t0 = time.perf_counter()
+        values = {i: self._infer(i, s) for i, s in group}
+        self.infer_seconds = (time.perf_counter() - t0) / len(group)
+        return values
 
     def _infer_batch(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Values] | None:
         """The group's values from one batched call, or ``None`` (and :attr:`batch_reason` set) when the model
