@@ -155,7 +155,7 @@ def test_auto_switches_when_the_reduction_would_cost_more_than_the_start_up(
     run = _auto(fm, qm, 6)
     assert run.final().backend == "compiled" and "the compiled pass saves est." in run.final().reason
     assert "from sample 4, once numba had loaded" in run.final().reason
-    assert isinstance(run.numpy.reducer, compiled.CompiledReducer) and run.graph is None
+    assert run.numpy.reducer is compiled.reduce_sample_compiled and run.graph is None
     monkeypatch.setattr(compiled, "STARTUP_S", 1e9)  # never pays: the numpy choice, no word about numba
     run = _auto(fm, qm, 6)
     assert run.final().backend == "numpy" and "qdebug[fast]" not in run.final().reason
@@ -177,24 +177,6 @@ def test_numba_is_imported_only_when_the_compiled_reduction_runs() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_a_sample_split_over_threads_gives_the_same_sums(monkeypatch: pytest.MonkeyPatch) -> None:
-    rng = np.random.default_rng(5)
-    arrays = [(r, r * np.float32(1.01), np.round(r * 4) / np.float32(4)) for r in
-              (rng.standard_normal(n).astype(np.float32) for n in (5000, 17, 300, 4096, 1))]  # fmt: skip
-    plan, (f, q) = _plan([(True, None, None)] * len(arrays)), _tensors(arrays)
-    one = compiled.reduce_sample_compiled(plan, f, q)
-    monkeypatch.setattr(compiled, "SPLIT_ELEMENTS", 0)
-    reducer = compiled.CompiledReducer()
-    reducer.threads = 2
-    split = reducer(plan, f, q)
-    reducer.close()
-    for kind in ("cumulative", "local"):
-        for name in ("signal", "noise", "max_abs", "count"):
-            np.testing.assert_array_equal(getattr(getattr(one, kind), name), getattr(getattr(split, kind), name))
-    parts = compiled._deal(np.array([5, 1, 4, 2, 3]), 2)  # sizes 5+1+2 | 4+3: every index once, loads 8 and 7
-    assert sorted(parts[0] + parts[1]) == [0, 1, 2, 3, 4] and {len(p) for p in parts} == {2, 3}
-
-
 def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -205,7 +187,7 @@ def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
     monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
     monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread once samples 1-3 say it pays
     run = _auto(fm, qm, 6)
-    assert run.final().backend == "numpy" and not isinstance(run.numpy.reducer, compiled.CompiledReducer)
+    assert run.final().backend == "numpy" and run.numpy.reducer is not compiled.reduce_sample_compiled
     assert "could not load (ImportError: Numba needs NumPy 2.3 or less)" in run.final().reason
 
 
@@ -219,7 +201,7 @@ def test_numpy_reduces_until_numba_has_loaded(
     run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=6, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
-    assert not isinstance(run.numpy.reducer, compiled.CompiledReducer)  # never waited for numba
+    assert run.numpy.reducer is not compiled.reduce_sample_compiled  # never waited for numba
     assert run.final().backend == "numpy" and "the data ran out before numba had loaded" in run.final().reason
     loaded.set()
     run.close()

@@ -263,7 +263,7 @@ class AutoRun:
         if error is not None:
             self._keep_numpy(f"{self.choice.reason}; but the compiled reduction could not load ({error})")
             return
-        self.numpy.reducer = compiled.CompiledReducer()
+        self.numpy.reducer = compiled.reduce_sample_compiled
         self.switched_at = index
 
     def _open_graph(self, index: int) -> None:

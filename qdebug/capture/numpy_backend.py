@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -98,21 +98,6 @@ class BoundFetch:
 
 Values = tuple[list[np.ndarray], list[np.ndarray]]  # one sample's float and quantized tensors, in plan order
 Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], SampleSums]
-
-
-@runtime_checkable
-class ThreadedReducer(Protocol):
-    """A reducer that can split a sample over threads (:class:`qdebug.capture.compiled.CompiledReducer`)."""
-
-    threads: int
-
-    def __call__(self, plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> SampleSums:
-        """One sample's sums."""
-        ...
-
-    def close(self) -> None:
-        """Stop the threads."""
-        ...
 
 
 class NumpyRun:
@@ -208,12 +193,10 @@ class NumpyRun:
             self._queued.append((index, sample))
 
     def close(self) -> None:
-        """Stop the worker thread (a pending inference finishes first) and the reducer's threads."""
+        """Stop the worker thread (a pending inference finishes first)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if isinstance(self.reducer, ThreadedReducer):
-            self.reducer.close()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
@@ -223,8 +206,6 @@ class NumpyRun:
         self._start_next(index)
         f = dict(zip(self.plan.float_names, f_vals, strict=True))
         q = dict(zip(self.plan.quant_names, q_vals, strict=True))
-        if isinstance(self.reducer, ThreadedReducer):  # idle cores help reduce when no inference runs beside it
-            self.reducer.threads = 1 if self.pipelining else usable_cores()
         t0 = time.perf_counter()
         sums = self.reducer(self.plan, f, q)
         self.reduce_seconds = time.perf_counter() - t0
