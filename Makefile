@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 
 # ray: tests/test_ray.py runs a local Ray cluster (and fails without it under CI=true).
 $(VENV)/.installed-dev: pyproject.toml setup.py $(VENV)/.installed
-	$(PIP) install -q -e '.[dev,bench,qnn,ui,ray]'
+	$(PIP) install -q -e '.[dev,bench,qnn,ui,ray,fast]'
 	@touch $@
 
 install: $(VENV)/.installed

@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_deeploy_transformer import _session, _sqnr  # noqa: E402
+from bench_deeploy_transformer import _session, _sqnr, local_stats  # noqa: E402
 
 from qdebug import quantize  # noqa: E402
 from qdebug.config import QuantConfig  # noqa: E402
 from qdebug.data import open_data  # noqa: E402
-from qdebug.graph import input_specs, is_q  # noqa: E402
+from qdebug.graph import input_specs  # noqa: E402
 from qdebug.region import Region, extract_region, probe, region_data  # noqa: E402
 from qdebug.targets import deeploy_export as de  # noqa: E402
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy  # noqa: E402
@@ -53,6 +53,11 @@ P = "/model/model.0/auto_model/"
 REGION = Region((P + "embeddings/LayerNorm/LayerNormalization_output_0", P + "Mul_1_output_0"), ("onnx::Shape_422",))
 
 
+def _family_of(t: str, prod: dict[str, onnx.NodeProto], consts: set[str]) -> str:
+    """The family of Q output ``t`` (by the op that feeds its Q)."""
+    return _family(prod.get(prod[t].input[0]), consts, prod)
+
+
 def _family(p: onnx.NodeProto | None, consts: set[str], prod: dict[str, onnx.NodeProto]) -> str:
     if p is None:
         return "input"
@@ -62,49 +67,6 @@ def _family(p: onnx.NodeProto | None, consts: set[str], prod: dict[str, onnx.Nod
         const = any(t in consts or (t in prod and prod[t].input[0] in consts) for t in p.input)
         return f"{p.op_type} ({'with a constant' if const else 'of two activations'})"
     return p.op_type
-
-
-def _local(qdq: onnx.ModelProto, net: onnx.ModelProto, xs: list[dict[str, np.ndarray]]) -> dict[str, list[int]]:
-    """Per op family: [equal, total, max LSB] of each integer node fed ONNX Runtime's own quantized inputs."""
-    m = onnx.ModelProto()
-    m.CopyFrom(qdq)
-    q_outs = [nd.output[0] for nd in m.graph.node if is_q(nd)]
-    for t in q_outs:
-        m.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.INT8, None))
-    sess = _session(m)
-    names = [o.name for o in sess.get_outputs()]
-    prod = {o: nd for nd in qdq.graph.node for o in nd.output}
-    consts = {i.name for i in qdq.graph.initializer}
-    elem = {v.name: v.type.tensor_type.elem_type for v in (*net.graph.value_info, *net.graph.output, *net.graph.input)}
-    inits = {i.name: i for i in net.graph.initializer}
-    subs = []
-    for nd in net.graph.node:
-        sub = onnx.helper.make_model(onnx.helper.make_graph([nd], "n", [], []))
-        sub.graph.initializer.extend(inits[t] for t in nd.input if t in inits)
-        subs.append((nd, sub))
-    out_q = {o.name: prod[o.name].input[0] for o in qdq.graph.output}
-    in_q = {
-        nd.input[0]: nd.output[0]
-        for nd in qdq.graph.node
-        if is_q(nd) and nd.input[0] in {i.name for i in qdq.graph.input}
-    }
-    stats: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-    u8 = onnx.TensorProto.UINT8
-    for x in xs:
-        ref = dict(zip(names, sess.run(None, x), strict=True))
-        vals = {n: ref[q].astype(np.int64) + (128 if elem.get(n) == u8 else 0) for n, q in in_q.items()}
-        for nd, sub in subs:
-            y = de._run(sub, {t: vals[t] for t in nd.input if t in vals})[nd.output[0]]
-            t = out_q.get(nd.output[0], nd.output[0])
-            if t in ref:
-                r = ref[t].astype(np.int64) + (128 if elem.get(nd.output[0]) == u8 else 0)
-                d = np.abs(r - y)
-                q = prod[t]
-                s = stats[_family(prod.get(q.input[0]), consts, prod)]
-                s[0], s[1], s[2] = s[0] + int((d == 0).sum()), s[1] + d.size, max(s[2], int(d.max()))
-                y = r
-            vals[nd.output[0]] = y
-    return stats
 
 
 def _region(tmp: Path) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -147,7 +109,9 @@ def main() -> None:
         xs = [{k: v[i] for k, v in ev.items()} for i in range(min(args.local_samples, n))]
         print(f"\nlocal deviation per op family ({len(xs)} eval samples):")
         print("| op family | elements | equal | max LSB |\n| --- | --- | --- | --- |")
-        for fam, (eq, tot, mx) in sorted(_local(qdq, net, xs).items()):
+        for fam, (eq, tot, mx) in sorted(
+            local_stats(qdq, net, xs, lambda t, prod, consts: _family(prod.get(prod[t].input[0]), consts, prod)).items()
+        ):
             print(f"| {fam} | {tot} | {eq / tot:.2%} | {mx} |")
         _accuracy(fpath, qdq, net, ev, n)
 

@@ -24,6 +24,7 @@ import argparse
 import collections
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,17 @@ def _family(qdq: onnx.ModelProto, q_out: str, prod: dict[str, onnx.NodeProto], c
     return p.op_type
 
 
-def _local(qdq: onnx.ModelProto, net: onnx.ModelProto, x: np.ndarray, n: int) -> dict[str, list[int]]:
-    """Per op family: [equal, total, max LSB] of each integer node fed ONNX Runtime's own quantized inputs."""
+Family = Callable[[str, dict[str, onnx.NodeProto], set[str]], str]
+
+
+def local_stats(
+    qdq: onnx.ModelProto, net: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], family: Family
+) -> dict[str, list[int]]:
+    """Per op family: [equal, total, max LSB] of each integer node fed ONNX Runtime's own quantized inputs.
+
+    ``family(q_out, producers, constant_names)`` names the op family of the Q output ``q_out``; shared with
+    bench_deeploy_minilm.py, whose models have several inputs.
+    """
     m = onnx.ModelProto()
     m.CopyFrom(qdq)
     q_outs = [nd.output[0] for nd in m.graph.node if is_q(nd)]
@@ -85,20 +95,20 @@ def _local(qdq: onnx.ModelProto, net: onnx.ModelProto, x: np.ndarray, n: int) ->
         sub.graph.initializer.extend(inits[t] for t in nd.input if t in inits)
         subs.append((nd, sub))
     out_q = {o.name: prod[o.name].input[0] for o in qdq.graph.output}  # logits ← its DQ ← Q output
+    inputs = {i.name for i in qdq.graph.input}
+    in_q = {nd.input[0]: nd.output[0] for nd in qdq.graph.node if is_q(nd) and nd.input[0] in inputs}
     stats: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-    in_name = qdq.graph.input[0].name
-    in_q = next(nd.output[0] for nd in qdq.graph.node if is_q(nd) and nd.input[0] == in_name)
-    for i in range(n):
-        ref = dict(zip(names, sess.run(None, {in_name: x[i]}), strict=True))
-        vals = {in_name: ref[in_q].astype(np.int64) + (128 if elem.get(in_name) == onnx.TensorProto.UINT8 else 0)}
+    u8 = onnx.TensorProto.UINT8
+    for x in feeds:
+        ref = dict(zip(names, sess.run(None, x), strict=True))
+        vals = {n: ref[q].astype(np.int64) + (128 if elem.get(n) == u8 else 0) for n, q in in_q.items()}
         for nd, sub in subs:
-            feeds = {t: vals[t] for t in nd.input if t in vals}
-            y = de._run(sub, feeds)[nd.output[0]]
+            y = de._run(sub, {t: vals[t] for t in nd.input if t in vals})[nd.output[0]]
             t = out_q.get(nd.output[0], nd.output[0])
             if t in ref:
-                r = ref[t].astype(np.int64) + (128 if elem.get(nd.output[0]) == onnx.TensorProto.UINT8 else 0)
+                r = ref[t].astype(np.int64) + (128 if elem.get(nd.output[0]) == u8 else 0)
                 d = np.abs(r - y)
-                s = stats[_family(qdq, t, prod, consts)]
+                s = stats[family(t, prod, consts)]
                 s[0], s[1], s[2] = s[0] + int((d == 0).sum()), s[1] + d.size, max(s[2], int(d.max()))
                 y = r  # local: the next op sees ONNX Runtime's value
             vals[nd.output[0]] = y
@@ -128,7 +138,9 @@ def main() -> None:
     print(f"output logits, {res.num_samples} eval digits: {res.equal_fraction:.2%} equal, max {res.max_lsb_diff} LSB")
     print(f"\nlocal deviation per op family ({args.local_samples} digits):")
     print("| op family | elements | equal | max LSB |\n| --- | --- | --- | --- |")
-    for fam, (eq, tot, mx) in sorted(_local(qdq, net, x, args.local_samples).items()):
+    feeds = [{qdq.graph.input[0].name: x[i]} for i in range(args.local_samples)]
+    stats = local_stats(qdq, net, feeds, lambda t, prod, consts: _family(qdq, t, prod, consts))
+    for fam, (eq, tot, mx) in sorted(stats.items()):
         print(f"| {fam} | {tot} | {eq / tot:.2%} | {mx} |")
     flt = _session(onnx.load(str(MODEL)))
     q_sess = _session(qdq)

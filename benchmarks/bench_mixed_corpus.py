@@ -83,6 +83,7 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         )
         r = s.search(goal)
         at_budget = best_at_budget(s, r, args.budget)
+        greedy = [greedy_at_budget(s, r, b) for b in args.greedy_budgets]
     wall = time.perf_counter() - t_all
     final = r.final
     sens = r.sensitivity
@@ -106,6 +107,7 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
             for m in (sens.measured if sens is not None else ())
         ],
         "at_budget": at_budget,
+        "greedy_at_budget": [g for g in greedy if g is not None],
         "strategy": args.strategy,
         "carriers": _carriers(sens),
         "model_min_cost": _model_min_cost(
@@ -143,6 +145,30 @@ def best_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None
     ev = session.evaluate(session.promote(tensors), name="at_budget")
     row.update(prefix=n, prefix_db=ev.output_sqnr_db, prefix_cost=sixteen_bit_cost(ev.report)[0])
     return row
+
+
+def greedy_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None:
+    """The greedy fill of ``budget`` by measured noise per element: the demotion sweep's candidates in that order,
+    each taken if its element share still fits (unlike the ranking prefix, one that does not fit is skipped, not the
+    end), promoted together and measured once (not counted in the search's evaluations)."""
+    from qdebug.mixed.evaluation import sixteen_bit_cost
+
+    sens = r.sensitivity
+    if sens is None or str(sens.mode) != "demote" or not sens.measured:
+        return None
+    share = {m.candidate.name: m.cost_fraction_16bit for m in sens.measured}
+    moved = {m.candidate.name: sens.noise_moved(m) for m in sens.measured}
+    picked, used = [], 0.0
+    for c in sens.ranking("efficiency"):
+        if c.name in share and moved[c.name] > 0 and used + share[c.name] <= budget:
+            picked.append(c)
+            used += share[c.name]
+    if not picked:
+        return None
+    tensors = tuple(dict.fromkeys(t for c in picked for t in c.tensors))
+    ev = session.evaluate(session.promote(tensors), name=f"greedy{round(budget * 1000)}")
+    return {"budget": budget, "candidates": len(picked), "db": ev.output_sqnr_db,
+            "cost": sixteen_bit_cost(ev.report)[0], "predicted_cost": used}  # fmt: skip
 
 
 def _model_min_cost(sens: Any, base_db: float | None, goal_db: float | None, ceiling_db: float | None) -> float | None:
@@ -295,6 +321,11 @@ def _budget_cell(r: dict[str, Any]) -> str:
         cell += f"; additive model needs {_fmt(100 * r['model_min_cost'], 1)} % for the goal"
     if "prefix_db" in b:
         cell += f"; ranking prefix {b['prefix']}: {_fmt(b['prefix_db'])} dB at {_fmt(100 * b['prefix_cost'], 1)} %"
+    for g in r.get("greedy_at_budget", ()):
+        cell += (
+            f"; greedy fill of {_fmt(100 * g['budget'], 0)} % ({g['candidates']} candidates): {_fmt(g['db'])} dB at "
+            f"{_fmt(100 * g['cost'], 1)} %"
+        )
     return cell
 
 
@@ -325,6 +356,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default="efficient", help="search strategy (default efficient)")
     parser.add_argument("--rank", default="gain", help="measured strategy: gain or efficiency")
     parser.add_argument("--budget", type=float, default=0.10, help="element share for the best-at-budget probe")
+    parser.add_argument(
+        "--greedy-budgets",
+        type=lambda v: [float(x) for x in v.split(",") if x.strip()],
+        default=[],
+        help="comma-separated element shares (e.g. 0.10,0.15): each filled greedily by measured noise per element "
+        "(efficient strategy) and measured once",
+    )
     parser.add_argument("--near", type=float, default=0.5, help="goal: within this many dB of all-16")
     parser.add_argument("--max-steps", type=int, default=16, help="joint prefixes measured at most")
     parser.add_argument("--docs", type=Path, help="replace the table section in this Markdown file")

@@ -6,7 +6,7 @@ For each corpus model and number of samples N, each method runs in a **fresh chi
     what exact QDQ semantics need and nothing more: one ``InferenceSession`` for the float and one for the QDQ
     model, **graph optimizations off** (so the QDQ model runs as written, like qdebug's sessions), both run on
     every sample, no extra outputs;
-``numpy`` / ``graph`` / ``auto``
+``numpy`` / ``compiled`` / ``graph`` / ``auto``
     ``qdebug.debug(float, quant, data, DebugOptions(capture=...))``; ``auto`` also reports what it chose and why;
 ``batch8``
     ``DebugOptions(capture="numpy", batch=8)``: up to 8 samples per inference call, with the batch that ran and
@@ -27,7 +27,7 @@ the corpus's ``calib.npz`` (not timed).
 Usage::
 
     .venv/bin/python benchmarks/bench_realmodels.py [--models a b] [--samples 8 64]
-        [--methods floor numpy graph auto batch8] [--work /tmp/qdebug-bench] [--markdown docs/benchmarks.md]
+        [--methods floor numpy compiled graph auto batch8] [--work /tmp/qdebug-bench] [--markdown docs/benchmarks.md]
         [--json out.json] [--timeout 600]
 """
 
@@ -47,7 +47,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = ("yolov8n-nudenet", "ppocrv4-rec", "silero-vad", "ddddocr-crnn", "minilm-l3")
-METHODS = ("floor", "numpy", "graph", "auto", "batch8")
+METHODS = ("floor", "numpy", "compiled", "graph", "auto", "batch8")
 CHUNK = 8  # samples per .npz file of the folder source
 BEGIN, END = "<!-- bench_realmodels:begin -->", "<!-- bench_realmodels:end -->"
 

@@ -8,7 +8,9 @@ samples, best of ``--repeats`` passes:
 * ``exposed``: the same two runs with every tensor the reduction needs as an extra output (the numpy backend's
   inference; fresh output arrays, as when pipelined);
 * ``bound``: the same with ONNX Runtime writing into the previous sample's arrays (I/O binding, as when not pipelined);
-* ``reduce``: :func:`qdebug.capture.reduction.reduce_sample` on already fetched tensors.
+* ``reduce``: :func:`qdebug.capture.reduction.reduce_sample` on already fetched tensors;
+* ``compiled``: :func:`qdebug.capture.compiled.reduce_sample_compiled` on the same tensors (numba; its one-off
+  compile or cache load happens in the warm-up pass, outside the timing).
 
 Pipelined, the next sample's inference (``exposed``, on a worker thread) overlaps this one's ``reduce``, so the
 per-sample cost is about ``max(exposed, reduce)``: when ``reduce`` alone is more than 1.5× ``floor``, no scheduling
@@ -65,10 +67,11 @@ def _session(model: Any) -> Any:
 
 
 def profile(model: str, work: Path, n: int, repeats: int) -> dict[str, float]:
-    """The four per-sample CPU times of one corpus model (ms)."""
+    """The per-sample CPU times of one corpus model (ms)."""
     import onnx
     from bench_realmodels import prepare
 
+    from qdebug.capture.compiled import reduce_sample_compiled
     from qdebug.capture.numpy_backend import BoundFetch
     from qdebug.capture.reduction import ReductionPlan, reduce_sample
     from qdebug.capture.session import expose_outputs
@@ -85,12 +88,13 @@ def profile(model: str, work: Path, n: int, repeats: int) -> dict[str, float]:
     fb.usable = qb.usable = True
     fn_, qn_ = list(plan.float_names), list(plan.quant_names)
     vals = [(dict(zip(fn_, fe.run(fn_, s), strict=True)), dict(zip(qn_, qe.run(qn_, s), strict=True))) for s in samples]
-    it = iter(vals * (repeats + 1))
+    it, it2 = iter(vals * (repeats + 1)), iter(vals * (repeats + 1))
     return {
         "floor": _best_ms(lambda s: (fs.run(None, s), qs.run(None, s)), samples, repeats),
         "exposed": _best_ms(lambda s: (fe.run(fn_, s), qe.run(qn_, s)), samples, repeats),
         "bound": _best_ms(lambda s: (fb.run(s), qb.run(s)), samples, repeats),
         "reduce": _best_ms(lambda _s: reduce_sample(plan, *next(it)), samples, repeats),
+        "compiled": _best_ms(lambda _s: reduce_sample_compiled(plan, *next(it2)), samples, repeats),
         "elements": float(sum(v.size for v in vals[0][0].values()) + sum(v.size for v in vals[0][1].values())),
     }
 
@@ -103,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.1f}; per-sample thread CPU ms (ratio to floor)")
-    print("| model | elements/sample | floor | exposed | bound | reduce |")
-    print("|---|---|---|---|---|---|")
+    print("| model | elements/sample | floor | exposed | bound | reduce | compiled |")
+    print("|---|---|---|---|---|---|---|")
     for m in a.models:
         r = profile(m, a.work, a.samples, a.repeats)
-        cells = [f"{r[k]:.2f} ({r[k] / r['floor']:.2f}×)" for k in ("exposed", "bound", "reduce")]
+        cells = [f"{r[k]:.2f} ({r[k] / r['floor']:.2f}×)" for k in ("exposed", "bound", "reduce", "compiled")]
         print(f"| {m} | {int(r['elements']):,} | {r['floor']:.2f} | {' | '.join(cells)} |")
     return 0
 

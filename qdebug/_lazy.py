@@ -21,6 +21,7 @@ OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
     "voila": ("ui", "The dashboard"),
     "ray": ("ray", "Running on a Ray cluster"),
     "psutil": ("bench", "Measuring memory"),
+    "numba": ("fast", "The compiled reduction (--capture compiled)"),
 }
 
 

@@ -62,8 +62,9 @@ class DebugOptions:
     ``num_samples`` caps the data (and sets how many synthetic samples are drawn when no data is given);
     ``input_shapes`` fixes dynamic input dimensions for synthetic data. ``capture`` names the capture backend
     (:func:`qdebug.capture.capture_choices`: ``"graph"`` merges both models into one ONNX Runtime graph that
-    reduces every pair in-graph; ``"numpy"`` fetches every paired tensor and reduces it in numpy; ``"auto"``, the
-    default, measures both on the first samples and keeps the faster. All report the same values, and the report's
+    reduces every pair in-graph; ``"numpy"`` fetches every paired tensor and reduces it in numpy; ``"compiled"``
+    fetches the same way and reduces with one numba pass per tensor (the ``fast`` extra); ``"auto"``, the
+    default, measures the first samples and keeps the fastest. All report the same values, and the report's
     ``meta.capture`` says which ran, why, and which samples fell back).
     ``cluster`` runs the capture on a Ray cluster (:class:`~qdebug.cluster.ClusterSpec`: local workers or an
     existing cluster; docs/scale.md), with the same report.

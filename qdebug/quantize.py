@@ -12,6 +12,7 @@ The float model file is only read; the QDQ model is written atomically.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -190,6 +191,60 @@ def quantizer_view(
     does), so the view has the weights ORT will quantize as weights. ``per_channel`` also raises an opset below 13
     to 13: per-channel Q/DQ need its ``axis`` attribute, and ORT's quantizer would otherwise write a model ONNX
     Runtime cannot load (u2netp, opset 11)."""
+    types = [normalize_quant_type(t) for t in activation_types]
+    act = next((t for t in types if t.endswith("16")), types[0] if types else "uint8")
+    # The view is a function of the model and of what decides ORT's opset (the types, whether an override is 16-bit,
+    # per-channel): every step of a search asks for the same one, and making it (opset conversion, shape inference
+    # twice) cost MiniLM 3 s a step, promote and re-quantize each. Memoized by the model's bytes.
+    data = Path(model).read_bytes() if isinstance(model, str | Path) else model.SerializeToString()
+    weight = normalize_quant_type(weight_type)
+    if len(data) > _VIEW_BYTES:  # not kept: memory
+        return _make_view(model, weight, act, tensor_overrides, per_channel)
+    # ORT reads the activation type and the overrides only for whether one is 16-bit (``update_opset_version``)
+    wide = act.endswith("16") or _wants_16bit(tensor_overrides)
+    key = (hashlib.sha256(data).hexdigest(), weight, wide, per_channel)
+    if key not in _VIEWS:
+        _VIEWS[key] = _make_view(model, weight, act, tensor_overrides, per_channel)
+        while len(_VIEWS) > _VIEWS_KEPT:
+            _VIEWS.pop(next(iter(_VIEWS)))
+    view = _VIEWS[key]
+    if view is None:
+        return None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(view)  # the caller's to change
+    return copy
+
+
+#: Views kept (:func:`quantizer_view`): a search needs three at most (the 8-bit base; the 16-bit one of the float
+#: model the fixer reads and of the copy ``quantize`` hands to ORT).
+_VIEWS_KEPT = 3
+#: Larger models' views are made every time, not kept.
+_VIEW_BYTES = 256 << 20
+_VIEWS: dict[tuple[str, str, bool, bool], onnx.ModelProto | None] = {}
+
+
+def _wants_16bit(overrides: Mapping[str, Any] | None) -> bool:
+    """Whether an override (or its ``convert``) asks for a 16-bit type: what makes ORT raise the opset to 21
+    (``update_opset_version`` reads the same two fields)."""
+    for entries in (overrides or {}).values():
+        for e in entries if isinstance(entries, list | tuple) else ():
+            if not isinstance(e, Mapping):
+                continue
+            conv = e.get("convert")
+            for qt in (e.get("quant_type"), conv.get("quant_type") if isinstance(conv, Mapping) else None):
+                if qt is not None and str(getattr(qt, "name", qt)).lower().endswith("int16"):
+                    return True
+    return False
+
+
+def _make_view(
+    model: str | Path | onnx.ModelProto,
+    weight_type: str,
+    act: str,
+    tensor_overrides: Mapping[str, Any] | None,
+    per_channel: bool,
+) -> onnx.ModelProto | None:
+    """:func:`quantizer_view`, computed."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.quant_utils import (
         get_opset_version,
@@ -198,8 +253,6 @@ def quantizer_view(
         update_opset_version,
     )
 
-    types = [normalize_quant_type(t) for t in activation_types]
-    act = next((t for t in types if t.endswith("16")), types[0] if types else "uint8")
     with tempfile.TemporaryDirectory(prefix="qdebug-view-") as tmp:
         path = Path(model) if isinstance(model, str | Path) else Path(tmp) / "float.onnx"
         if isinstance(model, onnx.ModelProto):
@@ -449,13 +502,21 @@ def _load_float(float_model: str | Path | onnx.ModelProto, work: Path) -> tuple[
     kind = model_kind(model)
     if kind is not ModelKind.FLOAT:
         raise ModelError(f"{model_path}: is already quantized ({kind.value}); quantize the float model")
-    # ORT must run the model before calibration does (its errors would otherwise name a temporary file).
-    make_session(
-        model,
-        ["CPUExecutionProvider"],
-        what=str(float_model if isinstance(float_model, str | Path) else "the float model"),
-    )
+    # ORT must run the model before calibration does (its errors would otherwise name a temporary file). Once per
+    # model content: a search re-quantizes the same float model at every step (MiniLM: 0.8 s a step).
+    digest = hashlib.sha256(model.SerializeToString()).hexdigest()
+    if digest not in _LOADABLE:
+        make_session(
+            model,
+            ["CPUExecutionProvider"],
+            what=str(float_model if isinstance(float_model, str | Path) else "the float model"),
+        )
+        _LOADABLE.add(digest)
     return model, model_path
+
+
+#: Digests of float models ONNX Runtime has made a session of (:func:`_load_float`).
+_LOADABLE: set[str] = set()
 
 
 def _calibration(

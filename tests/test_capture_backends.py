@@ -51,7 +51,7 @@ def _reference(fm: onnx.ModelProto, qm: onnx.ModelProto, samples: list[dict[str,
 
 
 @pytest.mark.parametrize("name", ["u8", "u16_qnn", "s8_per_channel"])
-@pytest.mark.parametrize("backend", ["graph", "numpy"])
+@pytest.mark.parametrize("backend", ["graph", "numpy", "compiled"])
 def test_every_backend_matches_the_reduction_definition(
     tiny_float: Path, tiny_quant: Callable[[str], Path], name: str, backend: str
 ) -> None:

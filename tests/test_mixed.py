@@ -8,6 +8,7 @@ is known because the test puts it there.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -448,7 +449,7 @@ def test_search_result_json(prefix_result: SearchResult) -> None:
         raise AssertionError(f"non-strict JSON literal {token}")
 
     d = json.loads(prefix_result.to_json(), parse_constant=refuse)
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2
     assert d["reached"] is True and d["requantizations"] == prefix_result.requantizations
     assert d["promoted"] == list(prefix_result.final.promoted)
     assert d["chosen_step"] == prefix_result.chosen_step
@@ -591,3 +592,29 @@ def test_promotion_reaches_the_tensors_an_opset_conversion_adds(tmp_path: Path, 
     zps = {i.name: i.data_type for i in q.graph.initializer}
     softmax_q = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "probs_intermediate")
     assert zps[softmax_q.input[2]] == TensorProto.UINT16
+
+
+def test_quantizer_view_is_made_once_per_model_and_each_caller_gets_its_own_copy(tmp_path: Path) -> None:
+    """A search asks for the same view of the float model at every promote and re-quantization (issue 14: 3 s a step
+    on MiniLM): it is memoized by the model's bytes and what decides ORT's opset, and handed out as copies."""
+    from onnxruntime.quantization import QuantType
+
+    qz = importlib.import_module("qdebug.quantize")  # the module: the package exports its function by that name
+
+    model = builders.tiny_convnet()  # opset below 21: 16-bit Q/DQ raise it
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    qz._VIEWS.clear()
+    fresh = qz._make_view(model, "uint8", "uint16", None, False)
+    assert fresh is not None and fresh.opset_import[0].version == 21
+    first = qz.quantizer_view(model, "uint8", ["uint16", "uint8"])
+    assert first == fresh and len(qz._VIEWS) == 1
+    first.graph.node[0].name = "changed by the caller"
+    # The same opset decision asked another way (an 8-bit default with a 16-bit override, the file instead of the
+    # proto): the kept view, unchanged by what the first caller did to its copy.
+    again = qz.quantizer_view(path, "uint8", ["uint8"], {"c1": [{"quant_type": QuantType.QUInt16}]})
+    assert again == fresh and again is not first
+    # An 8-bit view is another decision (ORT keeps the model as it is).
+    assert qz.quantizer_view(model, "uint8", ["uint8"]) is None
+    assert not qz._wants_16bit({"c1": [{"quant_type": QuantType.QUInt8, "convert": {"quant_type": QuantType.QUInt8}}]})
+    assert qz._wants_16bit({"c1": [{"quant_type": QuantType.QUInt8, "convert": {"quant_type": QuantType.QInt16}}]})

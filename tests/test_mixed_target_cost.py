@@ -1,18 +1,20 @@
 """Issue 14 item 4: target-aware cost — the Pareto points a user picks compiled for QNN (onnxruntime-qnn, HTP
-simulator), with partitions and CPU-fallback nodes; a point that splits the HTP graph is marked."""
+simulator), with partitions and CPU-fallback nodes; a point that splits the HTP graph is marked; each compiled point
+also runs on the HTP simulator, its output SQNR vs float beside the CPU's."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import builders
 import onnx
 import pytest
-from conftest import assert_one_line_error
+from conftest import SAMPLE_MODELS, assert_one_line_error
 from test_qnn_fixes import require_qnn
 
-from qdebug.errors import EXIT_USAGE
+from qdebug.errors import EXIT_TARGET, EXIT_USAGE
 from qdebug.mixed.target_cost import TargetCost
 
 
@@ -23,9 +25,18 @@ def test_target_cost_marks_a_split_graph_and_round_trips() -> None:
     assert two.splits and two.describe().startswith("SPLIT: 2 partitions, 3 CPU nodes (Softmax 2")
     failed = TargetCost("qnn", False, 0, 0, error="boom")
     assert failed.splits and "boom" in failed.describe()
-    for c in (one, two, failed):
-        d = json.loads(json.dumps(c.to_dict()))
+    ran = TargetCost("qnn", True, 1, 0, target_sqnr_db=31.5, cpu_sqnr_db=32.25, accuracy_samples=2, device="HTP")
+    assert ran.describe_accuracy() == "31.50 dB (CPU 32.25 dB, 2 samples)" and ran.target_loss_db == 0.75
+    same = TargetCost("qnn", True, 1, 0, target_sqnr_db=math.inf, cpu_sqnr_db=math.inf, accuracy_samples=1)
+    assert same.target_loss_db == 0.0 and same.describe_accuracy().startswith("identical")
+    broke = TargetCost("qnn", True, 1, 0, accuracy_error="TargetError: no HTP")
+    assert broke.describe_accuracy() == "run failed: TargetError: no HTP" and one.describe_accuracy() == "-"
+    for c in (one, two, failed, ran, same, broke):
+        d = json.loads(json.dumps(c.to_dict(), allow_nan=False))
         assert d["splits"] == c.splits and TargetCost.from_dict(d) == c
+    # A search result of schema 1 has no target-side accuracy: it reads as not run.
+    old = {k: v for k, v in two.to_dict().items() if k not in ("target_sqnr_db", "cpu_sqnr_db", "accuracy_samples")}
+    assert TargetCost.from_dict(old) == two and TargetCost.from_dict(old).target_sqnr_db is None
 
 
 def test_compile_points_needs_a_target_and_a_valid_spec(tmp_path: Path, run_cli) -> None:
@@ -36,6 +47,9 @@ def test_compile_points_needs_a_target_and_a_valid_spec(tmp_path: Path, run_cli)
     r = run_cli("search", "-f", tmp_path / "m.onnx", "--goal-sqnr", "90", "--target", "qnn", "--compile-points",
                 "best", "-o", o)  # fmt: skip
     assert_one_line_error(r, EXIT_USAGE, "--compile-points")
+    r = run_cli("search", "-f", tmp_path / "m.onnx", "--goal-sqnr", "90", "--target", "qnn", "--compile-points",
+                "front", "--target-samples", "-1", "-o", o)  # fmt: skip
+    assert_one_line_error(r, EXIT_USAGE, "--target-samples")
     assert not o.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
@@ -45,11 +59,12 @@ def test_search_compiles_the_front_for_qnn(tmp_path: Path, run_cli, as_json: boo
     onnx.save(builders.tiny_convnet(), str(tmp_path / "m.onnx"))
     o = tmp_path / "o.json"
     args = ["search", "-f", tmp_path / "m.onnx", "--debug-samples", "4", "--target", "qnn", "--goal-near-all16",
-            "0", "--max-steps", "2", "--compile-points", "front", "-o", o]  # fmt: skip
+            "0", "--max-steps", "2", "--compile-points", "front", "--target-samples", "2", "-o", o]  # fmt: skip
     r = run_cli(*args, *(["--json"] if as_json else []))
     assert r.code in (0, 10), r.stderr
     if not as_json:
-        assert "target graph" in r.out and ("partition" in r.out)
+        assert "target graph" in r.out and "partition" in r.out
+        assert "on target vs float" in r.out and "(CPU " in r.out and "2 samples)" in r.out
         return
     d = json.loads(r.out)
     front = d["pareto"]
@@ -59,6 +74,58 @@ def test_search_compiles_the_front_for_qnn(tmp_path: Path, run_cli, as_json: boo
         assert tc["target"] == "qnn" and tc["ok"], tc
         assert tc["partitions"] >= 1
         assert tc["splits"] == (tc["partitions"] != 1 or tc["cpu_nodes"] > 0)
+        # The compiled model ran on the HTP simulator over 2 debug samples: its worst output vs float, and the CPU
+        # QDQ model's on the same samples (an 8-bit tiny CNN: both well above 20 dB, a few dB apart at most).
+        assert tc["accuracy_samples"] == 2 and tc["accuracy_error"] is None and "HTP" in tc["device"]
+        assert 20 < tc["target_sqnr_db"] < 80 and 20 < tc["cpu_sqnr_db"] < 80
+        assert abs(tc["target_sqnr_db"] - tc["cpu_sqnr_db"]) < 6
     # The base point (all 8-bit) of this small CNN runs as one HTP partition.
     base = next(p for p in front if not p["promoted"] and p["label"] != "all16")
     assert base["target_cost"]["splits"] is False
+
+
+def test_a_model_the_target_refuses_stops_the_search_before_it_starts(tmp_path: Path, run_cli) -> None:
+    """A dynamic input dimension: QNN refuses to compile (found on the corpus' ppocr-cls, whose input is
+    [-1, 3, ?, ?]). Said in one line before the search measures anything, not after."""
+    require_qnn()  # fails (not skips) under CI=true without onnxruntime-qnn
+    onnx.save(builders.tiny_convnet(batch="N"), str(tmp_path / "m.onnx"))
+    o = tmp_path / "o.json"
+    r = run_cli("search", "-f", tmp_path / "m.onnx", "--debug-samples", "2", "--target", "qnn", "--goal-sqnr", "90",
+                "--compile-points", "front", "-o", o)  # fmt: skip
+    assert_one_line_error(r, EXIT_TARGET, "qnn cannot compile this model's base quantization", "fixed input shapes")
+    assert "Search curve" not in r.out and not o.exists()
+
+
+def test_a_model_the_target_refuses_is_a_point_with_the_reason(tmp_path: Path) -> None:
+    """compile_points itself records a point that does not compile (ok False, the reason, SPLIT) rather than
+    raising: the search's measurements stay."""
+    require_qnn()
+    from qdebug.config import QuantConfig
+    from qdebug.debug import DebugOptions
+    from qdebug.mixed.search import SearchGoal
+    from qdebug.mixed.session import MixedPrecisionSession
+    from qdebug.mixed.target_cost import compile_points, pick_points
+
+    onnx.save(builders.tiny_convnet(batch="N"), str(tmp_path / "m.onnx"))
+    with MixedPrecisionSession(tmp_path / "m.onnx", None, QuantConfig(num_samples=2, target="qnn"),
+                               debug_options=DebugOptions(num_samples=2), workdir=tmp_path / "w") as s:  # fmt: skip
+        result = s.search(SearchGoal(output_sqnr_db=0.0))
+        out = compile_points(s, result, pick_points(result, "chosen"), "qnn", samples=2)
+    tc = out.final.target_cost
+    assert tc is not None and not tc.ok and tc.splits and "fixed input shapes" in (tc.error or "")
+    assert tc.describe().startswith("compile failed:") and out.final.output_sqnr_db == result.final.output_sqnr_db
+
+
+def test_the_targets_fixes_that_would_change_the_model_are_a_note(tmp_path: Path, run_cli) -> None:
+    """digits_cnn keeps BatchNormalization nodes that QNN's fixes fold (what `qdebug build` runs): the search says so
+    before it starts (on ppocr-cls the unfixed model's HTP and CPU were 22 dB apart at 16 bits, the fixed one's not),
+    and still searches the model as given."""
+    require_qnn()  # fails (not skips) under CI=true without onnxruntime-qnn
+    o = tmp_path / "o.json"
+    r = run_cli("search", "-f", SAMPLE_MODELS / "digits_cnn.onnx", "--calib", SAMPLE_MODELS / "digits_calib.npz",
+                "--data", SAMPLE_MODELS / "digits_eval.npz", "--debug-samples", "2", "--target", "qnn", "--goal-sqnr",
+                "0", "--compile-points", "chosen", "--target-samples", "0", "-o", o)  # fmt: skip
+    assert r.code == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if line.startswith("qdebug: note: qnn's compatibility fixes")]
+    assert len(notes) == 1 and "batchnorm_folding" in notes[0] and ".float.onnx" in notes[0], r.stderr
+    assert "target graph" in r.out and o.is_file()

@@ -305,6 +305,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         )
         self.search_button = w.Button(description="Search", icon="search", layout=_button_layout())
         self.search_summary = w.HTML("")
+        # After the search: compile the front for the fix panel's target (what `qdebug search --compile-points front`
+        # does), each point also run on the target over a few debug samples; the front table shows both.
+        self.compile_front_box = w.Checkbox(description="compile the front for the target", value=False, indent=False)
+        self.target_samples = w.BoundedIntText(description="samples on target", value=2, min=0, max=256)
+        self.front_view = w.HTML("")
         self.report_panel = ReportPanel(self.debugger)  # Diagnose + Download HTML report
 
     def _wire(self) -> None:
@@ -326,6 +331,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             (self.plan_view, "qd-plan-box"),
             (self.search_button, "qd-search"),
             (self.search_summary, "qd-search-summary"),
+            (self.compile_front_box, "qd-compile-front"),
+            (self.front_view, "qd-front-box"),
             (self.netron_button, "qd-netron"),
             (self.promotion_view, "qd-promotion"),
             (self.fix_message, "qd-fix-message"),
@@ -369,8 +376,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                     "that axis). Click a point of the curve to apply it."
                 ),
                 w.HBox([self.goal_db, self.goal_drop, self.strategy_picker, self.search_button]),
+                w.HBox([self.compile_front_box, self.target_samples]),
                 self.search_summary,
                 self.pareto_box,
+                self.front_view,
             ]
         )
         self.tabs = w.Tab(
@@ -891,6 +900,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             goal = SearchGoal(output_sqnr_db=db, max_accuracy_drop=drop, strategy=str(self.strategy_picker.value))
             self._busy("searching promotions (each point is re-quantized and measured)")
             res = self.debugger.search(goal)
+            note = ""
+            if self.compile_front_box.value:
+                res, note = self._compile_front(res)
         except Exception as exc:
             self._say(self.search_summary, f"search failed: {type(exc).__name__}: {exc}", "error")
             return
@@ -901,7 +913,39 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self._on_click(fig, self._on_pareto_click)
         self.pareto_box.children = [fig]
         self.search_summary.value = self._search_text(res)
-        self.status = "search done: click a point of the curve to apply it"
+        self.front_view.value = self._front_html(res, note)
+        self.status = "search done: click a point of the curve to apply it" + (f"; {note}" if note else "")
+
+    def _compile_front(self, res: SearchResult) -> tuple[SearchResult, str]:
+        """The search's front compiled for the chosen target (and run on it); a target that is unavailable or a
+        compile that fails is a note, the search's result stands."""
+        ok, reason = self.targets_info.get(self.target, (False, "unknown target"))
+        if not ok:
+            return res, f"front not compiled: {self.target} unavailable ({reason})"
+        self._busy(f"compiling the Pareto front for {self.target}")
+        try:
+            return self.debugger.compile_points(res, "front", self.target, int(self.target_samples.value)), ""
+        except Exception as exc:
+            return res, f"compiling the front for {self.target} failed: {type(exc).__name__}: {exc}"
+
+    @staticmethod
+    def _front_html(res: SearchResult, note: str = "") -> str:
+        """The Pareto front as ``qdebug search`` prints it (same columns and cells); SPLIT rows in red."""
+        from qdebug.render.search_table import front_columns, points_html, split_note
+
+        front = res.pareto()
+        out = (
+            "<style>.qd-front td,.qd-front th{padding:1px 8px;text-align:left}"
+            ".qd-front tr.qd-split td{color:#d62728;font-weight:bold}.qd-front tr.qd-chosen td{background:#fff3bf}"
+            "</style><b>Pareto front</b> (every point measured; cost: 16-bit elements; # as in "
+            "<code>qdebug search --compile-points</code>)" + points_html(front, front_columns(front))
+        )
+        split = split_note(front)
+        if split:
+            out += f"<p class='qd-split-note' style='color:#d62728'><b>{html.escape(split)}</b></p>"
+        if note:
+            out += f"<p class='qd-compile-note'>{html.escape(note)}</p>"
+        return out
 
     @staticmethod
     def _search_text(res: SearchResult) -> str:

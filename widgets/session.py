@@ -237,6 +237,17 @@ class QuantDebugger:
         self._step(1, 1, "search done")
         return res
 
+    def compile_points(self, result: SearchResult, spec: str, target: str, samples: int = 0) -> SearchResult:
+        """The search result with the points ``spec`` names (``front``, ``chosen``, ``0,2``) compiled for ``target``
+        and, with ``samples`` > 0, run on it (:func:`qdebug.mixed.target_cost.compile_points`)."""
+        from qdebug.mixed.target_cost import compile_points, pick_points
+
+        points = pick_points(result, spec)
+        self._step(0, len(points), f"compiling {len(points)} search point(s) for {target}")
+        out = compile_points(self.session, result, points, target, samples=samples)
+        self._step(len(points), len(points), f"compiled {len(points)} search point(s) for {target}")
+        return out
+
     def diagnostics(self, stats_samples: int = 8) -> Diagnostics:
         """Why tensors of the current variant lose precision, with the fix to try (:mod:`qdebug.diagnose`: the
         report, both models' constants and ``stats_samples`` samples of the debug data); kept per variant."""

@@ -5,7 +5,9 @@ one sample at a time, through a capture backend (:class:`~qdebug.capture.base.Ca
   returns each sample's sums;
 * ``numpy`` (:mod:`qdebug.capture.numpy_backend`): every paired tensor fetched and reduced in numpy by the
   reference definition (:mod:`qdebug.capture.reduction`);
-* ``auto`` (:mod:`qdebug.capture.auto`, the default of ``DebugOptions`` and ``--capture``): the faster of the two
+* ``compiled`` (:mod:`qdebug.capture.compiled`): the numpy backend's fetch, reduced by one compiled (numba) pass
+  per activation;
+* ``auto`` (:mod:`qdebug.capture.auto`, the default of ``DebugOptions`` and ``--capture``): the fastest
   for this pair and this number of samples, chosen from costs measured on the run's first samples.
 
 Graph optimizations are off in both, so the QDQ model is evaluated as written. A backend that cannot capture the
@@ -35,6 +37,7 @@ from qdebug.capture.base import (
     get_backend,
     register_backend,
 )
+from qdebug.capture.compiled import CompiledBackend
 from qdebug.capture.graph_backend import GraphBackend
 from qdebug.capture.numpy_backend import NumpyBackend, NumpyRun
 from qdebug.capture.session import expose_outputs, make_session
@@ -69,6 +72,7 @@ FALLBACK_BACKEND = "numpy"
 
 register_backend("graph", GraphBackend)  # the default (first registered)
 register_backend(FALLBACK_BACKEND, NumpyBackend)
+register_backend("compiled", CompiledBackend)  # numba (the ``fast`` extra) is imported only when it runs
 
 #: The ``--capture`` choices, the default first: ``auto``, then the registered backends at import time.
 CAPTURE_PATHS = (AUTO, *backend_names())

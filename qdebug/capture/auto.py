@@ -5,14 +5,22 @@ per-tensor fetch and numpy arithmetic, which dominates on small models with many
 session set-up grows with the *square* of the node count (≈ 5.5e-8 s per node² on the 2-core benchmark machine), and
 on models with large activations its in-graph float64 reductions cost more per sample than numpy's. So:
 
-1. sample 0 runs on ``numpy`` (always opened: it is also every backend's fallback), timed with its session set-up;
-2. if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
+1. samples 0 to :data:`COMPILED_PROBE` run on ``numpy`` (always opened: it is also every backend's fallback), each
+   timed, with its reduction and inference apart; the fastest after sample 0 is numpy's per-sample cost (sample
+   0's first-run allocations make it a poor measure alone). With fewer than :data:`MIN_REMAINING` samples after
+   sample 0, ``numpy`` keeps the run at once;
+2. if what the compiled reduction (numba, the ``fast`` extra) would save over the remaining samples exceeds its
+   start-up (:data:`qdebug.capture.compiled.STARTUP_S`; :func:`_saving_per_sample`), numba loads on a background
+   thread while numpy goes on reducing, and the numpy run switches to that one-pass reduction (``compiled``) at
+   the first sample after — no new session, nothing else to measure. Without numba (or if it fails to load) the
+   reason says what it would have saved; a run kept on numpy early is weighed the same way once it has the samples;
+3. else, if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
    (the merged graph is slower per sample there); otherwise the merged model is *built* (no session: a
    protobuf, cheap) and its set-up is **estimated** from the numpy
    sessions' measured set-up scaled by the node counts (:func:`estimate_setup`); if that estimate exceeds
    :data:`PAYBACK_SHARE` of the numpy path's remaining time, ``numpy`` keeps the run;
-3. otherwise the merged session is created and sample 1 runs on it, timed: the faster per sample keeps the run
-   (both timings are first runs of their sessions, so both include ONNX Runtime's first-run allocations).
+4. otherwise the merged session is created and the next sample runs on it, timed: the faster per sample keeps the
+   run (the probe is a first run of its session, so it includes ONNX Runtime's first-run allocations).
 
 Every sample is reduced exactly once, by one backend or the other; sums merge exactly, so the result is the
 same whichever backend reduced which sample. :attr:`AutoRun.choice` records the backend and the reason, with
@@ -28,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from qdebug.capture import compiled
 from qdebug.capture.base import CaptureRun, Fallback, SampleSums, UnsupportedPairError
 from qdebug.capture.graph_backend import GraphRun, merged_model
 from qdebug.capture.numpy_backend import NumpyRun
@@ -52,6 +61,10 @@ AUTO = "auto"
 #: elements per tensor, 386 vs 268 ms; PP-OCRv4 rec, 120k, 758 vs 497 ms), so its set-up can never pay back.
 #: The bundled models it wins on average a few hundred elements.
 GRAPH_MAX_MEAN_ELEMENTS = 16384
+
+#: Samples after sample 0 that numpy reduces before ``auto`` decides (the fastest of them counts): sample 0's
+#: first-run allocations make it a poor measure on its own.
+COMPILED_PROBE = 3
 
 #: With fewer samples left after sample 0, ``numpy`` keeps the run without measuring anything else: the probe
 #: sample and the merged session's set-up cannot be won back (on the bundled models, where the merged graph is
@@ -88,6 +101,20 @@ def estimate_setup(measured_s: float, measured_nodes: Sequence[int], nodes: int)
     return measured_s * nodes * (1 + nodes / SETUP_KNEE_NODES) / sum(cost) if sum(cost) else float("inf")
 
 
+def _saving_per_sample(reduce_s: float, infer_s: float, pipelined: bool) -> float:
+    """Seconds per sample the compiled reduction saves, from sample 0's numpy reduction and inference times.
+
+    Not pipelined, a sample costs inference + reduction, and the compiled pass removes
+    :data:`~qdebug.capture.compiled.SAVING` of the reduction. Pipelined, it costs about the longer of the two
+    (the next sample's inference runs beside this one's reduction), so only the part of the reduction above the
+    inference can be saved: on Silero VAD the fetch (3.5 ms) bounds a sample once the reduction drops below it,
+    and a 5.8 ms numpy reduction saves 2.3 ms, not 4.1.
+    """
+    if not pipelined:
+        return compiled.SAVING * reduce_s
+    return max(0.0, max(infer_s, reduce_s) - max(infer_s, (1 - compiled.SAVING) * reduce_s))
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
@@ -106,15 +133,25 @@ class AutoRun:
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
+        self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_consider_compiled)
+        self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         t0 = clock()
         self.numpy = NumpyRun(float_model, quant_model, pairing, providers)
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None
-        self.numpy_sample: float | None = None  # seconds of numpy's first sample
+        self.totals: list[float] = []  # numpy's probe samples: the whole call, the reduction, the inference
+        self.reduce_times: list[float] = []
+        self.infer_times: list[float] = []
+        self.compiled_weighed = False  # whether the compiled reduction has been weighed (once per run)
+        self.missing_fast = ""  # what the compiled reduction would save, when numba is not installed
         self.choice: Choice | None = None
 
     def final(self) -> Choice:
-        """The choice, also when the data ran out before it was made."""
+        """The choice, also when the data ran out before it was made (or before numba had loaded)."""
+        if self.choice is not None and self.choice.backend == "compiled":
+            if self.switched_at is None:
+                return Choice("numpy", f"{self.choice.reason}; the data ran out before numba had loaded")
+            return Choice("compiled", f"{self.choice.reason}; from sample {self.switched_at}, once numba had loaded")
         return self.choice or Choice("numpy", "the data ran out before the backends could be compared")
 
     @property
@@ -133,39 +170,105 @@ class AutoRun:
             self.numpy.prefetch(index, sample)
 
     def close(self) -> None:
-        """Stop the numpy run's worker thread."""
+        """Stop the numpy run's worker thread (and wait for numba's warm-up, which cannot be interrupted)."""
         self.numpy.close()
+        if self.warm_up is not None:
+            self.warm_up.join()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
-        """Sample 0 on numpy (timed), sample 1 on the merged graph if it may win (timed), then the faster one."""
+        """Samples 0-:data:`COMPILED_PROBE` on numpy (timed), then the compiled reduction or the merged graph if
+        either pays (the graph only after winning a timed probe sample), else numpy (see the module doc)."""
         if self.choice is not None:
-            return self.current.reduce(index, sample)
-        if self.numpy_sample is None:
-            t0 = self.clock()
-            res = self.numpy.reduce(index, sample)
-            self.numpy_sample = self.clock() - t0
-            mean = float(res.elements.mean()) if res.elements.size else 0.0
-            if mean > GRAPH_MAX_MEAN_ELEMENTS:
-                self._keep_numpy(
-                    f"tensors of {mean:,.0f} elements on average (> {GRAPH_MAX_MEAN_ELEMENTS:,}): "
-                    "the merged graph's in-graph reductions are slower per sample than numpy's"
-                )
-            else:
-                self._open_graph()
+            if self.warm_up is not None and not self.warm_up.is_alive():
+                self._switch(index)
+            res = self.current.reduce(index, sample)
+            if self.choice.backend == "numpy" and self.current is self.numpy and not self.compiled_weighed:
+                self._measure_numpy(0.0, index)  # a run decided early (few samples) still weighs compiled
             return res
-        return self._probe(index, sample)
+        if self.graph is not None:
+            return self._probe(index, sample)
+        t0 = self.clock()
+        res = self.numpy.reduce(index, sample)
+        self._measure_numpy(self.clock() - t0, index)
+        if index == 0 and self.samples - 1 < MIN_REMAINING:
+            self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
+        elif len(self.totals) > COMPILED_PROBE:
+            self._decide(index, float(res.elements.mean()) if res.elements.size else 0.0)
+        return res
+
+    def _measure_numpy(self, total_s: float, index: int) -> None:
+        """Record numpy's times for this sample: the whole call, its reduction, its inference."""
+        self.totals.append(total_s)
+        self.reduce_times.append(self.numpy.reduce_seconds or 0.0)
+        self.infer_times.append(self.numpy.infer_seconds or 0.0)
+        if self.choice is not None and len(self.totals) > COMPILED_PROBE:
+            self.compiled_weighed = True
+            self._try_compiled(index)
+
+    def _decide(self, index: int, mean_elements: float) -> None:
+        """After numpy's probe samples: the compiled reduction if it pays, else the merged graph's chance."""
+        self.compiled_weighed = True
+        if self._try_compiled(index):
+            return
+        if mean_elements > GRAPH_MAX_MEAN_ELEMENTS:
+            self._keep_numpy(
+                f"tensors of {mean_elements:,.0f} elements on average (> {GRAPH_MAX_MEAN_ELEMENTS:,}): "
+                "the merged graph's in-graph reductions are slower per sample than numpy's"
+            )
+        else:
+            self._open_graph(index)
 
     def _keep_numpy(self, why: str) -> None:
+        why = f"{why}; {self.missing_fast}" if self.missing_fast else why
         self.choice, self.graph = Choice("numpy", why), None  # drop the merged session: its memory goes with it
 
-    def _open_graph(self) -> None:
-        """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
-        assert self.numpy_sample is not None
-        remaining = self.samples - 1
-        per = self.numpy_sample
-        if remaining < MIN_REMAINING:
-            self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
+    @property
+    def numpy_per_sample(self) -> float:
+        """numpy's steady per-sample time: the fastest call after sample 0 (whose first-run costs make it a poor
+        measure: Silero VAD's reduction read 47 ms there, 6 ms after), sample 0 if it is the only one."""
+        return min(self.totals[1:] or self.totals)
+
+    def _try_compiled(self, index: int) -> bool:
+        """Start switching to the compiled reduction if what it saves on the remaining samples
+        (:func:`_saving_per_sample`, from the fastest numpy samples after sample 0) exceeds numba's start-up. It
+        needs no new session: numba loads on a background thread while numpy goes on reducing, and the run switches
+        at the first sample after (:meth:`_switch`). Without numba, the reason says what it would save."""
+        reduce_s, infer_s = min(self.reduce_times[1:]), min(self.infer_times[1:])
+        remaining = self.samples - index - 1
+        saving = remaining * _saving_per_sample(reduce_s, infer_s, self.numpy.pipelining)
+        if saving <= compiled.STARTUP_S:
+            return False
+        if not compiled.available():  # said in the reason: the user can install it
+            self.missing_fast = f"a compiled reduction would save est. {saving:.1f} s: pip install 'qdebug[fast]'"
+            if self.choice is not None:
+                self._keep_numpy(self.choice.reason)
+            return False
+        self.warm_up = compiled.start_warm_up()
+        self.choice, self.graph = (
+            Choice(
+                "compiled",
+                f"numpy's reduction took {_ms(reduce_s)}/sample beside {_ms(infer_s)} of inference: the compiled "
+                f"pass saves est. {saving:.1f} s over the {remaining} remaining samples, more than its "
+                f"{compiled.STARTUP_S:.1f} s start-up",
+            ),
+            None,
+        )
+        return True
+
+    def _switch(self, index: int) -> None:
+        """numba has loaded (or failed to): reduce with the compiled pass from sample ``index`` on (or keep numpy,
+        with the reason)."""
+        assert self.warm_up is not None and self.choice is not None
+        error, self.warm_up = self.warm_up.error, None
+        if error is not None:
+            self._keep_numpy(f"{self.choice.reason}; but the compiled reduction could not load ({error})")
             return
+        self.numpy.reducer = compiled.reduce_sample_compiled
+        self.switched_at = index
+
+    def _open_graph(self, index: int) -> None:
+        """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
+        remaining, per = self.samples - index - 1, self.numpy_per_sample
         try:
             model, layout = merged_model(*self.models, self.pairing)
         except UnsupportedPairError as exc:
@@ -190,12 +293,12 @@ class AutoRun:
         self.graph_estimate = est
 
     def _probe(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
-        """Sample 1 on the merged graph, timed against numpy's sample 0; the faster keeps the run."""
-        assert self.graph is not None and self.numpy_sample is not None
+        """One sample on the merged graph, timed against numpy's steady per-sample time; the faster keeps the run."""
+        assert self.graph is not None
         t0 = self.clock()
         res = self.graph.reduce(index, sample)
         took = self.clock() - t0
-        per = self.numpy_sample
+        per = self.numpy_per_sample
         setup = f"set-up {self.graph_setup:.2f} s, est. {self.graph_estimate:.2f} s"
         if isinstance(res, Fallback):
             self._keep_numpy(f"the merged graph could not reduce its probe sample ({res.reason}; {setup})")

@@ -10,7 +10,8 @@ sample, and fresh pages cost the kernel's zeroing and faults every time (PP-OCRv
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -96,6 +97,7 @@ class BoundFetch:
 
 
 Values = tuple[list[np.ndarray], list[np.ndarray]]  # one sample's float and quantized tensors, in plan order
+Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], SampleSums]
 
 
 class NumpyRun:
@@ -121,8 +123,12 @@ class NumpyRun:
         providers: Sequence[str],
         pipeline: bool | None = None,
         batch: int = 1,
+        reducer: Reducer = reduce_sample,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
+        self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
+        self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
+        self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
         self.pipeline_allowed = usable_cores() >= 2 if pipeline is None else pipeline
         self.batch_limit, self.batch_used = batch, 1
         self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
@@ -200,7 +206,10 @@ class NumpyRun:
         self._start_next(index)
         f = dict(zip(self.plan.float_names, f_vals, strict=True))
         q = dict(zip(self.plan.quant_names, q_vals, strict=True))
-        return reduce_sample(self.plan, f, q)
+        t0 = time.perf_counter()
+        sums = self.reducer(self.plan, f, q)
+        self.reduce_seconds = time.perf_counter() - t0
+        return sums
 
     def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """The sample's values: already in a batch, being inferred on the worker, or inferred now (with the
@@ -275,7 +284,10 @@ class NumpyRun:
             if values is not None:
                 self.batch_used = max(self.batch_used, len(group))
                 return values
-        return {i: self._infer(i, s) for i, s in group}
+        t0 = time.perf_counter()
+        values = {i: self._infer(i, s) for i, s in group}
+        self.infer_seconds = (time.perf_counter() - t0) / len(group)
+        return values
 
     def _infer_batch(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Values] | None:
         """The group's values from one batched call, or ``None`` (and :attr:`batch_reason` set) when the model

@@ -25,7 +25,7 @@ from qdebug.errors import ModelError
 from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import reduce_pairs, value_ranges
 
-__all__ = ["ReductionPlan", "reduce_sample"]
+__all__ = ["ReductionPlan", "check_shapes", "clip_to", "local_pre", "reduce_sample"]
 
 Bounds = tuple[str, float, float]
 
@@ -47,13 +47,29 @@ class ReductionPlan:
         return cls(pairing, tuple(dict.fromkeys(f_names)), tuple(dict.fromkeys(q_names)))
 
 
-def _clip(x: np.ndarray, bounds: Bounds | None) -> np.ndarray:
+def clip_to(x: np.ndarray, bounds: Bounds | None) -> np.ndarray:
+    """``x`` clipped to an activation's bounds (``None``: as is)."""
     return x if bounds is None else np.clip(x, bounds[1], bounds[2])
 
 
-def _pre(a: ActivationPair, q: Mapping[str, np.ndarray]) -> np.ndarray:
+def local_pre(a: ActivationPair, q: Mapping[str, np.ndarray]) -> np.ndarray:
     """The pre-Q/DQ tensor as the local comparison sees it (fused activation, then measured-through)."""
-    return _clip(_clip(q[a.pre_qdq], a.fused_activation), a.measured_through)
+    return clip_to(clip_to(q[a.pre_qdq], a.fused_activation), a.measured_through)
+
+
+def check_shapes(plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> None:
+    """A tensor whose shapes differ between the two models means they do not correspond: :class:`ModelError`."""
+    for a in plan.pairing.activations:
+        ref, post = f[a.tensor_name], q[a.post_qdq]
+        if ref.shape != post.shape:
+            raise ModelError(
+                f"tensor {a.tensor_name!r} has shape {ref.shape} in the float model but {post.shape} "
+                "in the quantized model: the models do not correspond"
+            )
+    for o in plan.pairing.outputs:
+        r, t = f[o.output_name], q[o.quant_name]
+        if r.shape != t.shape:
+            raise ModelError(f"model output {o.output_name!r}: shape {r.shape} vs {t.shape}")
 
 
 def reduce_sample(plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> SampleSums:
@@ -61,26 +77,18 @@ def reduce_sample(plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[s
 
     A tensor whose shapes differ between the two models means they do not correspond: :class:`ModelError`.
     """
+    check_shapes(plan, f, q)
     acts, outs = plan.pairing.activations, plan.pairing.outputs
     refs = [f[a.tensor_name] for a in acts]
     posts = [q[a.post_qdq] for a in acts]
-    for a, ref, post in zip(acts, refs, posts, strict=True):
-        if ref.shape != post.shape:
-            raise ModelError(
-                f"tensor {a.tensor_name!r} has shape {ref.shape} in the float model but {post.shape} "
-                "in the quantized model: the models do not correspond"
-            )
-    ref_c = [_clip(r, a.measured_through) for a, r in zip(acts, refs, strict=True)]
-    post_c = [_clip(p, a.measured_through) for a, p in zip(acts, posts, strict=True)]
+    ref_c = [clip_to(r, a.measured_through) for a, r in zip(acts, refs, strict=True)]
+    post_c = [clip_to(p, a.measured_through) for a, p in zip(acts, posts, strict=True)]
     quant = [j for j, a in enumerate(acts) if a.quantized]
     o_refs, o_tests = [f[o.output_name] for o in outs], [q[o.quant_name] for o in outs]
-    for o, r, t in zip(outs, o_refs, o_tests, strict=True):
-        if r.shape != t.shape:
-            raise ModelError(f"model output {o.output_name!r}: shape {r.shape} vs {t.shape}")
     lo, hi = value_ranges(refs)
     return SampleSums(
         cumulative=reduce_pairs(ref_c, post_c),
-        local=reduce_pairs([_pre(acts[j], q) for j in quant], [post_c[j] for j in quant]),
+        local=reduce_pairs([local_pre(acts[j], q) for j in quant], [post_c[j] for j in quant]),
         outputs=reduce_pairs(o_refs, o_tests),
         float_min=lo,
         float_max=hi,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
@@ -18,6 +18,7 @@ from qdebug.cli._base import (
     add_scale_out,
     cluster_spec,
     finite_number,
+    say,
 )
 from qdebug.cli._html import add_html, require_html, write_html
 from qdebug.errors import EXIT_GATE, EXIT_OK
@@ -90,6 +91,14 @@ class Search(Tool):
             "'front' or front indices (the table's # column) like 0,2; a point that splits the graph is marked",
         )
         parser.add_argument(
+            "--target-samples",
+            type=int,
+            default=4,
+            metavar="N",
+            help="run each compiled point on the target (QNN: the HTP simulator) over the first N debug samples and "
+            "report its output SQNR vs float beside the CPU's (default 4; 0: compile only)",
+        )
+        parser.add_argument(
             "--remedies",
             action="store_true",
             help="also measure per-channel weights, 16-bit worst weights, the other activation range mode and "
@@ -125,22 +134,9 @@ class Search(Tool):
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Search, print the measured curve, write the chosen point's overrides."""
-        from qdebug.errors import ConfigError
         from qdebug.io import refuse_overwrite_input
 
-        if args.goal_sqnr is None and args.max_accuracy_drop is None and args.goal_near_all16 is None:
-            raise ConfigError(
-                "search needs a goal: --goal-sqnr DB, --goal-near-all16 DB and/or --max-accuracy-drop POINTS"
-            )
-        if args.remedy_output and not args.remedies:
-            raise ConfigError("--remedy-output needs --remedies")
-        if args.compile_points and not args.target:
-            raise ConfigError("--compile-points needs --target (e.g. --target qnn)")
-        spec = (args.compile_points or "chosen").replace(" ", "")
-        if spec not in ("chosen", "front") and not all(x.isdigit() for x in spec.split(",")):
-            raise ConfigError(f"--compile-points takes 'chosen', 'front' or front indices like 0,2; got {spec!r}")
-        if args.max_accuracy_drop is not None and args.eval is None:
-            raise ConfigError("--max-accuracy-drop needs a labelled evaluation set (--eval)")
+        _check_args(args)
         refuse_overwrite_input(args.output, args.float_model)
         if args.remedy_output:
             refuse_overwrite_input(args.remedy_output, args.float_model)
@@ -167,6 +163,25 @@ class Search(Tool):
         if not args.json:
             print(f"overrides written to {args.output}", file=out)
         return EXIT_OK
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every option combination that cannot work, refused before any work (one line each)."""
+    from qdebug.errors import ConfigError
+
+    if args.goal_sqnr is None and args.max_accuracy_drop is None and args.goal_near_all16 is None:
+        raise ConfigError("search needs a goal: --goal-sqnr DB, --goal-near-all16 DB and/or --max-accuracy-drop POINTS")
+    if args.remedy_output and not args.remedies:
+        raise ConfigError("--remedy-output needs --remedies")
+    if args.compile_points and not args.target:
+        raise ConfigError("--compile-points needs --target (e.g. --target qnn)")
+    if args.target_samples < 0:
+        raise ConfigError(f"--target-samples must be >= 0, got {args.target_samples}")
+    spec = (args.compile_points or "chosen").replace(" ", "")
+    if spec not in ("chosen", "front") and not all(x.isdigit() for x in spec.split(",")):
+        raise ConfigError(f"--compile-points takes 'chosen', 'front' or front indices like 0,2; got {spec!r}")
+    if args.max_accuracy_drop is not None and args.eval is None:
+        raise ConfigError("--max-accuracy-drop needs a labelled evaluation set (--eval)")
 
 
 def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
@@ -197,11 +212,17 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args)),
         workdir=args.workdir,
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
+        if args.compile_points:  # a model the target refuses is said now, not after the search
+            from qdebug.mixed.target_cost import preflight
+
+            for note in preflight(session, args.target)[1]:
+                say("note", note)
         result = session.search(goal)
         if args.compile_points:
             from qdebug.mixed.target_cost import compile_points, pick_points
 
-            result = compile_points(session, result, pick_points(result, args.compile_points), args.target)
+            picked = pick_points(result, args.compile_points)
+            result = compile_points(session, result, picked, args.target, samples=args.target_samples)
         remedies = _remedies(session, args) if args.remedies else None
         return base, result, remedies, session.base.report
 
@@ -280,39 +301,25 @@ def _print_sensitivity(sens: Any, out: TextIO) -> None:
     )
 
 
-#: Columns of the point tables (the measured curve, the Pareto front): header → the cell of one point.
-_CELLS: dict[str, Callable[[Any], str]] = {
-    "point": lambda p: p.label or str(p.step),
-    "promoted": lambda p: str(len(p.promoted)),
-    "16-bit elements": lambda p: f"{p.cost_fraction_16bit:.1%}",
-    "16-bit tensors": lambda p: str(p.num_16bit_tensors),
-    "8/16-bit converts": lambda p: str(p.num_converts),
-    "output SQNR": lambda p: fmt_db(p.output_sqnr_db),
-    "top-1": lambda p: "-" if p.accuracy is None else f"{p.accuracy:.2%}",
-    "chosen": lambda p: "<-" if p.chosen else "",
-    "target graph": lambda p: "-" if p.target_cost is None else p.target_cost.describe(),
-}
-
-
 def _print_points(title: str, points: Sequence[Any], columns: Sequence[str], out: TextIO, index: bool = False) -> None:
     """One table of search points (``index``: a first ``#`` column, what ``--compile-points`` refers to)."""
-    rows = [[*([str(i)] if index else []), *(_CELLS[c](p) for c in columns)] for i, p in enumerate(points)]
-    table(title, [*(["#"] if index else []), *columns], rows, out)
+    from qdebug.render.search_table import point_rows
+
+    table(title, [*(["#"] if index else []), *columns], point_rows(points, columns, index), out)
 
 
 def _print_curve(result: Any, out: TextIO) -> None:
+    from qdebug.render.search_table import CURVE_COLUMNS, front_columns, split_note
+
     if result.sensitivity is not None:
         _print_sensitivity(result.sensitivity, out)
-    curve = ["point", "promoted", "16-bit elements", "16-bit tensors", "output SQNR", "top-1", "chosen"]
-    _print_points("Search curve (measured)", result.steps, curve, out)
+    _print_points("Search curve (measured)", result.steps, CURVE_COLUMNS, out)
     front = result.pareto()
-    cols = ["point", "16-bit elements", "16-bit tensors", "8/16-bit converts", "output SQNR", "chosen"]
-    if any(p.target_cost is not None for p in front):
-        cols.append("target graph")
-    _print_points("Pareto front (every point measured; cost: 16-bit elements)", front, cols, out, index=True)
-    split = [p for p in front if p.target_cost is not None and p.target_cost.splits]
-    if split:
-        print(f"{len(split)} compiled point(s) split the {split[0].target_cost.target.upper()} graph (SPLIT)", file=out)
+    _print_points("Pareto front (every point measured; cost: 16-bit elements)", front, front_columns(front), out,
+                  index=True)  # fmt: skip
+    note = split_note(front)
+    if note:
+        print(note, file=out)
     fa = "" if result.float_accuracy is None else f", float top-1 {result.float_accuracy:.2%}"
     if result.ceiling_db is not None:
         fa += f", all-16-bit {result.ceiling_db:.2f} dB"

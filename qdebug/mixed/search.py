@@ -46,7 +46,9 @@ from qdebug.report import encode_number
 if TYPE_CHECKING:
     import pandas as pd
 
-SCHEMA_VERSION = 1
+#: 2: a compiled point's ``target_cost`` also carries its output SQNR measured on the target (``target_sqnr_db``, with
+#: ``cpu_sqnr_db`` on the same samples); schema-1 documents read as before (those fields ``None``)
+SCHEMA_VERSION = 2
 
 #: ``prefix``: estimated ranking, doubling + bisection; ``greedy``: best of the next few, one at a time;
 #: ``measured``: the top candidates (groups merged) measured alone, then prefixes of the *measured* ranking, each

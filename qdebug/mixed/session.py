@@ -294,26 +294,31 @@ class MixedPrecisionSession:
         """Automatic promotion search (see :func:`qdebug.mixed.search.search`)."""
         return search(self, goal)
 
+    def target_data(self, num_samples: int | None = None) -> DataSource:
+        """The debug samples as the target-side check reads them (the first ``num_samples`` of the debug set; ``None``:
+        as many as a debug pass uses)."""
+        from qdebug.data import open_data
+        from qdebug.graph import input_specs
+
+        o = self.debug_options
+        n = o.num_samples if num_samples is None else min(num_samples, o.num_samples or num_samples)
+        return open_data(
+            self.debug_data, input_specs(self.float_proto), num_samples=n, seed=o.seed,
+            distribution=o.distribution, input_shapes=o.input_shapes, ignore=o.ignore_data_keys,
+        )  # fmt: skip
+
     def recompile(self, evaluation: Evaluation, target: str = "qnn", options: Any = None) -> RecompileResult:
         """Compile an evaluated variant for ``target`` and check it there
         (:func:`qdebug.targets.recompile.recompile`; ``options``: a ``BuildOptions`` or the target's own options,
         e.g. ``QnnOptions``): for QNN the EPContext model in the workdir and the HTP simulator's accuracy on the
         debug samples."""
-        from qdebug.data import open_data
-        from qdebug.graph import input_specs
-
-        o = self.debug_options
-        data = open_data(
-            self.debug_data, input_specs(self.float_proto), num_samples=o.num_samples, seed=o.seed,
-            distribution=o.distribution, input_shapes=o.input_shapes, ignore=o.ignore_data_keys,
-        )  # fmt: skip
         self._say(0, 1, f"compiling for {target}")
         return recompile(
             evaluation.quantization.model_path,
             self.workdir / f"{evaluation.name}.{target}",
             target,
             float_model=self.float_path,
-            data=data,
+            data=self.target_data(),
             options=options,
             progress=lambda msg: self._say(0, 1, msg),
         )

@@ -27,6 +27,7 @@ from qdebug._lazy import LazyModule
 from qdebug.inspect import weight_owners as _engine_weight_owners
 from qdebug.mixed.compare import Comparison
 from qdebug.mixed.search import SearchPoint, SearchResult
+from qdebug.mixed.target_cost import TargetCost
 from qdebug.render.bands import GREY, HIGHLIGHT, SQNR_COLORSCALE, SQNR_HIGH, SQNR_LOW, Z_MAX, Z_MIN, sqnr_color
 from qdebug.render.fmt import fmt_db_text
 from qdebug.render.layout import layered_layout
@@ -543,12 +544,7 @@ def _points(
     """(steps, evaluated, chosen index into steps) from a SearchResult, its dict, or a list of points."""
 
     def as_dict(p: Any) -> dict[str, Any]:
-        if isinstance(p, SearchPoint):
-            return {
-                "step": p.step, "cost_fraction_16bit": p.cost_fraction_16bit, "output_sqnr_db": p.output_sqnr_db,
-                "accuracy": p.accuracy, "chosen": p.chosen, "num_16bit_tensors": p.num_16bit_tensors,
-            }  # fmt: skip
-        return dict(p)
+        return _point_dict(p) if isinstance(p, SearchPoint) else dict(p)
 
     if isinstance(result, SearchResult):
         steps = [as_dict(p) for p in result.steps]
@@ -570,16 +566,36 @@ def _points(
 def _front(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> list[dict[str, Any]]:
     """The Pareto front of a SearchResult (or the ``pareto`` list of its dict); empty for a bare list of points."""
     if isinstance(result, SearchResult):
-        return [_asdict(p) for p in result.pareto()]
+        return [_point_dict(p) for p in result.pareto()]
     if isinstance(result, Mapping):
         return [dict(p) for p in result.get("pareto", [])]
     return []
 
 
-def _asdict(p: Any) -> dict[str, Any]:
-    from dataclasses import asdict
+def _point_dict(p: SearchPoint) -> dict[str, Any]:
+    """What the figure reads of a point, as in ``SearchResult.to_dict()`` (``target_cost`` with ``splits``)."""
+    return {
+        "step": p.step, "cost_fraction_16bit": p.cost_fraction_16bit, "output_sqnr_db": p.output_sqnr_db,
+        "accuracy": p.accuracy, "chosen": p.chosen, "num_16bit_tensors": p.num_16bit_tensors,
+        "target_cost": None if p.target_cost is None else p.target_cost.to_dict(),
+    }  # fmt: skip
 
-    return asdict(p)
+
+def _target_text(p: Mapping[str, Any]) -> str:
+    """The hover lines of a compiled point: its target graph (SPLIT marked) and its SQNR on the target."""
+    tc = p.get("target_cost")
+    if not tc:
+        return ""
+    c = TargetCost.from_dict(tc)  # the dict's one reading, not a second copy of it
+    out = f"<br>{c.target.upper()}: {c.describe()}"
+    if c.target_sqnr_db is not None or c.accuracy_error is not None:
+        out += f"<br>on {c.target.upper()} vs float: {c.describe_accuracy()}"
+    return out
+
+
+def _splits(p: Mapping[str, Any]) -> bool:
+    tc = p.get("target_cost")
+    return TargetCost.from_dict(tc).splits if tc else False
 
 
 def pareto_figure(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> go.Figure:
@@ -587,7 +603,9 @@ def pareto_figure(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> g
 
     ``result`` is a :class:`SearchResult`, its ``to_dict()``, or a list of :class:`SearchPoint` (or their dicts).
     Traces: ``steps`` (the accepted curve), ``evaluated`` (other measured points, if any), ``Pareto front`` (the
-    non-dominated measured points, :meth:`SearchResult.pareto`, dashed) and ``chosen`` (the chosen point, a star).
+    non-dominated measured points, :meth:`SearchResult.pareto`, dashed), ``SPLIT on <TARGET>`` (compiled points that
+    split the target graph, a red cross; only when there are some) and ``chosen`` (the chosen point, a star). A
+    compiled point's hover adds its target graph and its SQNR on the target.
     Every point's ``customdata`` is its ``step`` so a click handler can apply that step;
     the hover shows accuracy and the number of 16-bit tensors. ``+inf`` SQNR is drawn at :data:`Z_MAX`.
     """
@@ -604,7 +622,7 @@ def pareto_figure(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> g
             tx.append(
                 f"step {p['step']}<br>16-bit elements: {100 * float(p['cost_fraction_16bit']):.1f}%"
                 f" ({p.get('num_16bit_tensors', '?')} tensors)<br>output SQNR: {_fmt(v)}"
-                f"<br>accuracy: {'n/a' if acc is None else f'{100 * acc:.2f}%'}"
+                f"<br>accuracy: {'n/a' if acc is None else f'{100 * acc:.2f}%'}" + _target_text(p)
             )
         return xs, ys, cd, tx
 
@@ -630,6 +648,16 @@ def pareto_figure(result: SearchResult | Mapping[str, Any] | Sequence[Any]) -> g
             go.Scatter(
                 x=x, y=y, customdata=cd, hovertext=tx, hoverinfo="text", mode="lines", name="Pareto front",
                 line={"dash": "dash", "color": "#495057"},
+            )
+        )  # fmt: skip
+    split = list({int(p["step"]): p for p in (*steps, *evaluated) if _splits(p)}.values())
+    if split:  # compiled points that do not run as one accelerator partition (qdebug search's SPLIT)
+        x, y, cd, tx = xy(split)
+        target = str(split[0]["target_cost"].get("target", "target")).upper()
+        traces.append(
+            go.Scatter(
+                x=x, y=y, customdata=cd, hovertext=tx, hoverinfo="text", mode="markers", name=f"SPLIT on {target}",
+                marker={"symbol": "x", "size": 14, "color": "#d62728", "line": {"width": 1, "color": "black"}},
             )
         )  # fmt: skip
     if steps and 0 <= chosen < len(steps):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from qdebug.targets.base import (
     get_target,
 )
 
-__all__ = ["RECOMPILE_SCHEMA_VERSION", "RecompileResult", "recompile"]
+__all__ = ["RECOMPILE_SCHEMA_VERSION", "RecompileResult", "build_options", "recompile"]
 
 RECOMPILE_SCHEMA_VERSION = 1
 
@@ -83,6 +83,12 @@ def _options(t: Target, options: Any, snap_scales: bool, snap_grid: str) -> Buil
     if "snap_scales" in t.options:
         kw.update(snap_scales=snap_scales, snap_grid=snap_grid)
     return BuildOptions(t.name, precision, **kw)
+
+
+def build_options(target: str, options: Any = None, **changes: Any) -> BuildOptions:
+    """The :class:`BuildOptions` :func:`recompile` would use for ``target`` and ``options``, with ``changes`` applied
+    (e.g. ``probe_tensors=False``: the target-side check compares the model outputs only)."""
+    return replace(_options(get_target(target), options, True, "tie_free"), **changes)
 
 
 def _check_qdq(path: Path) -> None:

@@ -1,0 +1,193 @@
+"""The ``compiled`` reduction: the numpy backend's fetch, with each sample reduced by one compiled pass per
+activation (numba, the ``fast`` extra) instead of :func:`~qdebug.capture.reduction.reduce_sample`'s 6-8 numpy
+passes and allocations per tensor.
+
+Same definition, same sums to float64 rounding (the kernel accumulates every product in float64; the numpy
+reference multiplies in float32 and accumulates 8k-element blocks in float64: they agree to ~1e-7 relative,
+tested), same non-finite counts. Where the reduction dominates a sample — models that do little arithmetic per
+exposed element, such as Silero VAD and PP-OCR's classifier — it cuts the reduction 3-4× (docs/benchmarks.md).
+
+numba compiles the kernel on first use (a few seconds, once: the machine code is cached next to this module or in
+numba's user cache) and its import and cache load cost about a second per process, so ``auto`` switches to it
+only when the numpy reduction of the remaining samples is expected to cost more than that
+(:mod:`qdebug.capture.auto`). Tensors that are not float32/float64 (float16 models) are reduced by the numpy reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import onnx
+
+from qdebug._lazy import require
+from qdebug.capture.base import SampleSums
+from qdebug.capture.reduction import ReductionPlan, check_shapes, clip_to, local_pre, reduce_sample
+from qdebug.graph import ActivationPair, Pairing
+from qdebug.metrics import BatchSums, reduce_pairs, value_ranges
+
+__all__ = [
+    "SAVING",
+    "STARTUP_S",
+    "CompiledBackend",
+    "WarmUp",
+    "available",
+    "reduce_sample_compiled",
+]
+
+#: numba's import plus loading the cached kernel, per process (0.9-1.3 s measured on the 2-core benchmark machine
+#: under load; the first use on a machine also compiles, ~3-5 s, once).
+STARTUP_S = 1.5
+
+#: Share of the numpy reduction's time the compiled pass saves (it takes 0.24-0.28 of it on Silero VAD and
+#: ppocr-cls, benchmarks/profile_reduce.py): a conservative 0.7.
+SAVING = 0.7
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+LANES_PLUS_ONE = 17  # a warm-up tensor that runs the kernel's lanes and its tail
+
+
+@functools.cache
+def _load() -> ModuleType:
+    """The kernel module (numba imported on first use; :class:`~qdebug.errors.MissingExtraError` without it)."""
+    require("numba")
+    return importlib.import_module("qdebug.capture._kernels")
+
+
+def warm_up() -> None:
+    """Import numba and load (or, the first time on a machine, compile) the kernel for float32 tensors."""
+    k = _load()
+    x, row = np.zeros(LANES_PLUS_ONE, np.float32), np.zeros(k.SLOTS)
+    k.activation_sums(x, x, x, -np.inf, np.inf, -np.inf, np.inf, True, row)
+
+
+class WarmUp(threading.Thread):
+    """:func:`warm_up` on a background thread; :attr:`error` says why it failed (a numba that cannot load), so
+    that the caller keeps the numpy reduction with that reason instead of a traceback on stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(name="qdebug-numba-warm-up", daemon=True)
+        self.error: str | None = None
+
+    def run(self) -> None:
+        """Warm up, recording the failure."""
+        try:
+            warm_up()
+        except Exception as exc:  # numba's import can fail in many ways (e.g. a numpy it does not support)
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def start_warm_up() -> WarmUp | None:
+    """A started :class:`WarmUp` (``None`` without numba): ``auto`` starts it with its sessions, so that numba's
+    start-up overlaps their set-up and the first sample instead of delaying the second one."""
+    if not available():
+        return None
+    thread = WarmUp()
+    thread.start()
+    return thread
+
+
+def available() -> bool:
+    """Whether numba can be imported (without importing it)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def _bounds(b: tuple[str, float, float] | None) -> tuple[float, float]:
+    return (-np.inf, np.inf) if b is None else (b[1], b[2])
+
+
+def reduce_sample_compiled(
+    plan: ReductionPlan,
+    f: Mapping[str, np.ndarray],
+    q: Mapping[str, np.ndarray],
+) -> SampleSums:
+    """:func:`~qdebug.capture.reduction.reduce_sample`, computed by the compiled kernel (same errors).
+
+    An activation whose sums come out non-finite (NaN/Inf in a tensor) or whose range is not finite is redone by
+    the reference, which counts the non-finite values exactly. (Splitting a large sample's activations over two
+    threads — the kernel releases the GIL — was measured and dropped: 0-10 % on PP-OCRv4 rec/det and YOLOv8n, whose
+    reductions are bound by memory, not arithmetic.)
+    """
+    check_shapes(plan, f, q)
+    acts, outs = plan.pairing.activations, plan.pairing.outputs
+    arrays = [(f[a.tensor_name], q[a.pre_qdq] if a.quantized else None, q[a.post_qdq]) for a in acts]
+    if not all(r.dtype in _FLOATS and p.dtype == r.dtype and (x is None or x.dtype == r.dtype) for r, x, p in arrays):
+        return reduce_sample(plan, f, q)  # float16 (or mixed) tensors: the reference handles every dtype
+    k = _load()
+    rows = np.zeros((len(acts), k.SLOTS))
+    sizes = np.array([r.size for r, _, _ in arrays], dtype=np.int64)
+
+    for j, (a, (ref, pre, post)) in enumerate(zip(acts, arrays, strict=True)):
+        mlo, mhi = _bounds(a.measured_through)
+        plo, phi = _bounds(a.fused_activation)
+        r, p = ref.reshape(-1), post.reshape(-1)
+        x = p if pre is None else pre.reshape(-1)
+        k.activation_sums(r, x, p, mlo, mhi, plo, phi, pre is not None, rows[j])
+    quant = [j for j, a in enumerate(acts) if a.quantized]
+    cum = _batch(rows, sizes, k.CUM_SIGNAL)
+    loc = _batch(rows[quant], sizes[quant], k.LOC_SIGNAL)
+    lo, hi = rows[:, k.REF_MIN].copy(), rows[:, k.REF_MAX].copy()
+    _redo(plan, f, q, cum, loc, quant, lo, hi)
+    return SampleSums(
+        cumulative=cum,
+        local=loc,
+        outputs=reduce_pairs([f[o.output_name] for o in outs], [q[o.quant_name] for o in outs]),
+        float_min=lo,
+        float_max=hi,
+        elements=sizes,
+    )
+
+
+def _batch(rows: np.ndarray, sizes: np.ndarray, at: int) -> BatchSums:
+    """Kernel rows (signal, noise, max at ``at``) as :class:`BatchSums` with no non-finite values counted yet."""
+    signal, noise, max_abs = (rows[:, at + i].copy() for i in range(3))
+    zeros = np.zeros(len(sizes), dtype=np.int64)
+    return BatchSums(signal, noise, sizes.copy(), max_abs, zeros, zeros.copy())
+
+
+def _redo(
+    plan: ReductionPlan,
+    f: Mapping[str, np.ndarray],
+    q: Mapping[str, np.ndarray],
+    cum: BatchSums,
+    loc: BatchSums,
+    quant: list[int],
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> None:
+    """Replace, in place, the sums and ranges the kernel could not give exactly by the reference's."""
+    acts = plan.pairing.activations
+    reference: tuple[tuple[BatchSums, list[int], Callable[[ActivationPair], np.ndarray]], ...] = (
+        (cum, list(range(len(acts))), lambda a: clip_to(f[a.tensor_name], a.measured_through)),
+        (loc, quant, lambda a: local_pre(a, q)),
+    )
+    for sums, idx, ref_of in reference:
+        for pos in np.flatnonzero(~np.isfinite(sums.signal + sums.noise)).tolist():
+            a = acts[idx[pos]]
+            one = reduce_pairs([ref_of(a)], [clip_to(q[a.post_qdq], a.measured_through)])
+            for name in ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test"):
+                getattr(sums, name)[pos] = getattr(one, name)[0]
+    odd = np.flatnonzero(~(np.isfinite(lo) & np.isfinite(hi))).tolist()  # empty, all-NaN or ±Inf
+    if odd:
+        lo[odd], hi[odd] = value_ranges([f[acts[j].tensor_name] for j in odd])
+
+
+class CompiledBackend:
+    """The numpy backend's fetch with the compiled reduction (``--capture compiled``; needs the ``fast`` extra)."""
+
+    name = "compiled"
+
+    def open(
+        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+    ) -> Any:
+        """A :class:`~qdebug.capture.numpy_backend.NumpyRun` that reduces with :func:`reduce_sample_compiled`."""
+        from qdebug.capture.numpy_backend import NumpyRun
+
+        _load()  # the missing extra is reported before any session is built
+        return NumpyRun(float_model, quant_model, pairing, providers, reducer=reduce_sample_compiled)

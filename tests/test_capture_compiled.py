@@ -1,0 +1,216 @@
+"""The ``compiled`` reduction (numba, the ``fast`` extra): the same sums as the reference definition on every case
+the reference handles — clips, fused activations, NaN/Inf, empty tensors, float32 overflow, float16, sizes that
+are not a multiple of the kernel's lanes — chosen by ``auto`` when it pays, named as a missing extra when it would
+pay but numba is absent, and obeyed as ``--capture compiled``. numba is part of ``make test``'s install: these
+tests fail, not skip, without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qdebug.capture import capture, compiled
+from qdebug.capture.auto import AutoRun
+from qdebug.capture.base import SampleSums
+from qdebug.capture.reduction import ReductionPlan, reduce_sample
+from qdebug.data import open_data
+from qdebug.graph import ActivationPair, OutputPair, Pairing, input_specs, pair_models
+from qdebug.metrics import BatchSums
+
+Bounds = tuple[str, float, float] | None
+
+
+def _plan(specs: list[tuple[bool, Bounds, Bounds]]) -> ReductionPlan:
+    """A plan of ``len(specs)`` activations ``t{i}`` (quantized, fused activation, measured through) + one output."""
+    acts = tuple(
+        ActivationPair(f"t{i}", f"t{i}_pre", f"t{i}_post", quant, "Op", f"n{i}", i, None, (), fa, mt)
+        for i, (quant, fa, mt) in enumerate(specs)
+    )
+    return ReductionPlan.of(Pairing(acts, (), (OutputPair("out", "out_q"),)))
+
+
+def _same(a: BatchSums, b: BatchSums) -> None:
+    """Equal counts; sums equal to float32-product rounding; max equal where finite."""
+    for name in ("count", "nonfinite_reference", "nonfinite_test"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    for name in ("signal", "noise"):
+        x, y = getattr(a, name), getattr(b, name)
+        np.testing.assert_array_equal(np.isfinite(x), np.isfinite(y), err_msg=name)
+        fin = np.isfinite(x)
+        np.testing.assert_allclose(x[fin], y[fin], rtol=2e-6, atol=1e-30, err_msg=name)
+    np.testing.assert_allclose(a.max_abs, b.max_abs, rtol=1e-6, atol=1e-6)
+
+
+def _compare(plan: ReductionPlan, f: dict[str, np.ndarray], q: dict[str, np.ndarray]) -> SampleSums:
+    want, got = reduce_sample(plan, f, q), compiled.reduce_sample_compiled(plan, f, q)
+    _same(want.cumulative, got.cumulative)
+    _same(want.local, got.local)
+    _same(want.outputs, got.outputs)
+    np.testing.assert_array_equal(want.float_min, got.float_min)
+    np.testing.assert_array_equal(want.float_max, got.float_max)
+    np.testing.assert_array_equal(want.elements, got.elements)
+    return got
+
+
+def _tensors(arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[dict, dict]:
+    f = {f"t{i}": r for i, (r, _, _) in enumerate(arrays)} | {"out": arrays[0][0]}
+    q = {f"t{i}_pre": p for i, (_, p, _) in enumerate(arrays)}
+    q |= {f"t{i}_post": x for i, (_, _, x) in enumerate(arrays)} | {"out_q": arrays[0][2]}
+    return f, q
+
+
+def test_special_values_and_shapes_give_the_reference_sums() -> None:
+    rng = np.random.default_rng(0)
+
+    def triple(n: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        r = (rng.standard_normal(n) * scale).astype(np.float32)
+        return r, r + np.float32(0.01 * scale), np.round(r * 8) / np.float32(8)
+
+    nan, inf = triple(40), triple(33)
+    nan[0][3], nan[2][7] = np.nan, np.nan
+    inf[0][5], inf[1][1] = np.inf, -np.inf
+    big = tuple(a.astype(np.float32) * np.float32(1e25) for a in triple(50))  # float32 squares overflow
+    specs: list[tuple[bool, Bounds, Bounds]] = [
+        (True, None, None),
+        (True, ("Relu", 0.0, np.inf), None),  # fused Relu: the local reference is the clipped pre-Q/DQ tensor
+        (True, None, ("Clip", -0.5, 0.5)),  # measured through a Clip
+        (True, ("Relu", 0.0, np.inf), ("Clip", 0.0, 6.0)),
+        (False, None, None),  # not quantized: cumulative only
+        (True, None, None),  # NaN
+        (True, None, ("Relu", 0.0, np.inf)),  # ±Inf, the -Inf clipped away
+        (True, None, None),  # empty
+        (True, None, None),  # overflow
+        (True, None, None),  # 1 element (tail only)
+    ]
+    arrays = [triple(1000), triple(17), triple(64), triple(300, 5.0), triple(8), nan, inf]
+    arrays += [tuple(np.zeros(0, np.float32) for _ in range(3)), big, triple(1)]  # type: ignore[list-item]
+    got = _compare(_plan(specs), *_tensors(arrays))  # type: ignore[arg-type]
+    assert got.cumulative.nonfinite_reference[5] == 1 and got.local.nonfinite_test[4] == 1  # act 4 is not quantized
+    assert np.isfinite(got.cumulative.signal[8])  # redone in float64 like the reference
+
+
+def test_float16_tensors_are_reduced_by_the_reference() -> None:
+    r = np.linspace(-1, 1, 24, dtype=np.float16)
+    f, q = _tensors([(r, r, r + np.float16(0.01))])
+    _compare(_plan([(True, None, None)]), f, q)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 70), min_size=1, max_size=6),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([None, ("Relu", 0.0, np.inf), ("Clip", -1.0, 1.0)]),
+    st.floats(0.0, 0.2),
+)
+def test_random_tensors_give_the_reference_sums(sizes: list[int], seed: int, mt: Bounds, holes: float) -> None:
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for n in sizes:
+        r = rng.standard_normal(n).astype(np.float32)
+        p = (r + rng.standard_normal(n).astype(np.float32) * np.float32(0.05)).astype(np.float32)
+        x = np.round(p * 16) / np.float32(16)
+        for a in (r, p, x):  # sprinkle NaN / ±Inf
+            a[rng.random(n) < holes / 3] = rng.choice([np.nan, np.inf, -np.inf])
+        arrays.append((r, p, x))
+    _compare(_plan([(True, None, mt) for _ in sizes]), *_tensors(arrays))
+
+
+def test_the_compiled_backend_matches_the_numpy_one(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    source = open_data(None, input_specs(fm), num_samples=5, seed=2)
+    ref = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
+    got = capture(fm, qm, pair_models(fm, qm), source, path="compiled")
+    assert got.path == "compiled" and got.fallback_samples == 0
+    np.testing.assert_allclose(got.per_sample, ref.per_sample, rtol=1e-5)
+    assert [s.count for s in got.cumulative] == [s.count for s in ref.cumulative]
+
+
+def _auto(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, wait: bool = True) -> AutoRun:
+    """An auto run over ``n`` samples; ``wait``: let numba's background load finish as soon as it starts (after
+    sample 3, the last numpy sample ``auto`` weighs it on), so that the switch happens at sample 4 and the test is
+    deterministic."""
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n)
+    for i, s in enumerate(open_data(None, input_specs(fm), num_samples=n, seed=3)):
+        assert isinstance(run.reduce(i, s), SampleSums)
+        if wait and run.warm_up is not None:
+            run.warm_up.join()
+    run.close()
+    return run
+
+
+def test_auto_switches_when_the_reduction_would_cost_more_than_the_start_up(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)  # any run pays it back
+    run = _auto(fm, qm, 6)
+    assert run.final().backend == "compiled" and "the compiled pass saves est." in run.final().reason
+    assert "from sample 4, once numba had loaded" in run.final().reason
+    assert run.numpy.reducer is compiled.reduce_sample_compiled and run.graph is None
+    monkeypatch.setattr(compiled, "STARTUP_S", 1e9)  # never pays: the numpy choice, no word about numba
+    run = _auto(fm, qm, 6)
+    assert run.final().backend == "numpy" and "qdebug[fast]" not in run.final().reason
+
+
+def test_without_numba_auto_says_what_it_would_save(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
+    monkeypatch.setattr(compiled, "available", lambda: False)
+    run = _auto(fm, qm, 6)
+    assert run.final().backend == "numpy" and "pip install 'qdebug[fast]'" in run.final().reason
+
+
+def test_numba_is_imported_only_when_the_compiled_reduction_runs() -> None:
+    code = "import sys, qdebug.debug, qdebug.capture; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> None:
+        raise ImportError("Numba needs NumPy 2.3 or less\nsecond line")
+
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
+    monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread once samples 1-3 say it pays
+    run = _auto(fm, qm, 6)
+    assert run.final().backend == "numpy" and run.numpy.reducer is not compiled.reduce_sample_compiled
+    assert "could not load (ImportError: Numba needs NumPy 2.3 or less)" in run.final().reason
+
+
+def test_numpy_reduces_until_numba_has_loaded(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = threading.Event()
+    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
+    monkeypatch.setattr(compiled, "warm_up", loaded.wait)  # numba "loads" only when the test says so
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6)
+    for i, s in enumerate(open_data(None, input_specs(fm), num_samples=6, seed=3)):
+        assert isinstance(run.reduce(i, s), SampleSums)
+    assert run.numpy.reducer is not compiled.reduce_sample_compiled  # never waited for numba
+    assert run.final().backend == "numpy" and "the data ran out before numba had loaded" in run.final().reason
+    loaded.set()
+    run.close()
+
+
+def test_a_pipelined_run_counts_only_the_reduction_above_the_inference() -> None:
+    from qdebug.capture.auto import _saving_per_sample
+
+    assert _saving_per_sample(0.010, 0.004, pipelined=False) == pytest.approx(compiled.SAVING * 0.010)
+    assert _saving_per_sample(0.0058, 0.0035, pipelined=True) == pytest.approx(0.0058 - 0.0035)  # fetch-bound after
+    assert _saving_per_sample(0.003, 0.010, pipelined=True) == 0.0  # inference-bound already: nothing to save
+    assert _saving_per_sample(0.010, 0.001, pipelined=True) == pytest.approx(compiled.SAVING * 0.010)
