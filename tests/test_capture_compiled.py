@@ -214,3 +214,15 @@ def test_a_pipelined_run_counts_only_the_reduction_above_the_inference() -> None
     assert _saving_per_sample(0.0058, 0.0035, pipelined=True) == pytest.approx(0.0058 - 0.0035)  # fetch-bound after
     assert _saving_per_sample(0.003, 0.010, pipelined=True) == 0.0  # inference-bound already: nothing to save
     assert _saving_per_sample(0.010, 0.001, pipelined=True) == pytest.approx(compiled.SAVING * 0.010)
+
+
+def test_without_numba_the_compiled_backend_names_the_extra(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qdebug.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
+    monkeypatch.setattr(compiled, "_load", compiled._load.__wrapped__)  # not the cached kernel module
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    with pytest.raises(MissingExtraError, match=r"pip install 'qdebug\[fast\]'"):
+        capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=2), path="compiled")
