@@ -102,7 +102,7 @@ def estimate_setup(measured_s: float, measured_nodes: Sequence[int], nodes: int)
 
 
 def _saving_per_sample(reduce_s: float, infer_s: float, pipelined: bool) -> float:
-    """Seconds per sample the compiled reduction saves, from sample 0's numpy reduction and inference times.
+    """Seconds per sample the compiled reduction saves, from numpy's measured reduction and inference times.
 
     Not pipelined, a sample costs inference + reduction, and the compiled pass removes
     :data:`~qdebug.capture.compiled.SAVING` of the reduction. Pipelined, it costs about the longer of the two
@@ -133,13 +133,13 @@ class AutoRun:
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
-        self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_consider_compiled)
+        self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_try_compiled)
         self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         t0 = clock()
         self.numpy = NumpyRun(float_model, quant_model, pairing, providers)
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None
-        self.totals: list[float] = []  # numpy's probe samples: the whole call, the reduction, the inference
+        self.totals: list[float] = []  # per numpy sample until decided: the whole call, the reduction, the inference
         self.reduce_times: list[float] = []
         self.infer_times: list[float] = []
         self.compiled_weighed = False  # whether the compiled reduction has been weighed (once per run)

@@ -5,7 +5,7 @@ passes and allocations per tensor.
 Same definition, same sums to float64 rounding (the kernel accumulates every product in float64; the numpy
 reference multiplies in float32 and accumulates 8k-element blocks in float64: they agree to ~1e-7 relative,
 tested), same non-finite counts. Where the reduction dominates a sample — models that do little arithmetic per
-exposed element, such as Silero VAD and PP-OCR's classifier — it cuts the reduction 3-4× (docs/benchmarks.md).
+exposed element, such as Silero VAD and PP-OCR's classifier — it cuts the reduction 1.5-4× (docs/benchmarks.md).
 
 numba compiles the kernel on first use (a few seconds, once: the machine code is cached next to this module or in
 numba's user cache) and its import and cache load cost about a second per process, so ``auto`` switches to it
