@@ -104,8 +104,9 @@ def _graph_rounds(page: Any, out: dict[str, float]) -> int:
     return groups
 
 
-def drive_dashboard(page: Any, port: int, model: Path, data: Path) -> dict[str, float]:
-    """One dashboard round (module docstring): page ready, Run, expand/collapse all, promote round trip (s)."""
+def drive_dashboard(page: Any, port: int, model: Path, data: Path, shots: Path | None = None) -> dict[str, float]:
+    """One dashboard round (module docstring): page ready, Run, expand/collapse all, promote round trip (s); with
+    ``shots``, the app after Run and after the promotion is photographed there (after each timing is taken)."""
     from playwright.sync_api import expect
 
     out: dict[str, float] = {}
@@ -129,6 +130,8 @@ def drive_dashboard(page: Any, port: int, model: Path, data: Path) -> dict[str, 
     app = page.locator(".qd-app")
     expect(app.locator(".qd-promote")).to_be_visible(timeout=TIMEOUT_MS)
     out["Run"] = time.perf_counter() - t0
+    if shots is not None:
+        app.screenshot(path=str(shots / f"dashboard_table_{model.stem}.png"))
     t0 = time.perf_counter()
     app.get_by_role("tab", name="Graph").click()
     page.locator(NODES).first.wait_for(timeout=TIMEOUT_MS)
@@ -147,6 +150,10 @@ def drive_dashboard(page: Any, port: int, model: Path, data: Path) -> dict[str, 
         raise RuntimeError(f"promotion failed: {status.text_content()}")
     out["promote round trip"] = time.perf_counter() - t0
     _print_timeline("promote", page.evaluate("() => window.__qdStatus"))
+    if shots is not None:
+        app.get_by_role("tab", name="Before/after").click()
+        page.wait_for_timeout(1500)  # the comparison figure's resize after its tab opens
+        app.screenshot(path=str(shots / f"dashboard_after_promote_{model.stem}.png"))
     return out
 
 
@@ -248,7 +255,8 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> list[dict[str
             for r in range(0 if args.skip_dashboard else args.repeats):
                 with voila(DASHBOARD, work / f"{model}-dash{r}", root=root) as (port, _):
                     ctx = _context(browser, 1600)
-                    rounds.append(drive_dashboard(ctx.new_page(), port, root / f.name, root / data.name))
+                    shots = args.images if args.images is not None and r == 0 else None
+                    rounds.append(drive_dashboard(ctx.new_page(), port, root / f.name, root / data.name, shots))
                     ctx.close()
                 print(f"{model}: dashboard round {r}: {rounds[-1]}", file=sys.stderr, flush=True)
             if args.images is not None:
