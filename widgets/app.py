@@ -260,7 +260,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
 
         self.graph_panel = GraphPanel(self.on_select)
         self.graph_box = self.graph_panel.box  # holds the live graph figure
-        self.comparison_box = w.Box()
+        self.comparison_box = w.VBox(layout=w.Layout(width="100%"))  # a plain Box shrank the figure to ~500 px
         self.pareto_box = w.Box()
         self.metric_picker = w.Dropdown(
             description="colour by", options=[(LABELS[k], k) for k in METRICS], value=self.metric

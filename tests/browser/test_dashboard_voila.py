@@ -22,6 +22,13 @@ pytestmark = pytest.mark.slow
 CULL_IDLE_TEST_S = 4
 
 
+_COMPARISON_FILLS = """() => {
+  const fig = document.querySelector('.qd-app .qd-comparison .main-svg');
+  const box = document.querySelector('.qd-app .qd-comparison')?.parentElement;
+  return !!fig && !!box && box.clientWidth > 0 && +fig.getAttribute('width') >= 0.9 * box.clientWidth;
+}"""
+
+
 def _db(text: str) -> float:
     m = re.search(r"(-?\d+\.\d+) dB", text)
     assert m, f"no dB figure in {text!r}"
@@ -163,6 +170,8 @@ def test_dashboard_debug_promote_export(
         assert _db(before.inner_text()) != _db(after.inner_text())
         expect(app.locator(".qd-status")).to_contain_text("cpu: ok")
         page.screenshot(path=str(screenshot_dir / "dashboard_after_promote.png"), full_page=True)
+        app.get_by_role("tab", name="Before/after").click()  # its figure fills the tab, as the heatmap does
+        page.wait_for_function(_COMPARISON_FILLS, timeout=30_000, polling=100)
 
         # Export: the file the CLI consumes exists and loads; the page offers it for download.
         app.locator(".qd-export").click()
