@@ -248,6 +248,8 @@ def capture_info(cap: CaptureResult) -> CaptureInfo:
         fallback_reasons=cap.fallback_reasons,
         batch=cap.batch,
         batch_reason=cap.batch_reason,
+        segments=cap.segments,
+        segment_note=cap.segment_note,
     )
 
 

@@ -225,7 +225,8 @@ class CaptureInfo:
     one that ran; ``reason`` says why it was chosen or why the requested one could not run at all;
     ``fallback_samples`` counts samples redone by the fallback backend, ``fallback_reasons`` groups them as
     ``(reason, count)`` pairs. ``batch`` is the most samples one inference call took (``--batch``), and
-    ``batch_reason`` says why batching stopped or never started when it was asked for.
+    ``batch_reason`` says why batching stopped or never started when it was asked for. ``segments`` is how many
+    consecutive parts each sample ran in (one sample's tensors would not fit at once) and ``segment_note`` why.
     """
 
     requested: str
@@ -236,6 +237,8 @@ class CaptureInfo:
     fallback_reasons: tuple[tuple[str, int], ...] = ()
     batch: int = 1
     batch_reason: str | None = None
+    segments: int = 1
+    segment_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

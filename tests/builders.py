@@ -393,6 +393,22 @@ def big_activations(channels: int = 4, side: int = 256) -> onnx.ModelProto:
     return _model(nodes, [value_info("x", shape)], [value_info("y", shape)], inits)
 
 
+def elementwise_chain(ops: int = 32, elements: int = 1 << 20) -> onnx.ModelProto:
+    """x[1,E] → (Mul, Add) × ops/2 → y: ``ops`` activations of ``4·E`` bytes each, and a skip connection from the
+    first Mul to the last Add (a tensor that crosses every cut when the chain is segmented)."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(ops):
+        op = "Mul" if i % 2 == 0 else "Add"
+        c = rng.uniform(0.9, 1.1) if op == "Mul" else rng.uniform(-0.1, 0.1)
+        inits.append(numpy_helper.from_array(np.full((1, 1), c, np.float32), f"c{i}"))
+        nodes.append(helper.make_node(op, [prev, f"c{i}"], [f"t{i}"], name=f"op{i}"))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Add", [prev, "t0"], ["y"], name="skip"))
+    shape = [1, elements]
+    return _model(nodes, [value_info("x", shape)], [value_info("y", shape)], inits)
+
+
 def neg_inf_weight() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """Max(x, W) with W = −inf, stored as int8 −1 with an infinite scale: −inf on both sides."""
     f = _model(

@@ -188,8 +188,10 @@ def test_the_pipelined_numpy_run_equals_the_sequential_one(
     for pipelined in (False, True):
         made: list[numpy_backend.NumpyRun] = []
 
-        def make(*args: object, pipelined: bool = pipelined, made: list = made, real: type = real) -> object:
-            made.append(real(*args, pipeline=pipelined))  # type: ignore[arg-type]
+        def make(
+            *args: object, pipelined: bool = pipelined, made: list = made, real: type = real, **kw: object
+        ) -> object:
+            made.append(real(*args, pipeline=pipelined, **kw))  # type: ignore[arg-type]
             return made[-1]
 
         monkeypatch.setattr(numpy_backend, "NumpyRun", make)

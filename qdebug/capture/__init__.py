@@ -18,8 +18,10 @@ the number of samples.
 
 from __future__ import annotations
 
+import inspect
+import itertools
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,6 +108,8 @@ class CaptureResult:
     fallback_reasons: tuple[tuple[str, int], ...] = ()  # (reason, samples) of the per-sample fallbacks
     batch: int = 1  # the most samples one inference call took
     batch_reason: str | None = None  # why batching stopped or never started (None: it held, or was not asked for)
+    segments: int = 1  # consecutive parts each sample ran in (qdebug.capture.segmented)
+    segment_note: str | None = None  # why it was segmented, or why it could not be
 
     @classmethod
     def of(
@@ -116,6 +120,7 @@ class CaptureResult:
         used: str,
         reason: str | None,
         batch: tuple[int, str | None] = (1, None),
+        segmenting: tuple[int, str | None] = (1, None),
     ) -> CaptureResult:
         """The frozen result of accumulated sums."""
         n = sums.samples
@@ -137,6 +142,8 @@ class CaptureResult:
             fallback_reasons=tuple(sorted(sums.fallbacks.items())),
             batch=batch[0],
             batch_reason=batch[1],
+            segments=segmenting[0],
+            segment_note=segmenting[1],
         )
 
 
@@ -148,6 +155,7 @@ def _open(
     providers: Sequence[str],
     samples: int,
     batch: int = 1,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[CaptureRun, str, str | None]:
     """The requested backend's run (``auto``: an :class:`AutoRun`), or the fallback backend's with the reason the
     requested one cannot run. Batching (``batch`` > 1) is the numpy backend's: ``auto`` then means numpy."""
@@ -155,9 +163,12 @@ def _open(
         why = None if name == FALLBACK_BACKEND else f"batches of up to {batch} samples run on numpy, which batches"
         return NumpyRun(float_model, quant_model, pairing, providers, batch=batch), FALLBACK_BACKEND, why
     if name == AUTO:
-        return AutoRun(float_model, quant_model, pairing, providers, samples), AUTO, None
+        return AutoRun(float_model, quant_model, pairing, providers, samples, input_shapes=input_shapes), AUTO, None
+    backend = get_backend(name)
+    # the first sample's input shapes let a fetching backend segment a model too large for one sample (segmented.py)
+    hint = {"input_shapes": input_shapes} if "input_shapes" in inspect.signature(backend.open).parameters else {}
     try:
-        return get_backend(name).open(float_model, quant_model, pairing, providers), name, None
+        return backend.open(float_model, quant_model, pairing, providers, **hint), name, None
     except UnsupportedPairError as exc:
         if name == FALLBACK_BACKEND:
             raise
@@ -185,12 +196,17 @@ def capture(
     n_total = len(data)
     n_quant = sum(1 for a in pairing.activations if a.quantized)
     sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
-    run, used, reason = _open(path, float_model, quant_model, pairing, providers, n_total, batch)
+    samples = iter(data)
+    first = next(samples, None)  # read before the backend opens: its input shapes size one sample's tensors
+    shapes = {k: tuple(np.shape(v)) for k, v in first.items()} if first is not None else None
+    run, used, reason = _open(path, float_model, quant_model, pairing, providers, n_total, batch, shapes)
     # auto's numpy run is already open: it redoes the merged graph's fallbacks too
     fallback: CaptureRun | None = run.numpy if isinstance(run, AutoRun) else None
     prefetch = getattr(run, "prefetch", None)  # a run that can start the next sample early (NumpyRun, AutoRun)
     try:
-        _loop(run, fallback, prefetch, data, n_total, sums, progress, (float_model, quant_model, pairing, providers))
+        source = itertools.chain([first] if first is not None else [], samples)
+        pair = (float_model, quant_model, pairing, providers)
+        _loop(run, fallback, prefetch, source, data, n_total, sums, progress, pair)
     finally:
         for r in (run, fallback):  # AutoRun.close stops its numpy run (which is also auto's fallback)
             close = getattr(r, "close", None)
@@ -201,13 +217,16 @@ def capture(
     if isinstance(run, AutoRun):
         used, reason = run.final().backend, run.final().reason
     batching = run.batching() if isinstance(run, NumpyRun) else (1, None)
-    return CaptureResult.of(sums, pairing, path, used, reason, batching)
+    fetched = run.numpy if isinstance(run, AutoRun) else run if isinstance(run, NumpyRun) else None
+    segmenting = (fetched.segment_count, fetched.segment_note) if fetched and used != "graph" else (1, None)
+    return CaptureResult.of(sums, pairing, path, used, reason, batching, segmenting)
 
 
 def _loop(
     run: CaptureRun,
     fallback: CaptureRun | None,
     prefetch: Callable[[int, Mapping[str, np.ndarray]], None] | None,
+    samples: Iterator[Mapping[str, np.ndarray]],
     data: DataSource,
     n_total: int,
     sums: CaptureSums,
@@ -217,7 +236,6 @@ def _loop(
     """Reduce every sample into ``sums``. Samples are read ahead of the current one — as many as the run's
     ``lookahead`` asks for (1 by default) — and announced to ``prefetch``, so that a pipelining or batching run
     can infer them early or together."""
-    samples = iter(data)
     ahead: deque[tuple[int, Mapping[str, np.ndarray]]] = deque()
     read = 0  # samples read from the source so far
 

@@ -130,13 +130,14 @@ class AutoRun:
         providers: Sequence[str],
         samples: int,
         clock: Callable[[], float] = time.perf_counter,
+        input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
         self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_try_compiled)
         self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         t0 = clock()
-        self.numpy = NumpyRun(float_model, quant_model, pairing, providers)
+        self.numpy = NumpyRun(float_model, quant_model, pairing, providers, input_shapes=input_shapes)
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None
         self.totals: list[float] = []  # per numpy sample until decided: the whole call, the reduction, the inference

@@ -184,10 +184,17 @@ class CompiledBackend:
     name = "compiled"
 
     def open(
-        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+        self,
+        float_model: onnx.ModelProto,
+        quant_model: onnx.ModelProto,
+        pairing: Pairing,
+        providers: Sequence[str],
+        input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> Any:
         """A :class:`~qdebug.capture.numpy_backend.NumpyRun` that reduces with :func:`reduce_sample_compiled`."""
         from qdebug.capture.numpy_backend import NumpyRun
 
         _load()  # the missing extra is reported before any session is built
-        return NumpyRun(float_model, quant_model, pairing, providers, reducer=reduce_sample_compiled)
+        return NumpyRun(
+            float_model, quant_model, pairing, providers, reducer=reduce_sample_compiled, input_shapes=input_shapes
+        )

@@ -31,6 +31,7 @@ from qdebug.capture.batching import (
     stack,
 )
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
+from qdebug.capture.segmented import SEGMENT_ABOVE, SegmentedFetch, plan_segments
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing
@@ -124,6 +125,7 @@ class NumpyRun:
         pipeline: bool | None = None,
         batch: int = 1,
         reducer: Reducer = reduce_sample,
+        input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
@@ -133,21 +135,40 @@ class NumpyRun:
         self.batch_limit, self.batch_used = batch, 1
         self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
         self.verified = False  # the first batch has been checked against a sample alone
-        spin = not self.pipeline_allowed
         self.axes = batch_axes(float_model)
-        relax = relax_batch_dim if batch > 1 else (lambda m: m)
-        f_model = relax(expose_outputs(float_model, self.plan.float_names))
-        self.f_sess: Any = make_session(f_model, providers, role="float model", spin=spin)
-        q_model = relax(expose_outputs(quant_model, self.plan.quant_names))
-        self.q_sess: Any = make_session(q_model, providers, role="quantized model", spin=spin)
-        self.f_fetch = BoundFetch(self.f_sess, self.plan.float_names)
-        self.q_fetch = BoundFetch(self.q_sess, self.plan.quant_names)
+        self.models, self.providers = (float_model, quant_model), tuple(providers)
+        #: one sample's tensors do not fit at once: run and reduce the models segment by segment (segmented.py)
+        self.segmented: SegmentedFetch | None = None
+        self.segment_note: str | None = None  # how the run was segmented, or why it could not be
+        cut = plan_segments(float_model, quant_model, self.plan, input_shapes) if input_shapes and batch <= 1 else None
+        self.segment_count = 1
+        if cut is not None:
+            self.segmented, self.segment_count = SegmentedFetch(cut, self.models, providers), cut.count
+            self.pipeline_allowed = False  # two samples' tensors are what segmenting avoids
+            self.segment_note = (
+                f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
+                f"at once (more than {SEGMENT_ABOVE >> 20} MB)"
+            )
+        else:
+            self._open_whole()
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
         self.alone: dict[InputKey, tuple[Shapes, Shapes]] = {}  # tensor shapes of one sample, per input shapes
         self._pool: ThreadPoolExecutor | None = None
         self._queued: list[tuple[int, Mapping[str, np.ndarray]]] = []
         self._ready: dict[int, Values] = {}
         self._pending: tuple[frozenset[int], Future[dict[int, Values]]] | None = None
+
+    def _open_whole(self) -> None:
+        """The two sessions exposing every tensor of the plan (a model ORT cannot load: :class:`ModelError`)."""
+        spin, batch = not self.pipeline_allowed, self.batch_limit
+        relax = relax_batch_dim if batch > 1 else (lambda m: m)
+        f_model = relax(expose_outputs(self.models[0], self.plan.float_names))
+        self.f_sess: Any = make_session(f_model, self.providers, role="float model", spin=spin)
+        del f_model  # a copy of the whole model: not kept next to the session
+        q_model = relax(expose_outputs(self.models[1], self.plan.quant_names))
+        self.q_sess: Any = make_session(q_model, self.providers, role="quantized model", spin=spin)
+        self.f_fetch = BoundFetch(self.f_sess, self.plan.float_names)
+        self.q_fetch = BoundFetch(self.q_sess, self.plan.quant_names)
 
     @property
     def batch_size(self) -> int:
@@ -200,6 +221,8 @@ class NumpyRun:
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
+        if self.segmented is not None:
+            return self._reduce_segmented(index, sample)
         f_vals, q_vals = self._take(index, sample)
         if self.sample_bytes is None:
             self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
@@ -209,6 +232,24 @@ class NumpyRun:
         t0 = time.perf_counter()
         sums = self.reducer(self.plan, f, q)
         self.reduce_seconds = time.perf_counter() - t0
+        return sums
+
+    def _reduce_segmented(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
+        """Segment by segment; if a segment cannot be made into a session on the first sample (an op that needs
+        what a cut separates), the run goes back to the whole models, and says so."""
+        assert self.segmented is not None
+        t0 = time.perf_counter()
+        try:
+            sums, reduce_s = self.segmented.reduce(index, sample, self.reducer)
+        except ModelError as exc:
+            if self.segmented.ran or self.segmented.load_failure is None:
+                raise
+            self.segmented, self.segment_count = None, 1
+            self.segment_note = f"not segmented: a segment could not be loaded ({exc})"
+            self.pipeline_allowed = usable_cores() >= 2
+            self._open_whole()
+            return self.reduce(index, sample)
+        self.reduce_seconds, self.infer_seconds = reduce_s, time.perf_counter() - t0 - reduce_s
         return sums
 
     def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
@@ -325,7 +366,13 @@ class NumpyBackend:
     name = "numpy"
 
     def open(
-        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+        self,
+        float_model: onnx.ModelProto,
+        quant_model: onnx.ModelProto,
+        pairing: Pairing,
+        providers: Sequence[str],
+        input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> NumpyRun:
-        """Two augmented sessions (a model ORT cannot load is a :class:`~qdebug.errors.ModelError`)."""
-        return NumpyRun(float_model, quant_model, pairing, providers)
+        """Two augmented sessions (a model ORT cannot load is a :class:`~qdebug.errors.ModelError`), or segments
+        when one sample of ``input_shapes`` would expose too much at once."""
+        return NumpyRun(float_model, quant_model, pairing, providers, input_shapes=input_shapes)

@@ -169,6 +169,9 @@ def capture_line(info: Any) -> str | None:
         line += f"; batches of up to {batch} samples"
     if batch_reason:
         line += f"; not batched further: {batch_reason}"
+    note = getattr(info, "segment_note", None)
+    if note:  # segmented to bound memory, or why it could not be
+        line += f"; {note}" if getattr(info, "segments", 1) == 1 else f"; each sample in {note}"
     return line
 
 

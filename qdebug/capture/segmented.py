@@ -1,0 +1,411 @@
+"""Segmented fetch: one sample's memory bounded on models whose exposed tensors do not fit at once.
+
+Exposing every paired tensor keeps all of them alive until the run returns: one sample of ViT-S takes 1.0 GB
+(float model 349 MB, QDQ model 698 MB) and one of u2netp 1.25 GB, so the peak passes 1.7 GB however the reduction
+is done. When one sample's exposed tensors — estimated by ONNX shape inference at the first sample's input shapes —
+exceed :data:`SEGMENT_ABOVE`, both models are cut into consecutive **segments** along the float model's topological
+order, about :data:`SEGMENT_BYTES` of exposed tensors each. Each segment is its own ORT session exposing only its own
+tensors; a sample runs segment after segment, the tensors that cross a cut are handed to the next segments as
+inputs, and each segment's pairs are reduced (by the run's reducer: numpy or compiled) as soon as their tensors
+exist, then dropped. The sums are those of the whole-model run: the same kernels compute the same tensors (graph
+optimizations are off, so a cut changes no arithmetic), and a pair is reduced from the same arrays.
+
+The segment sessions run **without ORT's memory arena**: an arena keeps every tensor it ever held, so each
+segment's session would keep its own peak and the segments' sum would be the whole model's again. Without it a
+freed tensor returns to the process heap, where the next segment's allocations reuse it.
+
+Models with control flow (``If``/``Loop``/``Scan`` subgraphs read outer tensors implicitly) are not segmented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import onnx
+
+from qdebug.capture.base import SampleSums
+from qdebug.capture.reduction import ReductionPlan
+from qdebug.capture.session import make_session, ort_message
+from qdebug.errors import DataError, ModelError
+from qdebug.graph import Pairing, topological_nodes
+from qdebug.metrics import BatchSums
+
+__all__ = ["SEGMENT_ABOVE", "SEGMENT_BYTES", "SegmentedFetch", "exposed_bytes", "plan_segments"]
+
+#: One sample's exposed tensors (both models) above which the capture is segmented. Below it the whole-model run
+#: keeps its advantages (I/O binding, pipelining, batching); PP-OCRv4 rec/det (350–470 MB) stay whole.
+SEGMENT_ABOVE = 512 << 20
+#: Exposed bytes per segment: with ~300-650 MB of sessions and weights, keeps ViT-S and u2netp under 1 GB.
+SEGMENT_BYTES = 128 << 20
+#: Initializers up to this many elements keep their values in the shape-inference copy (shape tensors for Reshape,
+#: Expand, Slice...); larger ones are replaced by typed inputs, so the copy costs no weight memory.
+_KEEP_VALUES = 4096
+
+Reducer = Any  # Callable[[ReductionPlan, Mapping, Mapping], SampleSums]; Any avoids importing numpy_backend
+
+
+def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """The model with its inputs pinned to ``shapes`` and its large initializers replaced by typed inputs."""
+    g = model.graph
+    light = onnx.helper.make_graph([], g.name, [], list(g.output))
+    light.node.extend(g.node)
+    for i in g.input:
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(i)
+        if i.name in shapes and vi.type.HasField("tensor_type"):
+            dims = vi.type.tensor_type.shape
+            dims.ClearField("dim")
+            for d in shapes[i.name]:
+                dims.dim.add().dim_value = int(d)
+        light.input.append(vi)
+    inputs = {i.name for i in g.input}
+    for t in g.initializer:
+        if math.prod(t.dims) <= _KEEP_VALUES:
+            light.initializer.append(t)
+        elif t.name not in inputs:
+            light.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    out = onnx.helper.make_model(light, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    out.functions.extend(model.functions)
+    return out
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` with every tensor's type and shape that can be inferred, or ``None``.
+
+    ONNX Runtime's symbolic shape inference follows shape arithmetic (Shape -> Gather -> Cast -> Concat -> Reshape,
+    as in every exported ViT) that ONNX's own data propagation gives up on (ViT-S: 654 of 662 tensors unknown vs
+    7 of 1485); ONNX's is the fallback when it fails."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        if inferred is not None:
+            return cast(onnx.ModelProto, inferred)
+    except Exception:  # any failure of the tool only means "ask ONNX's inference"
+        pass
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # onnx raises its own InferenceError / ValidationError types: no estimate, no segmenting
+        return None
+
+
+def _tensor_bytes(vi: onnx.ValueInfoProto) -> int | None:
+    """Bytes of a fully known tensor type, else ``None``."""
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not tt.HasField("shape") or not tt.elem_type:
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+    if any(d < 0 for d in dims):
+        return None
+    return math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
+
+
+def exposed_bytes(
+    float_model: onnx.ModelProto, plan: ReductionPlan, shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, int] | None:
+    """Exposed bytes per float tensor of the plan (its float value plus its QDQ model's pre- and post-Q/DQ values),
+    from shape inference at ``shapes``; ``None`` when more than a tenth of them have no static size (the model's
+    shapes depend on data: no estimate, no segmenting)."""
+    inferred = _inferred(_light_copy(float_model, shapes))
+    if inferred is None:
+        return None
+    g = inferred.graph
+    sizes = {v.name: _tensor_bytes(v) for v in [*g.value_info, *g.output, *g.input]}
+    mult: dict[str, int] = {}
+    for a in plan.pairing.activations:
+        mult[a.tensor_name] = mult.get(a.tensor_name, 0) + 1 + (2 if a.quantized else 1)
+    for o in plan.pairing.outputs:
+        mult[o.output_name] = mult.get(o.output_name, 0) + 2
+    known = {t: s * m for t, m in mult.items() if (s := sizes.get(t)) is not None}
+    if not mult or len(known) < 0.9 * len(mult):
+        return None
+    mean = sum(known.values()) // max(1, len(known))
+    return {t: known.get(t, mean) for t in mult}
+
+
+def _has_subgraphs(model: onnx.ModelProto) -> bool:
+    kinds = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    return any(a.type in kinds for n in model.graph.node for a in n.attribute)
+
+
+def _float_cuts(nodes: Sequence[onnx.NodeProto], weight: Mapping[str, int], budget: int) -> list[int]:
+    """Each node's segment: consecutive runs of the topological order holding about ``budget`` exposed bytes."""
+    seg, acc, out = 0, 0, []
+    for n in nodes:
+        w = sum(weight.get(o, 0) for o in n.output)
+        if acc and acc + w > budget:
+            seg, acc = seg + 1, 0
+        acc += w
+        out.append(seg)
+    return out
+
+
+def _quant_segments(nodes: Sequence[onnx.NodeProto], float_seg: Mapping[str, int]) -> list[int]:
+    """Each QDQ-model node's segment: its float twin's (a node writing a tensor of the float model), and never
+    before a producer of its inputs; a node reading constants only (a weight's DequantizeLinear) goes with its
+    first consumer, so dequantized weights are not handed across cuts."""
+    produced: dict[str, int] = {}
+    seg: list[int | None] = []
+    for n in nodes:
+        producers = [produced[i] for i in n.input if i in produced]
+        twins = [float_seg[o] for o in n.output if o in float_seg]
+        if not producers and not twins:
+            seg.append(None)
+            continue
+        s = max([*producers, *twins])
+        seg.append(s)
+        for o in n.output:
+            produced[o] = s
+    consumers: dict[str, list[int]] = {}
+    for idx, n in enumerate(nodes):
+        for i in n.input:
+            consumers.setdefault(i, []).append(idx)
+    for idx in range(len(nodes) - 1, -1, -1):  # reverse order: consumers are placed before constant-only producers
+        if seg[idx] is None:
+            later = [seg[c] for o in nodes[idx].output for c in consumers.get(o, ())]
+            seg[idx] = min((s for s in later if s is not None), default=0)
+    return [s if s is not None else 0 for s in seg]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One segment of one model: its nodes, what it reads from earlier segments, and what it writes."""
+
+    nodes: tuple[onnx.NodeProto, ...]
+    inputs: tuple[str, ...]  # tensors from the sample or earlier segments
+    outputs: tuple[str, ...]  # exposed tensors produced here, and tensors later segments read
+
+
+def _parts(
+    model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], seg: Sequence[int], exposed: set[str], k: int
+) -> list[_Part]:
+    """The ``k`` segments of one model (some may be empty)."""
+    inits = {t.name for t in model.graph.initializer}
+    producer = {o: s for n, s in zip(nodes, seg, strict=True) for o in n.output if o}
+    last_read: dict[str, int] = {}
+    for n, s in zip(nodes, seg, strict=True):
+        for i in n.input:
+            if i and i not in inits:
+                last_read[i] = max(last_read.get(i, -1), s)
+    graph_outputs = {o.name for o in model.graph.output}
+    parts = []
+    for j in range(k):
+        mine = [n for n, s in zip(nodes, seg, strict=True) if s == j]
+        reads = dict.fromkeys(i for n in mine for i in n.input if i and i not in inits and producer.get(i, -1) < j)
+        writes = dict.fromkeys(
+            o for n in mine for o in n.output if o and (o in exposed or o in graph_outputs or last_read.get(o, -1) > j)
+        )
+        parts.append(_Part(tuple(mine), tuple(reads), tuple(writes)))
+    return parts
+
+
+def _part_model(model: onnx.ModelProto, part: _Part, types: Mapping[str, onnx.TypeProto], j: int) -> onnx.ModelProto:
+    """One segment as a model: typed inputs (from the values the sample produced), untyped outputs (ORT's own)."""
+    used = {i for n in part.nodes for i in n.input}
+    g = onnx.helper.make_graph(
+        list(part.nodes),
+        f"{model.graph.name}_segment{j}",
+        [onnx.helper.make_value_info(i, types[i]) for i in part.inputs],
+        [onnx.ValueInfoProto(name=o) for o in part.outputs],
+        [t for t in model.graph.initializer if t.name in used],
+    )
+    out = onnx.helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    out.functions.extend(model.functions)
+    return out
+
+
+def _type_of(value: np.ndarray) -> onnx.TypeProto:
+    return onnx.helper.make_tensor_type_proto(onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Where the two models are cut, and which pairs each segment reduces."""
+
+    float_parts: tuple[_Part, ...]
+    quant_parts: tuple[_Part, ...]
+    plans: tuple[ReductionPlan, ...]  # the pairs reduced after each segment
+    acts: tuple[np.ndarray, ...]  # their indices among all activations
+    locals_: tuple[np.ndarray, ...]  # their indices among the quantized activations
+    outs: tuple[np.ndarray, ...]  # their indices among the model outputs
+    exposed_bytes: int  # one sample's exposed tensors, estimated
+
+    @property
+    def count(self) -> int:
+        """How many segments."""
+        return len(self.float_parts)
+
+
+def plan_segments(
+    float_model: onnx.ModelProto,
+    quant_model: onnx.ModelProto,
+    plan: ReductionPlan,
+    shapes: Mapping[str, tuple[int, ...]],
+    above: int | None = None,
+    budget: int | None = None,
+) -> SegmentPlan | None:
+    """The segments for samples of input ``shapes``, or ``None`` when one sample's tensors fit in ``above`` bytes
+    (default :data:`SEGMENT_ABOVE`), cannot be estimated, or a model has control flow; ``budget`` is the exposed
+    bytes per segment (default :data:`SEGMENT_BYTES`)."""
+    above = SEGMENT_ABOVE if above is None else above
+    budget = SEGMENT_BYTES if budget is None else budget
+    weight = exposed_bytes(float_model, plan, shapes)
+    if weight is None or sum(weight.values()) <= above or _has_subgraphs(float_model) or _has_subgraphs(quant_model):
+        return None
+    f_nodes, q_nodes = topological_nodes(float_model.graph), topological_nodes(quant_model.graph)
+    f_seg = _float_cuts(f_nodes, weight, budget)
+    if max(f_seg, default=0) == 0:
+        return None
+    float_seg = {o: s for n, s in zip(f_nodes, f_seg, strict=True) for o in n.output if o}
+    q_seg = _quant_segments(q_nodes, float_seg)
+    quant_seg = {o: s for n, s in zip(q_nodes, q_seg, strict=True) for o in n.output if o}
+    k = max(*f_seg, *q_seg) + 1
+
+    def at(*names: str) -> int:
+        return max(max(float_seg.get(n, 0), quant_seg.get(n, 0)) for n in names)
+
+    pairing = plan.pairing
+    act_seg = [at(a.tensor_name, a.pre_qdq, a.post_qdq) for a in pairing.activations]
+    out_seg = [at(o.output_name, o.quant_name) for o in pairing.outputs]
+    ordinal = np.cumsum([a.quantized for a in pairing.activations]) - 1
+    plans, acts, locs, outs = [], [], [], []
+    for j in range(k):
+        ai = np.array([i for i, s in enumerate(act_seg) if s == j], dtype=np.intp)
+        oi = np.array([i for i, s in enumerate(out_seg) if s == j], dtype=np.intp)
+        sub = Pairing(
+            activations=tuple(pairing.activations[i] for i in ai),
+            weights=(),
+            outputs=tuple(pairing.outputs[i] for i in oi),
+        )
+        plans.append(ReductionPlan.of(sub))
+        acts.append(ai)
+        locs.append(np.array([ordinal[i] for i in ai if pairing.activations[i].quantized], dtype=np.intp))
+        outs.append(oi)
+    f_parts = _parts(float_model, f_nodes, f_seg, set(plan.float_names), k)
+    q_parts = _parts(quant_model, q_nodes, q_seg, set(plan.quant_names), k)
+    return SegmentPlan(
+        tuple(f_parts), tuple(q_parts), tuple(plans), tuple(acts), tuple(locs), tuple(outs), sum(weight.values())
+    )
+
+
+def _scatter(parts: Sequence[BatchSums], where: Sequence[np.ndarray], n: int) -> BatchSums:
+    """The segments' sums of some pairs each, as the sums of all ``n`` pairs in their original order."""
+    fields = {}
+    for name in ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test"):
+        first = getattr(parts[0], name) if parts else np.zeros(0)
+        full = np.zeros(n, dtype=first.dtype)
+        for p, idx in zip(parts, where, strict=True):
+            full[idx] = getattr(p, name)
+        fields[name] = full
+    return BatchSums(**fields)
+
+
+class SegmentedFetch:
+    """Runs a :class:`SegmentPlan` sample by sample, reducing each segment's pairs as soon as they exist.
+
+    Sessions are made on the first sample, from the types of the values that cross each cut (shape inference
+    leaves some QDQ-model types open: com.microsoft Q/DQ outputs)."""
+
+    def __init__(
+        self, segments: SegmentPlan, models: tuple[onnx.ModelProto, onnx.ModelProto], providers: Sequence[str]
+    ):
+        self.segments, self.models, self.providers = segments, models, tuple(providers)
+        self.sessions: list[tuple[Any, Any]] = []
+        self.n_acts = sum(len(a) for a in segments.acts)
+        self.n_local = sum(len(a) for a in segments.locals_)
+        self.n_outs = sum(len(a) for a in segments.outs)
+        self._last_use = self._last_uses()
+        self.ran = False  # a whole sample has run (a segment that fails to load after that is an error)
+        self.load_failure: str | None = None  # why a segment's session could not be made
+
+    def _last_uses(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Per model, the last segment after which each value is still needed (as an input or by a pair)."""
+        uses: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        for side, parts in enumerate((self.segments.float_parts, self.segments.quant_parts)):
+            for j, part in enumerate(parts):
+                for i in part.inputs:
+                    uses[side][i] = max(uses[side].get(i, -1), j)
+        for j, plan in enumerate(self.segments.plans):
+            for i in plan.float_names:
+                uses[0][i] = max(uses[0].get(i, -1), j)
+            for i in plan.quant_names:
+                uses[1][i] = max(uses[1].get(i, -1), j)
+        return uses
+
+    def _session(self, side: int, j: int, values: Mapping[str, np.ndarray]) -> Any:
+        part = (self.segments.float_parts, self.segments.quant_parts)[side][j]
+        if not part.nodes:
+            return None
+        types = {i: _type_of(np.asarray(values[i])) for i in part.inputs}
+        model = _part_model(self.models[side], part, types, j)
+        role = ("float model", "quantized model")[side]
+        try:
+            return make_session(model, self.providers, role=f"{role} (segment {j})", arena=False, spin=False)
+        except ModelError as exc:
+            self.load_failure = str(exc)
+            raise
+
+    def _run(self, side: int, j: int, values: dict[str, np.ndarray], index: int) -> None:
+        """Segment ``j`` of one model on the values so far (its outputs are added to ``values``)."""
+        if len(self.sessions) <= j:
+            self.sessions.append((None, None))
+        sess = self.sessions[j][side]
+        if sess is None:
+            sess = self._session(side, j, values)
+            pair = list(self.sessions[j])
+            pair[side] = sess
+            self.sessions[j] = (pair[0], pair[1])
+        part = (self.segments.float_parts, self.segments.quant_parts)[side][j]
+        if sess is None:
+            return
+        try:
+            out = sess.run(list(part.outputs), {i: values[i] for i in part.inputs})
+        except Exception as exc:  # ORT's error types have no common public base
+            if side == 0:
+                raise DataError(f"sample {index}: the float model cannot run on it: {ort_message(exc)}") from exc
+            raise ModelError(
+                f"ONNX Runtime cannot run it on sample {index}, which the float model runs on: {ort_message(exc)}",
+                role="quantized model",
+            ) from exc
+        values.update(zip(part.outputs, out, strict=True))
+
+    def reduce(self, index: int, sample: Mapping[str, np.ndarray], reducer: Reducer) -> tuple[SampleSums, float]:
+        """The sample's sums, and the seconds its reductions took (the rest was inference)."""
+        vals: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = (dict(sample), dict(sample))
+        sums: list[SampleSums] = []
+        reduce_s = 0.0
+        for j, plan in enumerate(self.segments.plans):
+            self._run(0, j, vals[0], index)
+            self._run(1, j, vals[1], index)
+            t0 = time.perf_counter()
+            sums.append(reducer(plan, vals[0], vals[1]))
+            reduce_s += time.perf_counter() - t0
+            for side in (0, 1):  # drop what no later segment reads and no later pair reduces
+                for name in [n for n in vals[side] if self._last_use[side].get(n, -1) <= j and n not in sample]:
+                    del vals[side][name]
+        self.ran = True
+        return self._assemble(sums), reduce_s
+
+    def _assemble(self, sums: Sequence[SampleSums]) -> SampleSums:
+        s = self.segments
+        lo = np.zeros(self.n_acts)
+        hi = np.zeros(self.n_acts)
+        elements = np.zeros(self.n_acts, dtype=np.int64)
+        for part, idx in zip(sums, s.acts, strict=True):
+            lo[idx], hi[idx], elements[idx] = part.float_min, part.float_max, part.elements
+        return SampleSums(
+            cumulative=_scatter([p.cumulative for p in sums], s.acts, self.n_acts),
+            local=_scatter([p.local for p in sums], s.locals_, self.n_local),
+            outputs=_scatter([p.outputs for p in sums], s.outs, self.n_outs),
+            float_min=lo,
+            float_max=hi,
+            elements=elements,
+        )
