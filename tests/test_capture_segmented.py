@@ -146,6 +146,41 @@ def test_a_segment_that_cannot_load_goes_back_to_the_whole_model(
     _assert_identical(cap, whole)
 
 
+def _dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its inputs' and outputs' last dimension made symbolic (inferred shapes dropped)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.value_info[:]
+    for v in [*out.graph.input, *out.graph.output]:
+        v.type.tensor_type.shape.dim[-1].dim_param = "n"
+    return out
+
+
+def test_later_samples_of_other_shapes_run_through_the_same_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments are cut at the first sample's shapes; a longer sample runs through them unchanged (the cut's inputs
+    carry no shape)."""
+    from qdebug.data import NpzFolderData
+
+    f = save(builders.elementwise_chain(ops=8, elements=64), tmp_path / "c.onnx")
+    q = tmp_path / "c.qdq.onnx"
+    quantize(f, None, QuantConfig(num_samples=2), q)
+    fm, qm = _dynamic(onnx.load(str(f))), _dynamic(onnx.load(str(q)))
+    rng = np.random.default_rng(0)
+    (tmp_path / "data").mkdir()
+    for i, n in enumerate((64, 200, 64)):
+        np.savez(tmp_path / "data" / f"{i}.npz", x=rng.standard_normal((2, 1, n)).astype(np.float32))
+    results = []
+    for above in (1 << 62, 0):
+        monkeypatch.setattr(segmented, "SEGMENT_ABOVE", above)
+        monkeypatch.setattr(segmented, "SEGMENT_BYTES", 512)
+        source = NpzFolderData(tmp_path / "data", input_specs(fm))
+        results.append(capture(fm, qm, pair_models(fm, qm), source, path="numpy"))
+    assert results[0].segments == 1 and results[1].segments >= 3
+    _assert_identical(results[1], results[0])
+
+
 def test_control_flow_is_not_segmented(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     plan = ReductionPlan.of(pair_models(fm, qm))

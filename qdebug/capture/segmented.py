@@ -223,7 +223,9 @@ def _part_model(model: onnx.ModelProto, part: _Part, types: Mapping[str, onnx.Ty
 
 
 def _type_of(value: np.ndarray) -> onnx.TypeProto:
-    return onnx.helper.make_tensor_type_proto(onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+    """A segment input's type: the element type of the value that crossed the cut, no shape (later samples may
+    have other shapes; ORT checks each run's shapes against the kernels, not against this)."""
+    return onnx.helper.make_tensor_type_proto(onnx.helper.np_dtype_to_tensor_dtype(value.dtype), None)
 
 
 @dataclass(frozen=True)
