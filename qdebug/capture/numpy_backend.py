@@ -210,6 +210,8 @@ class NumpyRun:
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
         """Announce a sample after the one :meth:`reduce` gets next: it may join that sample's batch, or, when
         pipelining, the batch inferred on the worker thread while the current one is reduced."""
+        if self.segmented is not None:  # one sample at a time: an announced one would only be kept alive
+            return
         if index not in self._ready and all(index != i for i, _ in self._queued):
             self._queued.append((index, sample))
 
