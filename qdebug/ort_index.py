@@ -3,7 +3,7 @@
 ORT's quantizer finds things by scanning: ``find_by_name`` walks the initializer list for every tensor it looks up
 and ``ONNXModel.replace_input_of_all_nodes`` walks every node for every tensor it quantizes, so inserting Q/DQ is
 O(nodes × tensors) — most of a re-quantization's time on the corpus (docs/mixed_precision.md, cost per step). Each
-look-up touches every protobuf element, which costs the same from Python however the loop is written; only not
+look-up touches every protobuf element, which costs about the same however the Python loop is written; only not
 touching them helps. :func:`indexed_quantizer` swaps in name → element maps for those helpers while it is entered
 and restores ORT's own functions on exit (exceptions included). The model ORT writes is byte for byte the one it
 writes without it (``tests/test_ort_index.py``).
@@ -11,11 +11,13 @@ writes without it (``tests/test_ort_index.py``).
 How a map stays true: a protobuf repeated field is watched through its length and its last element (upb hands out
 one Python object per element, so ``is`` tells elements apart). Elements appended since the last look-up are
 indexed; any other change (a removal, ``ClearField``, another container) rebuilds the map. A node's inputs change
-only through ``ONNXModel.replace_node_input`` in ORT's QDQ path (its QOperator classes assign ``node.input[i]``
-directly: never used here), which is wrapped to log the edit; a node's map of consumers is a superset, each
-candidate checked before it is changed. What this relies on — the bodies of the replaced functions, that protobuf
-is upb, and the ORT release whose QDQ path was read — is checked before anything is swapped
-(:func:`unavailable`); if any differs, ORT runs unchanged.
+only through ``ONNXModel.replace_node_input`` on ORT's QDQ path, which is wrapped to log the edit (its QOperator
+classes assign ``node.input[i]`` directly: :mod:`qdebug.quantize` enters this for QDQ only); a name's consumers
+are a superset, each checked before it is changed. Not followed: an element renamed in place once in its field (a
+found element is checked, so its old name is answered right, but its new name is not found) — ORT's quantizer names
+tensors before adding them. What this relies on — the bodies of the replaced functions, protobuf's upb backend, the
+ORT release whose QDQ path was read — is checked before anything is swapped (:func:`unavailable`); if any differs,
+ORT runs unchanged.
 """
 
 from __future__ import annotations

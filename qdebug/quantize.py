@@ -542,14 +542,16 @@ def _calibration(
 
 def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path, label: str) -> float:
     """ORT's ``quantize_static`` from the cached ranges, written atomically to ``out``; the seconds it took."""
-    from onnxruntime.quantization import quantize_static
+    from onnxruntime.quantization import QuantFormat, quantize_static
 
+    # the same model, without ORT's O(nodes × tensors) look-ups (on the QDQ path, the one qdebug's recipes take)
+    qdq = ort_cfg.quant_format == QuantFormat.QDQ
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_out = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
     os.close(fd)
     t1 = time.perf_counter()
     try:
-        with indexed_quantizer():  # the same model, without ORT's O(nodes × tensors) look-ups
+        with indexed_quantizer() if qdq else contextlib.nullcontext(False):
             quantize_static(
                 str(model_path),
                 tmp_out,
