@@ -174,9 +174,13 @@ def indexed_quantizer() -> Iterator[bool]:
         with _LOCK:
             _DEPTH -= 1
             if _DEPTH == 0 and _STATE is not None:
-                for owner, attr, value in reversed(_STATE.saved):
-                    setattr(owner, attr, value)
+                _restore(_STATE)
                 _STATE = None
+
+
+def _restore(state: _State) -> None:
+    for owner, attr, value in reversed(state.saved):
+        setattr(owner, attr, value)
 
 
 def _install() -> _State:
@@ -220,7 +224,11 @@ def _install() -> _State:
         (onnx_model_cls, "replace_input_of_all_nodes", replace_input_of_all_nodes),
         (onnx_model_cls, "get_initializer", get_initializer),
     ]
-    for owner, attr, value in swaps:
-        state.saved.append((owner, attr, inspect.getattr_static(owner, attr)))
-        setattr(owner, attr, value)
+    try:
+        for owner, attr, value in swaps:
+            state.saved.append((owner, attr, inspect.getattr_static(owner, attr)))
+            setattr(owner, attr, value)
+    except BaseException:  # never leave ORT half swapped
+        _restore(state)
+        raise
     return state
