@@ -14,7 +14,8 @@ and interleaved (background load hits both sides alike), for each corpus model:
   (a search's steps after its first), ORT's scans; ``indexed``, the memos kept and ORT's name look-ups indexed
   (``qdebug.ort_index``, as ``qdebug.quantize`` runs it now);
 
-and prints each as a multiple of ``debug``, then the top of a cProfile of the re-quantization (``--profile``).
+and prints each as a multiple of ``debug``, then the top of a cProfile of the first ``indexed`` re-quantization
+(``--profile``).
 
 Usage::
 
@@ -196,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--debug-samples", type=int, default=8)
     p.add_argument("--promote", type=int, default=8, help="candidates promoted in the profiled step")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--profile", action="store_true", help="print a cProfile of the first re-quantization")
+    p.add_argument("--profile", action="store_true", help="print a cProfile of the first indexed re-quantization")
     p.add_argument("--profile-top", type=int, default=30)
     args = p.parse_args(argv)
     results = []
