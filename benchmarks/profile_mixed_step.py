@@ -7,12 +7,15 @@ and interleaved (background load hits both sides alike), for each corpus model:
 
 * ``debug``: one plain ``qdebug.debug`` of the base model (the reference);
 * ``promote``, ``requantize``, ``debug variant``, ``rest`` (compare, accuracy, bookkeeping) of one real step, the
-  promotion being the first ``--promote`` candidates of the base's ranking, twice per round: ``cold`` with
+  promotion being the first ``--promote`` candidates of the base's ranking, three times per round: ``cold`` with
   ``qdebug.quantize``'s per-model memos emptied before each part (what every step cost before they existed: the
   quantizer view of the float model — opset conversion, shape inference — and the float model's ORT load check,
-  redone at every promote and re-quantization) and ``warm`` (a search's steps after its first);
+  redone at every promote and re-quantization) and ORT's own scans in ``quantize_static``; ``warm``, the memos kept
+  (a search's steps after its first), ORT's scans; ``indexed``, the memos kept and ORT's name look-ups indexed
+  (``qdebug.ort_index``, as ``qdebug.quantize`` runs it now);
 
-and prints each as a multiple of ``debug``, then the top of a cProfile of the re-quantization (``--profile``).
+and prints each as a multiple of ``debug``, then the top of a cProfile of the first ``indexed`` re-quantization
+(``--profile``).
 
 Usage::
 
@@ -22,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import importlib
 import io
@@ -31,15 +35,32 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_mixed_corpus import corpus_dir
 
-#: ``cold``: the per-model memos emptied before each part (as before they existed); ``warm``: kept.
-MODES = ("cold", "warm")
+#: ``cold``: the per-model memos emptied before each part (as before they existed), ORT's own scans; ``warm``: the
+#: memos kept, ORT's scans; ``indexed``: the memos kept, ORT's look-ups indexed (what qdebug runs now).
+MODES = ("cold", "warm", "indexed")
+#: The table's words for each mode.
+LABELS = {"cold": "no memos, ORT's scans", "warm": "memos, ORT's scans", "indexed": "memos, indexed look-ups"}
+
+
+@contextlib.contextmanager
+def _ort_scans(qz: Any, mode: str) -> Iterator[None]:
+    """ORT's own scans in ``quantize_static`` (the index swapped for a no-op) unless ``mode`` is ``indexed``."""
+    if mode == "indexed":
+        yield
+        return
+    saved = qz.indexed_quantizer
+    qz.indexed_quantizer = lambda: contextlib.nullcontext(False)
+    try:
+        yield
+    finally:
+        qz.indexed_quantizer = saved
 
 
 def _timed(fn: Any, *a: Any, **kw: Any) -> tuple[Any, float]:
@@ -94,11 +115,12 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
                 if mode == "cold":
                     forget()
                 t0 = time.perf_counter()
-                if args.profile and r == 0 and mode == "warm":
+                if args.profile and r == 0 and mode == "indexed":
                     prof = cProfile.Profile()
                     prof.enable()
-                q = s.requantize(plan.config, name=f"p{r}{mode}")
-                if prof is not None and r == 0 and mode == "warm":
+                with _ort_scans(qz, mode):
+                    q = s.requantize(plan.config, name=f"p{r}{mode}")
+                if prof is not None and r == 0 and mode == "indexed":
                     prof.disable()
                 t_q = time.perf_counter() - t0
                 report, t_vd = _timed(s._debug, q.model_path, f"p{r}")
@@ -147,18 +169,19 @@ def render(results: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
         f"{args.repeats}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores shared "
         f"(load average {load} at the end); medians of {args.repeats} rounds, each part ÷ one debug pass:",
         "",
-        "| model | memos | one debug pass s | " + " | ".join(parts) + " | step ÷ debug pass |",
-        "|---|---|---|" + "---|" * len(parts) + "---|",
+        "| model | variant | one debug pass s | " + " | ".join(parts) + " | step s | step ÷ debug pass |",
+        "|---|---|---|" + "---|" * len(parts) + "---|---|",
     ]
     for r in results:
         for mode in MODES:
             m = r[mode]["median_s"]
             d = m["debug"]
             cells = " | ".join(f"{m[p]:.2f} s ({m[p] / d:.2f}×)" for p in parts)
-            lines.append(f"| {r['model']} | {mode} | {d:.2f} | {cells} | **{r[mode]['step_over_debug']:.2f}×** |")
+            step, ratio = r[mode]["step_s"], r[mode]["step_over_debug"]
+            lines.append(f"| {r['model']} | {LABELS[mode]} | {d:.2f} | {cells} | {step:.2f} | **{ratio:.2f}×** |")
     lines.append("")
     for r in results:
-        d = r["warm"]["median_s"]["debug"]
+        d = r["indexed"]["median_s"]["debug"]
         lines.append(
             f"- {r['model']}: the float model's side alone (session with every paired tensor exposed + the debug "
             f"samples run through it) {r['float_side_s']:.2f} s = {r['float_side_s'] / d:.2f}× one debug pass"
@@ -174,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--debug-samples", type=int, default=8)
     p.add_argument("--promote", type=int, default=8, help="candidates promoted in the profiled step")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--profile", action="store_true", help="print a cProfile of the first re-quantization")
+    p.add_argument("--profile", action="store_true", help="print a cProfile of the first indexed re-quantization")
     p.add_argument("--profile-top", type=int, default=30)
     args = p.parse_args(argv)
     results = []

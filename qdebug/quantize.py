@@ -46,6 +46,7 @@ from qdebug.graph import (
 )
 from qdebug.io import atomic_write_bytes, refuse_overwrite_input
 from qdebug.metrics import blocked_dot, sqnr_from_energies
+from qdebug.ort_index import indexed_quantizer
 from qdebug.targets.base import to_ort_config
 
 SCHEMA_VERSION = 1
@@ -541,31 +542,34 @@ def _calibration(
 
 def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path, label: str) -> float:
     """ORT's ``quantize_static`` from the cached ranges, written atomically to ``out``; the seconds it took."""
-    from onnxruntime.quantization import quantize_static
+    from onnxruntime.quantization import QuantFormat, quantize_static
 
+    # the same model, without ORT's O(nodes × tensors) look-ups (on the QDQ path, the one qdebug's recipes take)
+    qdq = ort_cfg.quant_format == QuantFormat.QDQ
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_out = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
     os.close(fd)
     t1 = time.perf_counter()
     try:
-        quantize_static(
-            str(model_path),
-            tmp_out,
-            None,
-            calibrate_method=ort_cfg.calibrate_method,
-            quant_format=ort_cfg.quant_format,
-            activation_type=ort_cfg.activation_type,
-            weight_type=ort_cfg.weight_type,
-            op_types_to_quantize=ort_cfg.op_types_to_quantize,
-            nodes_to_quantize=ort_cfg.nodes_to_quantize,
-            nodes_to_exclude=ort_cfg.nodes_to_exclude,
-            per_channel=ort_cfg.per_channel,
-            reduce_range=ort_cfg.reduce_range,
-            use_external_data_format=False,
-            calibration_providers=ort_cfg.calibration_providers,
-            extra_options=ort_cfg.extra_options,
-            calibration_cache_path=str(cache),
-        )
+        with indexed_quantizer() if qdq else contextlib.nullcontext(False):
+            quantize_static(
+                str(model_path),
+                tmp_out,
+                None,
+                calibrate_method=ort_cfg.calibrate_method,
+                quant_format=ort_cfg.quant_format,
+                activation_type=ort_cfg.activation_type,
+                weight_type=ort_cfg.weight_type,
+                op_types_to_quantize=ort_cfg.op_types_to_quantize,
+                nodes_to_quantize=ort_cfg.nodes_to_quantize,
+                nodes_to_exclude=ort_cfg.nodes_to_exclude,
+                per_channel=ort_cfg.per_channel,
+                reduce_range=ort_cfg.reduce_range,
+                use_external_data_format=False,
+                calibration_providers=ort_cfg.calibration_providers,
+                extra_options=ort_cfg.extra_options,
+                calibration_cache_path=str(cache),
+            )
         seconds = time.perf_counter() - t1
         os.replace(tmp_out, out)
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
