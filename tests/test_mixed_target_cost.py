@@ -198,9 +198,12 @@ def test_search_without_the_target_fixes_keeps_the_model_as_given(tmp_path: Path
     with MixedPrecisionSession(model, calib, cfg, debug_options=opts, workdir=tmp_path / "a") as s:
         given = s.search(goal)
         assert s.target_fixes is None and s.float_path == model
+        assert s.overrides_origin() == (given_sha(model), None)
     with MixedPrecisionSession(model, calib, cfg, debug_options=opts, workdir=tmp_path / "b", target_fixes=True) as s:
         fixed = s.search(goal)
         assert s.float_path != model and s.float_sha256 == given_sha(model)
+        # what every overrides file made here (search, remedies, the UI's export) names: the user's file, the fixes
+        assert s.overrides_origin() == (given_sha(model), ("qnn", ("static_shapes", "batchnorm_folding")))
     assert given.target_fixes is None and search_target_fixes(given.to_dict()) is None
     assert fixed.target_fixes is not None and fixed.target_fixes.changed == ("static_shapes", "batchnorm_folding")
     assert search_target_fixes(json.loads(fixed.to_json())) == fixed.target_fixes

@@ -303,14 +303,14 @@ class QuantDebugger:
         """Write the current config's overrides as an overrides JSON (loadable by ``OverridesFile.load``)."""
         from qdebug.mixed.overrides import OverridesFile
 
-        fixes = self.session.target_fixes
+        # made for the target-fixed model: name the user's file and the fixes (`qdebug build` runs them again)
+        sha, fixes = self.session.overrides_origin()
         ofile = OverridesFile.from_config(
             self.config,
-            # made for the target-fixed model: name the user's file and the fixes (`qdebug build` runs them again)
-            model_sha256=fixes.given_sha256 if fixes is not None and fixes.given_sha256 else self.session.float_sha256,
+            model_sha256=sha,
             requested=self._requested(),
             note="exported from the qdebug dashboard",
-            target_fixes=(fixes.target, fixes.changed) if fixes is not None and fixes.changed else None,
+            target_fixes=fixes,
         )
         return ofile.save(path)
 

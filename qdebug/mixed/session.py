@@ -156,6 +156,15 @@ class MixedPrecisionSession:
             self.float_path, self.float_proto = path, model
             self.base_config = config or self.base_config
 
+    def overrides_origin(self) -> tuple[str, tuple[str, tuple[str, ...]] | None]:
+        """What an overrides file made in this session is for: the sha256 of the float model file the user gave, and
+        ``(target, fixes)`` when the session works on that model after the target's fixes that changed it
+        (:attr:`qdebug.mixed.overrides.OverridesFile.target_fixes`), else ``None``."""
+        f = self.target_fixes
+        if f is None or not f.changed:
+            return self.float_sha256, None
+        return (f.given_sha256 or self.float_sha256), (f.target, f.changed)
+
     def _say(self, done: int, total: int, message: str) -> None:
         if self.progress is not None:
             self.progress(done, total, message)
