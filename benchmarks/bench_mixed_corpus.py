@@ -192,8 +192,10 @@ def _held_out(
     from qdebug.debug import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
 
-    lo, hi = args.debug_samples, args.debug_samples + args.heldout
-    with np.load(folder / "eval.npz") as z:
+    # after the debug samples of eval.npz, or after the calibration samples of calib.npz (``--heldout-from calib``)
+    skip = args.calib_samples if args.heldout_from == "calib" else args.debug_samples
+    lo, hi = skip, skip + args.heldout
+    with np.load(folder / f"{args.heldout_from}.npz") as z:
         data = {k: z[k][lo:hi] for k in z.files}
     n = min(len(v) for v in data.values())
     if n == 0:
@@ -202,7 +204,7 @@ def _held_out(
     with MixedPrecisionSession(
         model, folder / "calib.npz", cfg, debug_data=data, debug_options=opts, workdir=work
     ) as s:
-        return {"samples": n, **held_out(s, rows)}
+        return {"samples": n, "source": f"{args.heldout_from}.npz[{lo}:{lo + n}]", **held_out(s, rows)}
 
 
 def greedy_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None:
@@ -394,7 +396,8 @@ def _budget_cell(r: dict[str, Any]) -> str:
         if g["budget"] in held:
             h = r["heldout"]
             cell += (
-                f" (on {h['samples']} held-out samples: {_fmt(held[g['budget']]['db'])} dB, base {_fmt(h['base_db'])}, "
+                f" (on {h['samples']} held-out samples {h.get('source', '')}: {_fmt(held[g['budget']]['db'])} dB, "
+                f"base {_fmt(h['base_db'])}, "
                 f"all-16 {_fmt(h['all16_db'])})"
             )
     return cell
@@ -447,6 +450,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--heldout", type=int, default=0, metavar="N",
         help="measure the step-by-step greedy's points again on the N evaluation samples after the debug set",
+    )  # fmt: skip
+    parser.add_argument(
+        "--heldout-from", choices=("eval", "calib"), default="eval",
+        help="--heldout samples: after the debug samples of eval.npz, or after the calibration samples of calib.npz",
     )  # fmt: skip
     parser.add_argument("--near", type=float, default=0.5, help="goal: within this many dB of all-16")
     parser.add_argument("--max-steps", type=int, default=16, help="joint prefixes measured at most")
