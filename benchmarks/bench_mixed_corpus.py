@@ -11,6 +11,9 @@ For each cached corpus model (``~/.cache/qdebug/realmodels`` or ``$QDEBUG_CORPUS
   the top ``--measure-top`` candidates promoted alone, then joint prefixes of the measured ranking);
 * the best point measured within ``--budget`` of the activation elements (10 %): the search's own, and the longest
   prefix of its ranking that fits the budget, measured once more (not counted in the search's evaluations);
+* ``--stepwise-greedy WIDTH`` (with ``--greedy-budgets``): the step-by-step measured greedy of
+  ``bench_mixed_stepwise.py`` at each budget, and with ``--heldout N`` its points measured again on the N evaluation
+  samples after the debug set; ``--fix-for TARGET`` searches the model after that target's compatibility fixes;
 * the chosen point's SQNR and 16-bit cost, the evaluations and the wall time, the cost per evaluation as a multiple
   of one debug pass, the whole measured Pareto front, and predicted vs measured gain of the singles.
 
@@ -66,9 +69,9 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
     cfg = QuantConfig(num_samples=args.calib_samples, weight_type=args.weight_type)
     opts = DebugOptions(num_samples=args.debug_samples)
     t_all = time.perf_counter()
+    model = _fixed_for(folder, name, work, args.fix_for) if args.fix_for else folder / f"{name}.onnx"
     with MixedPrecisionSession(
-        folder / f"{name}.onnx", folder / "calib.npz", cfg, debug_data=folder / "eval.npz",
-        debug_options=opts, workdir=work / name,
+        model, folder / "calib.npz", cfg, debug_data=folder / "eval.npz", debug_options=opts, workdir=work / name,
     ) as s:  # fmt: skip
         base = s.base
         t0 = time.perf_counter()
@@ -84,11 +87,15 @@ def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]
         r = s.search(goal)
         at_budget = best_at_budget(s, r, args.budget)
         greedy = [greedy_at_budget(s, r, b) for b in args.greedy_budgets]
+        stepwise = _stepwise(s, r, args)
     wall = time.perf_counter() - t_all
+    heldout = _held_out(model, folder, cfg, args, stepwise, work / f"{name}-heldout") if args.heldout else None
     final = r.final
     sens = r.sensitivity
     return {
-        "model": name,
+        "model": name if not args.fix_for else f"{name} ({args.fix_for}-fixed)",
+        "stepwise_greedy": stepwise,
+        "heldout": heldout,
         "base_db": base.output_sqnr_db,
         "all16_db": r.ceiling_db,
         "chosen_db": final.output_sqnr_db,
@@ -145,6 +152,59 @@ def best_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None
     ev = session.evaluate(session.promote(tensors), name="at_budget")
     row.update(prefix=n, prefix_db=ev.output_sqnr_db, prefix_cost=sixteen_bit_cost(ev.report)[0])
     return row
+
+
+def _fixed_for(folder: Path, name: str, work: Path, target: str) -> Path:
+    """The corpus model after ``target``'s compatibility fixes (what ``qdebug build --target`` quantizes), written to
+    ``work``; searched with the same CPU recipe as the model as given, so the two rows differ by the fixes only."""
+    from qdebug.graph import load_model
+    from qdebug.io import atomic_save_model
+    from qdebug.mixed.target_fixes import apply_target_fixes
+
+    model, _, fixes = apply_target_fixes(
+        load_model(folder / f"{name}.onnx", "model"), target, None, folder / "calib.npz"
+    )
+    print(f"[{name}: {fixes.describe()}]", file=sys.stderr, flush=True)
+    return atomic_save_model(model, work / f"{name}.{target}-fixed.onnx")
+
+
+def _stepwise(session: Any, r: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The step-by-step measured greedy at each ``--greedy-budgets`` (``--stepwise-greedy WIDTH``; 0: not run)."""
+    if not args.stepwise_greedy:
+        return []
+    from bench_mixed_stepwise import Memo, stepwise_greedy
+
+    memo = Memo(session)
+    goal = None if r.ceiling_db is None else r.ceiling_db - args.near
+    rows = [stepwise_greedy(memo, r, b, goal, args.stepwise_greedy, args.stepwise_max_evals)
+            for b in args.greedy_budgets]  # fmt: skip
+    return [x for x in rows if x is not None]
+
+
+def _held_out(
+    model: Path, folder: Path, cfg: Any, args: argparse.Namespace, rows: list[dict[str, Any]], work: Path
+) -> dict[str, Any] | None:
+    """The step-by-step greedy's points measured on the ``--heldout`` evaluation samples after the debug set (same
+    model, same calibration): not counted in the wall time above."""
+    import numpy as np
+    from bench_mixed_stepwise import held_out
+
+    from qdebug.debug import DebugOptions
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    # after the debug samples of eval.npz, or after the calibration samples of calib.npz (``--heldout-from calib``)
+    skip = args.calib_samples if args.heldout_from == "calib" else args.debug_samples
+    lo, hi = skip, skip + args.heldout
+    with np.load(folder / f"{args.heldout_from}.npz") as z:
+        data = {k: z[k][lo:hi] for k in z.files}
+    n = min(len(v) for v in data.values())
+    if n == 0:
+        return None
+    opts = DebugOptions(num_samples=n)
+    with MixedPrecisionSession(
+        model, folder / "calib.npz", cfg, debug_data=data, debug_options=opts, workdir=work
+    ) as s:
+        return {"samples": n, "source": f"{args.heldout_from}.npz[{lo}:{lo + n}]", **held_out(s, rows)}
 
 
 def greedy_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None:
@@ -326,6 +386,20 @@ def _budget_cell(r: dict[str, Any]) -> str:
             f"; greedy fill of {_fmt(100 * g['budget'], 0)} % ({g['candidates']} candidates): {_fmt(g['db'])} dB at "
             f"{_fmt(100 * g['cost'], 1)} %"
         )
+    held = {p["budget"]: p for p in (r.get("heldout") or {}).get("points", ())}
+    for g in r.get("stepwise_greedy", ()):
+        cell += (
+            f"; step-by-step greedy at {_fmt(100 * g['budget'], 0)} % ({g['candidates']} candidates, "
+            f"{g['evaluations']} evaluations, {_fmt(g['seconds'], 0)} s): {_fmt(g['db'])} dB at "
+            f"{_fmt(100 * g['cost'], 1)} %"
+        )
+        if g["budget"] in held:
+            h = r["heldout"]
+            cell += (
+                f" (on {h['samples']} held-out samples {h.get('source', '')}: {_fmt(held[g['budget']]['db'])} dB, "
+                f"base {_fmt(h['base_db'])}, "
+                f"all-16 {_fmt(h['all16_db'])})"
+            )
     return cell
 
 
@@ -363,6 +437,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated element shares (e.g. 0.10,0.15): each filled greedily by measured noise per element "
         "(efficient strategy) and measured once",
     )
+    parser.add_argument(
+        "--stepwise-greedy",
+        type=int,
+        default=0,
+        metavar="WIDTH",
+        help="also the measured step-by-step greedy at each --greedy-budgets: WIDTH candidates tried per step "
+        "(benchmarks/bench_mixed_stepwise.py; 0: off)",
+    )
+    parser.add_argument("--stepwise-max-evals", type=int, default=60, help="evaluations per stepwise greedy at most")
+    parser.add_argument("--fix-for", help="search the model after this target's compatibility fixes (e.g. qnn)")
+    parser.add_argument(
+        "--heldout", type=int, default=0, metavar="N",
+        help="measure the step-by-step greedy's points again on the N evaluation samples after the debug set",
+    )  # fmt: skip
+    parser.add_argument(
+        "--heldout-from", choices=("eval", "calib"), default="eval",
+        help="--heldout samples: after the debug samples of eval.npz, or after the calibration samples of calib.npz",
+    )  # fmt: skip
     parser.add_argument("--near", type=float, default=0.5, help="goal: within this many dB of all-16")
     parser.add_argument("--max-steps", type=int, default=16, help="joint prefixes measured at most")
     parser.add_argument("--docs", type=Path, help="replace the table section in this Markdown file")

@@ -351,6 +351,22 @@ def _rescue_log(report: CompileReport) -> CompileReport:
     return replace(report, log_path=str(keep), compiled_model=None)
 
 
+def _check_overrides_before_fixes(ofile: OverridesFile, model: onnx.ModelProto, sha256: str, target: str) -> list[str]:
+    """The overrides against the model as given. A file made for the model after *this* target's fixes (``qdebug
+    search --target``: :attr:`OverridesFile.target_fixes`) names tensors and consumers of the fixed model (a fused
+    GELU is one node): only which model file it is for is checked here, the rest after the fixes (:func:`_prepare`)."""
+    from qdebug.mixed.overrides import check_against_model
+
+    if ofile.target_fixes is None or ofile.target_fixes[0] != target:
+        return check_against_model(ofile, model, sha256)
+    if ofile.model_sha256 is not None and ofile.model_sha256 != sha256:
+        return [
+            f"the overrides were made for a different model file (sha256 {ofile.model_sha256[:12]}…, this model's "
+            f"is {sha256[:12]}…); they are checked against this model after the {target} fixes"
+        ]
+    return []
+
+
 def _check_overrides_after_fixes(
     ofile: OverridesFile, model: onnx.ModelProto, changed: Sequence[str], target: str
 ) -> None:
@@ -422,11 +438,11 @@ def _read_inputs(
     warnings: list[str] = []
     ofile = None
     if overrides is not None:
-        from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
+        from qdebug.mixed.overrides import OverridesError, OverridesFile
 
         ofile = overrides if isinstance(overrides, OverridesFile) else OverridesFile.load(overrides)
         try:
-            warnings += check_against_model(ofile, model, inputs[0].sha256)
+            warnings += _check_overrides_before_fixes(ofile, model, inputs[0].sha256, options.target.name)
         except OverridesError as exc:  # the check sees the parsed file only: name it
             source = None if isinstance(overrides, OverridesFile) else overrides
             raise OverridesError(exc.problems, source=source, warnings=exc.warnings) from exc
@@ -449,8 +465,16 @@ def _prepare(job: _Job, staging: Path) -> tuple[Prepared, Path]:
     shapes = ShapeSource(job.options.input_shapes, job.data, job.options.label_key)
     prepared = job.target.prepare(job.model, job.cfg, job.options, shapes)
     job.fixes, job.cfg = prepared.fixes, prepared.config
-    if job.ofile is not None and prepared.config is not None and prepared.changed:
+    made_fixed = job.ofile is not None and job.ofile.target_fixes is not None
+    if job.ofile is not None and prepared.config is not None and (prepared.changed or made_fixed):
         _check_overrides_after_fixes(job.ofile, prepared.model, prepared.changed, job.target.name)
+    if made_fixed and job.ofile is not None and job.ofile.target_fixes is not None:
+        made_for, fixes = job.ofile.target_fixes
+        if set(fixes) != set(prepared.changed) and made_for == job.target.name:
+            job.warnings.append(
+                f"the overrides were made for the model after the {made_for} fixes {list(fixes)}; this build's fixes "
+                f"changed {list(prepared.changed)} (the overrides were checked against the model they made)"
+            )
     float_path = staging / f"{_stem(job)}.float.onnx"
     atomic_save_model(prepared.model, float_path)
     job.timed("fixes_s", t0)

@@ -5,6 +5,7 @@ while the form stays usable. Real models through real ONNX Runtime."""
 from __future__ import annotations
 
 import datetime as dt
+import html
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +211,31 @@ def test_run_gives_a_verdict_and_compiles_for_the_target(dash: Dashboard) -> Non
     assert f"qd-verdict-{kind}" in dash.message.value and f"{kind} —" in dash.message.value
     assert "qd-compile" in dash.app.compile_view.value and "cpu" in dash.app.compile_view.value
     assert dash.app.last_recompile is not None and dash.app.last_recompile.ok
+
+
+def test_qnn_run_searches_the_fixed_model_and_says_so(dash: Dashboard) -> None:
+    """The dashboard applies the target's fixes before debugging (as `qdebug build` and `qdebug search --target` do):
+    its search tab searches that model, the summary names the fixes, and the exported overrides record them so that
+    `qdebug build --target qnn --overrides` on the user's file checks them after its own fixes."""
+    from test_qnn_fixes import require_qnn
+
+    require_qnn()  # fails (not skips) under CI=true without onnxruntime-qnn
+    dash.sample_picker.value = "digits_cnn"
+    dash.target_picker.value = "qnn"
+    dash.run_button.click()
+    assert "qd-dash-ok" in dash.message.value, dash.message.value
+    fixes = dash.debugger.session.target_fixes
+    assert fixes is not None and fixes.target == "qnn" and "batchnorm_folding" in fixes.changed
+    assert fixes.given_sha256 == sha256(SAMPLE_MODELS / "digits_cnn.onnx")
+    app = dash.app
+    assert app is not None
+    app.compile_front_box.value = False
+    app.goal_db.value = (dash.debugger.report.min_output_sqnr_db or 0.0) + 0.3
+    app.on_search_clicked()
+    assert app.last_search is not None and app.last_search.target_fixes == fixes
+    summary = html.unescape(app.search_summary.value)
+    assert "searched the model after qnn's compatibility fixes (" in summary and "batchnorm_folding" in summary
+    app.on_pareto_point(app.last_search.pareto()[-1].step)  # a promotion to export
+    app.export_button.click()
+    exported = OverridesFile.load(dash.workdir / "run1" / "overrides.json")
+    assert exported.target_fixes == ("qnn", fixes.changed) and exported.model_sha256 == fixes.given_sha256

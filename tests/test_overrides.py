@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import assert_one_line_error, save, sha256
+from conftest import SAMPLE_MODELS, assert_one_line_error, save, sha256
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization import quantize as ort_quantize
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -27,7 +27,13 @@ from qdebug.config import ConvertOverride, QuantConfig, TensorOverride
 from qdebug.data import SyntheticData, as_ort_reader
 from qdebug.errors import EXIT_INPUT_FILE, EXIT_OK, EXIT_USAGE, ConfigError, InputFileError
 from qdebug.graph import file_sha256, input_specs
-from qdebug.mixed.overrides import OVERRIDES_SCHEMA_VERSION, OverridesError, OverridesFile, check_against_model
+from qdebug.mixed.overrides import (
+    OVERRIDES_SCHEMA_VERSION,
+    TARGET_FIXES_SCHEMA_VERSION,
+    OverridesError,
+    OverridesFile,
+    check_against_model,
+)
 from qdebug.quantize import quantize
 
 BASE = QuantConfig(activation_type="uint8", weight_type="uint8", target="qnn", num_samples=8)
@@ -74,6 +80,31 @@ def _rich() -> OverridesFile:
 
 
 # ------------------------------------------------------------------------------------------ layout
+def test_overrides_made_for_the_target_fixed_model_say_so(tmp_path: Path) -> None:
+    """A search of the model after a target's fixes writes schema 2 with ``target_fixes``; it round-trips; a file
+    without it stays schema 1 byte for byte; checked against a model whose tensors it does not find, the error says
+    to apply it with `qdebug build --target` (which runs the same fixes first)."""
+    plain = _rich()
+    fixed = OverridesFile.from_config(
+        BASE.replace(tensor_overrides=plain.overrides), model_sha256="ab" * 32, requested=("a1",),
+        target_fixes=("qnn", ["static_shapes", "batchnorm_folding"]),
+    )  # fmt: skip
+    d = json.loads(fixed.to_json())
+    assert d["schema_version"] == TARGET_FIXES_SCHEMA_VERSION == 2
+    assert d["target_fixes"] == {"target": "qnn", "fixes": ["static_shapes", "batchnorm_folding"]}
+    again = OverridesFile.load(fixed.save(tmp_path / "o.json"))
+    assert again == fixed and again.target_fixes == ("qnn", ("static_shapes", "batchnorm_folding"))
+    assert "target_fixes" not in plain.to_dict() and plain.to_dict()["schema_version"] == 1
+    assert OverridesFile.from_json(plain.to_json()).target_fixes is None
+    model = onnx.load(str(SAMPLE_MODELS / "digits_cnn.onnx"))
+    with pytest.raises(OverridesError) as info:
+        check_against_model(fixed, model, "ab" * 32)
+    assert any("qdebug build --target qnn --overrides" in p for p in info.value.problems)
+    with pytest.raises(OverridesError) as info:
+        check_against_model(plain, model, "ab" * 32)
+    assert not any("qdebug build --target" in p for p in info.value.problems)
+
+
 def test_json_layout_is_ort_structure() -> None:
     d = json.loads(_rich().to_json())
     assert d["schema_version"] == OVERRIDES_SCHEMA_VERSION == 1
@@ -228,7 +259,14 @@ def test_single_problem(tqo: Any, needle: str) -> None:
     ("doc", "needle"),
     [
         ({"tensor_quant_overrides": {}}, "missing schema_version"),
-        (_doc({}, schema_version=2), "schema_version 2 is not supported"),
+        (_doc({}, schema_version=3), "schema_version 3 is not supported"),
+        (_doc({}, schema_version=2), "schema_version 2 needs target_fixes"),
+        (
+            _doc({}, target_fixes={"target": "qnn", "fixes": ["batchnorm_folding"]}),
+            "target_fixes needs schema_version 2",
+        ),
+        (_doc({}, schema_version=2, target_fixes={"target": "qnn"}), "target_fixes must be an object with"),
+        (_doc({}, schema_version=2, target_fixes={"target": "", "fixes": []}), "needs a target name"),
         (_doc({}, schema_version="1"), "schema_version '1' is not supported"),
         (_doc({}, schema_version=True), "schema_version True is not supported"),
         ({"schema_version": 1}, "missing tensor_quant_overrides"),

@@ -971,6 +971,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             )
         if worse:
             text += " — worse than the start: keep the current model or pick another point"
+        if res.target_fixes is not None and res.target_fixes.changed:  # what `qdebug search --target` prints too
+            text += f"; {res.target_fixes.describe()}"
         return f"<span class='qd-search-result'>{html.escape(text)}</span>"
 
     def _on_pareto_click(self, trace: Any, points: Any, state: Any = None) -> None:

@@ -19,7 +19,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 import traitlets as tr
@@ -29,6 +29,9 @@ from qdebug.errors import EXIT_USAGE, QDebugError
 from qdebug.samples import SAMPLE_DIR, list_samples
 
 from .status import StepClock, verdict
+
+if TYPE_CHECKING:
+    from qdebug.mixed.target_fixes import TargetFixes
 
 #: Largest upload accepted (MB). Uploads travel through the kernel's websocket as one message; bigger models belong
 #: on the server, chosen with the file browser. ``QDEBUG_MAX_UPLOAD_MB`` changes it.
@@ -437,7 +440,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         try:
             inputs = self.resolve_inputs(run_dir)
             config = resolve_config(inputs.target, inputs.precision)
-            float_model, quant_model, config = self._prepare_float(inputs, config, run_dir)
+            float_model, quant_model, config, fixes = self._prepare_float(inputs, config, run_dir)
             label = "label" if inputs.eval_data is not None else None
             dbg = QuantDebugger(
                 float_model,
@@ -449,6 +452,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                 workdir=run_dir / "session",
                 debug_options=DebugOptions(num_samples=self.debug_samples, ignore_data_keys=(label,) if label else ()),
                 progress=self._progress,
+                target_fixes=fixes or False,  # recorded on its search results and exported overrides
             )
             app = DebuggerApp(dbg, export_path=run_dir / "overrides.json", target=inputs.target)
         except QDebugError as exc:
@@ -475,14 +479,17 @@ class Dashboard(w.VBox):  # type: ignore[misc]
 
     def _prepare_float(
         self, inputs: RunInputs, config: QuantConfig | None, run_dir: Path
-    ) -> tuple[Path, Path | None, QuantConfig | None]:
+    ) -> tuple[Path, Path | None, QuantConfig | None, TargetFixes | None]:
         """The float model as the target needs it, with the compatibility fixes ``qdebug build`` applies (e.g. fixed
         input shapes from the data for QNN, BatchNormalization folded for Deeploy), in a copy in the run folder; the
         user's file is only read. With a given QDQ model only the shape fix applies (to both models, see
-        :meth:`_fixed_pair`): the pair must stay the user's pair. Returns (float model, QDQ model, config)."""
+        :meth:`_fixed_pair`): the pair must stay the user's pair. Returns (float model, QDQ model, config, the fixes
+        applied to a float model quantized here: what ``qdebug search --target`` applies too, so the search tab
+        searches the model ``qdebug build`` will quantize, and its results say so)."""
         from qdebug.errors import MissingExtraError
-        from qdebug.graph import load_model
+        from qdebug.graph import file_sha256, load_model
         from qdebug.io import atomic_save_model
+        from qdebug.mixed.target_fixes import TargetFixes
         from qdebug.targets.base import BuildOptions, ShapeSource
 
         options = BuildOptions(inputs.target, inputs.precision)
@@ -491,13 +498,14 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         try:
             prepared = options.target.prepare(model, config, options, ShapeSource(None, inputs.data))
         except MissingExtraError:  # the target is not installed here: nothing to prepare, its compile says why
-            return inputs.float_model, inputs.quant_model, config
+            return inputs.float_model, inputs.quant_model, config, None
         if inputs.quant_model is not None:
-            return (*self._fixed_pair(inputs.float_model, inputs.quant_model, prepared.model, run_dir), config)
+            return (*self._fixed_pair(inputs.float_model, inputs.quant_model, prepared.model, run_dir), config, None)
+        fixes = TargetFixes(inputs.target, tuple(prepared.fixes), file_sha256(inputs.float_model))
         if not prepared.changed:
-            return inputs.float_model, None, config
+            return inputs.float_model, None, config, fixes
         path = run_dir / f"{inputs.float_model.stem}.{inputs.target}.onnx"
-        return atomic_save_model(prepared.model, path), None, prepared.config
+        return atomic_save_model(prepared.model, path), None, prepared.config, fixes
 
     @staticmethod
     def _fixed_pair(float_model: Path, quant_model: Path, prepared: Any, run_dir: Path) -> tuple[Path, Path]:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from qdebug.mixed.promote import PromotionPlan
     from qdebug.mixed.search import SearchGoal, SearchResult
     from qdebug.mixed.suggest import Suggestion
+    from qdebug.mixed.target_fixes import TargetFixes
     from qdebug.quantize import QuantizeResult
     from qdebug.report import DebugReport
     from qdebug.targets.recompile import RecompileResult
@@ -43,7 +44,10 @@ class QuantDebugger:
     calibration ranges (read from its Q/DQ parameters, :mod:`qdebug.mixed.given`; ``config`` only names the
     target), so "before" is always the user's model and a promotion changes only what it promotes.
 
-    ``progress(done, total, message)`` is called by every long operation.
+    ``progress(done, total, message)`` is called by every long operation. ``target_fixes`` (see
+    :class:`~qdebug.mixed.session.MixedPrecisionSession`): ``True`` debugs, promotes and searches the float model after
+    the config's target's compatibility fixes, as ``qdebug search --target`` does; a
+    :class:`~qdebug.mixed.target_fixes.TargetFixes` records fixes the caller applied already (the dashboard).
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class QuantDebugger:
         workdir: str | Path | None = None,
         debug_options: DebugOptions | None = None,
         progress: ProgressCallback | None = None,
+        target_fixes: bool | TargetFixes = False,
     ) -> None:
         self.float_model = Path(float_model)
         self.quant_model = Path(quant_model) if quant_model is not None else None
@@ -75,7 +80,9 @@ class QuantDebugger:
             debug_options=debug_options,
             workdir=self.workdir / "mixed",
             quant_model=self.quant_model,
+            target_fixes=target_fixes,
         )
+        self.float_model = self.session.float_path  # the target-fixed copy when the session made one
         self.session.progress = self._step  # the engine's own steps (debugging sample k/N, re-quantizing, …)
         self._given: DebugReport | None = None
         self._history: list[Evaluation] = []
@@ -296,11 +303,14 @@ class QuantDebugger:
         """Write the current config's overrides as an overrides JSON (loadable by ``OverridesFile.load``)."""
         from qdebug.mixed.overrides import OverridesFile
 
+        # made for the target-fixed model: name the user's file and the fixes (`qdebug build` runs them again)
+        sha, fixes = self.session.overrides_origin()
         ofile = OverridesFile.from_config(
             self.config,
-            model_sha256=self.session.float_sha256,
+            model_sha256=sha,
             requested=self._requested(),
             note="exported from the qdebug dashboard",
+            target_fixes=fixes,
         )
         return ofile.save(path)
 

@@ -39,8 +39,6 @@ class Search(Tool):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Options of ``qdebug search``."""
-        from qdebug.targets.base import target_names
-
         add_float_model(parser, "--model", "-m")
         add_calib(parser)
         parser.add_argument("--data", "-d", help="debug data (default: the calibration data)")
@@ -48,7 +46,7 @@ class Search(Tool):
         parser.add_argument("--label-key", default="label")
         parser.add_argument("--debug-samples", type=int, default=64, help="samples per debug pass (default 64)")
         parser.add_argument("--config", "-c", help="base QuantConfig JSON")
-        parser.add_argument("--target", choices=list(target_names()))
+        _add_target(parser)
         goal = parser.add_argument_group("goal (at least one)")
         goal.add_argument(
             "--goal-sqnr", type=finite_number("dB"), metavar="DB", help="worst model output SQNR to reach"
@@ -165,6 +163,23 @@ class Search(Tool):
         return EXIT_OK
 
 
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    """--target and its fixes (searched by default: the model `qdebug build --target` quantizes)."""
+    from qdebug.targets.base import target_names
+
+    parser.add_argument(
+        "--target",
+        choices=list(target_names()),
+        help="the target's recipe; its compatibility fixes (what `qdebug build --target` applies) run on the float "
+        "model first and the fixed model is searched",
+    )
+    parser.add_argument(
+        "--no-target-fixes",
+        action="store_true",
+        help="with --target: search (and compile) the float model as given, without the target's fixes",
+    )
+
+
 def _check_args(args: argparse.Namespace) -> None:
     """Every option combination that cannot work, refused before any work (one line each)."""
     from qdebug.errors import ConfigError
@@ -175,6 +190,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError("--remedy-output needs --remedies")
     if args.compile_points and not args.target:
         raise ConfigError("--compile-points needs --target (e.g. --target qnn)")
+    if args.no_target_fixes and not args.target:
+        raise ConfigError("--no-target-fixes needs --target (without a target no fixes are applied)")
     if args.target_samples < 0:
         raise ConfigError(f"--target-samples must be >= 0, got {args.target_samples}")
     spec = (args.compile_points or "chosen").replace(" ", "")
@@ -211,7 +228,10 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         label_key=args.label_key,
         debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args)),
         workdir=args.workdir,
+        target_fixes=bool(args.target) and not args.no_target_fixes,
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
+        if session.target_fixes is not None:
+            say("note", session.target_fixes.describe())
         if args.compile_points:  # a model the target refuses is said now, not after the search
             from qdebug.mixed.target_cost import preflight
 
@@ -224,7 +244,7 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             picked = pick_points(result, args.compile_points)
             result = compile_points(session, result, picked, args.target, samples=args.target_samples)
         remedies = _remedies(session, args) if args.remedies else None
-        return base, result, remedies, session.base.report
+        return session.base_config, result, remedies, session.base.report  # the config after the target's fixes
 
 
 def _write_html(path: str, report: Any, result: Any, remedies: list[tuple[Any, Any]] | None) -> None:
@@ -320,6 +340,8 @@ def _print_curve(result: Any, out: TextIO) -> None:
     note = split_note(front)
     if note:
         print(note, file=out)
+    if result.target_fixes is not None:
+        print(f"model: {result.target_fixes.describe()}", file=out)
     fa = "" if result.float_accuracy is None else f", float top-1 {result.float_accuracy:.2%}"
     if result.ceiling_db is not None:
         fa += f", all-16-bit {result.ceiling_db:.2f} dB"
@@ -335,11 +357,14 @@ def _write(args: argparse.Namespace, base: Any, result: Any) -> None:
     from qdebug.mixed.overrides import OverridesFile
 
     plan = result.plan
+    fixes = result.target_fixes
     OverridesFile.from_config(
         plan.config if plan is not None else base,
         model_sha256=file_sha256(args.float_model),
         requested=plan.requested if plan is not None else (),
         note=f"qdebug search: {result.stop_reason}",
+        # the tensors named are the fixed model's: say so, so `qdebug build` checks them after its own fixes
+        target_fixes=(fixes.target, fixes.changed) if fixes is not None and fixes.changed else None,
     ).save(args.output)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,14 +39,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OVERRIDES_SCHEMA_VERSION",
+    "TARGET_FIXES_SCHEMA_VERSION",
     "OverridesError",
     "OverridesFile",
     "check_against_model",
 ]
 
 OVERRIDES_SCHEMA_VERSION = 1
+#: A file made for the float model *after* a target's compatibility fixes (``target_fixes``: written by ``qdebug
+#: search --target``) is schema 2: a reader that does not know the key must refuse it rather than check its tensors
+#: against the unfixed model. Every other file stays schema 1 (byte for byte what it was).
+TARGET_FIXES_SCHEMA_VERSION = 2
 
-_TOP_KEYS = ("schema_version", "model_sha256", "base_config", "requested", "note", "tensor_quant_overrides")
+_TOP_KEYS = (
+    "schema_version", "model_sha256", "base_config", "requested", "note", "target_fixes", "tensor_quant_overrides",
+)  # fmt: skip
 _ENTRY_KEYS = tuple(f.name for f in fields(TensorOverride))
 _CONVERT_KEYS = tuple(f.name for f in fields(ConvertOverride))
 # Keys ORT's quantizer reads inside "convert" (qdq_quantizer.calc_quant_params + recv_nodes); those that
@@ -332,6 +339,10 @@ class OverridesFile:
     base_config: QuantConfig | None = None
     requested: tuple[str, ...] = ()
     note: str = ""
+    #: ``(target, (fix, ...))``: the overrides name tensors of the model with ``model_sha256`` *after* these of the
+    #: target's compatibility fixes (a search of the fixed model); ``qdebug build --target`` checks them after its own
+    #: fixes. ``None``: made for the model as it is.
+    target_fixes: tuple[str, tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         parse_problems: list[str] = []
@@ -341,6 +352,8 @@ class OverridesFile:
             overrides = tuple((name, tuple(entries)) for name, entries in sorted(self.overrides, key=lambda t: t[0]))
         object.__setattr__(self, "overrides", overrides)
         object.__setattr__(self, "requested", tuple(self.requested))
+        if self.target_fixes is not None:
+            object.__setattr__(self, "target_fixes", (self.target_fixes[0], tuple(self.target_fixes[1])))
         problems = parse_problems + self.problems()
         if problems:
             raise OverridesError(problems)
@@ -352,20 +365,29 @@ class OverridesFile:
             p.append(f"requested must be a list of tensor names, got {list(self.requested)!r}")
         if not isinstance(self.note, str):
             p.append(f"note must be a string, got {self.note!r}")
+        if self.target_fixes is not None:
+            p += _target_fixes_problems({"target": self.target_fixes[0], "fixes": list(self.target_fixes[1])})
         return p
 
     # ------------------------------------------------------------------------ construction helpers
     @classmethod
     def from_config(
-        cls, config: QuantConfig, *, model_sha256: str | None = None, requested: Iterable[str] = (), note: str = ""
+        cls,
+        config: QuantConfig,
+        *,
+        model_sha256: str | None = None,
+        requested: Iterable[str] = (),
+        note: str = "",
+        target_fixes: tuple[str, Sequence[str]] | None = None,
     ) -> OverridesFile:
-        """The overrides of ``config`` with the rest of it as ``base_config``."""
+        """The overrides of ``config`` with the rest of it as ``base_config`` (``target_fixes``: see the field)."""
         return cls(
             overrides=config.tensor_overrides,
             model_sha256=model_sha256,
             base_config=config.replace(tensor_overrides=()),
             requested=tuple(requested),
             note=note,
+            target_fixes=None if target_fixes is None else (target_fixes[0], tuple(target_fixes[1])),
         )
 
     @property
@@ -376,8 +398,9 @@ class OverridesFile:
     # ----------------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ORT's structure, ``QuantType`` by ORT name, ``recv_nodes`` as sorted lists."""
+        fixed = self.target_fixes is not None
         d: dict[str, Any] = {
-            "schema_version": OVERRIDES_SCHEMA_VERSION,
+            "schema_version": TARGET_FIXES_SCHEMA_VERSION if fixed else OVERRIDES_SCHEMA_VERSION,
             "model_sha256": self.model_sha256,
             "base_config": None,
             "requested": list(self.requested),
@@ -388,6 +411,8 @@ class OverridesFile:
             d["base_config"] = base
         if self.note:
             d["note"] = self.note
+        if self.target_fixes is not None:
+            d["target_fixes"] = {"target": self.target_fixes[0], "fixes": list(self.target_fixes[1])}
         d["tensor_quant_overrides"] = {name: [_entry_json(e) for e in entries] for name, entries in self.overrides}
         return d
 
@@ -403,8 +428,12 @@ class OverridesFile:
         version = d.get("schema_version")
         if "schema_version" not in d:
             problems.append(f"missing schema_version (expected {OVERRIDES_SCHEMA_VERSION})")
-        elif isinstance(version, bool) or version != OVERRIDES_SCHEMA_VERSION:
-            problems.append(f"schema_version {version!r} is not supported (expected {OVERRIDES_SCHEMA_VERSION})")
+        elif isinstance(version, bool) or version not in (OVERRIDES_SCHEMA_VERSION, TARGET_FIXES_SCHEMA_VERSION):
+            problems.append(
+                f"schema_version {version!r} is not supported (expected {OVERRIDES_SCHEMA_VERSION}, or "
+                f"{TARGET_FIXES_SCHEMA_VERSION} with target_fixes)"
+            )
+        fixes = _read_target_fixes(d, version, problems)
         sha = d.get("model_sha256")
         if sha is not None and not isinstance(sha, str):
             problems.append(f"model_sha256 must be a string or null, got {sha!r}")
@@ -438,7 +467,7 @@ class OverridesFile:
         problems += _file_problems(tuple((n, es) for n, es in overrides if n not in broken), sha, base)
         if problems:
             raise OverridesError(problems)
-        return cls(overrides, sha, base, tuple(requested), note)
+        return cls(overrides, sha, base, tuple(requested), note, fixes)
 
     def to_json(self) -> str:
         """Strict JSON text (no NaN/Infinity)."""
@@ -569,6 +598,32 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
+def _target_fixes_problems(raw: Any) -> list[str]:
+    """What is wrong with a ``target_fixes`` entry (``{"target": name, "fixes": [name, ...]}``)."""
+    if not isinstance(raw, Mapping) or set(raw) != {"target", "fixes"}:
+        return [f"target_fixes must be an object with 'target' and 'fixes', got {raw!r}"]
+    target, fixes = raw["target"], raw["fixes"]
+    ok = isinstance(target, str) and target and isinstance(fixes, list | tuple)
+    if not ok or not all(isinstance(f, str) and f for f in fixes):
+        return [f"target_fixes needs a target name and a list of fix names, got {dict(raw)!r}"]
+    return []
+
+
+def _read_target_fixes(d: Mapping[str, Any], version: Any, problems: list[str]) -> tuple[str, tuple[str, ...]] | None:
+    """The ``target_fixes`` entry of a file (schema 2 only; schema 2 without it is a problem too)."""
+    raw = d.get("target_fixes")
+    if raw is None:
+        if version == TARGET_FIXES_SCHEMA_VERSION:
+            problems.append(f"schema_version {TARGET_FIXES_SCHEMA_VERSION} needs target_fixes")
+        return None
+    if version != TARGET_FIXES_SCHEMA_VERSION:
+        problems.append(f"target_fixes needs schema_version {TARGET_FIXES_SCHEMA_VERSION}, got {version!r}")
+        return None
+    ps = _target_fixes_problems(raw)
+    problems += ps
+    return None if ps else (str(raw["target"]), tuple(str(f) for f in raw["fixes"]))
+
+
 def _identity_problems(
     ofile: OverridesFile, known: set[str], model_sha256: str, warnings: list[str], problems: list[str]
 ) -> None:
@@ -667,6 +722,13 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
         consumers = [n.name for n in ix.distinct_consumers(name)]
         problems += _entry_problems(name, entries, inits.get(name), consumers)
         problems += _channel_problems(name, entries, inits.get(name))
+    if problems and ofile.target_fixes is not None:
+        target, fixes = ofile.target_fixes
+        problems.append(
+            f"these overrides were made for the model after {target}'s compatibility fixes {list(fixes)}: apply them "
+            f"with `qdebug build --target {target} --overrides` (it runs the same fixes first), or search again with "
+            "--no-target-fixes for overrides of the model as given"
+        )
     if problems:
         raise OverridesError(problems, warnings=warnings)
     return warnings

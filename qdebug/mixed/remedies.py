@@ -209,14 +209,16 @@ def remedy_overrides(result: RemedyResult, session: Any) -> Any:
         overrides = overrides_from_ort(
             fix_overrides(model, cfg.ort_overrides(), cfg.activation_type, cfg.activation_symmetric)
         )
+    sha, fixes = session.overrides_origin()  # a session on the target-fixed model says so in the file
     ofile = OverridesFile.from_config(
         cfg.replace(tensor_overrides=overrides),
-        model_sha256=session.float_sha256,
+        model_sha256=sha,
         requested=result.remedy.tensors,
         note=f"qdebug remedy {result.remedy.kind}: {result.remedy.description} (+{result.gain_db:.2f} dB measured)"
         + (f"; {result.remedy.note}" if result.remedy.note else ""),
+        target_fixes=fixes,
     )
-    check_against_model(ofile, session.float_proto, session.float_sha256)
+    check_against_model(ofile, session.float_proto, sha)
     return ofile
 
 

@@ -41,6 +41,7 @@ from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan
 from qdebug.mixed.suggest import Role, analyse
 from qdebug.mixed.target_cost import TargetCost
+from qdebug.mixed.target_fixes import TargetFixes
 from qdebug.report import encode_number
 
 if TYPE_CHECKING:
@@ -48,7 +49,10 @@ if TYPE_CHECKING:
 
 #: 2: a compiled point's ``target_cost`` also carries its output SQNR measured on the target (``target_sqnr_db``, with
 #: ``cpu_sqnr_db`` on the same samples); schema-1 documents read as before (those fields ``None``)
-SCHEMA_VERSION = 2
+#: 3: ``target_fixes`` — the target's compatibility fixes applied to the float model before the search
+#: (:class:`~qdebug.mixed.target_fixes.TargetFixes`; ``None``: the model was searched as given, as in every older
+#: document)
+SCHEMA_VERSION = 3
 
 #: ``prefix``: estimated ranking, doubling + bisection; ``greedy``: best of the next few, one at a time;
 #: ``measured``: the top candidates (groups merged) measured alone, then prefixes of the *measured* ranking, each
@@ -168,6 +172,8 @@ class SearchResult:
     ceiling_db: float | None = None
     #: predicted vs measured gain of the candidates measured alone (``measured`` strategy), as its ``to_dict()``
     sensitivity: Any = field(default=None, compare=False)
+    #: the target's compatibility fixes applied to the float model before the search (``None``: searched as given)
+    target_fixes: TargetFixes | None = None
 
     @property
     def evaluations(self) -> int:
@@ -223,6 +229,7 @@ class SearchResult:
             "ceiling_db": encode_number(self.ceiling_db),
             "pareto": [pt(p) for p in self.pareto()],
             "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
+            "target_fixes": None if self.target_fixes is None else self.target_fixes.to_dict(),
         }
 
     def to_json(self) -> str:

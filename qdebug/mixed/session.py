@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from qdebug.data import DataSource
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import ConfigError
 from qdebug.graph import file_sha256, load_model
+from qdebug.io import atomic_save_model
 from qdebug.mixed.compare import Accuracy, compare
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.given import GivenRecipe, overlay_ranges, read_recipe
@@ -34,6 +35,9 @@ from qdebug.mixed.suggest import Suggestion, suggest
 from qdebug.quantize import QuantizeResult, count_quantized_nodes, quantize
 from qdebug.report import DebugReport
 from qdebug.targets.recompile import RecompileResult, recompile
+
+if TYPE_CHECKING:
+    from qdebug.mixed.target_fixes import TargetFixes
 
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
 
@@ -48,6 +52,14 @@ class MixedPrecisionSession:
     per-channel) replace ``config``'s (only the config's target is kept) and its Q/DQ parameters give the
     calibration ranges of every tensor it quantizes (:mod:`qdebug.mixed.given`), so a promotion changes only what
     was promoted and every comparison is against the user's model.
+
+    ``target_fixes=True`` applies the config's target's compatibility fixes to the float model first (what
+    ``qdebug build --target`` does before quantizing: :mod:`qdebug.mixed.target_fixes`), and the session works on
+    that fixed copy (:attr:`float_path` in the working folder; :attr:`target_fixes` says which fixes ran):
+    every quantization, debug pass and overrides file is of the model the target will compile.
+    :attr:`float_sha256` stays the given file's (the model an overrides file is applied to). A
+    :class:`~qdebug.mixed.target_fixes.TargetFixes` instead of ``True`` says the caller gave the fixed model already
+    (it is recorded on the search results, nothing is applied).
     """
 
     def __init__(
@@ -62,6 +74,7 @@ class MixedPrecisionSession:
         debug_options: DebugOptions | None = None,
         workdir: str | Path | None = None,
         quant_model: str | Path | None = None,
+        target_fixes: bool | TargetFixes = False,
     ) -> None:
         self.float_path = Path(float_model)
         self.float_proto = load_model(self.float_path, "float model")
@@ -93,6 +106,19 @@ class MixedPrecisionSession:
         self._accuracy: dict[str, float] = {}
         self.requantizations = 0
         self._held = contextlib.ExitStack()
+        #: the target's compatibility fixes applied to the float model (``None``: the model is searched as given)
+        self.target_fixes: TargetFixes | None = None
+        if not isinstance(target_fixes, bool):  # the caller applied them (e.g. the dashboard): only recorded
+            self.target_fixes = target_fixes
+        elif target_fixes:
+            if self.given_path is not None:
+                self.close()
+                raise ConfigError("target_fixes needs the session to quantize the float model (no quant_model)")
+            try:
+                self._apply_target_fixes()
+            except BaseException:
+                self.close()  # the folder the session made goes with the error
+                raise
 
     # ------------------------------------------------------------------ base
     def close(self) -> None:
@@ -111,6 +137,33 @@ class MixedPrecisionSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _apply_target_fixes(self) -> None:
+        """The config's target's fixes on the float model, written to the working folder; the session switches to
+        that copy and to the config the fixes return (a target without fixes changes nothing but is recorded)."""
+        from qdebug.mixed.target_fixes import apply_target_fixes
+
+        target = self.base_config.target
+        self._say(0, 1, f"applying the {target} compatibility fixes to the float model")
+        model, config, fixes = apply_target_fixes(
+            self.float_proto, target, self.base_config, self.data,
+            input_shapes=self.debug_options.input_shapes, label_key=self.label_key, given_sha256=self.float_sha256,
+        )  # fmt: skip
+        self.target_fixes = fixes
+        if fixes.changed:
+            path = self.workdir / f"{self.float_path.name.removesuffix('.onnx')}.{target}-fixed.onnx"
+            atomic_save_model(model, path)
+            self.float_path, self.float_proto = path, model
+            self.base_config = config or self.base_config
+
+    def overrides_origin(self) -> tuple[str, tuple[str, tuple[str, ...]] | None]:
+        """What an overrides file made in this session is for: the sha256 of the float model file the user gave, and
+        ``(target, fixes)`` when the session works on that model after the target's fixes that changed it
+        (:attr:`qdebug.mixed.overrides.OverridesFile.target_fixes`), else ``None``."""
+        f = self.target_fixes
+        if f is None or not f.changed:
+            return self.float_sha256, None
+        return (f.given_sha256 or self.float_sha256), (f.target, f.changed)
 
     def _say(self, done: int, total: int, message: str) -> None:
         if self.progress is not None:
@@ -291,8 +344,10 @@ class MixedPrecisionSession:
         return self.evaluate(plan)
 
     def search(self, goal: SearchGoal) -> SearchResult:
-        """Automatic promotion search (see :func:`qdebug.mixed.search.search`)."""
-        return search(self, goal)
+        """Automatic promotion search (see :func:`qdebug.mixed.search.search`); the result records the target's
+        fixes the session applied (:attr:`target_fixes`)."""
+        result = search(self, goal)
+        return result if self.target_fixes is None else replace(result, target_fixes=self.target_fixes)
 
     def target_data(self, num_samples: int | None = None) -> DataSource:
         """The debug samples as the target-side check reads them (the first ``num_samples`` of the debug set; ``None``:

@@ -251,17 +251,21 @@ def preflight(session: Any, target: str, options: Any = None) -> tuple[TargetCos
     target cannot take at all (e.g. QNN and dynamic input shapes: the corpus' ppocr-cls) is said in one line before
     the search's minutes of measuring, not after. Raises :class:`~qdebug.errors.TargetError` when it does not
     compile; returns its cost (a split base is fine: the search shows what promotions change) and notes: the
-    target's compatibility fixes that would change the model (what ``qdebug build`` applies before quantizing). The
-    search measures the model as given; on ppocr-cls the unfixed model's standalone BatchNormalization nodes made
-    the HTP lose 2.5 dB at 8 bits and 22 dB at 16 against the CPU, while the fixed model's HTP and CPU agree."""
+    target's compatibility fixes that would change the model (what ``qdebug build`` applies before quantizing), when
+    the session searches the model as given (``target_fixes=False``, ``--no-target-fixes``); on ppocr-cls the
+    unfixed model's standalone BatchNormalization nodes made the HTP lose 2.5 dB at 8 bits and 22 dB at 16 against
+    the CPU, while the fixed model's HTP and CPU agree."""
     q = session.requantize(session.base.config, name="compile_preflight")
     job = _Job(Path(q.model_path), session.workdir / f"compile_preflight.{target}", target, options)
     cost = _compile_one(job, None, None)
     if not cost.ok:
         raise TargetError(
             f"{target} cannot compile this model's base quantization, so no search point would compile: "
-            f"{cost.error}; fix the model first (`qdebug build --target {target}` lists the target's fixes)"
+            f"{cost.error}; fix the model first (`qdebug build --target {target}` lists the target's fixes; `search` "
+            "applies them unless --no-target-fixes)"
         )
+    if getattr(session, "target_fixes", None) is not None:  # the session searches the fixed model already
+        return cost, ()
     return cost, _fix_notes(session, target, options)
 
 
@@ -283,6 +287,6 @@ def _fix_notes(session: Any, target: str, options: Any) -> tuple[str, ...]:
     what = "; ".join(f"{f.name}: {f.detail}" for f in changed)
     return (
         f"{target}'s compatibility fixes would change this model ({what}). The search measures the model as given "
-        f"and compiles it as given; `qdebug build --target {target}` applies them before quantizing, so search the "
-        "fixed float model it writes (<out>/<name>.float.onnx) to measure what that build will run",
+        f"and compiles it as given (--no-target-fixes); `qdebug build --target {target}` applies them before "
+        "quantizing, so search without --no-target-fixes to measure what that build will run",
     )
