@@ -143,8 +143,10 @@ class NumpyRun:
         cut = plan_segments(float_model, quant_model, self.plan, input_shapes) if input_shapes and batch <= 1 else None
         self.segment_count = 1
         if cut is not None:
-            self.segmented, self.segment_count = SegmentedFetch(cut, self.models, providers), cut.count
-            self.pipeline_allowed = False  # two samples' tensors are what segmenting avoids
+            # pipelined by segment instead (the next segment inferred while this one is reduced), not by sample:
+            # two samples' tensors are what segmenting avoids
+            fetch = SegmentedFetch(cut, self.models, providers, pipelined=self.pipeline_allowed)
+            self.segmented, self.segment_count = fetch, cut.count
             self.segment_note = (
                 f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
                 f"at once (more than {SEGMENT_ABOVE >> 20} MB)"
@@ -190,7 +192,9 @@ class NumpyRun:
 
     @property
     def pipelining(self) -> bool:
-        """Whether the next samples' inference may run while this one is reduced."""
+        """Whether the next samples' inference may run while this one is reduced (segmented: the next segment's)."""
+        if self.segmented is not None:
+            return self.segmented.pipelined
         return (
             self.pipeline_allowed
             and self.sample_bytes is not None
@@ -220,6 +224,8 @@ class NumpyRun:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self.segmented is not None:
+            self.segmented.close()
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
@@ -242,16 +248,18 @@ class NumpyRun:
         assert self.segmented is not None
         t0 = time.perf_counter()
         try:
-            sums, reduce_s = self.segmented.reduce(index, sample, self.reducer)
+            sums, reduce_s, infer_s = self.segmented.reduce(index, sample, self.reducer)
         except ModelError as exc:
             if self.segmented.ran or self.segmented.load_failure is None:
                 raise
+            self.segmented.close()
             self.segmented, self.segment_count = None, 1
             self.segment_note = f"not segmented: a segment could not be loaded ({exc})"
-            self.pipeline_allowed = usable_cores() >= 2
             self._open_whole()
             return self.reduce(index, sample)
-        self.reduce_seconds, self.infer_seconds = reduce_s, time.perf_counter() - t0 - reduce_s
+        # with the segments pipelined, inference ran beside the reduction: auto weighs the part above it
+        self.reduce_seconds = reduce_s
+        self.infer_seconds = infer_s if self.segmented.pipelined else time.perf_counter() - t0 - reduce_s
         return sums
 
     def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:

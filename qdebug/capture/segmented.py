@@ -2,17 +2,20 @@
 
 Exposing every paired tensor keeps all of them alive until the run returns: one sample of ViT-S takes 1.0 GB
 (float model 349 MB, QDQ model 698 MB) and one of u2netp 1.25 GB, so the peak passes 1.7 GB however the reduction
-is done. When one sample's exposed tensors — estimated by ONNX shape inference at the first sample's input shapes —
-exceed :data:`SEGMENT_ABOVE`, both models are cut into consecutive **segments** along the float model's topological
-order, about :data:`SEGMENT_BYTES` of exposed tensors each. Each segment is its own ORT session exposing only its own
-tensors; a sample runs segment after segment, the tensors that cross a cut are handed to the next segments as
-inputs, and each segment's pairs are reduced (by the run's reducer: numpy or compiled) as soon as their tensors
-exist, then dropped. The sums are those of the whole-model run: the same kernels compute the same tensors (graph
-optimizations are off, so a cut changes no arithmetic), and a pair is reduced from the same arrays.
+is done. When one sample's exposed tensors — estimated by ONNX Runtime's symbolic shape inference at the first
+sample's input shapes — exceed :data:`SEGMENT_ABOVE`, both models are cut into consecutive **segments** along the
+float model's topological order, about :data:`SEGMENT_BYTES` of exposed tensors each. Each segment is its own ORT
+session exposing only its own tensors; a sample runs segment after segment, the tensors that cross a cut are handed
+to the next segments as inputs, and each segment's pairs are reduced (by the run's reducer: numpy or compiled) as
+soon as their tensors exist, then dropped. On two or more cores the next segment is inferred on a worker thread
+while the current one is reduced (the next *sample* is not: two samples' tensors are what segmenting avoids). The
+sums are those of the whole-model run: the same kernels compute the same tensors (graph optimizations are off, so
+a cut changes no arithmetic), and a pair is reduced from the same arrays.
 
 The segment sessions run **without ORT's memory arena**: an arena keeps every tensor it ever held, so each
 segment's session would keep its own peak and the segments' sum would be the whole model's again. Without it a
-freed tensor returns to the process heap, where the next segment's allocations reuse it.
+freed tensor returns to the process heap, where the next segment's allocations reuse it. They do not spin either:
+idle intra-op threads of 2 × segments sessions busy-waiting made ViT-S 40 % slower per sample.
 
 Models with control flow (``If``/``Loop``/``Scan`` subgraphs read outer tensors implicitly) are not segmented.
 """
@@ -24,6 +27,7 @@ import io
 import math
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,14 +46,17 @@ __all__ = ["SEGMENT_ABOVE", "SEGMENT_BYTES", "SegmentedFetch", "exposed_bytes", 
 #: One sample's exposed tensors (both models) above which the capture is segmented. Below it the whole-model run
 #: keeps its advantages (I/O binding, pipelining, batching); PP-OCRv4 rec/det (350–470 MB) stay whole.
 SEGMENT_ABOVE = 512 << 20
-#: Exposed bytes per segment: with ~300-650 MB of sessions and weights, keeps ViT-S and u2netp under 1 GB.
-SEGMENT_BYTES = 128 << 20
+#: Exposed bytes per segment. Two segments are alive at once when pipelined; 64 MB keeps ViT-S at ~850 MB and
+#: u2netp at ~830 MB (128 MB: 930-1210 MB pipelined, 740-940 MB not).
+SEGMENT_BYTES = 64 << 20
 #: Every this many samples freed heap pages are returned to the system (:class:`_Heap`).
 TRIM_EVERY = 4
 #: Initializers up to this many elements keep their values in the shape-inference copy (shape tensors for Reshape,
 #: Expand, Slice...); larger ones are replaced by typed inputs, so the copy costs no weight memory.
 _KEEP_VALUES = 4096
 
+_Vals = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]  # values by name: float model, QDQ model
+_Out = tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]  # one segment's outputs per model, its seconds
 Reducer = Any  # Callable[[ReductionPlan, Mapping, Mapping], SampleSums]; Any avoids importing numpy_backend
 
 
@@ -345,7 +352,11 @@ class SegmentedFetch:
     leaves some QDQ-model types open: com.microsoft Q/DQ outputs)."""
 
     def __init__(
-        self, segments: SegmentPlan, models: tuple[onnx.ModelProto, onnx.ModelProto], providers: Sequence[str]
+        self,
+        segments: SegmentPlan,
+        models: tuple[onnx.ModelProto, onnx.ModelProto],
+        providers: Sequence[str],
+        pipelined: bool = False,
     ):
         self.segments, self.models, self.providers = segments, models, tuple(providers)
         self.sessions: list[tuple[Any, Any]] = []
@@ -356,6 +367,8 @@ class SegmentedFetch:
         self.ran = False  # a whole sample has run (a segment that fails to load after that is an error)
         self.load_failure: str | None = None  # why a segment's session could not be made
         self._heap = _Heap()
+        self.pipelined = pipelined
+        self._pool: ThreadPoolExecutor | None = None
 
     def _last_uses(self) -> tuple[dict[str, int], dict[str, int]]:
         """Per model, the last segment after which each value is still needed (as an input or by a pair)."""
@@ -384,21 +397,21 @@ class SegmentedFetch:
             self.load_failure = str(exc)
             raise
 
-    def _run(self, side: int, j: int, values: dict[str, np.ndarray], index: int) -> None:
-        """Segment ``j`` of one model on the values so far (its outputs are added to ``values``)."""
+    def _run(self, side: int, j: int, inputs: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
+        """Segment ``j`` of one model on its inputs: its outputs by name."""
         if len(self.sessions) <= j:
             self.sessions.append((None, None))
         sess = self.sessions[j][side]
         if sess is None:
-            sess = self._session(side, j, values)
+            sess = self._session(side, j, inputs)
             pair = list(self.sessions[j])
             pair[side] = sess
             self.sessions[j] = (pair[0], pair[1])
         part = (self.segments.float_parts, self.segments.quant_parts)[side][j]
         if sess is None:
-            return
+            return {}
         try:
-            out = sess.run(list(part.outputs), {i: values[i] for i in part.inputs})
+            out = sess.run(list(part.outputs), dict(inputs))
         except Exception as exc:  # ORT's error types have no common public base
             if side == 0:
                 raise DataError(f"sample {index}: the float model cannot run on it: {ort_message(exc)}") from exc
@@ -406,25 +419,61 @@ class SegmentedFetch:
                 f"ONNX Runtime cannot run it on sample {index}, which the float model runs on: {ort_message(exc)}",
                 role="quantized model",
             ) from exc
-        values.update(zip(part.outputs, out, strict=True))
+        return dict(zip(part.outputs, out, strict=True))
 
-    def reduce(self, index: int, sample: Mapping[str, np.ndarray], reducer: Reducer) -> tuple[SampleSums, float]:
-        """The sample's sums, and the seconds its reductions took (the rest was inference)."""
+    def _infer(self, j: int, inputs: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], index: int) -> _Out:
+        """Segment ``j`` of both models (on the worker thread when pipelined): outputs, and the seconds it took."""
+        t0 = time.perf_counter()
+        f = self._run(0, j, inputs[0], index)
+        q = self._run(1, j, inputs[1], index)
+        return f, q, time.perf_counter() - t0
+
+    def _inputs(self, j: int, vals: _Vals) -> _Vals:
+        """Segment ``j``'s inputs of both models (the arrays themselves, taken before the segment runs)."""
+        parts = (self.segments.float_parts[j], self.segments.quant_parts[j])
+        return ({i: vals[0][i] for i in parts[0].inputs}, {i: vals[1][i] for i in parts[1].inputs})
+
+    def reduce(self, index: int, sample: Mapping[str, np.ndarray], reducer: Reducer) -> tuple[SampleSums, float, float]:
+        """The sample's sums, and the seconds its reductions and its inference took.
+
+        Pipelined (:attr:`pipelined`), segment ``j + 1`` is inferred on a worker thread while segment ``j`` is
+        reduced: its inputs are taken before, so the two threads share no mutable state, and two segments' tensors
+        are alive at once (~2 × :data:`SEGMENT_BYTES`)."""
         vals: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = (dict(sample), dict(sample))
         sums: list[SampleSums] = []
-        reduce_s = 0.0
+        reduce_s = infer_s = 0.0
+        k = len(self.segments.plans)
+        pending: Future[_Out] | None = None
+        if self.pipelined:
+            pending = self._worker().submit(self._infer, 0, self._inputs(0, vals), index)
         for j, plan in enumerate(self.segments.plans):
-            self._run(0, j, vals[0], index)
-            self._run(1, j, vals[1], index)
+            f, q, took = pending.result() if pending is not None else self._infer(j, self._inputs(j, vals), index)
+            vals[0].update(f)
+            vals[1].update(q)
+            infer_s += took
+            if pending is not None and j + 1 < k:
+                pending = self._worker().submit(self._infer, j + 1, self._inputs(j + 1, vals), index)
             t0 = time.perf_counter()
             sums.append(reducer(plan, vals[0], vals[1]))
             reduce_s += time.perf_counter() - t0
+            del f, q
             for side in (0, 1):  # drop what no later segment reads and no later pair reduces
                 for name in [n for n in vals[side] if self._last_use[side].get(n, -1) <= j and n not in sample]:
                     del vals[side][name]
         self.ran = True
         self._heap.check()
-        return self._assemble(sums), reduce_s
+        return self._assemble(sums), reduce_s, infer_s
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-segment")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def _assemble(self, sums: Sequence[SampleSums]) -> SampleSums:
         s = self.segments
