@@ -43,7 +43,8 @@ def _run(
     fm: onnx.ModelProto, qm: onnx.ModelProto, monkeypatch: pytest.MonkeyPatch, budget: int | None, path: str = "numpy"
 ) -> CaptureResult:
     """``capture`` with segmenting forced at ``budget`` exposed bytes per segment (``None``: never segmented)."""
-    monkeypatch.setattr(segmented, "SEGMENT_ABOVE", 0 if budget is not None else 1 << 62)
+    for name in ("SEGMENT_ABOVE", "PIPELINED_ABOVE"):
+        monkeypatch.setattr(segmented, name, 0 if budget is not None else 1 << 62)
     monkeypatch.setattr(segmented, "SEGMENT_BYTES", budget or 1)
     source = open_data(None, input_specs(fm), num_samples=5, seed=3)
     return capture(fm, qm, pair_models(fm, qm), source, path=path)
@@ -179,6 +180,7 @@ def test_later_samples_of_other_shapes_run_through_the_same_segments(
     results = []
     for above in (1 << 62, 0):
         monkeypatch.setattr(segmented, "SEGMENT_ABOVE", above)
+        monkeypatch.setattr(segmented, "PIPELINED_ABOVE", above)
         monkeypatch.setattr(segmented, "SEGMENT_BYTES", 512)
         source = NpzFolderData(tmp_path / "data", input_specs(fm))
         results.append(capture(fm, qm, pair_models(fm, qm), source, path="numpy"))
@@ -210,7 +212,7 @@ import json, onnx
 from qdebug.capture import capture, segmented
 from qdebug.data import open_data
 from qdebug.graph import input_specs, pair_models
-segmented.SEGMENT_ABOVE = {(64 << 20) if segment else (1 << 62)}
+segmented.SEGMENT_ABOVE = segmented.PIPELINED_ABOVE = {(64 << 20) if segment else (1 << 62)}
 segmented.SEGMENT_BYTES = 64 << 20
 fm, qm = onnx.load({str(model)!r}), onnx.load({str(quant)!r})
 cap = capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=3, seed=0), path="numpy")
@@ -236,3 +238,13 @@ def test_segmenting_bounds_the_peak(tmp_path: Path) -> None:
     assert whole["segments"] == 1 and cut["segments"] >= 6
     assert cut["cum"] == whole["cum"]
     assert cut["peak"] < whole["peak"] - 200, (cut["peak"], whole["peak"])
+
+
+def test_two_cores_segment_what_the_whole_run_cannot_pipeline() -> None:
+    """On two or more cores the threshold is the whole run's own pipelining limit: a sample too large to overlap
+    with the next is overlapped segment by segment (faster and smaller on PP-OCRv4 rec/det and YOLOv8n,
+    docs/benchmarks.md); on one core only memory decides."""
+    from qdebug.capture.numpy_backend import PIPELINE_BYTES
+
+    assert segmented.threshold(True) == segmented.PIPELINED_ABOVE == PIPELINE_BYTES
+    assert segmented.threshold(False) == segmented.SEGMENT_ABOVE > PIPELINE_BYTES

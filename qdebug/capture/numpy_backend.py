@@ -31,7 +31,8 @@ from qdebug.capture.batching import (
     stack,
 )
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
-from qdebug.capture.segmented import SEGMENT_ABOVE, SegmentedFetch, plan_segments
+from qdebug.capture.segmented import SegmentedFetch, plan_segments
+from qdebug.capture.segmented import threshold as segment_threshold
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing
@@ -140,7 +141,12 @@ class NumpyRun:
         #: one sample's tensors do not fit at once: run and reduce the models segment by segment (segmented.py)
         self.segmented: SegmentedFetch | None = None
         self.segment_note: str | None = None  # how the run was segmented, or why it could not be
-        cut = plan_segments(float_model, quant_model, self.plan, input_shapes) if input_shapes and batch <= 1 else None
+        above = segment_threshold(self.pipeline_allowed)
+        cut = (
+            plan_segments(float_model, quant_model, self.plan, input_shapes, above)
+            if input_shapes and batch <= 1
+            else None
+        )
         self.segment_count = 1
         if cut is not None:
             # pipelined by segment instead (the next segment inferred while this one is reduced), not by sample:
@@ -149,7 +155,7 @@ class NumpyRun:
             self.segmented, self.segment_count = fetch, cut.count
             self.segment_note = (
                 f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
-                f"at once (more than {SEGMENT_ABOVE >> 20} MB)"
+                f"at once (more than {above >> 20} MB)"
             )
         else:
             self._open_whole()

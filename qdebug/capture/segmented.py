@@ -41,11 +41,23 @@ from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing, topological_nodes
 from qdebug.metrics import BatchSums
 
-__all__ = ["SEGMENT_ABOVE", "SEGMENT_BYTES", "SegmentedFetch", "exposed_bytes", "plan_segments"]
+__all__ = [
+    "PIPELINED_ABOVE",
+    "SEGMENT_ABOVE",
+    "SEGMENT_BYTES",
+    "SegmentedFetch",
+    "exposed_bytes",
+    "plan_segments",
+    "threshold",
+]
 
-#: One sample's exposed tensors (both models) above which the capture is segmented. Below it the whole-model run
-#: keeps its advantages (I/O binding, pipelining, batching); PP-OCRv4 rec/det (350–470 MB) stay whole.
+#: One sample's exposed tensors (both models) above which the capture is segmented to bound memory (one core).
 SEGMENT_ABOVE = 512 << 20
+#: With two or more cores, the threshold is the whole-model run's own pipelining limit (``PIPELINE_BYTES``): a
+#: sample too large to overlap with the next one is overlapped segment by segment instead. Measured on the corpus
+#: (8 samples, same run): PP-OCRv4 rec 0.29 -> 0.24 s/sample and 832 -> 453 MB, det 0.25 -> 0.22 s and 716 ->
+#: 380 MB, YOLOv8n 0.15-0.18 -> 0.12-0.14 s and 411 -> 340 MB; one core gains nothing from it (rec 0.29 -> 0.32 s).
+PIPELINED_ABOVE = 160 << 20
 #: Exposed bytes per segment. Two segments are alive at once when pipelined; 64 MB keeps ViT-S at ~850 MB and
 #: u2netp at ~830 MB (128 MB: 930-1210 MB pipelined, 740-940 MB not).
 SEGMENT_BYTES = 64 << 20
@@ -279,6 +291,12 @@ class SegmentPlan:
     def count(self) -> int:
         """How many segments."""
         return len(self.float_parts)
+
+
+def threshold(pipelined: bool) -> int:
+    """One sample's exposed bytes above which a run is segmented (:data:`SEGMENT_ABOVE`, or on two or more cores
+    :data:`PIPELINED_ABOVE` when lower)."""
+    return min(SEGMENT_ABOVE, PIPELINED_ABOVE) if pipelined else SEGMENT_ABOVE
 
 
 def plan_segments(
