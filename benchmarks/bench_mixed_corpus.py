@@ -172,11 +172,13 @@ def _stepwise(session: Any, r: Any, args: argparse.Namespace) -> list[dict[str, 
     """The step-by-step measured greedy at each ``--greedy-budgets`` (``--stepwise-greedy WIDTH``; 0: not run)."""
     if not args.stepwise_greedy:
         return []
-    from bench_mixed_stepwise import Memo, stepwise_greedy
+    from bench_mixed_stepwise import stepwise_row
 
-    memo = Memo(session)
+    from qdebug.mixed.stepwise import Measurements
+
+    memo = Measurements(session)
     goal = None if r.ceiling_db is None else r.ceiling_db - args.near
-    rows = [stepwise_greedy(memo, r, b, goal, args.stepwise_greedy, args.stepwise_max_evals)
+    rows = [stepwise_row(memo, r, b, goal, args.stepwise_greedy, args.stepwise_max_evals)
             for b in args.greedy_budgets]  # fmt: skip
     return [x for x in rows if x is not None]
 

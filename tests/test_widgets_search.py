@@ -115,3 +115,15 @@ def test_search_tab_compiles_the_front_on_the_htp(dbg: QuantDebugger) -> None:
         assert tc.target_sqnr_db is not None and tc.cpu_sqnr_db is not None
     splits = [p for p in front if p.target_cost is not None and p.target_cost.splits]
     assert app.front_view.value.count("<tr class='qd-split") == len(splits)
+
+
+def test_search_tab_offers_every_engine_strategy_and_runs_stepwise(dbg: QuantDebugger) -> None:
+    from qdebug.mixed.search import STRATEGIES
+
+    app = DebuggerApp(dbg)
+    assert tuple(app.strategy_picker.options) == STRATEGIES and "stepwise" in STRATEGIES
+    app.strategy_picker.value = "stepwise"
+    _search(app, dbg)
+    res = app.last_search
+    assert res is not None and res.goal.strategy == "stepwise" and res.sensitivity is not None
+    assert res.pareto() and "<table" in app.front_view.value

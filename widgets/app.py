@@ -300,9 +300,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         # Search.
         self.goal_db = w.FloatText(description="goal dB", value=0.0)
         self.goal_drop = w.FloatText(description="max drop %", value=0.0)
-        self.strategy_picker = w.Dropdown(
-            description="strategy", options=["prefix", "greedy", "measured", "efficient"], value="prefix"
-        )
+        from qdebug.mixed.search import STRATEGIES  # the engine's list: a new strategy shows up here by itself
+
+        self.strategy_picker = w.Dropdown(description="strategy", options=list(STRATEGIES), value="prefix")
         self.search_button = w.Button(description="Search", icon="search", layout=_button_layout())
         self.search_summary = w.HTML("")
         # After the search: compile the front for the fix panel's target (what `qdebug search --compile-points front`

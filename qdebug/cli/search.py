@@ -25,7 +25,7 @@ from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
 
 #: qdebug.mixed.search.STRATEGIES (not imported here: the CLI starts without loading ONNX/ORT; a test checks they agree)
-STRATEGIES = ("prefix", "greedy", "measured", "efficient")
+STRATEGIES = ("prefix", "greedy", "measured", "efficient", "stepwise")
 #: qdebug.mixed.candidates.Ranking
 RANKINGS = ("gain", "efficiency")
 
@@ -69,14 +69,14 @@ class Search(Tool):
             default="prefix",
             help="measured: measure the top candidates alone, then joint prefixes of the measured ranking; "
             "efficient: find where the noise sits by demoting blocks from all-16-bit, rank by noise per 16-bit "
-            "element",
+            "element; stepwise: that demotion sweep, then one candidate at a time, measured after each addition",
         )
         parser.add_argument(
             "--measure-top",
             type=int,
             default=None,
             metavar="K",
-            help="measured: candidates measured alone (default 8); efficient: demotion evaluations at most "
+            help="measured: candidates measured alone (default 8); efficient, stepwise: demotion evaluations at most "
             "(default: the number of candidates)",
         )
         parser.add_argument(
@@ -103,7 +103,7 @@ class Search(Tool):
             "percentile ranges for the worst tensors",
         )
         parser.add_argument("--remedy-output", help="write the best measured remedy's overrides JSON here")
-        parser.add_argument("--max-steps", type=int, default=12, help="evaluations (prefix) or steps (greedy) at most")
+        _add_budget(parser)
         parser.add_argument("--to", default="uint16")
         parser.add_argument("--workdir", help="keep the evaluated models here (default: a temp folder)")
         add_scale_out(parser)  # greedy: a step's candidates at once; every debug pass sharded over the workers
@@ -163,6 +163,36 @@ class Search(Tool):
         return EXIT_OK
 
 
+def _add_budget(parser: argparse.ArgumentParser) -> None:
+    """How far a search may go: evaluations, kept steps, candidates per step, the 16-bit share (stepwise)."""
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=12,
+        help="evaluations (prefix; measured, efficient: of the prefixes) or kept steps (greedy, stepwise) at most",
+    )
+    parser.add_argument(
+        "--max-evaluations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stepwise: the greedy's evaluations at most, after the demotion sweep (default 40)",
+    )
+    parser.add_argument(
+        "--candidates-per-step",
+        type=int,
+        default=4,
+        metavar="K",
+        help="greedy, stepwise: candidates measured per step (default 4)",
+    )
+    parser.add_argument(
+        "--max-cost-fraction",
+        metavar="SHARE",
+        type=finite_number("share"),
+        help="stepwise: never keep a point with more than this share of activation elements in 16 bits (0-1]",
+    )
+
+
 def _add_target(parser: argparse.ArgumentParser) -> None:
     """--target and its fixes (searched by default: the model `qdebug build --target` quantizes)."""
     from qdebug.targets.base import target_names
@@ -217,6 +247,9 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         near_all16_db=args.goal_near_all16,
         measure_top=args.measure_top,
         rank=args.rank,
+        candidates_per_step=args.candidates_per_step,
+        max_cost_fraction=args.max_cost_fraction,
+        max_evaluations=args.max_evaluations,
     )
     ignore = (args.label_key,)  # the label array named by --label-key is never a model input
     with MixedPrecisionSession(

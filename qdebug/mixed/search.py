@@ -13,6 +13,11 @@ Three strategies:
 * ``measured`` — the top candidates (:mod:`qdebug.mixed.candidates`: decomposed LayerNorms and attention cores as
   one candidate each) measured one at a time, then prefixes of the *measured* ranking measured together
   (:func:`measured_search`): interactions measured, not assumed additive.
+* ``efficient`` — a demotion sweep from the all-16-bit model ranks candidates by noise per 16-bit element, then
+  prefixes of that ranking are measured (:func:`efficient_search`).
+* ``stepwise`` — the same sweep, then a step-by-step measured greedy over its ranking: each of the next few
+  candidates added alone and measured, the best measured gain per added element kept
+  (:mod:`qdebug.mixed.stepwise`, :func:`stepwise_search`); within ``max_cost_fraction`` if given.
 
 All stop as soon as the goal is met. ``near_all16_db`` makes the goal relative to the all-16-bit-activations model
 (measured first).
@@ -39,6 +44,7 @@ from qdebug.mixed.candidates import (
 )
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
 from qdebug.mixed.promote import PromotionPlan
+from qdebug.mixed.stepwise import Measurements, stepwise_greedy
 from qdebug.mixed.suggest import Role, analyse
 from qdebug.mixed.target_cost import TargetCost
 from qdebug.mixed.target_fixes import TargetFixes
@@ -59,7 +65,9 @@ SCHEMA_VERSION = 3
 #: measured jointly (interactions measured, never assumed additive).
 #: ``efficient``: the all-16-bit model measured, then each candidate left alone in 8 bits (its own noise, measured),
 #: then prefixes of the ranking by noise per 16-bit element, starting at the prefix that ranking predicts.
-STRATEGIES = ("prefix", "greedy", "measured", "efficient")
+#: ``stepwise``: the same sweep, then one candidate at a time (the best measured gain per added element of the next
+#: ``candidates_per_step``), measured after each addition.
+STRATEGIES = ("prefix", "greedy", "measured", "efficient", "stepwise")
 
 
 class SearchSession(Protocol):
@@ -115,6 +123,11 @@ class SearchGoal:
     #: ``measured``: rank the measured candidates by gain or by gain per 16-bit element (``efficient`` always uses
     #: the latter)
     rank: str = "gain"
+    #: ``stepwise``: the share of activation elements in 16 bits a point may reach (``None``: no limit)
+    max_cost_fraction: float | None = None
+    #: ``stepwise``: the greedy's evaluations at most, after the demotion sweep (which ``measure_top`` bounds);
+    #: ``None``: 40. ``max_steps`` bounds its kept additions.
+    max_evaluations: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -129,6 +142,10 @@ class SearchGoal:
             raise ConfigError(f"rank must be one of {', '.join(Ranking)}, got {self.rank!r}")
         if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
             raise ConfigError(f"max_accuracy_drop is a fraction in [0, 1), got {self.max_accuracy_drop}")
+        if self.max_cost_fraction is not None and not 0 < self.max_cost_fraction <= 1:
+            raise ConfigError(f"max_cost_fraction is a share in (0, 1], got {self.max_cost_fraction}")
+        if self.max_evaluations is not None and self.max_evaluations < 1:
+            raise ConfigError(f"max_evaluations must be positive, got {self.max_evaluations}")
         if self.max_steps < 1 or self.candidates_per_step < 1:
             raise ConfigError("max_steps and candidates_per_step must be positive")
 
@@ -318,7 +335,7 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     t0 = time.perf_counter()
     start = session.requantizations
     ceiling_ev = None
-    if goal.near_all16_db is not None or goal.strategy == "efficient":
+    if goal.near_all16_db is not None or goal.strategy in ("efficient", "stepwise"):
         session.base  # noqa: B018 - the base first (its calibration is what every variant reuses)
         ceiling_ev = _ceiling(session, goal.to)
     ceiling = None if ceiling_ev is None else _point(-1, (), ceiling_ev, False, "all16")
@@ -329,9 +346,12 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         result = _greedy_search(session, resolved)
     elif goal.strategy == "measured":
         result = measured_search(session, resolved)
-    else:
+    elif goal.strategy == "efficient":
         assert ceiling_ev is not None
         result = efficient_search(session, resolved, ceiling_ev)
+    else:
+        assert ceiling_ev is not None
+        result = stepwise_search(session, resolved, ceiling_ev)
     return replace(
         result,
         goal=goal,
@@ -559,6 +579,15 @@ class _Run:
             (_point(0, (), session.base, True, "base"), None)
         ]
 
+    def begin(self) -> tuple[tuple[Candidate, ...], SearchResult | None]:
+        """The candidates of the base report, and the result already when there is nothing to search (the base meets
+        the goal, or nothing is promotable)."""
+        base = self.session.base
+        if _met(self.goal, base, self.session.float_accuracy):
+            return (), self.done(0, True, "goal met by the base quantization")
+        cands = candidates(self.session.float_proto, base.report)
+        return cands, None if cands else self.done(0, False, "no promotable tensors")
+
     def done(self, chosen: int, reached: bool, reason: str, sens: object = None) -> SearchResult:
         """The result, ``chosen`` (an index into :attr:`points`) being the point the run recommends."""
         s, points = self.session, self.points
@@ -615,12 +644,10 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     points only.
     """
     run = _Run(session, goal)
-    base, float_acc, points, done = session.base, session.float_accuracy, run.points, run.done
-    if _met(goal, base, float_acc):
-        return done(0, True, "goal met by the base quantization")
-    cands = candidates(session.float_proto, base.report)
-    if not cands:
-        return done(0, False, "no promotable tensors")
+    cands, trivial = run.begin()
+    if trivial is not None:
+        return trivial
+    float_acc, points, done = session.float_accuracy, run.points, run.done
     sens, singles = measure_sensitivity(session, cands, goal.measure_top or 8, goal.to)
     hits: list[int] = []
     for m, ev in singles:
@@ -675,16 +702,58 @@ def efficient_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluati
     At most N + ~2·log2(N) evaluations for N candidates, plus the ceiling. Only measured points are on the front.
     """
     run = _Run(session, goal)
-    base, float_acc, done = session.base, session.float_accuracy, run.done
-    if _met(goal, base, float_acc):
-        return done(0, True, "goal met by the base quantization")
-    cands = candidates(session.float_proto, base.report)
-    if not cands:
-        return done(0, False, "no promotable tensors")
+    cands, trivial = run.begin()
+    if trivial is not None:
+        return trivial
+    sens = _demotion_sweep(session, goal, ceiling, cands)
+    order = sens.ranking(Ranking.EFFICIENCY)
+    guess = predicted_prefix(sens, order, session.base.output_sqnr_db, goal.output_sqnr_db)
+    return run.prefixes(order, "eprefix", sens, start=guess, met=f"goal met (predicted prefix {guess})")
+
+
+def _demotion_sweep(
+    session: SearchSession, goal: SearchGoal, ceiling: Evaluation, cands: Sequence[Candidate]
+) -> Sensitivity:
+    """Where the noise sits (:func:`~qdebug.mixed.candidates.measure_demotions`, at most ``goal.measure_top``
+    evaluations, default one per candidate): step 1 of ``efficient`` and ``stepwise``."""
     # Blocks adding less than an eighth of the noise the goal allows over the ceiling are not worth splitting.
     n_goal, n_ceil = noise_power(goal.output_sqnr_db), noise_power(ceiling.output_sqnr_db)
     resolve = (n_goal - n_ceil) / 8.0 if n_goal is not None and n_ceil is not None and n_goal > n_ceil else 0.0
     sens, _ = measure_demotions(session, cands, goal.measure_top or len(cands), ceiling, goal.to, resolve=resolve)
-    order = sens.ranking(Ranking.EFFICIENCY)
-    guess = predicted_prefix(sens, order, base.output_sqnr_db, goal.output_sqnr_db)
-    return run.prefixes(order, "eprefix", sens, start=guess, met=f"goal met (predicted prefix {guess})")
+    return sens
+
+
+def stepwise_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluation) -> SearchResult:
+    """The ``stepwise`` strategy.
+
+    1. The demotion sweep of ``efficient`` (:func:`_demotion_sweep`: at most ``goal.measure_top`` evaluations).
+    2. The step-by-step measured greedy over its ranking by noise per 16-bit element
+       (:func:`~qdebug.mixed.stepwise.stepwise_greedy`): windows of ``goal.candidates_per_step`` candidates, each
+       added alone to the current set and measured, the best measured gain per added element kept (else the window
+       as a group); points above ``goal.max_cost_fraction`` are never kept; at most ``goal.max_steps`` kept
+       additions and ``goal.max_evaluations`` evaluations (default 40).
+
+    Stops as soon as a kept point meets the goal (that point is chosen); otherwise the last kept point (the best the
+    greedy reached) is chosen. Every measured point is on the curve and the front.
+    """
+    run = _Run(session, goal)
+    cands, trivial = run.begin()
+    if trivial is not None:
+        return trivial
+    sens = _demotion_sweep(session, goal, ceiling, cands)
+    walk = stepwise_greedy(
+        Measurements(session, goal.to),
+        sens,
+        lambda ev: _met(goal, ev, session.float_accuracy),
+        width=goal.candidates_per_step,
+        budget=1.0 if goal.max_cost_fraction is None else goal.max_cost_fraction,
+        max_evaluations=goal.max_evaluations or 40,
+        max_steps=goal.max_steps,
+    )
+    index: dict[frozenset[str], int] = {}
+    for t in walk.trials:
+        run.points.append((_point(0, t.tensors, t.evaluation, False, t.label), t.plan))
+        index[frozenset(t.tensors)] = len(run.points) - 1
+    chosen = index[frozenset(walk.path[-1].tensors)] if walk.path else 0
+    steps = f"{len(walk.path)} steps, {walk.asked} greedy evaluations"
+    return run.done(chosen, walk.reached, f"{walk.reason} ({steps})", sens)
