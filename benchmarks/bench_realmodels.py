@@ -10,7 +10,10 @@ For each corpus model and number of samples N, each method runs in a **fresh chi
     ``qdebug.debug(float, quant, data, DebugOptions(capture=...))``; ``auto`` also reports what it chose and why;
 ``batch8``
     ``DebugOptions(capture="numpy", batch=8)``: up to 8 samples per inference call, with the batch that ran and
-    why batching stopped, if it did.
+    why batching stopped, if it did;
+``whole``
+    ``numpy`` with segmenting off (:mod:`qdebug.capture.segmented`): every tensor of a sample exposed at once, as
+    before segmenting existed — what segmenting changes, measured in the same run.
 
 **Per-sample cost** is the steady state: the time from the end of sample 0 to the end of sample N-1, divided by
 N-1 (qdebug's progress callback; the floor's own loop), so set-up and first-run allocations are excluded, and
@@ -47,7 +50,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = ("yolov8n-nudenet", "ppocrv4-rec", "silero-vad", "ddddocr-crnn", "minilm-l3")
-METHODS = ("floor", "numpy", "compiled", "graph", "auto", "batch8")
+METHODS = ("floor", "numpy", "compiled", "graph", "auto", "batch8", "whole")
 CHUNK = 8  # samples per .npz file of the folder source
 BEGIN, END = "<!-- bench_realmodels:begin -->", "<!-- bench_realmodels:end -->"
 
@@ -94,13 +97,21 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         ends = []
         t0 = time.perf_counter()
-        opts = DebugOptions(capture="numpy", batch=8) if method == "batch8" else DebugOptions(capture=method)
+        if method == "whole":  # the numpy run never segmented: what segmenting changes, in the same run
+            from qdebug.capture import segmented
+
+            segmented.SEGMENT_ABOVE = segmented.PIPELINED_ABOVE = 1 << 62
+        if method in ("batch8", "whole"):
+            opts = DebugOptions(capture="numpy", batch=8 if method == "batch8" else 1)
+        else:
+            opts = DebugOptions(capture=method)
         rep = debug(fp, qp, folder, opts, progress=lambda i, n: ends.append(time.perf_counter()))
         cap = rep.meta.capture
         out["backend"] = cap.backend if cap else None
         out["reason"] = cap.reason if cap else None
         out["fallback_samples"] = cap.fallback_samples if cap else 0
         out["batch"], out["batch_reason"] = (cap.batch, cap.batch_reason) if cap else (1, None)
+        out["segments"] = cap.segments if cap else 1
     out["wall_s"] = time.perf_counter() - t0
     out["per_sample_s"] = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else float("nan")
     out["peak_rss_mb"] = _hwm_mb()
@@ -213,6 +224,8 @@ def table(results: Sequence[dict[str, Any]]) -> list[str]:
                 why += f" ({x['reason']})"
             if x["method"] == "batch8":
                 why += f", batch {x.get('batch', 1)}" + (f" ({x['batch_reason']})" if x.get("batch_reason") else "")
+            if x.get("segments", 1) > 1:
+                why += f", {x['segments']} segments"
             ps, e2e = _ratio(x["per_sample_s"], fps), _ratio(x["wall_s"], fwall)
             rows.append(f"{lead} {x['method']} | {ps} | {e2e} | {x['peak_rss_mb']:.0f} | {why} |")
     return rows
