@@ -22,8 +22,7 @@ Models with control flow (``If``/``Loop``/``Scan`` subgraphs read outer tensors 
 
 from __future__ import annotations
 
-import contextlib
-import io
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -103,15 +102,21 @@ def _inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
     ONNX Runtime's symbolic shape inference follows shape arithmetic (Shape -> Gather -> Cast -> Concat -> Reshape,
     as in every exported ViT) that ONNX's own data propagation gives up on (ViT-S: 654 of 662 tensors unknown vs
     7 of 1485); ONNX's is the fallback when it fails."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    # The tool logs what it cannot infer (a warning on Python's stderr, unconfigured); that is only an estimate's
+    # gap here. Its own logger is silenced for the call, not the process's streams (other threads may print).
+    tool_log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = tool_log.level
+    tool_log.setLevel(logging.CRITICAL + 1)
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
         if inferred is not None:
             return cast(onnx.ModelProto, inferred)
-    except Exception:  # any failure of the tool only means "ask ONNX's inference"
+    except Exception:  # any failure of the tool (ppocr-cls: an assertion) only means "ask ONNX's inference"
         pass
+    finally:
+        tool_log.setLevel(level)
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # onnx raises its own InferenceError / ValidationError types: no estimate, no segmenting
