@@ -102,14 +102,14 @@ def _inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
     ONNX Runtime's symbolic shape inference follows shape arithmetic (Shape -> Gather -> Cast -> Concat -> Reshape,
     as in every exported ViT) that ONNX's own data propagation gives up on (ViT-S: 654 of 662 tensors unknown vs
     7 of 1485); ONNX's is the fallback when it fails."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
     # The tool logs what it cannot infer (a warning on Python's stderr, unconfigured); that is only an estimate's
     # gap here. Its own logger is silenced for the call, not the process's streams (other threads may print).
     tool_log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level = tool_log.level
     tool_log.setLevel(logging.CRITICAL + 1)
-    try:
+    try:  # the tool needs sympy (a dependency of qdebug; without it, ONNX's inference alone)
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
         inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
         if inferred is not None:
             return cast(onnx.ModelProto, inferred)
