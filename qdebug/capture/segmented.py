@@ -2,8 +2,9 @@
 
 Exposing every paired tensor keeps all of them alive until the run returns: one sample of ViT-S takes 1.0 GB
 (float model 349 MB, QDQ model 698 MB) and one of u2netp 1.25 GB, so the peak passes 1.7 GB however the reduction
-is done. When one sample's exposed tensors — estimated by ONNX Runtime's symbolic shape inference at the first
-sample's input shapes — exceed :data:`SEGMENT_ABOVE`, both models are cut into consecutive **segments** along the
+is done. When one sample's exposed tensors — estimated by shape inference (ONNX's, or where it leaves gaps ONNX
+Runtime's symbolic one) at the first sample's input shapes — exceed :data:`SEGMENT_ABOVE`, both models are cut
+into consecutive **segments** along the
 float model's topological order, about :data:`SEGMENT_BYTES` of exposed tensors each. Each segment is its own ORT
 session exposing only its own tensors; a sample runs segment after segment, the tensors that cross a cut are handed
 to the next segments as inputs, and each segment's pairs are reduced (by the run's reducer: numpy or compiled) as
@@ -96,12 +97,12 @@ def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -
     return out
 
 
-def _inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """``model`` with every tensor's type and shape that can be inferred, or ``None``.
+def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` through ONNX Runtime's symbolic shape inference, or ``None`` if it fails.
 
-    ONNX Runtime's symbolic shape inference follows shape arithmetic (Shape -> Gather -> Cast -> Concat -> Reshape,
-    as in every exported ViT) that ONNX's own data propagation gives up on (ViT-S: 654 of 662 tensors unknown vs
-    7 of 1485); ONNX's is the fallback when it fails."""
+    It follows shape arithmetic (Shape -> Gather -> Cast -> Concat -> Reshape, as in every exported ViT) that
+    ONNX's own data propagation gives up on (ViT-S: 654 of 662 paired tensors unknown vs 7 of 1485), but it is pure
+    Python and slower (ppocr-cls: 0.49 s, then a failed assertion), so it runs only where ONNX's leaves gaps."""
     # The tool logs what it cannot infer (a warning on Python's stderr, unconfigured); that is only an estimate's
     # gap here. Its own logger is silenced for the call, not the process's streams (other threads may print).
     tool_log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
@@ -111,16 +112,25 @@ def _inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
-        if inferred is not None:
-            return cast(onnx.ModelProto, inferred)
-    except Exception:  # any failure of the tool (ppocr-cls: an assertion) only means "ask ONNX's inference"
-        pass
+        return cast(onnx.ModelProto, inferred) if inferred is not None else None
+    except Exception:  # any failure of the tool (ppocr-cls: an assertion) leaves ONNX's estimate
+        return None
     finally:
         tool_log.setLevel(level)
+
+
+def _onnx_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` through ONNX's own shape inference (with data propagation), or ``None`` if it fails."""
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # onnx raises its own InferenceError / ValidationError types: no estimate, no segmenting
+    except Exception:  # onnx raises its own InferenceError / ValidationError types
         return None
+
+
+def _sizes(model: onnx.ModelProto) -> dict[str, int | None]:
+    """Bytes of every tensor whose type and shape can be inferred (``None``: not fully known)."""
+    g = model.graph
+    return {v.name: _tensor_bytes(v) for v in [*g.value_info, *g.output, *g.input]}
 
 
 def _tensor_bytes(vi: onnx.ValueInfoProto) -> int | None:
@@ -140,18 +150,24 @@ def exposed_bytes(
     """Exposed bytes per float tensor of the plan (its float value plus its QDQ model's pre- and post-Q/DQ values),
     from shape inference at ``shapes``; ``None`` when more than a tenth of them have no static size (the model's
     shapes depend on data: no estimate, no segmenting)."""
-    inferred = _inferred(_light_copy(float_model, shapes))
-    if inferred is None:
-        return None
-    g = inferred.graph
-    sizes = {v.name: _tensor_bytes(v) for v in [*g.value_info, *g.output, *g.input]}
     mult: dict[str, int] = {}
     for a in plan.pairing.activations:
         mult[a.tensor_name] = mult.get(a.tensor_name, 0) + 1 + (2 if a.quantized else 1)
     for o in plan.pairing.outputs:
         mult[o.output_name] = mult.get(o.output_name, 0) + 2
-    known = {t: s * m for t, m in mult.items() if (s := sizes.get(t)) is not None}
-    if not mult or len(known) < 0.9 * len(mult):
+    if not mult:
+        return None
+    light = _light_copy(float_model, shapes)
+    known: dict[str, int] = {}
+    # ONNX's inference first (C++, milliseconds); ORT's symbolic one only when it leaves more than a tenth unknown
+    for infer in (_onnx_inferred, _symbolic):
+        inferred = infer(light)
+        if inferred is not None:
+            sizes = _sizes(inferred)
+            known = {t: s * m for t, m in mult.items() if (s := sizes.get(t)) is not None}
+            if len(known) >= 0.9 * len(mult):
+                break
+    if len(known) < 0.9 * len(mult):
         return None
     mean = sum(known.values()) // max(1, len(known))
     return {t: known.get(t, mean) for t in mult}
