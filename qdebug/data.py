@@ -315,6 +315,28 @@ class Limited:
             yield s
 
 
+class Window:
+    """Samples ``start`` to ``stop`` (exclusive) of another source: e.g. the held-out samples after a debug set."""
+
+    def __init__(self, source: DataSource, start: int, stop: int) -> None:
+        if not 0 <= start < stop <= len(source):
+            raise DataError(
+                f"{source.description}: holds {len(source)} samples; samples {start + 1}-{stop} were asked for"
+            )
+        self.source, self.start, self.stop = source, start, stop
+        self.description = f"{source.description}, samples {start + 1}-{stop}"
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Iterator[Sample]:
+        for i, s in enumerate(self.source):
+            if i >= self.stop:
+                return
+            if i >= self.start:
+                yield s
+
+
 def open_data(
     data: str | Path | Mapping[str, np.ndarray] | DataSource | None,
     specs: Sequence[InputSpec],

@@ -45,6 +45,15 @@ class Search(Tool):
         parser.add_argument("--eval", help="labelled .npz for top-1 accuracy")
         parser.add_argument("--label-key", default="label")
         parser.add_argument("--debug-samples", type=int, default=64, help="samples per debug pass (default 64)")
+        parser.add_argument(
+            "--holdout-samples",
+            type=int,
+            metavar="K",
+            help="measure the chosen point again on K samples the search never sees (the K of --data after the "
+            "--debug-samples ones, or the first K of --holdout); a choice that misses the goal there moves to the next "
+            "front point that holds, or is reported as not holding",
+        )
+        parser.add_argument("--holdout", metavar="DATA", help="held-out samples (.npz or folder; default: --data)")
         parser.add_argument("--config", "-c", help="base QuantConfig JSON")
         _add_target(parser)
         goal = parser.add_argument_group("goal (at least one)")
@@ -119,6 +128,7 @@ class Search(Tool):
             "--data": args.data,
             "--eval": args.eval,
             "--config": args.config,
+            "--holdout": args.holdout,
         }
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
@@ -158,6 +168,8 @@ class Search(Tool):
             print("qdebug: FAIL: the goal was not reached; no overrides written", file=sys.stderr)
             return EXIT_GATE
         _write(args, base, result)
+        if result.holdout is not None and not result.holdout.holds:
+            say("warning", f"held out: {result.holdout.note}")
         if not args.json:
             print(f"overrides written to {args.output}", file=out)
         return EXIT_OK
@@ -176,7 +188,8 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="stepwise: the greedy's evaluations at most, after the demotion sweep (default 40)",
+        help="stepwise: evaluations at most, the all-16-bit model's and the demotion sweep's included "
+        "(default N + 2*ceil(log2 N) for N candidates)",
     )
     parser.add_argument(
         "--candidates-per-step",
@@ -229,6 +242,35 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--compile-points takes 'chosen', 'front' or front indices like 0,2; got {spec!r}")
     if args.max_accuracy_drop is not None and args.eval is None:
         raise ConfigError("--max-accuracy-drop needs a labelled evaluation set (--eval)")
+    if args.holdout_samples is not None and args.holdout_samples < 1:
+        raise ConfigError(f"--holdout-samples must be >= 1, got {args.holdout_samples}")
+    if args.holdout and _same_file(args.holdout, args.data or args.calib):
+        raise ConfigError(
+            f"--holdout {args.holdout} is the debug data; --holdout-samples K alone takes the K samples after the "
+            "debug ones"
+        )
+
+
+def _same_file(a: str, b: str | None) -> bool:
+    from pathlib import Path
+
+    return b is not None and Path(a).resolve() == Path(b).resolve()
+
+
+def _holdout(args: argparse.Namespace) -> Any:
+    """The held-out samples (``None``: none asked for): the K of --data after the debug samples, or --holdout's."""
+    if args.holdout_samples is None and not args.holdout:
+        return None
+    from qdebug.data import Window, open_data
+    from qdebug.graph import input_specs, load_model
+
+    specs = input_specs(load_model(args.float_model, "float model"))
+    ignore = (args.label_key,)
+    if args.holdout:
+        source = open_data(args.holdout, specs, ignore=ignore)
+        return source if args.holdout_samples is None else Window(source, 0, args.holdout_samples)
+    source = open_data(args.data or args.calib, specs, ignore=ignore)
+    return Window(source, args.debug_samples, args.debug_samples + args.holdout_samples)
 
 
 def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
@@ -262,6 +304,7 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args)),
         workdir=args.workdir,
         target_fixes=bool(args.target) and not args.no_target_fixes,
+        holdout_data=_holdout(args),
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
         if session.target_fixes is not None:
             say("note", session.target_fixes.describe())
@@ -383,6 +426,16 @@ def _print_curve(result: Any, out: TextIO) -> None:
         f"{result.requantizations} re-quantizations (calibration reused) in {result.seconds:.1f} s{fa}",
         file=out,
     )
+    if result.holdout is not None:
+        _print_holdout(result.holdout, out)
+
+
+def _print_holdout(check: Any, out: TextIO) -> None:
+    from qdebug.render.search_table import HOLDOUT_COLUMNS, holdout_rows
+
+    title = f"Held out: the choice measured again on {check.samples} samples the search never saw"
+    table(title, list(HOLDOUT_COLUMNS), holdout_rows(check), out)
+    print(f"held out: {check.note} ({check.evaluations} debug passes, {check.seconds:.1f} s)", file=out)
 
 
 def _write(args: argparse.Namespace, base: Any, result: Any) -> None:

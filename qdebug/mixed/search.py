@@ -43,6 +43,7 @@ from qdebug.mixed.candidates import (
     noise_power,
 )
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
+from qdebug.mixed.holdout import HoldoutCheck, check_holdout
 from qdebug.mixed.promote import PromotionPlan
 from qdebug.mixed.stepwise import Measurements, stepwise_greedy
 from qdebug.mixed.suggest import Role, analyse
@@ -58,7 +59,9 @@ if TYPE_CHECKING:
 #: 3: ``target_fixes`` — the target's compatibility fixes applied to the float model before the search
 #: (:class:`~qdebug.mixed.target_fixes.TargetFixes`; ``None``: the model was searched as given, as in every older
 #: document)
-SCHEMA_VERSION = 3
+#: 4: ``holdout`` — the choice measured again on held-out samples (:class:`~qdebug.mixed.holdout.HoldoutCheck`;
+#: ``None`` when the session had none, as in every older document); ``goal.holdout_checks``
+SCHEMA_VERSION = 4
 
 #: ``prefix``: estimated ranking, doubling + bisection; ``greedy``: best of the next few, one at a time;
 #: ``measured``: the top candidates (groups merged) measured alone, then prefixes of the *measured* ranking, each
@@ -125,9 +128,13 @@ class SearchGoal:
     rank: str = "gain"
     #: ``stepwise``: the share of activation elements in 16 bits a point may reach (``None``: no limit)
     max_cost_fraction: float | None = None
-    #: ``stepwise``: the greedy's evaluations at most, after the demotion sweep (which ``measure_top`` bounds);
-    #: ``None``: 40. ``max_steps`` bounds its kept additions.
+    #: ``stepwise``: the search's evaluations at most, the all-16-bit ceiling, the demotion sweep (which
+    #: ``measure_top`` also bounds) and the greedy included; ``None``: N + 2·⌈log2 N⌉ for N candidates
+    #: (:func:`evaluation_bound`). ``max_steps`` bounds the greedy's kept additions.
     max_evaluations: int | None = None
+    #: with held-out samples in the session: how many points (the choice, then costlier front points that met the
+    #: goal) are measured on them at most until one holds (:mod:`qdebug.mixed.holdout`)
+    holdout_checks: int = 3
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -146,6 +153,8 @@ class SearchGoal:
             raise ConfigError(f"max_cost_fraction is a share in (0, 1], got {self.max_cost_fraction}")
         if self.max_evaluations is not None and self.max_evaluations < 1:
             raise ConfigError(f"max_evaluations must be positive, got {self.max_evaluations}")
+        if self.holdout_checks < 1:
+            raise ConfigError(f"holdout_checks must be positive, got {self.holdout_checks}")
         if self.max_steps < 1 or self.candidates_per_step < 1:
             raise ConfigError("max_steps and candidates_per_step must be positive")
 
@@ -191,6 +200,8 @@ class SearchResult:
     sensitivity: Any = field(default=None, compare=False)
     #: the target's compatibility fixes applied to the float model before the search (``None``: searched as given)
     target_fixes: TargetFixes | None = None
+    #: the choice measured again on held-out samples (``None``: the session had none)
+    holdout: HoldoutCheck | None = None
 
     @property
     def evaluations(self) -> int:
@@ -247,6 +258,7 @@ class SearchResult:
             "pareto": [pt(p) for p in self.pareto()],
             "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
             "target_fixes": None if self.target_fixes is None else self.target_fixes.to_dict(),
+            "holdout": None if self.holdout is None else self.holdout.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -352,7 +364,7 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     else:
         assert ceiling_ev is not None
         result = stepwise_search(session, resolved, ceiling_ev)
-    return replace(
+    result = replace(
         result,
         goal=goal,
         evaluated=(*result.evaluated, *([ceiling] if ceiling is not None else [])),
@@ -360,6 +372,10 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         requantizations=session.requantizations - start,
         seconds=round(time.perf_counter() - t0, 3),
     )
+    if getattr(session, "holdout_data", None) is not None and resolved.output_sqnr_db is not None:
+        # the choice checked on samples the search never saw (an accuracy goal is measured on eval_data already)
+        result = check_holdout(session, goal, resolved.output_sqnr_db, result, ceiling_ev)
+    return result
 
 
 def _ceiling(session: SearchSession, to: str) -> Evaluation:
@@ -600,10 +616,17 @@ class _Run:
         )  # fmt: skip
 
     def prefixes(
-        self, order: tuple[Candidate, ...], tag: str, sens: object, start: int = 1, met: str = "goal met"
+        self,
+        order: tuple[Candidate, ...],
+        tag: str,
+        sens: object,
+        start: int = 1,
+        met: str = "goal met",
+        budget: int | None = None,
     ) -> SearchResult:
-        """Prefixes of ``order`` promoted and measured together (:func:`smallest_passing_prefix` from ``start``);
-        the smallest that meets the goal, else the best point measured."""
+        """Prefixes of ``order`` promoted and measured together (:func:`smallest_passing_prefix` from ``start``, at
+        most ``budget`` evaluations, default ``goal.max_steps``); the smallest that meets the goal, else the best
+        point measured."""
         session, goal, points = self.session, self.goal, self.points
         by_n: dict[int, int] = {}
 
@@ -615,16 +638,17 @@ class _Run:
             by_n[n] = len(points) - 1
             return _met(goal, ev, session.float_accuracy)
 
-        lo, hi = smallest_passing_prefix(len(order), meets, max(1, goal.max_steps), start=start)
+        limit = max(1, goal.max_steps if budget is None else budget)
+        lo, hi = smallest_passing_prefix(len(order), meets, limit, start=start)
         if hi is None:
             best = max(range(len(points)), key=lambda i: points[i][0].output_sqnr_db or -math.inf)
             if points[best][1] is None and best != 0:  # a single measured without its plan kept
                 points[best] = (points[best][0], session.promote(points[best][0].promoted, goal.to))
-            why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({goal.max_steps})"
+            why = "even every candidate misses the goal" if lo == len(order) else f"max_steps ({limit})"
             return self.done(best, False, why, sens)
         reason = met
         if hi - lo > 1:
-            reason += f"; max_steps ({goal.max_steps}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
+            reason += f"; max_steps ({limit}) ended the bisection with {lo + 1}–{hi - 1} candidates untried"
         return self.done(by_n[hi], True, reason, sens)
 
 
@@ -723,37 +747,66 @@ def _demotion_sweep(
     return sens
 
 
-def stepwise_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluation) -> SearchResult:
-    """The ``stepwise`` strategy.
+def evaluation_bound(n: int) -> int:
+    """The issue's bound on a search's measured evaluations for ``n`` candidates: N + 2·⌈log2 N⌉ (a measurement
+    of each, then a bisection's worth twice). ``stepwise``'s default budget, the ceiling included."""
+    return n + 2 * math.ceil(math.log2(max(n, 2)))
 
-    1. The demotion sweep of ``efficient`` (:func:`_demotion_sweep`: at most ``goal.measure_top`` evaluations).
+
+def stepwise_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluation) -> SearchResult:
+    """The ``stepwise`` strategy, within ``goal.max_evaluations`` evaluations in all (the ceiling's included; default
+    :func:`evaluation_bound` of the number of candidates).
+
+    1. The demotion sweep of ``efficient`` (:func:`_demotion_sweep`: at most ``goal.measure_top`` evaluations, and
+       never so many that fewer than 2·⌈log2 N⌉ are left).
     2. The step-by-step measured greedy over its ranking by noise per 16-bit element
        (:func:`~qdebug.mixed.stepwise.stepwise_greedy`): windows of ``goal.candidates_per_step`` candidates, each
        added alone to the current set and measured, the best measured gain per added element kept (else the window
        as a group); points above ``goal.max_cost_fraction`` are never kept; at most ``goal.max_steps`` kept
-       additions and ``goal.max_evaluations`` evaluations (default 40).
+       additions; ⌈log2 N⌉ + 1 evaluations are kept back for step 3.
+    3. When the greedy stalls short of the goal: ``efficient``'s prefixes of the same ranking (measured jointly,
+       from the prefix the additive model predicts) with the evaluations left, so that the goal is reached, at a
+       higher cost, wherever a prefix reaches it.
 
-    Stops as soon as a kept point meets the goal (that point is chosen); otherwise the last kept point (the best the
-    greedy reached) is chosen. Every measured point is on the curve and the front.
+    Stops as soon as a point meets the goal (the greedy's first, else the smallest passing prefix, is chosen);
+    otherwise the best point measured is chosen. Every measured point is on the curve and the front.
     """
     run = _Run(session, goal)
     cands, trivial = run.begin()
     if trivial is not None:
         return trivial
-    sens = _demotion_sweep(session, goal, ceiling, cands)
+    log_n = math.ceil(math.log2(max(len(cands), 2)))
+    total = goal.max_evaluations or evaluation_bound(len(cands))
+    left = total - (session.requantizations - run.start) - 1  # the ceiling, measured before this
+    sweep_cap = max(1, min(goal.measure_top or len(cands), left - 2 * log_n))
+    sens = _demotion_sweep(session, replace(goal, measure_top=sweep_cap), ceiling, cands)
+    left -= sens.evaluations
     walk = stepwise_greedy(
         Measurements(session, goal.to),
         sens,
         lambda ev: _met(goal, ev, session.float_accuracy),
         width=goal.candidates_per_step,
         budget=1.0 if goal.max_cost_fraction is None else goal.max_cost_fraction,
-        max_evaluations=goal.max_evaluations or 40,
+        max_evaluations=max(1, left - (log_n + 1)),
         max_steps=goal.max_steps,
     )
+    left -= walk.new
     index: dict[frozenset[str], int] = {}
     for t in walk.trials:
         run.points.append((_point(0, t.tensors, t.evaluation, False, t.label), t.plan))
         index[frozenset(t.tensors)] = len(run.points) - 1
     chosen = index[frozenset(walk.path[-1].tensors)] if walk.path else 0
     steps = f"{len(walk.path)} steps, {walk.asked} greedy evaluations"
-    return run.done(chosen, walk.reached, f"{walk.reason} ({steps})", sens)
+    if walk.reached or left < 1 or goal.max_cost_fraction is not None:
+        # a cost budget is the user's limit: prefixes of the whole ranking would break it
+        return run.done(chosen, walk.reached, f"{walk.reason} ({steps}; {_of(session, run, total)})", sens)
+    order = sens.ranking(Ranking.EFFICIENCY)
+    guess = predicted_prefix(sens, order, session.base.output_sqnr_db, goal.output_sqnr_db)
+    done = run.prefixes(order, "sprefix", sens, start=guess, met="goal met by a prefix", budget=left)
+    why = f"the greedy: {walk.reason} ({steps}); then prefixes of its ranking: {done.stop_reason}"
+    return replace(done, stop_reason=f"{why} ({_of(session, run, total)})")
+
+
+def _of(session: SearchSession, run: _Run, total: int) -> str:
+    """ "K of M evaluations" (the ceiling's included)."""
+    return f"{session.requantizations - run.start + 1} of {total} evaluations"

@@ -46,7 +46,8 @@ class MixedPrecisionSession:
     """Quantize ``float_model`` once, then explore promotions without re-calibrating.
 
     ``data`` calibrates; ``debug_data`` (default: ``data``) feeds every debug pass; ``eval_data`` is an
-    optional labelled ``.npz`` (``label_key``) for top-1 accuracy.
+    optional labelled ``.npz`` (``label_key``) for top-1 accuracy; ``holdout_data`` (optional) are samples no search
+    sees: a search measures the point it chose on them again (:meth:`evaluate_holdout`, :mod:`qdebug.mixed.holdout`).
 
     With a ``quant_model`` (a QDQ model the user made), that model *is* the base: its settings (types, symmetry,
     per-channel) replace ``config``'s (only the config's target is kept) and its Q/DQ parameters give the
@@ -75,12 +76,15 @@ class MixedPrecisionSession:
         workdir: str | Path | None = None,
         quant_model: str | Path | None = None,
         target_fixes: bool | TargetFixes = False,
+        holdout_data: DataLike = None,
     ) -> None:
         self.float_path = Path(float_model)
         self.float_proto = load_model(self.float_path, "float model")
         self.float_sha256 = file_sha256(self.float_path)
         self.data = data
         self.debug_data = debug_data if debug_data is not None else data
+        self.holdout_data = holdout_data
+        self.holdout_evaluations = 0  # debug passes on the held-out samples (not counted as search evaluations)
         self.base_config = config or QuantConfig()
         self.given_path = Path(quant_model) if quant_model is not None else None
         self.given_recipe = None if self.given_path is None else self._given_recipe(self.base_config.target)
@@ -309,6 +313,26 @@ class MixedPrecisionSession:
         q = self.requantize(config, name)
         report = self._debug(q.model_path, what)
         return self._evaluation(config, name, q, report, t0)
+
+    def evaluate_holdout(self, config: QuantConfig, name: str = "holdout") -> DebugReport:
+        """``config`` quantized (calibration reused; the base's own model file when it is the base's config) and
+        debugged on :attr:`holdout_data`: the same model measured on samples the search never saw. Not counted in
+        :attr:`requantizations` (a search's evaluations), in :attr:`holdout_evaluations`."""
+        if self.holdout_data is None:
+            raise ConfigError("no held-out samples: give the session holdout_data")
+        base = self.base
+        if config == base.config:
+            path = Path(base.quantization.model_path)
+        else:
+            path = Path(self.requantize(config, name).model_path)
+            self.requantizations -= 1  # a check of a point already measured, not a search evaluation
+        self.holdout_evaluations += 1
+
+        def each(done: int, total: int) -> None:
+            self._say(done, total, f"{name}: held-out sample {done}/{total}")
+
+        opts = replace(self.debug_options, num_samples=None, cluster=None)
+        return debug(self.float_path, path, self.holdout_data, opts, progress=each)
 
     def evaluate_many(self, plans: Sequence[PromotionPlan], names: Sequence[str]) -> list[Evaluation]:
         """:meth:`evaluate` of each plan, in order. With ``debug_options.cluster`` the debug passes run at once, one

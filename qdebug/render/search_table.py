@@ -18,8 +18,10 @@ from qdebug.render.fmt import fmt_db
 __all__ = [
     "CURVE_COLUMNS",
     "FRONT_COLUMNS",
+    "HOLDOUT_COLUMNS",
     "POINT_CELLS",
     "front_columns",
+    "holdout_rows",
     "point_rows",
     "points_html",
     "split_note",
@@ -78,3 +80,19 @@ def points_html(points: Sequence[Any], columns: Sequence[str], index: bool = Tru
         attr = f" class='{' '.join(cls)}'" if cls else ""
         body.append(f"<tr{attr}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
     return f"<table class='qd-front'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+#: Columns of the held-out check (:class:`~qdebug.mixed.holdout.HoldoutCheck`): each point checked, its worst output
+#: SQNR on the debug samples (what the search saw) and on the held-out ones.
+HOLDOUT_COLUMNS = ("point", "16-bit elements", "debug samples", "held-out samples", "holds")
+
+
+def holdout_rows(check: Any) -> list[list[str]]:
+    """The held-out check's rows: base and all-16 first (the held-out goal's reference), then each point checked."""
+    rows = [["base", "0.0%", "-", fmt_db(check.base_db), ""]]
+    if check.ceiling_db is not None:
+        rows.append(["all16", "100.0%", "-", fmt_db(check.ceiling_db), ""])
+    for p in check.points:
+        holds = "yes" if p.holds else "NO"
+        rows.append([p.label, f"{p.cost_fraction_16bit:.1%}", fmt_db(p.search_db), fmt_db(p.holdout_db), holds])
+    return rows

@@ -1,0 +1,198 @@
+"""Does the point a search chose hold on samples it never saw? (issue 14)
+
+A search picks the cheapest point whose worst output SQNR meets the goal *on the debug samples*. With few debug
+samples that choice can fit the samples rather than the model: on the corpus' ppocr-cls, a 3.9 % promotion chosen on 8
+samples (15.61 dB, goal 15.33) gives 14.14 dB on 8 unseen samples against a 14.12 dB base. So when the session has
+held-out samples (``MixedPrecisionSession(holdout_data=…)``, ``qdebug search --holdout-samples K``), the search
+measures base, all-16 and its chosen point again on them (same models, calibration reused), with the goal made
+relative to the held-out all-16 model. When the chosen point misses it there, the next points of the Pareto front that
+met the goal on the debug samples are checked in order of cost (``SearchGoal.holdout_checks`` at most) and the first
+that holds becomes the choice; when none does, the choice stays and the result says it does not hold.
+
+Held-out passes are not search evaluations: they are counted apart (:attr:`HoldoutCheck.evaluations`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from qdebug.report import encode_number
+
+if TYPE_CHECKING:
+    from qdebug.mixed.evaluation import Evaluation
+    from qdebug.mixed.search import SearchGoal, SearchPoint, SearchResult
+
+__all__ = ["HeldOutPoint", "HoldoutCheck", "check_holdout"]
+
+
+def _num(v: Any) -> float | None:
+    """A JSON number back (``None``, or a float; ``encode_number`` writes infinities as strings)."""
+    return None if v is None else float(v)
+
+
+@dataclass(frozen=True)
+class HeldOutPoint:
+    """A point of the search measured again on the held-out samples."""
+
+    label: str
+    cost_fraction_16bit: float
+    #: worst output SQNR on the debug samples (what the search saw) and on the held-out ones
+    search_db: float | None
+    holdout_db: float | None
+    #: meets the held-out goal
+    holds: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HeldOutPoint:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            str(d["label"]), float(d["cost_fraction_16bit"]), _num(d["search_db"]), _num(d["holdout_db"]),
+            bool(d["holds"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HoldoutCheck:
+    """The search's choice checked on held-out samples (the module docstring)."""
+
+    samples: int
+    base_db: float | None
+    ceiling_db: float | None
+    #: the goal on the held-out samples (held-out all-16 minus the goal's margin, or the absolute goal)
+    goal_db: float | None
+    #: the points checked, in order (the search's own choice first)
+    points: tuple[HeldOutPoint, ...]
+    #: the final choice meets the held-out goal
+    holds: bool
+    #: the choice moved to a costlier front point that holds
+    moved: bool
+    note: str
+    #: held-out debug passes run (each a re-quantization from the cached ranges and a debug pass)
+    evaluations: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (part of the search result's)."""
+        d = {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        d["points"] = [p.to_dict() for p in self.points]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HoldoutCheck:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            samples=int(d["samples"]), base_db=_num(d["base_db"]), ceiling_db=_num(d["ceiling_db"]),
+            goal_db=_num(d["goal_db"]), points=tuple(HeldOutPoint.from_dict(p) for p in d["points"]),
+            holds=bool(d["holds"]), moved=bool(d["moved"]), note=str(d["note"]),
+            evaluations=int(d["evaluations"]), seconds=float(d["seconds"]),
+        )  # fmt: skip
+
+
+def _goal_db(goal: SearchGoal, ceiling_db: float | None) -> float | None:
+    """The SQNR goal on the held-out samples: relative to their all-16 model when the goal is (either bound met is
+    enough, as on the debug samples), else the absolute number."""
+    if goal.near_all16_db is not None and ceiling_db is not None:
+        rel = ceiling_db - goal.near_all16_db
+        return rel if goal.output_sqnr_db is None else min(rel, goal.output_sqnr_db)
+    return goal.output_sqnr_db
+
+
+def _to_check(result: SearchResult, search_goal_db: float | None, limit: int) -> list[SearchPoint]:
+    """The choice, then the costlier front points that met the goal on the debug samples, by cost."""
+    chosen = result.final
+    if not result.reached or search_goal_db is None:
+        return [chosen]
+    more = [
+        p
+        for p in result.pareto()
+        if p is not chosen
+        and p.label != "all16"  # another recipe, not a promotion set the overrides can hold
+        and p.cost_fraction_16bit >= chosen.cost_fraction_16bit
+        and p.output_sqnr_db is not None
+        and p.output_sqnr_db >= search_goal_db
+    ]
+    return [chosen, *more][:limit]
+
+
+def check_holdout(
+    session: Any, goal: SearchGoal, search_goal_db: float | None, result: SearchResult, ceiling: Evaluation | None
+) -> SearchResult:
+    """``result`` with its :class:`HoldoutCheck` (and its choice moved when the module docstring says so).
+    ``goal`` is the goal as the user gave it, ``search_goal_db`` the SQNR it meant on the debug samples."""
+    t0, runs0 = time.perf_counter(), session.holdout_evaluations
+    base = session.base
+    base_db = session.evaluate_holdout(base.config, "holdout-base").min_output_sqnr_db
+    ceiling_db = None
+    if ceiling is not None and goal.near_all16_db is not None:
+        ceiling_db = session.evaluate_holdout(ceiling.config, "holdout-all16").min_output_sqnr_db
+    goal_db = _goal_db(goal, ceiling_db)
+    checked: list[HeldOutPoint] = []
+    picked: SearchPoint | None = None
+    for p in _to_check(result, search_goal_db, goal.holdout_checks):
+        config = base.config if not p.promoted else session.promote(p.promoted, goal.to).config
+        db = base_db if not p.promoted else session.evaluate_holdout(config, "holdout-point").min_output_sqnr_db
+        holds = goal_db is not None and db is not None and db >= goal_db
+        checked.append(HeldOutPoint(p.label, p.cost_fraction_16bit, p.output_sqnr_db, db, holds))
+        if holds:
+            picked = p
+            break
+    check = HoldoutCheck(
+        samples=len_of(session.holdout_data), base_db=base_db, ceiling_db=ceiling_db, goal_db=goal_db,
+        points=tuple(checked), holds=picked is not None, moved=picked is not None and picked is not result.final,
+        note=_note(checked, goal_db, picked is not None, result.reached),
+        evaluations=session.holdout_evaluations - runs0, seconds=round(time.perf_counter() - t0, 3),
+    )  # fmt: skip
+    out = replace(result, holdout=check)
+    return _move_choice(session, goal, out, picked) if check.moved and picked is not None else out
+
+
+def len_of(data: Any) -> int:
+    """How many held-out samples (0 when the session cannot tell)."""
+    try:
+        return len(data)
+    except TypeError:
+        return 0
+
+
+def _fmt(db: float | None) -> str:
+    return "n/a" if db is None or not math.isfinite(db) else f"{db:.2f} dB"
+
+
+def _note(checked: list[HeldOutPoint], goal_db: float | None, holds: bool, reached: bool) -> str:
+    """One line for the user."""
+    first = checked[0]
+    seen = f"{first.label} ({first.cost_fraction_16bit:.1%}): {_fmt(first.search_db)} on the debug samples"
+    there = f"{_fmt(first.holdout_db)} on the held-out samples (goal {_fmt(goal_db)})"
+    if goal_db is None:
+        return f"{seen}, {_fmt(first.holdout_db)} on the held-out samples (no SQNR goal to check)"
+    if first.holds:
+        return f"the choice holds: {seen}, {there}"
+    if holds:
+        last = checked[-1]
+        return (
+            f"the choice did not hold ({seen}, {there}); chosen instead: {last.label} ({last.cost_fraction_16bit:.1%}),"
+            f" {_fmt(last.holdout_db)} held out"
+        )
+    more = "" if len(checked) == 1 else f"; nor did the next {len(checked) - 1} front point(s)"
+    why = "More debug samples (--debug-samples) make the choice fit the model, not the samples"
+    return f"the choice does NOT hold: {seen}, {there}{more}. {why}" if reached else f"{seen}, {there}"
+
+
+def _move_choice(session: Any, goal: SearchGoal, result: SearchResult, picked: SearchPoint) -> SearchResult:
+    """``result`` with ``picked`` (a point of its curve) as the choice, its plan made again (deterministic)."""
+    steps = list(result.steps)
+    index = next((i for i, p in enumerate(steps) if p is picked), None)
+    if index is None:  # a point of ``evaluated`` (not on the curve): it joins it
+        steps.append(picked)
+        index = len(steps) - 1
+    steps = [replace(p, chosen=i == index) for i, p in enumerate(steps)]
+    evaluated = tuple(p for p in result.evaluated if p is not picked)
+    plan = session.promote(picked.promoted, goal.to)
+    return replace(result, steps=tuple(steps), evaluated=evaluated, chosen_step=index, plan=plan)
