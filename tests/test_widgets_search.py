@@ -261,3 +261,4 @@ def test_a_stepwise_search_with_budgets_shows_what_the_cli_prints(dbg: QuantDebu
     line = outcome_line(res)  # the last line of `qdebug search`
     assert line in summary and line.startswith(f"goal NOT reached: {res.stop_reason}; {res.evaluations} evaluations")
     assert "all-16-bit" in line and res.ceiling_db is not None  # stepwise measures the ceiling first
+    assert f"; chosen: {res.final.label}, " in summary  # named as the CLI's curve table names it

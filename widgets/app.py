@@ -988,9 +988,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         )
         text = f"{outcome_line(res)}; {_count(len(points), 'point')} measured"  # the CLI's last line, then more
         if chosen is not None:
-            text += (
-                f"; chosen: step {chosen.step}, {_count(len(chosen.promoted), 'tensor')}, {_db(chosen.output_sqnr_db)}"
-            )
+            name = chosen.label or f"step {chosen.step}"  # as the CLI's tables name it ("step 3: +x", "prefix 4")
+            text += f"; chosen: {name}, {_count(len(chosen.promoted), 'tensor')}, {_db(chosen.output_sqnr_db)}"
         if worse:
             text += " — worse than the start: keep the current model or pick another point"
         if res.target_fixes is not None and res.target_fixes.changed:  # what `qdebug search --target` prints too
