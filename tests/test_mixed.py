@@ -449,7 +449,7 @@ def test_search_result_json(prefix_result: SearchResult) -> None:
         raise AssertionError(f"non-strict JSON literal {token}")
 
     d = json.loads(prefix_result.to_json(), parse_constant=refuse)
-    assert d["schema_version"] == 3 and d["target_fixes"] is None  # searched as given (no target)
+    assert d["schema_version"] == 4 and d["target_fixes"] is None and d["holdout"] is None  # as given, none held out
     assert d["reached"] is True and d["requantizations"] == prefix_result.requantizations
     assert d["promoted"] == list(prefix_result.final.promoted)
     assert d["chosen_step"] == prefix_result.chosen_step

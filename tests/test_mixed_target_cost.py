@@ -158,7 +158,7 @@ def test_search_with_a_target_searches_the_fixed_model(tmp_path: Path, run_cli) 
     assert r.code == 0, r.stderr
     assert "qdebug: note: searched the model after qnn's compatibility fixes (static_shapes" in r.stderr
     d = json.loads(r.out)
-    assert d["schema_version"] == 3 and d["target_fixes"]["target"] == "qnn"
+    assert d["schema_version"] == 4 and d["target_fixes"]["target"] == "qnn"
     assert d["target_fixes"]["changed"] == ["static_shapes", "batchnorm_folding"]
     # The dynamic batch dimension was fixed, so the front compiles (without the fixes QNN refuses it, test above).
     assert all(p["target_cost"]["ok"] and not p["target_cost"]["splits"] for p in d["pareto"])

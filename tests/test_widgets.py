@@ -340,7 +340,7 @@ def test_bad_search_goal_is_a_message(dbg: QuantDebugger) -> None:
     app.goal_db.value = 0.0
     app.goal_drop.value = 0.0
     app.on_search_clicked()
-    assert app.status.startswith("search failed: ConfigError") and app.last_search is None
+    assert app.status.startswith("search not started: set a goal first") and app.last_search is None
 
 
 def test_comparison_after_promotion(dbg: QuantDebugger) -> None:

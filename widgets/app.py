@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import traitlets as tr
 
+from qdebug.errors import ConfigError
 from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
 from qdebug.render.fmt import fmt_db_text, fmt_pct
 from qdebug.render.text import capture_line
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from qdebug.mixed.promote import PromotionPlan
-    from qdebug.mixed.search import SearchPoint, SearchResult
+    from qdebug.mixed.search import SearchGoal, SearchPoint, SearchResult
     from qdebug.mixed.session import Evaluation
     from qdebug.mixed.suggest import Suggestion
     from qdebug.report import DebugReport
@@ -302,7 +303,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.goal_drop = w.FloatText(description="max drop %", value=0.0)
         from qdebug.mixed.search import STRATEGIES  # the engine's list: a new strategy shows up here by itself
 
+        from .search_form import SearchBudgets  # imports the search engine too: when the app is built, as above
+
         self.strategy_picker = w.Dropdown(description="strategy", options=list(STRATEGIES), value="prefix")
+        self.budgets = SearchBudgets(str(self.strategy_picker.value))  # shown per strategy, as the CLI's options
         self.search_button = w.Button(description="Search", icon="search", layout=_button_layout())
         self.search_summary = w.HTML("")
         # After the search: compile the front for the fix panel's target (what `qdebug search --compile-points front`
@@ -358,6 +362,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             w.link((src, "value"), (self, trait))
         self.tensor_picker.observe(self._on_picker, names="value")
         self.target_picker.observe(self._on_target_picker, names="value")
+        self.strategy_picker.observe(lambda c: self.budgets.show_for(str(c["new"])), names="value")
 
     def _layout_children(self) -> list[w.Widget]:
         """Tabs (tensors, heatmaps, graph, search, before/after) over the inspector and the fix panel."""
@@ -376,6 +381,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                     "that axis). Click a point of the curve to apply it."
                 ),
                 w.HBox([self.goal_db, self.goal_drop, self.strategy_picker, self.search_button]),
+                self.budgets.box,
                 w.HBox([self.compile_front_box, self.target_samples]),
                 self.search_summary,
                 self.pareto_box,
@@ -891,13 +897,13 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     # ------------------------------------------------------------------ search
     def on_search_clicked(self, b: Any = None) -> None:
         """Run the automatic search from the base and draw its cost/quality curve (the history is unchanged)."""
-        from qdebug.mixed.search import SearchGoal
-
-        db = float(self.goal_db.value) or None
-        drop = float(self.goal_drop.value) / 100 or None
+        try:
+            goal = self.search_goal()
+        except ConfigError as exc:  # a goal or budget it cannot use: said in the tab, nothing starts
+            self._say(self.search_summary, f"search not started: {exc}", "error")
+            return
         self.set_busy(True)
         try:
-            goal = SearchGoal(output_sqnr_db=db, max_accuracy_drop=drop, strategy=str(self.strategy_picker.value))
             self._busy("searching promotions (each point is re-quantized and measured)")
             res = self.debugger.search(goal)
             note = ""
@@ -915,6 +921,23 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.search_summary.value = self._search_text(res)
         self.front_view.value = self._front_html(res, note)
         self.status = "search done: click a point of the curve to apply it" + (f"; {note}" if note else "")
+
+    def search_goal(self) -> SearchGoal:
+        """The goal of the tab's inputs, built as ``qdebug search`` builds it from its options
+        (:func:`~qdebug.mixed.search.user_goal`): 0 dB or 0 % is no goal on that axis, an empty budget its default;
+        a value it cannot use raises :class:`~qdebug.errors.ConfigError` naming the input."""
+        from qdebug.mixed.search import user_goal
+
+        db = float(self.goal_db.value) or None
+        drop = float(self.goal_drop.value) or None
+        if db is None and drop is None:
+            raise ConfigError("set a goal first: goal dB (the worst output's SQNR to reach) and/or max drop % (top-1 "
+                              "accuracy lost vs the float model)")  # fmt: skip
+        if drop is not None and not 0 < drop < 100:
+            raise ConfigError(f"max drop %: must be more than 0 and less than 100 (percentage points), got {drop:g}")
+        return user_goal(
+            str(self.strategy_picker.value), output_sqnr_db=db, max_accuracy_drop_points=drop, **self.budgets.values()
+        )
 
     def _compile_front(self, res: SearchResult) -> tuple[SearchResult, str]:
         """The search's front compiled for the chosen target (and run on it); a target that is unavailable or a
@@ -949,7 +972,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
 
     @staticmethod
     def _search_text(res: SearchResult) -> str:
-        """The search's outcome in one line: the count is of the points on the curve."""
+        """The search's outcome in one line: what ``qdebug search`` ends with (reached or not and why, evaluations,
+        time), then the points on the curve and the chosen one."""
+        from qdebug.render.search_table import outcome_line
+
         points = {p.step: p for p in (*res.steps, *res.evaluated)}
         chosen = res.steps[res.chosen_step] if res.steps else None
         start = points.get(0)
@@ -960,15 +986,10 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             and start.output_sqnr_db is not None
             and chosen.output_sqnr_db < start.output_sqnr_db
         )
-        text = (
-            f"{'goal reached' if res.reached else 'goal not reached'} ({res.stop_reason}); "
-            f"{_count(len(points), 'point')} measured, {_count(res.requantizations, 're-quantization')}, "
-            f"{res.seconds:.1f} s"
-        )
+        text = f"{outcome_line(res)}; {_count(len(points), 'point')} measured"  # the CLI's last line, then more
         if chosen is not None:
-            text += (
-                f"; chosen: step {chosen.step}, {_count(len(chosen.promoted), 'tensor')}, {_db(chosen.output_sqnr_db)}"
-            )
+            name = chosen.label or f"step {chosen.step}"  # as the CLI's tables name it ("step 3: +x", "prefix 4")
+            text += f"; chosen: {name}, {_count(len(chosen.promoted), 'tensor')}, {_db(chosen.output_sqnr_db)}"
         if worse:
             text += " — worse than the start: keep the current model or pick another point"
         if res.target_fixes is not None and res.target_fixes.changed:  # what `qdebug search --target` prints too

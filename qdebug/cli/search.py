@@ -180,8 +180,9 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-steps",
         type=int,
-        default=12,
-        help="evaluations (prefix; measured, efficient: of the prefixes) or kept steps (greedy, stepwise) at most",
+        default=None,
+        help="evaluations (prefix; measured, efficient: of the prefixes) or kept steps (greedy, stepwise) at most "
+        "(default 12)",
     )
     parser.add_argument(
         "--max-evaluations",
@@ -194,7 +195,7 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--candidates-per-step",
         type=int,
-        default=4,
+        default=None,
         metavar="K",
         help="greedy, stepwise: candidates measured per step (default 4)",
     )
@@ -273,26 +274,32 @@ def _holdout(args: argparse.Namespace) -> Any:
     return Window(source, args.debug_samples, args.debug_samples + args.holdout_samples)
 
 
+def _goal(args: argparse.Namespace) -> Any:
+    """The search goal of the options (the UI's search tab builds it through the same ``user_goal``)."""
+    from qdebug.mixed.search import user_goal
+
+    return user_goal(
+        args.strategy,
+        output_sqnr_db=args.goal_sqnr,
+        max_accuracy_drop_points=args.max_accuracy_drop,
+        near_all16_db=args.goal_near_all16,
+        max_steps=args.max_steps,
+        candidates_per_step=args.candidates_per_step,
+        measure_top=args.measure_top,
+        max_evaluations=args.max_evaluations,
+        max_cost_fraction=args.max_cost_fraction,
+        rank=args.rank,
+        to=args.to,
+    )
+
+
 def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from qdebug.config import QuantConfig
     from qdebug.debug import DebugOptions
-    from qdebug.mixed.search import SearchGoal
     from qdebug.mixed.session import MixedPrecisionSession
 
     base = (QuantConfig.load(args.config) if args.config else QuantConfig()).merged(target=args.target)
-    goal = SearchGoal(
-        output_sqnr_db=args.goal_sqnr,
-        max_accuracy_drop=None if args.max_accuracy_drop is None else args.max_accuracy_drop / 100.0,
-        max_steps=args.max_steps,
-        to=args.to,
-        strategy=args.strategy,
-        near_all16_db=args.goal_near_all16,
-        measure_top=args.measure_top,
-        rank=args.rank,
-        candidates_per_step=args.candidates_per_step,
-        max_cost_fraction=args.max_cost_fraction,
-        max_evaluations=args.max_evaluations,
-    )
+    goal = _goal(args)
     ignore = (args.label_key,)  # the label array named by --label-key is never a model input
     with MixedPrecisionSession(
         args.float_model,
@@ -405,7 +412,7 @@ def _print_points(title: str, points: Sequence[Any], columns: Sequence[str], out
 
 
 def _print_curve(result: Any, out: TextIO) -> None:
-    from qdebug.render.search_table import CURVE_COLUMNS, front_columns, split_note
+    from qdebug.render.search_table import CURVE_COLUMNS, front_columns, outcome_line, split_note
 
     if result.sensitivity is not None:
         _print_sensitivity(result.sensitivity, out)
@@ -418,14 +425,7 @@ def _print_curve(result: Any, out: TextIO) -> None:
         print(note, file=out)
     if result.target_fixes is not None:
         print(f"model: {result.target_fixes.describe()}", file=out)
-    fa = "" if result.float_accuracy is None else f", float top-1 {result.float_accuracy:.2%}"
-    if result.ceiling_db is not None:
-        fa += f", all-16-bit {result.ceiling_db:.2f} dB"
-    print(
-        f"{'reached' if result.reached else 'NOT reached'}: {result.stop_reason}; "
-        f"{result.requantizations} re-quantizations (calibration reused) in {result.seconds:.1f} s{fa}",
-        file=out,
-    )
+    print(outcome_line(result), file=out)
     if result.holdout is not None:
         _print_holdout(result.holdout, out)
 

@@ -159,6 +159,58 @@ class SearchGoal:
             raise ConfigError("max_steps and candidates_per_step must be positive")
 
 
+#: ``measured``: candidates measured alone when ``measure_top`` is not given
+DEFAULT_MEASURE_TOP = 8
+#: ``stepwise``: the search's evaluations at most when ``max_evaluations`` is not given, in words (the number is
+#: :func:`evaluation_bound` of the model's candidates)
+DEFAULT_MAX_EVALUATIONS = "N + 2·log2(N) for N candidates"
+#: ``max_steps`` when a user leaves it out (``qdebug search`` and the UI's search tab; ``SearchGoal``'s own default,
+#: 8, predates the CLI)
+USER_MAX_STEPS = 12
+#: The strategies that read each budget of :class:`SearchGoal` (elsewhere it is ignored): the UI's search tab shows
+#: a budget's input only for these.
+BUDGET_STRATEGIES: dict[str, tuple[str, ...]] = {
+    "max_steps": STRATEGIES,
+    "measure_top": ("measured", "efficient", "stepwise"),
+    "candidates_per_step": ("greedy", "stepwise"),
+    "max_evaluations": ("stepwise",),
+    "max_cost_fraction": ("stepwise",),
+}
+
+
+def user_goal(
+    strategy: str = "prefix",
+    *,
+    output_sqnr_db: float | None = None,
+    max_accuracy_drop_points: float | None = None,
+    near_all16_db: float | None = None,
+    max_steps: int | None = None,
+    candidates_per_step: int | None = None,
+    measure_top: int | None = None,
+    max_evaluations: int | None = None,
+    max_cost_fraction: float | None = None,
+    rank: str = "gain",
+    to: str = "uint16",
+) -> SearchGoal:
+    """The goal a user asked for, from ``qdebug search``'s options or the UI search tab's inputs: one mapping for
+    both faces, so that the same settings search the same. The accuracy drop is in percentage points (the goal keeps
+    a fraction); a budget left out (``None``) takes its default (``max_steps``: :data:`USER_MAX_STEPS`; the others:
+    :class:`SearchGoal`'s). Invalid values raise :class:`~qdebug.errors.ConfigError` naming the field."""
+    return SearchGoal(
+        output_sqnr_db=output_sqnr_db,
+        max_accuracy_drop=None if max_accuracy_drop_points is None else max_accuracy_drop_points / 100.0,
+        near_all16_db=near_all16_db,
+        strategy=strategy,
+        max_steps=USER_MAX_STEPS if max_steps is None else max_steps,
+        candidates_per_step=SearchGoal.candidates_per_step if candidates_per_step is None else candidates_per_step,
+        measure_top=measure_top,
+        max_evaluations=max_evaluations,
+        max_cost_fraction=max_cost_fraction,
+        rank=rank,
+        to=to,
+    )
+
+
 @dataclass(frozen=True)
 class SearchPoint:
     """One measured configuration: a point of the cost/quality curve."""
@@ -672,7 +724,7 @@ def measured_search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     if trivial is not None:
         return trivial
     float_acc, points, done = session.float_accuracy, run.points, run.done
-    sens, singles = measure_sensitivity(session, cands, goal.measure_top or 8, goal.to)
+    sens, singles = measure_sensitivity(session, cands, goal.measure_top or DEFAULT_MEASURE_TOP, goal.to)
     hits: list[int] = []
     for m, ev in singles:
         if ev is None:
@@ -797,6 +849,8 @@ def stepwise_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluatio
         index[frozenset(t.tensors)] = len(run.points) - 1
     chosen = index[frozenset(walk.path[-1].tensors)] if walk.path else 0
     steps = f"{len(walk.path)} steps, {walk.asked} greedy evaluations"
+    if walk.reason.startswith("max evaluations"):  # the greedy's share of the search's budget: say the user's
+        walk = replace(walk, reason=f"max evaluations ({total}) reached")
     if walk.reached or left < 1 or goal.max_cost_fraction is not None:
         # a cost budget is the user's limit: prefixes of the whole ranking would break it
         return run.done(chosen, walk.reached, f"{walk.reason} ({steps}; {_of(session, run, total)})", sens)

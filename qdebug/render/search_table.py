@@ -22,6 +22,7 @@ __all__ = [
     "POINT_CELLS",
     "front_columns",
     "holdout_rows",
+    "outcome_line",
     "point_rows",
     "points_html",
     "split_note",
@@ -59,6 +60,23 @@ def front_columns(front: Sequence[Any]) -> list[str]:
 def point_rows(points: Sequence[Any], columns: Sequence[str], index: bool = False) -> list[list[str]]:
     """The cells of ``points`` (``index``: a first ``#`` column, what ``--compile-points`` refers to)."""
     return [[*([str(i)] if index else []), *(POINT_CELLS[c](p) for c in columns)] for i, p in enumerate(points)]
+
+
+def outcome_line(result: Any) -> str:
+    """How a search ended, as ``qdebug search`` says it last and the UI's search tab first: reached or not and why
+    (the stop reason; ``stepwise`` adds its kept steps and greedy evaluations), the evaluations (each a
+    re-quantization from the cached calibration and a debug pass), the wall time, and the float top-1 and the
+    all-16-bit ceiling when they were measured."""
+    n = result.evaluations
+    text = (
+        f"goal {'reached' if result.reached else 'NOT reached'}: {result.stop_reason}; "
+        f"{n} evaluation{'' if n == 1 else 's'} (re-quantizations, calibration reused) in {result.seconds:.1f} s"
+    )
+    if result.float_accuracy is not None:
+        text += f", float top-1 {result.float_accuracy:.2%}"
+    if result.ceiling_db is not None:
+        text += f", all-16-bit {result.ceiling_db:.2f} dB"
+    return text
 
 
 def split_note(front: Sequence[Any]) -> str | None:
