@@ -30,6 +30,8 @@ Sample = dict[str, np.ndarray]
 #: Default for dynamic dimensions nobody specified: the first (batch) axis becomes 1, any other 32.
 DEFAULT_BATCH_DIM = 1
 DEFAULT_OTHER_DIM = 32
+#: Synthetic samples when nobody said how many.
+SYNTHETIC_SAMPLES = 8
 
 
 class DataSource(Protocol):
@@ -353,7 +355,7 @@ def open_data(
     """
     source: DataSource
     if data is None:
-        return SyntheticData(specs, num_samples or 8, seed, distribution, input_shapes)
+        return SyntheticData(specs, num_samples or SYNTHETIC_SAMPLES, seed, distribution, input_shapes)
     if isinstance(data, str | Path):
         p = Path(data)
         if p.is_dir():

@@ -264,3 +264,27 @@ def test_a_stepwise_search_with_budgets_shows_what_the_cli_prints(dbg: QuantDebu
     assert line in summary and line.startswith(f"goal NOT reached: {res.stop_reason}; {res.evaluations} evaluation")
     assert "all-16-bit" in line and res.ceiling_db is not None  # stepwise measures the ceiling first
     assert f"; chosen: {res.final.label}, " in summary  # named as the CLI's curve table names it
+
+
+def test_held_out_samples_check_the_choice_and_say_so(dbg: QuantDebugger) -> None:
+    app = DebuggerApp(dbg)
+    app.holdout_box.value = "8"  # the 8 seeded samples after the 8 the debug passes generate
+    _search(app, dbg)
+    res = app.last_search
+    assert res is not None and res.holdout is not None and res.holdout.samples == 8
+    first = res.holdout.points[0]  # the search's own choice; the final one unless it moved up the front
+    assert (res.final.label == first.label) != res.holdout.moved
+    summary = html.unescape(app.search_summary.value)
+    assert f"held out (8 samples): {res.holdout.note}" in summary  # the CLI's "held out: …" line
+    app.holdout_box.value = ""  # empty: no check
+    _search(app, dbg)
+    assert app.last_search is not None and app.last_search.holdout is None
+    assert "held out" not in app.search_summary.value
+    app.holdout_box.value = "eight"
+    app.last_search = None
+    app.on_search_clicked()
+    assert app.last_search is None and not app.search_button.disabled
+    assert (
+        app.status == "search not started: held-out samples: 'eight' is not a whole number; type one like 8 (or "
+        "leave it empty)"
+    )

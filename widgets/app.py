@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import traitlets as tr
 
-from qdebug.errors import ConfigError
+from qdebug.errors import ConfigError, DataError
 from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
 from qdebug.render.fmt import fmt_db_text, fmt_pct
 from qdebug.render.text import capture_line
@@ -69,6 +69,20 @@ def _db(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return fmt_pct(v, missing="n/a")
+
+
+def _whole(text: str, label: str) -> int | None:
+    """A whole number of at least 1 typed in a box (empty: ``None``); else a :class:`ConfigError` naming the box."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"{label}: {text!r} is not a whole number; type one like 8 (or leave it empty)") from None
+    if n < 1:
+        raise ConfigError(f"{label}: must be 1 or more, got {n}")
+    return n
 
 
 def _count(n: int, noun: str) -> str:
@@ -308,6 +322,14 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.strategy_picker = w.Dropdown(description="strategy", options=list(STRATEGIES), value="prefix")
         self.budgets = SearchBudgets(str(self.strategy_picker.value))  # shown per strategy, as the CLI's options
         self.search_button = w.Button(description="Search", icon="search", layout=_button_layout())
+        # Samples the search never sees: its choice is measured again on them (qdebug search --holdout-samples K).
+        self.holdout_box = w.Text(
+            description="held-out samples", placeholder="none", style={"description_width": "initial"},
+            layout=w.Layout(width="210px"),
+            tooltip="How many samples after the debug ones the search never sees: the point it chooses is measured "
+            "again on them, and a choice that only fits the debug samples is said (or replaced by one that holds). "
+            "Empty: no check.",
+        )  # fmt: skip
         self.search_summary = w.HTML("")
         # After the search: compile the front for the fix panel's target (what `qdebug search --compile-points front`
         # does), each point also run on the target over a few debug samples; the front table shows both.
@@ -382,7 +404,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                 ),
                 w.HBox([self.goal_db, self.goal_drop, self.strategy_picker, self.search_button]),
                 self.budgets.box,
-                w.HBox([self.compile_front_box, self.target_samples]),
+                w.HBox([self.holdout_box, self.compile_front_box, self.target_samples]),
                 self.search_summary,
                 self.pareto_box,
                 self.front_view,
@@ -899,7 +921,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         """Run the automatic search from the base and draw its cost/quality curve (the history is unchanged)."""
         try:
             goal = self.search_goal()
-        except ConfigError as exc:  # a goal or budget it cannot use: said in the tab, nothing starts
+            self.debugger.hold_out(_whole(self.holdout_box.value, "held-out samples"))
+        except (ConfigError, DataError) as exc:  # a goal, budget or sample count it cannot use: said, nothing starts
             self._say(self.search_summary, f"search not started: {exc}", "error")
             return
         self.set_busy(True)
@@ -994,6 +1017,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             text += " — worse than the start: keep the current model or pick another point"
         if res.target_fixes is not None and res.target_fixes.changed:  # what `qdebug search --target` prints too
             text += f"; {res.target_fixes.describe()}"
+        if res.holdout is not None:  # the CLI's "held out: …" line
+            text += f"; held out ({res.holdout.samples} samples): {res.holdout.note}"
         return f"<span class='qd-search-result'>{html.escape(text)}</span>"
 
     def _on_pareto_click(self, trace: Any, points: Any, state: Any = None) -> None:

@@ -232,6 +232,11 @@ class QuantDebugger:
         self._step(1, 1, f"compiled for {target}: {'ok' if res.ok else 'failed'}")
         return res
 
+    def hold_out(self, samples: int | None) -> None:
+        """Measure a search's choice again on ``samples`` samples of the debug data after the debug ones (``None``:
+        no check; :meth:`~qdebug.mixed.session.MixedPrecisionSession.hold_out`)."""
+        self.session.hold_out(samples)
+
     def search(self, goal: SearchGoal) -> SearchResult:
         """Automatic promotion search from the base (the history is not changed)."""
         self._step(0, 1, "searching promotions")

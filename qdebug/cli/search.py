@@ -258,22 +258,6 @@ def _same_file(a: str, b: str | None) -> bool:
     return b is not None and Path(a).resolve() == Path(b).resolve()
 
 
-def _holdout(args: argparse.Namespace) -> Any:
-    """The held-out samples (``None``: none asked for): the K of --data after the debug samples, or --holdout's."""
-    if args.holdout_samples is None and not args.holdout:
-        return None
-    from qdebug.data import Window, open_data
-    from qdebug.graph import input_specs, load_model
-
-    specs = input_specs(load_model(args.float_model, "float model"))
-    ignore = (args.label_key,)
-    if args.holdout:
-        source = open_data(args.holdout, specs, ignore=ignore)
-        return source if args.holdout_samples is None else Window(source, 0, args.holdout_samples)
-    source = open_data(args.data or args.calib, specs, ignore=ignore)
-    return Window(source, args.debug_samples, args.debug_samples + args.holdout_samples)
-
-
 def _goal(args: argparse.Namespace) -> Any:
     """The search goal of the options (the UI's search tab builds it through the same ``user_goal``)."""
     from qdebug.mixed.search import user_goal
@@ -311,8 +295,8 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args)),
         workdir=args.workdir,
         target_fixes=bool(args.target) and not args.no_target_fixes,
-        holdout_data=_holdout(args),
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)
+        session.hold_out(args.holdout_samples, args.holdout)  # before any work: a data set too short is said now
         if session.target_fixes is not None:
             say("note", session.target_fixes.describe())
         if args.compile_points:  # a model the target refuses is said now, not after the search

@@ -314,6 +314,40 @@ class MixedPrecisionSession:
         report = self._debug(q.model_path, what)
         return self._evaluation(config, name, q, report, t0)
 
+    def hold_out(self, samples: int | None, data: DataLike = None) -> None:
+        """Set :attr:`holdout_data`: ``samples`` samples of the debug data after the debug ones (those of
+        ``debug_options.num_samples``), or of ``data`` (its first ``samples``; every one when ``samples`` is
+        ``None``). ``samples=None`` without ``data``: no held-out check. A data set too short raises
+        :class:`~qdebug.errors.DataError` naming it."""
+        from qdebug.data import SYNTHETIC_SAMPLES, Window, open_data
+        from qdebug.graph import input_specs
+
+        opts = self.debug_options
+        if samples is not None and samples < 1:
+            raise ConfigError(f"held-out samples must be 1 or more, got {samples}")
+        if data is None and samples is None:
+            self.holdout_data = None
+            return
+
+        def opened(d: DataLike, n: int | None) -> DataSource:
+            return open_data(
+                d, input_specs(self.float_proto), num_samples=n, seed=opts.seed, distribution=opts.distribution,
+                input_shapes=opts.input_shapes, ignore=opts.ignore_data_keys,
+            )  # fmt: skip
+
+        if data is not None:
+            self.holdout_data = opened(data, samples)
+            return
+        assert samples is not None
+        n = opts.num_samples
+        if n is None and self.debug_data is None:
+            n = SYNTHETIC_SAMPLES  # what a debug pass generated: the held-out ones are the next seeded samples
+        if n is None:
+            raise ConfigError(
+                "every sample of the debug data is debugged: held-out samples need fewer (debug_options.num_samples)"
+            )
+        self.holdout_data = Window(opened(self.debug_data, n + samples), n, n + samples)
+
     def evaluate_holdout(self, config: QuantConfig, name: str = "holdout") -> DebugReport:
         """``config`` quantized (calibration reused; the base's own model file when it is the base's config) and
         debugged on :attr:`holdout_data`: the same model measured on samples the search never saw. Not counted in
