@@ -322,6 +322,41 @@ def test_a_worker_follows_the_one_core_rule(
     assert_identical(one, cut)
 
 
+def test_a_worker_runs_every_shard_on_one_thread(
+    digits: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray calls an actor's methods from its own threads; the worker reduces every shard on one thread of its own
+    (glibc's heap arenas are per thread: a sample's tensors freed in two of them made ViT-S's worker peak ~20 %
+    higher, docs/benchmarks.md). The worker's code in this process, called from two threads in turn, without Ray."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qdebug.capture.numpy_backend import NumpyRun
+    from qdebug.capture.ray_backend import CaptureWorker, _job
+
+    f, q, data = digits
+    fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
+    source = open_data(data, input_specs(fm))
+    job = _job(fm, qm, pair_models(fm, qm), ("CPUExecutionProvider",), "numpy", 8, range_reader(source))
+    threads: set[int] = set()
+    real = NumpyRun.reduce
+
+    def spy(self: NumpyRun, index: int, sample: Any) -> Any:
+        threads.add(threading.get_ident())
+        return real(self, index, sample)
+
+    monkeypatch.setattr(NumpyRun, "reduce", spy)
+    worker, callers = CaptureWorker(job), [ThreadPoolExecutor(1), ThreadPoolExecutor(1)]
+    try:
+        results = [callers[k % 2].submit(worker.shard, 2 * k, 2 * k + 2).result() for k in range(4)]
+    finally:
+        worker.close()
+        for c in callers:
+            c.shutdown()
+    assert [r.sums.samples if r.sums else None for r in results] == [2, 2, 2, 2]
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
