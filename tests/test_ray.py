@@ -21,7 +21,7 @@ from conftest import SAMPLE_MODELS, assert_one_line_error, save
 from qdebug.capture import CaptureResult, capture
 from qdebug.cluster import Cluster, ClusterSpec, connect
 from qdebug.config import QuantConfig
-from qdebug.data import open_data
+from qdebug.data import open_data, range_reader
 from qdebug.debug import DebugOptions, debug
 from qdebug.errors import EXIT_DATA, ConfigError, MissingExtraError
 from qdebug.graph import input_specs, load_model, pair_models
@@ -226,6 +226,135 @@ def test_ctrl_c_stops_the_job_and_leaves_a_cluster_it_did_not_start(
         _captures(*digits, cluster, progress=interrupt)
     assert no_workers_left(ray)  # every worker of the job was stopped
     assert ray.is_initialized()  # the cluster itself is not qdebug's: still there
+
+
+@pytest.fixture(scope="module")
+def transformer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The bundled digits transformer (residuals and attention: tensors that cross every cut) and its QDQ model."""
+    q = tmp_path_factory.mktemp("ray-transformer") / "t.qdq.onnx"
+    quantize(SAMPLE_MODELS / "digits_transformer.onnx", None, QuantConfig(num_samples=4), q)
+    return SAMPLE_MODELS / "digits_transformer.onnx", q
+
+
+def _force_segments(monkeypatch: pytest.MonkeyPatch, two_cores: int, one_core: int, budget: int) -> None:
+    """The thresholds of ``tests/test_capture_segmented.py`` (one sample's bytes above which a run on two or more
+    cores / on one core is segmented, bytes per segment), set on the driver: the job carries them to the workers."""
+    from qdebug.capture import numpy_backend, segmented
+
+    monkeypatch.setattr(segmented, "PIPELINED_ABOVE", two_cores)
+    monkeypatch.setattr(segmented, "SEGMENT_ABOVE", one_core)
+    monkeypatch.setattr(segmented, "SEGMENT_BYTES", budget)
+    monkeypatch.setattr(numpy_backend, "usable_cores", lambda: 2)  # the local run pipelines, on any machine
+
+
+def _eight_samples(model: str, f: Path, tmp_path: Path) -> Any:
+    """8 samples: 2 workers then get 8 shards of one sample each, whose merge adds the samples in the same order as
+    one process — so every sum must be bit-identical, not only within floating-point association."""
+    if model == "digits_cnn":
+        np.savez(tmp_path / "eval8.npz", input=np.load(SAMPLE_MODELS / "digits_eval.npz")["input"][:8])
+        return open_data(tmp_path / "eval8.npz", input_specs(load_model(f, "float model")))
+    return open_data(None, input_specs(load_model(f, "float model")), num_samples=8, seed=3)
+
+
+def assert_identical(one: CaptureResult, many: CaptureResult) -> None:
+    """Every field of the two results' sums, ranges and per-sample rows equal, bit for bit."""
+    assert many.num_samples == one.num_samples
+    assert many.cumulative == one.cumulative and many.local == one.local and many.outputs == one.outputs
+    assert (many.float_min, many.float_max, many.elements) == (one.float_min, one.float_max, one.elements)
+    np.testing.assert_array_equal(many.per_sample, one.per_sample)
+    np.testing.assert_array_equal(many.per_sample_outputs, one.per_sample_outputs)
+
+
+@pytest.mark.parametrize("model", ["digits_cnn", "digits_transformer"])
+def test_workers_segment_as_one_process_does_with_the_same_sums(
+    model: str,
+    digits: tuple[Path, Path, Path],
+    transformer: tuple[Path, Path],
+    cluster: Cluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Segmenting forced (every threshold 0, small segments): the workers cut each sample as one process does,
+    say so in the same fields, and every sum equals the single process's, and the unsegmented run's, bit for bit."""
+    from qdebug.capture.ray_backend import capture_distributed
+    from qdebug.debug import capture_info
+    from qdebug.render.text import capture_line
+
+    f, q = digits[:2] if model == "digits_cnn" else transformer
+    fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
+    pairing, source = pair_models(fm, qm), _eight_samples(model, f, tmp_path)
+    whole = capture(fm, qm, pairing, source, path="numpy")
+    _force_segments(monkeypatch, 0, 0, 4096)
+    one = capture(fm, qm, pairing, source, path="numpy")
+    many = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")
+    assert whole.segments == 1 and one.segments > 3
+    assert (many.segments, many.segment_note) == (one.segments, one.segment_note)
+    assert "segments: one sample's tensors would take" in (many.segment_note or "")
+    assert f"each sample in {many.segments} segments" in (capture_line(capture_info(many)) or "")
+    assert many.path == "numpy" and "8 shard(s) on 2 Ray worker(s)" in (many.fallback_reason or "")
+    assert_identical(one, many)
+    assert_identical(whole, many)
+
+
+def test_a_worker_follows_the_one_core_rule(
+    digits: tuple[Path, Path, Path], cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker has one core (``WORKER_CPUS``) whatever the machine's: segmented above the one-core threshold, not
+    the pipelined one. Here the two-core threshold is 0 and the one-core one out of reach: one process segments,
+    the workers do not — and their sums are the same."""
+    from qdebug.capture import segmented
+    from qdebug.capture.ray_backend import WORKER_CPUS, _job, capture_distributed
+
+    f, q, _ = digits
+    fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
+    pairing, source = pair_models(fm, qm), _eight_samples("digits_cnn", f, tmp_path)
+    _force_segments(monkeypatch, 0, 1 << 62, 4096)
+    job = _job(fm, qm, pairing, ("CPUExecutionProvider",), "numpy", 4, range_reader(source))
+    assert WORKER_CPUS == 1 and job["segment_rule"] == segmented.SegmentRule(False, 1 << 62, 4096)
+    one = capture(fm, qm, pairing, source, path="numpy")
+    many = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")
+    assert one.segments > 3 and "(more than 0 MB)" in (one.segment_note or "")
+    assert (many.segments, many.segment_note) == (1, None)
+    assert_identical(one, many)
+    monkeypatch.setattr(segmented, "SEGMENT_ABOVE", 0)  # and above the one-core threshold, they do
+    cut = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")
+    assert cut.segments == one.segments
+    assert_identical(one, cut)
+
+
+def test_a_worker_runs_every_shard_on_one_thread(
+    digits: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray calls an actor's methods from its own threads; the worker reduces every shard on one thread of its own
+    (glibc's heap arenas are per thread: a sample's tensors freed in two of them made ViT-S's worker peak ~20 %
+    higher, docs/benchmarks.md). The worker's code in this process, called from two threads in turn, without Ray."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qdebug.capture.numpy_backend import NumpyRun
+    from qdebug.capture.ray_backend import CaptureWorker, _job
+
+    f, q, data = digits
+    fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
+    source = open_data(data, input_specs(fm))
+    job = _job(fm, qm, pair_models(fm, qm), ("CPUExecutionProvider",), "numpy", 8, range_reader(source))
+    threads: set[int] = set()
+    real = NumpyRun.reduce
+
+    def spy(self: NumpyRun, index: int, sample: Any) -> Any:
+        threads.add(threading.get_ident())
+        return real(self, index, sample)
+
+    monkeypatch.setattr(NumpyRun, "reduce", spy)
+    worker, callers = CaptureWorker(job), [ThreadPoolExecutor(1), ThreadPoolExecutor(1)]
+    try:
+        results = [callers[k % 2].submit(worker.shard, 2 * k, 2 * k + 2).result() for k in range(4)]
+    finally:
+        worker.close()
+        for c in callers:
+            c.shutdown()
+    assert [r.sums.samples if r.sums else None for r in results] == [2, 2, 2, 2]
+    assert len(threads) == 1 and threading.get_ident() not in threads
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -42,6 +43,7 @@ from qdebug.capture.base import (
 from qdebug.capture.compiled import CompiledBackend
 from qdebug.capture.graph_backend import GraphBackend
 from qdebug.capture.numpy_backend import NumpyBackend, NumpyRun
+from qdebug.capture.segmented import SegmentRule
 from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import DataSource
 from qdebug.errors import DataError
@@ -66,7 +68,9 @@ __all__ = [
     "expose_outputs",
     "get_backend",
     "make_session",
+    "open_run",
     "register_backend",
+    "segmenting_of",
 ]
 
 #: The backend that redoes what another cannot (it reduces any pair ORT can run, by the reference definition).
@@ -147,7 +151,7 @@ class CaptureResult:
         )
 
 
-def _open(
+def open_run(
     name: str,
     float_model: onnx.ModelProto,
     quant_model: onnx.ModelProto,
@@ -156,24 +160,45 @@ def _open(
     samples: int,
     batch: int = 1,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    segment_rule: SegmentRule | None = None,
 ) -> tuple[CaptureRun, str, str | None]:
     """The requested backend's run (``auto``: an :class:`AutoRun`), or the fallback backend's with the reason the
-    requested one cannot run. Batching (``batch`` > 1) is the numpy backend's: ``auto`` then means numpy."""
+    requested one cannot run. Batching (``batch`` > 1) is the numpy backend's: ``auto`` then means numpy.
+
+    The first sample's ``input_shapes`` let a fetching backend segment a model too large for one sample
+    (:mod:`qdebug.capture.segmented`), by ``segment_rule`` (default: this process's cores; a Ray worker passes
+    its own, :mod:`qdebug.capture.ray_backend`)."""
+    pair = (float_model, quant_model, pairing, providers)
     if batch > 1 and name in (AUTO, FALLBACK_BACKEND):
         why = None if name == FALLBACK_BACKEND else f"batches of up to {batch} samples run on numpy, which batches"
-        return NumpyRun(float_model, quant_model, pairing, providers, batch=batch), FALLBACK_BACKEND, why
+        pipeline = segment_rule.pipelined if segment_rule is not None else None
+        return NumpyRun(*pair, pipeline=pipeline, batch=batch), FALLBACK_BACKEND, why
     if name == AUTO:
-        return AutoRun(float_model, quant_model, pairing, providers, samples, input_shapes=input_shapes), AUTO, None
-    backend = get_backend(name)
-    # the first sample's input shapes let a fetching backend segment a model too large for one sample (segmented.py)
-    hint = {"input_shapes": input_shapes} if "input_shapes" in inspect.signature(backend.open).parameters else {}
+        return AutoRun(*pair, samples, input_shapes=input_shapes, segment_rule=segment_rule), AUTO, None
+    hints = {"input_shapes": input_shapes, "segment_rule": segment_rule}
     try:
-        return backend.open(float_model, quant_model, pairing, providers, **hint), name, None
+        return _open_backend(get_backend(name), pair, hints), name, None
     except UnsupportedPairError as exc:
         if name == FALLBACK_BACKEND:
             raise
-        run = get_backend(FALLBACK_BACKEND).open(float_model, quant_model, pairing, providers)
-        return run, FALLBACK_BACKEND, str(exc)
+        return _open_backend(get_backend(FALLBACK_BACKEND), pair, hints), FALLBACK_BACKEND, str(exc)
+
+
+def _open_backend(
+    backend: CaptureBackend,
+    pair: tuple[onnx.ModelProto, onnx.ModelProto, Pairing, Sequence[str]],
+    hints: Mapping[str, Any],
+) -> CaptureRun:
+    """``backend.open`` with those of ``hints`` its ``open`` accepts (a registered backend may take none)."""
+    accepted = inspect.signature(backend.open).parameters
+    return backend.open(*pair, **{k: v for k, v in hints.items() if k in accepted})
+
+
+def segmenting_of(run: CaptureRun, used: str) -> tuple[int, str | None]:
+    """How many segments each sample ran in, and why (or why not), for a run that finished on backend ``used``:
+    the fetching run's (numpy or compiled, also inside ``auto``); the merged graph never segments."""
+    fetched = run.numpy if isinstance(run, AutoRun) else run if isinstance(run, NumpyRun) else None
+    return (fetched.segment_count, fetched.segment_note) if fetched is not None and used != "graph" else (1, None)
 
 
 def capture(
@@ -199,7 +224,7 @@ def capture(
     samples = iter(data)
     first = next(samples, None)  # read before the backend opens: its input shapes size one sample's tensors
     shapes = {k: tuple(np.shape(v)) for k, v in first.items()} if first is not None else None
-    run, used, reason = _open(path, float_model, quant_model, pairing, providers, n_total, batch, shapes)
+    run, used, reason = open_run(path, float_model, quant_model, pairing, providers, n_total, batch, shapes)
     # auto's numpy run is already open: it redoes the merged graph's fallbacks too
     fallback: CaptureRun | None = run.numpy if isinstance(run, AutoRun) else None
     prefetch = getattr(run, "prefetch", None)  # a run that can start the next sample early (NumpyRun, AutoRun)
@@ -217,9 +242,7 @@ def capture(
     if isinstance(run, AutoRun):
         used, reason = run.final().backend, run.final().reason
     batching = run.batching() if isinstance(run, NumpyRun) else (1, None)
-    fetched = run.numpy if isinstance(run, AutoRun) else run if isinstance(run, NumpyRun) else None
-    segmenting = (fetched.segment_count, fetched.segment_note) if fetched and used != "graph" else (1, None)
-    return CaptureResult.of(sums, pairing, path, used, reason, batching, segmenting)
+    return CaptureResult.of(sums, pairing, path, used, reason, batching, segmenting_of(run, used))
 
 
 def _loop(

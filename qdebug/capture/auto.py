@@ -40,6 +40,7 @@ from qdebug.capture import compiled
 from qdebug.capture.base import CaptureRun, Fallback, SampleSums, UnsupportedPairError
 from qdebug.capture.graph_backend import GraphRun, merged_model
 from qdebug.capture.numpy_backend import NumpyRun
+from qdebug.capture.segmented import SegmentRule
 from qdebug.graph import Pairing
 
 __all__ = [
@@ -131,13 +132,16 @@ class AutoRun:
         samples: int,
         clock: Callable[[], float] = time.perf_counter,
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        segment_rule: SegmentRule | None = None,
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
         self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_try_compiled)
         self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         t0 = clock()
-        self.numpy = NumpyRun(float_model, quant_model, pairing, providers, input_shapes=input_shapes)
+        self.numpy = NumpyRun(
+            float_model, quant_model, pairing, providers, input_shapes=input_shapes, segment_rule=segment_rule
+        )
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None
         self.totals: list[float] = []  # per numpy sample until decided: the whole call, the reduction, the inference

@@ -29,6 +29,7 @@ import onnx
 from qdebug._lazy import require
 from qdebug.capture.base import SampleSums
 from qdebug.capture.reduction import ReductionPlan, check_shapes, clip_to, local_pre, reduce_sample
+from qdebug.capture.segmented import SegmentRule
 from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import BatchSums, reduce_pairs, value_ranges
 
@@ -190,11 +191,19 @@ class CompiledBackend:
         pairing: Pairing,
         providers: Sequence[str],
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        segment_rule: SegmentRule | None = None,
     ) -> Any:
-        """A :class:`~qdebug.capture.numpy_backend.NumpyRun` that reduces with :func:`reduce_sample_compiled`."""
+        """A :class:`~qdebug.capture.numpy_backend.NumpyRun` that reduces with :func:`reduce_sample_compiled`
+        (``segment_rule``: see the numpy run)."""
         from qdebug.capture.numpy_backend import NumpyRun
 
         _load()  # the missing extra is reported before any session is built
         return NumpyRun(
-            float_model, quant_model, pairing, providers, reducer=reduce_sample_compiled, input_shapes=input_shapes
+            float_model,
+            quant_model,
+            pairing,
+            providers,
+            reducer=reduce_sample_compiled,
+            input_shapes=input_shapes,
+            segment_rule=segment_rule,
         )

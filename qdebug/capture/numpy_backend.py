@@ -31,8 +31,7 @@ from qdebug.capture.batching import (
     stack,
 )
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
-from qdebug.capture.segmented import SegmentedFetch, plan_segments
-from qdebug.capture.segmented import threshold as segment_threshold
+from qdebug.capture.segmented import SegmentedFetch, SegmentRule, plan_segments
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing
@@ -115,6 +114,10 @@ class NumpyRun:
     input shapes run as one inference call (fewer if their tensors would exceed
     :data:`~qdebug.capture.batching.BATCH_BYTES`), checked on the first batch; :attr:`batch_reason` says why
     batching stopped, :attr:`batch_used` the largest batch that ran.
+
+    **Segmented** (:mod:`qdebug.capture.segmented`) when one sample of ``input_shapes`` would expose more than the
+    ``segment_rule``'s threshold (default: :meth:`SegmentRule.for_cores` of this process's cores); the rule's
+    ``pipelined`` is also the default of ``pipeline`` (a Ray worker passes its one core's rule).
     """
 
     def __init__(
@@ -127,12 +130,15 @@ class NumpyRun:
         batch: int = 1,
         reducer: Reducer = reduce_sample,
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        segment_rule: SegmentRule | None = None,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
         self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
         self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
-        self.pipeline_allowed = usable_cores() >= 2 if pipeline is None else pipeline
+        if pipeline is None:
+            pipeline = segment_rule.pipelined if segment_rule is not None else usable_cores() >= 2
+        self.pipeline_allowed = pipeline
         self.batch_limit, self.batch_used = batch, 1
         self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
         self.verified = False  # the first batch has been checked against a sample alone
@@ -141,9 +147,10 @@ class NumpyRun:
         #: one sample's tensors do not fit at once: run and reduce the models segment by segment (segmented.py)
         self.segmented: SegmentedFetch | None = None
         self.segment_note: str | None = None  # how the run was segmented, or why it could not be
-        above = segment_threshold(self.pipeline_allowed)
+        rule = segment_rule or SegmentRule.for_cores(2 if pipeline else 1)
+        above = rule.above
         cut = (
-            plan_segments(float_model, quant_model, self.plan, input_shapes, above)
+            plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget)
             if input_shapes and batch <= 1
             else None
         )
@@ -388,7 +395,11 @@ class NumpyBackend:
         pairing: Pairing,
         providers: Sequence[str],
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        segment_rule: SegmentRule | None = None,
     ) -> NumpyRun:
         """Two augmented sessions (a model ORT cannot load is a :class:`~qdebug.errors.ModelError`), or segments
-        when one sample of ``input_shapes`` would expose too much at once."""
-        return NumpyRun(float_model, quant_model, pairing, providers, input_shapes=input_shapes)
+        when one sample of ``input_shapes`` would expose too much at once (by ``segment_rule``: see
+        :class:`NumpyRun`)."""
+        return NumpyRun(
+            float_model, quant_model, pairing, providers, input_shapes=input_shapes, segment_rule=segment_rule
+        )

@@ -15,6 +15,10 @@ shards' :class:`~qdebug.capture.base.CaptureSums` in shard order.
   (a :class:`~qdebug.errors.QDebugError` in a worker) is not retried: it is raised here as the same one-line error
   one process gives.
 * **Progress**: one callback over all workers (samples done / total), polled from the workers while they run.
+* **One sample's memory**: a worker opens its run on its first sample, as one process does, and that sample's input
+  shapes decide whether the numpy run is segmented (:mod:`qdebug.capture.segmented`) — by the rule of the one core
+  a worker has (:data:`WORKER_CPUS`), made on the driver and shipped with the job. The report's
+  ``meta.capture.segments`` / ``segment_note`` say so as in one process.
 """
 
 from __future__ import annotations
@@ -25,21 +29,24 @@ import os
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import onnx
 
-from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn
+from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn, open_run, segmenting_of
 from qdebug.capture.auto import AutoRun
-from qdebug.capture.base import CaptureRun, CaptureSums, Fallback, SampleSums, UnsupportedPairError, get_backend
+from qdebug.capture.base import CaptureRun, CaptureSums, Fallback, SampleSums, get_backend
 from qdebug.capture.numpy_backend import NumpyRun
+from qdebug.capture.segmented import SegmentRule
 from qdebug.cluster import Cluster
 from qdebug.data import DataSource, RangeReader, Sample, range_reader
 from qdebug.errors import ClusterError, DataError, ModelError, QDebugError
 from qdebug.graph import Pairing
 
-__all__ = ["MAX_ATTEMPTS", "CaptureWorker", "ShardResult", "capture_distributed", "plan_shards"]
+__all__ = ["MAX_ATTEMPTS", "WORKER_CPUS", "CaptureWorker", "ShardResult", "capture_distributed", "plan_shards"]
 
 #: Tries of one shard (the first included) before the job fails: a worker that dies on every try of the same
 #: shard (out of memory on a huge sample, say) is not a passing fault.
@@ -49,6 +56,13 @@ MAX_ATTEMPTS = 3
 SHARDS_PER_WORKER = 4
 #: Seconds between two progress polls of the workers.
 POLL_S = 0.5
+#: CPUs Ray reserves for each worker, and so the cores its run may use: Ray places as many workers on a node as it
+#: has CPUs, so a worker that overlapped inference and reduction on a second thread would take its neighbour's
+#: core (one core gains nothing from pipelining: docs/benchmarks.md). Its run therefore follows the one-core rule
+#: (:meth:`SegmentRule.for_cores`): not pipelined, segmented above ``SEGMENT_ABOVE`` (512 MB) — not the 160 MB of
+#: two cores, which exists to overlap segments, a speed reason a one-core worker does not have — whatever
+#: ``os.sched_getaffinity`` says (Ray does not pin workers to cores).
+WORKER_CPUS = 1
 
 
 def plan_shards(samples: int, workers: int) -> list[tuple[int, int]]:
@@ -91,6 +105,7 @@ class ShardResult:
     reason: str | None = None
     failure: Failure | None = None
     batch: tuple[int, str | None] = (1, None)  # the most samples one inference call took, why not more
+    segments: tuple[int, str | None] = (1, None)  # segments each sample ran in, and why (or why not)
 
 
 class CaptureWorker:
@@ -106,11 +121,16 @@ class CaptureWorker:
         self.batch: int = job.get("batch", 1)
         self.expected: int = job["expected"]
         self.reader: RangeReader = job["reader"]
+        self.segment_rule: SegmentRule = job["segment_rule"]
         self.run: CaptureRun | None = None
         self.fallback: CaptureRun | None = None
         self.backend: str = self.path
         self.reason: str | None = None
         self.done = 0  # samples of the current shard reduced so far (polled for progress)
+        # Every shard runs on this one thread. Ray runs an actor's calls on its own threads (two here: the progress
+        # polls), a shard on either; glibc gives each thread its own heap arena, and one sample's tensors left in
+        # two arenas between heap trims made ViT-S's worker peak 942 MB instead of 739 (in-process, 1-sample shards).
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="qdebug-shard")
 
     def pid(self) -> int:
         """The worker's process id (the fault test kills it)."""
@@ -123,24 +143,16 @@ class CaptureWorker:
     def _pair(self) -> tuple[onnx.ModelProto, onnx.ModelProto, Pairing, Sequence[str]]:
         return self.float_model, self.quant_model, self.pairing, self.providers
 
-    def _open(self) -> CaptureRun:
-        """The requested backend's run, opened once per worker (as :func:`qdebug.capture.capture` opens it)."""
+    def _open(self, first: Sample | None) -> CaptureRun:
+        """The requested backend's run, opened once per worker on its first sample as one process opens it
+        (:func:`qdebug.capture.open_run`): that sample's input shapes decide segmenting, by the job's rule."""
         if self.run is None:
-            if self.batch > 1 and self.path in (AUTO, FALLBACK_BACKEND):  # batching is the numpy backend's
-                self.run, self.backend = NumpyRun(*self._pair(), batch=self.batch), FALLBACK_BACKEND
-                if self.path == AUTO:
-                    self.reason = f"batches of up to {self.batch} samples run on numpy, which batches"
-            elif self.path == AUTO:
-                self.run = AutoRun(*self._pair(), self.expected)
+            shapes = {k: tuple(np.shape(v)) for k, v in first.items()} if first is not None else None
+            self.run, self.backend, self.reason = open_run(
+                self.path, *self._pair(), self.expected, self.batch, shapes, self.segment_rule
+            )
+            if isinstance(self.run, AutoRun):  # auto's numpy run is already open: it redoes the fallbacks too
                 self.fallback = self.run.numpy
-            else:
-                try:
-                    self.run = get_backend(self.path).open(*self._pair())
-                except UnsupportedPairError as exc:
-                    if self.path == FALLBACK_BACKEND:
-                        raise
-                    self.run = get_backend(FALLBACK_BACKEND).open(*self._pair())
-                    self.backend, self.reason = FALLBACK_BACKEND, str(exc)
         return self.run
 
     def _reduce(self, run: CaptureRun, index: int, sample: Sample, sums: CaptureSums) -> SampleSums:
@@ -153,20 +165,24 @@ class CaptureWorker:
         return res
 
     def shard(self, start: int, stop: int) -> ShardResult:
-        """Reduce samples ``[start, stop)`` into fresh sums; samples are read ahead as far as the run's
-        ``lookahead`` asks and announced to its ``prefetch`` (pipelining, batching), as one process does."""
+        """Reduce samples ``[start, stop)`` into fresh sums (on the worker's shard thread)."""
+        return self._thread.submit(self._shard, start, stop).result()
+
+    def _shard(self, start: int, stop: int) -> ShardResult:
+        """:meth:`shard`; samples are read ahead as far as the run's ``lookahead`` asks and announced to its
+        ``prefetch`` (pipelining, batching), as one process does."""
         self.done = 0
         pairing = self.pairing
         n_quant = sum(1 for a in pairing.activations if a.quantized)
         sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
         try:
-            run = self._open()
-            prefetch = getattr(run, "prefetch", None)
             samples: Iterator[tuple[int, Sample]] = self.reader.read(start, stop)
             ahead: deque[tuple[int, Sample]] = deque()
             first = next(samples, None)
             if first is not None:
                 ahead.append(first)
+            run = self._open(first[1] if first is not None else None)  # read first: its shapes size a sample
+            prefetch = getattr(run, "prefetch", None)
             while ahead:
                 index, sample = ahead.popleft()
                 want = 1 + (getattr(run, "lookahead", 1) if prefetch is not None else 0)
@@ -181,14 +197,16 @@ class CaptureWorker:
         if isinstance(self.run, AutoRun):
             self.backend, self.reason = self.run.final().backend, self.run.final().reason
         batching = self.run.batching() if isinstance(self.run, NumpyRun) else (1, None)
-        return ShardResult(sums, self.backend, self.reason, batch=batching)
+        segments = segmenting_of(self.run, self.backend) if self.run is not None else (1, None)
+        return ShardResult(sums, self.backend, self.reason, batch=batching, segments=segments)
 
     def close(self) -> None:
-        """Stop a pipelining run's thread."""
+        """Stop a pipelining run's thread, and the shard thread."""
         for r in (self.run, self.fallback):
             close = getattr(r, "close", None)
             if close is not None:
                 close()
+        self._thread.shutdown(wait=True)
 
 
 class _Pool:
@@ -196,7 +214,7 @@ class _Pool:
 
     def __init__(self, cluster: Cluster, job_ref: Any) -> None:
         self.ray = cluster.ray
-        self.actor_class = self.ray.remote(num_cpus=1, max_concurrency=2, max_restarts=0)(CaptureWorker)
+        self.actor_class = self.ray.remote(num_cpus=WORKER_CPUS, max_concurrency=2, max_restarts=0)(CaptureWorker)
         self.job_ref = job_ref
         self.prefix = f"qdebug-capture-{uuid.uuid4().hex[:8]}"  # named: `ray list actors` says whose they are
         self.all: list[Any] = []
@@ -237,6 +255,8 @@ def _job(
         "expected": expected,
         "reader": reader,
         "batch": batch,
+        # the driver's rule (its constants as they are now), for the one core a worker has
+        "segment_rule": SegmentRule.for_cores(WORKER_CPUS),
     }
 
 
@@ -310,6 +330,18 @@ def _choice(results: Mapping[int, ShardResult], workers: int, retried: int) -> t
     return used, "; ".join(parts)
 
 
+def _segmenting(results: Mapping[int, ShardResult]) -> tuple[int, str | None]:
+    """The most segments a worker ran each sample in, and why; each worker decides on its own first sample, so they
+    differ only if those samples' shapes did (then: on how many shards)."""
+    segs = [results[s].segments for s in sorted(results)]
+    count = max((c for c, _ in segs), default=1)
+    note = next((why for c, why in segs if c == count and why), None)
+    others = sum(1 for c, _ in segs if c != count)
+    if note is not None and others:
+        note += f" (on {len(segs) - others} of {len(segs)} shards)"
+    return count, note
+
+
 def capture_distributed(
     float_model: onnx.ModelProto,
     quant_model: onnx.ModelProto,
@@ -346,4 +378,4 @@ def capture_distributed(
     used, reason = _choice(results, cluster.workers, scheduler.retried)
     sizes = [r.batch for r in results.values()]
     batching = (max(b for b, _ in sizes), next((why for _, why in sizes if why), None))
-    return CaptureResult.of(total, pairing, path, used, reason, batching)
+    return CaptureResult.of(total, pairing, path, used, reason, batching, _segmenting(results))

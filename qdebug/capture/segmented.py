@@ -45,6 +45,7 @@ __all__ = [
     "PIPELINED_ABOVE",
     "SEGMENT_ABOVE",
     "SEGMENT_BYTES",
+    "SegmentRule",
     "SegmentedFetch",
     "exposed_bytes",
     "plan_segments",
@@ -318,6 +319,24 @@ def threshold(pipelined: bool) -> int:
     """One sample's exposed bytes above which a run is segmented (:data:`SEGMENT_ABOVE`, or on two or more cores
     :data:`PIPELINED_ABOVE` when lower)."""
     return min(SEGMENT_ABOVE, PIPELINED_ABOVE) if pipelined else SEGMENT_ABOVE
+
+
+@dataclass(frozen=True)
+class SegmentRule:
+    """How a numpy run on some number of cores treats one sample: ``pipelined`` (two or more cores: inference
+    overlaps the reduction, the next sample's or, segmented, the next segment's), segmented above ``above`` exposed
+    bytes per sample, in segments of about ``budget`` bytes. A value, so a run in another process (a Ray worker,
+    :mod:`qdebug.capture.ray_backend`) applies the rule its driver made."""
+
+    pipelined: bool
+    above: int
+    budget: int
+
+    @classmethod
+    def for_cores(cls, cores: int) -> SegmentRule:
+        """The rule of a run that may use ``cores`` cores, from the module's constants as they are now."""
+        pipelined = cores >= 2
+        return cls(pipelined, threshold(pipelined), SEGMENT_BYTES)
 
 
 def plan_segments(
