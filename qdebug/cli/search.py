@@ -45,15 +45,7 @@ class Search(Tool):
         parser.add_argument("--eval", help="labelled .npz for top-1 accuracy")
         parser.add_argument("--label-key", default="label")
         parser.add_argument("--debug-samples", type=int, default=64, help="samples per debug pass (default 64)")
-        parser.add_argument(
-            "--holdout-samples",
-            type=int,
-            metavar="K",
-            help="measure the chosen point again on K samples the search never sees (the K of --data after the "
-            "--debug-samples ones, or the first K of --holdout); a choice that misses the goal there moves to the next "
-            "front point that holds, or is reported as not holding",
-        )
-        parser.add_argument("--holdout", metavar="DATA", help="held-out samples (.npz or folder; default: --data)")
+        _add_holdout(parser)
         parser.add_argument("--config", "-c", help="base QuantConfig JSON")
         _add_target(parser)
         goal = parser.add_argument_group("goal (at least one)")
@@ -205,6 +197,19 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
         type=finite_number("share"),
         help="stepwise: never keep a point with more than this share of activation elements in 16 bits (0-1]",
     )
+
+
+def _add_holdout(parser: argparse.ArgumentParser) -> None:
+    """--holdout-samples and --holdout: the choice measured again on samples the search never sees."""
+    parser.add_argument(
+        "--holdout-samples",
+        type=int,
+        metavar="K",
+        help="measure the chosen point again on K samples the search never sees (the K of --data after the "
+        "--debug-samples ones, or the first K of --holdout); a choice that misses the goal there moves to the next "
+        "front point that holds, or is reported as not holding",
+    )
+    parser.add_argument("--holdout", metavar="DATA", help="held-out samples (.npz or folder; default: --data)")
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
