@@ -2,7 +2,9 @@
 pipelined or not, each in a fresh process, interleaved over rounds.
 
 Modes: ``whole`` (segmenting off), ``<MB>-pipe`` / ``<MB>-seq`` (segmenting forced above ``PIPELINED_ABOVE`` =
-160 MB with segments of ``<MB>`` MB, the next segment inferred on a worker thread or not). Prints, per run, the
+160 MB with segments of ``<MB>`` MB, the next segment inferred on a worker thread or not); a ``-sides`` suffix
+(``64-pipe-sides``) infers each segment's float and quantized halves at once on two threads, one intra-op thread
+each (``segmented.SIDES_IN_PARALLEL``). Prints, per run, the
 steady per-sample wall time (end of sample 0 to the end), the process CPU time per sample (all threads) and the peak
 RSS (``VmHWM``). Uses the quantized model and data folders ``bench_realmodels.py --work W`` prepared.
 
@@ -37,7 +39,8 @@ def child(model: str, work: Path, n: int, mode: str, method: str) -> dict[str, A
     if mode == "whole":
         sg.SEGMENT_ABOVE = sg.PIPELINED_ABOVE = 1 << 62
     else:
-        size, kind = mode.split("-")
+        size, kind = mode.split("-")[:2]
+        sg.SIDES_IN_PARALLEL = mode.endswith("-sides")
         sg.SEGMENT_ABOVE = sg.PIPELINED_ABOVE = 160 << 20
         sg.SEGMENT_BYTES = int(size) << 20
         if kind == "seq":
@@ -57,7 +60,9 @@ def child(model: str, work: Path, n: int, mode: str, method: str) -> dict[str, A
         ends.append(time.perf_counter())
         cpu.append(u.ru_utime + u.ru_stime)
 
-    rep = debug(fp, work / f"{model}.qdq.onnx", work / "data" / model / f"n{n}", DebugOptions(capture=method), progress)
+    rep = debug(
+        fp, work / f"{model}.qdq.onnx", work / "data" / model / f"n{n}", DebugOptions(capture=method), progress=progress
+    )
     with open("/proc/self/status") as fh:
         hwm = next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM"))
     cap = rep.meta.capture

@@ -86,6 +86,18 @@ def test_the_transformer_cut_everywhere_gives_the_same_sums(
     _assert_identical(cut, whole)
 
 
+def test_both_halves_of_a_segment_inferred_at_once_give_the_same_sums(
+    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The A/B knob of benchmarks/profile_segments.py (``-sides``): float and quantized halves on two threads."""
+    fm, qm = transformer_pair
+    whole = _run(fm, qm, monkeypatch, None)
+    monkeypatch.setattr(segmented, "SIDES_IN_PARALLEL", True)
+    cut = _run(fm, qm, monkeypatch, 4096)
+    assert cut.segments > 3
+    _assert_identical(cut, whole)
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(budget=st.integers(min_value=1, max_value=400_000))
 def test_any_budget_gives_the_same_sums(

@@ -62,6 +62,9 @@ PIPELINED_ABOVE = 160 << 20
 #: Exposed bytes per segment. Two segments are alive at once when pipelined; 64 MB keeps ViT-S at ~850 MB and
 #: u2netp at ~830 MB (128 MB: 930-1210 MB pipelined, 740-940 MB not).
 SEGMENT_BYTES = 64 << 20
+#: Experimental (A/B in benchmarks/profile_segments.py): a segment's float and quantized halves inferred at once on
+#: two threads, each session with one intra-op thread, instead of one after the other with ORT's per-core threads.
+SIDES_IN_PARALLEL = False
 #: Every this many samples freed heap pages are returned to the system (:class:`_Heap`).
 TRIM_EVERY = 4
 #: Initializers up to this many elements keep their values in the shape-inference copy (shape tensors for Reshape,
@@ -427,6 +430,7 @@ class SegmentedFetch:
         self._heap = _Heap()
         self.pipelined = pipelined
         self._pool: ThreadPoolExecutor | None = None
+        self._side_pool: ThreadPoolExecutor | None = None
 
     def _last_uses(self) -> tuple[dict[str, int], dict[str, int]]:
         """Per model, the last segment after which each value is still needed (as an input or by a pair)."""
@@ -450,7 +454,10 @@ class SegmentedFetch:
         model = _part_model(self.models[side], part, types, j)
         role = ("float model", "quantized model")[side]
         try:
-            return make_session(model, self.providers, role=f"{role} (segment {j})", arena=False, spin=False)
+            threads = 1 if SIDES_IN_PARALLEL else None
+            return make_session(
+                model, self.providers, role=f"{role} (segment {j})", arena=False, spin=False, threads=threads
+            )
         except ModelError as exc:
             self.load_failure = str(exc)
             raise
@@ -482,8 +489,15 @@ class SegmentedFetch:
     def _infer(self, j: int, inputs: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], index: int) -> _Out:
         """Segment ``j`` of both models (on the worker thread when pipelined): outputs, and the seconds it took."""
         t0 = time.perf_counter()
-        f = self._run(0, j, inputs[0], index)
-        q = self._run(1, j, inputs[1], index)
+        if SIDES_IN_PARALLEL:
+            if self._side_pool is None:
+                self._side_pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-segment-q")
+            fq = self._side_pool.submit(self._run, 1, j, inputs[1], index)
+            f = self._run(0, j, inputs[0], index)
+            q = fq.result()
+        else:
+            f = self._run(0, j, inputs[0], index)
+            q = self._run(1, j, inputs[1], index)
         return f, q, time.perf_counter() - t0
 
     def _inputs(self, j: int, vals: _Vals) -> _Vals:
@@ -532,6 +546,9 @@ class SegmentedFetch:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._side_pool is not None:
+            self._side_pool.shutdown(wait=True, cancel_futures=True)
+            self._side_pool = None
 
     def _assemble(self, sums: Sequence[SampleSums]) -> SampleSums:
         s = self.segments

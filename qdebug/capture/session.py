@@ -89,12 +89,14 @@ def make_session(
     role: str | None = None,
     spin: bool = True,
     arena: bool = True,
+    threads: int | None = None,
 ) -> object:
     """An ORT session with optimizations off (unless asked) and clear errors: ``what`` names the model's file, or
     ``role`` says which model it is (the :class:`ModelError`'s ``role``, for a caller that knows the file).
     ``spin=False`` stops its idle intra-op threads from busy-waiting (for sessions that run next to other work);
     ``arena=False`` returns freed tensors to the process heap instead of the session's arena (for sessions whose
-    peaks should not add up, :mod:`qdebug.capture.segmented`)."""
+    peaks should not add up, :mod:`qdebug.capture.segmented`); ``threads`` sets its intra-op threads (default: ORT's,
+    one per core)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -105,6 +107,8 @@ def make_session(
     # lines on stderr would make it several.
     so.log_severity_level = 4
     so.enable_cpu_mem_arena = arena
+    if threads is not None:
+        so.intra_op_num_threads = threads
     if not spin:  # idle intra-op threads sleep instead of spinning: another thread of ours needs the core
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:

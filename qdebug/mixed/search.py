@@ -850,7 +850,7 @@ def stepwise_search(session: SearchSession, goal: SearchGoal, ceiling: Evaluatio
     chosen = index[frozenset(walk.path[-1].tensors)] if walk.path else 0
     steps = f"{len(walk.path)} steps, {walk.asked} greedy evaluations"
     if walk.reason.startswith("max evaluations"):  # the greedy's share of the search's budget: say the user's
-        walk = replace(walk, reason=f"max evaluations ({total}) reached")
+        walk = replace(walk, reason=f"max evaluations: the greedy's share of the {total} spent")
     if walk.reached or left < 1 or goal.max_cost_fraction is not None:
         # a cost budget is the user's limit: prefixes of the whole ranking would break it
         return run.done(chosen, walk.reached, f"{walk.reason} ({steps}; {_of(session, run, total)})", sens)
