@@ -140,3 +140,30 @@ def test_import_qdebug_is_light_and_ctrl_c_at_start_up_is_one_line() -> None:
     assert proc.returncode in (0, 130), (proc.returncode, err)
     if proc.returncode == 130:
         assert err.strip() == "qdebug: interrupted"
+
+
+def test_sigterm_mid_search_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
+    """``kill`` (a CI job's timeout) during a search: the temporary working folder goes, no output is half-written,
+    one line says so, exit 143."""
+    import os
+    import signal
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "o.json"
+    argv = [sys.executable, "-m", "qdebug.cli", "search", "-f", str(REPO / "sample_models" / "digits_cnn.onnx"),
+            "--calib", str(REPO / "sample_models" / "digits_calib.npz"), "--goal-sqnr", "1000", "--strategy", "greedy",
+            "--max-steps", "50", "-o", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)})
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith("qdebug-mixed-") for p in tmp.iterdir()):  # the search's folder exists: busy
+        assert proc.poll() is None and time.monotonic() < deadline, "the search ended before it could be stopped"
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the base quantization or the search
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == "qdebug: terminated" and "Traceback" not in err, err
+    assert not out.exists()
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("qdebug")] == []

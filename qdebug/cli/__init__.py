@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TextIO
 
 from qdebug._version import __version__
@@ -127,9 +128,37 @@ def _quiet_ort_logs() -> None:
     set_ort_log_severity(3)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a CI job's timeout), raised where Ctrl-C's KeyboardInterrupt would be: the same clean-up
+    runs (temporary folders removed, no half-written output) instead of the process dying where it stands."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while the CLI runs (main thread only: elsewhere Python refuses handlers)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (e.g. main() called from a worker): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI and return its exit code (never raises for user errors): the one place errors become
     one-line messages and exit codes (:mod:`qdebug.errors`)."""
+    with _sigterm_as_interrupt():
+        return _main(argv, out)
+
+
+def _main(argv: Sequence[str] | None, out: TextIO | None) -> int:
     _tolerate_file_names()
     out = out or sys.stdout
     debug = False
@@ -146,6 +175,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             traceback.print_exc()
         say("error", str(exc))
         return exc.exit_code
+    except Terminated:
+        print("qdebug: terminated", file=sys.stderr)
+        return 143  # 128 + SIGTERM, what a shell reports for a process the signal killed
     except KeyboardInterrupt:
         print("qdebug: interrupted", file=sys.stderr)
         return 130
