@@ -357,6 +357,23 @@ def test_a_worker_runs_every_shard_on_one_thread(
     assert len(threads) == 1 and threading.get_ident() not in threads
 
 
+def test_a_task_counts_the_cpus_ray_reserved_for_it(ray_module: Any) -> None:
+    """A search's debug tasks (``num_cpus=1``) follow the one-core rule: usable_cores() there is Ray's reservation,
+    not the node's cores; the driver still sees its own."""
+    from qdebug.capture.numpy_backend import usable_cores
+
+    def cores_in_a_task() -> int:  # local: pickled by value (the test module is not importable on a worker)
+        from qdebug.capture.numpy_backend import usable_cores
+
+        return usable_cores()
+
+    one = ray_module.remote(num_cpus=1)(cores_in_a_task)
+    two = ray_module.remote(num_cpus=2)(cores_in_a_task)
+    assert ray_module.get(one.remote()) == 1
+    assert ray_module.get(two.remote()) == min(2, len(os.sched_getaffinity(0)))
+    assert usable_cores() == len(os.sched_getaffinity(0))
+
+
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 

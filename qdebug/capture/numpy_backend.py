@@ -10,6 +10,7 @@ sample, and fresh pages cost the kernel's zeroing and faults every time (PP-OCRv
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,8 +49,19 @@ PIPELINE_BYTES = 160 << 20
 
 
 def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may run on: its CPU affinity, and inside a Ray task or actor the CPUs Ray reserved for
+    it (Ray does not pin workers to cores, but it puts one worker per reserved CPU on a node: a search's debug task
+    with ``num_cpus=1`` that used both cores would take its neighbour's)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ray = sys.modules.get("ray")  # only when Ray is already loaded: never imported for this
+    if ray is not None:
+        try:
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        except Exception:  # the driver, or no Ray context: not a Ray worker's reservation
+            cpus = None
+        if cpus:
+            n = min(n, max(1, int(cpus)))
+    return n
 
 
 class BoundFetch:
