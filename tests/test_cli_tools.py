@@ -167,3 +167,30 @@ def test_sigterm_mid_search_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     assert err.strip().splitlines()[-1] == "qdebug: terminated" and "Traceback" not in err, err
     assert not out.exists()
     assert [p.name for p in tmp.iterdir() if p.name.startswith("qdebug")] == []
+
+
+def test_working_folders_go_with_the_process_without_close(tmp_path: Path) -> None:
+    """A notebook never calls close(): the folders a QuantDebugger and a MixedPrecisionSession made for themselves are
+    removed when they are collected or the interpreter exits; a folder the caller gave stays."""
+    import os
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    kept = tmp_path / "kept"
+    script = (
+        "from qdebug.mixed.session import MixedPrecisionSession\n"
+        "from widgets.session import QuantDebugger\n"
+        f"m = r'{REPO / 'sample_models' / 'digits_cnn.onnx'}'\n"
+        "dbg = QuantDebugger(m)\n"
+        "s = MixedPrecisionSession(m)\n"
+        f"given = QuantDebugger(m, workdir=r'{kept}')\n"
+        "import tempfile, pathlib\n"
+        "tmp = pathlib.Path(tempfile.gettempdir())\n"
+        "print(sorted(p.name.split('-')[1] for p in tmp.iterdir() if p.name.startswith('qdebug-')))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "'mixed'" in out.stdout and "'ui'" in out.stdout  # both existed while the process ran
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("qdebug")] == []
+    assert kept.is_dir() and any(kept.iterdir())

@@ -5,7 +5,9 @@ quantized variant and the history of applied promotions; it holds no widget (the
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +71,8 @@ class QuantDebugger:
         self.quant_model = Path(quant_model) if quant_model is not None else None
         self.progress = progress
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-ui-"))
+        # A folder made here goes with the debugger (close(), its collection, or the kernel's exit); a given one stays.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.workdir), True) if workdir is None else None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.session = MixedPrecisionSession(
             self.float_model,
@@ -89,6 +93,12 @@ class QuantDebugger:
         self._plans: list[PromotionPlan] = []
         self._tensor_cache: dict[tuple[str, int, str], TensorValues] = {}
         self.report  # noqa: B018 — quantize and debug now, so the object is ready when the view shows it
+
+    def close(self) -> None:
+        """Remove the working folder if the debugger made it (a folder the caller gave is left as it is)."""
+        self.session.close()
+        if self._cleanup is not None:
+            self._cleanup()
 
     # ------------------------------------------------------------------ progress
     def _step(self, done: int, total: int, message: str) -> None:

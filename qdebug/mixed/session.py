@@ -12,6 +12,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -103,6 +104,8 @@ class MixedPrecisionSession:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-mixed-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # Also without close(): when the session is collected or the interpreter exits (a notebook's kernel).
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.workdir), True) if self._own_workdir else None
         self._base: Evaluation | None = None
         self._given_report: DebugReport | None = None
         #: ``progress(done, total, message)``: every long step says what it is doing (a UI shows it with an ETA)
@@ -129,8 +132,8 @@ class MixedPrecisionSession:
         """Remove the working folder if the session created it (a folder the caller gave is left as it is), and
         stop or leave the Ray cluster the ``with`` block held."""
         self._held.close()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._cleanup is not None:
+            self._cleanup()  # removes the folder once (later calls, and the finalizer at exit, do nothing)
 
     def __enter__(self) -> MixedPrecisionSession:
         if self.debug_options.cluster is not None:  # one cluster for every debug pass of the block, not one each
