@@ -71,20 +71,6 @@ def _pct(v: float | None) -> str:
     return fmt_pct(v, missing="n/a")
 
 
-def _whole(text: str, label: str) -> int | None:
-    """A whole number of at least 1 typed in a box (empty: ``None``); else a :class:`ConfigError` naming the box."""
-    text = text.strip()
-    if not text:
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        raise ConfigError(f"{label}: {text!r} is not a whole number; type one like 8 (or leave it empty)") from None
-    if n < 1:
-        raise ConfigError(f"{label}: must be 1 or more, got {n}")
-    return n
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -921,7 +907,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         """Run the automatic search from the base and draw its cost/quality curve (the history is unchanged)."""
         try:
             goal = self.search_goal()
-            self.debugger.hold_out(_whole(self.holdout_box.value, "held-out samples"))
+            from .search_form import whole_number
+
+            self.debugger.hold_out(whole_number("held-out samples", self.holdout_box.value, like=8))
         except (ConfigError, DataError) as exc:  # a goal, budget or sample count it cannot use: said, nothing starts
             self._say(self.search_summary, f"search not started: {exc}", "error")
             return

@@ -27,7 +27,7 @@ from qdebug.mixed.search import (
     SearchGoal,
 )
 
-__all__ = ["Budgets", "SearchBudgets"]
+__all__ = ["Budgets", "SearchBudgets", "whole_number"]
 
 
 class Budgets(TypedDict, total=False):
@@ -168,15 +168,21 @@ def _percent(text: str) -> float | None:
 
 def _count(name: str, text: str) -> int | None:
     """A whole number of at least 1; empty: the default."""
-    f = _FIELDS[name]
+    return whole_number(_FIELDS[name].label, text, like=4, empty=" for the default")
+
+
+def whole_number(label: str, text: str, *, like: int, empty: str = "") -> int | None:
+    """A whole number of at least 1 typed in the input ``label`` (empty: ``None``), else a
+    :class:`~qdebug.errors.ConfigError` that names the input and gives an example (``like``) and what empty means."""
+    text = text.strip()
     if not text:
         return None
     try:
         n = int(text)
     except ValueError:
         raise ConfigError(
-            f"{f.label}: {text!r} is not a whole number; type one like 4 (or leave it empty for the default)"
+            f"{label}: {text!r} is not a whole number; type one like {like} (or leave it empty{empty})"
         ) from None
     if n < 1:
-        raise ConfigError(f"{f.label}: must be 1 or more, got {n}")
+        raise ConfigError(f"{label}: must be 1 or more, got {n}")
     return n

@@ -144,7 +144,7 @@ def check_holdout(
             picked = p
             break
     check = HoldoutCheck(
-        samples=len_of(session.holdout_data), base_db=base_db, ceiling_db=ceiling_db, goal_db=goal_db,
+        samples=_len_of(session.holdout_data), base_db=base_db, ceiling_db=ceiling_db, goal_db=goal_db,
         points=tuple(checked), holds=picked is not None, moved=picked is not None and picked is not result.final,
         note=_note(checked, goal_db, picked is not None, result.reached),
         evaluations=session.holdout_evaluations - runs0, seconds=round(time.perf_counter() - t0, 3),
@@ -153,7 +153,7 @@ def check_holdout(
     return _move_choice(session, goal, out, picked) if check.moved and picked is not None else out
 
 
-def len_of(data: Any) -> int:
+def _len_of(data: Any) -> int:
     """How many held-out samples (0 when the session cannot tell)."""
     try:
         return len(data)

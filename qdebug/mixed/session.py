@@ -293,10 +293,15 @@ class MixedPrecisionSession:
         return promote(self, tensors, to, config=self.base_config)
 
     def requantize(self, config: QuantConfig, name: str | None = None) -> QuantizeResult:
-        """Quantize with ``config`` reusing the base calibration ranges (one QDQ insertion, no calibration)."""
+        """Quantize with ``config`` reusing the base calibration ranges (one QDQ insertion, no calibration); one of
+        :attr:`requantizations` (a search's evaluations)."""
+        self.requantizations += 1
+        return self._requantize(config, name)
+
+    def _requantize(self, config: QuantConfig, name: str | None) -> QuantizeResult:
+        """:meth:`requantize` without counting it."""
         base = self.base
         tag = name or hashlib.sha256(config.to_json().encode()).hexdigest()[:12]
-        self.requantizations += 1
         return quantize(
             self.float_path,
             self.data,
@@ -361,8 +366,7 @@ class MixedPrecisionSession:
         if config == base.config:
             path = Path(base.quantization.model_path)
         else:
-            path = Path(self.requantize(config, name).model_path)
-            self.requantizations -= 1  # a check of a point already measured, not a search evaluation
+            path = Path(self._requantize(config, name).model_path)  # a check of a measured point: not counted
         self.holdout_evaluations += 1
 
         def each(done: int, total: int) -> None:
