@@ -70,9 +70,10 @@ class DebugOptions:
     existing cluster; docs/scale.md), with the same report.
     ``metrics`` names the registered metrics the report computes (:data:`qdebug.metrics.STREAMING_METRICS` for
     activations and outputs, :data:`qdebug.metrics.METRICS` for weights); ``None``: all of them.
-    ``batch`` > 1 runs up to that many samples of the same input shapes per inference call (numpy backend;
-    checked on the first batch, sums still per sample, equal to unbatched ones up to rounding;
-    :mod:`qdebug.capture.batching`).
+    ``batch`` > 1 runs up to that many samples of the same input shapes per inference call (the fetching backends:
+    numpy, compiled, auto's; checked on the first batch, sums still per sample, equal to unbatched ones up to
+    rounding; :mod:`qdebug.capture.batching`); ``1`` one sample per call; ``None``, the default: ``auto`` batches
+    up to :data:`~qdebug.capture.auto.AUTO_BATCH` samples when the model's inputs have a batch axis.
     """
 
     num_samples: int | None = None
@@ -83,7 +84,7 @@ class DebugOptions:
     ignore_data_keys: tuple[str, ...] = ()
     capture: str = AUTO
     metrics: tuple[str, ...] | None = None
-    batch: int = 1
+    batch: int | None = None
     cluster: ClusterSpec | None = None
 
     def __post_init__(self) -> None:
@@ -96,10 +97,12 @@ class DebugOptions:
             problems.append(f"capture must be one of {', '.join(capture_choices())}, got {self.capture!r}")
         if not self.providers:
             problems.append("at least one execution provider is needed")
-        if not isinstance(self.batch, int) or self.batch < 1:
+        if self.batch is not None and (not isinstance(self.batch, int) or self.batch < 1):
             problems.append(f"batch must be a positive integer, got {self.batch!r}")
-        elif self.batch > 1 and self.capture not in (AUTO, FALLBACK_BACKEND):
-            problems.append(f"batch {self.batch} needs capture 'auto' or 'numpy' (only numpy batches)")
+        elif self.batch is not None and self.batch > 1 and self.capture == "graph":
+            problems.append(
+                f"batch {self.batch} needs a fetching capture (auto, numpy, compiled): graph does not batch"
+            )
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(self.metrics))
             known = {*STREAMING_METRICS, *METRICS}

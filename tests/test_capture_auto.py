@@ -46,7 +46,7 @@ def _clock(steps: list[float]) -> Callable[[], float]:
 
 def _run(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, steps: list[float]) -> tuple[AutoRun, CaptureSums]:
     pairing = pair_models(fm, qm)
-    run = AutoRun(fm, qm, pairing, ["CPUExecutionProvider"], n, clock=_clock(steps))
+    run = AutoRun(fm, qm, pairing, ["CPUExecutionProvider"], n, clock=_clock(steps), batch=1)  # the unbatched choice
     n_quant = sum(1 for a in pairing.activations if a.quantized)
     sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
     for i, s in enumerate(_samples(fm, n)):

@@ -99,7 +99,7 @@ def test_the_report_and_the_cli_say_how_samples_were_batched(tiny_float: Path, t
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"batch": 0}, "batch must be a positive integer"), ({"batch": 4, "capture": "graph"}, "only numpy batches")],
+    [({"batch": 0}, "batch must be a positive integer"), ({"batch": 4, "capture": "graph"}, "graph does not batch")],
 )
 def test_bad_batch_options_are_one_clear_error(options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -137,7 +137,9 @@ def test_batch_axes_stack_and_split_follow_the_declared_shapes() -> None:
     assert stacked is not None and stacked["x"].shape == (3, 576) and stacked["state"].shape == (2, 3, 128)
     per = split_batch([stacked["state"], np.ones(4)], ["state", "const"], ((2, 1, 128), (4,)), 3)
     assert not isinstance(per, str)
-    assert all(np.array_equal(per[i][0], samples[i]["state"]) for i in range(3)) and per[2][1] is per[0][1]
+    assert all(np.array_equal(per[i][0], samples[i]["state"]) for i in range(3)) and np.shares_memory(
+        per[2][1], per[0][1]
+    )
     bad = split_batch([np.ones((1, 5))], ["t"], ((1, 2),), 3)
     assert isinstance(bad, str) and "'t'" in bad and "does not split" in bad
     assert mismatch([np.ones(3)], [np.ones(3)], ["t"]) is None

@@ -138,7 +138,7 @@ def _auto(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, wait: bool = True) -
     """An auto run over ``n`` samples; ``wait``: let numba's background load finish as soon as it starts (after
     sample 3, the last numpy sample ``auto`` weighs it on), so that the switch happens at sample 4 and the test is
     deterministic."""
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n, batch=1)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=n, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
         if wait and run.warm_up is not None:
@@ -198,7 +198,7 @@ def test_numpy_reduces_until_numba_has_loaded(
     monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
     monkeypatch.setattr(compiled, "warm_up", loaded.wait)  # numba "loads" only when the test says so
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6, batch=1)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=6, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
     assert run.numpy.reducer is not compiled.reduce_sample_compiled  # never waited for numba

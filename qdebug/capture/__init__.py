@@ -63,6 +63,7 @@ __all__ = [
     "SampleSums",
     "UnsupportedPairError",
     "backend_names",
+    "batching_of",
     "capture",
     "capture_choices",
     "expose_outputs",
@@ -158,24 +159,23 @@ def open_run(
     pairing: Pairing,
     providers: Sequence[str],
     samples: int,
-    batch: int = 1,
+    batch: int | None = None,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     segment_rule: SegmentRule | None = None,
 ) -> tuple[CaptureRun, str, str | None]:
     """The requested backend's run (``auto``: an :class:`AutoRun`), or the fallback backend's with the reason the
-    requested one cannot run. Batching (``batch`` > 1) is the numpy backend's: ``auto`` then means numpy.
+    requested one cannot run. ``batch``: at most that many samples per inference call for the fetching backends
+    (numpy, compiled, and ``auto``'s numpy run); ``None``: ``auto`` decides (:data:`AUTO_BATCH`), the others
+    run one sample per call.
 
     The first sample's ``input_shapes`` let a fetching backend segment a model too large for one sample
     (:mod:`qdebug.capture.segmented`), by ``segment_rule`` (default: this process's cores; a Ray worker passes
     its own, :mod:`qdebug.capture.ray_backend`)."""
     pair = (float_model, quant_model, pairing, providers)
-    if batch > 1 and name in (AUTO, FALLBACK_BACKEND):
-        why = None if name == FALLBACK_BACKEND else f"batches of up to {batch} samples run on numpy, which batches"
-        pipeline = segment_rule.pipelined if segment_rule is not None else None
-        return NumpyRun(*pair, pipeline=pipeline, batch=batch), FALLBACK_BACKEND, why
     if name == AUTO:
-        return AutoRun(*pair, samples, input_shapes=input_shapes, segment_rule=segment_rule), AUTO, None
-    hints = {"input_shapes": input_shapes, "segment_rule": segment_rule}
+        run = AutoRun(*pair, samples, input_shapes=input_shapes, segment_rule=segment_rule, batch=batch)
+        return run, AUTO, None
+    hints = {"input_shapes": input_shapes, "segment_rule": segment_rule, "batch": batch or 1}
     try:
         return _open_backend(get_backend(name), pair, hints), name, None
     except UnsupportedPairError as exc:
@@ -194,6 +194,13 @@ def _open_backend(
     return backend.open(*pair, **{k: v for k, v in hints.items() if k in accepted})
 
 
+def batching_of(run: CaptureRun, used: str) -> tuple[int, str | None]:
+    """The most samples one inference call took, and why batching stopped or never started, for a run that
+    finished on backend ``used``: the fetching run's (numpy or compiled, also inside ``auto``)."""
+    fetched = run.numpy if isinstance(run, AutoRun) else run if isinstance(run, NumpyRun) else None
+    return fetched.batching() if fetched is not None and used != "graph" else (1, None)
+
+
 def segmenting_of(run: CaptureRun, used: str) -> tuple[int, str | None]:
     """How many segments each sample ran in, and why (or why not), for a run that finished on backend ``used``:
     the fetching run's (numpy or compiled, also inside ``auto``); the merged graph never segments."""
@@ -209,7 +216,7 @@ def capture(
     providers: Sequence[str] = ("CPUExecutionProvider",),
     progress: ProgressFn | None = None,
     path: str = "graph",
-    batch: int = 1,
+    batch: int | None = None,
 ) -> CaptureResult:
     """Run both models sample by sample through the backend ``path`` (or ``"auto"``) and reduce every paired
     tensor to sums; ``batch`` > 1 lets the numpy backend run that many samples per inference call
@@ -241,8 +248,7 @@ def capture(
         raise DataError(f"{data.description}: no samples")
     if isinstance(run, AutoRun):
         used, reason = run.final().backend, run.final().reason
-    batching = run.batching() if isinstance(run, NumpyRun) else (1, None)
-    return CaptureResult.of(sums, pairing, path, used, reason, batching, segmenting_of(run, used))
+    return CaptureResult.of(sums, pairing, path, used, reason, batching_of(run, used), segmenting_of(run, used))
 
 
 def _loop(

@@ -45,6 +45,7 @@ from qdebug.graph import Pairing
 
 __all__ = [
     "AUTO",
+    "AUTO_BATCH",
     "GRAPH_MAX_MEAN_ELEMENTS",
     "MIN_REMAINING",
     "PAYBACK_SHARE",
@@ -56,6 +57,11 @@ __all__ = [
 
 #: The ``capture`` value that chooses the backend per run (the default of ``DebugOptions`` and ``--capture``).
 AUTO = "auto"
+
+#: Samples per inference call ``auto`` runs when the model batches and the user did not say (``batch=None``):
+#: the batch is also cut to :data:`~qdebug.capture.batching.BATCH_BYTES` of tensors. Measured on Silero VAD
+#: (docs/benchmarks.md): per-sample inference 0.42x the floor at 8, 0.28x at 16, 0.20x at 32.
+AUTO_BATCH = 32
 
 #: The merged graph is not tried when the paired tensors average more elements than this: its in-graph float64
 #: reductions then cost more per sample than numpy's fetch-and-reduce (measured on the corpus: YOLOv8n, 50k
@@ -133,14 +139,22 @@ class AutoRun:
         clock: Callable[[], float] = time.perf_counter,
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
+        batch: int | None = None,
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
         self.samples, self.clock = samples, clock
         self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_try_compiled)
         self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         t0 = clock()
+        limit = (AUTO_BATCH if samples > 2 else 1) if batch is None else batch
         self.numpy = NumpyRun(
-            float_model, quant_model, pairing, providers, input_shapes=input_shapes, segment_rule=segment_rule
+            float_model,
+            quant_model,
+            pairing,
+            providers,
+            batch=limit,
+            input_shapes=input_shapes,
+            segment_rule=segment_rule,
         )
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None
@@ -150,6 +164,17 @@ class AutoRun:
         self.compiled_weighed = False  # whether the compiled reduction has been weighed (once per run)
         self.missing_fast = ""  # what the compiled reduction would save, when numba is not installed
         self.choice: Choice | None = None
+        if self._batches():
+            # the merged graph's one advantage, small tensors' per-call costs, is what a batch pays once per batch
+            why = "" if batch else "the model's inputs have a batch axis, "
+            self.choice = Choice("numpy", f"{why}batches of up to {limit} samples per inference call")
+
+    def _batches(self) -> bool:
+        """Whether the numpy run will batch: asked for, one sample is not cut into segments, and every input has an
+        axis to stack samples on (the first batch still checks that ONNX Runtime runs it and that the values hold)."""
+        run = self.numpy
+        inputs = {i.name for i in self.models[0].graph.input} - {t.name for t in self.models[0].graph.initializer}
+        return run.batch_limit > 1 and run.segmented is None and inputs <= set(run.axes)
 
     def final(self) -> Choice:
         """The choice, also when the data ran out before it was made (or before numba had loaded)."""
@@ -269,6 +294,7 @@ class AutoRun:
             self._keep_numpy(f"{self.choice.reason}; but the compiled reduction could not load ({error})")
             return
         self.numpy.reducer = compiled.reduce_sample_compiled
+        self.numpy.batch_kernel = compiled.kernel()
         self.switched_at = index
 
     def _open_graph(self, index: int) -> None:

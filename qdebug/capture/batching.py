@@ -34,9 +34,11 @@ __all__ = [
     "BATCH_BYTES",
     "SPLIT_TOLERANCE",
     "batch_axes",
+    "batch_views",
     "input_key",
     "mismatch",
     "relax_batch_dim",
+    "sample_view",
     "split_batch",
     "stack",
 ]
@@ -106,28 +108,41 @@ def relax_batch_dim(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def split_batch(
-    values: Sequence[np.ndarray], names: Sequence[str], alone: Shapes, n: int
-) -> list[list[np.ndarray]] | str:
-    """Per sample, the views of ``values`` (one batched run of ``n`` samples) that belong to it; or the reason the
-    batch does not split (a tensor named with its shapes). ``alone`` are the tensors' shapes for one sample of the
-    same input shapes; a tensor's batch axis is the one axis that is ``n`` times longer in the batch."""
-    per: list[list[np.ndarray]] = [[] for _ in range(n)]
+def batch_views(values: Sequence[np.ndarray], names: Sequence[str], alone: Shapes, n: int) -> list[np.ndarray] | str:
+    """Each tensor of one batched run of ``n`` samples as a 3-D view ``(outer, n, inner)`` whose ``[:, i, :]`` is
+    sample ``i``'s values (a tensor that does not depend on the batch is broadcast to every sample); or the reason
+    the batch does not split (a tensor named with its shapes). ``alone`` are the tensors' shapes for one sample of
+    the same input shapes; a tensor's batch axis is the one axis that is ``n`` times longer in the batch."""
+    views: list[np.ndarray] = []
     for name, v, one in zip(names, values, alone, strict=True):
         shape = tuple(v.shape)
         grown = [ax for ax in range(len(one)) if len(shape) == len(one) and shape[ax] != one[ax]]
         if len(grown) == 1 and shape[grown[0]] == n * one[grown[0]]:
-            ax, k = grown[0], one[grown[0]]
-            cut = [slice(None)] * len(one)
-            for i in range(n):
-                cut[ax] = slice(i * k, (i + 1) * k)
-                per[i].append(v[tuple(cut)])
+            ax = grown[0]
+            outer = int(np.prod(shape[:ax], dtype=np.int64))
+            views.append(v.reshape(outer, n, -1) if v.size else v.reshape(outer, n, 0))
         elif shape == one:  # does not depend on the batch (checked against a sample alone by `mismatch`)
-            for i in range(n):
-                per[i].append(v)
+            views.append(np.broadcast_to(v.reshape(1, 1, -1), (1, n, v.size)))
         else:
             return f"tensor {name!r} has shape {shape} for {n} samples and {one} for one: it does not split by sample"
-    return per
+    return views
+
+
+def sample_view(view: np.ndarray, i: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Sample ``i``'s values of a :func:`batch_views` view, in its shape ``shape`` as one sample (a view where the
+    layout allows, as it does for a batch axis 0 or a tensor shared by every sample)."""
+    return view[:, i, :].reshape(shape)
+
+
+def split_batch(
+    values: Sequence[np.ndarray], names: Sequence[str], alone: Shapes, n: int
+) -> list[list[np.ndarray]] | str:
+    """Per sample, the views of ``values`` (one batched run of ``n`` samples) that belong to it; or the reason the
+    batch does not split (:func:`batch_views`)."""
+    views = batch_views(values, names, alone, n)
+    if isinstance(views, str):
+        return views
+    return [[sample_view(v, i, one) for v, one in zip(views, alone, strict=True)] for i in range(n)]
 
 
 def mismatch(batched: Sequence[np.ndarray], alone: Sequence[np.ndarray], names: Sequence[str]) -> str | None:

@@ -39,6 +39,7 @@ __all__ = [
     "CompiledBackend",
     "WarmUp",
     "available",
+    "kernel",
     "reduce_sample_compiled",
 ]
 
@@ -61,11 +62,18 @@ def _load() -> ModuleType:
     return importlib.import_module("qdebug.capture._kernels")
 
 
+def kernel() -> ModuleType:
+    """The loaded kernel module (after :func:`warm_up`; loads numba otherwise)."""
+    return _load()
+
+
 def warm_up() -> None:
     """Import numba and load (or, the first time on a machine, compile) the kernel for float32 tensors."""
     k = _load()
     x, row = np.zeros(LANES_PLUS_ONE, np.float32), np.zeros(k.SLOTS)
     k.activation_sums(x, x, x, -np.inf, np.inf, -np.inf, np.inf, True, row)
+    x3 = np.zeros((1, 2, LANES_PLUS_ONE), np.float32)  # a batch's views (qdebug.capture.batch_reduce)
+    k.batch_activation_sums(x3, x3, x3, -np.inf, np.inf, -np.inf, np.inf, True, np.zeros((2, k.SLOTS)))
 
 
 class WarmUp(threading.Thread):
@@ -192,18 +200,21 @@ class CompiledBackend:
         providers: Sequence[str],
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
+        batch: int = 1,
     ) -> Any:
         """A :class:`~qdebug.capture.numpy_backend.NumpyRun` that reduces with :func:`reduce_sample_compiled`
         (``segment_rule``: see the numpy run)."""
         from qdebug.capture.numpy_backend import NumpyRun
 
-        _load()  # the missing extra is reported before any session is built
+        kernel = _load()  # the missing extra is reported before any session is built
         return NumpyRun(
             float_model,
             quant_model,
             pairing,
             providers,
             reducer=reduce_sample_compiled,
+            batch_kernel=kernel,
+            batch=batch,
             input_shapes=input_shapes,
             segment_rule=segment_rule,
         )

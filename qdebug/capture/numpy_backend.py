@@ -20,15 +20,16 @@ import numpy as np
 import onnx
 
 from qdebug.capture.base import SampleSums
+from qdebug.capture.batch_reduce import BatchTensors, reduce_batch
 from qdebug.capture.batching import (
     BATCH_BYTES,
     InputKey,
     Shapes,
     batch_axes,
+    batch_views,
     input_key,
     mismatch,
     relax_batch_dim,
-    split_batch,
     stack,
 )
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
@@ -113,6 +114,25 @@ Values = tuple[list[np.ndarray], list[np.ndarray]]  # one sample's float and qua
 Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], SampleSums]
 
 
+class Batch:
+    """One batched inference call's tensors (:class:`~qdebug.capture.batch_reduce.BatchTensors` of both models) and,
+    once the first of its samples is reduced, every sample's sums: the batch is reduced at once."""
+
+    def __init__(self, indices: Sequence[int], f: BatchTensors, q: BatchTensors) -> None:
+        self.indices, self.f, self.q = list(indices), f, q
+        self.sums: list[SampleSums] | None = None
+
+    def values(self, k: int, plan: ReductionPlan) -> Values:
+        """Its ``k``-th sample's tensors, in plan order (views)."""
+        return (
+            [self.f.sample(n, k) for n in plan.float_names],
+            [self.q.sample(n, k) for n in plan.quant_names],
+        )
+
+
+Ready = Values | tuple[Batch, int]  # a sample's tensors, or its place in a batch
+
+
 class NumpyRun:
     """Two sessions whose outputs include every tensor of the :class:`ReductionPlan`.
 
@@ -141,11 +161,13 @@ class NumpyRun:
         pipeline: bool | None = None,
         batch: int = 1,
         reducer: Reducer = reduce_sample,
+        batch_kernel: Any = None,
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
+        self.batch_kernel = batch_kernel  # with the compiled pass: its kernel module, for a batch's large tensors
         self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
         self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
         if pipeline is None:
@@ -161,11 +183,9 @@ class NumpyRun:
         self.segment_note: str | None = None  # how the run was segmented, or why it could not be
         rule = segment_rule or SegmentRule.for_cores(2 if pipeline else 1)
         above = rule.above
-        cut = (
-            plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget)
-            if input_shapes and batch <= 1
-            else None
-        )
+        cut = None
+        if input_shapes:
+            cut = plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget)
         self.segment_count = 1
         if cut is not None:
             # pipelined by segment instead (the next segment inferred while this one is reduced), not by sample:
@@ -176,14 +196,16 @@ class NumpyRun:
                 f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
                 f"at once (more than {above >> 20} MB)"
             )
+            if batch > 1:  # a sample that has to be cut in parts cannot share a call with another one
+                self.batch_reason = f"one sample is run in segments ({self.segment_note})"
         else:
             self._open_whole()
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
         self.alone: dict[InputKey, tuple[Shapes, Shapes]] = {}  # tensor shapes of one sample, per input shapes
         self._pool: ThreadPoolExecutor | None = None
         self._queued: list[tuple[int, Mapping[str, np.ndarray]]] = []
-        self._ready: dict[int, Values] = {}
-        self._pending: tuple[frozenset[int], Future[dict[int, Values]]] | None = None
+        self._ready: dict[int, Ready] = {}
+        self._pending: tuple[frozenset[int], Future[dict[int, Ready]]] | None = None
 
     def _open_whole(self) -> None:
         """The two sessions exposing every tensor of the plan (a model ORT cannot load: :class:`ModelError`)."""
@@ -256,7 +278,11 @@ class NumpyRun:
         """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
         if self.segmented is not None:
             return self._reduce_segmented(index, sample)
-        f_vals, q_vals = self._take(index, sample)
+        item = self._take(index, sample)
+        if isinstance(item[0], Batch):
+            self._start_next(index)
+            return self._reduce_batched(item[0], index)
+        f_vals, q_vals = item
         if self.sample_bytes is None:
             self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
         self._start_next(index)
@@ -266,6 +292,25 @@ class NumpyRun:
         sums = self.reducer(self.plan, f, q)
         self.reduce_seconds = time.perf_counter() - t0
         return sums
+
+    def _reduce_batched(self, batch: Batch, index: int) -> SampleSums:
+        """Sample ``index``'s sums from its batch, which is reduced whole the first time one of its samples is asked
+        for (:func:`~qdebug.capture.batch_reduce.reduce_batch`: a few numpy calls per tensor for all its samples,
+        the compiled kernel for large tensors when the run reduces with it; another reducer: sample by sample)."""
+        if batch.sums is None:
+            t0 = time.perf_counter()
+            if self.reducer is reduce_sample or self.batch_kernel is not None:
+                batch.sums = reduce_batch(self.plan, batch.f, batch.q, self.batch_kernel)
+            else:
+                batch.sums = [self._reduce_values(batch.values(k, self.plan)) for k in range(len(batch.indices))]
+            self.reduce_seconds = (time.perf_counter() - t0) / len(batch.indices)
+        return batch.sums[batch.indices.index(index)]
+
+    def _reduce_values(self, values: Values) -> SampleSums:
+        """One sample's tensors reduced by the run's reducer."""
+        f = dict(zip(self.plan.float_names, values[0], strict=True))
+        q = dict(zip(self.plan.quant_names, values[1], strict=True))
+        return self.reducer(self.plan, f, q)
 
     def _reduce_segmented(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Segment by segment; if a segment cannot be made into a session on the first sample (an op that needs
@@ -287,7 +332,7 @@ class NumpyRun:
         self.infer_seconds = infer_s if self.segmented.pipelined else time.perf_counter() - t0 - reduce_s
         return sums
 
-    def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
+    def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Ready:
         """The sample's values: already in a batch, being inferred on the worker, or inferred now (with the
         announced samples that can share its batch)."""
         self._queued = [(i, s) for i, s in self._queued if i > index]
@@ -352,20 +397,22 @@ class NumpyRun:
         )
         return f_vals, q_vals
 
-    def _infer_group(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Values]:
+    def _infer_group(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Ready]:
         """Each sample's values, from one batched inference when the group has several samples and batching
         holds (checked on the first batch), else one inference per sample."""
-        if len(group) > 1 and self.batch_reason is None:
-            values = self._infer_batch(group)
-            if values is not None:
-                self.batch_used = max(self.batch_used, len(group))
-                return values
         t0 = time.perf_counter()
-        values = {i: self._infer(i, s) for i, s in group}
+        if len(group) > 1 and self.batch_reason is None:
+            batch = self._infer_batch(group)
+            if batch is not None:
+                self.batch_used = max(self.batch_used, len(group))
+                self.infer_seconds = (time.perf_counter() - t0) / len(group)
+                return {i: (batch, k) for k, i in enumerate(batch.indices)}
+            t0 = time.perf_counter()
+        values: dict[int, Ready] = {i: self._infer(i, s) for i, s in group}
         self.infer_seconds = (time.perf_counter() - t0) / len(group)
         return values
 
-    def _infer_batch(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Values] | None:
+    def _infer_batch(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> Batch | None:
         """The group's values from one batched call, or ``None`` (and :attr:`batch_reason` set) when the model
         does not batch; a sample the batch fails on is then run alone, which names it if it is bad."""
         n, errors = len(group), ort_errors()
@@ -380,19 +427,30 @@ class NumpyRun:
             self.batch_reason = f"ONNX Runtime cannot run {n} samples at once: {ort_message(exc)}"
             return None
         f_shapes, q_shapes = self.alone[input_key(group[0][1])]
-        f_per = split_batch(f_b, self.plan.float_names, f_shapes, n)
-        q_per = split_batch(q_b, self.plan.quant_names, q_shapes, n)
-        if isinstance(f_per, str) or isinstance(q_per, str):
-            self.batch_reason = f_per if isinstance(f_per, str) else str(q_per)
+        f_views = batch_views(f_b, self.plan.float_names, f_shapes, n)
+        q_views = batch_views(q_b, self.plan.quant_names, q_shapes, n)
+        if isinstance(f_views, str) or isinstance(q_views, str):
+            self.batch_reason = f_views if isinstance(f_views, str) else str(q_views)
             return None
+        batch = Batch(
+            [i for i, _ in group],
+            _tensors(self.plan.float_names, f_views, f_shapes, n),
+            _tensors(self.plan.quant_names, q_views, q_shapes, n),
+        )
         if not self.verified:  # once per run: the first batched sample against itself alone
             f1, q1 = self._infer(*group[0])
-            why = mismatch(f_per[0], f1, self.plan.float_names) or mismatch(q_per[0], q1, self.plan.quant_names)
+            f0, q0 = batch.values(0, self.plan)
+            why = mismatch(f0, f1, self.plan.float_names) or mismatch(q0, q1, self.plan.quant_names)
             if why is not None:
                 self.batch_reason = f"batching changes the values: {why}"
                 return None
             self.verified = True
-        return {i: (f_per[k], q_per[k]) for k, (i, _) in enumerate(group)}
+        return batch
+
+
+def _tensors(names: Sequence[str], views: Sequence[np.ndarray], shapes: Shapes, n: int) -> BatchTensors:
+    """A model's batch views and one-sample shapes, by name."""
+    return BatchTensors(dict(zip(names, views, strict=True)), dict(zip(names, shapes, strict=True)), n)
 
 
 class NumpyBackend:
@@ -408,10 +466,17 @@ class NumpyBackend:
         providers: Sequence[str],
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
+        batch: int = 1,
     ) -> NumpyRun:
         """Two augmented sessions (a model ORT cannot load is a :class:`~qdebug.errors.ModelError`), or segments
         when one sample of ``input_shapes`` would expose too much at once (by ``segment_rule``: see
-        :class:`NumpyRun`)."""
+        :class:`NumpyRun`; ``batch``: at most that many samples per inference call)."""
         return NumpyRun(
-            float_model, quant_model, pairing, providers, input_shapes=input_shapes, segment_rule=segment_rule
+            float_model,
+            quant_model,
+            pairing,
+            providers,
+            batch=batch,
+            input_shapes=input_shapes,
+            segment_rule=segment_rule,
         )

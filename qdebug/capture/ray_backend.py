@@ -36,10 +36,17 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn, open_run, segmenting_of
+from qdebug.capture import (
+    AUTO,
+    FALLBACK_BACKEND,
+    CaptureResult,
+    ProgressFn,
+    batching_of,
+    open_run,
+    segmenting_of,
+)
 from qdebug.capture.auto import AutoRun
 from qdebug.capture.base import CaptureRun, CaptureSums, Fallback, SampleSums, get_backend
-from qdebug.capture.numpy_backend import NumpyRun
 from qdebug.capture.segmented import SegmentRule
 from qdebug.cluster import Cluster
 from qdebug.data import DataSource, RangeReader, Sample, range_reader
@@ -118,7 +125,7 @@ class CaptureWorker:
         self.pairing: Pairing = job["pairing"]
         self.providers: tuple[str, ...] = tuple(job["providers"])
         self.path: str = job["path"]
-        self.batch: int = job.get("batch", 1)
+        self.batch: int | None = job.get("batch")
         self.expected: int = job["expected"]
         self.reader: RangeReader = job["reader"]
         self.segment_rule: SegmentRule = job["segment_rule"]
@@ -196,7 +203,7 @@ class CaptureWorker:
             return ShardResult(None, failure=Failure.of(exc))
         if isinstance(self.run, AutoRun):
             self.backend, self.reason = self.run.final().backend, self.run.final().reason
-        batching = self.run.batching() if isinstance(self.run, NumpyRun) else (1, None)
+        batching = batching_of(self.run, self.backend) if self.run is not None else (1, None)
         segments = segmenting_of(self.run, self.backend) if self.run is not None else (1, None)
         return ShardResult(sums, self.backend, self.reason, batch=batching, segments=segments)
 
@@ -244,7 +251,7 @@ def _job(
     path: str,
     expected: int,
     reader: RangeReader,
-    batch: int = 1,
+    batch: int | None = None,
 ) -> dict[str, Any]:
     return {
         "float_model": float_model.SerializeToString(),
@@ -351,7 +358,7 @@ def capture_distributed(
     providers: Sequence[str] = ("CPUExecutionProvider",),
     progress: ProgressFn | None = None,
     path: str = AUTO,
-    batch: int = 1,
+    batch: int | None = None,
 ) -> CaptureResult:
     """:func:`qdebug.capture.capture` on ``cluster``'s workers (see the module doc); the same result."""
     n_total = len(data)

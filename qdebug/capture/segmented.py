@@ -13,9 +13,11 @@ while the current one is reduced (the next *sample* is not: two samples' tensors
 sums are those of the whole-model run: the same kernels compute the same tensors (graph optimizations are off, so
 a cut changes no arithmetic), and a pair is reduced from the same arrays.
 
-The segment sessions run **without ORT's memory arena**: an arena keeps every tensor it ever held, so each
-segment's session would keep its own peak and the segments' sum would be the whole model's again. Without it a
-freed tensor returns to the process heap, where the next segment's allocations reuse it. They do not spin either:
+The segment sessions share **one ORT memory arena** (:func:`~qdebug.capture.session.shared_arena`): an arena keeps
+every tensor it ever held, so with one arena per session each segment would keep its own peak and the segments' sum
+would be the whole model's again; without any arena every tensor of every segment is fresh memory from the kernel on
+every sample (u2netp: 990k page faults in 12 samples). One shared arena holds about one segment's working set and
+is reused by every segment and sample. They do not spin either:
 idle intra-op threads of 2 × segments sessions busy-waiting made ViT-S 40 % slower per sample.
 
 Models with control flow (``If``/``Loop``/``Scan`` subgraphs read outer tensors implicitly) are not segmented.
@@ -456,7 +458,7 @@ class SegmentedFetch:
         try:
             threads = 1 if SIDES_IN_PARALLEL else None
             return make_session(
-                model, self.providers, role=f"{role} (segment {j})", arena=False, spin=False, threads=threads
+                model, self.providers, role=f"{role} (segment {j})", arena="shared", spin=False, threads=threads
             )
         except ModelError as exc:
             self.load_failure = str(exc)

@@ -279,10 +279,10 @@ def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]
     p.add_argument(
         "--batch",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="run up to N samples per inference call (numpy capture; checked on the first batch, sums stay "
-        "per sample; default 1)",
+        help="run up to N samples per inference call (checked on the first batch, sums stay per sample; 1: one "
+        "sample per call; default: auto batches when the model's inputs have a batch axis)",
     )
     add_input_shape(p, "fix a dynamic input shape, NAME:D0,D1,... (repeatable)")
     p.add_argument("--ignore-key", action="append", default=[], help="npz arrays to ignore (e.g. labels)")
