@@ -25,17 +25,17 @@ Models with control flow (``If``/``Loop``/``Scan`` subgraphs read outer tensors 
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import onnx
 
+from qdebug._symbolic import symbolic_shapes
 from qdebug.capture.base import SampleSums
 from qdebug.capture.reduction import ReductionPlan
 from qdebug.capture.session import make_session, ort_message
@@ -109,20 +109,7 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     It follows shape arithmetic (Shape -> Gather -> Cast -> Concat -> Reshape, as in every exported ViT) that
     ONNX's own data propagation gives up on (ViT-S: 654 of 662 paired tensors unknown vs 7 of 1485), but it is pure
     Python and slower (ppocr-cls: 0.49 s, then a failed assertion), so it runs only where ONNX's leaves gaps."""
-    # The tool logs what it cannot infer (a warning on Python's stderr, unconfigured); that is only an estimate's
-    # gap here. Its own logger is silenced for the call, not the process's streams (other threads may print).
-    tool_log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-    level = tool_log.level
-    tool_log.setLevel(logging.CRITICAL + 1)
-    try:  # the tool needs sympy (a dependency of qdebug; without it, ONNX's inference alone)
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
-        return cast(onnx.ModelProto, inferred) if inferred is not None else None
-    except Exception:  # any failure of the tool (ppocr-cls: an assertion) leaves ONNX's estimate
-        return None
-    finally:
-        tool_log.setLevel(level)
+    return symbolic_shapes(model)
 
 
 def _onnx_inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:

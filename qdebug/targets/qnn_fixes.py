@@ -127,13 +127,9 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _symbolic_infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ORT's symbolic shape inference: knows ORT's contrib ops, which ONNX inference leaves untyped."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from qdebug._symbolic import symbolic_shapes
 
-    try:
-        result = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
-    except Exception:  # it asserts/raises on ops it does not know; ONNX inference's result then stands
-        return None
-    return result if isinstance(result, onnx.ModelProto) else None
+    return symbolic_shapes(model)  # None: it raised on an op it does not know; ONNX inference's result then stands
 
 
 def _check_input_shapes(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]]) -> None:
