@@ -198,7 +198,12 @@ def batching_of(run: CaptureRun, used: str) -> tuple[int, str | None]:
     """The most samples one inference call took, and why batching stopped or never started, for a run that
     finished on backend ``used``: the fetching run's (numpy or compiled, also inside ``auto``)."""
     fetched = run.numpy if isinstance(run, AutoRun) else run if isinstance(run, NumpyRun) else None
-    return fetched.batching() if fetched is not None and used != "graph" else (1, None)
+    if fetched is None or used == "graph":
+        return 1, None
+    size, why = fetched.batching()
+    if isinstance(run, AutoRun) and not run.batch_asked and not run.batch_planned:
+        return size, None  # auto never meant to batch this model (no batch axis, segmented): nothing to explain
+    return size, why
 
 
 def segmenting_of(run: CaptureRun, used: str) -> tuple[int, str | None]:

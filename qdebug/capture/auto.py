@@ -164,10 +164,8 @@ class AutoRun:
         self.compiled_weighed = False  # whether the compiled reduction has been weighed (once per run)
         self.missing_fast = ""  # what the compiled reduction would save, when numba is not installed
         self.choice: Choice | None = None
-        if self._batches():
-            # the merged graph's one advantage, small tensors' per-call costs, is what a batch pays once per batch
-            why = "" if batch else "the model's inputs have a batch axis, "
-            self.choice = Choice("numpy", f"{why}batches of up to {limit} samples per inference call")
+        self.batch_asked = batch is not None and batch > 1
+        self.batch_planned = self._batches()  # decided after sample 0, once one sample's size is known
 
     def _batches(self) -> bool:
         """Whether the numpy run will batch: asked for, one sample is not cut into segments, and every input has an
@@ -220,7 +218,11 @@ class AutoRun:
         t0 = self.clock()
         res = self.numpy.reduce(index, sample)
         self._measure_numpy(self.clock() - t0, index)
-        if index == 0 and self.samples - 1 < MIN_REMAINING:
+        if index == 0 and self.batch_planned and self.numpy.batch_size > 1:
+            # the merged graph's one advantage, small tensors' per-call costs, is what a batch pays once per batch
+            why = "" if self.batch_asked else "the model's inputs have a batch axis, "
+            self._keep_numpy(f"{why}batches of up to {self.numpy.batch_size} samples per inference call")
+        elif index == 0 and self.samples - 1 < MIN_REMAINING:
             self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
         elif len(self.totals) > COMPILED_PROBE:
             self._decide(index, float(res.elements.mean()) if res.elements.size else 0.0)
