@@ -212,3 +212,25 @@ def test_auto_weighs_the_compiled_kernel_on_batches_too(tmp_path: Path, monkeypa
     cap = auto.meta.capture
     assert cap is not None and cap.batch > 1 and cap.backend == "compiled", cap
     np.testing.assert_allclose(one.per_sample.values, auto.per_sample.values, atol=1e-5)
+
+
+def test_auto_does_not_batch_when_only_two_samples_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two samples per call measured slower than one on ppocr-cls: ``auto`` needs room for three; asked for, two."""
+    from qdebug.capture import batching, numpy_backend
+
+    fp, qp = _batchable_pair(tmp_path)
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(3).standard_normal((12, 1, 16)).astype(np.float32))
+    from qdebug.graph import pair_models
+
+    fm, qm = onnx.load(str(fp)), onnx.load(str(qp))
+    probe = numpy_backend.NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"])
+    probe.reduce(0, {"x": np.ones((1, 16), np.float32)})
+    assert probe.sample_bytes is not None
+    room_for_two = 2 * probe.sample_bytes + 1
+    monkeypatch.setattr(batching, "BATCH_BYTES", room_for_two)
+    monkeypatch.setattr(numpy_backend, "BATCH_BYTES", room_for_two)
+    auto = debug(fp, qp, data, DebugOptions()).meta.capture
+    asked = debug(fp, qp, data, DebugOptions(batch=4)).meta.capture
+    assert auto is not None and auto.batch == 1 and "batches of up to" not in str(auto.reason)
+    assert asked is not None and asked.batch == 2

@@ -137,6 +137,28 @@ def test_auto_segments_its_numpy_run_and_the_report_says_so(
     assert type(info).from_dict({"requested": "numpy", "backend": "numpy"}).segments == 1  # older reports
 
 
+def test_auto_reduces_a_segmented_run_with_the_compiled_pass_at_any_n(
+    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segmented samples are large: ``auto`` loads numba from the start (not only when many samples are left), so
+    the reduction — and the process's memory — does not depend on N; the sums are the numpy run's."""
+    from qdebug.capture import compiled
+
+    def loaded() -> compiled.WarmUp:  # numba loads before the next sample: the switch is deterministic
+        thread = compiled.WarmUp()
+        thread.start()
+        thread.join()
+        return thread
+
+    monkeypatch.setattr(compiled, "start_warm_up", loaded)
+    fm, qm = transformer_pair
+    cut = _run(fm, qm, monkeypatch, 8192, path="auto")  # 5 samples: numpy alone would keep such a short run
+    assert cut.path == "compiled" and cut.segments > 3, cut.fallback_reason
+    assert "segments: the one-pass kernel" in str(cut.fallback_reason) and "from sample 0" in str(cut.fallback_reason)
+    ref = _run(fm, qm, monkeypatch, 8192, path="numpy")
+    np.testing.assert_allclose(cut.per_sample, ref.per_sample, rtol=1e-5)
+
+
 def test_small_samples_are_not_segmented_at_the_defaults(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     cap = capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=2, seed=0), path="numpy")

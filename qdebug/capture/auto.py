@@ -46,6 +46,7 @@ from qdebug.graph import Pairing
 __all__ = [
     "AUTO",
     "AUTO_BATCH",
+    "AUTO_MIN_BATCH",
     "GRAPH_MAX_MEAN_ELEMENTS",
     "MIN_REMAINING",
     "PAYBACK_SHARE",
@@ -62,6 +63,11 @@ AUTO = "auto"
 #: the batch is also cut to :data:`~qdebug.capture.batching.BATCH_BYTES` of tensors. Measured on Silero VAD
 #: (docs/benchmarks.md): per-sample inference 0.42x the floor at 8, 0.28x at 16, 0.20x at 32.
 AUTO_BATCH = 32
+
+#: ``auto`` batches only when at least this many samples fit in a batch: at 2 (ppocr-cls, 34 MB per sample) a batch
+#: was 30 % slower per sample than one sample per call (17 vs 13 ms), at 3 (MiniLM) twice as fast
+#: (docs/benchmarks.md). ``--batch N`` is obeyed whatever fits.
+AUTO_MIN_BATCH = 3
 
 #: The merged graph is not tried when the paired tensors average more elements than this: its in-graph float64
 #: reductions then cost more per sample than numpy's fetch-and-reduce (measured on the corpus: YOLOv8n, 50k
@@ -172,6 +178,22 @@ class AutoRun:
         self.choice: Choice | None = None
         self.batch_asked = batch is not None and batch > 1
         self.batch_planned = self._batches()  # decided after sample 0, once one sample's size is known
+        if self.numpy.segmented is not None and samples > 1 and compiled.available():
+            self._compiled_from_start()
+
+    def _compiled_from_start(self) -> None:
+        """A segmented run reduces with the compiled pass from the first sample after numba has loaded: its samples
+        expose hundreds of MB, which the one-pass kernel reduces 1.5-2x faster than numpy whatever the number of
+        samples, and numba's load (0.5-1.3 s) overlaps the first sample's segment sessions being made. The same
+        reduction at every N: the process's memory does not step up by numba's ~100 MB at some N and not others."""
+        assert self.numpy.segmented is not None
+        self.warm_up = compiled.start_warm_up()
+        self.compiled_weighed = True
+        self.choice = Choice(
+            "compiled",
+            f"one sample runs in {self.numpy.segment_count} segments: the one-pass kernel reduces such large "
+            "tensors faster than numpy at any number of samples",
+        )
 
     def _batches(self) -> bool:
         """Whether the numpy run will batch: asked for, one sample is not cut into segments, and every input has an
@@ -224,15 +246,26 @@ class AutoRun:
         t0 = self.clock()
         res = self.numpy.reduce(index, sample)
         self._measure_numpy(self.clock() - t0, index)
-        if index == 0 and self.batch_planned and self.numpy.batch_size > 1:
-            # the merged graph's one advantage, small tensors' per-call costs, is what a batch pays once per batch
-            why = "" if self.batch_asked else "the model's inputs have a batch axis, "
-            self._keep_numpy(f"{why}batches of up to {self.numpy.batch_size} samples per inference call")
-        elif index == 0 and self.samples - 1 < MIN_REMAINING:
+        if index == 0 and self._batch_after_sample_0():
+            return res
+        if index == 0 and self.samples - 1 < MIN_REMAINING:
             self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
         elif len(self.totals) > COMPILED_PROBE:
             self._decide(index, float(res.elements.mean()) if res.elements.size else 0.0)
         return res
+
+    def _batch_after_sample_0(self) -> bool:
+        """Once sample 0 has shown how many samples fit in a batch: batch (numpy keeps the run; the merged graph's
+        one advantage, small tensors' per-call costs, is what a batch pays once per batch) if enough do — two when
+        the user asked, :data:`AUTO_MIN_BATCH` when ``auto`` decides — else one sample per call from here."""
+        fit = self.numpy.batch_size
+        if self.batch_planned and fit >= (2 if self.batch_asked else AUTO_MIN_BATCH):
+            why = "" if self.batch_asked else "the model's inputs have a batch axis, "
+            self._keep_numpy(f"{why}batches of up to {fit} samples per inference call")
+            return True
+        if not self.batch_asked:
+            self.numpy.batch_limit = 1
+        return False
 
     def _measure_numpy(self, total_s: float, index: int) -> None:
         """Record numpy's times for this sample: the whole call, its reduction, its inference."""
