@@ -100,10 +100,11 @@ def shared_arena() -> bool:
 
     Why: the segments of a large model (:mod:`qdebug.capture.segmented`) are a dozen sessions run one after the
     other. Each with its own arena, their peaks would add up; arena-less, every tensor of every segment is fresh
-    memory from the kernel, on every sample — on u2netp 990k page faults in 12 samples and 1.34 s per sample.
-    Sharing one arena, they reuse the same memory: 160k faults, 1.12 s, and a lower peak (1263 -> 969 MB)
-    (docs/benchmarks.md). The arena grows in steps of what is asked (``kSameAsRequested``) and is kept for the
-    process's next capture: at most one segment's working set."""
+    memory from the kernel on every sample, and glibc's heap fragments between segments. Sharing one arena, they
+    reuse the same memory: on u2netp 983k -> 159k page faults in 12 samples and a peak of 1219 -> 969 MB; the time
+    per sample does not change (-8 % to +4 % on five corpus models: fewer system calls, more arena bookkeeping)
+    (``benchmarks/bench_segment_arena.py``, docs/benchmarks.md). The arena grows in steps of what is asked
+    (``kSameAsRequested``) and is kept for the process's next capture: about one segment's working set."""
     import onnxruntime as ort
 
     with _ARENA_LOCK:
