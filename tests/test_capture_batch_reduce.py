@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from capture_helpers import Bounds, assert_same_sums, loaded_warm_up, plan_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -21,33 +22,10 @@ from qdebug.capture.batch_reduce import BatchTensors, reduce_batch
 from qdebug.capture.batching import batch_views
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.debug import DebugOptions, debug
-from qdebug.graph import ActivationPair, OutputPair, Pairing
-from qdebug.metrics import SMALL_TENSOR, BatchSums
+from qdebug.metrics import SMALL_TENSOR
 
-Bounds = tuple[str, float, float] | None
 RELU: Bounds = ("Relu", 0.0, float("inf"))
 CLIP6: Bounds = ("Clip", 0.0, 6.0)
-
-
-def _plan(specs: list[tuple[bool, Bounds, Bounds]]) -> ReductionPlan:
-    """Activations ``t{i}`` (quantized, fused activation, measured through) and one model output."""
-    acts = tuple(
-        ActivationPair(f"t{i}", f"t{i}_pre", f"t{i}_post", quant, "Op", f"n{i}", i, None, (), fa, mt)
-        for i, (quant, fa, mt) in enumerate(specs)
-    )
-    return ReductionPlan.of(Pairing(acts, (), (OutputPair("out", "out_q"),)))
-
-
-def _same(want: BatchSums, got: BatchSums) -> None:
-    """Equal counts and non-finite counts; sums equal to float32-product rounding; max equal where finite."""
-    for name in ("count", "nonfinite_reference", "nonfinite_test"):
-        np.testing.assert_array_equal(getattr(want, name), getattr(got, name), err_msg=name)
-    for name in ("signal", "noise"):
-        x, y = getattr(want, name), getattr(got, name)
-        np.testing.assert_array_equal(np.isfinite(x), np.isfinite(y), err_msg=name)
-        fin = np.isfinite(x)
-        np.testing.assert_allclose(x[fin], y[fin], rtol=1e-5, atol=1e-30, err_msg=name)
-    np.testing.assert_allclose(want.max_abs, got.max_abs, rtol=1e-6, atol=1e-6)
 
 
 def _batch(per_sample: list[dict[str, np.ndarray]], axes: dict[str, int | None]) -> tuple[BatchTensors, list[str]]:
@@ -72,7 +50,7 @@ def _check(plan: ReductionPlan, samples: list[tuple[dict, dict]], axes: dict[str
     for i, (f, q) in enumerate(samples):
         want = reduce_sample(plan, f, q)
         for kind in ("cumulative", "local", "outputs"):
-            _same(getattr(want, kind), getattr(got[i], kind))
+            assert_same_sums(getattr(want, kind), getattr(got[i], kind), rtol=1e-5)
         np.testing.assert_array_equal(want.float_min, got[i].float_min)
         np.testing.assert_array_equal(want.float_max, got[i].float_max)
         np.testing.assert_array_equal(want.elements, got[i].elements)
@@ -126,7 +104,7 @@ def _samples(n: int, seed: int = 0) -> tuple[list[tuple[dict, dict]], dict[str, 
 @pytest.mark.parametrize("use_kernel", [False, True], ids=["numpy", "compiled"])
 def test_every_case_gives_each_sample_the_reference_sums(use_kernel: bool) -> None:
     samples, axes = _samples(4)
-    _check(_plan(SPECS), samples, axes, compiled.kernel() if use_kernel else None)
+    _check(plan_of(SPECS), samples, axes, compiled.kernel() if use_kernel else None)
 
 
 @settings(max_examples=25, deadline=None)
@@ -143,7 +121,7 @@ def test_fuzzed_batches_match_the_reference(n: int, size: int, seed: int, use_ke
         r, p, x = _triple(rng, (1, size))
         samples.append(({"t0": r, "out": r}, {"t0_pre": p, "t0_post": x, "out_q": x}))
     axes: dict[str, int | None] = dict.fromkeys(["t0", "out", "t0_pre", "t0_post", "out_q"], 0)
-    _check(_plan([(True, RELU, None)]), samples, axes, compiled.kernel() if use_kernel else None)
+    _check(plan_of([(True, RELU, None)]), samples, axes, compiled.kernel() if use_kernel else None)
 
 
 def _batchable_pair(tmp_path: Path) -> tuple[Path, Path]:
@@ -196,13 +174,7 @@ def test_auto_weighs_the_compiled_kernel_on_batches_too(tmp_path: Path, monkeypa
     cost), and its batches are then reduced by the batch kernel, to the same values."""
     monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
 
-    def loaded() -> compiled.WarmUp:  # numba loads before the next sample: the switch is deterministic
-        thread = compiled.WarmUp()
-        thread.start()
-        thread.join()
-        return thread
-
-    monkeypatch.setattr(compiled, "start_warm_up", loaded)
+    monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)  # numba loaded by the next sample
     fp, qp = _batchable_pair(tmp_path)
     rng = np.random.default_rng(2)
     data = tmp_path / "d.npz"

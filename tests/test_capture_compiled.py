@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from capture_helpers import Bounds, assert_same_sums, plan_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,38 +24,14 @@ from qdebug.capture.auto import AutoRun
 from qdebug.capture.base import SampleSums
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.data import open_data
-from qdebug.graph import ActivationPair, OutputPair, Pairing, input_specs, pair_models
-from qdebug.metrics import BatchSums
-
-Bounds = tuple[str, float, float] | None
-
-
-def _plan(specs: list[tuple[bool, Bounds, Bounds]]) -> ReductionPlan:
-    """A plan of ``len(specs)`` activations ``t{i}`` (quantized, fused activation, measured through) + one output."""
-    acts = tuple(
-        ActivationPair(f"t{i}", f"t{i}_pre", f"t{i}_post", quant, "Op", f"n{i}", i, None, (), fa, mt)
-        for i, (quant, fa, mt) in enumerate(specs)
-    )
-    return ReductionPlan.of(Pairing(acts, (), (OutputPair("out", "out_q"),)))
-
-
-def _same(a: BatchSums, b: BatchSums) -> None:
-    """Equal counts; sums equal to float32-product rounding; max equal where finite."""
-    for name in ("count", "nonfinite_reference", "nonfinite_test"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-    for name in ("signal", "noise"):
-        x, y = getattr(a, name), getattr(b, name)
-        np.testing.assert_array_equal(np.isfinite(x), np.isfinite(y), err_msg=name)
-        fin = np.isfinite(x)
-        np.testing.assert_allclose(x[fin], y[fin], rtol=2e-6, atol=1e-30, err_msg=name)
-    np.testing.assert_allclose(a.max_abs, b.max_abs, rtol=1e-6, atol=1e-6)
+from qdebug.graph import input_specs, pair_models
 
 
 def _compare(plan: ReductionPlan, f: dict[str, np.ndarray], q: dict[str, np.ndarray]) -> SampleSums:
     want, got = reduce_sample(plan, f, q), compiled.reduce_sample_compiled(plan, f, q)
-    _same(want.cumulative, got.cumulative)
-    _same(want.local, got.local)
-    _same(want.outputs, got.outputs)
+    assert_same_sums(want.cumulative, got.cumulative)
+    assert_same_sums(want.local, got.local)
+    assert_same_sums(want.outputs, got.outputs)
     np.testing.assert_array_equal(want.float_min, got.float_min)
     np.testing.assert_array_equal(want.float_max, got.float_max)
     np.testing.assert_array_equal(want.elements, got.elements)
@@ -93,7 +70,7 @@ def test_special_values_and_shapes_give_the_reference_sums() -> None:
     ]
     arrays = [triple(1000), triple(17), triple(64), triple(300, 5.0), triple(8), nan, inf]
     arrays += [tuple(np.zeros(0, np.float32) for _ in range(3)), big, triple(1)]  # type: ignore[list-item]
-    got = _compare(_plan(specs), *_tensors(arrays))  # type: ignore[arg-type]
+    got = _compare(plan_of(specs), *_tensors(arrays))  # type: ignore[arg-type]
     assert got.cumulative.nonfinite_reference[5] == 1 and got.local.nonfinite_test[4] == 1  # act 4 is not quantized
     assert np.isfinite(got.cumulative.signal[8])  # redone in float64 like the reference
 
@@ -101,7 +78,7 @@ def test_special_values_and_shapes_give_the_reference_sums() -> None:
 def test_float16_tensors_are_reduced_by_the_reference() -> None:
     r = np.linspace(-1, 1, 24, dtype=np.float16)
     f, q = _tensors([(r, r, r + np.float16(0.01))])
-    _compare(_plan([(True, None, None)]), f, q)
+    _compare(plan_of([(True, None, None)]), f, q)
 
 
 @settings(max_examples=60, deadline=None)
@@ -121,7 +98,7 @@ def test_random_tensors_give_the_reference_sums(sizes: list[int], seed: int, mt:
         for a in (r, p, x):  # sprinkle NaN / ±Inf
             a[rng.random(n) < holes / 3] = rng.choice([np.nan, np.inf, -np.inf])
         arrays.append((r, p, x))
-    _compare(_plan([(True, None, mt) for _ in sizes]), *_tensors(arrays))
+    _compare(plan_of([(True, None, mt) for _ in sizes]), *_tensors(arrays))
 
 
 def test_the_compiled_backend_matches_the_numpy_one(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:

@@ -142,15 +142,11 @@ def test_auto_reduces_a_segmented_run_with_the_compiled_pass_at_any_n(
 ) -> None:
     """Segmented samples are large: ``auto`` loads numba from the start (not only when many samples are left), so
     the reduction — and the process's memory — does not depend on N; the sums are the numpy run's."""
+    from capture_helpers import loaded_warm_up
+
     from qdebug.capture import compiled
 
-    def loaded() -> compiled.WarmUp:  # numba loads before the next sample: the switch is deterministic
-        thread = compiled.WarmUp()
-        thread.start()
-        thread.join()
-        return thread
-
-    monkeypatch.setattr(compiled, "start_warm_up", loaded)
+    monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)  # numba loaded by the next sample
     fm, qm = transformer_pair
     cut = _run(fm, qm, monkeypatch, 8192, path="auto")  # 5 samples: numpy alone would keep such a short run
     assert cut.path == "compiled" and cut.segments > 3, cut.fallback_reason

@@ -1,0 +1,42 @@
+"""Helpers shared by the reduction tests: synthetic reduction plans, the comparison of sums to float32-product
+rounding, and a numba warm-up that finishes before the next sample (so ``auto``'s switch is deterministic)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qdebug.capture import compiled
+from qdebug.capture.reduction import ReductionPlan
+from qdebug.graph import ActivationPair, OutputPair, Pairing
+from qdebug.metrics import BatchSums
+
+Bounds = tuple[str, float, float] | None
+
+
+def plan_of(specs: list[tuple[bool, Bounds, Bounds]]) -> ReductionPlan:
+    """A plan of ``len(specs)`` activations ``t{i}`` (quantized, fused activation, measured through) + one output."""
+    acts = tuple(
+        ActivationPair(f"t{i}", f"t{i}_pre", f"t{i}_post", quant, "Op", f"n{i}", i, None, (), fa, mt)
+        for i, (quant, fa, mt) in enumerate(specs)
+    )
+    return ReductionPlan.of(Pairing(acts, (), (OutputPair("out", "out_q"),)))
+
+
+def assert_same_sums(want: BatchSums, got: BatchSums, rtol: float = 2e-6) -> None:
+    """Equal counts; sums equal to float32-product rounding (``rtol``); max equal where finite."""
+    for name in ("count", "nonfinite_reference", "nonfinite_test"):
+        np.testing.assert_array_equal(getattr(want, name), getattr(got, name), err_msg=name)
+    for name in ("signal", "noise"):
+        x, y = getattr(want, name), getattr(got, name)
+        np.testing.assert_array_equal(np.isfinite(x), np.isfinite(y), err_msg=name)
+        fin = np.isfinite(x)
+        np.testing.assert_allclose(x[fin], y[fin], rtol=rtol, atol=1e-30, err_msg=name)
+    np.testing.assert_allclose(want.max_abs, got.max_abs, rtol=1e-6, atol=1e-6)
+
+
+def loaded_warm_up() -> compiled.WarmUp:
+    """A :func:`compiled.start_warm_up` whose numba has loaded when it returns."""
+    thread = compiled.WarmUp()
+    thread.start()
+    thread.join()
+    return thread
