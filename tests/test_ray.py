@@ -425,3 +425,22 @@ def test_greedy_search_on_workers_takes_the_sequential_steps(
         (p.promoted, p.output_sqnr_db) for p in seq.evaluated
     ]
     assert [p.promoted for p in par.steps] == [p.promoted for p in seq.steps] and len(seq.evaluated) == 2
+
+
+def test_a_process_that_imported_ray_without_starting_it_does_not_start_it() -> None:
+    """Sizing a capture's threads looks at Ray's reservation only inside a started Ray: asking an unstarted one
+    (``ray.get_runtime_context()``) started a local Ray instance as a side effect of ``debug()`` in any process that
+    had imported Ray — a notebook, a benchmark that starts its own Ray afterwards and then failed."""
+    import subprocess
+    import sys
+
+    if os.environ.get("CI", "").lower() != "true":  # under CI a missing Ray fails below instead
+        pytest.importorskip("ray")
+    code = (
+        "import ray\n"
+        "from qdebug.capture.numpy_backend import usable_cores\n"
+        "usable_cores()\n"
+        "print(ray.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]

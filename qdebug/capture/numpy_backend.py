@@ -55,7 +55,9 @@ def usable_cores() -> int:
     with ``num_cpus=1`` that used both cores would take its neighbour's)."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     ray = sys.modules.get("ray")  # only when Ray is already loaded: never imported for this
-    if ray is not None:
+    # only inside a started Ray: get_runtime_context() starts a local Ray cluster in a process that imported Ray
+    # without starting it (a notebook, a benchmark that starts Ray after a local capture)
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
         try:
             cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         except Exception:  # the driver, or no Ray context: not a Ray worker's reservation
