@@ -65,8 +65,8 @@ AUTO = "auto"
 AUTO_BATCH = 32
 
 #: ``auto`` batches only when at least this many samples fit in a batch: at 2 (ppocr-cls, 34 MB per sample) a batch
-#: was 30 % slower per sample than one sample per call (17 vs 13 ms), at 3 (MiniLM) twice as fast
-#: (docs/benchmarks.md). ``--batch N`` is obeyed whatever fits.
+#: was 34 % slower per sample than one sample per call (17.6 vs 13.1 ms, compiled, ``bench_batching.py``), at 3
+#: (MiniLM) 1.8x faster (docs/benchmarks.md). ``--batch N`` is obeyed whatever fits.
 AUTO_MIN_BATCH = 3
 
 #: The merged graph is not tried when the paired tensors average more elements than this: its in-graph float64
@@ -128,8 +128,10 @@ def _saving_per_sample(reduce_s: float, infer_s: float, pipelined: bool) -> floa
     if not pipelined:
         return alone
     # Pipelined, the two threads also compete for the cores (ONNX Runtime's intra-op threads beside the reduction):
-    # the CPU a cheaper reduction frees partly speeds the inference up too. YOLOv8n, segmented: the "part above the
-    # inference" predicted 14 ms/sample, the reduction alone 69 ms, measured 23-39 ms: the mean of the two.
+    # the CPU a cheaper reduction frees partly speeds the inference up too. Measured (bench_realmodels.py --methods
+    # numpy compiled): YOLOv8n, N = 64, 19 ms/sample saved where "above the inference" predicted 14 and "alone" 69;
+    # ppocr-cls, N = 256 (bench_batching.py), 10 ms where they predicted 17 and 21. Neither bounds it; the mean errs
+    # towards switching, whose cost is bounded by numba's start-up.
     beside = max(0.0, max(infer_s, reduce_s) - max(infer_s, (1 - compiled.SAVING) * reduce_s))
     return (alone + beside) / 2
 
