@@ -117,19 +117,20 @@ Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.nda
 
 
 class Batch:
-    """One batched inference call's tensors (:class:`~qdebug.capture.batch_reduce.BatchTensors` of both models) and,
-    once the first of its samples is reduced, every sample's sums: the batch is reduced at once."""
+    """One batched inference call's tensors (:class:`~qdebug.capture.batch_reduce.BatchTensors` of both models) until
+    the first of its samples is reduced; then every sample's sums (the batch is reduced at once, and its tensors are
+    let go: they would otherwise stay alive beside the next batch until its last sample is taken)."""
 
     def __init__(self, indices: Sequence[int], f: BatchTensors, q: BatchTensors) -> None:
-        self.indices, self.f, self.q = list(indices), f, q
+        self.indices = list(indices)
+        self.tensors: tuple[BatchTensors, BatchTensors] | None = (f, q)
         self.sums: list[SampleSums] | None = None
 
     def values(self, k: int, plan: ReductionPlan) -> Values:
-        """Its ``k``-th sample's tensors, in plan order (views)."""
-        return (
-            [self.f.sample(n, k) for n in plan.float_names],
-            [self.q.sample(n, k) for n in plan.quant_names],
-        )
+        """Its ``k``-th sample's tensors, in plan order (views; before the batch is reduced)."""
+        assert self.tensors is not None
+        f, q = self.tensors
+        return [f.sample(n, k) for n in plan.float_names], [q.sample(n, k) for n in plan.quant_names]
 
 
 Ready = Values | tuple[Batch, int]  # a sample's tensors, or its place in a batch
@@ -288,10 +289,8 @@ class NumpyRun:
         if self.sample_bytes is None:
             self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
         self._start_next(index)
-        f = dict(zip(self.plan.float_names, f_vals, strict=True))
-        q = dict(zip(self.plan.quant_names, q_vals, strict=True))
         t0 = time.perf_counter()
-        sums = self.reducer(self.plan, f, q)
+        sums = self._reduce_values((f_vals, q_vals))
         self.reduce_seconds = time.perf_counter() - t0
         return sums
 
@@ -300,11 +299,13 @@ class NumpyRun:
         for (:func:`~qdebug.capture.batch_reduce.reduce_batch`: a few numpy calls per tensor for all its samples,
         the compiled kernel for large tensors when the run reduces with it; another reducer: sample by sample)."""
         if batch.sums is None:
+            assert batch.tensors is not None
             t0 = time.perf_counter()
             if self.reducer is reduce_sample or self.batch_kernel is not None:
-                batch.sums = reduce_batch(self.plan, batch.f, batch.q, self.batch_kernel)
+                batch.sums = reduce_batch(self.plan, *batch.tensors, self.batch_kernel)
             else:
                 batch.sums = [self._reduce_values(batch.values(k, self.plan)) for k in range(len(batch.indices))]
+            batch.tensors = None
             self.reduce_seconds = (time.perf_counter() - t0) / len(batch.indices)
         return batch.sums[batch.indices.index(index)]
 
