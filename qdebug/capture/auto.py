@@ -5,6 +5,11 @@ per-tensor fetch and numpy arithmetic, which dominates on small models with many
 session set-up grows with the *square* of the node count (≈ 5.5e-8 s per node² on the 2-core benchmark machine), and
 on models with large activations its in-graph float64 reductions cost more per sample than numpy's. So:
 
+0. a model whose inputs all have a batch axis is **batched** when sample 0 shows that at least
+   :data:`AUTO_MIN_BATCH` samples fit in a batch (up to :data:`AUTO_BATCH`; ``batch`` overrides): ``numpy`` keeps
+   the run (a batch pays the per-call costs the merged graph avoids once per batch), and the compiled reduction is
+   still weighed as in 2; a **segmented** run (one sample too large to expose at once) reduces with the compiled
+   pass from the start, numba loading beside the first sample. Otherwise:
 1. samples 0 to :data:`COMPILED_PROBE` run on ``numpy`` (always opened: it is also every backend's fallback), each
    timed, with its reduction and inference apart; the fastest after sample 0 is numpy's per-sample cost (sample
    0's first-run allocations make it a poor measure alone). With fewer than :data:`MIN_REMAINING` samples after
