@@ -13,7 +13,7 @@ from conftest import save
 from onnx import TensorProto, helper
 
 from qdebug.capture import CaptureResult, capture
-from qdebug.capture.batching import batch_axes, mismatch, relax_batch_dim, split_batch, stack
+from qdebug.capture.batching import batch_axes, batch_views, mismatch, relax_batch_dim, sample_view, stack
 from qdebug.cli import main
 from qdebug.data import open_data
 from qdebug.debug import DebugOptions, debug
@@ -135,12 +135,14 @@ def test_batch_axes_stack_and_split_follow_the_declared_shapes() -> None:
     samples = [{"x": np.full((1, 576), i, np.float32), "state": np.full((2, 1, 128), i, np.float32)} for i in range(3)]
     stacked = stack(samples, batch_axes(model))
     assert stacked is not None and stacked["x"].shape == (3, 576) and stacked["state"].shape == (2, 3, 128)
-    per = split_batch([stacked["state"], np.ones(4)], ["state", "const"], ((2, 1, 128), (4,)), 3)
-    assert not isinstance(per, str)
+    alone = ((2, 1, 128), (4,))
+    views = batch_views([stacked["state"], np.ones(4)], ["state", "const"], alone, 3)
+    assert not isinstance(views, str)
+    per = [[sample_view(v, i, one) for v, one in zip(views, alone, strict=True)] for i in range(3)]
     assert all(np.array_equal(per[i][0], samples[i]["state"]) for i in range(3)) and np.shares_memory(
         per[2][1], per[0][1]
     )
-    bad = split_batch([np.ones((1, 5))], ["t"], ((1, 2),), 3)
+    bad = batch_views([np.ones((1, 5))], ["t"], ((1, 2),), 3)
     assert isinstance(bad, str) and "'t'" in bad and "does not split" in bad
     assert mismatch([np.ones(3)], [np.ones(3)], ["t"]) is None
     assert "differs" in str(mismatch([np.array([1.0, 2.0])], [np.array([2.0, 1.0])], ["t"]))

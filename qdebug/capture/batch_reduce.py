@@ -17,21 +17,21 @@ non-float ones and any sample whose sums come out non-finite are redone by the r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from qdebug.capture.base import SampleSums
 from qdebug.capture.batching import sample_view
-from qdebug.capture.reduction import ReductionPlan, check_shapes, clip_to, local_pre
+from qdebug.capture.reduction import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre
 from qdebug.graph import ActivationPair
 from qdebug.metrics import SMALL_TENSOR, BatchSums, reduce_pairs, value_ranges
 
 __all__ = ["BatchTensors", "reduce_batch"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-#: Elements of one tensor reduced per numpy call: a chunk of samples has float64 copies of at most 2 MB each.
+#: Elements of one tensor reduced per numpy call: a chunk of samples' clipped copies and difference stay ~1 MB each.
 CHUNK_ELEMENTS = 1 << 18
 _FIELDS = ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test")
 
@@ -96,8 +96,8 @@ def _vector_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
 
 def _vectorised(a: ActivationPair, f: BatchTensors, q: BatchTensors, j: int, jl: int | None, out: _Out) -> None:
     """Activation ``j`` (local ordinal ``jl``) for every sample by a few numpy calls on the batch's views, over
-    chunks of samples of at most :data:`CHUNK_ELEMENTS` elements (the float64 copies stay small); samples whose sums
-    or range come out non-finite are redone by the reference."""
+    chunks of samples of at most :data:`CHUNK_ELEMENTS` elements (the temporary copies stay small); samples whose
+    sums or range come out non-finite are redone by the reference."""
     ref = f.views[a.tensor_name]
     per = max(1, CHUNK_ELEMENTS // max(1, ref.shape[0] * ref.shape[2]))
     for start in range(0, f.n, per):
@@ -113,17 +113,36 @@ def _chunk(a: ActivationPair, f: BatchTensors, q: BatchTensors, j: int, jl: int 
     if jl is not None:
         todo.append((out.loc, jl, _clipped(q.views[a.pre_qdq][:, at], a.fused_activation, m), _loc_ref))
     for rows, col, x, redo in todo:
-        signal, noise, max_abs = _vector_sums(x, post_c)
-        rows.signal[at, col], rows.noise[at, col], rows.max_abs[at, col] = signal, noise, max_abs
-        rows.count[at, col] = x.shape[0] * x.shape[2]
-        for i in (at.start + np.flatnonzero(~np.isfinite(signal + noise))).tolist():
-            rows.put(i, col, redo(a, f, q, i))
+        _put(a, f, q, (rows, col, at, redo), _vector_sums(x, post_c), x.shape[0] * x.shape[2])
     with np.errstate(invalid="ignore"):
-        out.lo[at, j], out.hi[at, j] = ref.min(axis=(0, 2)), ref.max(axis=(0, 2))
+        _put_range(a, f, out, j, at, ref.min(axis=(0, 2)), ref.max(axis=(0, 2)))
+
+
+_Target = tuple[_Rows, int, slice, Callable[[ActivationPair, BatchTensors, BatchTensors, int], BatchSums]]
+
+
+def _put(
+    a: ActivationPair, f: BatchTensors, q: BatchTensors, target: _Target, sums: tuple[np.ndarray, ...], size: int
+) -> None:
+    """Samples ``at``'s (signal, noise, max) of one pair into ``rows[:, col]``; a sample whose sums are not finite
+    is redone by ``redo`` (the reference, which counts NaN/Inf)."""
+    rows, col, at, redo = target
+    signal, noise, max_abs = sums
+    rows.signal[at, col], rows.noise[at, col], rows.max_abs[at, col] = signal, noise, max_abs
+    rows.count[at, col] = size
+    for i in (at.start + np.flatnonzero(~np.isfinite(signal + noise))).tolist():
+        rows.put(i, col, redo(a, f, q, i))
+
+
+def _put_range(
+    a: ActivationPair, f: BatchTensors, out: _Out, j: int, at: slice, lo: np.ndarray, hi: np.ndarray
+) -> None:
+    """Samples ``at``'s float range of activation ``j``; one that is not finite (NaN/Inf, empty) is the reference's."""
+    out.lo[at, j], out.hi[at, j] = lo, hi
     bad = ~(np.isfinite(out.lo[at, j]) & np.isfinite(out.hi[at, j]))
     for i in (at.start + np.flatnonzero(bad)).tolist():
-        lo, hi = value_ranges([f.sample(a.tensor_name, i)])
-        out.lo[i, j], out.hi[i, j] = lo[0], hi[0]
+        v_lo, v_hi = value_ranges([f.sample(a.tensor_name, i)])
+        out.lo[i, j], out.hi[i, j] = v_lo[0], v_hi[0]
 
 
 def _cum_ref(a: ActivationPair, f: BatchTensors, q: BatchTensors, i: int) -> BatchSums:
@@ -193,9 +212,7 @@ def _kernel_row(a: ActivationPair, f: BatchTensors, q: BatchTensors, i: int, ker
     pre = q.sample(a.pre_qdq, i).reshape(-1) if a.quantized else post
     if pre.dtype != ref.dtype or post.dtype != ref.dtype:
         return np.full(kernel.SLOTS, np.nan)
-    m, p = a.measured_through, a.fused_activation
-    mlo, mhi = (-np.inf, np.inf) if m is None else (m[1], m[2])
-    plo, phi = (-np.inf, np.inf) if p is None else (p[1], p[2])
+    (mlo, mhi), (plo, phi) = bounds_or_inf(a.measured_through), bounds_or_inf(a.fused_activation)
     row = np.zeros(kernel.SLOTS)
     kernel.activation_sums(ref, pre, post, mlo, mhi, plo, phi, a.quantized, row)
     return row
@@ -227,28 +244,16 @@ def _compiled(
         return False
     if any(v.dtype != ref.dtype or v.shape != ref.shape or not v.flags.c_contiguous for v in (ref, pre, post)):
         return False
-    m, p = a.measured_through, a.fused_activation
-    mlo, mhi = (-np.inf, np.inf) if m is None else (m[1], m[2])
-    plo, phi = (-np.inf, np.inf) if p is None else (p[1], p[2])
+    (mlo, mhi), (plo, phi) = bounds_or_inf(a.measured_through), bounds_or_inf(a.fused_activation)
     rows = np.zeros((f.n, kernel.SLOTS))
     kernel.batch_activation_sums(ref, pre, post, mlo, mhi, plo, phi, a.quantized, rows)
-    size = ref.shape[0] * ref.shape[2]
+    size, every = ref.shape[0] * ref.shape[2], slice(0, f.n)
     done = [(out.cum, j, kernel.CUM_SIGNAL, _cum_ref)] + (
         [(out.loc, jl, kernel.LOC_SIGNAL, _loc_ref)] if jl is not None else []
     )
     for target, col, at, redo in done:
-        target.signal[:, col], target.noise[:, col], target.max_abs[:, col] = (
-            rows[:, at],
-            rows[:, at + 1],
-            rows[:, at + 2],
-        )
-        target.count[:, col] = size
-        for i in np.flatnonzero(~np.isfinite(rows[:, at] + rows[:, at + 1])).tolist():
-            target.put(i, col, redo(a, f, q, i))
-    out.lo[:, j], out.hi[:, j] = rows[:, kernel.REF_MIN], rows[:, kernel.REF_MAX]
-    for i in np.flatnonzero(~(np.isfinite(out.lo[:, j]) & np.isfinite(out.hi[:, j]))).tolist():
-        lo, hi = value_ranges([f.sample(a.tensor_name, i)])
-        out.lo[i, j], out.hi[i, j] = lo[0], hi[0]
+        _put(a, f, q, (target, col, every, redo), (rows[:, at], rows[:, at + 1], rows[:, at + 2]), size)
+    _put_range(a, f, out, j, every, rows[:, kernel.REF_MIN], rows[:, kernel.REF_MAX])
     return True
 
 

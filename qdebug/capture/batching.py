@@ -12,7 +12,7 @@ Whether a model batches is *checked*, never assumed, on the run's first batch:
 * every input must have a batch axis — the first axis declared free or 1 (:func:`batch_axes`: axis 0 of an image
   batch, axis 1 of a recurrent state ``[2, 1, 128]``) — and one fixed at 1 is relaxed to a free dimension
   (:func:`relax_batch_dim`): ONNX Runtime then says whether the graph allows it;
-* every exposed tensor must split by sample (:func:`split_batch`): exactly one of its axes is the batch times the
+* every exposed tensor must split by sample (:func:`batch_views`): exactly one of its axes is the batch times the
   size it has for one sample, or its shape does not depend on the batch at all (a tensor computed from
   constants, such as position embeddings, is the same for every sample);
 * one sample of the first batch is also run alone, and every one of its tensors must equal its batched slice to
@@ -39,7 +39,6 @@ __all__ = [
     "mismatch",
     "relax_batch_dim",
     "sample_view",
-    "split_batch",
     "stack",
 ]
 
@@ -132,17 +131,6 @@ def sample_view(view: np.ndarray, i: int, shape: tuple[int, ...]) -> np.ndarray:
     """Sample ``i``'s values of a :func:`batch_views` view, in its shape ``shape`` as one sample (a view where the
     layout allows, as it does for a batch axis 0 or a tensor shared by every sample)."""
     return view[:, i, :].reshape(shape)
-
-
-def split_batch(
-    values: Sequence[np.ndarray], names: Sequence[str], alone: Shapes, n: int
-) -> list[list[np.ndarray]] | str:
-    """Per sample, the views of ``values`` (one batched run of ``n`` samples) that belong to it; or the reason the
-    batch does not split (:func:`batch_views`)."""
-    views = batch_views(values, names, alone, n)
-    if isinstance(views, str):
-        return views
-    return [[sample_view(v, i, one) for v, one in zip(views, alone, strict=True)] for i in range(n)]
 
 
 def mismatch(batched: Sequence[np.ndarray], alone: Sequence[np.ndarray], names: Sequence[str]) -> str | None:

@@ -28,7 +28,7 @@ import onnx
 
 from qdebug._lazy import require
 from qdebug.capture.base import SampleSums
-from qdebug.capture.reduction import ReductionPlan, check_shapes, clip_to, local_pre, reduce_sample
+from qdebug.capture.reduction import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre, reduce_sample
 from qdebug.capture.segmented import SegmentRule
 from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import BatchSums, reduce_pairs, value_ranges
@@ -107,10 +107,6 @@ def available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def _bounds(b: tuple[str, float, float] | None) -> tuple[float, float]:
-    return (-np.inf, np.inf) if b is None else (b[1], b[2])
-
-
 def reduce_sample_compiled(
     plan: ReductionPlan,
     f: Mapping[str, np.ndarray],
@@ -133,8 +129,8 @@ def reduce_sample_compiled(
     sizes = np.array([r.size for r, _, _ in arrays], dtype=np.int64)
 
     for j, (a, (ref, pre, post)) in enumerate(zip(acts, arrays, strict=True)):
-        mlo, mhi = _bounds(a.measured_through)
-        plo, phi = _bounds(a.fused_activation)
+        mlo, mhi = bounds_or_inf(a.measured_through)
+        plo, phi = bounds_or_inf(a.fused_activation)
         r, p = ref.reshape(-1), post.reshape(-1)
         x = p if pre is None else pre.reshape(-1)
         k.activation_sums(r, x, p, mlo, mhi, plo, phi, pre is not None, rows[j])

@@ -25,7 +25,7 @@ from qdebug.errors import ModelError
 from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import reduce_pairs, value_ranges
 
-__all__ = ["ReductionPlan", "check_shapes", "clip_to", "local_pre", "reduce_sample"]
+__all__ = ["ReductionPlan", "bounds_or_inf", "check_shapes", "clip_to", "local_pre", "reduce_sample"]
 
 Bounds = tuple[str, float, float]
 
@@ -45,6 +45,11 @@ class ReductionPlan:
         f_names = [a.tensor_name for a in acts] + [o.output_name for o in outs]
         q_names = [a.pre_qdq for a in acts if a.quantized] + [a.post_qdq for a in acts] + [o.quant_name for o in outs]
         return cls(pairing, tuple(dict.fromkeys(f_names)), tuple(dict.fromkeys(q_names)))
+
+
+def bounds_or_inf(bounds: Bounds | None) -> tuple[float, float]:
+    """An activation's clip bounds as (low, high), ±inf when there are none (the compiled kernels' form)."""
+    return (-np.inf, np.inf) if bounds is None else (bounds[1], bounds[2])
 
 
 def clip_to(x: np.ndarray, bounds: Bounds | None) -> np.ndarray:
