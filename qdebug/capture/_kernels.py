@@ -75,14 +75,97 @@ def value_range(x, out, at):  # type: ignore[no-untyped-def]  # pragma: no cover
     out[at], out[at + 1] = lo.min(), hi.max()
 
 
+@numba.njit(inline="always", fastmath=_FAST)
+def _both(a, b, p, lane, cs, cn, cm, ls, ln, lm):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """One element of both comparisons into ``lane``: cumulative (``a`` vs ``b``) and local (``p`` vs ``b``), all
+    float64 and already clipped. Inlined into the loops below at the IR level, so they still vectorise."""
+    d = a - b
+    e = p - b
+    cs[lane] += a * a
+    cn[lane] += d * d
+    ad = abs(d)
+    cm[lane] = ad if ad > cm[lane] else cm[lane]
+    ls[lane] += p * p
+    ln[lane] += e * e
+    ae = abs(e)
+    lm[lane] = ae if ae > lm[lane] else lm[lane]
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def both_sums(ref, pre, post, mlo, mhi, plo, phi, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The cumulative and local sums of a quantized activation in one pass over its three tensors (``out`` slots
+    :data:`CUM_SIGNAL` .. :data:`LOC_MAX`): ``post`` is read once instead of twice, ~20 % less time than two
+    :func:`pair_sums` (benchmarks/bench_dequant.py)."""
+    cs, cn, cm, ls, ln, lm = (
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+    )
+    size = ref.size
+    full = size - size % LANES
+    for start in range(0, full, LANES):
+        for lane in range(LANES):
+            b = min(max(np.float64(post[start + lane]), mlo), mhi)
+            a = min(max(np.float64(ref[start + lane]), mlo), mhi)
+            p = min(max(min(max(np.float64(pre[start + lane]), plo), phi), mlo), mhi)
+            _both(a, b, p, lane, cs, cn, cm, ls, ln, lm)
+    for i in range(full, size):  # the tail, into lane 0
+        b = min(max(np.float64(post[i]), mlo), mhi)
+        a = min(max(np.float64(ref[i]), mlo), mhi)
+        p = min(max(min(max(np.float64(pre[i]), plo), phi), mlo), mhi)
+        _both(a, b, p, 0, cs, cn, cm, ls, ln, lm)
+    out[CUM_SIGNAL], out[CUM_NOISE], out[CUM_MAX] = cs.sum(), cn.sum(), cm.max()
+    out[LOC_SIGNAL], out[LOC_NOISE], out[LOC_MAX] = ls.sum(), ln.sum(), lm.max()
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def dequant_sums(ref, pre, ints, scale, zero_point, mlo, mhi, plo, phi, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`both_sums` with the post-Q/DQ tensor computed from its integers (:mod:`qdebug.capture.dequant`):
+    ``float32(int32(q) - zero_point) * scale`` as ORT computes it — the float64 product of two float32 values is
+    exact, and rounding it to float32 once gives the float32 product; the rounding cannot be contracted into
+    another operation because of the conversion."""
+    cs, cn, cm, ls, ln, lm = (
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+        np.zeros(LANES),
+    )
+    sc = np.float64(np.float32(scale))
+    zp = np.int32(zero_point)
+    size = ref.size
+    full = size - size % LANES
+    for start in range(0, full, LANES):
+        for lane in range(LANES):
+            post = np.float64(np.float32(np.float64(np.int32(ints[start + lane]) - zp) * sc))
+            b = min(max(post, mlo), mhi)
+            a = min(max(np.float64(ref[start + lane]), mlo), mhi)
+            p = min(max(min(max(np.float64(pre[start + lane]), plo), phi), mlo), mhi)
+            _both(a, b, p, lane, cs, cn, cm, ls, ln, lm)
+    for i in range(full, size):
+        post = np.float64(np.float32(np.float64(np.int32(ints[i]) - zp) * sc))
+        b = min(max(post, mlo), mhi)
+        a = min(max(np.float64(ref[i]), mlo), mhi)
+        p = min(max(min(max(np.float64(pre[i]), plo), phi), mlo), mhi)
+        _both(a, b, p, 0, cs, cn, cm, ls, ln, lm)
+    out[CUM_SIGNAL], out[CUM_NOISE], out[CUM_MAX] = cs.sum(), cn.sum(), cm.max()
+    out[LOC_SIGNAL], out[LOC_NOISE], out[LOC_MAX] = ls.sum(), ln.sum(), lm.max()
+    value_range(ref, out, REF_MIN)
+
+
 @numba.njit(cache=True, nogil=True)
 def activation_sums(ref, pre, post, mlo, mhi, plo, phi, local, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Fill ``out`` (a float64 row of :data:`SLOTS`) for one activation's flat tensors: cumulative (``ref`` vs
     ``post``, both clipped to ``[mlo, mhi]``), local when ``local`` (``pre`` clipped to ``[plo, phi]`` then
     ``[mlo, mhi]`` vs the clipped ``post``), and the raw ``ref``'s min/max."""
-    pair_sums(ref, post, -np.inf, np.inf, mlo, mhi, out, CUM_SIGNAL)
     if local:
-        pair_sums(pre, post, plo, phi, mlo, mhi, out, LOC_SIGNAL)
+        both_sums(ref, pre, post, mlo, mhi, plo, phi, out)
+    else:
+        pair_sums(ref, post, -np.inf, np.inf, mlo, mhi, out, CUM_SIGNAL)
     value_range(ref, out, REF_MIN)
 
 

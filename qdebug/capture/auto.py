@@ -174,6 +174,7 @@ class AutoRun:
             batch=limit,
             input_shapes=input_shapes,
             segment_rule=segment_rule,
+            dequant=compiled.available(),  # a segmented run reduces with the compiled pass (_compiled_from_start)
         )
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None

@@ -28,6 +28,7 @@ import onnx
 
 from qdebug._lazy import require
 from qdebug.capture.base import SampleSums
+from qdebug.capture.dequant import Dequantized
 from qdebug.capture.reduction import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre, reduce_sample
 from qdebug.capture.segmented import SegmentRule
 from qdebug.graph import ActivationPair, Pairing
@@ -72,6 +73,8 @@ def warm_up() -> None:
     k = _load()
     x, row = np.zeros(LANES_PLUS_ONE, np.float32), np.zeros(k.SLOTS)
     k.activation_sums(x, x, x, -np.inf, np.inf, -np.inf, np.inf, True, row)
+    for dtype in (np.uint8, np.int8):  # the integers of 8-bit post-Q/DQ tensors (qdebug.capture.dequant)
+        k.dequant_sums(x, x, np.zeros(LANES_PLUS_ONE, dtype), 1.0, 0, -np.inf, np.inf, -np.inf, np.inf, row)
     x3 = np.zeros((1, 2, LANES_PLUS_ONE), np.float32)  # a batch's views (qdebug.capture.batch_reduce)
     k.batch_activation_sums(x3, x3, x3, -np.inf, np.inf, -np.inf, np.inf, True, np.zeros((2, k.SLOTS)))
 
@@ -121,7 +124,8 @@ def reduce_sample_compiled(
     """
     check_shapes(plan, f, q)
     acts, outs = plan.pairing.activations, plan.pairing.outputs
-    arrays = [(f[a.tensor_name], q[a.pre_qdq] if a.quantized else None, q[a.post_qdq]) for a in acts]
+    ints = {a.post_qdq: q.ints(a.post_qdq) for a in acts} if isinstance(q, Dequantized) else {}
+    arrays = [(f[a.tensor_name], q[a.pre_qdq] if a.quantized else None, _post(q, a.post_qdq, ints)) for a in acts]
     if not all(r.dtype in _FLOATS and p.dtype == r.dtype and (x is None or x.dtype == r.dtype) for r, x, p in arrays):
         return reduce_sample(plan, f, q)  # float16 (or mixed) tensors: the reference handles every dtype
     k = _load()
@@ -131,7 +135,13 @@ def reduce_sample_compiled(
     for j, (a, (ref, pre, post)) in enumerate(zip(acts, arrays, strict=True)):
         mlo, mhi = bounds_or_inf(a.measured_through)
         plo, phi = bounds_or_inf(a.fused_activation)
-        r, p = ref.reshape(-1), post.reshape(-1)
+        r, found = ref.reshape(-1), ints.get(a.post_qdq)
+        if found is not None and pre is not None:  # the post-Q/DQ values computed from the integers
+            values, spec = found
+            x = pre.reshape(-1)
+            k.dequant_sums(r, x, values.reshape(-1), spec.scale, spec.zero_point, mlo, mhi, plo, phi, rows[j])
+            continue
+        p = post.reshape(-1)
         x = p if pre is None else pre.reshape(-1)
         k.activation_sums(r, x, p, mlo, mhi, plo, phi, pre is not None, rows[j])
     quant = [j for j, a in enumerate(acts) if a.quantized]
@@ -147,6 +157,15 @@ def reduce_sample_compiled(
         float_max=hi,
         elements=sizes,
     )
+
+
+def _post(q: Mapping[str, np.ndarray], name: str, ints: Mapping[str, Any]) -> np.ndarray:
+    """A post-Q/DQ tensor, or, when it is to be computed from its integers, a float32 stand-in of its shape (no
+    memory: only its dtype and size are read)."""
+    found = ints.get(name)
+    if found is None:
+        return q[name]
+    return np.broadcast_to(np.float32(0), found[0].shape)
 
 
 def _batch(rows: np.ndarray, sizes: np.ndarray, at: int) -> BatchSums:
@@ -213,4 +232,5 @@ class CompiledBackend:
             batch=batch,
             input_shapes=input_shapes,
             segment_rule=segment_rule,
+            dequant=True,
         )

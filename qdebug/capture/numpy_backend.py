@@ -32,6 +32,7 @@ from qdebug.capture.batching import (
     relax_batch_dim,
     stack,
 )
+from qdebug.capture.dequant import find_specs, verified
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.segmented import SegmentedFetch, SegmentRule, plan_segments
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
@@ -167,6 +168,7 @@ class NumpyRun:
         batch_kernel: Any = None,
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
+        dequant: bool = False,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
@@ -188,7 +190,12 @@ class NumpyRun:
         above = rule.above
         cut = None
         if input_shapes:
-            cut = plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget)
+            specs = find_specs(quant_model, pairing) if dequant else None
+            cut = plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget, specs)
+            if cut is not None and cut.dequant:  # checked only when used; a spec ORT does not confirm is exposed
+                good = verified(cut.dequant, quant_model, providers)
+                if len(good) < len(cut.dequant):
+                    cut = plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget, good)
         self.segment_count = 1
         if cut is not None:
             # pipelined by segment instead (the next segment inferred while this one is reduced), not by sample:
@@ -199,6 +206,8 @@ class NumpyRun:
                 f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
                 f"at once (more than {above >> 20} MB)"
             )
+            if cut.dequant:
+                self.segment_note += f"; {len(cut.dequant)} post-Q/DQ tensors computed from their integers"
             if batch > 1:  # a sample that has to be cut in parts cannot share a call with another one
                 self.batch_reason = f"one sample is run in segments ({self.segment_note})"
         else:

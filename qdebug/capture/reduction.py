@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qdebug.capture.base import SampleSums
+from qdebug.capture.dequant import Dequantized
 from qdebug.errors import ModelError
 from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import reduce_pairs, value_ranges
@@ -64,11 +65,12 @@ def local_pre(a: ActivationPair, q: Mapping[str, np.ndarray]) -> np.ndarray:
 
 def check_shapes(plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> None:
     """A tensor whose shapes differ between the two models means they do not correspond: :class:`ModelError`."""
+    shape_of = q.shape if isinstance(q, Dequantized) else (lambda name: q[name].shape)
     for a in plan.pairing.activations:
-        ref, post = f[a.tensor_name], q[a.post_qdq]
-        if ref.shape != post.shape:
+        ref_shape, post_shape = f[a.tensor_name].shape, tuple(shape_of(a.post_qdq))
+        if tuple(ref_shape) != post_shape:
             raise ModelError(
-                f"tensor {a.tensor_name!r} has shape {ref.shape} in the float model but {post.shape} "
+                f"tensor {a.tensor_name!r} has shape {ref_shape} in the float model but {post_shape} "
                 "in the quantized model: the models do not correspond"
             )
     for o in plan.pairing.outputs:

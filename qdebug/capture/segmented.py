@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ import onnx
 
 from qdebug._symbolic import symbolic_shapes
 from qdebug.capture.base import SampleSums
+from qdebug.capture.dequant import Dequantized, DequantSpec
 from qdebug.capture.reduction import ReductionPlan
 from qdebug.capture.session import make_session, ort_message
 from qdebug.errors import DataError, ModelError
@@ -300,6 +301,8 @@ class SegmentPlan:
     locals_: tuple[np.ndarray, ...]  # their indices among the quantized activations
     outs: tuple[np.ndarray, ...]  # their indices among the model outputs
     exposed_bytes: int  # one sample's exposed tensors, estimated
+    #: post-Q/DQ tensors not exposed: computed from their integers, which are (qdebug.capture.dequant)
+    dequant: Mapping[str, DequantSpec] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -338,10 +341,12 @@ def plan_segments(
     shapes: Mapping[str, tuple[int, ...]],
     above: int | None = None,
     budget: int | None = None,
+    dequant: Mapping[str, DequantSpec] | None = None,
 ) -> SegmentPlan | None:
     """The segments for samples of input ``shapes``, or ``None`` when one sample's tensors fit in ``above`` bytes
     (default :data:`SEGMENT_ABOVE`), cannot be estimated, or a model has control flow; ``budget`` is the exposed
-    bytes per segment (default :data:`SEGMENT_BYTES`)."""
+    bytes per segment (default :data:`SEGMENT_BYTES`). Of the post-Q/DQ tensors ``dequant`` can compute, those
+    that do not cross a cut are not exposed: their integers are (:attr:`SegmentPlan.dequant`)."""
     above = SEGMENT_ABOVE if above is None else above
     budget = SEGMENT_BYTES if budget is None else budget
     weight = exposed_bytes(float_model, plan, shapes)
@@ -376,11 +381,31 @@ def plan_segments(
         acts.append(ai)
         locs.append(np.array([ordinal[i] for i in ai if pairing.activations[i].quantized], dtype=np.intp))
         outs.append(oi)
+    swapped = _local_posts(quant_model, q_nodes, q_seg, dequant or {})
+    q_exposed = (set(plan.quant_names) - set(swapped)) | {spec.ints for spec in swapped.values()}
     f_parts = _parts(float_model, f_nodes, f_seg, set(plan.float_names), k)
-    q_parts = _parts(quant_model, q_nodes, q_seg, set(plan.quant_names), k)
+    q_parts = _parts(quant_model, q_nodes, q_seg, q_exposed, k)
     return SegmentPlan(
-        tuple(f_parts), tuple(q_parts), tuple(plans), tuple(acts), tuple(locs), tuple(outs), sum(weight.values())
+        tuple(f_parts),
+        tuple(q_parts),
+        tuple(plans),
+        tuple(acts),
+        tuple(locs),
+        tuple(outs),
+        sum(weight.values()),
+        swapped,
     )
+
+
+def _local_posts(
+    model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], seg: Sequence[int], dequant: Mapping[str, DequantSpec]
+) -> dict[str, DequantSpec]:
+    """The specs whose post-Q/DQ tensor is read only in the segment that makes it and is no graph output: exposing
+    its integers instead saves its float bytes (one that crosses a cut is handed over as floats anyway)."""
+    made = {o: s for n, s in zip(nodes, seg, strict=True) for o in n.output if o in dequant}
+    later = {i for n, s in zip(nodes, seg, strict=True) for i in n.input if i in made and s != made[i]}
+    outputs = {o.name for o in model.graph.output}
+    return {post: spec for post, spec in dequant.items() if post in made and post not in later | outputs}
 
 
 def _scatter(parts: Sequence[BatchSums], where: Sequence[np.ndarray], n: int) -> BatchSums:
@@ -428,10 +453,11 @@ class SegmentedFetch:
             for j, part in enumerate(parts):
                 for i in part.inputs:
                     uses[side][i] = max(uses[side].get(i, -1), j)
+        dequant = self.segments.dequant
         for j, plan in enumerate(self.segments.plans):
             for i in plan.float_names:
                 uses[0][i] = max(uses[0].get(i, -1), j)
-            for i in plan.quant_names:
+            for i in (dequant[n].ints if n in dequant else n for n in plan.quant_names):
                 uses[1][i] = max(uses[1].get(i, -1), j)
         return uses
 
@@ -515,7 +541,8 @@ class SegmentedFetch:
             if pending is not None and j + 1 < k:
                 pending = self._worker().submit(self._infer, j + 1, self._inputs(j + 1, vals), index)
             t0 = time.perf_counter()
-            sums.append(reducer(plan, vals[0], vals[1]))
+            quant = Dequantized(vals[1], self.segments.dequant) if self.segments.dequant else vals[1]
+            sums.append(reducer(plan, vals[0], quant))
             reduce_s += time.perf_counter() - t0
             del f, q
             for side in (0, 1):  # drop what no later segment reads and no later pair reduces
