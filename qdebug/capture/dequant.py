@@ -1,16 +1,16 @@
 """Post-Q/DQ tensors recomputed from the quantized integers instead of fetched from ONNX Runtime.
 
-A quantized activation's post-Q/DQ tensor is ``DequantizeLinear(q)`` of the integer tensor ``q`` its
-QuantizeLinear wrote. Exposing ``q`` (1-2 bytes per element) instead of the float32 result (4 bytes) moves a quarter
-to a half of the bytes, and lets ONNX Runtime recycle the float buffer: PP-OCRv4 rec's quantized model ran 79 -> 50
-ms per sample against a 43 ms plain inference (benchmarks/bench_dequant.py). The reduction then computes the post
-values itself, which is exact: ``DequantizeLinear`` is ``float32(int32(q) - zero_point) * scale`` in float32, one
-rounding, and the kernel forms the exact float64 product of the two float32 factors and rounds it to float32 once,
-the same IEEE result.
+A quantized activation's post-Q/DQ tensor is ``DequantizeLinear(q)`` of the integer tensor ``q`` its QuantizeLinear
+wrote. Exposing ``q`` (1-2 bytes per element) instead of the float32 result (4 bytes) moves a quarter to a half of
+the bytes, and lets ONNX Runtime recycle the float buffer: PP-OCRv4 rec's quantized model ran 74 -> 48 ms per sample
+against a 38 ms plain inference, ViT-S's 224 -> 172 ms against 156 (benchmarks/bench_dequant.py). The reduction then
+computes the post values itself, which is exact: ``DequantizeLinear`` is ``float32(int32(q) - zero_point) * scale``
+in float32, one rounding, and the kernel forms the exact float64 product of the two float32 factors and rounds it to
+float32 once, the same IEEE result.
 
-Only what is certain is recomputed (:func:`find_specs`): a per-tensor DequantizeLinear (ONNX's or com.microsoft's) with
-constant float32 scale and 8- or 16-bit integer zero point, no blocks, whose input is an activation. Before a run
-uses them, :func:`verified` has this ONNX Runtime dequantize **every** integer value of each (type, scale, zero
+Only what is certain is recomputed (:func:`find_specs`): a per-tensor DequantizeLinear (ONNX's or com.microsoft's)
+with constant float32 scale and 8- or 16-bit integer zero point, no blocks, whose input is an activation. Before a
+run uses them, :func:`verified` has this ONNX Runtime dequantize **every** integer value of each (type, scale, zero
 point) and keeps only those whose every result matches bit for bit; anything else keeps its float tensor exposed.
 
 :class:`Dequantized` is the quantized model's values as the reducers see them: a post-Q/DQ tensor that was not
