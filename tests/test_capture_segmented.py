@@ -278,3 +278,34 @@ def test_two_cores_segment_what_the_whole_run_cannot_pipeline() -> None:
 
     assert segmented.threshold(True) == segmented.PIPELINED_ABOVE == PIPELINE_BYTES
     assert segmented.threshold(False) == segmented.SEGMENT_ABOVE > PIPELINE_BYTES
+
+
+def test_auto_times_fewer_intra_op_threads_on_a_long_segmented_run(
+    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread trial (qdebug/capture/threads.py) on a real segmented run: the segment sessions are made again with
+    one thread, timed, kept or given back — the report says which, with the numbers — and the sums do not change."""
+    from capture_helpers import loaded_warm_up
+
+    from qdebug.capture import auto, compiled, threads
+
+    monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)
+    monkeypatch.setattr(threads, "MIN_REMAINING", 3)
+    monkeypatch.setattr(threads, "SAMPLES", 1)
+    monkeypatch.setattr(auto, "usable_cores", lambda: 2)
+    made: list[int | None] = []
+    plain = segmented.make_session
+
+    def counting(*args: object, **kwargs: object) -> object:
+        made.append(kwargs.get("threads"))  # type: ignore[arg-type]
+        return plain(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segmented, "make_session", counting)
+    fm, qm = transformer_pair
+    cut = _run(fm, qm, monkeypatch, 8192, path="auto")
+    reason = str(cut.fallback_reason)
+    assert cut.path == "compiled" and cut.segments > 3, reason
+    assert "segment inference on 1 intra-op thread" in reason or "default threads kept: 1 thread(s) measured" in reason
+    assert 1 in made  # the sessions were made again with one thread
+    ref = _run(fm, qm, monkeypatch, 8192, path="numpy")
+    np.testing.assert_allclose(cut.per_sample, ref.per_sample, rtol=1e-5)

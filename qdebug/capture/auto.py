@@ -44,8 +44,9 @@ import onnx
 from qdebug.capture import compiled
 from qdebug.capture.base import CaptureRun, Fallback, SampleSums, UnsupportedPairError
 from qdebug.capture.graph_backend import GraphRun, merged_model
-from qdebug.capture.numpy_backend import NumpyRun
+from qdebug.capture.numpy_backend import NumpyRun, usable_cores
 from qdebug.capture.segmented import SegmentRule
+from qdebug.capture.threads import ThreadTrial
 from qdebug.graph import Pairing
 
 __all__ = [
@@ -164,6 +165,7 @@ class AutoRun:
         self.samples, self.clock = samples, clock
         self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_try_compiled)
         self.switched_at: int | None = None  # the first sample the compiled reduction reduced
+        self.trial: ThreadTrial | None = None  # a segmented run's intra-op threads, measured (_start_trial)
         t0 = clock()
         limit = (AUTO_BATCH if samples > 2 else 1) if batch is None else batch
         self.numpy = NumpyRun(
@@ -215,7 +217,10 @@ class AutoRun:
         if self.choice is not None and self.choice.backend == "compiled":
             if self.switched_at is None:
                 return Choice("numpy", f"{self.choice.reason}; the data ran out before numba had loaded")
-            return Choice("compiled", f"{self.choice.reason}; from sample {self.switched_at}, once numba had loaded")
+            threads = f"; {self.trial.note}" if self.trial is not None and self.trial.note else ""
+            return Choice(
+                "compiled", f"{self.choice.reason}; from sample {self.switched_at}, once numba had loaded{threads}"
+            )
         return self.choice or Choice("numpy", "the data ran out before the backends could be compared")
 
     @property
@@ -245,6 +250,8 @@ class AutoRun:
         if self.choice is not None:
             if self.warm_up is not None and not self.warm_up.is_alive():
                 self._switch(index)
+            if self.trial is not None or self._start_trial(index):
+                return self._timed_for_trial(index, sample)
             res = self.current.reduce(index, sample)
             if self.choice.backend == "numpy" and self.current is self.numpy and not self.compiled_weighed:
                 self._measure_numpy(0.0, index)  # a run decided early (few samples) still weighs compiled
@@ -260,6 +267,24 @@ class AutoRun:
             self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
         elif len(self.totals) > COMPILED_PROBE:
             self._decide(index, float(res.elements.mean()) if res.elements.size else 0.0)
+        return res
+
+    def _start_trial(self, index: int) -> bool:
+        """From the second sample the compiled pass reduces of a pipelined segmented run: time the segments'
+        inference with ORT's default threads and with one fewer (:class:`~qdebug.capture.threads.ThreadTrial`)."""
+        fetch = self.numpy.segmented
+        if self.switched_at is None or index <= self.switched_at or fetch is None or not fetch.pipelined:
+            return False
+        self.trial = ThreadTrial(fetch, usable_cores(), self.samples - index)
+        return True
+
+    def _timed_for_trial(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
+        """One sample of the segmented run, its wall time given to the thread trial while it is on."""
+        assert self.trial is not None
+        t0 = self.clock()
+        res = self.numpy.reduce(index, sample)
+        if self.trial.active and self.numpy.segmented is not None:
+            self.trial.record(self.clock() - t0)
         return res
 
     def _batch_after_sample_0(self) -> bool:

@@ -443,6 +443,7 @@ class SegmentedFetch:
         self.load_failure: str | None = None  # why a segment's session could not be made
         self._heap = _Heap()
         self.pipelined = pipelined
+        self.threads: int | None = None  # the segment sessions' intra-op threads (None: ORT's default, one per core)
         self._pool: ThreadPoolExecutor | None = None
         self._side_pool: ThreadPoolExecutor | None = None
 
@@ -469,7 +470,7 @@ class SegmentedFetch:
         model = _part_model(self.models[side], part, types, j)
         role = ("float model", "quantized model")[side]
         try:
-            threads = 1 if SIDES_IN_PARALLEL else None
+            threads = 1 if SIDES_IN_PARALLEL else self.threads
             return make_session(
                 model, self.providers, role=f"{role} (segment {j})", arena="shared", spin=False, threads=threads
             )
@@ -551,6 +552,12 @@ class SegmentedFetch:
         self.ran = True
         self._heap.check()
         return self._assemble(sums), reduce_s, infer_s
+
+    def set_threads(self, threads: int | None) -> None:
+        """The segment sessions' intra-op threads from the next sample on (``None``: ORT's default): they are made
+        again then (:class:`qdebug.capture.threads.ThreadTrial`; called between samples, when no segment runs)."""
+        if threads != self.threads:
+            self.threads, self.sessions = threads, []
 
     def _worker(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -1,0 +1,107 @@
+"""Intra-op threads of a pipelined segmented run (issue 12, item 3; ``qdebug/capture/threads.py``).
+
+Each mode runs ``qdebug.debug --capture auto`` in a fresh process; modes alternate over ``--rounds``:
+
+``default``
+    every segment session with ONNX Runtime's default threads (one per core), the trial off;
+``one``
+    every segment session with one intra-op thread (a core left to the reduction), the trial off;
+``auto``
+    as shipped: the trial times both on the run's own samples and keeps the faster (its note is printed).
+
+Per-sample time is measured from the third sample on (the first makes the sessions and loads numba).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_segment_threads.py --models ppocrv4-rec ppocrv4-det yolov8n-nudenet \\
+        vit-s-focus u2netp --samples 64 --rounds 2 --work /tmp/bpipe
+
+``--work`` holds the quantized corpus models and data ``bench_realmodels.py`` writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+MODES = ("default", "one", "auto")
+
+
+def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
+    """One debug pass in this process with the segment sessions' threads fixed (``default``, ``one``) or tried."""
+    from bench_realmodels import prepare
+
+    from qdebug.capture import segmented, threads
+    from qdebug.debug import DebugOptions, debug
+
+    if mode != "auto":
+        threads.MIN_REMAINING = 1 << 30  # no trial
+    if mode == "one":
+        plain = segmented.make_session
+
+        def one_thread(*args: Any, **kwargs: Any) -> Any:
+            return plain(*args, **{**kwargs, "threads": 1})
+
+        segmented.make_session = one_thread  # type: ignore[assignment]
+    fp, qp, folder = prepare(model, work, n)
+    ends: list[float] = []
+    t0 = time.perf_counter()
+    rep = debug(
+        fp,
+        qp,
+        folder,
+        DebugOptions(capture="auto", num_samples=n),
+        progress=lambda i, k: ends.append(time.perf_counter()),
+    )
+    cap = rep.meta.capture
+    reason = (cap.reason or "") if cap else ""
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "per_sample_ms": (ends[-1] - ends[2]) / (len(ends) - 3) * 1e3,
+        "segments": cap.segments if cap else 1,
+        "note": reason.rsplit("; ", 1)[-1] if "thread" in reason.rsplit("; ", 1)[-1] else "",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--models", nargs="+", default=["ppocrv4-rec", "ppocrv4-det", "yolov8n-nudenet", "vit-s-focus", "u2netp"]
+    )
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/qdebug-bench"))
+    ap.add_argument("--child", nargs=3, metavar=("MODEL", "N", "MODE"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.child[2], a.work)))
+        return 0
+    print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}; N = {a.samples}")
+    print("| model | segments | threads | per sample ms | wall s | trial |")
+    print("|---|---|---|---|---|---|")
+    for model in a.models:
+        for _ in range(a.rounds):
+            for mode in a.modes:
+                cmd = [sys.executable, __file__, "--work", str(a.work), "--child", model, str(a.samples), mode]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()
+                r = json.loads(out[-1])
+                cells = [model, r["segments"], mode, f"{r['per_sample_ms']:.0f}", f"{r['wall_s']:.1f}", r["note"]]
+                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""How many intra-op threads a pipelined segmented run's inference gets: measured on the run, not guessed.
+
+A pipelined segmented run (:mod:`qdebug.capture.segmented`) infers the next segment on a worker thread while the
+main thread reduces this one. With ONNX Runtime's default — one intra-op thread per core — the two compete: three
+busy threads on two cores. Whether leaving the reduction a core of its own wins depends on which side is longer,
+and neither is known before the run (on the 2-core benchmark machine, ``benchmarks/bench_segment_threads.py``: PP-OCRv4
+rec 152-159 -> 131-140 ms/sample with one thread, det about even, while YOLOv8n, ViT-S and u2netp are 4-35 % slower).
+
+So :class:`ThreadTrial` measures both on the run's own samples once the compiled reduction is running: a few
+samples with the default, the segment sessions rebuilt with one thread fewer than the cores, a few samples with that,
+and it keeps the fewer threads only if they are faster by :data:`MARGIN`, else goes back. A run too short to repay
+two rebuilds (fewer than :data:`MIN_REMAINING` samples left) keeps the default without trying.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["MARGIN", "MIN_REMAINING", "SAMPLES", "ThreadTrial"]
+
+#: Samples timed with each thread count (the median is compared: single samples move by ±10 % on the machine).
+SAMPLES = 4
+#: Samples that must be left when the trial would start: two rebuilds of every segment session (~0.1-0.5 s) and a
+#: few slower samples are then a few percent of the run at most.
+MIN_REMAINING = 40
+#: The fewer threads are kept only when their median sample is at least this much faster.
+MARGIN = 0.05
+
+
+class Rethreadable(Protocol):
+    """What the trial needs of the run: set the segment sessions' intra-op threads (``None``: ORT's default)."""
+
+    def set_threads(self, threads: int | None) -> None: ...
+
+
+@dataclass
+class ThreadTrial:
+    """A/B of the segments' intra-op threads, fed one sample's wall time after another (:meth:`record`)."""
+
+    fetch: Rethreadable
+    cores: int
+    remaining: int  # samples left when the trial is created
+    default: list[float] = field(default_factory=list)
+    fewer: list[float] = field(default_factory=list)
+    phase: str = "default"  # "default" -> "rebuild" -> "fewer" -> "done"
+    note: str | None = None  # what was measured and kept, for the report
+
+    def __post_init__(self) -> None:
+        if self.cores < 2 or self.remaining < MIN_REMAINING:
+            self.phase = "done"
+
+    @property
+    def active(self) -> bool:
+        """Whether samples are still being timed."""
+        return self.phase != "done"
+
+    def record(self, seconds: float) -> None:
+        """One sample's wall time under the current thread count."""
+        if self.phase == "default":
+            self.default.append(seconds)
+            if len(self.default) == SAMPLES:
+                self.fetch.set_threads(self.cores - 1)
+                self.phase = "rebuild"  # the next sample also makes the sessions: not timed
+        elif self.phase == "rebuild":
+            self.phase = "fewer"
+        elif self.phase == "fewer":
+            self.fewer.append(seconds)
+            if len(self.fewer) == SAMPLES:
+                self._decide()
+
+    def _decide(self) -> None:
+        base, alt = statistics.median(self.default), statistics.median(self.fewer)
+        both = f"{alt * 1e3:.0f} vs {base * 1e3:.0f} ms/sample ({SAMPLES} samples each)"
+        threads = self.cores - 1
+        if alt < (1 - MARGIN) * base:
+            self.note = f"segment inference on {threads} intra-op thread(s), a core left to the reduction: {both}"
+        else:
+            self.fetch.set_threads(None)
+            self.note = f"ONNX Runtime's default threads kept: {threads} thread(s) measured {both}"
+        self.phase = "done"
