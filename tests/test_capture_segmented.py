@@ -287,12 +287,13 @@ def test_auto_times_fewer_intra_op_threads_on_a_long_segmented_run(
     one thread, timed, kept or given back — the report says which, with the numbers — and the sums do not change."""
     from capture_helpers import loaded_warm_up
 
-    from qdebug.capture import auto, compiled, threads
+    from qdebug.capture import auto, compiled, numpy_backend, threads
 
     monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)
     monkeypatch.setattr(threads, "MIN_REMAINING", 3)
     monkeypatch.setattr(threads, "SAMPLES", 1)
-    monkeypatch.setattr(auto, "usable_cores", lambda: 2)
+    monkeypatch.setattr(auto, "usable_cores", lambda: 2)  # two cores, pipelined, whatever runs the test
+    monkeypatch.setattr(numpy_backend, "usable_cores", lambda: 2)
     made: list[int | None] = []
     plain = segmented.make_session
 

@@ -44,9 +44,11 @@ __all__ = [
     "reduce_sample_compiled",
 ]
 
-#: numba's import plus loading the cached kernel, per process (0.9-1.3 s measured on the 2-core benchmark machine
-#: under load; the first use on a machine also compiles, ~3-5 s, once).
-STARTUP_S = 1.5
+#: numba's import plus loading the cached kernel, per process: 0.46-0.49 s measured on the quiet 2-core benchmark
+#: machine, 0.9-1.3 s under load (the first use on a machine also compiles, ~3-5 s, once). It is paid on a
+#: background thread while numpy goes on reducing, so the price is CPU, not a stall: 1.0 s. (At 1.5 s, ppocr-cls at
+#: N = 64 — est. 1.3 s saved — stayed on numpy at 4.2-5.3x the floor per sample, vs 2.4-2.7x compiled.)
+STARTUP_S = 1.0
 
 #: Share of the numpy reduction's time the compiled pass saves (it takes 0.24-0.28 of it on Silero VAD and
 #: ppocr-cls, benchmarks/profile_reduce.py): a conservative 0.7.

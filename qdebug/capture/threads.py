@@ -3,8 +3,8 @@
 A pipelined segmented run (:mod:`qdebug.capture.segmented`) infers the next segment on a worker thread while the
 main thread reduces this one. With ONNX Runtime's default — one intra-op thread per core — the two compete: three
 busy threads on two cores. Whether leaving the reduction a core of its own wins depends on which side is longer,
-and neither is known before the run (on the 2-core benchmark machine, ``benchmarks/bench_segment_threads.py``: PP-OCRv4
-rec 152-159 -> 131-140 ms/sample with one thread, det about even, while YOLOv8n, ViT-S and u2netp are 4-35 % slower).
+and neither is known before the run (on the 2-core benchmark machine, ``benchmarks/bench_segment_threads.py`` at
+N = 64: PP-OCRv4 rec 189 -> 175 ms/sample with one thread, det about even, YOLOv8n, ViT-S and u2netp 9-37 % slower).
 
 So :class:`ThreadTrial` measures both on the run's own samples once the compiled reduction is running: a few
 samples with the default, the segment sessions rebuilt with one thread fewer than the cores, a few samples with that,
@@ -20,13 +20,15 @@ from typing import Protocol
 
 __all__ = ["MARGIN", "MIN_REMAINING", "SAMPLES", "ThreadTrial"]
 
-#: Samples timed with each thread count (the median is compared: single samples move by ±10 % on the machine).
-SAMPLES = 4
+#: Samples timed with each thread count (the median is compared: single samples move by ±10 % on the machine; with 4
+#: each, ViT-S once kept one thread at 484 vs 526 ms that measured 9 % slower over whole runs).
+SAMPLES = 6
 #: Samples that must be left when the trial would start: two rebuilds of every segment session (~0.1-0.5 s) and a
 #: few slower samples are then a few percent of the run at most.
 MIN_REMAINING = 40
-#: The fewer threads are kept only when their median sample is at least this much faster.
-MARGIN = 0.05
+#: The fewer threads are kept only when their median sample is at least this much faster (above the noise of a
+#: median of :data:`SAMPLES`).
+MARGIN = 0.08
 
 
 class Rethreadable(Protocol):
