@@ -17,13 +17,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +28,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from child_runs import add_child_args, child_main, each_run, timed_debug  # noqa: E402
+
 MODES = ("heap", "shared")
 
 
 def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
     """One debug pass in this process, with the segment sessions arena-less (``heap``) or sharing one arena."""
-    from bench_realmodels import prepare
-
     from qdebug.capture import segmented
-    from qdebug.debug import DebugOptions, debug
 
     if mode == "heap":  # the segments as they were: no arena at all
         plain = segmented.make_session
@@ -48,30 +44,15 @@ def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
             return plain(*args, **{**kwargs, "arena": False})
 
         segmented.make_session = arena_less  # type: ignore[assignment]
-    fp, qp, folder = prepare(model, work, n)
-    ends: list[float] = []
-    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    rep = debug(
-        fp,
-        qp,
-        folder,
-        DebugOptions(capture="numpy", num_samples=n),
-        progress=lambda i, k: ends.append(time.perf_counter()),
-    )
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    rep, times = timed_debug(model, n, work, "numpy")
     r1 = resource.getrusage(resource.RUSAGE_SELF)
-    status = Path("/proc/self/status").read_text().splitlines()
-    hwm = next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM"))
     cap = rep.meta.capture
     return {
-        "model": model,
-        "mode": mode,
-        "n": n,
-        "wall_s": time.perf_counter() - t0,
-        "per_sample_ms": (ends[-1] - ends[0]) / (len(ends) - 1) * 1e3,
+        **times,
         "user_s": r1.ru_utime - r0.ru_utime,
         "sys_s": r1.ru_stime - r0.ru_stime,
         "minflt": r1.ru_minflt - r0.ru_minflt,
-        "peak_mb": hwm,
         "segments": cap.segments if cap else 1,
     }
 
@@ -81,26 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", default=["u2netp", "vit-s-focus", "ppocrv4-det", "ppocrv4-rec"])
     ap.add_argument("--samples", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/qdebug-bench"))
-    ap.add_argument("--child", nargs=3, metavar=("MODEL", "N", "MODE"), help=argparse.SUPPRESS)
+    add_child_args(ap)
     a = ap.parse_args(argv)
-    if a.child:
-        print(json.dumps(child(a.child[0], int(a.child[1]), a.child[2], a.work)))
+    if child_main(a, child):
         return 0
     print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}")
     print("| model | segments | arena | per sample ms | user s | sys s | minor faults | peak MB |")
     print("|---|---|---|---|---|---|---|---|")
-    for model in a.models:
-        for _ in range(a.rounds):
-            for mode in MODES:
-                cmd = [sys.executable, __file__, "--work", str(a.work), "--child", model, str(a.samples), mode]
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-                r = json.loads(out)
-                print(
-                    f"| {model} | {r['segments']} | {mode} | {r['per_sample_ms']:.0f} | {r['user_s']:.2f} | "
-                    f"{r['sys_s']:.2f} | {r['minflt']:,} | {r['peak_mb']:.0f} |",
-                    flush=True,
-                )
+    for model, mode, r in each_run(__file__, a, MODES):
+        print(
+            f"| {model} | {r['segments']} | {mode} | {r['per_sample_ms']:.0f} | {r['user_s']:.2f} | "
+            f"{r['sys_s']:.2f} | {r['minflt']:,} | {r['peak_mb']:.0f} |",
+            flush=True,
+        )
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -22,12 +22,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +32,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from child_runs import add_child_args, child_main, each_run, timed_debug  # noqa: E402
+
 MODES = ("default", "one", "auto")
 
 
 def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
     """One debug pass in this process with the segment sessions' threads fixed (``default``, ``one``) or tried."""
-    from bench_realmodels import prepare
-
     from qdebug.capture import segmented, threads
-    from qdebug.debug import DebugOptions, debug
 
     if mode != "auto":
         threads.MIN_REMAINING = 1 << 30  # no trial
@@ -54,24 +50,10 @@ def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
             return plain(*args, **{**kwargs, "threads": 1})
 
         segmented.make_session = one_thread  # type: ignore[assignment]
-    fp, qp, folder = prepare(model, work, n)
-    ends: list[float] = []
-    t0 = time.perf_counter()
-    rep = debug(
-        fp,
-        qp,
-        folder,
-        DebugOptions(capture="auto", num_samples=n),
-        progress=lambda i, k: ends.append(time.perf_counter()),
-    )
+    rep, times = timed_debug(model, n, work, "auto", skip=2)  # the first samples make sessions and load numba
     cap = rep.meta.capture
-    reason = (cap.reason or "") if cap else ""
-    return {
-        "wall_s": time.perf_counter() - t0,
-        "per_sample_ms": (ends[-1] - ends[2]) / (len(ends) - 3) * 1e3,
-        "segments": cap.segments if cap else 1,
-        "note": reason.rsplit("; ", 1)[-1] if "thread" in reason.rsplit("; ", 1)[-1] else "",
-    }
+    last = ((cap.reason or "") if cap else "").rsplit("; ", 1)[-1]
+    return {**times, "segments": cap.segments if cap else 1, "note": last if "thread" in last else ""}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,23 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    ap.add_argument("--work", type=Path, default=Path("/tmp/qdebug-bench"))
-    ap.add_argument("--child", nargs=3, metavar=("MODEL", "N", "MODE"), help=argparse.SUPPRESS)
+    add_child_args(ap)
     a = ap.parse_args(argv)
-    if a.child:
-        print(json.dumps(child(a.child[0], int(a.child[1]), a.child[2], a.work)))
+    if child_main(a, child):
         return 0
     print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}; N = {a.samples}")
     print("| model | segments | threads | per sample ms | wall s | trial |")
     print("|---|---|---|---|---|---|")
-    for model in a.models:
-        for _ in range(a.rounds):
-            for mode in a.modes:
-                cmd = [sys.executable, __file__, "--work", str(a.work), "--child", model, str(a.samples), mode]
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()
-                r = json.loads(out[-1])
-                cells = [model, r["segments"], mode, f"{r['per_sample_ms']:.0f}", f"{r['wall_s']:.1f}", r["note"]]
-                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+    for model, mode, r in each_run(__file__, a, a.modes):
+        cells = [model, r["segments"], mode, f"{r['per_sample_ms']:.0f}", f"{r['wall_s']:.1f}", r["note"]]
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
