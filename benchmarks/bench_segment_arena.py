@@ -59,10 +59,7 @@ def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["u2netp", "vit-s-focus", "ppocrv4-det", "ppocrv4-rec"])
-    ap.add_argument("--samples", type=int, default=12)
-    ap.add_argument("--rounds", type=int, default=1)
-    add_child_args(ap)
+    add_child_args(ap, ["u2netp", "vit-s-focus", "ppocrv4-det", "ppocrv4-rec"], 12)
     a = ap.parse_args(argv)
     if child_main(a, child):
         return 0

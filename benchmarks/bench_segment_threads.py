@@ -58,13 +58,8 @@ def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--models", nargs="+", default=["ppocrv4-rec", "ppocrv4-det", "yolov8n-nudenet", "vit-s-focus", "u2netp"]
-    )
-    ap.add_argument("--samples", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    add_child_args(ap)
+    add_child_args(ap, ["ppocrv4-rec", "ppocrv4-det", "yolov8n-nudenet", "vit-s-focus", "u2netp"], 64)
     a = ap.parse_args(argv)
     if child_main(a, child):
         return 0

@@ -15,8 +15,12 @@ from typing import Any
 __all__ = ["add_child_args", "child_main", "each_run", "run_child", "timed_debug"]
 
 
-def add_child_args(ap: argparse.ArgumentParser) -> None:
-    """``--work`` (the quantized corpus ``bench_realmodels.py`` writes) and the hidden ``--child MODEL N MODE``."""
+def add_child_args(ap: argparse.ArgumentParser, models: Sequence[str], samples: int) -> None:
+    """``--models``, ``--samples``, ``--rounds``, ``--work`` (the quantized corpus ``bench_realmodels.py`` writes)
+    and the hidden ``--child MODEL N MODE``."""
+    ap.add_argument("--models", nargs="+", default=list(models))
+    ap.add_argument("--samples", type=int, default=samples)
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("/tmp/qdebug-bench"))
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "N", "MODE"), help=argparse.SUPPRESS)
 
