@@ -9,7 +9,10 @@ on models with large activations its in-graph float64 reductions cost more per s
    :data:`AUTO_MIN_BATCH` samples fit in a batch (up to :data:`AUTO_BATCH`; ``batch`` overrides): ``numpy`` keeps
    the run (a batch pays the per-call costs the merged graph avoids once per batch), and the compiled reduction is
    still weighed as in 2; a **segmented** run (one sample too large to expose at once) reduces with the compiled
-   pass from the start, numba loading beside the first sample. Otherwise:
+   pass from the start, numba loading beside the first sample, exposes the quantized integers instead of post-Q/DQ
+   floats where it can (:mod:`qdebug.capture.dequant`), and, pipelined with enough samples left, times its
+   segments' inference with ONNX Runtime's default threads and with one fewer and keeps the faster
+   (:mod:`qdebug.capture.threads`). Otherwise:
 1. samples 0 to :data:`COMPILED_PROBE` run on ``numpy`` (always opened: it is also every backend's fallback), each
    timed, with its reduction and inference apart; the fastest after sample 0 is numpy's per-sample cost (sample
    0's first-run allocations make it a poor measure alone). With fewer than :data:`MIN_REMAINING` samples after
