@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import sys
 from pathlib import Path
@@ -60,10 +59,9 @@ def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_child_args(ap, ["u2netp", "vit-s-focus", "ppocrv4-det", "ppocrv4-rec"], 12)
-    a = ap.parse_args(argv)
-    if child_main(a, child):
+    a = child_main(ap, argv, child)
+    if a is None:
         return 0
-    print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}")
     print("| model | segments | arena | per sample ms | user s | sys s | minor faults | peak MB |")
     print("|---|---|---|---|---|---|---|---|")
     for model, mode, r in each_run(__file__, a, MODES):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,10 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     add_child_args(ap, ["ppocrv4-rec", "ppocrv4-det", "yolov8n-nudenet", "vit-s-focus", "u2netp"], 64)
-    a = ap.parse_args(argv)
-    if child_main(a, child):
+    a = child_main(ap, argv, child)
+    if a is None:
         return 0
-    print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}; N = {a.samples}")
     print("| model | segments | threads | per sample ms | wall s | trial |")
     print("|---|---|---|---|---|---|")
     for model, mode, r in each_run(__file__, a, a.modes):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -25,12 +27,15 @@ def add_child_args(ap: argparse.ArgumentParser, models: Sequence[str], samples: 
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "N", "MODE"), help=argparse.SUPPRESS)
 
 
-def child_main(a: argparse.Namespace, child: Any) -> bool:
-    """In a child process: run ``child(model, n, mode, work)`` and print its JSON; ``False`` in the parent."""
-    if not a.child:
-        return False
-    print(json.dumps(child(a.child[0], int(a.child[1]), a.child[2], a.work)))
-    return True
+def child_main(ap: argparse.ArgumentParser, argv: list[str] | None, child: Any) -> argparse.Namespace | None:
+    """Parse ``argv``. In a child process, run ``child(model, n, mode, work)``, print its JSON and return ``None``;
+    in the parent, print the machine line and return the arguments."""
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.child[2], a.work)))
+        return None
+    print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}; N = {a.samples}")
+    return a
 
 
 def run_child(script: str, work: Path, model: str, n: int, mode: str) -> dict[str, Any]:
