@@ -51,6 +51,16 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernel() -> None:
+    """The C kernel built before any test runs: ``auto`` reduces with it from the first sample only once it is built
+    (:func:`qdebug.capture.compiled.ready`), so without this the first tests to capture would see another choice
+    than the rest. ``make test`` installs gcc: a failed build is a failure of every test, never a skip."""
+    from qdebug.capture import ckernel
+
+    ckernel.load()
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A session-wide folder for models shared by many tests (never modified by them)."""

@@ -105,7 +105,7 @@ def test_a_pair_the_merge_cannot_express_runs_numpy_with_the_reason(tmp_path: Pa
     assert info.reason is not None and "local functions" in info.reason
     # auto, unbatched (a batched run never tries the merged graph): the same reason, no probe
     auto = debug(fm, qpath, None, DebugOptions(num_samples=12, batch=1)).meta.capture
-    assert auto is not None and auto.requested == "auto" and auto.backend == "numpy"
+    assert auto is not None and auto.requested == "auto" and auto.backend == "compiled"  # the C kernel's run
     assert auto.reason is not None and "local functions" in auto.reason
 
 

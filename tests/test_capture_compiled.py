@@ -19,7 +19,7 @@ from capture_helpers import Bounds, assert_same_sums, plan_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qdebug.capture import capture, compiled
+from qdebug.capture import capture, ckernel, compiled
 from qdebug.capture.auto import AutoRun
 from qdebug.capture.base import SampleSums
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
@@ -128,10 +128,11 @@ def test_auto_switches_when_the_reduction_would_cost_more_than_the_start_up(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    monkeypatch.setattr(compiled, "ready", lambda: False)  # as before the first build, or with numba
     monkeypatch.setattr(compiled, "STARTUP_S", -1.0)  # any run pays it back
     run = _auto(fm, qm, 6)
     assert run.final().backend == "compiled" and "the compiled pass saves est." in run.final().reason
-    assert "from sample 4, once numba had loaded" in run.final().reason
+    assert f"from sample 4, once the {compiled.implementation()} kernel had loaded" in run.final().reason
     assert run.numpy.reducer is compiled.reduce_sample_compiled and run.graph is None
     monkeypatch.setattr(compiled, "STARTUP_S", 1e9)  # never pays: the numpy choice, no word about numba
     run = _auto(fm, qm, 6)
@@ -143,6 +144,7 @@ def test_without_numba_auto_says_what_it_would_save(
 ) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
+    monkeypatch.setattr(compiled, "ready", lambda: False)
     monkeypatch.setattr(compiled, "available", lambda: False)
     run = _auto(fm, qm, 6)
     assert run.final().backend == "numpy" and "pip install 'qdebug[fast]'" in run.final().reason
@@ -162,6 +164,7 @@ def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
+    monkeypatch.setattr(compiled, "ready", lambda: False)
     monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread once samples 1-3 say it pays
     run = _auto(fm, qm, 6)
     assert run.final().backend == "numpy" and run.numpy.reducer is not compiled.reduce_sample_compiled
@@ -173,13 +176,15 @@ def test_numpy_reduces_until_numba_has_loaded(
 ) -> None:
     loaded = threading.Event()
     monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
-    monkeypatch.setattr(compiled, "warm_up", loaded.wait)  # numba "loads" only when the test says so
+    monkeypatch.setattr(compiled, "ready", lambda: False)
+    monkeypatch.setattr(compiled, "warm_up", loaded.wait)  # the kernel "loads" only when the test says so
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6, batch=1)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=6, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
     assert run.numpy.reducer is not compiled.reduce_sample_compiled  # never waited for numba
-    assert run.final().backend == "numpy" and "the data ran out before numba had loaded" in run.final().reason
+    choice = run.final()
+    assert choice.backend == "numpy" and "the data ran out before the compiled kernel had loaded" in choice.reason
     loaded.set()
     run.close()
 
@@ -203,7 +208,10 @@ def test_without_numba_the_compiled_backend_names_the_extra(
     from qdebug.errors import MissingExtraError
 
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
+    monkeypatch.setenv("CC", "/nonexistent/cc")  # and no C compiler to build the C kernel with
+    monkeypatch.setattr(ckernel, "built", lambda: None)
+    monkeypatch.setattr(ckernel, "load", ckernel.load.__wrapped__)
     monkeypatch.setattr(compiled, "_load", compiled._load.__wrapped__)  # not the cached kernel module
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    with pytest.raises(MissingExtraError, match=r"pip install 'qdebug\[fast\]'"):
+    with pytest.raises(MissingExtraError, match=r"no C compiler found.*pip install 'qdebug\[fast\]'"):
         capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=2), path="compiled")

@@ -191,16 +191,33 @@ class AutoRun:
         self.choice: Choice | None = None
         self.batch_asked = batch is not None and batch > 1
         self.batch_planned = self._batches()  # decided after sample 0, once one sample's size is known
+        self.kernel_ready = self._kernel_from_start()
         if self.numpy.segmented is not None and samples > 1 and compiled.available():
             self._compiled_from_start()
 
+    def _kernel_from_start(self) -> bool:
+        """Reduce with the compiled pass from sample 0 when it costs nothing to load (the C kernel is built,
+        :func:`~qdebug.capture.compiled.ready`): it is faster than numpy's on every tensor size measured, so there
+        is nothing to weigh; the merged graph is still weighed against it as it would be against numpy."""
+        if not compiled.ready():
+            return False
+        try:
+            kernel = compiled.kernel()
+        except Exception:  # a library that does not load after all (its error types vary): weighed as before
+            return False
+        self.numpy.reducer, self.numpy.batch_kernel = compiled.reduce_sample_compiled, kernel
+        self.switched_at, self.compiled_weighed = 0, True
+        return True
+
     def _compiled_from_start(self) -> None:
-        """A segmented run reduces with the compiled pass from the first sample after numba has loaded: its samples
-        expose hundreds of MB, which the one-pass kernel reduces 1.5-2x faster than numpy whatever the number of
-        samples, and numba's load (0.5-1.3 s) overlaps the first sample's segment sessions being made. The same
-        reduction at every N: the process's memory does not step up by numba's ~100 MB at some N and not others."""
+        """A segmented run reduces with the compiled pass from the first sample after its kernel has loaded (at once
+        when the C kernel is built): its samples expose hundreds of MB, which the one-pass kernel reduces 1.5-2x
+        faster than numpy whatever the number of samples, and a first build or numba's import (0.5-1.3 s) overlaps
+        the first sample's segment sessions being made. The same reduction at every N: the process's memory does
+        not step up by numba's ~125 MB at some N and not others."""
         assert self.numpy.segmented is not None
-        self.warm_up = compiled.start_warm_up()
+        if not self.kernel_ready:
+            self.warm_up = compiled.start_warm_up()
         self.compiled_weighed = True
         self.choice = Choice(
             "compiled",
@@ -217,12 +234,17 @@ class AutoRun:
 
     def final(self) -> Choice:
         """The choice, also when the data ran out before it was made (or before numba had loaded)."""
+        threads = f"; {self.trial.note}" if self.trial is not None and self.trial.note else ""
+        if self.kernel_ready and (self.choice is None or self.choice.backend != "graph"):
+            reason = self.choice.reason if self.choice else "the data ran out before the merged graph could be weighed"
+            return Choice("compiled", f"{reason}; the compiled C kernel reduced from the first sample{threads}")
         if self.choice is not None and self.choice.backend == "compiled":
             if self.switched_at is None:
-                return Choice("numpy", f"{self.choice.reason}; the data ran out before numba had loaded")
-            threads = f"; {self.trial.note}" if self.trial is not None and self.trial.note else ""
+                return Choice("numpy", f"{self.choice.reason}; the data ran out before the compiled kernel had loaded")
             return Choice(
-                "compiled", f"{self.choice.reason}; from sample {self.switched_at}, once numba had loaded{threads}"
+                "compiled",
+                f"{self.choice.reason}; from sample {self.switched_at}, once the {compiled.implementation()} kernel "
+                f"had loaded{threads}",
             )
         return self.choice or Choice("numpy", "the data ran out before the backends could be compared")
 
@@ -315,17 +337,24 @@ class AutoRun:
     def _decide(self, index: int, mean_elements: float) -> None:
         """After numpy's probe samples: the compiled reduction if it pays, else the merged graph's chance."""
         self.compiled_weighed = True
-        if self._try_compiled(index):
+        if not self.kernel_ready and self._try_compiled(index):
             return
         if mean_elements > GRAPH_MAX_MEAN_ELEMENTS:
             self._keep_numpy(
                 f"tensors of {mean_elements:,.0f} elements on average (> {GRAPH_MAX_MEAN_ELEMENTS:,}): "
-                "the merged graph's in-graph reductions are slower per sample than numpy's"
+                f"the merged graph's in-graph reductions are slower per sample than {self.run_name}'s"
             )
         else:
             self._open_graph(index)
 
+    @property
+    def run_name(self) -> str:
+        """What the fetch-and-reduce run is called in reasons: ``compiled`` when its kernel reduces from the first
+        sample, else ``numpy``."""
+        return "compiled" if self.kernel_ready else "numpy"
+
     def _keep_numpy(self, why: str) -> None:
+        """The fetch-and-reduce run keeps the rest of the samples (numpy's reduction, or the kernel's when ready)."""
         why = f"{why}; {self.missing_fast}" if self.missing_fast else why
         self.choice, self.graph = Choice("numpy", why), None  # drop the merged session: its memory goes with it
 
@@ -343,7 +372,8 @@ class AutoRun:
         reduce_s, infer_s = min(self.reduce_times[1:]), min(self.infer_times[1:])
         remaining = self.samples - index - 1
         saving = remaining * _saving_per_sample(reduce_s, infer_s, self.numpy.pipelining)
-        if saving <= compiled.STARTUP_S:
+        startup = compiled.startup_s()
+        if saving <= startup:
             return False
         if not compiled.available():  # said in the reason: the user can install it
             self.missing_fast = f"a compiled reduction would save est. {saving:.1f} s: pip install 'qdebug[fast]'"
@@ -356,7 +386,7 @@ class AutoRun:
                 "compiled",
                 f"numpy's reduction took {_ms(reduce_s)}/sample beside {_ms(infer_s)} of inference: the compiled "
                 f"pass saves est. {saving:.1f} s over the {remaining} remaining samples, more than its "
-                f"{compiled.STARTUP_S:.1f} s start-up",
+                f"{startup:.1f} s start-up",
             ),
             None,
         )
@@ -388,7 +418,7 @@ class AutoRun:
         if est > budget:
             self._keep_numpy(
                 f"merged graph set-up est. {est:.1f} s ({len(model.graph.node)} nodes) > {PAYBACK_SHARE:.0%} of "
-                f"numpy's remaining {remaining * per:.1f} s ({remaining} samples x {_ms(per)})"
+                f"{self.run_name}'s remaining {remaining * per:.1f} s ({remaining} samples x {_ms(per)})"
             )
             return
         t0 = self.clock()
@@ -411,7 +441,7 @@ class AutoRun:
         if isinstance(res, Fallback):
             self._keep_numpy(f"the merged graph could not reduce its probe sample ({res.reason}; {setup})")
         elif took < per:
-            self.choice = Choice("graph", f"measured {_ms(took)}/sample vs numpy {_ms(per)}/sample ({setup})")
+            self.choice = Choice("graph", f"measured {_ms(took)}/sample vs {self.run_name} {_ms(per)}/sample ({setup})")
         else:
-            self._keep_numpy(f"merged graph measured {_ms(took)}/sample vs numpy {_ms(per)}/sample ({setup})")
+            self._keep_numpy(f"merged graph measured {_ms(took)}/sample vs {self.run_name} {_ms(per)}/sample ({setup})")
         return res

@@ -1,16 +1,21 @@
 """The ``compiled`` reduction: the numpy backend's fetch, with each sample reduced by one compiled pass per
-activation (numba, the ``fast`` extra) instead of :func:`~qdebug.capture.reduction.reduce_sample`'s 6-8 numpy
-passes and allocations per tensor.
+activation instead of :func:`~qdebug.capture.reduction.reduce_sample`'s 6-8 numpy passes and allocations per tensor.
 
 Same definition, same sums to float64 rounding (the kernel accumulates every product in float64; the numpy
 reference multiplies in float32 and accumulates 8k-element blocks in float64: they agree to ~1e-7 relative,
 tested), same non-finite counts. Where the reduction dominates a sample — models that do little arithmetic per
 exposed element, such as Silero VAD and PP-OCR's classifier — it cuts the reduction 1.5-4× (docs/benchmarks.md).
 
-numba compiles the kernel on first use (a few seconds, once: the machine code is cached next to this module or in
-numba's user cache) and its import and cache load cost about a second per process, so ``auto`` switches to it
-only when the numpy reduction of the remaining samples is expected to cost more than that
-(:mod:`qdebug.capture.auto`). Tensors that are not float32/float64 (float16 models) are reduced by the numpy reference.
+Two implementations of the same kernels, one chosen per process (:func:`implementation`):
+
+* **C** (:mod:`qdebug.capture.ckernel`), built with the machine's C compiler the first time it is needed (about a
+  second, once per machine) and then loaded in milliseconds for ~1 MB: :func:`ready` once built, and ``auto``
+  reduces with it from the first sample;
+* **numba** (:mod:`qdebug.capture._kernels`, the ``fast`` extra) where there is no C compiler: its import and cache
+  load cost 0.5-1.3 s and ~125 MB per process, so ``auto`` switches to it only when the numpy reduction of the
+  remaining samples is expected to cost more than that (:mod:`qdebug.capture.auto`).
+
+Tensors that are not float32/float64 (float16 models) are reduced by the numpy reference.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import numpy as np
 import onnx
 
 from qdebug._lazy import require
+from qdebug.capture import ckernel
 from qdebug.capture.base import SampleSums
 from qdebug.capture.dequant import Dequantized
 from qdebug.capture.reduction import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre, reduce_sample
 from qdebug.capture.segmented import SegmentRule
+from qdebug.errors import MissingExtraError
 from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import BatchSums, reduce_pairs, value_ranges
 
@@ -40,14 +47,18 @@ __all__ = [
     "CompiledBackend",
     "WarmUp",
     "available",
+    "implementation",
     "kernel",
+    "ready",
     "reduce_sample_compiled",
+    "startup_s",
 ]
 
-#: numba's import plus loading the cached kernel, per process: 0.46-0.49 s measured on the quiet 2-core benchmark
-#: machine, 0.9-1.3 s under load (the first use on a machine also compiles, ~3-5 s, once). It is paid on a
-#: background thread while numpy goes on reducing, so the price is CPU, not a stall: 1.0 s. (At 1.5 s, ppocr-cls at
-#: N = 64 — est. 1.3 s saved — stayed on numpy at 4.2-5.3x the floor per sample, vs 2.4-2.7x compiled.)
+#: The compiled reduction's start-up when the C kernel is not built yet: its first build (0.7-0.9 s, once per
+#: machine), or numba's import plus loading its cached kernel, per process (0.46-0.49 s measured on the quiet
+#: 2-core benchmark machine, 0.9-1.3 s under load; the first use on a machine also compiles, ~3-5 s, once). It is
+#: paid on a background thread while numpy goes on reducing, so the price is CPU, not a stall: 1.0 s. (At 1.5 s,
+#: ppocr-cls at N = 64 — est. 1.3 s saved — stayed on numpy at 4.2-5.3x the floor per sample, vs 2.4-2.7x compiled.)
 STARTUP_S = 1.0
 
 #: Share of the numpy reduction's time the compiled pass saves (it takes 0.24-0.28 of it on Silero VAD and
@@ -59,19 +70,44 @@ LANES_PLUS_ONE = 17  # a warm-up tensor that runs the kernel's lanes and its tai
 
 
 @functools.cache
-def _load() -> ModuleType:
-    """The kernel module (numba imported on first use; :class:`~qdebug.errors.MissingExtraError` without it)."""
+def _load() -> Any:
+    """The kernels: the C library (built first if needed), else numba's module; without either a
+    :class:`~qdebug.errors.MissingExtraError` naming the ``fast`` extra, and what the C build said."""
+    try:
+        return ckernel.load()
+    except ckernel.BuildError as exc:
+        why = str(exc)
+    if importlib.util.find_spec("numba") is None:
+        raise MissingExtraError("numba", "fast", f"Without a C kernel ({why}), the compiled reduction")
     require("numba")
     return importlib.import_module("qdebug.capture._kernels")
 
 
-def kernel() -> ModuleType:
-    """The loaded kernel module (after :func:`warm_up`; loads numba otherwise)."""
+def ready() -> bool:
+    """Whether the C kernel is built for this machine: it then loads in milliseconds and costs no start-up."""
+    return ckernel.built() is not None
+
+
+def startup_s() -> float:
+    """What loading the compiled reduction costs this process: nothing once the C kernel is built, else
+    :data:`STARTUP_S` (the first build, or numba's import)."""
+    return 0.0 if ready() else STARTUP_S
+
+
+def implementation() -> str:
+    """Which kernels :func:`kernel` gives: ``"C"`` or ``"numba"`` (loads them)."""
+    return "numba" if isinstance(_load(), ModuleType) else "C"
+
+
+def kernel() -> Any:
+    """The loaded kernels (after :func:`warm_up`; loads them otherwise): the C library or numba's module, called
+    alike."""
     return _load()
 
 
 def warm_up() -> None:
-    """Import numba and load (or, the first time on a machine, compile) the kernel for float32 tensors."""
+    """Load the kernels (the first time on a machine, build the C library, or compile numba's kernels) and run them
+    once on the types a run uses first."""
     k = _load()
     x, row = np.zeros(LANES_PLUS_ONE, np.float32), np.zeros(k.SLOTS)
     k.activation_sums(x, x, x, -np.inf, np.inf, -np.inf, np.inf, True, row)
@@ -82,24 +118,26 @@ def warm_up() -> None:
 
 
 class WarmUp(threading.Thread):
-    """:func:`warm_up` on a background thread; :attr:`error` says why it failed (a numba that cannot load), so
-    that the caller keeps the numpy reduction with that reason instead of a traceback on stderr."""
+    """:func:`warm_up` on a background thread; :attr:`error` says why it failed (no C compiler and no numba, a
+    numba that cannot load), so that the caller keeps the numpy reduction with that reason instead of a traceback
+    on stderr."""
 
     def __init__(self) -> None:
-        super().__init__(name="qdebug-numba-warm-up", daemon=True)
+        super().__init__(name="qdebug-kernel-warm-up", daemon=True)
         self.error: str | None = None
 
     def run(self) -> None:
         """Warm up, recording the failure."""
         try:
             warm_up()
-        except Exception as exc:  # numba's import can fail in many ways (e.g. a numpy it does not support)
+        except Exception as exc:  # a build or numba's import can fail in many ways (e.g. a numpy numba does not take)
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def start_warm_up() -> WarmUp | None:
-    """A started :class:`WarmUp` (``None`` without numba): ``auto`` starts it with its sessions, so that numba's
-    start-up overlaps their set-up and the first sample instead of delaying the second one."""
+    """A started :class:`WarmUp` (``None`` when no compiled reduction can be had): ``auto`` starts it with its
+    sessions, so that a first build or numba's import overlaps their set-up and the first sample instead of delaying
+    the second one."""
     if not available():
         return None
     thread = WarmUp()
@@ -108,8 +146,10 @@ def start_warm_up() -> WarmUp | None:
 
 
 def available() -> bool:
-    """Whether numba can be imported (without importing it)."""
-    return importlib.util.find_spec("numba") is not None
+    """Whether a compiled reduction can be had: the C kernel built or a C compiler to build it, or numba
+    importable (without building or importing anything)."""
+    has_numba = importlib.util.find_spec("numba") is not None
+    return ckernel.built() is not None or ckernel.compiler() is not None or has_numba
 
 
 def reduce_sample_compiled(

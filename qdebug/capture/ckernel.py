@@ -1,0 +1,257 @@
+"""The compiled reduction's kernels built from C (``_reduce.c``) with the machine's C compiler, loaded with ctypes.
+
+Why C beside numba (:mod:`qdebug.capture._kernels`, the same kernels): numba's import and cache load cost 0.5-1.3 s
+and ~125 MB per process, which is why ``auto`` used to load it only for runs long enough to pay that back — the
+memory of a process then stepped up with the number of samples, and short runs kept the slower numpy reduction.
+The built library loads in a few milliseconds and adds about a megabyte, so every run can reduce with the compiled
+pass from its first sample; where the same C is measured against numba (``benchmarks/bench_dequant.py --parts
+kernel``) it is as fast or faster.
+
+The library is built once per machine, source and compiler flags (``-march=native``: the kernels are bound by memory
+on large tensors but by arithmetic on cache-resident ones, and the build is for this machine only), the first time a
+process needs it (about a second, on :class:`~qdebug.capture.compiled.WarmUp`'s background thread), into
+``__pycache__`` next to this module or, if that is not writable, the user cache. It is written to a temporary file
+that is renamed into place, so concurrent processes (Ray workers) never load a half-written one, and nothing is
+left behind if the build fails or is interrupted. Without a C compiler (``$CC``, else ``cc``/``gcc``/``clang``) or if
+the build fails, :mod:`qdebug.capture.compiled` uses numba when it is installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "CUM_SIGNAL",
+    "LOC_SIGNAL",
+    "REF_MAX",
+    "REF_MIN",
+    "SLOTS",
+    "BuildError",
+    "CKernels",
+    "build",
+    "built",
+    "compiler",
+    "load",
+]
+
+SOURCE = Path(__file__).with_name("_reduce.c")
+#: No -ffast-math: NaN and Inf keep IEEE semantics (a non-finite value makes a sum non-finite, and the caller
+#: redoes it); -ffp-contract=off keeps DequantizeLinear's float32 rounding out of fused multiply-adds.
+FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off")
+NATIVE = "-march=native"
+ABI = 1
+
+#: Slots of a row of :meth:`CKernels.activation_sums` (the same as the numba kernels').
+CUM_SIGNAL, CUM_NOISE, CUM_MAX = 0, 1, 2
+LOC_SIGNAL, LOC_NOISE, LOC_MAX = 3, 4, 5
+REF_MIN, REF_MAX = 6, 7
+SLOTS = 8
+
+#: Element type codes of ``_reduce.c``.
+_CODES = {
+    np.dtype(np.float32): 0,
+    np.dtype(np.float64): 1,
+    np.dtype(np.uint8): 2,
+    np.dtype(np.int8): 3,
+    np.dtype(np.uint16): 4,
+    np.dtype(np.int16): 5,
+}
+
+
+class BuildError(RuntimeError):
+    """The library could not be built (no compiler, or the compiler failed); the message says which."""
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: ``$CC`` if set, else the first of ``cc``, ``gcc``, ``clang`` on the PATH."""
+    if sys.platform == "win32":  # the flags above are gcc's and clang's
+        return None
+    cc = os.environ.get("CC", "").split()
+    for name in cc[:1] or ["cc", "gcc", "clang"]:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _machine() -> str:
+    """What ``-march=native`` depends on: the CPU's feature flags where Linux lists them, else its name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+@functools.cache
+def library_name() -> str:
+    """The built library's file name: a digest of the source, the flags, the platform and the CPU."""
+    key = hashlib.sha256(SOURCE.read_bytes())
+    key.update(" ".join((*FLAGS, NATIVE, sys.platform, platform.machine(), _machine())).encode())
+    return f"qdebug_reduce-{key.hexdigest()[:16]}.so"
+
+
+def _directories() -> list[Path]:
+    """Where the library may live: ``__pycache__`` beside this module, then the user cache."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return [Path(__file__).with_name("__pycache__"), Path(cache) / "qdebug" / "kernels"]
+
+
+def built() -> Path | None:
+    """The library built for this source and machine, if it is there."""
+    for d in _directories():
+        path = d / library_name()
+        if path.is_file():
+            return path
+    return None
+
+
+def build() -> Path:
+    """Build the library (see the module doc); :class:`BuildError` if there is no compiler or it fails."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler found (set $CC, or install gcc or clang)")
+    errors = []
+    for d in _directories():
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".qdebug_reduce-", suffix=".so", dir=d)
+        except OSError as exc:
+            errors.append(f"{d}: {exc.strerror or exc}")
+            continue
+        os.close(fd)
+        try:
+            _compile(cc, Path(tmp))
+            os.replace(tmp, d / library_name())
+            return d / library_name()
+        finally:
+            if os.path.exists(tmp):  # failed or interrupted: nothing half-written stays
+                os.unlink(tmp)
+    raise BuildError(f"no writable directory for the built kernels ({'; '.join(errors)})")
+
+
+def _compile(cc: str, out: Path) -> None:
+    """Compile :data:`SOURCE` into ``out``, for this CPU if the compiler can (``-march=native``), else generic."""
+    why = ""
+    for flags in ((*FLAGS, NATIVE), FLAGS):
+        cmd = [cc, *flags, "-o", str(out), str(SOURCE), "-lm"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+        if proc.returncode == 0:
+            return
+        why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+    raise BuildError(f"{Path(cc).name} could not build {SOURCE.name}: {why}")
+
+
+def _pointer(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous 1-D array (a view when it already is one)."""
+    return np.ascontiguousarray(a).reshape(-1)
+
+
+class CKernels:
+    """The loaded library, called like the numba kernel module (same functions, arguments and slots)."""
+
+    CUM_SIGNAL, CUM_NOISE, CUM_MAX = CUM_SIGNAL, CUM_NOISE, CUM_MAX
+    LOC_SIGNAL, LOC_NOISE, LOC_MAX = LOC_SIGNAL, LOC_NOISE, LOC_MAX
+    REF_MIN, REF_MAX, SLOTS = REF_MIN, REF_MAX, SLOTS
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        if lib.qd_abi() != ABI or lib.qd_slots() != SLOTS:
+            raise BuildError(f"{path} is not this version's kernel library")
+        p, i64, i32, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_double
+        lib.qd_activation.argtypes = [p, p, p, i64, ctypes.c_int, ctypes.c_int, f64, i32, f64, f64, f64, f64]
+        lib.qd_activation.argtypes += [ctypes.c_int, p]
+        lib.qd_batch.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int, f64, f64, f64, f64, ctypes.c_int, p]
+        lib.qd_pair.argtypes = [p, p, i64, ctypes.c_int, f64, f64, f64, f64, p]
+        lib.qd_range.argtypes = [p, i64, ctypes.c_int, p]
+        for f in (lib.qd_activation, lib.qd_batch, lib.qd_pair, lib.qd_range):
+            f.restype = ctypes.c_int
+        self._lib = lib
+
+    @staticmethod
+    def _code(a: np.ndarray) -> int:
+        code = _CODES.get(a.dtype)
+        if code is None:
+            raise TypeError(f"the compiled reduction does not take {a.dtype} tensors")
+        return code
+
+    def _call(
+        self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray], dequant: tuple[float, int], bounds: tuple[float, ...],
+        local: bool, out: np.ndarray,
+    ) -> None:  # fmt: skip
+        """One activation's row into ``out`` (``arrays``: reference, pre-Q/DQ, post-Q/DQ or its integers;
+        ``dequant``: their scale and zero point; ``bounds``: the measured-through and fused-activation clips)."""
+        ref, pre, post = (_flat(a) for a in arrays)
+        if not ref.size == pre.size == post.size or out.dtype != np.float64 or not out.flags.c_contiguous:
+            raise ValueError("an activation's three tensors differ in size, or its row is not float64")
+        rc = self._lib.qd_activation(
+            _pointer(ref), _pointer(pre), _pointer(post), ref.size, self._code(ref), self._code(post),
+            *dequant, *bounds, int(bool(local)), _pointer(out),
+        )  # fmt: skip
+        if rc != 0:
+            raise TypeError(f"the compiled reduction does not take {ref.dtype} with {post.dtype} tensors")
+
+    def activation_sums(self, ref, pre, post, mlo, mhi, plo, phi, local, out) -> None:  # type: ignore[no-untyped-def]
+        """Fill ``out`` (float64, :data:`SLOTS`): cumulative (``ref`` vs ``post``, both clipped to ``[mlo, mhi]``),
+        local when ``local`` (``pre`` clipped to ``[plo, phi]`` then ``[mlo, mhi]`` vs the clipped ``post``), and
+        ``ref``'s min/max."""
+        self._call((ref, pre, post), (1.0, 0), (mlo, mhi, plo, phi), local, out)
+
+    def dequant_sums(self, ref, pre, ints, scale, zero_point, mlo, mhi, plo, phi, out) -> None:  # type: ignore[no-untyped-def]
+        """:meth:`activation_sums` (local) with the post-Q/DQ tensor computed from its integers."""
+        self._call((ref, pre, ints), (float(np.float32(scale)), int(zero_point)), (mlo, mhi, plo, phi), True, out)
+
+    def pair_sums(self, x, y, xlo, xhi, lo, hi, out, at) -> None:  # type: ignore[no-untyped-def]
+        """``out[at:at+3]`` = Σa², Σ(a−b)², max|a−b| (``a``: ``x`` clipped to ``[xlo, xhi]`` then ``[lo, hi]``;
+        ``b``: ``y`` clipped to ``[lo, hi]``)."""
+        x, y = _flat(x), _flat(y)
+        if x.dtype != y.dtype or x.size != y.size:
+            raise TypeError("pair_sums takes two tensors of one float type and size")
+        self._lib.qd_pair(_pointer(x), _pointer(y), x.size, self._code(x), xlo, xhi, lo, hi, _pointer(out[at:]))
+
+    def value_range(self, x, out, at) -> None:  # type: ignore[no-untyped-def]
+        """``out[at]``, ``out[at+1]`` = min and max of ``x`` ignoring NaN."""
+        x = _flat(x)
+        self._lib.qd_range(_pointer(x), x.size, self._code(x), _pointer(out[at:]))
+
+    def batch_activation_sums(self, ref, pre, post, mlo, mhi, plo, phi, local, out) -> None:  # type: ignore[no-untyped-def]
+        """:meth:`activation_sums` for every sample of a batch: ``ref``, ``pre``, ``post`` are C-contiguous
+        ``(outer, n, inner)`` arrays of one float type whose ``[:, i, :]`` is sample ``i``; ``out`` is
+        ``(n, SLOTS)``."""
+        arrays = [np.ascontiguousarray(a) for a in (ref, pre, post)]
+        if any(a.shape != arrays[0].shape or a.dtype != arrays[0].dtype or a.ndim != 3 for a in arrays):
+            raise TypeError("batch_activation_sums takes three (outer, n, inner) tensors of one float type")
+        outer, n, inner = arrays[0].shape
+        code = self._code(arrays[0])
+        if code > 1 or out.shape != (n, SLOTS):
+            raise TypeError("batch_activation_sums takes float tensors and an (n, SLOTS) row array")
+        ptrs = [_pointer(a) for a in arrays]
+        self._lib.qd_batch(*ptrs, outer, n, inner, code, mlo, mhi, plo, phi, int(bool(local)), _pointer(out))
+
+
+@functools.cache
+def load() -> CKernels:
+    """The library, built first if needed (:class:`BuildError` if it cannot be)."""
+    path = built() or build()
+    try:
+        return CKernels(path)
+    except OSError as exc:  # e.g. a library built for another CPU in a shared cache
+        raise BuildError(f"{path} cannot be loaded: {exc}") from exc
