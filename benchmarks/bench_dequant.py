@@ -95,36 +95,69 @@ def debug_child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
     return {**times, "note": (cap.segment_note or "") if cap else ""}
 
 
-def kernel_side() -> dict[str, float]:
-    """The three compiled passes over one quantized activation's tensors (48 x 1 M elements)."""
-    from qdebug.capture import compiled
-
-    compiled.warm_up()
-    k = compiled.kernel()
+def kernel_side(k: Any, size: int) -> dict[str, float]:
+    """The three compiled passes of kernels ``k`` over one quantized activation's tensors: 48 M elements in all, as
+    tensors of ``size`` elements (small ones show the per-call cost)."""
     rng = np.random.default_rng(0)
-    ints = [rng.integers(0, 256, 1_000_000).astype(np.uint8) for _ in range(48)]
+    count = 48_000_000 // size
+    ints = [rng.integers(0, 256, size).astype(np.uint8) for _ in range(min(count, 48))]
     posts = [(q.astype(np.int32) - 128).astype(np.float32) * np.float32(0.02) for q in ints]
     refs = [p + np.float32(0.01) * rng.standard_normal(p.size).astype(np.float32) for p in posts]
     pres = [p + np.float32(0.005) for p in posts]
-    row, inf = np.zeros(k.SLOTS), np.inf
+    row, inf, repeat = np.zeros(k.SLOTS), np.inf, count // len(ints)  # small tensors: the same few, many times
 
     def two() -> None:
-        for r, x, p in zip(refs, pres, posts, strict=True):
-            k.pair_sums(r, p, -inf, inf, -inf, inf, row, k.CUM_SIGNAL)
-            k.pair_sums(x, p, -inf, inf, -inf, inf, row, k.LOC_SIGNAL)
-            k.value_range(r, row, k.REF_MIN)
+        for _ in range(repeat):
+            for r, x, p in zip(refs, pres, posts, strict=True):
+                k.pair_sums(r, p, -inf, inf, -inf, inf, row, k.CUM_SIGNAL)
+                k.pair_sums(x, p, -inf, inf, -inf, inf, row, k.LOC_SIGNAL)
+                k.value_range(r, row, k.REF_MIN)
 
     def fused() -> None:
-        for r, x, p in zip(refs, pres, posts, strict=True):
-            k.activation_sums(r, x, p, -inf, inf, -inf, inf, True, row)
+        for _ in range(repeat):
+            for r, x, p in zip(refs, pres, posts, strict=True):
+                k.activation_sums(r, x, p, -inf, inf, -inf, inf, True, row)
 
     def from_ints() -> None:
-        for r, x, q in zip(refs, pres, ints, strict=True):
-            k.dequant_sums(r, x, q, 0.02, 128, -inf, inf, -inf, inf, row)
+        for _ in range(repeat):
+            for r, x, q in zip(refs, pres, ints, strict=True):
+                k.dequant_sums(r, x, q, 0.02, 128, -inf, inf, -inf, inf, row)
 
     return {
         name: _median_ms(f, 5) for name, f in (("two passes", two), ("fused", fused), ("fused, integers", from_ints))
     }
+
+
+def kernel_table() -> None:
+    """The C kernels against numba's, per pass and tensor size, and what loading each costs a fresh process."""
+    import subprocess
+
+    import qdebug.capture._kernels as numba_kernels
+    from qdebug.capture import ckernel, compiled
+
+    kernels = {"C": ckernel.load(), "numba": numba_kernels}
+    compiled.warm_up()  # numba's kernels compiled or loaded from its cache before timing
+    numba_kernels.dequant_sums(
+        *(np.zeros(17, np.float32),) * 2, np.zeros(17, np.uint8), 1.0, 0, 0, 1, 0, 1, np.zeros(8)
+    )
+    print("\n| pass over 48 M elements | tensor size | C ms | numba ms |\n|---|---|---|---|")
+    for size in (1_000_000, 4_000):
+        got = {name: kernel_side(k, size) for name, k in kernels.items()}
+        for part in got["C"]:
+            print(f"| {part} | {size:,} | {got['C'][part]:.1f} | {got['numba'][part]:.1f} |", flush=True)
+    code = (
+        "import time, resource; import numpy as np, onnxruntime; "
+        "r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+        "t = time.perf_counter(); from qdebug.capture import {mod}; z = np.zeros(17, np.float32); "
+        "{mod}{load}.activation_sums(z, z, z, -1.0, 1.0, -1.0, 1.0, True, np.zeros(8)); "
+        "print(time.perf_counter() - t, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - r) / 1024)"
+    )
+    print("\n| kernels | first call in a fresh process s | RSS added MB |\n|---|---|---|")
+    for name, mod, load in (("C", "ckernel", ".load()"), ("numba", "_kernels", "")):
+        cmd = [sys.executable, "-c", code.format(mod=mod, load=load)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        seconds, mb = (float(v) for v in out.stdout.split())
+        print(f"| {name} | {seconds:.3f} | {mb:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,10 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {model} | {mode} | {r['per_sample_ms']:.0f} | {r['wall_s']:.1f} | {r['peak_mb']:.0f} |", flush=True
             )
     if "kernel" in a.parts:
-        times = kernel_side()
-        print("\n| compiled pass over 48 M elements | ms |\n|---|---|")
-        for name, ms in times.items():
-            print(f"| {name} | {ms:.1f} |")
+        kernel_table()
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 

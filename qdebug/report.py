@@ -226,7 +226,9 @@ class CaptureInfo:
     ``fallback_samples`` counts samples redone by the fallback backend, ``fallback_reasons`` groups them as
     ``(reason, count)`` pairs. ``batch`` is the most samples one inference call took (``--batch``), and
     ``batch_reason`` says why batching stopped or never started when it was asked for. ``segments`` is how many
-    consecutive parts each sample ran in (one sample's tensors would not fit at once) and ``segment_note`` why.
+    consecutive parts each sample ran in (one sample's tensors would not fit at once) and ``segment_note`` how each
+    sample was fetched: why it was segmented (or could not be), and how many post-Q/DQ tensors were computed from
+    the quantized integers instead of fetched.
     """
 
     requested: str

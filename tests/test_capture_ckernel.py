@@ -106,6 +106,12 @@ def test_a_batch_gives_numbas_rows(kernels: tuple[ckernel.CKernels, object], dty
             nb.batch_activation_sums(ref, pre, post, -1.0, 1.0, -INF, INF, local, want)  # type: ignore[attr-defined]
             c.batch_activation_sums(ref, pre, post, -1.0, 1.0, -INF, INF, local, got)
             _same(want, got)
+        ints = rng.integers(-128, 128, (outer, n, inner)).astype(np.int8)  # the C kernels only: integers
+        dequantized = (ints.astype(np.int32) - 3).astype(np.float32) * np.float32(0.05)
+        on_ints, on_floats = np.zeros((n, ckernel.SLOTS)), np.zeros((n, ckernel.SLOTS))
+        c.batch_dequant_sums(ref, pre, ints, 0.05, 3, -1.0, 1.0, -INF, INF, on_ints)
+        c.batch_activation_sums(ref, pre, dequantized.astype(dtype), -1.0, 1.0, -INF, INF, True, on_floats)
+        np.testing.assert_array_equal(on_ints, on_floats)
 
 
 def test_types_it_does_not_take_are_a_type_error(kernels: tuple[ckernel.CKernels, object]) -> None:

@@ -168,3 +168,36 @@ def test_only_posts_read_in_their_own_segment_are_swapped(tiny_float: Path, tiny
         assert post not in writes and spec.ints in writes
     for post in set(specs) - set(cut.dequant):  # not swapped: it crosses a cut, so it is handed over anyway
         assert post in reads_later or post in {o.name for o in qm.graph.output}
+
+
+@pytest.mark.parametrize("name", ["u8", "u16_qnn", "s8_per_channel"])
+def test_a_whole_run_exposing_integers_gives_the_numpy_runs_report(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not segmented, one sample per call and batched: the compiled run exposes the integers (the batch kernel
+    reads them too) and gives the floats-and-numpy run's sums; model outputs stay exposed as floats."""
+    from qdebug.capture import ckernel
+    from qdebug.capture.numpy_backend import NumpyRun
+
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant(name)))
+    pairing = pair_models(fm, qm)
+    source = open_data(None, input_specs(fm), num_samples=6, seed=4)
+    ref = capture(fm, qm, pairing, source, path="numpy", batch=1)
+    one = capture(fm, qm, pairing, source, path="compiled", batch=1)
+    assert one.segments == 1 and "post-Q/DQ tensors computed from their integers" in (one.segment_note or "")
+    np.testing.assert_allclose(one.per_sample, ref.per_sample, rtol=1e-5)
+    calls: list[int] = []
+    real = ckernel.CKernels.batch_dequant_sums
+
+    def spy(self: ckernel.CKernels, *args: object) -> None:
+        calls.append(1)
+        real(self, *args)
+
+    monkeypatch.setattr(ckernel.CKernels, "batch_dequant_sums", spy)
+    batched = capture(fm, qm, pairing, source, path="compiled", batch=3)
+    assert batched.batch == 3 and calls, batched.batch_reason  # the batches' integers went to the kernel
+    np.testing.assert_allclose(batched.per_sample, ref.per_sample, rtol=1e-5)
+    run = NumpyRun(fm, qm, pairing, ["CPUExecutionProvider"], dequant_whole=True)
+    outputs = {o.quant_name for o in pairing.outputs} | {o.name for o in qm.graph.output}
+    assert run.q_specs and not set(run.q_specs) & outputs and not set(run.q_specs) & set(run.q_names)
+    run.close()

@@ -114,7 +114,7 @@ class CaptureResult:
     batch: int = 1  # the most samples one inference call took
     batch_reason: str | None = None  # why batching stopped or never started (None: it held, or was not asked for)
     segments: int = 1  # consecutive parts each sample ran in (qdebug.capture.segmented)
-    segment_note: str | None = None  # why it was segmented, or why it could not be
+    segment_note: str | None = None  # why it was segmented (or could not be); post-Q/DQ tensors from integers
 
     @classmethod
     def of(

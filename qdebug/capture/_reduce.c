@@ -23,7 +23,7 @@ enum { CUM_SIGNAL, CUM_NOISE, CUM_MAX, LOC_SIGNAL, LOC_NOISE, LOC_MAX, REF_MIN, 
 /* The element types a tensor may have (ckernel.py passes these codes). */
 enum { F32, F64, U8, I8, U16, I16 };
 
-int qd_abi(void) { return 1; }
+int qd_abi(void) { return 2; }
 int qd_slots(void) { return SLOTS; }
 
 /* v clipped to [lo, hi]; a NaN stays NaN (both comparisons are false). */
@@ -227,21 +227,26 @@ int64_t qd_activations(int64_t n, const int64_t *ptrs, const int64_t *sizes, con
     return -1;
 }
 
-/* qd_activation for every sample of a batch: ref, pre, post are C-contiguous (outer, n, inner) arrays of one float
- * type whose [:, i, :] is sample i; out is (n, SLOTS), sums over the outer blocks. */
+/* qd_activation for every sample of a batch: ref, pre, post are C-contiguous (outer, n, inner) arrays whose [:, i, :]
+ * is sample i, ref and pre of `ftype`, post of `ptype` (`ftype`, or integers dequantized with scale and zero_point);
+ * out is (n, SLOTS), sums over the outer blocks. */
 int qd_batch(const void *ref, const void *pre, const void *post, int64_t outer, int64_t n, int64_t inner, int ftype,
-             double mlo, double mhi, double plo, double phi, int local, double *out) {
-    size_t width = ftype == F64 ? sizeof(double) : sizeof(float);
+             int ptype, double scale, int32_t zero_point, double mlo, double mhi, double plo, double phi, int local,
+             double *out) {
+    static const size_t widths[] = {sizeof(float), sizeof(double), 1, 1, 2, 2};
+    if (ftype < F32 || ftype > F64 || ptype < F32 || ptype > I16) return -1;
+    size_t fw = widths[ftype], pw = widths[ptype];
     double row[SLOTS];
     for (int64_t i = 0; i < n; i++) {
         double *acc = out + SLOTS * i;
         memset(acc, 0, sizeof(double) * SLOTS);
         acc[REF_MIN] = INFINITY, acc[REF_MAX] = -INFINITY;
         for (int64_t o = 0; o < outer; o++) {
-            size_t at = (size_t)((o * n + i) * inner) * width;
+            size_t at = (size_t)((o * n + i) * inner);
             memset(row, 0, sizeof(row));
-            int rc = qd_activation((const char *)ref + at, (const char *)pre + at, (const char *)post + at, inner,
-                                   ftype, ftype, 1.0, 0, mlo, mhi, plo, phi, local, row);
+            int rc = qd_activation((const char *)ref + at * fw, (const char *)pre + at * fw,
+                                   (const char *)post + at * pw, inner, ftype, ptype, scale, zero_point, mlo, mhi,
+                                   plo, phi, local, row);
             if (rc != 0) return rc;
             for (int k = CUM_SIGNAL; k <= LOC_SIGNAL; k += LOC_SIGNAL - CUM_SIGNAL) {
                 acc[k] += row[k];

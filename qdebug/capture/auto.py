@@ -180,6 +180,7 @@ class AutoRun:
             input_shapes=input_shapes,
             segment_rule=segment_rule,
             dequant=compiled.available(),  # a segmented run reduces with the compiled pass (_compiled_from_start)
+            dequant_whole=compiled.ready(),  # so does every run once the C kernel is built (_kernel_from_start)
         )
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None

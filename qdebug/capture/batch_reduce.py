@@ -17,13 +17,14 @@ non-float ones and any sample whose sums come out non-finite are redone by the r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from qdebug.capture.base import SampleSums
 from qdebug.capture.batching import sample_view
+from qdebug.capture.dequant import Dequantized, DequantSpec
 from qdebug.capture.reduction import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre
 from qdebug.graph import ActivationPair
 from qdebug.metrics import SMALL_TENSOR, BatchSums, reduce_pairs, value_ranges
@@ -50,6 +51,18 @@ class BatchTensors:
     def samples(self, i: int) -> dict[str, np.ndarray]:
         """Sample ``i``'s values of every tensor, by name."""
         return {k: self.sample(k, i) for k in self.views}
+
+    def first(self, names: Sequence[str]) -> Mapping[str, np.ndarray]:
+        """Sample 0's values of ``names`` for a shape check: post-Q/DQ tensors computed from integers
+        (:class:`~qdebug.capture.dequant.Dequantized` views) are not computed for it."""
+        if isinstance(self.views, Dequantized):
+            fetched = {k: self.sample(k, 0) for k in self.views.fetched}
+            return Dequantized(fetched, {p: s for p, s in self.views.specs.items() if p not in fetched})
+        return {k: self.sample(k, 0) for k in names}
+
+    def ints(self, name: str) -> tuple[np.ndarray, DequantSpec] | None:
+        """The batch view of the integers a post-Q/DQ tensor is computed from, and how (``None``: it was fetched)."""
+        return self.views.ints(name) if isinstance(self.views, Dequantized) else None
 
 
 class _Rows:
@@ -238,15 +251,24 @@ def _compiled(
     """Activation ``j`` for every sample by one call of the compiled batch kernel, when its three views are
     C-contiguous arrays of one float dtype and one shape (else ``False``: another path reduces it); samples whose
     sums or range come out non-finite are redone by the reference."""
-    ref, post = f.views[a.tensor_name], q.views[a.post_qdq]
+    ref, found = f.views[a.tensor_name], q.ints(a.post_qdq) if a.quantized else None
+    if found is not None and not hasattr(kernel, "batch_dequant_sums"):  # numba's kernels: the computed floats
+        found = None
+    post = found[0] if found is not None else q.views[a.post_qdq]
     pre = q.views[a.pre_qdq] if a.quantized else post
     if ref.dtype not in _FLOATS or ref.size == 0:
         return False
-    if any(v.dtype != ref.dtype or v.shape != ref.shape or not v.flags.c_contiguous for v in (ref, pre, post)):
+    if any(v.shape != ref.shape or not v.flags.c_contiguous for v in (ref, pre, post)) or pre.dtype != ref.dtype:
+        return False
+    if found is None and post.dtype != ref.dtype:
         return False
     (mlo, mhi), (plo, phi) = bounds_or_inf(a.measured_through), bounds_or_inf(a.fused_activation)
     rows = np.zeros((f.n, kernel.SLOTS))
-    kernel.batch_activation_sums(ref, pre, post, mlo, mhi, plo, phi, a.quantized, rows)
+    if found is not None:
+        spec = found[1]
+        kernel.batch_dequant_sums(ref, pre, post, spec.scale, spec.zero_point, mlo, mhi, plo, phi, rows)
+    else:
+        kernel.batch_activation_sums(ref, pre, post, mlo, mhi, plo, phi, a.quantized, rows)
     size, every = ref.shape[0] * ref.shape[2], slice(0, f.n)
     done = [(out.cum, j, kernel.CUM_SIGNAL, _cum_ref)] + (
         [(out.loc, jl, kernel.LOC_SIGNAL, _loc_ref)] if jl is not None else []
@@ -262,7 +284,7 @@ def reduce_batch(plan: ReductionPlan, f: BatchTensors, q: BatchTensors, kernel: 
     :func:`~qdebug.capture.reduction.reduce_sample` on each sample to float64 rounding; ``kernel``: the compiled
     kernel module for large tensors (``None``: the reference). Shapes that differ between the models are the
     reference's :class:`~qdebug.errors.ModelError`."""
-    check_shapes(plan, {k: f.sample(k, 0) for k in plan.float_names}, {k: q.sample(k, 0) for k in plan.quant_names})
+    check_shapes(plan, {k: f.sample(k, 0) for k in plan.float_names}, q.first(plan.quant_names))
     acts, outs = plan.pairing.activations, plan.pairing.outputs
     out = _Out(plan, f.n)
     ordinal = 0

@@ -50,7 +50,7 @@ SOURCE = Path(__file__).with_name("_reduce.c")
 #: redoes it); -ffp-contract=off keeps DequantizeLinear's float32 rounding out of fused multiply-adds.
 FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off")
 NATIVE = "-march=native"
-ABI = 1
+ABI = 2
 
 #: Slots of a row of :meth:`CKernels.activation_sums` (the same as the numba kernels').
 CUM_SIGNAL, CUM_NOISE, CUM_MAX = 0, 1, 2
@@ -136,10 +136,14 @@ def build() -> Path:
         try:
             _compile(cc, Path(tmp))
             os.replace(tmp, d / library_name())
-            return d / library_name()
         finally:
             if os.path.exists(tmp):  # failed or interrupted: nothing half-written stays
                 os.unlink(tmp)
+        if d == _directories()[0]:  # beside this source: builds of its earlier versions are never loaded again
+            for old in d.glob("qdebug_reduce-*.so"):
+                if old.name != library_name():
+                    old.unlink(missing_ok=True)
+        return d / library_name()
     raise BuildError(f"no writable directory for the built kernels ({'; '.join(errors)})")
 
 
@@ -179,7 +183,8 @@ class CKernels:
         p, i64, i32, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_double
         lib.qd_activation.argtypes = [p, p, p, i64, ctypes.c_int, ctypes.c_int, f64, i32, f64, f64, f64, f64]
         lib.qd_activation.argtypes += [ctypes.c_int, p]
-        lib.qd_batch.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int, f64, f64, f64, f64, ctypes.c_int, p]
+        lib.qd_batch.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int, f64, i32, f64, f64, f64, f64]
+        lib.qd_batch.argtypes += [ctypes.c_int, p]
         lib.qd_pair.argtypes = [p, p, i64, ctypes.c_int, f64, f64, f64, f64, p]
         lib.qd_range.argtypes = [p, i64, ctypes.c_int, p]
         for f in (lib.qd_activation, lib.qd_batch, lib.qd_pair, lib.qd_range):
@@ -236,15 +241,29 @@ class CKernels:
         """:meth:`activation_sums` for every sample of a batch: ``ref``, ``pre``, ``post`` are C-contiguous
         ``(outer, n, inner)`` arrays of one float type whose ``[:, i, :]`` is sample ``i``; ``out`` is
         ``(n, SLOTS)``."""
-        arrays = [np.ascontiguousarray(a) for a in (ref, pre, post)]
-        if any(a.shape != arrays[0].shape or a.dtype != arrays[0].dtype or a.ndim != 3 for a in arrays):
-            raise TypeError("batch_activation_sums takes three (outer, n, inner) tensors of one float type")
-        outer, n, inner = arrays[0].shape
-        code = self._code(arrays[0])
-        if code > 1 or out.shape != (n, SLOTS):
-            raise TypeError("batch_activation_sums takes float tensors and an (n, SLOTS) row array")
-        ptrs = [_pointer(a) for a in arrays]
-        self._lib.qd_batch(*ptrs, outer, n, inner, code, mlo, mhi, plo, phi, int(bool(local)), _pointer(out))
+        self._batch((ref, pre, post), (1.0, 0), (mlo, mhi, plo, phi), local, out)
+
+    def batch_dequant_sums(self, ref, pre, ints, scale, zero_point, mlo, mhi, plo, phi, out) -> None:  # type: ignore[no-untyped-def]
+        """:meth:`batch_activation_sums` (local) with the post-Q/DQ tensor computed from its integers (only the C
+        kernels have it)."""
+        self._batch((ref, pre, ints), (float(np.float32(scale)), int(zero_point)), (mlo, mhi, plo, phi), True, out)
+
+    def _batch(
+        self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray], dequant: tuple[float, int], bounds: tuple[float, ...],
+        local: bool, out: np.ndarray,
+    ) -> None:  # fmt: skip
+        ref, pre, post = (np.ascontiguousarray(a) for a in arrays)
+        if ref.ndim != 3 or pre.shape != ref.shape or post.shape != ref.shape or pre.dtype != ref.dtype:
+            raise TypeError("a batch takes three (outer, n, inner) tensors of one shape")
+        outer, n, inner = ref.shape
+        if out.shape != (n, SLOTS) or out.dtype != np.float64 or not out.flags.c_contiguous:
+            raise ValueError("a batch's rows are a C-contiguous float64 (n, SLOTS) array")
+        rc = self._lib.qd_batch(
+            _pointer(ref), _pointer(pre), _pointer(post), outer, n, inner, self._code(ref), self._code(post),
+            *dequant, *bounds, int(bool(local)), _pointer(out),
+        )  # fmt: skip
+        if rc != 0:
+            raise TypeError(f"the compiled reduction does not take {ref.dtype} with {post.dtype} tensors")
 
 
 @functools.cache

@@ -275,4 +275,5 @@ class CompiledBackend:
             input_shapes=input_shapes,
             segment_rule=segment_rule,
             dequant=True,
+            dequant_whole=True,
         )

@@ -32,7 +32,7 @@ from qdebug.capture.batching import (
     relax_batch_dim,
     stack,
 )
-from qdebug.capture.dequant import find_specs, verified
+from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.segmented import SegmentedFetch, SegmentRule, plan_segments
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
@@ -127,11 +127,12 @@ class Batch:
         self.tensors: tuple[BatchTensors, BatchTensors] | None = (f, q)
         self.sums: list[SampleSums] | None = None
 
-    def values(self, k: int, plan: ReductionPlan) -> Values:
-        """Its ``k``-th sample's tensors, in plan order (views; before the batch is reduced)."""
+    def values(self, k: int, names: tuple[Sequence[str], Sequence[str]]) -> Values:
+        """Its ``k``-th sample's tensors of ``names`` (the float and the quantized model's exposed names, in fetch
+        order; views, before the batch is reduced)."""
         assert self.tensors is not None
         f, q = self.tensors
-        return [f.sample(n, k) for n in plan.float_names], [q.sample(n, k) for n in plan.quant_names]
+        return [f.sample(n, k) for n in names[0]], [q.sample(n, k) for n in names[1]]
 
 
 Ready = Values | tuple[Batch, int]  # a sample's tensors, or its place in a batch
@@ -169,6 +170,7 @@ class NumpyRun:
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
         dequant: bool = False,
+        dequant_whole: bool = False,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
@@ -197,6 +199,13 @@ class NumpyRun:
                 if len(good) < len(cut.dequant):
                     cut = plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget, good)
         self.segment_count = 1
+        #: post-Q/DQ tensors a whole-model run computes from their integers (``dequant_whole``), and what the
+        #: quantized session exposes in their place
+        self.q_specs: dict[str, DequantSpec] = {}
+        if cut is None and dequant_whole:
+            self.q_specs = _whole_run_specs(quant_model, pairing, providers)
+        swapped = (self.q_specs[n].ints if n in self.q_specs else n for n in self.plan.quant_names)
+        self.q_names = list(dict.fromkeys(swapped))  # two post tensors may share one QuantizeLinear's integers
         if cut is not None:
             # pipelined by segment instead (the next segment inferred while this one is reduced), not by sample:
             # two samples' tensors are what segmenting avoids
@@ -212,6 +221,8 @@ class NumpyRun:
                 self.batch_reason = f"one sample is run in segments ({self.segment_note})"
         else:
             self._open_whole()
+            if self.q_specs:
+                self.segment_note = f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
         self.alone: dict[InputKey, tuple[Shapes, Shapes]] = {}  # tensor shapes of one sample, per input shapes
         self._pool: ThreadPoolExecutor | None = None
@@ -226,10 +237,10 @@ class NumpyRun:
         f_model = relax(expose_outputs(self.models[0], self.plan.float_names))
         self.f_sess: Any = make_session(f_model, self.providers, role="float model", spin=spin)
         del f_model  # a copy of the whole model: not kept next to the session
-        q_model = relax(expose_outputs(self.models[1], self.plan.quant_names))
+        q_model = relax(expose_outputs(self.models[1], self.q_names))
         self.q_sess: Any = make_session(q_model, self.providers, role="quantized model", spin=spin)
         self.f_fetch = BoundFetch(self.f_sess, self.plan.float_names)
-        self.q_fetch = BoundFetch(self.q_sess, self.plan.quant_names)
+        self.q_fetch = BoundFetch(self.q_sess, self.q_names)
 
     @property
     def batch_size(self) -> int:
@@ -313,15 +324,24 @@ class NumpyRun:
             if self.reducer is reduce_sample or self.batch_kernel is not None:
                 batch.sums = reduce_batch(self.plan, *batch.tensors, self.batch_kernel)
             else:
-                batch.sums = [self._reduce_values(batch.values(k, self.plan)) for k in range(len(batch.indices))]
+                names = (self.plan.float_names, self.q_names)
+                batch.sums = [self._reduce_values(batch.values(k, names)) for k in range(len(batch.indices))]
             batch.tensors = None
             self.reduce_seconds = (time.perf_counter() - t0) / len(batch.indices)
         return batch.sums[batch.indices.index(index)]
 
+    def _posts(self, q_values: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The quantized model's values in plan order, post-Q/DQ tensors computed from their integers."""
+        q = dict(zip(self.q_names, q_values, strict=True))
+        got = Dequantized(q, self.q_specs) if self.q_specs else q
+        return [got[n] for n in self.plan.quant_names]
+
     def _reduce_values(self, values: Values) -> SampleSums:
         """One sample's tensors reduced by the run's reducer."""
         f = dict(zip(self.plan.float_names, values[0], strict=True))
-        q = dict(zip(self.plan.quant_names, values[1], strict=True))
+        q: Mapping[str, np.ndarray] = dict(zip(self.q_names, values[1], strict=True))
+        if self.q_specs:  # post-Q/DQ tensors computed from their integers (the compiled pass reads those)
+            q = Dequantized(q, self.q_specs)
         return self.reducer(self.plan, f, q)
 
     def _reduce_segmented(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
@@ -398,7 +418,7 @@ class NumpyRun:
         except Exception as exc:  # ORT's own error types carry no common public base
             raise DataError(f"sample {index}: the float model cannot run on it: {ort_message(exc)}") from exc
         try:
-            q_vals = list(self.q_sess.run(self.plan.quant_names, dict(sample))) if fresh else self.q_fetch.run(sample)
+            q_vals = list(self.q_sess.run(self.q_names, dict(sample))) if fresh else self.q_fetch.run(sample)
         except Exception as exc:
             raise ModelError(
                 f"ONNX Runtime cannot run it on sample {index}, which the float model runs on: {ort_message(exc)}",
@@ -434,24 +454,27 @@ class NumpyRun:
             return None
         try:
             f_b = self.f_sess.run(self.plan.float_names, stacked)
-            q_b = self.q_sess.run(self.plan.quant_names, stacked)
+            q_b = self.q_sess.run(self.q_names, stacked)
         except errors as exc:
             self.batch_reason = f"ONNX Runtime cannot run {n} samples at once: {ort_message(exc)}"
             return None
         f_shapes, q_shapes = self.alone[input_key(group[0][1])]
         f_views = batch_views(f_b, self.plan.float_names, f_shapes, n)
-        q_views = batch_views(q_b, self.plan.quant_names, q_shapes, n)
+        q_views = batch_views(q_b, self.q_names, q_shapes, n)
         if isinstance(f_views, str) or isinstance(q_views, str):
             self.batch_reason = f_views if isinstance(f_views, str) else str(q_views)
             return None
         batch = Batch(
             [i for i, _ in group],
             _tensors(self.plan.float_names, f_views, f_shapes, n),
-            _tensors(self.plan.quant_names, q_views, q_shapes, n),
+            _tensors(self.q_names, q_views, q_shapes, n, self.q_specs),
         )
         if not self.verified:  # once per run: the first batched sample against itself alone
             f1, q1 = self._infer(*group[0])
-            f0, q0 = batch.values(0, self.plan)
+            f0, q0 = batch.values(0, (self.plan.float_names, self.q_names))
+            # integers standing for post-Q/DQ tensors are compared as the floats they stand for: a rounding
+            # difference the float tolerance accepts can move an integer by one
+            q0, q1 = self._posts(q0), self._posts(q1)
             why = mismatch(f0, f1, self.plan.float_names) or mismatch(q0, q1, self.plan.quant_names)
             if why is not None:
                 self.batch_reason = f"batching changes the values: {why}"
@@ -460,9 +483,31 @@ class NumpyRun:
         return batch
 
 
-def _tensors(names: Sequence[str], views: Sequence[np.ndarray], shapes: Shapes, n: int) -> BatchTensors:
-    """A model's batch views and one-sample shapes, by name."""
-    return BatchTensors(dict(zip(names, views, strict=True)), dict(zip(names, shapes, strict=True)), n)
+def _tensors(
+    names: Sequence[str],
+    views: Sequence[np.ndarray],
+    shapes: Shapes,
+    n: int,
+    specs: Mapping[str, DequantSpec] | None = None,
+) -> BatchTensors:
+    """A model's batch views and one-sample shapes, by name; with ``specs``, the post-Q/DQ tensors they compute
+    from exposed integers too (on first access; the compiled batch kernel reads the integers)."""
+    by_name: Mapping[str, np.ndarray] = dict(zip(names, views, strict=True))
+    alone = dict(zip(names, shapes, strict=True))
+    if specs:
+        by_name = Dequantized(by_name, specs)
+        alone |= {post: alone[spec.ints] for post, spec in specs.items() if spec.ints in alone}
+    return BatchTensors(by_name, alone, n)
+
+
+def _whole_run_specs(
+    quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+) -> dict[str, DequantSpec]:
+    """The post-Q/DQ tensors a whole-model run can compute from their integers (:mod:`qdebug.capture.dequant`):
+    every one ONNX Runtime confirms, except those that are model outputs (ORT writes those anyway)."""
+    outputs = {o.quant_name for o in pairing.outputs} | {o.name for o in quant_model.graph.output}
+    specs = {post: spec for post, spec in find_specs(quant_model, pairing).items() if post not in outputs}
+    return verified(specs, quant_model, providers) if specs else {}
 
 
 class NumpyBackend:
