@@ -201,3 +201,14 @@ def test_a_whole_run_exposing_integers_gives_the_numpy_runs_report(
     outputs = {o.quant_name for o in pairing.outputs} | {o.name for o in qm.graph.output}
     assert run.q_specs and not set(run.q_specs) & outputs and not set(run.q_specs) & set(run.q_names)
     run.close()
+
+
+def test_a_tensor_shared_by_a_batch_stays_shared_when_dequantized() -> None:
+    """A batch's view of integers computed from constants repeats one sample's values (a zero stride): its floats
+    are computed once and repeat too, so the batch reduction still reduces it once (batch_reduce._per_sample)."""
+    spec = dequant.DequantSpec("post", "q", 0.25, 3, np.dtype(np.uint8))
+    one = np.arange(12, dtype=np.uint8).reshape(1, 1, 12)
+    shared = np.broadcast_to(one, (2, 5, 12))  # outer 2, five samples, the same values
+    got = dequant.dequantize(spec, shared)
+    assert got.shape == shared.shape and got.strides[1] == 0
+    np.testing.assert_array_equal(got, dequant.dequantize(spec, np.ascontiguousarray(shared)))

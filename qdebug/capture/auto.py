@@ -74,9 +74,10 @@ AUTO = "auto"
 AUTO_BATCH = 32
 
 #: ``auto`` batches only when at least this many samples fit in a batch: at 2 (ppocr-cls, 34 MB per sample) a batch
-#: was 34 % slower per sample than one sample per call (17.6 vs 13.1 ms, compiled, ``bench_batching.py``), at 3
-#: (MiniLM) 1.8x faster (docs/benchmarks.md). ``--batch N`` is obeyed whatever fits.
-AUTO_MIN_BATCH = 3
+#: was 34 % slower per sample than one sample per call (17.6 vs 13.1 ms, compiled, ``bench_batching.py``), and at 3
+#: (ppocr-cls exposing integers, 25 MB per sample) 14.8 vs 13.5 ms with 100 MB more memory; MiniLM at 3 was 1.8x
+#: faster, at 4-5 2.0-2.5x (docs/benchmarks.md). ``--batch N`` is obeyed whatever fits.
+AUTO_MIN_BATCH = 4
 
 #: The merged graph is not tried when the paired tensors average more elements than this: its in-graph float64
 #: reductions then cost more per sample than numpy's fetch-and-reduce (measured on the corpus: YOLOv8n, 50k

@@ -56,8 +56,14 @@ class DequantSpec:
 
 
 def dequantize(spec: DequantSpec, ints: np.ndarray) -> np.ndarray:
-    """The post-Q/DQ tensor of ``ints`` (numpy; the same float32 values as ONNX Runtime's DequantizeLinear)."""
-    return (ints.astype(np.int32) - np.int32(spec.zero_point)).astype(np.float32) * np.float32(spec.scale)
+    """The post-Q/DQ tensor of ``ints`` (numpy; the same float32 values as ONNX Runtime's DequantizeLinear).
+
+    A view that repeats its values along an axis (a zero stride: a batch's tensor computed from constants, the same
+    for every sample) gives a view that repeats them too: computed once, and the batch reduction still sees that
+    every sample shares it (:mod:`qdebug.capture.batch_reduce`)."""
+    once = ints[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in ints.strides)]
+    values = (once.astype(np.int32) - np.int32(spec.zero_point)).astype(np.float32) * np.float32(spec.scale)
+    return np.broadcast_to(values, ints.shape) if once.shape != ints.shape else values
 
 
 def _scalar(inits: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray | None:
