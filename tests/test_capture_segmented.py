@@ -312,3 +312,27 @@ def test_auto_times_fewer_intra_op_threads_on_a_long_segmented_run(
     assert 1 in made  # the sessions were made again with one thread
     ref = _run(fm, qm, monkeypatch, 8192, path="numpy")
     np.testing.assert_allclose(cut.per_sample, ref.per_sample, rtol=1e-5)
+
+
+def test_sizes_onnx_cannot_infer_come_from_one_run_of_a_small_model(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ONNX's shape inference leaves sizes unknown, a small float model is run once on zeros of the sample's
+    shapes (no sympy import: ORT's symbolic inference is not called), a large one goes through the symbolic
+    inference; both give the sizes ONNX's inference gives where it can."""
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    plan = ReductionPlan.of(pair_models(fm, qm))
+    shapes = {i.name: tuple(d.dim_value or 1 for d in i.type.tensor_type.shape.dim) for i in fm.graph.input}
+    want = segmented.exposed_bytes(fm, plan, shapes)
+    assert want is not None
+    real_symbolic = segmented._symbolic
+    monkeypatch.setattr(segmented, "_onnx_inferred", lambda m: None)  # as if ONNX's inference knew nothing
+
+    def no_symbolic(model: onnx.ModelProto) -> None:
+        raise AssertionError("the symbolic inference ran for a small model")
+
+    monkeypatch.setattr(segmented, "_symbolic", no_symbolic)
+    assert segmented.exposed_bytes(fm, plan, shapes) == want
+    monkeypatch.setattr(segmented, "PROBE_MODEL_BYTES", 0)  # every model is large: the symbolic inference
+    monkeypatch.setattr(segmented, "_symbolic", real_symbolic)
+    assert segmented.exposed_bytes(fm, plan, shapes) == want
