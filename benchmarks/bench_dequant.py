@@ -123,9 +123,19 @@ def kernel_side(k: Any, size: int) -> dict[str, float]:
             for r, x, q in zip(refs, pres, ints, strict=True):
                 k.dequant_sums(r, x, q, 0.02, 128, -inf, inf, -inf, inf, row)
 
-    return {
-        name: _median_ms(f, 5) for name, f in (("two passes", two), ("fused", fused), ("fused, integers", from_ints))
-    }
+    inf4 = (-inf, inf, -inf, inf)
+    calls = [(r, x, q, 0.02, 128, inf4, True) for r, x, q in zip(refs, pres, ints, strict=True)]
+    per_call = 200  # a sample of 200 activations, one call (the C kernels' bulk entry, what a run uses)
+    groups = [calls[i : i + per_call] for i in range(0, len(calls), per_call)] * repeat
+    rows = [np.zeros((len(g), k.SLOTS)) for g in groups]
+
+    def bulk() -> None:
+        for g, out in zip(groups, rows, strict=True):
+            k.activations(g, out)
+
+    parts = [("two passes", two), ("fused", fused), ("fused, integers", from_ints)]
+    parts += [("fused, integers, one call per 200 tensors", bulk)] if hasattr(k, "activations") else []
+    return {name: _median_ms(f, 5) for name, f in parts}
 
 
 def kernel_table() -> None:
@@ -144,15 +154,19 @@ def kernel_table() -> None:
     for size in (1_000_000, 4_000):
         got = {name: kernel_side(k, size) for name, k in kernels.items()}
         for part in got["C"]:
-            print(f"| {part} | {size:,} | {got['C'][part]:.1f} | {got['numba'][part]:.1f} |", flush=True)
+            numba_ms = f"{got['numba'][part]:.1f}" if part in got["numba"] else "—"
+            print(f"| {part} | {size:,} | {got['C'][part]:.1f} | {numba_ms} |", flush=True)
     code = (
-        "import time, resource; import numpy as np, onnxruntime; "
-        "r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
-        "t = time.perf_counter(); from qdebug.capture import {mod}; z = np.zeros(17, np.float32); "
-        "{mod}{load}.activation_sums(z, z, z, -1.0, 1.0, -1.0, 1.0, True, np.zeros(8)); "
-        "print(time.perf_counter() - t, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - r) / 1024)"
+        "import time; import numpy as np, onnxruntime, qdebug.debug, qdebug.capture\n"
+        "def rss():\n"
+        "    return [int(x.split()[1]) / 1024 for x in open('/proc/self/status') if x.startswith('VmRSS')][0]\n"
+        "r, t = rss(), time.perf_counter()\n"
+        "from qdebug.capture import {mod}\n"
+        "z = np.zeros(17, np.float32)\n"
+        "{mod}{load}.activation_sums(z, z, z, -1.0, 1.0, -1.0, 1.0, True, np.zeros(8))\n"
+        "print(time.perf_counter() - t, rss() - r)"
     )
-    print("\n| kernels | first call in a fresh process s | RSS added MB |\n|---|---|---|")
+    print("\n| kernels (qdebug imported) | first call in a fresh process s | RSS added MB |\n|---|---|---|")
     for name, mod, load in (("C", "ckernel", ".load()"), ("numba", "_kernels", "")):
         cmd = [sys.executable, "-c", code.format(mod=mod, load=load)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)

@@ -172,3 +172,30 @@ def test_auto_reduces_with_the_c_kernel_from_the_first_sample_without_numba(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "capture: compiled backend (auto:" in out and "the compiled C kernel reduced from the first sample" in out
     assert out.strip().endswith("False")
+
+
+def test_one_call_per_sample_gives_each_activations_row(kernels: tuple[ckernel.CKernels, object]) -> None:
+    """The bulk entry a run uses (:meth:`CKernels.activations`) gives, row for row, what one call per activation
+    gives — floats and integers, local or not, non-contiguous tensors copied — and names a type it does not take."""
+    c, _ = kernels
+    rng = np.random.default_rng(5)
+    calls, want = [], []
+    for j, size in enumerate((1, 17, 300, 4099)):
+        ref, pre = (rng.standard_normal(2 * size).astype(np.float32)[::2] for _ in range(2))  # strided views
+        ints = rng.integers(0, 256, size).astype(np.uint8)
+        post = (ints.astype(np.int32) - 7).astype(np.float32) * np.float32(0.03)
+        bounds = BOUNDS[j % 3]
+        for call in ((ref, pre, ints, 0.03, 7, bounds, True), (ref, post, post, 1.0, 0, bounds, j % 2 == 0)):
+            row = np.zeros(ckernel.SLOTS)
+            if call[2].dtype == np.uint8:
+                c.dequant_sums(*call[:5], *bounds, row)
+            else:
+                c.activation_sums(call[0], call[1], call[2], *bounds, call[6], row)
+            calls.append(call)
+            want.append(row)
+    got = np.zeros((len(calls), ckernel.SLOTS))
+    c.activations(calls, got)
+    np.testing.assert_array_equal(got, np.array(want))
+    x16 = np.zeros(3, np.float16)
+    with pytest.raises(TypeError, match="float16"):
+        c.activations([(x16, x16, x16, 1.0, 0, BOUNDS[0], True)], np.zeros((1, ckernel.SLOTS)))

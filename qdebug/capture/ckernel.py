@@ -27,7 +27,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +61,7 @@ REF_MIN, REF_MAX = 6, 7
 SLOTS = 8
 
 #: Element type codes of ``_reduce.c``.
-_CODES = {
+_CODES: dict[np.dtype[Any], int] = {
     np.dtype(np.float32): 0,
     np.dtype(np.float64): 1,
     np.dtype(np.uint8): 2,
@@ -67,6 +69,10 @@ _CODES = {
     np.dtype(np.uint16): 4,
     np.dtype(np.int16): 5,
 }
+
+
+#: The same codes by numpy's type number (a faster lookup, per tensor of every sample).
+_NUMS = {dtype.num: code for dtype, code in _CODES.items()}
 
 
 class BuildError(RuntimeError):
@@ -187,6 +193,8 @@ class CKernels:
         lib.qd_batch.argtypes += [ctypes.c_int, p]
         lib.qd_pair.argtypes = [p, p, i64, ctypes.c_int, f64, f64, f64, f64, p]
         lib.qd_range.argtypes = [p, i64, ctypes.c_int, p]
+        lib.qd_activations.argtypes = [i64, p, p, p, p, p, p]
+        lib.qd_activations.restype = i64
         for f in (lib.qd_activation, lib.qd_batch, lib.qd_pair, lib.qd_range):
             f.restype = ctypes.c_int
         self._lib = lib
@@ -212,6 +220,35 @@ class CKernels:
             *dequant, *bounds, int(bool(local)), _pointer(out),
         )  # fmt: skip
         if rc != 0:
+            raise TypeError(f"the compiled reduction does not take {ref.dtype} with {post.dtype} tensors")
+
+    def activations(self, calls: Sequence[tuple[Any, ...]], out: np.ndarray) -> None:
+        """Every row of ``out`` (float64, ``(len(calls), SLOTS)``, zeroed) in one call: ``calls[j]`` is activation
+        ``j``'s (reference, pre-Q/DQ, post-Q/DQ or its integers, scale, zero point, (mlo, mhi, plo, phi), local)."""
+        n = len(calls)
+        if out.shape != (n, SLOTS) or out.dtype != np.float64 or not out.flags.c_contiguous:
+            raise ValueError("the rows are a C-contiguous float64 (n, SLOTS) array")
+        kept, ptrs, sizes, types, params, zero_points = [], [], [], [], [], []
+        for ref, pre, post, scale, zero_point, bounds, local in calls:
+            arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in (ref, pre, post)]
+            if not arrays[0].size == arrays[1].size == arrays[2].size:
+                raise ValueError("an activation's three tensors differ in size")
+            kept.append(arrays)  # alive until the call returns
+            ptrs.append([a.ctypes.data for a in arrays])
+            sizes.append(arrays[0].size)
+            types.append([_NUMS.get(arrays[0].dtype.num, -1), _NUMS.get(arrays[2].dtype.num, -1), int(bool(local))])
+            params.append([float(np.float32(scale)), *bounds])
+            zero_points.append(zero_point)
+        tables = (
+            np.array(ptrs, np.int64).reshape(n, 3),
+            np.array(sizes, np.int64),
+            np.array(types, np.int32).reshape(n, 3),
+            np.array(params, np.float64).reshape(n, 5),
+            np.array(zero_points, np.int32),
+        )
+        bad = self._lib.qd_activations(n, *(_pointer(t) for t in tables), _pointer(out))
+        if bad >= 0:
+            ref, _, post = kept[bad]
             raise TypeError(f"the compiled reduction does not take {ref.dtype} with {post.dtype} tensors")
 
     def activation_sums(self, ref, pre, post, mlo, mhi, plo, phi, local, out) -> None:  # type: ignore[no-untyped-def]

@@ -174,18 +174,16 @@ def reduce_sample_compiled(
     rows = np.zeros((len(acts), k.SLOTS))
     sizes = np.array([r.size for r, _, _ in arrays], dtype=np.int64)
 
-    for j, (a, (ref, pre, post)) in enumerate(zip(acts, arrays, strict=True)):
-        mlo, mhi = bounds_or_inf(a.measured_through)
-        plo, phi = bounds_or_inf(a.fused_activation)
-        r, found = ref.reshape(-1), ints.get(a.post_qdq)
+    calls: list[Call] = []
+    for a, (ref, pre, post) in zip(acts, arrays, strict=True):
+        bounds = (*bounds_or_inf(a.measured_through), *bounds_or_inf(a.fused_activation))
+        found = ints.get(a.post_qdq)
         if found is not None and pre is not None:  # the post-Q/DQ values computed from the integers
             values, spec = found
-            x = pre.reshape(-1)
-            k.dequant_sums(r, x, values.reshape(-1), spec.scale, spec.zero_point, mlo, mhi, plo, phi, rows[j])
-            continue
-        p = post.reshape(-1)
-        x = p if pre is None else pre.reshape(-1)
-        k.activation_sums(r, x, p, mlo, mhi, plo, phi, pre is not None, rows[j])
+            calls.append((ref, pre, values, spec.scale, spec.zero_point, bounds, True))
+        else:
+            calls.append((ref, post if pre is None else pre, post, 1.0, 0, bounds, pre is not None))
+    _call_kernel(k, calls, rows)
     quant = [j for j, a in enumerate(acts) if a.quantized]
     cum = _batch(rows, sizes, k.CUM_SIGNAL)
     loc = _batch(rows[quant], sizes[quant], k.LOC_SIGNAL)
@@ -199,6 +197,26 @@ def reduce_sample_compiled(
         float_max=hi,
         elements=sizes,
     )
+
+
+#: One activation's kernel call: reference, pre-Q/DQ, post-Q/DQ (or its integers), scale and zero point of those
+#: integers, the four clip bounds (measured-through, fused activation), and whether the local comparison is made.
+Call = tuple[np.ndarray, np.ndarray, np.ndarray, float, int, tuple[float, float, float, float], bool]
+
+
+def _call_kernel(k: Any, calls: Sequence[Call], rows: np.ndarray) -> None:
+    """Every activation's row: one call of the C kernels for the whole sample (their per-call cost is what a
+    sample of hundreds of small tensors is made of), or one numba call per activation."""
+    bulk = getattr(k, "activations", None)
+    if bulk is not None:
+        bulk(calls, rows)
+        return
+    for j, (ref, pre, post, scale, zero_point, bounds, local) in enumerate(calls):
+        r, x, p = ref.reshape(-1), pre.reshape(-1), post.reshape(-1)
+        if p.dtype.kind in "iu":
+            k.dequant_sums(r, x, p, scale, zero_point, *bounds, rows[j])
+        else:
+            k.activation_sums(r, x, p, *bounds, local, rows[j])
 
 
 def _post(q: Mapping[str, np.ndarray], name: str, ints: Mapping[str, Any]) -> np.ndarray:
