@@ -137,6 +137,8 @@ def test_the_build_is_atomic_and_a_failed_one_leaves_nothing(tmp_path: Path, mon
     monkeypatch.setenv("CC", "/nonexistent/cc")
     with pytest.raises(ckernel.BuildError, match="no C compiler found"):
         ckernel.build()
+    monkeypatch.setenv("CC", "gcc -Wall")  # a command with arguments, as $CC often is
+    assert ckernel.compiler() == [str(ckernel.shutil.which("gcc")), "-Wall"]
     monkeypatch.delenv("CC")
     path = ckernel.build()
     assert path.parent == tmp_path / "cache" and ckernel.built() == path and _no_temp_files(path.parent)

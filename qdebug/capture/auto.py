@@ -239,7 +239,8 @@ class AutoRun:
         threads = f"; {self.trial.note}" if self.trial is not None and self.trial.note else ""
         if self.kernel_ready and (self.choice is None or self.choice.backend != "graph"):
             reason = self.choice.reason if self.choice else "the data ran out before the merged graph could be weighed"
-            return Choice("compiled", f"{reason}; the compiled C kernel reduced from the first sample{threads}")
+            impl = compiled.implementation()
+            return Choice("compiled", f"{reason}; the compiled {impl} kernel reduced from the first sample{threads}")
         if self.choice is not None and self.choice.backend == "compiled":
             if self.switched_at is None:
                 return Choice("numpy", f"{self.choice.reason}; the data ran out before the compiled kernel had loaded")

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -79,15 +80,16 @@ class BuildError(RuntimeError):
     """The library could not be built (no compiler, or the compiler failed); the message says which."""
 
 
-def compiler() -> str | None:
-    """The C compiler to build with: ``$CC`` if set, else the first of ``cc``, ``gcc``, ``clang`` on the PATH."""
+def compiler() -> list[str] | None:
+    """The C compiler command to build with: ``$CC`` if set (its first word found on the PATH, the rest kept as
+    arguments, e.g. ``ccache gcc``), else the first of ``cc``, ``gcc``, ``clang`` on the PATH."""
     if sys.platform == "win32":  # the flags above are gcc's and clang's
         return None
-    cc = os.environ.get("CC", "").split()
-    for name in cc[:1] or ["cc", "gcc", "clang"]:
+    words = shlex.split(os.environ.get("CC", ""))
+    for name, rest in [(words[0], words[1:])] if words else [(n, []) for n in ("cc", "gcc", "clang")]:
         found = shutil.which(name)
         if found:
-            return found
+            return [found, *rest]
     return None
 
 
@@ -153,16 +155,16 @@ def build() -> Path:
     raise BuildError(f"no writable directory for the built kernels ({'; '.join(errors)})")
 
 
-def _compile(cc: str, out: Path) -> None:
+def _compile(cc: list[str], out: Path) -> None:
     """Compile :data:`SOURCE` into ``out``, for this CPU if the compiler can (``-march=native``), else generic."""
     why = ""
     for flags in ((*FLAGS, NATIVE), FLAGS):
-        cmd = [cc, *flags, "-o", str(out), str(SOURCE), "-lm"]
+        cmd = [*cc, *flags, "-o", str(out), str(SOURCE), "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
         if proc.returncode == 0:
             return
         why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-    raise BuildError(f"{Path(cc).name} could not build {SOURCE.name}: {why}")
+    raise BuildError(f"{Path(cc[0]).name} could not build {SOURCE.name}: {why}")
 
 
 def _pointer(a: np.ndarray) -> int:
