@@ -62,9 +62,11 @@ SEGMENT_ABOVE = 512 << 20
 #: (8 samples, same run): PP-OCRv4 rec 0.29 -> 0.24 s/sample and 832 -> 453 MB, det 0.25 -> 0.22 s and 716 ->
 #: 380 MB, YOLOv8n 0.15-0.18 -> 0.12-0.14 s and 411 -> 340 MB; one core gains nothing from it (rec 0.29 -> 0.32 s).
 PIPELINED_ABOVE = 160 << 20
-#: Exposed bytes per segment. Two segments are alive at once when pipelined; 64 MB keeps ViT-S at ~850 MB and
-#: u2netp at ~830 MB (128 MB: 930-1210 MB pipelined, 740-940 MB not).
-SEGMENT_BYTES = 64 << 20
+#: Exposed bytes per segment. Two segments are alive at once when pipelined. 32 MB: a segment's tensors are still
+#: in the caches when the reduction reads them — N = 64, ms/sample at 16 / 32 / 64 / 128 MB: PP-OCRv4 rec
+#: 132 / 132 / 135-141 / 147, det 120 / 116 / 125, YOLOv8n 76 / 73 / 77, ViT-S 400 / 388 / 390, u2netp - / 839 /
+#: 844 (peaks 30-50 MB lower than at 64 MB); 128 MB took ViT-S and u2netp to 930-1210 MB.
+SEGMENT_BYTES = 32 << 20
 #: Experimental (A/B in benchmarks/profile_segments.py): a segment's float and quantized halves inferred at once on
 #: two threads, each session with one intra-op thread, instead of one after the other with ORT's per-core threads.
 SIDES_IN_PARALLEL = False
