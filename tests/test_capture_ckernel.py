@@ -6,6 +6,7 @@ numba are part of ``make test``'s install: these tests fail, not skip, without t
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -138,7 +139,7 @@ def test_the_build_is_atomic_and_a_failed_one_leaves_nothing(tmp_path: Path, mon
     with pytest.raises(ckernel.BuildError, match="no C compiler found"):
         ckernel.build()
     monkeypatch.setenv("CC", "gcc -Wall")  # a command with arguments, as $CC often is
-    assert ckernel.compiler() == [str(ckernel.shutil.which("gcc")), "-Wall"]
+    assert ckernel.compiler() == [str(shutil.which("gcc")), "-Wall"]
     monkeypatch.delenv("CC")
     path = ckernel.build()
     assert path.parent == tmp_path / "cache" and ckernel.built() == path and _no_temp_files(path.parent)

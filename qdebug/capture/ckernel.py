@@ -23,8 +23,6 @@ import functools
 import hashlib
 import os
 import platform
-import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from qdebug._cc import c_compiler
 
 __all__ = [
     "CUM_SIGNAL",
@@ -81,16 +81,8 @@ class BuildError(RuntimeError):
 
 
 def compiler() -> list[str] | None:
-    """The C compiler command to build with: ``$CC`` if set (its first word found on the PATH, the rest kept as
-    arguments, e.g. ``ccache gcc``), else the first of ``cc``, ``gcc``, ``clang`` on the PATH."""
-    if sys.platform == "win32":  # the flags above are gcc's and clang's
-        return None
-    words = shlex.split(os.environ.get("CC", ""))
-    for name, rest in [(words[0], words[1:])] if words else [(n, []) for n in ("cc", "gcc", "clang")]:
-        found = shutil.which(name)
-        if found:
-            return [found, *rest]
-    return None
+    """The C compiler command to build with (:func:`qdebug._cc.c_compiler`: ``$CC``, else ``cc``/``gcc``/``clang``)."""
+    return c_compiler()
 
 
 def _machine() -> str:

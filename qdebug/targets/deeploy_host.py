@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from qdebug._cc import c_compiler
 from qdebug.errors import DataError, TargetError
 from qdebug.targets.deeploy_env import DeeployBuffer
 
@@ -62,26 +62,27 @@ _CTYPES = {"int8_t": np.int8, "uint8_t": np.uint8, "int16_t": np.int16, "uint16_
 _UNDEFINED = re.compile(r"undefined reference to [`']([A-Za-z_][A-Za-z0-9_]*)'")
 
 
-def find_compiler() -> str:
-    """The C compiler to use: ``$CC`` if set, else ``gcc``; a :class:`TargetError` naming what to install if absent."""
-    cc = os.environ.get("CC", "").strip() or "gcc"
-    path = shutil.which(cc)
-    if path is None:
+def find_compiler() -> list[str]:
+    """The C compiler command (:func:`qdebug._cc.c_compiler`: ``$CC`` if set, else ``gcc``); a
+    :class:`TargetError` naming what to install if absent."""
+    cmd = c_compiler(("gcc",))
+    if cmd is None:
+        cc = os.environ.get("CC", "").strip() or "gcc"
         raise TargetError(f"no C compiler {cc!r} found to run Deeploy's generated code: {_INSTALL_HINT}")
-    return path
+    return cmd
 
 
 def compiler_available() -> tuple[bool, str]:
     """(a C compiler is there, its path or what to install); never raises."""
     try:
-        return True, find_compiler()
+        return True, " ".join(find_compiler())
     except TargetError as exc:
         return False, str(exc)
 
 
-def _compiler_version(cc: str) -> str:
-    proc = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
-    return (proc.stdout.splitlines() or [cc])[0].strip()
+def _compiler_version(cc: list[str]) -> str:
+    proc = subprocess.run([*cc, "--version"], capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    return (proc.stdout.splitlines() or [" ".join(cc)])[0].strip()
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def compile_generated(codegen_dir: str | Path, work_dir: str | Path) -> HostBuil
     if not (src / "Network.c").is_file() or not (src / "Network.h").is_file():
         raise TargetError(f"{src}: no generated Network.c / Network.h to compile")
     exe = Path(work_dir) / "network"
-    cmd = [cc, "-std=gnu11", "-O2", "-fwrapv", "-I", str(HOST_DIR), "-I", str(src), str(src / "Network.c"),
+    cmd = [*cc, "-std=gnu11", "-O2", "-fwrapv", "-I", str(HOST_DIR), "-I", str(src), str(src / "Network.c"),
            *(str(HOST_DIR / s) for s in _SOURCES), "-o", str(exe), "-lm"]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, cwd=work_dir)
@@ -128,7 +129,7 @@ def compile_generated(codegen_dir: str | Path, work_dir: str | Path) -> HostBuil
                 f"{', '.join(missing)} (qdebug/targets/deeploy_host/)"
             )
         errors = [ln for ln in proc.stderr.splitlines() if "error" in ln][:5]
-        raise TargetError(f"compiling {src / 'Network.c'} failed ({Path(cc).name}): " + " | ".join(errors))
+        raise TargetError(f"compiling {src / 'Network.c'} failed ({Path(cc[0]).name}): " + " | ".join(errors))
     return HostBuild(exe, _compiler_version(cc), seconds, _warnings(proc.stderr))
 
 
