@@ -216,7 +216,7 @@ class AutoRun:
         when the C kernel is built): its samples expose hundreds of MB, which the one-pass kernel reduces 1.5-2x
         faster than numpy whatever the number of samples, and a first build or numba's import (0.5-1.3 s) overlaps
         the first sample's segment sessions being made. The same reduction at every N: the process's memory does
-        not step up by numba's ~125 MB at some N and not others."""
+        not step up by numba's ~105 MB at some N and not others."""
         assert self.numpy.segmented is not None
         if not self.kernel_ready:
             self.warm_up = compiled.start_warm_up()

@@ -56,8 +56,7 @@ class BatchTensors:
         """Sample 0's values of ``names`` for a shape check: post-Q/DQ tensors computed from integers
         (:class:`~qdebug.capture.dequant.Dequantized` views) are not computed for it."""
         if isinstance(self.views, Dequantized):
-            fetched = {k: self.sample(k, 0) for k in self.views.fetched}
-            return Dequantized(fetched, {p: s for p, s in self.views.specs.items() if p not in fetched})
+            return Dequantized({k: self.sample(k, 0) for k in self.views.fetched}, self.views.specs)
         return {k: self.sample(k, 0) for k in names}
 
     def ints(self, name: str) -> tuple[np.ndarray, DequantSpec] | None:

@@ -9,10 +9,10 @@ exposed element, such as Silero VAD and PP-OCR's classifier — it cuts the redu
 Two implementations of the same kernels, one chosen per process (:func:`implementation`):
 
 * **C** (:mod:`qdebug.capture.ckernel`), built with the machine's C compiler the first time it is needed (about a
-  second, once per machine) and then loaded in milliseconds for ~1 MB: :func:`ready` once built, and ``auto``
-  reduces with it from the first sample;
+  second, once per machine) and then loaded in a millisecond, adding no measurable memory: :func:`ready` once built,
+  and ``auto`` reduces with it from the first sample;
 * **numba** (:mod:`qdebug.capture._kernels`, the ``fast`` extra) where there is no C compiler: its import and cache
-  load cost 0.5-1.3 s and ~125 MB per process, so ``auto`` switches to it only when the numpy reduction of the
+  load cost 0.3-1.3 s and ~105 MB per process, so ``auto`` switches to it only when the numpy reduction of the
   remaining samples is expected to cost more than that (:mod:`qdebug.capture.auto`).
 
 Tensors that are not float32/float64 (float16 models) are reduced by the numpy reference.
