@@ -6,6 +6,7 @@ tests fail, not skip, without it."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from qdebug.capture.base import SampleSums
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.data import open_data
 from qdebug.graph import input_specs, pair_models
+from qdebug.metrics import BatchSums
 
 
 def _compare(plan: ReductionPlan, f: dict[str, np.ndarray], q: dict[str, np.ndarray]) -> SampleSums:
@@ -215,3 +217,80 @@ def test_without_numba_the_compiled_backend_names_the_extra(
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     with pytest.raises(MissingExtraError, match=r"no C compiler found.*pip install 'qdebug\[fast\]'"):
         capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=2), path="compiled")
+
+
+def _same(a: SampleSums, b: SampleSums) -> None:
+    """Bit-identical sums."""
+    for name in ("cumulative", "local", "outputs"):
+        for field in dataclasses.fields(BatchSums):
+            x, y = getattr(getattr(a, name), field.name), getattr(getattr(b, name), field.name)
+            np.testing.assert_array_equal(x, y, err_msg=f"{name}.{field.name}")
+    for name in ("float_min", "float_max", "elements"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_a_run_reuses_its_call_tables_and_gives_the_stateless_sums() -> None:
+    """A whole-model run's tensors are the same bound arrays every sample, rewritten by ONNX Runtime: the cached
+    reducer re-points only the new ones (here a fresh input array) and gives exactly the stateless reducer's sums;
+    an array of another dtype makes a new table; arrays that are all new sample after sample stop the caching."""
+    rng = np.random.default_rng(5)
+    plan = plan_of([(True, None, None), (True, ("Clip", -1.0, 1.0), None), (False, None, ("Relu", 0.0, np.inf))])
+    arrays = [tuple(rng.standard_normal(n).astype(np.float32) for _ in range(3)) for n in (40, 33, 100)]
+    f, q = _tensors(arrays)  # type: ignore[arg-type]
+    reducer = compiled.reduce_sample_compiled.cached()
+    assert isinstance(compiled._load(), ckernel.CKernels)
+    _same(reducer(plan, f, q), compiled.reduce_sample_compiled(plan, f, q))
+    table = reducer._kept[id(plan)][0].table
+    for step in range(3):
+        for a in list(f.values()) + list(q.values()):
+            a[...] = rng.standard_normal(a.shape).astype(a.dtype)  # ORT writing into the bound arrays
+        f["t0"] = rng.standard_normal(40).astype(np.float32)  # the sample's own input: a new array
+        _same(reducer(plan, f, q), compiled.reduce_sample_compiled(plan, f, q))
+        assert reducer._kept[id(plan)][0].table is table, step
+    f["t1"] = f["t1"].astype(np.float64)
+    q["t1_pre"], q["t1_post"] = q["t1_pre"].astype(np.float64), q["t1_post"].astype(np.float64)
+    for _ in range(3):  # every tensor a new array (float64 for t1: a new table): three times, then not kept
+        f = {k: v.copy() for k, v in f.items()}
+        q = {k: v.copy() for k, v in q.items()}
+        _same(reducer(plan, f, q), compiled.reduce_sample_compiled(plan, f, q))
+    assert reducer._kept[id(plan)] == [] and id(plan) in reducer._fresh
+
+
+def test_call_tables_repoint_only_to_arrays_of_the_same_kind() -> None:
+    a = np.zeros(8, np.float32)
+    table = ckernel.CallTable([(a, a, a, 1.0, 0, (-np.inf, np.inf, -np.inf, np.inf), True)])
+    assert table.repoint(0, 1, np.ones(8, np.float32)) and table.kept[0][1][0] == 1
+    assert not table.repoint(0, 1, np.ones(8, np.float64))  # dtype
+    assert not table.repoint(0, 1, np.ones(9, np.float32))  # shape
+    assert not table.repoint(0, 1, np.ones(16, np.float32)[::2])  # layout
+    assert table.kept[0][1][0] == 1
+
+
+def test_a_pipelined_compiled_run_on_bound_outputs_equals_the_sequential_one(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With outputs bound (two sets, by sample parity, when pipelined) and call tables reused, the sums are
+    bit-identical to the sequential run's."""
+    from qdebug.capture import numpy_backend
+
+    monkeypatch.setattr(numpy_backend, "BIND_BYTES", 0)  # the tiny model's outputs are bound like a real model's
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    source = open_data(None, input_specs(fm), num_samples=9, seed=2)
+    runs, real = {}, numpy_backend.NumpyRun
+    for pipelined in (False, True):
+        made: list[numpy_backend.NumpyRun] = []
+
+        def make(*args: object, pipelined: bool = pipelined, made: list = made, **kw: object) -> object:
+            made.append(real(*args, **{**kw, "pipeline": pipelined}))  # type: ignore[arg-type]
+            return made[-1]
+
+        monkeypatch.setattr(numpy_backend, "NumpyRun", make)
+        runs[pipelined] = capture(fm, qm, pair_models(fm, qm), source, path="compiled")
+        run = made[0]
+        assert run.pipelining is pipelined and run.fetches[0][0].binding is not None
+        assert (run.fetches[1][0].binding is not None) is pipelined  # the second set only when pipelined
+        kept = run._whole_reducer._kept  # type: ignore[attr-defined]
+        assert [len(v) for v in kept.values()] == [2 if pipelined else 1]
+    a, b = runs[False], runs[True]
+    assert a.cumulative == b.cumulative and a.local == b.local and a.outputs == b.outputs
+    np.testing.assert_array_equal(a.per_sample, b.per_sample)

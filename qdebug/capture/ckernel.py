@@ -42,6 +42,7 @@ __all__ = [
     "SLOTS",
     "BuildError",
     "CKernels",
+    "CallTable",
     "build",
     "built",
     "compiler",
@@ -168,6 +169,46 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1)
 
 
+class CallTable:
+    """A sample's activations as the tables of one ``qd_activations`` call: each activation's three tensors
+    (reference, pre-Q/DQ, post-Q/DQ or its integers; kept alive here, the table points into them), sizes, element
+    types, scale and clip bounds, zero point. :meth:`repoint` moves one entry to another array of the same dtype and
+    shape, which is all a later sample of the same run needs when most of its tensors are the same arrays."""
+
+    def __init__(self, calls: Sequence[tuple[Any, ...]]) -> None:
+        self.kept: list[list[np.ndarray]] = []
+        ptrs, sizes, types, params, zero_points = [], [], [], [], []
+        for ref, pre, post, scale, zero_point, bounds, local in calls:
+            arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in (ref, pre, post)]
+            if not arrays[0].size == arrays[1].size == arrays[2].size:
+                raise ValueError("an activation's three tensors differ in size")
+            self.kept.append(arrays)
+            ptrs.append([a.ctypes.data for a in arrays])
+            sizes.append(arrays[0].size)
+            types.append([_NUMS.get(arrays[0].dtype.num, -1), _NUMS.get(arrays[2].dtype.num, -1), int(bool(local))])
+            params.append([float(np.float32(scale)), *bounds])
+            zero_points.append(zero_point)
+        n = len(calls)
+        self.ptrs = np.array(ptrs, np.int64).reshape(n, 3)
+        self.tables = (
+            self.ptrs,
+            np.array(sizes, np.int64),
+            np.array(types, np.int32).reshape(n, 3),
+            np.array(params, np.float64).reshape(n, 5),
+            np.array(zero_points, np.int32),
+        )
+
+    def repoint(self, j: int, at: int, a: np.ndarray) -> bool:
+        """Point activation ``j``'s tensor ``at`` (0 reference, 1 pre-Q/DQ, 2 post-Q/DQ) at ``a``; ``False`` (and
+        nothing changed) unless ``a`` is C-contiguous with the dtype and shape of the array it replaces."""
+        old = self.kept[j][at]
+        if a.dtype != old.dtype or a.shape != old.shape or not a.flags.c_contiguous:
+            return False
+        self.kept[j][at] = a
+        self.ptrs[j, at] = _pointer(a)
+        return True
+
+
 class CKernels:
     """The loaded library, called like the numba kernel module (same functions, arguments and slots)."""
 
@@ -219,30 +260,17 @@ class CKernels:
     def activations(self, calls: Sequence[tuple[Any, ...]], out: np.ndarray) -> None:
         """Every row of ``out`` (float64, ``(len(calls), SLOTS)``, zeroed) in one call: ``calls[j]`` is activation
         ``j``'s (reference, pre-Q/DQ, post-Q/DQ or its integers, scale, zero point, (mlo, mhi, plo, phi), local)."""
-        n = len(calls)
+        self.run(CallTable(calls), out)
+
+    def run(self, table: CallTable, out: np.ndarray) -> None:
+        """:meth:`activations` from a :class:`CallTable` (one made for an earlier sample, re-pointed at this one's
+        tensors where they are new arrays: the bound outputs of a run are the same arrays every sample)."""
+        n = len(table.kept)
         if out.shape != (n, SLOTS) or out.dtype != np.float64 or not out.flags.c_contiguous:
             raise ValueError("the rows are a C-contiguous float64 (n, SLOTS) array")
-        kept, ptrs, sizes, types, params, zero_points = [], [], [], [], [], []
-        for ref, pre, post, scale, zero_point, bounds, local in calls:
-            arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in (ref, pre, post)]
-            if not arrays[0].size == arrays[1].size == arrays[2].size:
-                raise ValueError("an activation's three tensors differ in size")
-            kept.append(arrays)  # alive until the call returns
-            ptrs.append([a.ctypes.data for a in arrays])
-            sizes.append(arrays[0].size)
-            types.append([_NUMS.get(arrays[0].dtype.num, -1), _NUMS.get(arrays[2].dtype.num, -1), int(bool(local))])
-            params.append([float(np.float32(scale)), *bounds])
-            zero_points.append(zero_point)
-        tables = (
-            np.array(ptrs, np.int64).reshape(n, 3),
-            np.array(sizes, np.int64),
-            np.array(types, np.int32).reshape(n, 3),
-            np.array(params, np.float64).reshape(n, 5),
-            np.array(zero_points, np.int32),
-        )
-        bad = self._lib.qd_activations(n, *(_pointer(t) for t in tables), _pointer(out))
+        bad = self._lib.qd_activations(n, *(_pointer(t) for t in table.tables), _pointer(out))
         if bad >= 0:
-            ref, _, post = kept[bad]
+            ref, _, post = table.kept[bad]
             raise TypeError(f"the compiled reduction does not take {ref.dtype} with {post.dtype} tensors")
 
     def activation_sums(self, ref, pre, post, mlo, mhi, plo, phi, local, out) -> None:  # type: ignore[no-untyped-def]

@@ -230,6 +230,19 @@ class NumpyRun:
         self._ready: dict[int, Ready] = {}
         self._pending: tuple[frozenset[int], Future[dict[int, Ready]]] | None = None
 
+    @property
+    def reducer(self) -> Reducer:
+        """How a sample is reduced: :func:`~qdebug.capture.reduction.reduce_sample` (the numpy reference) or the
+        compiled pass; settable (``auto`` switches it). Whole-model samples go through its ``cached()`` form when
+        it has one (their tensors are the same bound arrays every sample), segments through it as it is."""
+        return self._reducer
+
+    @reducer.setter
+    def reducer(self, reducer: Reducer) -> None:
+        self._reducer = reducer
+        cached = getattr(reducer, "cached", None)
+        self._whole_reducer: Reducer = cached() if cached is not None else reducer
+
     def _open_whole(self) -> None:
         """The two sessions exposing every tensor of the plan (a model ORT cannot load: :class:`ModelError`)."""
         spin, batch = not self.pipeline_allowed, self.batch_limit
@@ -239,8 +252,12 @@ class NumpyRun:
         del f_model  # a copy of the whole model: not kept next to the session
         q_model = relax(expose_outputs(self.models[1], self.q_names))
         self.q_sess: Any = make_session(q_model, self.providers, role="quantized model", spin=spin)
-        self.f_fetch = BoundFetch(self.f_sess, self.plan.float_names)
-        self.q_fetch = BoundFetch(self.q_sess, self.q_names)
+        # two sets of bound outputs: a pipelined run infers sample i + 1 into one while sample i is reduced from
+        # the other (fresh arrays instead cost the kernel's page faults and zeroing on every sample, and a
+        # sample's arrays would be new objects each time, so the compiled pass could not reuse its call tables)
+        self.fetches = tuple(
+            (BoundFetch(self.f_sess, self.plan.float_names), BoundFetch(self.q_sess, self.q_names)) for _ in range(2)
+        )
 
     @property
     def batch_size(self) -> int:
@@ -257,8 +274,10 @@ class NumpyRun:
 
     @property
     def fresh(self) -> bool:
-        """Whether each inference returns new arrays (values are kept past the next call), not bound ones."""
-        return self.pipelining or self.batch_limit > 1
+        """Whether each inference returns new arrays (values are kept past the next call), not bound ones: when
+        batching (a batch's samples are kept past the next call). A pipelined run keeps at most two samples, the
+        one reduced and the one inferred, each in its own set of bound arrays (:attr:`fetches`, by parity)."""
+        return self.batch_limit > 1
 
     @property
     def pipelining(self) -> bool:
@@ -342,7 +361,7 @@ class NumpyRun:
         q: Mapping[str, np.ndarray] = dict(zip(self.q_names, values[1], strict=True))
         if self.q_specs:  # post-Q/DQ tensors computed from their integers (the compiled pass reads those)
             q = Dequantized(q, self.q_specs)
-        return self.reducer(self.plan, f, q)
+        return self._whole_reducer(self.plan, f, q)
 
     def _reduce_segmented(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
         """Segment by segment; if a segment cannot be made into a session on the first sample (an op that needs
@@ -412,13 +431,13 @@ class NumpyRun:
         model cannot (e.g. a zero point whose shape differs from its scale's, an axis out of range: ORT checks
         those at run time only) is the quantized model's fault, a :class:`ModelError` with that role.
         """
-        fresh = self.fresh
+        fresh, (f_fetch, q_fetch) = self.fresh, self.fetches[index % 2 if self.pipelining else 0]
         try:
-            f_vals = list(self.f_sess.run(self.plan.float_names, dict(sample))) if fresh else self.f_fetch.run(sample)
+            f_vals = list(self.f_sess.run(self.plan.float_names, dict(sample))) if fresh else f_fetch.run(sample)
         except Exception as exc:  # ORT's own error types carry no common public base
             raise DataError(f"sample {index}: the float model cannot run on it: {ort_message(exc)}") from exc
         try:
-            q_vals = list(self.q_sess.run(self.q_names, dict(sample))) if fresh else self.q_fetch.run(sample)
+            q_vals = list(self.q_sess.run(self.q_names, dict(sample))) if fresh else q_fetch.run(sample)
         except Exception as exc:
             raise ModelError(
                 f"ONNX Runtime cannot run it on sample {index}, which the float model runs on: {ort_message(exc)}",
