@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 import pytest
 from conftest import save
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from qdebug.capture import CaptureResult, capture
@@ -147,3 +149,35 @@ def test_batch_axes_stack_and_split_follow_the_declared_shapes() -> None:
     assert isinstance(bad, str) and "'t'" in bad and "does not split" in bad
     assert mismatch([np.ones(3)], [np.ones(3)], ["t"]) is None
     assert "differs" in str(mismatch([np.array([1.0, 2.0])], [np.array([2.0, 1.0])], ["t"]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 3000),
+    st.sampled_from([np.float32, np.float64]),
+    st.sampled_from([0.0, 1e-5, 1e-4, 7e-4, 1e-3, 1.5e-3, 1e-1]),
+    st.sampled_from([None, np.nan, np.inf, -np.inf, 3e20]),
+    st.integers(0, 2**31 - 1),
+)
+def test_the_quick_batch_check_decides_as_the_exact_one(
+    n: int, dtype: type, noise: float, odd: float | None, seed: int
+) -> None:
+    """``mismatch``'s three-pass check of finite tensors gives the float64 check's answer, tolerance edges,
+    non-finite values and float32 overflow included."""
+    from qdebug.capture import batching
+
+    rng = np.random.default_rng(seed)
+    alone = rng.standard_normal(n).astype(dtype)
+    batched = (alone + rng.standard_normal(n) * noise * np.abs(alone).mean()).astype(dtype)
+    if odd is not None:
+        k = int(rng.integers(n))
+        alone[k] = odd
+        batched[k] = odd if rng.random() < 0.5 else batched[k]
+    got = mismatch([batched], [alone], ["t"])
+    quick = batching._close
+    try:
+        batching._close = lambda a, b: False  # type: ignore[assignment]
+        want = mismatch([batched], [alone], ["t"])
+    finally:
+        batching._close = quick
+    assert (got is None) == (want is None)

@@ -410,12 +410,19 @@ class AutoRun:
     def _open_graph(self, index: int) -> None:
         """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
         remaining, per = self.samples - index - 1, self.numpy_per_sample
+        nodes = [len(m.graph.node) for m in self.models]
+        least = estimate_setup(self.numpy_setup, nodes, sum(nodes))  # it holds both models' nodes, and more
+        if least > PAYBACK_SHARE * remaining * per:  # not even that pays: no need to build it (Silero: 35 ms)
+            self._keep_numpy(
+                f"merged graph set-up est. over {_ms(least)} (over {sum(nodes)} nodes) > {PAYBACK_SHARE:.0%} of "
+                f"{self.run_name}'s remaining {_ms(remaining * per)} ({remaining} samples x {_ms(per)})"
+            )
+            return
         try:
             model, layout = merged_model(*self.models, self.pairing)
         except UnsupportedPairError as exc:
             self._keep_numpy(f"the merged graph cannot express this pair: {exc}")
             return
-        nodes = [len(m.graph.node) for m in self.models]
         est = estimate_setup(self.numpy_setup, nodes, len(model.graph.node))
         budget = PAYBACK_SHARE * remaining * per
         if est > budget:

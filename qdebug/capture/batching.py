@@ -25,6 +25,7 @@ Any failure stops batching for the rest of the run with the reason, which the re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -142,6 +143,8 @@ def mismatch(batched: Sequence[np.ndarray], alone: Sequence[np.ndarray], names: 
             if not np.array_equal(b, a):
                 return f"tensor {name!r} differs in the batch from the sample alone"
             continue
+        if _close(a, b):
+            continue
         x, y = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
         both_nan = np.isnan(x) & np.isnan(y)
         if not np.array_equal(np.isnan(x), np.isnan(y)) or not np.array_equal(np.isinf(x), np.isinf(y)):
@@ -153,3 +156,15 @@ def mismatch(batched: Sequence[np.ndarray], alone: Sequence[np.ndarray], names: 
         if err > SPLIT_TOLERANCE * energy:
             return f"tensor {name!r} of a sample differs in the batch from the sample alone ({err:.3g} vs {energy:.3g})"
     return None
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    """The common case of :func:`mismatch` in three passes instead of a dozen: both finite, and the difference's
+    energy within the tolerance (sums in the tensors' own float type). ``False`` only means "look closer": a
+    non-finite value or a float32 overflow makes a sum non-finite, and the exact float64 check decides."""
+    if a.dtype != b.dtype or not a.size:
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = (a - b).reshape(-1)
+        err, energy = float(np.vdot(d, d)), float(np.vdot(a.reshape(-1), a.reshape(-1)))
+    return math.isfinite(err) and math.isfinite(energy) and err <= SPLIT_TOLERANCE * energy * 0.5
