@@ -249,11 +249,12 @@ def test_a_run_reuses_its_call_tables_and_gives_the_stateless_sums() -> None:
         assert reducer._kept[id(plan)][0].table is table, step
     f["t1"] = f["t1"].astype(np.float64)
     q["t1_pre"], q["t1_post"] = q["t1_pre"].astype(np.float64), q["t1_post"].astype(np.float64)
-    for _ in range(3):  # every tensor a new array (float64 for t1: a new table): three times, then not kept
+    for k in range(reducer.MISSES):  # every tensor a new array (float64 for t1: a new table), then not kept
+        assert reducer.keeps(plan) == min(k + 1, 2)  # the last two samples' tables, until then
         f = {k: v.copy() for k, v in f.items()}
         q = {k: v.copy() for k, v in q.items()}
         _same(reducer(plan, f, q), compiled.reduce_sample_compiled(plan, f, q))
-    assert reducer._kept[id(plan)] == [] and id(plan) in reducer._fresh
+    assert reducer.keeps(plan) == 0
 
 
 def test_call_tables_repoint_only_to_arrays_of_the_same_kind() -> None:
@@ -289,8 +290,43 @@ def test_a_pipelined_compiled_run_on_bound_outputs_equals_the_sequential_one(
         run = made[0]
         assert run.pipelining is pipelined and run.fetches[0][0].binding is not None
         assert (run.fetches[1][0].binding is not None) is pipelined  # the second set only when pipelined
-        kept = run._whole_reducer._kept  # type: ignore[attr-defined]
-        assert [len(v) for v in kept.values()] == [2 if pipelined else 1]
+        assert run._whole_reducer.keeps(run.plan) == (2 if pipelined else 1)  # type: ignore[attr-defined]
+        first, second = (set(map(id, f.values)) for f, _ in run.fetches)
+        assert not pipelined or not first & second  # the two sets never share an array
     a, b = runs[False], runs[True]
     assert a.cumulative == b.cumulative and a.local == b.local and a.outputs == b.outputs
     np.testing.assert_array_equal(a.per_sample, b.per_sample)
+
+
+def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
+    tiny_float: Path, tiny_quant: Callable[[str], Path]
+) -> None:
+    """As in ``auto``: sample 0 runs plain (batching still possible), then batching is off. The first set of bound
+    outputs to run after sample 0 is surely reduced takes its arrays (sample 2 when pipelined: sample 1 is inferred
+    while sample 0 is reduced, into new arrays of the second set; sample 1 when not) — same sums as a run that
+    never batched, sample by sample."""
+    from qdebug.capture.numpy_backend import NumpyRun
+
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+    pairing = pair_models(fm, qm)
+    samples = list(open_data(None, input_specs(fm), num_samples=7, seed=4))
+    kernel = compiled.kernel()
+    rows = {}
+    for pipelined, batch in ((False, 1), (False, 8), (True, 8)):
+        options = {"reducer": compiled.reduce_sample_compiled, "batch_kernel": kernel, "dequant_whole": True}
+        run = NumpyRun(
+            fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, batch=batch, dequant=True, **options
+        )
+        got = []
+        for i, s in enumerate(samples):
+            if i + 1 < len(samples):
+                run.prefetch(i + 1, samples[i + 1])
+            got.append(run.reduce(i, s))
+            run.batch_limit = 1  # auto's decision after sample 0
+        run.close()
+        assert run._adopted is (batch > 1)
+        first, second = (set(map(id, f.values)) for f, _ in run.fetches)
+        assert not first & second
+        rows[pipelined, batch] = np.array([[x.cumulative.noise, x.local.noise] for x in got])
+    np.testing.assert_array_equal(rows[False, 8], rows[False, 1])
+    np.testing.assert_array_equal(rows[True, 8], rows[False, 1])

@@ -186,28 +186,39 @@ class CachedReducer(CompiledReducer):
     It keeps those arrays alive until they are replaced, so it is for runs whose tensors stay alive anyway (a
     whole-model run's bound outputs), not for segments (each one's tensors are let go when it is reduced)."""
 
+    #: Samples in a row with no kept table usable after which a plan's tables are no longer kept: a run's first
+    #: samples fill both sets of bound outputs one plain run at a time (ppocr-cls: 3 samples), a session that keeps
+    #: returning new arrays (binding failed) would otherwise have two samples' tensors held alive for nothing.
+    MISSES = 4
+
     def __init__(self) -> None:
         self._kept: dict[int, list[_Prepared]] = {}
-        self._fresh: set[int] = set()  # plans whose tensors were new arrays again and again: nothing is kept
+        self._misses: dict[int, int] = {}  # samples in a row no kept table was usable, per plan
 
     def __call__(self, plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> SampleSums:
         """One sample's sums, from a kept call table where this sample's tensors allow."""
-        kept = self._kept.setdefault(id(plan), [])
+        key = id(plan)
+        kept = self._kept.setdefault(key, [])
         for prepared in kept:
             if prepared.plan is plan and prepared.reuse(f, q):
                 kept.remove(prepared)  # last: a pipelined run's next sample is in the other set of bound outputs
                 kept.append(prepared)
+                self._misses[key] = 0
                 return _finish(plan, f, q, prepared)
-        if len(kept) == 2:  # neither set of bound outputs: the session returns new arrays (small outputs are not
-            kept.clear()  # bound, or binding failed); keeping them would only hold two samples' tensors alive
-            self._fresh.add(id(plan))
+        misses = self._misses[key] = self._misses.get(key, 0) + 1
+        if misses >= self.MISSES:
+            kept.clear()
         made = _prepare(plan, f, q)
         if made is None:
             return reduce_sample(plan, f, q)
-        prepared = made
-        if prepared.names is not None and prepared.table is not None and id(plan) not in self._fresh:
-            kept.insert(0, prepared)
-        return _finish(plan, f, q, prepared)
+        if made.names is not None and made.table is not None and misses < self.MISSES:
+            kept.insert(0, made)  # first: the oldest goes
+            del kept[2:]
+        return _finish(plan, f, q, made)
+
+    def keeps(self, plan: ReductionPlan) -> int:
+        """How many call tables are kept for ``plan`` (0 once its tensors have been new arrays too often)."""
+        return len(self._kept.get(id(plan), []))
 
 
 class _Prepared:
