@@ -216,7 +216,10 @@ class NpzFolderData:
             arrays = _read_npz(f, self.specs, self.ignore)
             n = next(iter(arrays.values())).shape[0]
             for i in range(n):
-                yield {k: np.ascontiguousarray(a[i]) for k, a in arrays.items()}
+                # a copy, not a view: a view would keep the whole file's arrays alive while the next file is read
+                # (a capture reads ahead across the boundary), so two files' samples were in memory at once
+                yield {k: a[i].copy() for k, a in arrays.items()}
+            del arrays
 
 
 class ArrayData:

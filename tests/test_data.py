@@ -242,3 +242,32 @@ def test_num_samples_caps_debug_data(tmp_path: Path, tiny_float: Path, tiny_quan
     assert "first 3" in report.meta.data
     report = debug(tiny_float, tiny_quant("u8"), tmp_path / "d.npz")
     assert report.meta.num_samples == 7
+
+
+def test_npz_folder_holds_one_file_in_memory_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Samples are copies: a sample still in use (a capture reads ahead across a file boundary) does not keep its
+    whole file alive, so a file's arrays are gone before the next file is read."""
+    import weakref
+
+    from qdebug import data
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for k in range(3):
+        np.savez(folder / f"{k}.npz", x=_arr(4, seed=k))
+    src = NpzFolderData(folder, [SPEC])
+    read, alive_at_read = [], []
+    real = data._read_npz
+
+    def tracked(*args: object) -> dict[str, np.ndarray]:
+        alive_at_read.append(sum(r() is not None for r in read))
+        arrays = real(*args)  # type: ignore[arg-type]
+        read.extend(weakref.ref(a) for a in arrays.values())
+        return arrays
+
+    monkeypatch.setattr(data, "_read_npz", tracked)
+    held = []
+    for sample in src:
+        held = [*held[-2:], sample]  # the current sample and two read ahead stay alive
+    assert alive_at_read == [0, 0, 0]
+    np.testing.assert_array_equal(held[-1]["x"], _arr(4, seed=2)[-1])
