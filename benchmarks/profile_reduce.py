@@ -10,7 +10,10 @@ samples, best of ``--repeats`` passes:
 * ``bound``: the same with ONNX Runtime writing into the previous sample's arrays (I/O binding, as when not pipelined);
 * ``reduce``: :func:`qdebug.capture.reduction.reduce_sample` on already fetched tensors;
 * ``compiled``: :func:`qdebug.capture.compiled.reduce_sample_compiled` on the same tensors (numba; its one-off
-  compile or cache load happens in the warm-up pass, outside the timing).
+  compile or cache load happens in the warm-up pass, outside the timing);
+* ``bound+cached``: ``bound`` followed by the compiled reduction of those bound arrays with its call tables kept
+  from sample to sample (:meth:`~qdebug.capture.compiled.CompiledReducer.cached`, what a whole-model run does):
+  the whole sequential sample, to compare with ``bound`` + ``compiled``.
 
 Pipelined, the next sample's inference (``exposed``, on a worker thread) overlaps this one's ``reduce``, so the
 per-sample cost is about ``max(exposed, reduce)``: when ``reduce`` alone is more than 1.5× ``floor``, no scheduling
@@ -89,12 +92,19 @@ def profile(model: str, work: Path, n: int, repeats: int) -> dict[str, float]:
     fn_, qn_ = list(plan.float_names), list(plan.quant_names)
     vals = [(dict(zip(fn_, fe.run(fn_, s), strict=True)), dict(zip(qn_, qe.run(qn_, s), strict=True))) for s in samples]
     it, it2 = iter(vals * (repeats + 1)), iter(vals * (repeats + 1))
+    cached = reduce_sample_compiled.cached()
+
+    def bound_cached(s: Mapping[str, np.ndarray]) -> None:
+        f, q = fb.run(s), qb.run(s)
+        cached(plan, dict(zip(fn_, f, strict=True)), dict(zip(qn_, q, strict=True)))
+
     return {
         "floor": _best_ms(lambda s: (fs.run(None, s), qs.run(None, s)), samples, repeats),
         "exposed": _best_ms(lambda s: (fe.run(fn_, s), qe.run(qn_, s)), samples, repeats),
         "bound": _best_ms(lambda s: (fb.run(s), qb.run(s)), samples, repeats),
         "reduce": _best_ms(lambda _s: reduce_sample(plan, *next(it)), samples, repeats),
         "compiled": _best_ms(lambda _s: reduce_sample_compiled(plan, *next(it2)), samples, repeats),
+        "bound+cached": _best_ms(bound_cached, samples, repeats),
         "elements": float(sum(v.size for v in vals[0][0].values()) + sum(v.size for v in vals[0][1].values())),
     }
 
@@ -107,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.1f}; per-sample thread CPU ms (ratio to floor)")
-    print("| model | elements/sample | floor | exposed | bound | reduce | compiled |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | elements/sample | floor | exposed | bound | reduce | compiled | bound+cached |")
+    print("|---|---|---|---|---|---|---|---|")
     for m in a.models:
         r = profile(m, a.work, a.samples, a.repeats)
-        cells = [f"{r[k]:.2f} ({r[k] / r['floor']:.2f}×)" for k in ("exposed", "bound", "reduce", "compiled")]
+        keys = ("exposed", "bound", "reduce", "compiled", "bound+cached")
+        cells = [f"{r[k]:.2f} ({r[k] / r['floor']:.2f}×)" for k in keys]
         print(f"| {m} | {int(r['elements']):,} | {r['floor']:.2f} | {' | '.join(cells)} |")
     return 0
 

@@ -16,15 +16,18 @@ on models with large activations its in-graph float64 reductions cost more per s
 1. samples 0 to :data:`COMPILED_PROBE` run on ``numpy`` (always opened: it is also every backend's fallback), each
    timed, with its reduction and inference apart; the fastest after sample 0 is numpy's per-sample cost (sample
    0's first-run allocations make it a poor measure alone). With fewer than :data:`MIN_REMAINING` samples after
-   sample 0, ``numpy`` keeps the run at once;
+   sample 0, ``numpy`` keeps the run at once; so it does when the C kernel reduces from the first sample (nothing
+   to weigh in 2) and sample 0 already rules the merged graph out as 3 would — tensors too large, or a set-up
+   that even sample 0's time, an over-estimate, would not repay — and the run pipelines from sample 1;
 2. if what the compiled reduction (numba, the ``fast`` extra) would save over the remaining samples exceeds its
    start-up (:data:`qdebug.capture.compiled.STARTUP_S`; :func:`_saving_per_sample`), numba loads on a background
    thread while numpy goes on reducing, and the numpy run switches to that one-pass reduction (``compiled``) at
    the first sample after — no new session, nothing else to measure. Without numba (or if it fails to load) the
    reason says what it would have saved; a run kept on numpy early is weighed the same way once it has the samples;
 3. else, if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
-   (the merged graph is slower per sample there); otherwise the merged model is *built* (no session: a
-   protobuf, cheap) and its set-up is **estimated** from the numpy
+   (the merged graph is slower per sample there); so it does if even the smallest merged graph — both models'
+   nodes plus :data:`MERGED_NODES_PER_PAIR` per pair — could not repay its estimated set-up; otherwise the merged
+   model is *built* (no session: a protobuf, 0.02-0.6 s on the corpus) and its set-up is **estimated** from the numpy
    sessions' measured set-up scaled by the node counts (:func:`estimate_setup`); if that estimate exceeds
    :data:`PAYBACK_SHARE` of the numpy path's remaining time, ``numpy`` keeps the run;
 4. otherwise the merged session is created and the next sample runs on it, timed: the faster per sample keeps the
@@ -297,10 +300,13 @@ class AutoRun:
         self._measure_numpy(self.clock() - t0, index)
         if index == 0 and self._batch_after_sample_0():
             return res
+        mean = float(res.elements.mean()) if res.elements.size else 0.0
         if index == 0 and self.samples - 1 < MIN_REMAINING:
             self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
+        elif index == 0:
+            self._ruled_out_at_sample_0(mean)
         elif len(self.totals) > COMPILED_PROBE:
-            self._decide(index, float(res.elements.mean()) if res.elements.size else 0.0)
+            self._decide(index, mean)
         return res
 
     def _start_trial(self, index: int) -> bool:
@@ -413,18 +419,39 @@ class AutoRun:
         self.numpy.batch_kernel = compiled.kernel()
         self.switched_at = index
 
-    def _open_graph(self, index: int) -> None:
-        """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
-        remaining, per = self.samples - index - 1, self.numpy_per_sample
+    def _graph_cannot_pay(self, remaining: int, per: float, which: str = "") -> bool:
+        """Keep the fetch-and-reduce run, with the reason, if the merged graph's set-up could not pay back even at
+        its smallest: a session of both models' nodes plus :data:`MERGED_NODES_PER_PAIR` per pair, which needs no
+        building it (ppocr-cls: 89 ms, MiniLM: 0.64 s). ``which`` says where ``per`` comes from."""
         nodes = [len(m.graph.node) for m in self.models]
         fewest = sum(nodes) + MERGED_NODES_PER_PAIR * len(self.pairing.activations)
         least = estimate_setup(self.numpy_setup, nodes, fewest)
-        if least > PAYBACK_SHARE * remaining * per:  # not even that pays: no need to build it
-            self._keep_numpy(
-                f"merged graph set-up est. over {_ms(least)} (over {fewest} nodes) > {PAYBACK_SHARE:.0%} of "
-                f"{self.run_name}'s remaining {_ms(remaining * per)} ({remaining} samples x {_ms(per)})"
-            )
+        if least <= PAYBACK_SHARE * remaining * per:
+            return False
+        self._keep_numpy(
+            f"merged graph set-up est. over {_ms(least)} (over {fewest} nodes) > {PAYBACK_SHARE:.0%} of "
+            f"{self.run_name}'s remaining {_ms(remaining * per)} ({remaining} samples x {_ms(per)}{which})"
+        )
+        return True
+
+    def _ruled_out_at_sample_0(self, mean_elements: float) -> None:
+        """With the compiled kernel reducing from sample 0 there is nothing else to weigh: if sample 0 already shows
+        that the merged graph cannot win — tensors too large for it, or a set-up that even sample 0's time (an
+        over-estimate: first-run costs) would not pay back — decide now, and the run pipelines from sample 1
+        instead of timing :data:`COMPILED_PROBE` more samples one by one (ppocr-cls: ~30 ms at N = 64)."""
+        if not self.kernel_ready:
             return
+        if mean_elements > GRAPH_MAX_MEAN_ELEMENTS:
+            self._decide(0, mean_elements)
+        else:
+            self._graph_cannot_pay(self.samples - 1, self.totals[0], ", sample 0's time")
+
+    def _open_graph(self, index: int) -> None:
+        """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
+        remaining, per = self.samples - index - 1, self.numpy_per_sample
+        if self._graph_cannot_pay(remaining, per):
+            return
+        nodes = [len(m.graph.node) for m in self.models]
         try:
             model, layout = merged_model(*self.models, self.pairing)
         except UnsupportedPairError as exc:
