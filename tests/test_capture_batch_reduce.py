@@ -206,3 +206,18 @@ def test_auto_does_not_batch_when_only_two_samples_fit(tmp_path: Path, monkeypat
     asked = debug(fp, qp, data, DebugOptions(batch=4)).meta.capture
     assert auto is not None and auto.batch == 1 and "batches of up to" not in str(auto.reason)
     assert asked is not None and asked.batch == 2
+
+
+def test_auto_does_not_batch_fewer_samples_than_a_full_batch(tmp_path: Path) -> None:
+    """A run whose samples after the first would make one partial batch runs them one per call (that batch's first
+    call at new shapes and its check against a sample alone would not be repaid), and the report says why;
+    ``--batch`` is still obeyed."""
+    fp, qp = _batchable_pair(tmp_path)
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(2).standard_normal((12, 1, 16)).astype(np.float32))
+    auto = debug(fp, qp, data, DebugOptions()).meta.capture
+    assert auto is not None and auto.batch == 1 and "batches of up to" not in str(auto.reason)
+    why = "11 sample(s) after the first, fewer than a full batch"
+    assert auto.batch_reason is not None and why in auto.batch_reason
+    asked = debug(fp, qp, data, DebugOptions(batch=4)).meta.capture
+    assert asked is not None and asked.batch == 4

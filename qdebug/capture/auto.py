@@ -6,7 +6,8 @@ session set-up grows with the *square* of the node count (≈ 5.5e-8 s per node�
 on models with large activations its in-graph float64 reductions cost more per sample than numpy's. So:
 
 0. a model whose inputs all have a batch axis is **batched** when sample 0 shows that at least
-   :data:`AUTO_MIN_BATCH` samples fit in a batch (up to :data:`AUTO_BATCH`; ``batch`` overrides): ``numpy`` keeps
+   :data:`AUTO_MIN_BATCH` samples fit in a batch (up to :data:`AUTO_BATCH`; ``batch`` overrides) and the samples
+   after it fill at least one such batch: ``numpy`` keeps
    the run (a batch pays the per-call costs the merged graph avoids once per batch), and the compiled reduction is
    still weighed as in 2; a **segmented** run (one sample too large to expose at once) reduces with the compiled
    pass from the start, numba loading beside the first sample, exposes the quantized integers instead of post-Q/DQ
@@ -330,9 +331,18 @@ class AutoRun:
     def _batch_after_sample_0(self) -> bool:
         """Once sample 0 has shown how many samples fit in a batch: batch (numpy keeps the run; the merged graph's
         one advantage, small tensors' per-call costs, is what a batch pays once per batch) if enough do — two when
-        the user asked, :data:`AUTO_MIN_BATCH` when ``auto`` decides — else one sample per call from here."""
-        fit = self.numpy.batch_size
-        if self.batch_planned and fit >= (2 if self.batch_asked else AUTO_MIN_BATCH):
+        the user asked, :data:`AUTO_MIN_BATCH` when ``auto`` decides, and then only if a full batch of samples is
+        left: fewer run as one partial batch, whose first call at new shapes and check against a sample alone are
+        not repaid (``bench_batching.py --specs auto:1 auto:auto``: Silero VAD, 27 fit, at N = 8 / 16 / 32 took
+        2.17 / 1.66 / 1.39 ms per sample one by one and 3.47 / 1.83 / 1.20 batched; MiniLM, 5 fit, at N = 8 30.4
+        vs 27.1) — else one sample per call from here."""
+        fit, left = self.numpy.batch_size, self.samples - 1
+        if self.batch_planned and not self.batch_asked and fit >= AUTO_MIN_BATCH and left < fit:
+            self.numpy.batch_reason = (
+                f"{left} sample(s) after the first, fewer than a full batch of {fit}: one partial batch's first call "
+                "and check would not be repaid"
+            )
+        elif self.batch_planned and fit >= (2 if self.batch_asked else AUTO_MIN_BATCH):
             why = "" if self.batch_asked else "the model's inputs have a batch axis, "
             self._keep_numpy(f"{why}batches of up to {fit} samples per inference call")
             return True
