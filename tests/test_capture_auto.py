@@ -171,6 +171,7 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
             return iter({"x": x} for x in xs)
 
     pairing = pair_models(fm, qm)
+    monkeypatch.setattr(numpy_backend, "BIND_BYTES", 1 << 62)  # every run plain: the reference
     plain = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
     monkeypatch.setattr(numpy_backend, "BIND_BYTES", 0)
     bound_runs: list[numpy_backend.BoundFetch] = []
