@@ -198,3 +198,30 @@ def test_large_tensors_keep_numpy_without_building_the_graph(
     run, _ = _run(fm, qm, 12, [0.001, 1.0, 1.0, 1.0, 1.0])
     assert run.final().backend == "compiled" and "elements on average" in run.final().reason
     assert run.graph is None and len(run.totals) == 1  # decided on sample 0
+
+
+def test_samples_read_ahead_before_the_choice_are_announced_once_it_is_made(
+    tiny_float: Path, tiny_quant: Callable[[str], Path]
+) -> None:
+    """The capture loop announces each sample once, when it reads it: those read while ``auto`` was undecided are
+    held and handed to the numpy run when the choice is made, so the pipeline starts at sample 1's reduction."""
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    samples = _samples(fm, 5)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5, batch=1)
+    run.prefetch(1, samples[1])  # the loop reads two ahead of sample 0 (its lookahead while undecided is 1)
+    run.prefetch(2, samples[2])
+    assert run.choice is None and run.numpy._queued == []
+    run.reduce(0, samples[0])
+    assert run.choice is not None and "too few to pay" in run.choice.reason  # 4 left: decided on sample 0
+    assert [i for i, _ in run.numpy._queued] == [1, 2] and run.held == []
+    run.reduce(1, samples[1])
+    if run.numpy.pipelining:  # two cores or more: sample 2 is inferred on the worker while sample 1 is reduced
+        assert run.numpy._pending is not None and run.numpy._pending[0] == {2}
+    pairing = pair_models(fm, qm)
+    sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
+    for i, res in enumerate([run.reduce(i, samples[i]) for i in range(2, 5)], start=2):
+        assert isinstance(res, SampleSums)
+        sums.add(i, res)
+    run.close()
+    _, alone = _run(fm, qm, 5, [0.001] * 5)  # never announced, the same samples: the same sums
+    np.testing.assert_array_equal(sums.rows(), alone.rows()[2:])

@@ -1,12 +1,23 @@
 """The thread trial's decisions (:mod:`qdebug.capture.threads`), fed known sample times: the run that uses it is
-tested in tests/test_capture_segmented.py."""
+tested in tests/test_capture_segmented.py. And a pipelined whole-model run's intra-op threads
+(:data:`~qdebug.capture.numpy_backend.SMALL_CALL_ELEMENTS`), on a real tiny model in ONNX Runtime."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
 import pytest
 
-from qdebug.capture import threads
+from qdebug.capture import numpy_backend, threads
+from qdebug.capture.numpy_backend import NumpyRun
+from qdebug.capture.reduction import ReductionPlan
+from qdebug.capture.segmented import exposed_bytes, mean_elements
 from qdebug.capture.threads import ThreadTrial
+from qdebug.data import open_data
+from qdebug.graph import input_specs, pair_models
 
 
 class Fetch:
@@ -50,3 +61,68 @@ def test_no_trial_on_one_core_or_a_short_run(cores: int, remaining: int) -> None
     trial = ThreadTrial(fetch, cores=cores, remaining=remaining)
     _feed(trial, 0.160, 0.100)
     assert fetch.asked == [] and not trial.active and trial.note is None
+
+
+# -- a pipelined whole-model run's threads: decided from the first sample's input shapes, before any sample runs --
+
+
+def _whole_run(tiny_float: Path, quant: Path, monkeypatch: pytest.MonkeyPatch, cores: int = 2, **kw: Any) -> NumpyRun:
+    fm, qm = onnx.load(str(tiny_float)), onnx.load(str(quant))
+    monkeypatch.setattr(numpy_backend, "usable_cores", lambda: cores)
+    shapes = _shapes(fm)
+    kw.setdefault("pipeline", True)
+    return NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], input_shapes=shapes, **kw)
+
+
+def _shapes(fm: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """One sample's input shapes (what ``debug`` passes as ``input_shapes``)."""
+    sample = next(iter(open_data(None, input_specs(fm), num_samples=1, seed=0)))
+    return {k: tuple(v.shape) for k, v in sample.items()}
+
+
+def _intra_op(sess: Any) -> int:
+    return int(sess.get_session_options().intra_op_num_threads)
+
+
+def test_small_tensors_leave_a_core_to_the_reduction(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, cores=2)
+    assert run.threads == 1 and _intra_op(run.f_sess) == 1 and _intra_op(run.q_sess) == 1
+    assert run.thread_note is not None and "a core left to the reduction" in run.thread_note
+    run4 = _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, cores=4)
+    assert run4.threads == 3 and _intra_op(run4.f_sess) == 3
+
+
+@pytest.mark.parametrize("case", ["large", "sequential", "one core", "no shapes"])
+def test_otherwise_ort_keeps_its_threads(
+    case: str, tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if case == "large":
+        monkeypatch.setattr(numpy_backend, "SMALL_CALL_ELEMENTS", 1)  # every tiny tensor counts as large
+    kw: dict[str, Any] = {"pipeline": case != "sequential"}
+    run = _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, cores=1 if case == "one core" else 2, **kw)
+    if case == "no shapes":
+        fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
+        run = NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], pipeline=True)
+    assert run.threads is None and run.thread_note is None
+    assert _intra_op(run.f_sess) == 0 and _intra_op(run.q_sess) == 0  # 0: ORT's default, one per core
+
+
+def test_a_run_that_will_batch_is_judged_by_its_calls(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fm = onnx.load(str(tiny_float))
+    shapes = _shapes(fm)
+    plan = ReductionPlan.of(pair_models(fm, onnx.load(str(tiny_quant("u8")))))
+    weight = exposed_bytes(fm, plan, shapes)
+    assert weight is not None
+    per_sample = mean_elements(weight, plan)
+    # small per sample, large per call of 8 samples
+    monkeypatch.setattr(numpy_backend, "SMALL_CALL_ELEMENTS", int(per_sample * 2))
+    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8).threads is None
+    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=1).threads == 1
+    # fewer than min_batch would fit: auto runs one sample per call, judged per sample
+    monkeypatch.setattr(numpy_backend, "BATCH_BYTES", 3 * sum(weight.values()))
+    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=4).threads == 1
+    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=2).threads is None

@@ -192,6 +192,7 @@ class AutoRun:
             segment_rule=segment_rule,
             dequant=compiled.available(),  # a segmented run reduces with the compiled pass (_compiled_from_start)
             dequant_whole=compiled.ready(),  # so does every run once the C kernel is built (_kernel_from_start)
+            min_batch=AUTO_MIN_BATCH if batch is None else 2,  # fewer per call: auto runs one sample per call
         )
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None
@@ -201,6 +202,7 @@ class AutoRun:
         self.compiled_weighed = False  # whether the compiled reduction has been weighed (once per run)
         self.missing_fast = ""  # what the compiled reduction would save, when numba is not installed
         self.choice: Choice | None = None
+        self.held: list[tuple[int, Mapping[str, np.ndarray]]] = []  # announced while undecided (:meth:`prefetch`)
         self.batch_asked = batch is not None and batch > 1
         self.batch_planned = self._batches()  # decided after sample 0, once one sample's size is known
         self.kernel_ready = self._kernel_from_start()
@@ -246,7 +248,8 @@ class AutoRun:
 
     def final(self) -> Choice:
         """The choice, also when the data ran out before it was made (or before numba had loaded)."""
-        threads = f"; {self.trial.note}" if self.trial is not None and self.trial.note else ""
+        note = self.trial.note if self.trial is not None else self.numpy.thread_note
+        threads = f"; {note}" if note else ""
         if self.kernel_ready and (self.choice is None or self.choice.backend != "graph"):
             reason = self.choice.reason if self.choice else "the data ran out before the merged graph could be weighed"
             impl = compiled.implementation()
@@ -272,9 +275,23 @@ class AutoRun:
         return self.numpy.lookahead if self.choice is not None and self.current is self.numpy else 1
 
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
-        """Announce the next sample to the numpy run once it is the choice (never while the backends are timed)."""
-        if self.choice is not None and self.current is self.numpy:
+        """Announce the next sample to the numpy run once it is the choice (never while the backends are timed:
+        held until then, see :meth:`_release`)."""
+        if self.choice is None:
+            self.held.append((index, sample))  # the loop holds these samples anyway: no extra memory
+        elif self.current is self.numpy:
             self.numpy.prefetch(index, sample)
+
+    def _release(self, index: int) -> None:
+        """Once the choice is made, announce to the numpy run the samples read ahead while it was not: the loop
+        announces each sample once, so without this the samples already read would run one at a time on this
+        thread (ppocr-cls at N = 8: samples 1 and 2 on this thread, 40 ms, instead of sample 2 inferred beside
+        sample 1's reduction)."""
+        held, self.held = self.held, []
+        if self.choice is not None and self.current is self.numpy:
+            for i, sample in held:
+                if i > index:
+                    self.numpy.prefetch(i, sample)
 
     def close(self) -> None:
         """Stop the numpy run's worker thread (and wait for numba's warm-up, which cannot be interrupted)."""
@@ -295,11 +312,14 @@ class AutoRun:
                 self._measure_numpy(0.0, index)  # a run decided early (few samples) still weighs compiled
             return res
         if self.graph is not None:
-            return self._probe(index, sample)
+            res = self._probe(index, sample)
+            self._release(index)
+            return res
         t0 = self.clock()
         res = self.numpy.reduce(index, sample)
         self._measure_numpy(self.clock() - t0, index)
         if index == 0 and self._batch_after_sample_0():
+            self._release(index)
             return res
         mean = float(res.elements.mean()) if res.elements.size else 0.0
         if index == 0 and self.samples - 1 < MIN_REMAINING:
@@ -308,6 +328,8 @@ class AutoRun:
             self._ruled_out_at_sample_0(mean)
         elif len(self.totals) > COMPILED_PROBE:
             self._decide(index, mean)
+        if self.choice is not None:
+            self._release(index)
         return res
 
     def _start_trial(self, index: int) -> bool:

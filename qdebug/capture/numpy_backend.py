@@ -34,12 +34,19 @@ from qdebug.capture.batching import (
 )
 from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
-from qdebug.capture.segmented import SegmentedFetch, SegmentRule, plan_segments
+from qdebug.capture.segmented import (
+    SegmentedFetch,
+    SegmentPlan,
+    SegmentRule,
+    exposed_bytes,
+    mean_elements,
+    plan_segments,
+)
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing
 
-__all__ = ["BIND_BYTES", "PIPELINE_BYTES", "BoundFetch", "NumpyBackend", "NumpyRun"]
+__all__ = ["BIND_BYTES", "PIPELINE_BYTES", "SMALL_CALL_ELEMENTS", "BoundFetch", "NumpyBackend", "NumpyRun"]
 
 #: Below this many output bytes per sample a plain run is used instead of bound outputs. 0: every run binds. It was
 #: 4 MB while the compiled pass rebuilt its call for every sample; now that it reuses the call for arrays that stay
@@ -49,6 +56,14 @@ BIND_BYTES = 0
 #: reduced: two samples' tensors are alive at once, so larger ones (PP-OCRv4 rec: ~350 MB) are not pipelined and
 #: peak memory stays one sample's tensors.
 PIPELINE_BYTES = 160 << 20
+#: A pipelined whole-model run whose inference calls handle tensors of at most this many elements on average (one
+#: sample's, times the samples per call when it will batch) gives its sessions one intra-op thread fewer than the
+#: cores: the reduction keeps a core, and ORT's threads, woken from sleep for every node (no spinning next to the
+#: reduction), cost more than they save on such small tensors. Per sample at N = 64, default threads vs one
+#: (docs/benchmarks.md): ppocr-cls (13,003 elements on average) 8.9 vs 8.0 ms, Silero VAD unbatched (6,610) 2.3
+#: vs 2.2; above it, ddddocr-crnn (82,002) 50 vs 69, YOLOv8n unsegmented (50,086) 64 vs 77, MiniLM batched by 5
+#: (17,879 a sample) 13.5 vs 15.0.
+SMALL_CALL_ELEMENTS = 16384
 
 
 def usable_cores() -> int:
@@ -178,6 +193,7 @@ class NumpyRun:
         segment_rule: SegmentRule | None = None,
         dequant: bool = False,
         dequant_whole: bool = False,
+        min_batch: int = 2,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
@@ -196,16 +212,11 @@ class NumpyRun:
         self.segmented: SegmentedFetch | None = None
         self.segment_note: str | None = None  # how the run was segmented, or why it could not be
         rule = segment_rule or SegmentRule.for_cores(2 if pipeline else 1)
-        above = rule.above
-        cut = None
-        if input_shapes:
-            specs = find_specs(quant_model, pairing) if dequant else None
-            cut = plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget, specs)
-            if cut is not None and cut.dequant:  # checked only when used; a spec ORT does not confirm is exposed
-                good = verified(cut.dequant, quant_model, providers)
-                if len(good) < len(cut.dequant):
-                    cut = plan_segments(float_model, quant_model, self.plan, input_shapes, above, rule.budget, good)
+        cut, weight = self._plan_cut(input_shapes, rule, dequant) if input_shapes else (None, None)
         self.segment_count = 1
+        #: a whole-model run's intra-op threads (``None``: ORT's default) and why (:data:`SMALL_CALL_ELEMENTS`)
+        self.threads: int | None = None
+        self.thread_note: str | None = None
         #: post-Q/DQ tensors a whole-model run computes from their integers (``dequant_whole``), and what the
         #: quantized session exposes in their place
         self.q_specs: dict[str, DequantSpec] = {}
@@ -220,13 +231,14 @@ class NumpyRun:
             self.segmented, self.segment_count = fetch, cut.count
             self.segment_note = (
                 f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
-                f"at once (more than {above >> 20} MB)"
+                f"at once (more than {rule.above >> 20} MB)"
             )
             if cut.dequant:
                 self.segment_note += f"; {len(cut.dequant)} post-Q/DQ tensors computed from their integers"
             if batch > 1:  # a sample that has to be cut in parts cannot share a call with another one
                 self.batch_reason = f"one sample is run in segments ({self.segment_note})"
         else:
+            self.threads, self.thread_note = self._whole_threads(weight, min_batch)
             self._open_whole()
             if self.q_specs:
                 self.segment_note = f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"
@@ -241,6 +253,22 @@ class NumpyRun:
         self._plain: tuple[int, InputKey, list[np.ndarray], list[np.ndarray]] | None = None
         self._adopted = False  # whether a set of bound outputs has taken the arrays of :attr:`_plain`
 
+    def _plan_cut(
+        self, shapes: Mapping[str, tuple[int, ...]], rule: SegmentRule, dequant: bool
+    ) -> tuple[SegmentPlan | None, dict[str, int] | None]:
+        """The segments for samples of input ``shapes`` (``None``: the whole models) and one sample's estimated
+        exposed bytes per float tensor (:func:`~qdebug.capture.segmented.exposed_bytes`; ``None``: unknown)."""
+        (float_model, quant_model), plan = self.models, self.plan
+        weight = exposed_bytes(float_model, plan, shapes)
+        specs = find_specs(quant_model, plan.pairing) if dequant else None
+        args = (float_model, quant_model, plan, shapes, rule.above, rule.budget)
+        cut = plan_segments(*args, specs, weight)
+        if cut is not None and cut.dequant:  # checked only when used; a spec ORT does not confirm is exposed
+            good = verified(cut.dequant, quant_model, self.providers)
+            if len(good) < len(cut.dequant):
+                cut = plan_segments(*args, good, weight)
+        return cut, weight
+
     @property
     def reducer(self) -> Reducer:
         """How a sample is reduced: :func:`~qdebug.capture.reduction.reduce_sample` (the numpy reference) or the
@@ -254,15 +282,37 @@ class NumpyRun:
         cached = getattr(reducer, "cached", None)
         self._whole_reducer: Reducer = cached() if cached is not None else reducer
 
+    def _whole_threads(self, weight: Mapping[str, int] | None, min_batch: int) -> tuple[int | None, str | None]:
+        """The whole-model sessions' intra-op threads and why: one fewer than the cores when the run pipelines and
+        its inference calls handle small tensors (:data:`SMALL_CALL_ELEMENTS`, estimated from the first sample's
+        input shapes: the sessions are made before any sample runs), else ORT's default (``None``, no note)."""
+        cores = usable_cores()
+        if not self.pipeline_allowed or weight is None or cores < 2:
+            return None, None
+        mean = mean_elements(weight, self.plan)
+        per_call = 1
+        graph = self.models[0].graph
+        inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+        if self.batch_limit >= min_batch and set(self.axes) >= inputs:
+            fit = min(self.batch_limit, BATCH_BYTES // max(1, sum(weight.values())))
+            per_call = fit if fit >= min_batch else 1  # what it would batch; fewer: auto runs one per call
+        if mean * per_call > SMALL_CALL_ELEMENTS:
+            return None, None
+        calls = f"{per_call} samples per call x " if per_call > 1 else ""
+        return cores - 1, (
+            f"inference on {cores - 1} intra-op thread(s), a core left to the reduction: calls of est. {calls}"
+            f"{mean:,.0f} elements per tensor on average (<= {SMALL_CALL_ELEMENTS:,})"
+        )
+
     def _open_whole(self) -> None:
         """The two sessions exposing every tensor of the plan (a model ORT cannot load: :class:`ModelError`)."""
-        spin, batch = not self.pipeline_allowed, self.batch_limit
+        spin, batch, threads = not self.pipeline_allowed, self.batch_limit, self.threads
         relax = relax_batch_dim if batch > 1 else (lambda m: m)
         f_model = relax(expose_outputs(self.models[0], self.plan.float_names))
-        self.f_sess: Any = make_session(f_model, self.providers, role="float model", spin=spin)
+        self.f_sess: Any = make_session(f_model, self.providers, role="float model", spin=spin, threads=threads)
         del f_model  # a copy of the whole model: not kept next to the session
         q_model = relax(expose_outputs(self.models[1], self.q_names))
-        self.q_sess: Any = make_session(q_model, self.providers, role="quantized model", spin=spin)
+        self.q_sess: Any = make_session(q_model, self.providers, role="quantized model", spin=spin, threads=threads)
         # two sets of bound outputs: a pipelined run infers sample i + 1 into one while sample i is reduced from
         # the other (fresh arrays instead cost the kernel's page faults and zeroing on every sample, and a
         # sample's arrays would be new objects each time, so the compiled pass could not reuse its call tables)

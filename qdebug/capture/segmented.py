@@ -51,6 +51,7 @@ __all__ = [
     "SegmentRule",
     "SegmentedFetch",
     "exposed_bytes",
+    "mean_elements",
     "plan_segments",
     "threshold",
 ]
@@ -185,17 +186,32 @@ def _tensor_bytes(vi: onnx.ValueInfoProto) -> int | None:
     return math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
 
 
+def _multiplicity(plan: ReductionPlan) -> dict[str, int]:
+    """How many values each float tensor of the plan stands for once exposed: itself plus its QDQ model's pre- and
+    post-Q/DQ values (a model output: itself and the quantized model's)."""
+    mult: dict[str, int] = {}
+    for a in plan.pairing.activations:
+        mult[a.tensor_name] = mult.get(a.tensor_name, 0) + 1 + (2 if a.quantized else 1)
+    for o in plan.pairing.outputs:
+        mult[o.output_name] = mult.get(o.output_name, 0) + 2
+    return mult
+
+
+def mean_elements(weight: Mapping[str, int], plan: ReductionPlan) -> float:
+    """The mean size of the plan's float tensors in float32 elements (bytes / 4), from :func:`exposed_bytes`'s
+    ``weight``: the static counterpart of what ``auto`` measures on sample 0 (``SampleSums.elements``)."""
+    mult = _multiplicity(plan)
+    sizes = [w / mult[t] / 4 for t, w in weight.items() if mult.get(t)]
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
 def exposed_bytes(
     float_model: onnx.ModelProto, plan: ReductionPlan, shapes: Mapping[str, tuple[int, ...]]
 ) -> dict[str, int] | None:
     """Exposed bytes per float tensor of the plan (its float value plus its QDQ model's pre- and post-Q/DQ values),
     from shape inference at ``shapes``; ``None`` when more than a tenth of them have no static size (the model's
     shapes depend on data: no estimate, no segmenting)."""
-    mult: dict[str, int] = {}
-    for a in plan.pairing.activations:
-        mult[a.tensor_name] = mult.get(a.tensor_name, 0) + 1 + (2 if a.quantized else 1)
-    for o in plan.pairing.outputs:
-        mult[o.output_name] = mult.get(o.output_name, 0) + 2
+    mult = _multiplicity(plan)
     if not mult:
         return None
     light = _light_copy(float_model, shapes)
@@ -394,14 +410,17 @@ def plan_segments(
     above: int | None = None,
     budget: int | None = None,
     dequant: Mapping[str, DequantSpec] | None = None,
+    weight: Mapping[str, int] | None = None,
 ) -> SegmentPlan | None:
     """The segments for samples of input ``shapes``, or ``None`` when one sample's tensors fit in ``above`` bytes
     (default :data:`SEGMENT_ABOVE`), cannot be estimated, or a model has control flow; ``budget`` is the exposed
     bytes per segment (default :data:`SEGMENT_BYTES`). Of the post-Q/DQ tensors ``dequant`` can compute, those
-    that do not cross a cut are not exposed: their integers are (:attr:`SegmentPlan.dequant`)."""
+    that do not cross a cut are not exposed: their integers are (:attr:`SegmentPlan.dequant`). ``weight``:
+    :func:`exposed_bytes` at ``shapes`` when the caller has it already."""
     above = SEGMENT_ABOVE if above is None else above
     budget = SEGMENT_BYTES if budget is None else budget
-    weight = exposed_bytes(float_model, plan, shapes)
+    if weight is None:
+        weight = exposed_bytes(float_model, plan, shapes)
     if weight is None or sum(weight.values()) <= above or _has_subgraphs(float_model) or _has_subgraphs(quant_model):
         return None
     f_nodes, q_nodes = topological_nodes(float_model.graph), topological_nodes(quant_model.graph)
