@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,11 +170,68 @@ def _weight_result(w: WeightPair, ref: np.ndarray, test: np.ndarray, names: Sequ
     )
 
 
+class WeightCache:
+    """Weight results kept from one :func:`debug` pass to the next (a mixed-precision session's base and its
+    variants): a weight whose float model, integers, scale, zero point and DequantizeLinear are all the same has the
+    same result, so it is not dequantized and measured again — a promotion re-quantizes activations, and changes
+    the few biases whose input scale moved. MiniLM's 67 weights (17 M values, float64 passes) took 1.3 s of a 4.2 s
+    search step (``benchmarks/bench_ops.py``). Bounded: the entries of the last :attr:`passes` passes' weights."""
+
+    def __init__(self, passes: int = 4) -> None:
+        self.passes = passes
+        self._results: OrderedDict[tuple[Any, ...], WeightResult] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def results(
+        self, pairing: Pairing, fm: onnx.ModelProto, qm: onnx.ModelProto, f_sha: str, names: Sequence[str]
+    ) -> list[WeightResult]:
+        """Every weight's result: kept ones where the key matches, else measured (and kept)."""
+        fi, qi = GraphIndex(fm), GraphIndex(qm)
+        metrics = tuple((n, METRICS[n]) for n in names)  # a metric registered again under a name is another key
+        out = []
+        for w in pairing.weights:
+            key = (f_sha, w, _quant_digest(w, qi), metrics)
+            got = self._results.get(key)
+            if got is None:
+                self.misses += 1
+                got = self._results[key] = _weight_result(w, *weight_arrays(w, fi, qi), names)
+            else:
+                self.hits += 1
+            self._results.move_to_end(key)
+            out.append(got)
+        while len(self._results) > self.passes * max(1, len(pairing.weights)):
+            self._results.popitem(last=False)
+        return out
+
+
+def _quant_digest(w: WeightPair, qi: GraphIndex) -> bytes:
+    """A digest of everything a weight's quantized value depends on in the QDQ model: its DequantizeLinear (inputs,
+    attributes) and their constants — the integers, or the float constant and QuantizeLinear quantized in-graph."""
+    h = hashlib.blake2b(digest_size=16)
+    dq = qi.qdq_nodes[w.dq_node]
+    nodes = [dq]
+    if dq.input[0] not in qi.consts and dq.input[0] in qi.producer:
+        nodes.append(qi.producer[dq.input[0]])
+    for node in nodes:
+        h.update(node.SerializeToString())
+        for name in node.input:
+            if name in qi.consts:
+                h.update(qi.consts[name].SerializeToString())
+    return h.digest()
+
+
 def _weight_results(
-    pairing: Pairing, fm: onnx.ModelProto, qm: onnx.ModelProto, opts: DebugOptions
+    pairing: Pairing,
+    fm: onnx.ModelProto,
+    qm: onnx.ModelProto,
+    opts: DebugOptions,
+    f_sha: str,
+    cache: WeightCache | None,
 ) -> list[WeightResult]:
-    fi, qi = GraphIndex(fm), GraphIndex(qm)
     names = opts.selected(METRICS)
+    if cache is not None:
+        return cache.results(pairing, fm, qm, f_sha, names)
+    fi, qi = GraphIndex(fm), GraphIndex(qm)
     return [_weight_result(w, *weight_arrays(w, fi, qi), names) for w in pairing.weights]
 
 
@@ -318,12 +376,14 @@ def debug(
     options: DebugOptions | None = None,
     *,
     progress: ProgressFn | None = None,
+    weight_cache: WeightCache | None = None,
 ) -> DebugReport:
     """Compare a float model with its QDQ-quantized counterpart on the same samples.
 
     Returns local, cumulative, weight and output SQNR per tensor (and every selected registered metric).
     ``data`` is an ``.npz`` path, a folder of them, a mapping of arrays, a :class:`~qdebug.data.DataSource`, or
-    ``None`` for seeded synthetic inputs. Memory stays flat in the number of samples.
+    ``None`` for seeded synthetic inputs. Memory stays flat in the number of samples. ``weight_cache``: weight
+    results of earlier passes to reuse where nothing they depend on changed (:class:`WeightCache`).
     """
     opts = options or DebugOptions()
     t0 = time.perf_counter()
@@ -349,7 +409,7 @@ def debug(
     streaming = opts.selected(STREAMING_METRICS)
     activations = [_activation(j, a, cap, streaming) for j, a in enumerate(pairing.activations)]
     outputs = [_output(j, o, cap, streaming) for j, o in enumerate(pairing.outputs)]
-    weights = _weight_results(pairing, fm, qm, opts)
+    weights = _weight_results(pairing, fm, qm, opts, f_sha, weight_cache)
     summaries = Summaries(
         local=Summary.of([a.local_sqnr_db for a in activations if a.quantized]),
         cumulative=Summary.of([a.cumulative_sqnr_db for a in activations]),

@@ -347,6 +347,18 @@ def test_requantize_reuses_calibration_and_loses_nothing(
     assert Path(fresh.model_path).read_bytes() == produced
 
 
+def test_a_variant_reuses_the_weights_it_did_not_change(
+    session: MixedPrecisionSession, top8: tuple[PromotionPlan, Evaluation]
+) -> None:
+    """The session's debug passes share a :class:`~qdebug.debug.WeightCache`: a promotion re-quantizes activations
+    (and the biases whose input scale moved), so most weights are not measured again, and every result is the one
+    a plain debug pass of the variant gives."""
+    _, ev = top8
+    assert session.weights.hits > 0
+    plain = debug(session.float_path, ev.quantization.model_path, EVAL, DEBUG_OPTIONS)
+    assert ev.report.weights == plain.weights
+
+
 # --------------------------------------------------------------------------------------------- before/after
 
 

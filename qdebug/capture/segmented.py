@@ -41,7 +41,7 @@ from qdebug.capture.dequant import Dequantized, DequantSpec
 from qdebug.capture.reduction import ReductionPlan
 from qdebug.capture.session import make_session, ort_message
 from qdebug.errors import DataError, ModelError
-from qdebug.graph import Pairing, topological_nodes
+from qdebug.graph import Pairing, light_model, topological_nodes
 from qdebug.metrics import BatchSums
 
 __all__ = [
@@ -85,31 +85,6 @@ _KEEP_VALUES = 4096
 _Vals = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]  # values by name: float model, QDQ model
 _Out = tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]  # one segment's outputs per model, its seconds
 Reducer = Any  # Callable[[ReductionPlan, Mapping, Mapping], SampleSums]; Any avoids importing numpy_backend
-
-
-def _light_copy(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """The model with its inputs pinned to ``shapes`` and its large initializers replaced by typed inputs."""
-    g = model.graph
-    light = onnx.helper.make_graph([], g.name, [], list(g.output))
-    light.node.extend(g.node)
-    for i in g.input:
-        vi = onnx.ValueInfoProto()
-        vi.CopyFrom(i)
-        if i.name in shapes and vi.type.HasField("tensor_type"):
-            dims = vi.type.tensor_type.shape
-            dims.ClearField("dim")
-            for d in shapes[i.name]:
-                dims.dim.add().dim_value = int(d)
-        light.input.append(vi)
-    inputs = {i.name for i in g.input}
-    for t in g.initializer:
-        if math.prod(t.dims) <= _KEEP_VALUES:
-            light.initializer.append(t)
-        elif t.name not in inputs:
-            light.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    out = onnx.helper.make_model(light, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    out.functions.extend(model.functions)
-    return out
 
 
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -214,7 +189,7 @@ def exposed_bytes(
     mult = _multiplicity(plan)
     if not mult:
         return None
-    light = _light_copy(float_model, shapes)
+    light = light_model(float_model, shapes, _KEEP_VALUES)
     # ONNX's inference first (C++, milliseconds); where it leaves more than a tenth unknown, one run of a small model
     # or ORT's symbolic inference
     inferred = _onnx_inferred(light)

@@ -23,7 +23,7 @@ import numpy as np
 from qdebug.cluster import ClusterSpec
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource
-from qdebug.debug import DebugOptions, debug
+from qdebug.debug import DebugOptions, WeightCache, debug
 from qdebug.errors import ConfigError
 from qdebug.graph import file_sha256, load_model
 from qdebug.io import atomic_save_model
@@ -112,6 +112,8 @@ class MixedPrecisionSession:
         self.progress: Callable[[int, int, str], None] | None = None
         self._accuracy: dict[str, float] = {}
         self.requantizations = 0
+        #: weight results shared by the session's debug passes: a variant re-measures only the weights it changed
+        self.weights = WeightCache()
         self._held = contextlib.ExitStack()
         #: the target's compatibility fixes applied to the float model (``None``: the model is searched as given)
         self.target_fixes: TargetFixes | None = None
@@ -182,7 +184,9 @@ class MixedPrecisionSession:
         def each(done: int, total: int) -> None:
             self._say(done, total, f"{what}: debugging sample {done}/{total}")
 
-        return debug(self.float_path, qdq_model, self.debug_data, self.debug_options, progress=each)
+        return debug(
+            self.float_path, qdq_model, self.debug_data, self.debug_options, progress=each, weight_cache=self.weights
+        )
 
     def _given_recipe(self, target: str) -> GivenRecipe:
         """The given model's recipe for ``target``, else for the CPU (a target whose rules the given settings break
@@ -373,7 +377,7 @@ class MixedPrecisionSession:
             self._say(done, total, f"{name}: held-out sample {done}/{total}")
 
         opts = replace(self.debug_options, num_samples=None, cluster=None)
-        return debug(self.float_path, path, self.holdout_data, opts, progress=each)
+        return debug(self.float_path, path, self.holdout_data, opts, progress=each, weight_cache=self.weights)
 
     def evaluate_many(self, plans: Sequence[PromotionPlan], names: Sequence[str]) -> list[Evaluation]:
         """:meth:`evaluate` of each plan, in order. With ``debug_options.cluster`` the debug passes run at once, one
