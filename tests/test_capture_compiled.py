@@ -301,10 +301,12 @@ def test_a_pipelined_compiled_run_on_bound_outputs_equals_the_sequential_one(
 def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
-    """As in ``auto``: sample 0 runs plain (batching still possible), then batching is off. The first set of bound
-    outputs to run after sample 0 is surely reduced takes its arrays (sample 2 when pipelined: sample 1 is inferred
-    while sample 0 is reduced, into new arrays of the second set; sample 1 when not) — same sums as a run that
-    never batched, sample by sample."""
+    """As in ``auto``: sample 0 runs plain (batching still possible), then batching is decided off before it is
+    reduced. A set of bound outputs takes sample 0's arrays only once it is reduced: when sample 1 was announced
+    early (it is inferred on the worker while sample 0 is reduced, into new arrays) sample 2's set does; when not
+    (``auto`` announces samples once it has decided), the worker makes sample 2's set while sample 0 is reduced and
+    sample 1's takes sample 0's arrays. Always the same sums as a run that never batched, sample by sample, and the
+    two sets never share an array."""
     from qdebug.capture.numpy_backend import NumpyRun
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
@@ -312,21 +314,27 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     samples = list(open_data(None, input_specs(fm), num_samples=7, seed=4))
     kernel = compiled.kernel()
     rows = {}
-    for pipelined, batch in ((False, 1), (False, 8), (True, 8)):
+    for pipelined, batch, early in ((False, 1, True), (False, 8, True), (True, 8, True), (True, 8, False)):
         options = {"reducer": compiled.reduce_sample_compiled, "batch_kernel": kernel, "dequant_whole": True}
         run = NumpyRun(
             fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, batch=batch, dequant=True, **options
         )
+
+        def no_batching(run: NumpyRun = run) -> None:
+            run.batch_limit = 1
+
         got = []
         for i, s in enumerate(samples):
-            if i + 1 < len(samples):
+            if i + 1 < len(samples) and (early or i > 0):
                 run.prefetch(i + 1, samples[i + 1])
-            got.append(run.reduce(i, s))
-            run.batch_limit = 1  # auto's decision after sample 0
+            got.append(run.reduce(i, s, no_batching if i == 0 else None))
+            if i == 0 and not early:
+                assert run._prep is not None and run._prep[0] == 0  # sample 2's set, made while sample 0 is reduced
+                run.prefetch(1, samples[1])
         run.close()
-        assert run._adopted is (batch > 1)
+        assert run._adopted is (batch > 1) and run._plain is None
         first, second = (set(map(id, f.values)) for f, _ in run.fetches)
-        assert not first & second
-        rows[pipelined, batch] = np.array([[x.cumulative.noise, x.local.noise] for x in got])
-    np.testing.assert_array_equal(rows[False, 8], rows[False, 1])
-    np.testing.assert_array_equal(rows[True, 8], rows[False, 1])
+        assert first and (second or not pipelined) and not first & second
+        rows[pipelined, batch, early] = np.array([[x.cumulative.noise, x.local.noise] for x in got])
+    for case in ((False, 8, True), (True, 8, True), (True, 8, False)):
+        np.testing.assert_array_equal(rows[case], rows[False, 1, True])

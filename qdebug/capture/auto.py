@@ -316,9 +316,15 @@ class AutoRun:
             self._release(index)
             return res
         t0 = self.clock()
-        res = self.numpy.reduce(index, sample)
+        batched: list[bool] = []
+        # batching is decided once sample 0's size is known, before its reduction: a run that will not batch makes
+        # its next set of bound outputs on the idle core meanwhile (NumpyRun._prepare_set)
+        sized = (lambda: batched.append(self._batch_after_sample_0())) if index == 0 else None
+        res = self.numpy.reduce(index, sample, sized)
         self._measure_numpy(self.clock() - t0, index)
-        if index == 0 and self._batch_after_sample_0():
+        if index == 0 and not batched:  # a segmented run: its size is not one sample's tensors
+            batched.append(self._batch_after_sample_0())
+        if index == 0 and batched[0]:
             self._release(index)
             return res
         mean = float(res.elements.mean()) if res.elements.size else 0.0

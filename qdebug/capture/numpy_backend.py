@@ -113,11 +113,11 @@ class BoundFetch:
         self._bind(values, key)
         return values
 
-    def adopt(self, values: Sequence[np.ndarray], sample: Mapping[str, np.ndarray]) -> None:
-        """Bind to ``values`` — arrays of :attr:`names` for samples of ``sample``'s input shapes that nobody needs
-        any more — so that the next run of such a sample is already a bound one (no plain run first)."""
+    def adopt(self, values: Sequence[np.ndarray], key: InputKey) -> None:
+        """Bind to ``values`` — arrays of :attr:`names` for samples of input shapes ``key`` (:func:`input_key`) that
+        nobody needs any more — so that the next run of such a sample is already a bound one (no plain run first)."""
         if self.binding is None and self.usable:
-            self._bind(list(values), input_key(sample))
+            self._bind(list(values), key)
 
     def _bind(self, values: list[np.ndarray], key: tuple[tuple[str, tuple[int, ...], str], ...]) -> None:
         """Bind every output to the array ORT just returned (numeric, contiguous, non-empty ones only)."""
@@ -252,6 +252,9 @@ class NumpyRun:
         #: has not run yet is bound to (:meth:`_prime`)
         self._plain: tuple[int, InputKey, list[np.ndarray], list[np.ndarray]] | None = None
         self._adopted = False  # whether a set of bound outputs has taken the arrays of :attr:`_plain`
+        self._reduced = -1  # the last sample whose reduction has ended (one sample per call)
+        #: a set of bound outputs being made on the worker (its index in :attr:`fetches`), :meth:`_prepare_set`
+        self._prep: tuple[int, Future[None]] | None = None
 
     def _plan_cut(
         self, shapes: Mapping[str, tuple[int, ...]], rule: SegmentRule, dequant: bool
@@ -377,22 +380,63 @@ class NumpyRun:
         if self.segmented is not None:
             self.segmented.close()
 
-    def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
-        """Run both models on the sample (or take its values from a batch or the worker) and reduce."""
+    def reduce(
+        self, index: int, sample: Mapping[str, np.ndarray], sized: Callable[[], None] | None = None
+    ) -> SampleSums:
+        """Run both models on the sample (or take its values from a batch or the worker) and reduce. ``sized`` is
+        called once the first sample's size is known, before it is reduced (``auto`` decides batching there)."""
         if self.segmented is not None:
             return self._reduce_segmented(index, sample)
         item = self._take(index, sample)
         if isinstance(item[0], Batch):
             self._start_next(index)
-            return self._reduce_batched(item[0], index)
+            batched = self._reduce_batched(item[0], index)
+            self._reduced = index
+            return batched
         f_vals, q_vals = item
         if self.sample_bytes is None:
             self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
+            if sized is not None:
+                sized()
         self._start_next(index)
+        self._prepare_set(index)
         t0 = time.perf_counter()
         sums = self._reduce_values((f_vals, q_vals))
         self.reduce_seconds = time.perf_counter() - t0
+        self._reduced = index
         return sums
+
+    def _prepare_set(self, index: int) -> None:
+        """Sample ``index`` ran plain and the run pipelines one sample per call from here: make the arrays of the
+        set of bound outputs that sample ``index`` + 2 will use, and bind them, on the worker thread while this
+        thread reduces sample ``index`` — the core is idle then, and their page faults and bindings (ppocr-cls:
+        24 MB and 1,316 outputs, ~20 ms) were sample 1's, in every sample's way. Sample ``index`` + 1 takes
+        sample ``index``'s own arrays once it is reduced (:meth:`_prime`)."""
+        plain = self._plain
+        if self.fresh or not self.pipelining or plain is None or plain[0] != index or self._prep is not None:
+            return
+        if self._pending is not None:  # sample index + 1 is on the worker: index + 2 takes sample index's arrays
+            return
+        which = index % 2
+        if any(f.binding is not None for f in self.fetches[which]):
+            return
+        self._prep = (which, self._worker().submit(self._fill_set, self.fetches[which], plain))
+
+    @staticmethod
+    def _fill_set(fetches: tuple[BoundFetch, BoundFetch], plain: tuple[int, InputKey, Any, Any]) -> None:
+        """New arrays of the plain run's shapes, touched (zeroed: ``copyto`` lets go of the GIL) and bound."""
+        _, key, f_vals, q_vals = plain
+        for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
+            arrays = [np.empty_like(v) for v in values]
+            for a in arrays:
+                np.copyto(a, 0)
+            fetch.adopt(arrays, key)
+
+    def _worker(self) -> ThreadPoolExecutor:
+        """The one worker thread that infers ahead (made on first use)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-infer")
+        return self._pool
 
     def _reduce_batched(self, batch: Batch, index: int) -> SampleSums:
         """Sample ``index``'s sums from its batch, which is reduced whole the first time one of its samples is asked
@@ -480,9 +524,7 @@ class NumpyRun:
         if first != last + 1:
             return
         group = self._group(*self._queued.pop(0))
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-infer")
-        self._pending = (frozenset(i for i, _ in group), self._pool.submit(self._infer_group, group))
+        self._pending = (frozenset(i for i, _ in group), self._worker().submit(self._infer_group, group))
 
     def _infer(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """Both models' values for one sample (fresh arrays when they are kept past the next call, see
@@ -492,7 +534,13 @@ class NumpyRun:
         model cannot (e.g. a zero point whose shape differs from its scale's, an axis out of range: ORT checks
         those at run time only) is the quantized model's fault, a :class:`ModelError` with that role.
         """
-        fresh, (f_fetch, q_fetch) = self.fresh, self.fetches[index % 2 if self.pipelining else 0]
+        which = index % 2 if self.pipelining else 0
+        fresh, (f_fetch, q_fetch) = self.fresh, self.fetches[which]
+        if self._prep is not None and (self._prep[0] == which or self._prep[1].done()):
+            prep, self._prep = self._prep[1], None
+            prep.result()  # its MemoryError, if any, is raised here
+            if self._all_bound():
+                self._plain = None
         if not fresh:
             self._prime((f_fetch, q_fetch), index, sample)
         try:
@@ -516,21 +564,29 @@ class NumpyRun:
     def _prime(self, fetches: tuple[BoundFetch, BoundFetch], index: int, sample: Mapping[str, np.ndarray]) -> None:
         """A set of bound outputs about to run for the first time: bound at once — its first run is then a bound
         one, a plain run and a re-binding saved (ppocr-cls: the first three samples took 36-42 ms, steady 8.5) — to
-        the arrays of the last plain run when that sample is surely reduced by now (two samples back when
-        pipelining, one when not; the compiled pass's call table of that sample then still fits), else to new
-        arrays of their shapes."""
+        the arrays of the last plain run when that sample has been reduced (the compiled pass's call table of that
+        sample then still fits; on the worker thread, a reduction that ends meanwhile is not seen: new arrays), else
+        to new arrays of their shapes."""
         plain = self._plain
-        if plain is None or plain[1] != input_key(sample) or all(f.binding is not None for f in fetches):
+        key = input_key(sample)
+        if plain is None or plain[1] != key or all(f.binding is not None for f in fetches):
+            if self._all_bound():
+                self._plain = None  # every set is bound: sample 0's arrays are not kept for nothing
             return
         done, _, f_vals, q_vals = plain
-        if self._adopted or index - done < (2 if self.pipelining else 1):
+        if self._adopted or self._reduced < done:
             f_vals, q_vals = [np.empty_like(v) for v in f_vals], [np.empty_like(v) for v in q_vals]
         else:
             self._adopted = True
         for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
-            fetch.adopt(values, sample)
-        if all(f.binding is not None for pair in self.fetches for f in pair):
+            fetch.adopt(values, key)
+        if self._all_bound():
             self._plain = None
+
+    def _all_bound(self) -> bool:
+        """Whether every set of bound outputs the run uses (both when pipelining, else the first) is bound."""
+        sets = self.fetches if self.pipelining else self.fetches[:1]
+        return all(f.binding is not None for pair in sets for f in pair)
 
     def _infer_group(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Ready]:
         """Each sample's values, from one batched inference when the group has several samples and batching
