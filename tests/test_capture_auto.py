@@ -225,3 +225,31 @@ def test_samples_read_ahead_before_the_choice_are_announced_once_it_is_made(
     run.close()
     _, alone = _run(fm, qm, 5, [0.001] * 5)  # never announced, the same samples: the same sums
     np.testing.assert_array_equal(sums.rows(), alone.rows()[2:])
+
+
+def test_a_run_that_will_not_batch_prepares_its_next_outputs_during_sample_0(
+    tiny_float: Path, tiny_quant: Callable[[str], Path]
+) -> None:
+    """``auto`` decides batching once sample 0's size is known, before reducing it: 4 samples left are fewer than a
+    full batch, so the run goes one sample per call and, pipelining, makes sample 2's bound outputs on the worker
+    while sample 0 is reduced. The same sums as the unbatched run."""
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    samples = _samples(fm, 5)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5)
+    assert run.batch_planned
+    res = [run.reduce(0, samples[0])]
+    assert run.numpy.batch_limit == 1 and "fewer than a full batch" in (run.numpy.batch_reason or "")
+    if run.numpy.pipelining:
+        assert run.numpy._prep is not None and run.numpy._prep[0] == 0
+    for i in range(1, 5):
+        if i + 1 < 5:
+            run.prefetch(i + 1, samples[i + 1])
+        res.append(run.reduce(i, samples[i]))
+    run.close()
+    pairing = pair_models(fm, qm)
+    sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
+    for i, r in enumerate(res):
+        assert isinstance(r, SampleSums)
+        sums.add(i, r)
+    _, alone = _run(fm, qm, 5, [0.001] * 5)
+    np.testing.assert_array_equal(sums.rows(), alone.rows())
