@@ -227,20 +227,28 @@ def test_samples_read_ahead_before_the_choice_are_announced_once_it_is_made(
     np.testing.assert_array_equal(sums.rows(), alone.rows()[2:])
 
 
+@pytest.mark.parametrize("small", [True, False])
 def test_a_run_that_will_not_batch_prepares_its_next_outputs_during_sample_0(
-    tiny_float: Path, tiny_quant: Callable[[str], Path]
+    small: bool, tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``auto`` decides batching once sample 0's size is known, before reducing it: 4 samples left are fewer than a
     full batch, so the run goes one sample per call and, pipelining, makes sample 2's bound outputs on the worker
-    while sample 0 is reduced. The same sums as the unbatched run."""
+    while sample 0 is reduced — when a sample's tensors are small (``PREP_BYTES``). The same sums as the unbatched
+    run either way."""
+    from qdebug.capture import numpy_backend
+
+    if not small:
+        monkeypatch.setattr(numpy_backend, "PREP_BYTES", 0)
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     samples = _samples(fm, 5)
     run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5)
     assert run.batch_planned
     res = [run.reduce(0, samples[0])]
     assert run.numpy.batch_limit == 1 and "fewer than a full batch" in (run.numpy.batch_reason or "")
-    if run.numpy.pipelining:
+    if run.numpy.pipelining and small:
         assert run.numpy._prep is not None and run.numpy._prep[0] == 0
+    else:
+        assert run.numpy._prep is None
     for i in range(1, 5):
         if i + 1 < 5:
             run.prefetch(i + 1, samples[i + 1])

@@ -46,7 +46,15 @@ from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing
 
-__all__ = ["BIND_BYTES", "PIPELINE_BYTES", "SMALL_CALL_ELEMENTS", "BoundFetch", "NumpyBackend", "NumpyRun"]
+__all__ = [
+    "BIND_BYTES",
+    "PIPELINE_BYTES",
+    "PREP_BYTES",
+    "SMALL_CALL_ELEMENTS",
+    "BoundFetch",
+    "NumpyBackend",
+    "NumpyRun",
+]
 
 #: Below this many output bytes per sample a plain run is used instead of bound outputs. 0: every run binds. It was
 #: 4 MB while the compiled pass rebuilt its call for every sample; now that it reuses the call for arrays that stay
@@ -64,6 +72,11 @@ PIPELINE_BYTES = 160 << 20
 #: vs 2.2; above it, ddddocr-crnn (82,002) 50 vs 69, YOLOv8n unsegmented (50,086) 64 vs 77, MiniLM batched by 5
 #: (17,879 a sample) 13.5 vs 15.0.
 SMALL_CALL_ELEMENTS = 16384
+#: Up to this many exposed bytes per sample, a pipelined run makes its second set of bound outputs while sample 0 is
+#: reduced (:meth:`NumpyRun._prepare_set`): ppocr-cls (24 MB) 11.8 -> 10.7 ms/sample at N = 8, Silero VAD 2.3 -> 2.1.
+#: Above, a sample is slow enough that those first costs do not show, and the new set beside sample 0's reduction
+#: raised the peak: ddddocr-crnn 606 -> 645 MB, per sample unchanged (50 ms).
+PREP_BYTES = 32 << 20
 
 
 def usable_cores() -> int:
@@ -416,6 +429,8 @@ class NumpyRun:
         if self.fresh or not self.pipelining or plain is None or plain[0] != index or self._prep is not None:
             return
         if self._pending is not None:  # sample index + 1 is on the worker: index + 2 takes sample index's arrays
+            return
+        if (self.sample_bytes or 0) > PREP_BYTES:
             return
         which = index % 2
         if any(f.binding is not None for f in self.fetches[which]):
