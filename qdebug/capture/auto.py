@@ -315,6 +315,7 @@ class AutoRun:
             res = self._probe(index, sample)
             self._release(index)
             return res
+        self.held = [(i, s) for i, s in self.held if i > index]  # the samples reduced so far are not announced
         t0 = self.clock()
         batched: list[bool] = []
         # batching is decided once sample 0's size is known, before its reduction: a run that will not batch makes

@@ -190,6 +190,10 @@ class NumpyRun:
     **Segmented** (:mod:`qdebug.capture.segmented`) when one sample of ``input_shapes`` would expose more than the
     ``segment_rule``'s threshold (default: :meth:`SegmentRule.for_cores` of this process's cores); the rule's
     ``pipelined`` is also the default of ``pipeline`` (a Ray worker passes its one core's rule).
+
+    **Threads**: a pipelined whole-model run whose inference calls handle small tensors (estimated from
+    ``input_shapes``; a call holds the samples that would fit a batch when at least ``min_batch`` do) gives its
+    sessions one intra-op thread fewer than the cores (:data:`SMALL_CALL_ELEMENTS`, :attr:`thread_note`).
     """
 
     def __init__(
