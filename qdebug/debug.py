@@ -33,11 +33,14 @@ from qdebug.graph import (
     weight_arrays,
 )
 from qdebug.metrics import (
+    FROM_STATS,
     METRICS,
     STREAMING_METRICS,
     ErrorSums,
+    Metric,
     SqnrStatus,
     Summary,
+    TensorStats,
     blocked_dot,
     sqnr_from_energies,
 )
@@ -146,13 +149,21 @@ def _channel_worst(w: WeightPair, ref: np.ndarray, d: np.ndarray) -> float | Non
     return min(finite) if finite else None
 
 
+def _metric(fn: Metric, stats: TensorStats, ref: np.ndarray, test: np.ndarray) -> float:
+    """A whole-tensor metric of a weight: a built-in one from the weight's :class:`TensorStats`, another (a user's)
+    on the arrays."""
+    fast = FROM_STATS.get(fn)
+    return fast(stats) if fast is not None else fn(ref, test)
+
+
 def _weight_result(w: WeightPair, ref: np.ndarray, test: np.ndarray, names: Sequence[str]) -> WeightResult:
     with np.errstate(invalid="ignore", over="ignore"):  # ±inf weights: a NONFINITE status, not a warning
         d = ref - test
-        v, st = sqnr_from_energies(blocked_dot(ref.ravel(), ref.ravel()), blocked_dot(d.ravel(), d.ravel()))
+        stats = TensorStats.of(ref.reshape(-1), test.reshape(-1), d.reshape(-1))
+        v, st = sqnr_from_energies(stats.signal, stats.noise)
         worst = _channel_worst(w, ref, d)
-        metrics = {n: METRICS[n](ref, test) for n in names}
-    max_abs = float(np.max(np.abs(d))) if d.size else None
+        metrics = {n: _metric(METRICS[n], stats, ref, test) for n in names}
+    max_abs = stats.max_abs if d.size else None
     return WeightResult(
         weight_name=w.weight_name,
         consumer_node=w.consumer_node,

@@ -225,3 +225,38 @@ def test_summary_excludes_inf_and_none_but_counts_them() -> None:
     empty = Summary.of([math.inf, None])
     assert (empty.count, empty.mean, empty.std, empty.min, empty.max) == (0, None, None, None, None)
     assert (empty.infinite, empty.undefined) == (1, 1)
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+_pairs = st.integers(0, 20000).flatmap(
+    lambda n: st.tuples(
+        hnp.arrays(np.float64, n, elements=st.floats(allow_nan=True, allow_infinity=True, width=32)),
+        hnp.arrays(np.float64, n, elements=st.floats(allow_nan=True, allow_infinity=True, width=32)),
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pair=_pairs, zero_ref=st.booleans(), same=st.booleans())
+def test_builtin_metrics_from_stats_equal_the_functions_bit_for_bit(
+    pair: tuple[np.ndarray, np.ndarray], zero_ref: bool, same: bool
+) -> None:
+    """The weight pass computes the built-in whole-tensor metrics from one :class:`TensorStats` instead of calling
+    them on the arrays (FROM_STATS): the same value, bit for bit, including NaN/±inf, empty, all-zero and identical
+    tensors, and arrays longer than one dot block."""
+    from qdebug.metrics import FROM_STATS, TensorStats
+
+    x, y = pair
+    if zero_ref:
+        x = np.zeros_like(x)
+    if same:
+        y = x.copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        stats = TensorStats.of(x, y, x - y)
+        for name, fn in METRICS.items():
+            if fn in FROM_STATS:
+                assert _same(FROM_STATS[fn](stats), fn(x, y)), name
+    assert set(FROM_STATS) == {sqnr_db, mse, max_abs_error, cosine_similarity}
