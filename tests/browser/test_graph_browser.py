@@ -6,6 +6,7 @@ opens and after every redraw in the shown tab (it used to stay at plotly's defau
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,9 @@ NODES = ".qd-graph .scatterlayer .trace:nth-of-type(3) .points path"
 
 def _hover_name(page: Any, point: Any) -> str:
     line = page.locator(".qd-graph .hoverlayer .hovertext tspan.line").first  # SVG: the first line is the name
+    page.mouse.move(0, 0)  # the last point's label goes first: a label read at once could still be that one's
+    with contextlib.suppress(Exception):  # no label shown (the first hover), or plotly keeps it: hover anyway
+        line.wait_for(state="detached", timeout=5_000)
     for _ in range(3):  # a re-layout under the pointer (a resize after the draw) drops the hover: point again
         point.hover(force=True)
         try:
@@ -74,11 +78,8 @@ def test_graph_click_selects_the_clicked_tensor(
     # Click neighbouring tensors: the inspector shows the tensor the hover named, each time.
     tensors = 0
     for i in range(expanded):
-        name = _hover_name(page, points.nth(i))
-        if not name.startswith("/model."):
+        if not _click_shows(page, points.nth(i)):
             continue  # a group
-        points.nth(i).click(force=True)
-        expect(page.locator(".qd-inspector")).to_contain_text(name)
         tensors += 1
         if tensors == 3:
             break
@@ -97,6 +98,28 @@ def test_graph_click_selects_the_clicked_tensor(
 
 
 #: The width plotly drew the newest figure under ``sel`` at, and its container's (the 100 %-wide column around it).
+def _click_shows(page: Any, point: Any) -> bool:
+    """Hover ``point``; if it names a tensor, click it and expect the inspector to show that name (``False``: a group,
+    not clicked). Under load (a CI run beside benchmarks) a click once went to the neighbour hovered just before,
+    its hover event not yet handled: the point is hovered and clicked once more. A click that selects another
+    tensor every time — the bug this test is for — still fails."""
+    from playwright.sync_api import expect
+
+    inspector = page.locator(".qd-inspector")
+    for attempt in range(2):
+        name = _hover_name(page, point)
+        if not name.startswith("/model."):
+            return False
+        point.click(force=True)
+        try:
+            expect(inspector).to_contain_text(name, timeout=15_000 if attempt == 0 else 60_000)
+            return True
+        except AssertionError:
+            if attempt:
+                raise
+    return True
+
+
 #: A figure replaced by a redraw is marked ``data-old`` first, so the new one is told apart.
 _WIDTHS = """(sel) => { const el = document.querySelector(sel + ':not([data-old])');
     const svg = el && el.querySelector('.main-svg');
