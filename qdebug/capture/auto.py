@@ -243,8 +243,7 @@ class AutoRun:
         """Whether the numpy run will batch: asked for, one sample is not cut into segments, and every input has an
         axis to stack samples on (the first batch still checks that ONNX Runtime runs it and that the values hold)."""
         run = self.numpy
-        inputs = {i.name for i in self.models[0].graph.input} - {t.name for t in self.models[0].graph.initializer}
-        return run.batch_limit > 1 and run.segmented is None and inputs <= set(run.axes)
+        return run.batch_limit > 1 and run.segmented is None and run.stackable
 
     def final(self) -> Choice:
         """The choice, also when the data ran out before it was made (or before numba had loaded)."""

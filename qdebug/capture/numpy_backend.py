@@ -44,7 +44,7 @@ from qdebug.capture.segmented import (
 )
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.errors import DataError, ModelError
-from qdebug.graph import Pairing
+from qdebug.graph import Pairing, input_specs
 
 __all__ = [
     "BIND_BYTES",
@@ -224,6 +224,8 @@ class NumpyRun:
         self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
         self.verified = False  # the first batch has been checked against a sample alone
         self.axes = batch_axes(float_model)
+        #: every real input of the model has an axis to stack samples on (batching is possible at all)
+        self.stackable = {spec.name for spec in input_specs(float_model)} <= set(self.axes)
         self.models, self.providers = (float_model, quant_model), tuple(providers)
         #: one sample's tensors do not fit at once: run and reduce the models segment by segment (segmented.py)
         self.segmented: SegmentedFetch | None = None
@@ -311,9 +313,7 @@ class NumpyRun:
             return None, None
         mean = mean_elements(weight, self.plan)
         per_call = 1
-        graph = self.models[0].graph
-        inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
-        if self.batch_limit >= min_batch and set(self.axes) >= inputs:
+        if self.batch_limit >= min_batch and self.stackable:
             fit = min(self.batch_limit, BATCH_BYTES // max(1, sum(weight.values())))
             per_call = fit if fit >= min_batch else 1  # what it would batch; fewer: auto runs one per call
         if mean * per_call > SMALL_CALL_ELEMENTS:
