@@ -89,3 +89,43 @@ def test_the_cache_is_bounded(tmp_path: Path, tiny_float: Path, tiny_quant: Call
     for name in ("u16_qnn", "s8_per_channel", "u8"):
         debug(tiny_float, tiny_quant(name), weight_cache=cache)
     assert len(cache._results) <= 2 * n
+
+
+def _in_graph_q(quant: Path, out: Path, factor: float = 1.0) -> str:
+    """``quant`` with one weight quantized in-graph — DequantizeLinear(QuantizeLinear(float constant)) instead of
+    DequantizeLinear(integers) — the float constant being the dequantized integers times ``factor``; its name."""
+    qm = load_model(quant)
+    pairing = pair_models(load_model(quant.parent / "tiny.onnx"), qm)
+    w = next(p for p in pairing.weights if p.kind == "weight")
+    qi = GraphIndex(qm)
+    dq = qi.qdq_nodes[w.dq_node]
+    ints_name, scale, zp = dq.input[0], dq.input[1], dq.input[2]
+    init = next(t for t in qm.graph.initializer if t.name == ints_name)
+    ints = numpy_helper.to_array(init)
+    zp_v = numpy_helper.to_array(next(t for t in qm.graph.initializer if t.name == zp))
+    s_v = numpy_helper.to_array(next(t for t in qm.graph.initializer if t.name == scale))
+    values = ((ints.astype(np.float32) - zp_v.astype(np.float32)) * s_v * factor).astype(np.float32)
+    qm.graph.initializer.remove(init)
+    qm.graph.initializer.append(numpy_helper.from_array(values, ints_name + "_float"))
+    q = onnx.helper.make_node("QuantizeLinear", [ints_name + "_float", scale, zp], [ints_name], name=ints_name + "_Q")
+    qm.graph.node.insert(0, q)
+    onnx.save(qm, str(out))
+    return w.weight_name
+
+
+def test_a_weight_quantized_in_graph_is_keyed_by_its_float_constant(
+    tmp_path: Path, tiny_float: Path, tiny_quant: Callable[[str], Path]
+) -> None:
+    """DequantizeLinear(QuantizeLinear(float constant)): the digest covers the QuantizeLinear and its constant, so a
+    changed float constant is measured again, and every result equals a pass without the cache."""
+    same, scaled = tmp_path / "same.qdq.onnx", tmp_path / "scaled.qdq.onnx"
+    name = _in_graph_q(tiny_quant("u8"), same)
+    _in_graph_q(tiny_quant("u8"), scaled, factor=1.7)
+    cache = WeightCache()
+    first = debug(tiny_float, same, weight_cache=cache)
+    assert name in {w.weight_name for w in first.weights}
+    n, misses = len(first.weights), cache.misses
+    second = debug(tiny_float, scaled, weight_cache=cache)
+    assert cache.misses == misses + 1 and cache.hits == n - 1  # only the in-graph weight changed
+    assert _weights(second) == _weights(debug(tiny_float, scaled))
+    assert _weights(first) == _weights(debug(tiny_float, same))
