@@ -201,30 +201,66 @@ def test_large_tensors_keep_numpy_without_building_the_graph(
 
 
 def test_samples_read_ahead_before_the_choice_are_announced_once_it_is_made(
-    tiny_float: Path, tiny_quant: Callable[[str], Path]
+    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The capture loop announces each sample once, when it reads it: those read while ``auto`` was undecided are
     held and handed to the numpy run when the choice is made, so the pipeline starts at sample 1's reduction."""
+    from qdebug.capture import auto
+
+    monkeypatch.setattr(auto, "GRAPH_MAX_MEAN_ELEMENTS", 1)  # the merged graph is ruled out by sample 0
     fm, qm = _models(tiny_float, tiny_quant("u8"))
-    samples = _samples(fm, 5)
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5, batch=1)
+    n = auto.MIN_REMAINING + 4
+    samples = _samples(fm, n)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n, batch=1)
     run.prefetch(1, samples[1])  # the loop reads two ahead of sample 0 (its lookahead while undecided is 1)
     run.prefetch(2, samples[2])
     assert run.choice is None and run.numpy._queued == []
     run.reduce(0, samples[0])
-    assert run.choice is not None and "too few to pay" in run.choice.reason  # 4 left: decided on sample 0
+    assert run.choice is not None and "elements on average" in run.choice.reason  # decided on sample 0
     assert [i for i, _ in run.numpy._queued] == [1, 2] and run.held == []
     run.reduce(1, samples[1])
     if run.numpy.pipelining:  # two cores or more: sample 2 is inferred on the worker while sample 1 is reduced
         assert run.numpy._pending is not None and run.numpy._pending[0] == {2}
     pairing = pair_models(fm, qm)
     sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
-    for i, res in enumerate([run.reduce(i, samples[i]) for i in range(2, 5)], start=2):
+    for i in range(2, n):
+        if i + 1 < n:
+            run.prefetch(i + 1, samples[i + 1])
+        res = run.reduce(i, samples[i])
         assert isinstance(res, SampleSums)
         sums.add(i, res)
     run.close()
-    _, alone = _run(fm, qm, 5, [0.001] * 5)  # never announced, the same samples: the same sums
+    _, alone = _run(fm, qm, n, [0.001] * 5)  # never announced, the same samples: the same sums
     np.testing.assert_array_equal(sums.rows(), alone.rows()[2:])
+
+
+def test_a_run_too_short_to_weigh_is_decided_before_sample_0(
+    tiny_float: Path, tiny_quant: Callable[[str], Path]
+) -> None:
+    """With fewer than ``MIN_REMAINING`` samples after sample 0 nothing is weighed, so ``auto`` decides before any
+    sample: the samples the loop reads ahead go to the numpy run at once, and sample 1 is inferred on the worker
+    while sample 0 is reduced (ppocr-cls at N = 8: it ran after, on the main thread). The same sums."""
+    fm, qm = _models(tiny_float, tiny_quant("u8"))
+    samples = _samples(fm, 5)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5, batch=1)
+    assert run.choice is not None and "too few to pay" in run.choice.reason
+    run.prefetch(1, samples[1])
+    assert [i for i, _ in run.numpy._queued] == [1] and run.held == []
+    res = [run.reduce(0, samples[0])]
+    if run.numpy.pipelining:  # two cores or more
+        assert run.numpy._pending is not None and run.numpy._pending[0] == {1}
+    for i in range(1, 5):
+        if i + 1 < 5:
+            run.prefetch(i + 1, samples[i + 1])
+        res.append(run.reduce(i, samples[i]))
+    run.close()
+    pairing = pair_models(fm, qm)
+    sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
+    for i, r in enumerate(res):
+        assert isinstance(r, SampleSums)
+        sums.add(i, r)
+    _, alone = _run(fm, qm, 5, [0.001] * 5)  # never announced: the same sums
+    np.testing.assert_array_equal(sums.rows(), alone.rows())
 
 
 @pytest.mark.parametrize("small", [True, False])

@@ -208,6 +208,10 @@ class AutoRun:
         self.kernel_ready = self._kernel_from_start()
         if self.numpy.segmented is not None and samples > 1 and compiled.available():
             self._compiled_from_start()
+        if self.choice is None and samples - 1 < MIN_REMAINING:
+            # decided before sample 0, not after it: sample 1 is then announced to the numpy run at once and
+            # inferred on the worker while sample 0 is reduced (ppocr-cls at N = 8: it ran after, on this thread)
+            self._keep_numpy(f"{samples} sample(s): too few to pay for a second session")
 
     def _kernel_from_start(self) -> bool:
         """Reduce with the compiled pass from sample 0 when it costs nothing to load (the C kernel is built,
@@ -306,7 +310,11 @@ class AutoRun:
                 self._switch(index)
             if self.trial is not None or self._start_trial(index):
                 return self._timed_for_trial(index, sample)
-            res = self.current.reduce(index, sample)
+            res: SampleSums | Fallback
+            if index == 0 and self.current is self.numpy:
+                res = self._numpy_sample_0(index, sample)[0]
+            else:
+                res = self.current.reduce(index, sample)
             if self.choice.backend == "numpy" and self.current is self.numpy and not self.compiled_weighed:
                 self._measure_numpy(0.0, index)  # a run decided early (few samples) still weighs compiled
             return res
@@ -316,27 +324,29 @@ class AutoRun:
             return res
         self.held = [(i, s) for i, s in self.held if i > index]  # the samples reduced so far are not announced
         t0 = self.clock()
-        batched: list[bool] = []
-        # batching is decided once sample 0's size is known, before its reduction: a run that will not batch makes
-        # its next set of bound outputs on the idle core meanwhile (NumpyRun._prepare_set)
-        sized = (lambda: batched.append(self._batch_after_sample_0())) if index == 0 else None
-        res = self.numpy.reduce(index, sample, sized)
+        sums, batched = self._numpy_sample_0(index, sample) if index == 0 else (self.numpy.reduce(index, sample), False)
         self._measure_numpy(self.clock() - t0, index)
-        if index == 0 and not batched:  # a segmented run: its size is not one sample's tensors
-            batched.append(self._batch_after_sample_0())
-        if index == 0 and batched[0]:
+        if batched:
             self._release(index)
-            return res
-        mean = float(res.elements.mean()) if res.elements.size else 0.0
-        if index == 0 and self.samples - 1 < MIN_REMAINING:
-            self._keep_numpy(f"{self.samples} sample(s): too few to pay for a second session")
-        elif index == 0:
+            return sums
+        mean = float(sums.elements.mean()) if sums.elements.size else 0.0
+        if index == 0:
             self._ruled_out_at_sample_0(mean)
         elif len(self.totals) > COMPILED_PROBE:
             self._decide(index, mean)
         if self.choice is not None:
             self._release(index)
-        return res
+        return sums
+
+    def _numpy_sample_0(self, index: int, sample: Mapping[str, np.ndarray]) -> tuple[SampleSums, bool]:
+        """Sample 0 on the numpy run, and whether the run batches from here: decided once the sample's size is known,
+        before its reduction — a run that will not batch then infers its next sample, or makes its next set of bound
+        outputs, on the idle core meanwhile (:meth:`NumpyRun.reduce`)."""
+        batched: list[bool] = []
+        res = self.numpy.reduce(index, sample, lambda: batched.append(self._batch_after_sample_0()))
+        if not batched:  # a segmented run: its size is not one sample's tensors
+            batched.append(self._batch_after_sample_0())
+        return res, batched[0]
 
     def _start_trial(self, index: int) -> bool:
         """From the second sample the compiled pass reduces of a pipelined segmented run: time the segments'

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from qdebug.capture.arena import carve, estimate_bytes, touched
 from qdebug.capture.base import SampleSums
 from qdebug.capture.batch_reduce import BatchTensors, reduce_batch
 from qdebug.capture.batching import (
@@ -233,6 +235,10 @@ class NumpyRun:
         rule = segment_rule or SegmentRule.for_cores(2 if pipeline else 1)
         cut, weight = self._plan_cut(input_shapes, rule, dequant) if input_shapes else (None, None)
         self.segment_count = 1
+        #: one sample's estimated exposed bytes (:func:`~qdebug.capture.arena.estimate_bytes`) when its worker
+        #: touches a buffer that size during sample 0's inference for the second set of bound outputs (0: not)
+        self._arena_bytes = 0
+        self._arenas: list[Future[np.ndarray]] = []  # that buffer, until a set takes it (``pop()``: one set only)
         #: a whole-model run's intra-op threads (``None``: ORT's default) and why (:data:`SMALL_CALL_ELEMENTS`)
         self.threads: int | None = None
         self.thread_note: str | None = None
@@ -259,6 +265,9 @@ class NumpyRun:
         else:
             self.threads, self.thread_note = self._whole_threads(weight, min_batch)
             self._open_whole()
+            if self.pipeline_allowed and weight is not None:
+                est = estimate_bytes(self.plan, weight, self.q_specs)
+                self._arena_bytes = est if est is not None and est <= PREP_BYTES else 0
             if self.q_specs:
                 self.segment_note = f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
@@ -394,6 +403,7 @@ class NumpyRun:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._arenas.clear()
         if self.segmented is not None:
             self.segmented.close()
 
@@ -404,6 +414,9 @@ class NumpyRun:
         called once the first sample's size is known, before it is reduced (``auto`` decides batching there)."""
         if self.segmented is not None:
             return self._reduce_segmented(index, sample)
+        if self._arena_bytes:  # sample 0: its inference runs on this thread, the worker is idle
+            self._arenas.append(self._worker().submit(touched, self._arena_bytes))
+            self._arena_bytes = 0
         item = self._take(index, sample)
         if isinstance(item[0], Batch):
             self._start_next(index)
@@ -415,6 +428,8 @@ class NumpyRun:
             self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
             if sized is not None:
                 sized()
+            if self.fresh:  # batching: no set of bound outputs, nothing to carve
+                self._arenas.clear()
         self._start_next(index)
         self._prepare_set(index)
         t0 = time.perf_counter()
@@ -441,15 +456,30 @@ class NumpyRun:
             return
         self._prep = (which, self._worker().submit(self._fill_set, self.fetches[which], plain))
 
-    @staticmethod
-    def _fill_set(fetches: tuple[BoundFetch, BoundFetch], plain: tuple[int, InputKey, Any, Any]) -> None:
+    def _fill_set(self, fetches: tuple[BoundFetch, BoundFetch], plain: tuple[int, InputKey, Any, Any]) -> None:
         """New arrays of the plain run's shapes, touched (zeroed: ``copyto`` lets go of the GIL) and bound."""
         _, key, f_vals, q_vals = plain
-        for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
-            arrays = [np.empty_like(v) for v in values]
-            for a in arrays:
-                np.copyto(a, 0)
+        f_new, q_new, was_touched = self._new_set(f_vals, q_vals)
+        for fetch, arrays in zip(fetches, (f_new, q_new), strict=True):
+            if not was_touched:
+                for a in arrays:
+                    np.copyto(a, 0)
             fetch.adopt(arrays, key)
+
+    def _new_set(
+        self, f_vals: Sequence[np.ndarray], q_vals: Sequence[np.ndarray]
+    ) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
+        """New arrays like a sample's values for a set of bound outputs, and whether they are touched already: views
+        into the buffer the worker touched during sample 0 (:mod:`qdebug.capture.arena`) the first time, if they fit,
+        else ``empty_like``. Called on either thread: ``pop()`` hands the buffer to one set only."""
+        try:
+            buffer = self._arenas.pop().result()
+        except IndexError:
+            buffer = None
+        carved = carve(buffer, [*f_vals, *q_vals]) if buffer is not None else None
+        if carved is None:
+            return [np.empty_like(v) for v in f_vals], [np.empty_like(v) for v in q_vals], False
+        return carved[: len(f_vals)], carved[len(f_vals) :], True
 
     def _worker(self) -> ThreadPoolExecutor:
         """The one worker thread that infers ahead (made on first use)."""
@@ -543,7 +573,24 @@ class NumpyRun:
         if first != last + 1:
             return
         group = self._group(*self._queued.pop(0))
-        self._pending = (frozenset(i for i, _ in group), self._worker().submit(self._infer_group, group))
+        (index, sample), which = group[0], group[0][0] % 2
+        if len(group) == 1 and not self.fresh and (self._prep is None or self._prep[0] != which):
+            # its set of bound outputs is bound here first: binding is Python under the GIL, which this thread's
+            # call-table building would otherwise hold while the worker waits to bind (ppocr-cls: sample 1's
+            # inference began 4 ms late); bound, the worker's inference runs beside this thread without it
+            self._prime(self.fetches[which], index, sample)
+        began = threading.Event()
+        self._pending = (frozenset(i for i, _ in group), self._worker().submit(self._begin, began, group))
+        if self._prep is None or self._prep[1].done():
+            # until the worker has the GIL: its few lines of Python before ONNX Runtime lets go of the GIL would
+            # otherwise wait out this thread's next Python (a call table: 3-6 ms) up to the interpreter's switch
+            # interval, 5 ms (ppocr-cls: samples 1 and 2 began 4.5-5 ms late)
+            began.wait(0.05)  # a bound: the worker may still be touching the arena (~7 ms), nothing waits longer
+
+    def _begin(self, began: threading.Event, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Ready]:
+        """:meth:`_infer_group` on the worker, once it has said it began."""
+        began.set()
+        return self._infer_group(group)
 
     def _infer(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """Both models' values for one sample (fresh arrays when they are kept past the next call, see
@@ -585,22 +632,39 @@ class NumpyRun:
         one, a plain run and a re-binding saved (ppocr-cls: the first three samples took 36-42 ms, steady 8.5) — to
         the arrays of the last plain run when that sample has been reduced (the compiled pass's call table of that
         sample then still fits; on the worker thread, a reduction that ends meanwhile is not seen: new arrays), else
-        to new arrays of their shapes."""
-        plain = self._plain
+        to new arrays of their shapes; with no plain run (one sample per call from the start: the other set bound
+        itself on sample 0), to views of the touched buffer (:meth:`_new_set`) shaped like the other set's."""
         key = input_key(sample)
-        if plain is None or plain[1] != key or all(f.binding is not None for f in fetches):
+        if all(f.binding is not None for f in fetches):
             if self._all_bound():
                 self._plain = None  # every set is bound: sample 0's arrays are not kept for nothing
+                self._arenas.clear()
             return
-        done, _, f_vals, q_vals = plain
-        if self._adopted or self._reduced < done:
-            f_vals, q_vals = [np.empty_like(v) for v in f_vals], [np.empty_like(v) for v in q_vals]
+        plain = self._plain
+        if plain is not None and plain[1] == key:
+            done, _, f_vals, q_vals = plain
+            if self._adopted or self._reduced < done:
+                f_vals, q_vals, _ = self._new_set(f_vals, q_vals)
+            else:
+                self._adopted = True
+        elif plain is None and self._arenas and (like := self._bound_like(key)) is not None:
+            f_vals, q_vals, was_touched = self._new_set(*like)
+            if not was_touched:  # did not fit: its first run is a plain one, which binds it
+                return
         else:
-            self._adopted = True
+            return
         for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
             fetch.adopt(values, key)
         if self._all_bound():
             self._plain = None
+            self._arenas.clear()
+
+    def _bound_like(self, key: InputKey) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+        """The arrays of a set of bound outputs bound for samples of input shapes ``key``, if one is."""
+        for f, q in self.fetches:
+            if f.binding is not None and q.binding is not None and f.key == key and q.key == key:
+                return f.values, q.values
+        return None
 
     def _all_bound(self) -> bool:
         """Whether every set of bound outputs the run uses (both when pipelining, else the first) is bound."""

@@ -53,6 +53,7 @@ __all__ = [
     "exposed_bytes",
     "mean_elements",
     "plan_segments",
+    "tensor_elements",
     "threshold",
 ]
 
@@ -172,11 +173,17 @@ def _multiplicity(plan: ReductionPlan) -> dict[str, int]:
     return mult
 
 
+def tensor_elements(weight: Mapping[str, int], plan: ReductionPlan) -> dict[str, float]:
+    """Each float tensor's size in float32 elements (bytes / 4), from :func:`exposed_bytes`'s ``weight`` (which
+    counts every value the tensor stands for once exposed)."""
+    mult = _multiplicity(plan)
+    return {t: w / mult[t] / 4 for t, w in weight.items() if mult.get(t)}
+
+
 def mean_elements(weight: Mapping[str, int], plan: ReductionPlan) -> float:
     """The mean size of the plan's float tensors in float32 elements (bytes / 4), from :func:`exposed_bytes`'s
     ``weight``: the static counterpart of what ``auto`` measures on sample 0 (``SampleSums.elements``)."""
-    mult = _multiplicity(plan)
-    sizes = [w / mult[t] / 4 for t, w in weight.items() if mult.get(t)]
+    sizes = list(tensor_elements(weight, plan).values())
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 
