@@ -74,10 +74,12 @@ PIPELINE_BYTES = 160 << 20
 #: vs 2.2; above it, ddddocr-crnn (82,002) 50 vs 69, YOLOv8n unsegmented (50,086) 64 vs 77, MiniLM batched by 5
 #: (17,879 a sample) 13.5 vs 15.0.
 SMALL_CALL_ELEMENTS = 16384
-#: Up to this many exposed bytes per sample, a pipelined run makes its second set of bound outputs while sample 0 is
-#: reduced (:meth:`NumpyRun._prepare_set`): ppocr-cls (24 MB) 11.8 -> 10.7 ms/sample at N = 8, Silero VAD 2.3 -> 2.1.
-#: Above, a sample is slow enough that those first costs do not show, and the new set beside sample 0's reduction
-#: raised the peak: ddddocr-crnn 606 -> 645 MB, per sample unchanged (50 ms).
+#: Up to this many exposed bytes per sample (estimated before sample 0 for the first, measured on it for the second),
+#: a pipelined run's worker populates a buffer for its second set of bound outputs while sample 0 is inferred
+#: (:mod:`qdebug.capture.arena`), and makes that set while sample 0 is reduced when sample 1 is not on the worker
+#: (:meth:`NumpyRun._prepare_set`): ppocr-cls (24 MB) 11.8 -> 7.5-8.4 ms/sample at N = 8 with both. Above, a sample
+#: is slow enough that those first costs do not show, and the new set beside sample 0's reduction raised the peak:
+#: ddddocr-crnn 606 -> 645 MB, per sample unchanged (50 ms).
 PREP_BYTES = 32 << 20
 
 
