@@ -252,26 +252,9 @@ class NumpyRun:
         swapped = (self.q_specs[n].ints if n in self.q_specs else n for n in self.plan.quant_names)
         self.q_names = list(dict.fromkeys(swapped))  # two post tensors may share one QuantizeLinear's integers
         if cut is not None:
-            # pipelined by segment instead (the next segment inferred while this one is reduced), not by sample:
-            # two samples' tensors are what segmenting avoids
-            fetch = SegmentedFetch(cut, self.models, providers, pipelined=self.pipeline_allowed)
-            self.segmented, self.segment_count = fetch, cut.count
-            self.segment_note = (
-                f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
-                f"at once (more than {rule.above >> 20} MB)"
-            )
-            if cut.dequant:
-                self.segment_note += f"; {len(cut.dequant)} post-Q/DQ tensors computed from their integers"
-            if batch > 1:  # a sample that has to be cut in parts cannot share a call with another one
-                self.batch_reason = f"one sample is run in segments ({self.segment_note})"
+            self._open_segmented(cut, rule, batch)
         else:
-            self.threads, self.thread_note = self._whole_threads(weight, min_batch)
-            self._open_whole()
-            if self.pipeline_allowed and weight is not None:
-                est = estimate_bytes(self.plan, weight, self.q_specs)
-                self._arena_bytes = est if est is not None and est <= PREP_BYTES else 0
-            if self.q_specs:
-                self.segment_note = f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"
+            self._open_whole_run(weight, min_batch)
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
         self.alone: dict[InputKey, tuple[Shapes, Shapes]] = {}  # tensor shapes of one sample, per input shapes
         self._pool: ThreadPoolExecutor | None = None
@@ -285,6 +268,35 @@ class NumpyRun:
         self._reduced = -1  # the last sample whose reduction has ended (one sample per call)
         #: a set of bound outputs being made on the worker (its index in :attr:`fetches`), :meth:`_prepare_set`
         self._prep: tuple[int, Future[None]] | None = None
+
+    def _open_segmented(self, cut: SegmentPlan, rule: SegmentRule, batch: int) -> None:
+        """Pipelined by segment instead (the next segment inferred while this one is reduced), not by sample: two
+        samples' tensors are what segmenting avoids."""
+        fetch = SegmentedFetch(cut, self.models, self.providers, pipelined=self.pipeline_allowed)
+        self.segmented, self.segment_count = fetch, cut.count
+        self.segment_note = (
+            f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
+            f"at once (more than {rule.above >> 20} MB)"
+        )
+        if cut.dequant:
+            self.segment_note += f"; {len(cut.dequant)} post-Q/DQ tensors computed from their integers"
+        if batch > 1:  # a sample that has to be cut in parts cannot share a call with another one
+            self.batch_reason = f"one sample is run in segments ({self.segment_note})"
+
+    def _open_whole_run(self, weight: Mapping[str, int] | None, min_batch: int) -> None:
+        """The whole models' sessions, their threads, and the buffer for a second set of bound outputs: one
+        sample's estimated size (:mod:`qdebug.capture.arena`) when the run will pipeline one sample per call —
+        not when it is expected to batch (a batch's outputs are new arrays) or a sample is above ``PREP_BYTES``."""
+        self.threads, self.thread_note = self._whole_threads(weight, min_batch)
+        self._open_whole()
+        if self.q_specs:
+            self.segment_note = f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"
+        est = estimate_bytes(self.plan, weight, self.q_specs) if self.pipeline_allowed and weight else None
+        if est is None or not 0 < est <= PREP_BYTES:
+            return
+        fit = min(self.batch_limit, BATCH_BYTES // est)
+        if not (self.stackable and fit >= min_batch):
+            self._arena_bytes = est
 
     def _plan_cut(
         self, shapes: Mapping[str, tuple[int, ...]], rule: SegmentRule, dequant: bool
