@@ -471,7 +471,8 @@ class NumpyRun:
         self._prep = (which, self._worker().submit(self._fill_set, self.fetches[which], plain))
 
     def _fill_set(self, fetches: tuple[BoundFetch, BoundFetch], plain: tuple[int, InputKey, Any, Any]) -> None:
-        """New arrays of the plain run's shapes, touched (zeroed: ``copyto`` lets go of the GIL) and bound."""
+        """New arrays of the plain run's shapes, bound: views of the buffer populated during sample 0 when there is
+        one, else new ones touched here (zeroed: ``copyto`` lets go of the GIL)."""
         _, key, f_vals, q_vals = plain
         f_new, q_new, was_touched = self._new_set(f_vals, q_vals)
         for fetch, arrays in zip(fetches, (f_new, q_new), strict=True):
