@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +44,7 @@ from qdebug.capture.segmented import (
     plan_segments,
 )
 from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
+from qdebug.capture.threads import submit_started
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing, input_specs
 
@@ -594,18 +594,9 @@ class NumpyRun:
             # call-table building would otherwise hold while the worker waits to bind (ppocr-cls: sample 1's
             # inference began 4 ms late); bound, the worker's inference runs beside this thread without it
             self._prime(self.fetches[which], index, sample)
-        began = threading.Event()
-        self._pending = (frozenset(i for i, _ in group), self._worker().submit(self._begin, began, group))
-        if self._prep is None or self._prep[1].done():
-            # until the worker has the GIL: its few lines of Python before ONNX Runtime lets go of the GIL would
-            # otherwise wait out this thread's next Python (a call table: 3-6 ms) up to the interpreter's switch
-            # interval, 5 ms (ppocr-cls: samples 1 and 2 began 4.5-5 ms late)
-            began.wait(0.05)  # a bound: the worker may still be touching the arena (~7 ms), nothing waits longer
-
-    def _begin(self, began: threading.Event, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Ready]:
-        """:meth:`_infer_group` on the worker, once it has said it began."""
-        began.set()
-        return self._infer_group(group)
+        idle = self._prep is None or self._prep[1].done()  # else the worker is making a set: do not wait for it
+        submit = submit_started if idle else ThreadPoolExecutor.submit
+        self._pending = (frozenset(i for i, _ in group), submit(self._worker(), self._infer_group, group))
 
     def _infer(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """Both models' values for one sample (fresh arrays when they are kept past the next call, see

@@ -40,6 +40,7 @@ from qdebug.capture.base import SampleSums
 from qdebug.capture.dequant import Dequantized, DequantSpec
 from qdebug.capture.reduction import ReductionPlan
 from qdebug.capture.session import make_session, ort_message
+from qdebug.capture.threads import submit_started
 from qdebug.errors import DataError, ModelError
 from qdebug.graph import Pairing, light_model, topological_nodes
 from qdebug.metrics import BatchSums
@@ -592,8 +593,8 @@ class SegmentedFetch:
             vals[0].update(f)
             vals[1].update(q)
             infer_s += took
-            if pending is not None and j + 1 < k:
-                pending = self._worker().submit(self._infer, j + 1, self._inputs(j + 1, vals), index)
+            if pending is not None and j + 1 < k:  # started before this thread builds segment j's call table
+                pending = submit_started(self._worker(), self._infer, j + 1, self._inputs(j + 1, vals), index)
             t0 = time.perf_counter()
             quant = Dequantized(vals[1], self.segments.dequant) if self.segments.dequant else vals[1]
             sums.append(reducer(plan, vals[0], quant))
