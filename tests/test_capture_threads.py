@@ -4,6 +4,8 @@ tested in tests/test_capture_segmented.py. And a pipelined whole-model run's int
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,3 +128,26 @@ def test_a_run_that_will_batch_is_judged_by_its_calls(
     monkeypatch.setattr(numpy_backend, "BATCH_BYTES", 3 * sum(weight.values()))
     assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=4).threads == 1
     assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=2).threads is None
+
+
+def test_submit_started_returns_once_the_worker_has_begun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller goes on once the worker is inside the task — not when it ends, not after the bound — so the
+    worker's first Python never waits for the GIL behind the caller's; a worker still busy with an earlier task is
+    waited for at most ``STARTED_WAIT_S``, without blocking."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(threads, "STARTED_WAIT_S", 60.0)  # returning on the bound would take a minute
+    go = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        t0 = time.monotonic()
+        future = threads.submit_started(pool, lambda: go.wait(60) and 7)
+        assert time.monotonic() - t0 < 30 and not future.done()  # returned on "began", the task still runs
+        go.set()
+        assert future.result() == 7
+        monkeypatch.setattr(threads, "STARTED_WAIT_S", 0.01)
+        release = threading.Event()
+        busy = pool.submit(release.wait, 60)
+        later = threads.submit_started(pool, lambda: 8)  # returns although the worker has not begun it
+        assert not later.done() and not busy.done()
+        release.set()
+        assert later.result() == 8
