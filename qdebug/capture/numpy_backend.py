@@ -184,7 +184,10 @@ class NumpyRun:
     tensors fit in :data:`PIPELINE_BYTES`, the capture loop's :meth:`prefetch` starts the next samples' inference
     on a worker thread while this thread reduces the current ones — ONNX Runtime and numpy each keep a core busy
     instead of taking turns. The sessions' idle threads then sleep instead of spinning, so the reduction is not
-    slowed by ORT's busy-waiting. The sums are those of the sequential run (same arrays, same order).
+    slowed by ORT's busy-waiting. The sums are those of the sequential run (same arrays, same order). Its second
+    set of bound outputs is carved from a buffer the worker populates while sample 0 is inferred
+    (:mod:`qdebug.capture.arena`), and the worker is handed the GIL at each submission
+    (:func:`~qdebug.capture.threads.submit_started`): neither new pages nor a wait for the GIL fall in a sample.
 
     **Batched** (``batch`` > 1, :mod:`qdebug.capture.batching`): up to ``batch`` announced samples of the same
     input shapes run as one inference call (fewer if their tensors would exceed
