@@ -302,11 +302,11 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
     """As in ``auto``: sample 0 runs plain (batching still possible), then batching is decided off before it is
-    reduced. A set of bound outputs takes sample 0's arrays only once it is reduced: when sample 1 was announced
-    early (it is inferred on the worker while sample 0 is reduced, into new arrays) sample 2's set does; when not
-    (``auto`` announces samples once it has decided), the worker makes sample 2's set while sample 0 is reduced and
-    sample 1's takes sample 0's arrays. Always the same sums as a run that never batched, sample by sample, and the
-    two sets never share an array."""
+    reduced. Sample 0's arrays are written again only once it is reduced: when sample 1 was announced early (it is
+    inferred on the worker while sample 0 is reduced, into new arrays) sample 2's set is bound to them at once but
+    run only after; when not (``auto`` announces samples once it has decided), the worker makes sample 2's set while
+    sample 0 is reduced and sample 1's takes sample 0's arrays. Always the same sums as a run that never batched,
+    sample by sample, and the two sets never share an array."""
     from qdebug.capture.numpy_backend import NumpyRun
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
@@ -331,6 +331,8 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
             if i == 0 and not early:
                 assert run._prep is not None and run._prep[0] == 0  # sample 2's set, made while sample 0 is reduced
                 run.prefetch(1, samples[1])
+            if i == 0 and early and pipelined:  # sample 2's set bound to sample 0's arrays while sample 1 is inferred
+                assert run._adopted and run.fetches[0][0].binding is not None
         run.close()
         assert run._adopted is (batch > 1) and run._plain is None
         first, second = (set(map(id, f.values)) for f, _ in run.fetches)
