@@ -234,6 +234,24 @@ def test_samples_read_ahead_before_the_choice_are_announced_once_it_is_made(
     np.testing.assert_array_equal(sums.rows(), alone.rows()[2:])
 
 
+def _reduce_the_rest(
+    run: AutoRun, fm: onnx.ModelProto, qm: onnx.ModelProto, samples: list[dict[str, np.ndarray]], res: list[object]
+) -> np.ndarray:
+    """Reduce the samples after those in ``res``, each announced one ahead as the capture loop does; every sample's
+    sums as rows."""
+    for i in range(len(res), len(samples)):
+        if i + 1 < len(samples):
+            run.prefetch(i + 1, samples[i + 1])
+        res.append(run.reduce(i, samples[i]))
+    run.close()
+    pairing = pair_models(fm, qm)
+    sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
+    for i, r in enumerate(res):
+        assert isinstance(r, SampleSums)
+        sums.add(i, r)
+    return sums.rows()
+
+
 def test_a_run_too_short_to_weigh_is_decided_before_sample_0(
     tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
@@ -249,18 +267,9 @@ def test_a_run_too_short_to_weigh_is_decided_before_sample_0(
     res = [run.reduce(0, samples[0])]
     if run.numpy.pipelining:  # two cores or more
         assert run.numpy._pending is not None and run.numpy._pending[0] == {1}
-    for i in range(1, 5):
-        if i + 1 < 5:
-            run.prefetch(i + 1, samples[i + 1])
-        res.append(run.reduce(i, samples[i]))
-    run.close()
-    pairing = pair_models(fm, qm)
-    sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
-    for i, r in enumerate(res):
-        assert isinstance(r, SampleSums)
-        sums.add(i, r)
+    rows = _reduce_the_rest(run, fm, qm, samples, res)
     _, alone = _run(fm, qm, 5, [0.001] * 5)  # never announced: the same sums
-    np.testing.assert_array_equal(sums.rows(), alone.rows())
+    np.testing.assert_array_equal(rows, alone.rows())
 
 
 @pytest.mark.parametrize("small", [True, False])
@@ -285,15 +294,6 @@ def test_a_run_that_will_not_batch_prepares_its_next_outputs_during_sample_0(
         assert run.numpy._prep is not None and run.numpy._prep[0] == 0
     else:
         assert run.numpy._prep is None
-    for i in range(1, 5):
-        if i + 1 < 5:
-            run.prefetch(i + 1, samples[i + 1])
-        res.append(run.reduce(i, samples[i]))
-    run.close()
-    pairing = pair_models(fm, qm)
-    sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
-    for i, r in enumerate(res):
-        assert isinstance(r, SampleSums)
-        sums.add(i, r)
+    rows = _reduce_the_rest(run, fm, qm, samples, res)
     _, alone = _run(fm, qm, 5, [0.001] * 5)
-    np.testing.assert_array_equal(sums.rows(), alone.rows())
+    np.testing.assert_array_equal(rows, alone.rows())
