@@ -67,7 +67,7 @@ def touched(nbytes: int) -> np.ndarray:
     On Linux the kernel maps them in one call (``MAP_POPULATE``; CPython lets go of the GIL around it): 6-7 ms for
     25 MB on the benchmark machine, every time. Touching an ``np.empty`` buffer instead took 4-67 ms for the same
     25 MB, depending on whether the kernel found huge pages for it or tried to make some (numpy asks for them above
-    4 MB). Elsewhere: ``np.zeros``, touched by ``copyto``."""
+    4 MB). Elsewhere: an ``np.empty`` buffer, touched by ``copyto``."""
     flags = getattr(mmap, "MAP_POPULATE", 0)
     if flags and nbytes > 0:
         mapped = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)

@@ -615,8 +615,7 @@ class NumpyRun:
         if self._prep is not None and (self._prep[0] == which or self._prep[1].done()):
             prep, self._prep = self._prep[1], None
             prep.result()  # its MemoryError, if any, is raised here
-            if self._all_bound():
-                self._plain = None
+            self._drop_spares()
         if not fresh:
             self._prime((f_fetch, q_fetch), index, sample)
         try:
@@ -646,9 +645,7 @@ class NumpyRun:
         itself on sample 0), to views of the touched buffer (:meth:`_new_set`) shaped like the other set's."""
         key = input_key(sample)
         if all(f.binding is not None for f in fetches):
-            if self._all_bound():
-                self._plain = None  # every set is bound: sample 0's arrays are not kept for nothing
-                self._arenas.clear()
+            self._drop_spares()
             return
         plain = self._plain
         if plain is not None and plain[1] == key:
@@ -665,9 +662,7 @@ class NumpyRun:
             return
         for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
             fetch.adopt(values, key)
-        if self._all_bound():
-            self._plain = None
-            self._arenas.clear()
+        self._drop_spares()
 
     def _bind_plain_early(self, current: int) -> None:
         """Bind the set sample ``current`` + 2 will use to sample ``current``'s own arrays (its plain run's) now,
@@ -683,9 +678,7 @@ class NumpyRun:
         for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
             fetch.adopt(values, key)
         self._adopted = True
-        if self._all_bound():
-            self._plain = None
-            self._arenas.clear()
+        self._drop_spares()
 
     def _bound_like(self, key: InputKey) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
         """The arrays of a set of bound outputs bound for samples of input shapes ``key``, if one is."""
@@ -693,6 +686,13 @@ class NumpyRun:
             if f.binding is not None and q.binding is not None and f.key == key and q.key == key:
                 return f.values, q.values
         return None
+
+    def _drop_spares(self) -> None:
+        """Once every set of bound outputs is bound: sample 0's plain arrays and an unused buffer are not kept for
+        nothing."""
+        if self._all_bound():
+            self._plain = None
+            self._arenas.clear()
 
     def _all_bound(self) -> bool:
         """Whether every set of bound outputs the run uses (both when pipelining, else the first) is bound."""
