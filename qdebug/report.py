@@ -227,8 +227,9 @@ class CaptureInfo:
     ``(reason, count)`` pairs. ``batch`` is the most samples one inference call took (``--batch``), and
     ``batch_reason`` says why batching stopped or never started when it was asked for. ``segments`` is how many
     consecutive parts each sample ran in (one sample's tensors would not fit at once) and ``segment_note`` how each
-    sample was fetched: why it was segmented (or could not be), and how many post-Q/DQ tensors were computed from
-    the quantized integers instead of fetched.
+    sample was fetched: why it was segmented (or could not be), how many post-Q/DQ tensors were computed from
+    the quantized integers instead of fetched, and how many nodes and activations of constants alone were computed
+    and reduced once for the whole run instead of every sample (:mod:`qdebug.capture.constants`).
     """
 
     requested: str

@@ -522,3 +522,37 @@ def host_device_host(seed: int = 0) -> onnx.ModelProto:
     ]
     inputs = [value_info("ids", [1, 4], TensorProto.INT64), value_info("mask", [1, 4, 1], TensorProto.INT64)]
     return _model(nodes, inputs, [value_info("z", [1, 1, 4, 8])], inits)
+
+
+def constant_branch(seed: int = 0, features: int = 256, hidden: int = 8, steps: int = 16) -> onnx.ModelProto:
+    """A model that computes part of itself from constants alone (like Silero VAD's STFT basis): ``wc = W0 * k``
+    (``k`` a ``Constant`` node) and its transpose feed a MatMul, ``W * k`` an LSTM's weights (both kernels
+    pre-pack a constant weight, which changes their sums from these sizes on), ``b = B0 + B1`` a bias; a second
+    MatMul reads a ``Constant`` node's matrix (a constant weight to ONNX Runtime); the rest depends on the input
+    ``x [1, steps, features]``."""
+    rng = np.random.default_rng(seed)
+    f, h = features, hidden
+    w0 = numpy_helper.from_array((rng.standard_normal((f, f)) * f**-0.5).astype(np.float32), "W0")
+    b0 = numpy_helper.from_array((rng.standard_normal(f) * 0.1).astype(np.float32), "B0")
+    b1 = numpy_helper.from_array((rng.standard_normal(f) * 0.1).astype(np.float32), "B1")
+    r = numpy_helper.from_array((rng.standard_normal((1, 4 * h, h)) * 0.3).astype(np.float32), "R")
+    w = numpy_helper.from_array((rng.standard_normal((1, 4 * h, f)) * f**-0.5).astype(np.float32), "W")
+    shape = numpy_helper.from_array(np.array([1, 4 * h, f], np.int64), "lstm_w_shape")
+    nodes = [
+        constant_node("k", np.array(1.5, np.float32)),
+        helper.make_node("Mul", ["W0", "k"], ["wc"], name="scale_w"),
+        helper.make_node("Transpose", ["wc"], ["wct"], name="transpose_w"),
+        helper.make_node("Add", ["B0", "B1"], ["b"], name="bias"),
+        helper.make_node("MatMul", ["x", "wct"], ["h"], name="mm"),
+        helper.make_node("Add", ["h", "b"], ["hb"], name="add_bias"),
+        helper.make_node("Relu", ["hb"], ["hr"], name="relu"),
+        constant_node("wk", (rng.standard_normal((f, f)) * f**-0.5).astype(np.float32)),
+        helper.make_node("MatMul", ["hr", "wk"], ["h2"], name="mm_constant_node"),
+        helper.make_node("Transpose", ["h2"], ["seq"], name="to_seq", perm=[1, 0, 2]),
+        helper.make_node("Mul", ["W", "k"], ["w_raw"], name="scale_lstm_w"),
+        helper.make_node("Reshape", ["w_raw", "lstm_w_shape"], ["lstm_w"], name="lstm_w"),
+        helper.make_node("LSTM", ["seq", "lstm_w", "R"], ["y"], name="lstm", hidden_size=h),
+    ]
+    x = value_info("x", [1, steps, f])
+    y = value_info("y", [steps, 1, 1, h])
+    return _model(nodes, [x], [y], [w0, b0, b1, r, w, shape])

@@ -64,7 +64,7 @@ def test_segments_give_the_whole_runs_sums(
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant(name)))
     whole = _run(fm, qm, monkeypatch, None)
     cut = _run(fm, qm, monkeypatch, 2048)
-    assert whole.segments == 1 and whole.segment_note is None
+    assert whole.segments == 1 and "segments" not in (whole.segment_note or "")  # it may say what was folded
     assert cut.segments >= 3 and "segments: one sample's tensors would take" in (cut.segment_note or "")
     _assert_identical(cut, whole)
 
@@ -160,7 +160,7 @@ def test_auto_reduces_a_segmented_run_with_the_compiled_pass_at_any_n(
 def test_small_samples_are_not_segmented_at_the_defaults(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     cap = capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=2, seed=0), path="numpy")
-    assert cap.segments == 1 and cap.segment_note is None
+    assert cap.segments == 1 and "segments" not in (cap.segment_note or "")
 
 
 def test_a_segment_that_cannot_load_goes_back_to_the_whole_model(

@@ -314,7 +314,7 @@ def test_a_worker_follows_the_one_core_rule(
     one = capture(fm, qm, pairing, source, path="numpy")
     many = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")
     assert one.segments > 3 and "(more than 0 MB)" in (one.segment_note or "")
-    assert (many.segments, many.segment_note) == (1, None)
+    assert many.segments == 1 and "segments" not in (many.segment_note or "")  # it may say what was folded
     assert_identical(one, many)
     monkeypatch.setattr(segmented, "SEGMENT_ABOVE", 0)  # and above the one-core threshold, they do
     cut = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")

@@ -85,15 +85,18 @@ def stack(samples: Sequence[Mapping[str, np.ndarray]], axes: Mapping[str, int]) 
     return {k: np.concatenate([s[k] for s in samples], axis=axes[k]) for k in first}
 
 
-def relax_batch_dim(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph inputs take any size on their batch axis (:func:`batch_axes`) where it is
-    fixed at 1.
+def relax_batch_dim(model: onnx.ModelProto, copy: bool = True) -> onnx.ModelProto:
+    """A copy of ``model`` (``copy=False``: ``model`` itself, changed) whose graph inputs take any size on their
+    batch axis (:func:`batch_axes`) where it is fixed at 1.
 
     The graph's ``value_info`` (shape hints for intermediate tensors, which would pin the batch at 1 again) is
     dropped; hints only, ONNX Runtime infers what it needs. The model is unchanged for one sample at a time.
     """
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    if copy:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    else:
+        out = model
     axes = batch_axes(model)
     relaxed = False
     for inp in out.graph.input:

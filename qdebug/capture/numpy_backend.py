@@ -33,6 +33,7 @@ from qdebug.capture.batching import (
     relax_batch_dim,
     stack,
 )
+from qdebug.capture.constants import ConstantSums, constant_tensors, constant_values, fold, split
 from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.segmented import (
@@ -250,8 +251,14 @@ class NumpyRun:
         #: post-Q/DQ tensors a whole-model run computes from their integers (``dequant_whole``), and what the
         #: quantized session exposes in their place
         self.q_specs: dict[str, DequantSpec] = {}
+        #: a whole-model run's activations computed from constants alone, reduced once (``None``: none), and how
+        #: many nodes of its models compute constants from constants, folded once (:mod:`.constants`)
+        self.constants: ConstantSums | None = None
+        self.folded_nodes = 0
+        if cut is None:
+            self._split_constants(pairing)
         if cut is None and dequant_whole:
-            self.q_specs = _whole_run_specs(quant_model, pairing, providers)
+            self.q_specs = _whole_run_specs(quant_model, self.plan.pairing, providers)
         swapped = (self.q_specs[n].ints if n in self.q_specs else n for n in self.plan.quant_names)
         self.q_names = list(dict.fromkeys(swapped))  # two post tensors may share one QuantizeLinear's integers
         if cut is not None:
@@ -271,6 +278,21 @@ class NumpyRun:
         self._reduced = -1  # the last sample whose reduction has ended (one sample per call)
         #: a set of bound outputs being made on the worker (its index in :attr:`fetches`), :meth:`_prepare_set`
         self._prep: tuple[int, Future[None]] | None = None
+
+    def _split_constants(self, pairing: Pairing) -> None:
+        """Take the activations computed from constants alone out of the run's plan and reduce them once, from
+        their values (:attr:`constants`; :mod:`~qdebug.capture.constants`); if those cannot be had, keep them."""
+        (f_model, q_model), providers = self.models, self.providers
+        varying, fixed = split(pairing, constant_tensors(f_model), constant_tensors(q_model))
+        if not fixed.activations:
+            return
+        fixed_plan = ReductionPlan.of(fixed)
+        f_vals = constant_values(f_model, fixed_plan.float_names, providers)
+        q_vals = constant_values(q_model, fixed_plan.quant_names, providers)
+        if f_vals is None or q_vals is None:
+            return
+        self.constants = ConstantSums(pairing, varying, reduce_sample(fixed_plan, f_vals, q_vals))
+        self.plan = ReductionPlan.of(varying)
 
     def _open_segmented(self, cut: SegmentPlan, rule: SegmentRule, batch: int) -> None:
         """Pipelined by segment instead (the next segment inferred while this one is reduced), not by sample: two
@@ -292,8 +314,12 @@ class NumpyRun:
         not when it is expected to batch (a batch's outputs are new arrays) or a sample is above ``PREP_BYTES``."""
         self.threads, self.thread_note = self._whole_threads(weight, min_batch)
         self._open_whole()
-        if self.q_specs:
-            self.segment_note = f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"
+        notes = [f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"] if self.q_specs else []
+        if self.folded_nodes:
+            notes.append(f"{self.folded_nodes} nodes of constants alone run once, not every sample")
+        if self.constants is not None:
+            notes.append(f"{self.constants.count} activations of constants alone reduced once")
+        self.segment_note = "; ".join(notes) or None
         est = estimate_bytes(self.plan, weight, self.q_specs) if self.pipeline_allowed and weight else None
         if est is None or not 0 < est <= PREP_BYTES:
             return
@@ -352,12 +378,11 @@ class NumpyRun:
 
     def _open_whole(self) -> None:
         """The two sessions exposing every tensor of the plan (a model ORT cannot load: :class:`ModelError`)."""
-        spin, batch, threads = not self.pipeline_allowed, self.batch_limit, self.threads
-        relax = relax_batch_dim if batch > 1 else (lambda m: m)
-        f_model = relax(expose_outputs(self.models[0], self.plan.float_names))
+        spin, threads = not self.pipeline_allowed, self.threads
+        f_model = self._run_model(0, self.plan.float_names)
         self.f_sess: Any = make_session(f_model, self.providers, role="float model", spin=spin, threads=threads)
         del f_model  # a copy of the whole model: not kept next to the session
-        q_model = relax(expose_outputs(self.models[1], self.q_names))
+        q_model = self._run_model(1, self.q_names)
         self.q_sess: Any = make_session(q_model, self.providers, role="quantized model", spin=spin, threads=threads)
         # two sets of bound outputs: a pipelined run infers sample i + 1 into one while sample i is reduced from
         # the other (fresh arrays instead cost the kernel's page faults and zeroing on every sample, and a
@@ -365,6 +390,14 @@ class NumpyRun:
         self.fetches = tuple(
             (BoundFetch(self.f_sess, self.plan.float_names), BoundFetch(self.q_sess, self.q_names)) for _ in range(2)
         )
+
+    def _run_model(self, which: int, names: Sequence[str]) -> onnx.ModelProto:
+        """The model a whole-model session runs: a copy exposing ``names``, its constant-only nodes folded
+        (:func:`~qdebug.capture.constants.fold`: a QDQ model's weights are otherwise dequantized every call) and
+        its batch axis free when the run may batch; changed in place, one copy of the model at a time."""
+        model = expose_outputs(self.models[which], names)
+        self.folded_nodes += fold(model, self.providers)
+        return relax_batch_dim(model, copy=False) if self.batch_limit > 1 else model
 
     @property
     def batch_size(self) -> int:
@@ -429,6 +462,13 @@ class NumpyRun:
     ) -> SampleSums:
         """Run both models on the sample (or take its values from a batch or the worker) and reduce. ``sized`` is
         called once the first sample's size is known, before it is reduced (``auto`` decides batching there)."""
+        sums = self._reduce_varying(index, sample, sized)
+        return sums if self.constants is None else self.constants.complete(sums)
+
+    def _reduce_varying(
+        self, index: int, sample: Mapping[str, np.ndarray], sized: Callable[[], None] | None
+    ) -> SampleSums:
+        """:meth:`reduce` of the plan's activations (those not computed from constants alone)."""
         if self.segmented is not None:
             return self._reduce_segmented(index, sample)
         if self._arena_bytes:  # sample 0: its inference runs on this thread, the worker is idle

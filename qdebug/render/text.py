@@ -170,7 +170,8 @@ def capture_line(info: Any) -> str | None:
     if batch_reason:
         line += f"; not batched{' further' if batch > 1 else ''}: {batch_reason}"
     note = getattr(info, "segment_note", None)
-    if note:  # segmented to bound memory, or why it could not be; post-Q/DQ tensors computed from integers
+    if note:  # segmented to bound memory, or why it could not be; post-Q/DQ tensors computed from integers;
+        # what was computed from constants once
         line += f"; {note}" if getattr(info, "segments", 1) == 1 else f"; each sample in {note}"
     return line
 
