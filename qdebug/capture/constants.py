@@ -32,7 +32,7 @@ from qdebug.capture.base import SampleSums
 from qdebug.graph import ActivationPair, Pairing, topological_nodes
 from qdebug.metrics import BatchSums
 
-__all__ = ["ConstantSums", "constant_tensors", "constant_values", "fold", "split"]
+__all__ = ["ConstantSums", "constant_tensors", "constant_values", "fold", "fold_bytes", "split"]
 
 #: Operators whose output changes from call to call although their inputs do not.
 NONDETERMINISTIC = frozenset(
@@ -131,6 +131,31 @@ def constant_values(
     return out
 
 
+def _folded(graph: onnx.GraphProto, const: frozenset[str]) -> list[onnx.NodeProto]:
+    """The nodes :func:`fold` replaces: constant-only, none with a graph output, none reading a kept node's output."""
+    outputs = {o.name for o in graph.output}
+    have = {i.name for i in graph.initializer}
+    nodes = []
+    for n in _constant_nodes(graph, const):
+        if not any(o in outputs for o in n.output) and all(x == "" or x in have for x in n.input):
+            nodes.append(n)
+            have.update(n.output)
+    return nodes
+
+
+def fold_bytes(model: onnx.ModelProto) -> int:
+    """An estimate of the float32 bytes :func:`fold` would add as initializers, before running anything: the
+    elements of the weights and ``Constant`` values the folded nodes read, at 4 bytes (a dequantized weight's size)."""
+    nodes = _folded(model.graph, constant_tensors(model))
+    read = {x for n in nodes for x in n.input}
+    elements = sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.name in read)
+    for n in nodes:
+        for a in n.attribute:
+            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR:
+                elements += int(np.prod(a.t.dims))
+    return 4 * elements
+
+
 def fold(model: onnx.ModelProto, providers: Sequence[str]) -> int:
     """Replace ``model``'s constant-only nodes by their values, **in place** (for a copy the caller owns), and
     return how many there were: nodes whose output is a graph output are kept (a capture run exposes what it
@@ -138,12 +163,7 @@ def fold(model: onnx.ModelProto, providers: Sequence[str]) -> int:
     or ONNX Runtime cannot compute it."""
     graph = model.graph
     outputs = {o.name for o in graph.output}
-    have = {i.name for i in graph.initializer}  # what the folded nodes may read: a kept node's output is not
-    nodes = []
-    for n in _constant_nodes(graph, constant_tensors(model)):
-        if not any(o in outputs for o in n.output) and all(x == "" or x in have for x in n.input):
-            nodes.append(n)
-            have.update(n.output)
+    nodes = _folded(graph, constant_tensors(model))
     if not nodes:
         return 0
     gone = {o for n in nodes for o in n.output if o}
