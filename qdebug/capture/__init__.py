@@ -175,7 +175,7 @@ def open_run(
     if name == AUTO:
         run = AutoRun(*pair, samples, input_shapes=input_shapes, segment_rule=segment_rule, batch=batch)
         return run, AUTO, None
-    hints = {"input_shapes": input_shapes, "segment_rule": segment_rule, "batch": batch or 1, "samples": samples}
+    hints = {"input_shapes": input_shapes, "segment_rule": segment_rule, "batch": batch or 1}
     try:
         return _open_backend(get_backend(name), pair, hints), name, None
     except UnsupportedPairError as exc:

@@ -193,7 +193,6 @@ class AutoRun:
             dequant=compiled.available(),  # a segmented run reduces with the compiled pass (_compiled_from_start)
             dequant_whole=compiled.ready(),  # so does every run once the C kernel is built (_kernel_from_start)
             min_batch=AUTO_MIN_BATCH if batch is None else 2,  # fewer per call: auto runs one sample per call
-            samples=samples,
         )
         self.numpy_setup = clock() - t0
         self.graph: GraphRun | None = None

@@ -396,7 +396,6 @@ class CompiledBackend:
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
         batch: int = 1,
-        samples: int | None = None,
     ) -> Any:
         """A :class:`~qdebug.capture.numpy_backend.NumpyRun` that reduces with :func:`reduce_sample_compiled`
         (``segment_rule``: see the numpy run)."""
@@ -415,5 +414,4 @@ class CompiledBackend:
             segment_rule=segment_rule,
             dequant=True,
             dequant_whole=True,
-            samples=samples,
         )

@@ -5,8 +5,9 @@ call, and a model may compute more from its constants alone: Silero VAD builds i
 tensors a sample exposes, 4.8 of its 4.9 MB), MiniLM dequantizes a 30,522 x 384 embedding table (22 of its 26 ms
 per quantized call). A whole-model capture run therefore
 
-* **folds** each model (:func:`fold`): the nodes that read only constants are run once, by ONNX Runtime with the
-  same kernels and options, and replaced by their values as initializers. The tensors the rest of the graph computes
+* **folds** each model (:func:`fold`) when what it adds is small (``numpy_backend.FOLD_MAX_BYTES``): the nodes that
+  read only constants are run once, by ONNX Runtime with the same kernels and options, and replaced by their values
+  as initializers. The tensors the rest of the graph computes
   from them are the same, bit for bit (a test checks every exposed tensor of the test models);
 * reduces an activation whose float tensor and quantized tensors are all constants (:func:`split`) once, from
   those values, and gives every sample the same sums for it (:class:`ConstantSums`): it is not exposed, fetched or

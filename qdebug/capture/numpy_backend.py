@@ -83,14 +83,13 @@ SMALL_CALL_ELEMENTS = 16384
 #: ddddocr-crnn 606 -> 645 MB, per sample unchanged (50 ms).
 PREP_BYTES = 32 << 20
 
-#: Folding a model's constant-only nodes (:func:`~qdebug.capture.constants.fold`) costs its values' bytes once (ONNX
-#: Runtime computes them, the model and its session grow by them) and saves computing them on every inference call.
-#: A run of fewer calls folds at most :data:`FOLD_FREE_BYTES` (est. by :func:`~qdebug.capture.constants.fold_bytes`).
-#: Measured (docs/benchmarks.md): MiniLM's quantized model, 69 MB of dequantized weights, +0.25 s to open and 18 ms
-#: saved per call (pays from ~14 calls); ddddocr-crnn's, 54 MB, +0.26 s and 5.6 ms (~46 calls); Silero VAD's 1.2 MB
-#: cost ~40 ms and make each call 0.3 ms shorter.
-FOLD_MIN_CALLS = 32
-FOLD_FREE_BYTES = 4 << 20
+#: A whole-model run folds a model's constant-only nodes (:func:`~qdebug.capture.constants.fold`) only when their
+#: values take at most this many bytes (est. by :func:`~qdebug.capture.constants.fold_bytes`): folding costs those
+#: bytes in memory and time once and saves computing them on every inference call, which pays at once for small
+#: ones (Silero VAD's 1.2 MB: each call ~0.3 ms shorter for ~40 ms more to open) but not for a model's dequantized
+#: weights (MiniLM's 69 MB: +0.25 s to open, +100 MB peak, 18 ms saved per call of 5 samples; ddddocr-crnn's 54 MB:
+#: +0.26 s, 5.6 ms per call). A bound that depended on the number of samples would make the memory depend on it.
+FOLD_MAX_BYTES = 4 << 20
 
 
 def usable_cores() -> int:
@@ -228,10 +227,8 @@ class NumpyRun:
         dequant: bool = False,
         dequant_whole: bool = False,
         min_batch: int = 2,
-        samples: int | None = None,
     ) -> None:
         self.plan = ReductionPlan.of(pairing)
-        self.samples = samples  # how many the run will reduce (``None``: unknown): whether folding pays
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
         self.batch_kernel = batch_kernel  # with the compiled pass: its kernel module, for a batch's large tensors
         self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
@@ -266,8 +263,7 @@ class NumpyRun:
         #: many nodes of its models compute constants from constants, folded once (:mod:`.constants`)
         self.constants: ConstantSums | None = None
         self.folded_nodes = 0
-        self._unfolded = 0  # estimated bytes not folded: too few inference calls to pay for it (FOLD_MIN_CALLS)
-        self._fold_limit: int | None = None  # the most bytes a model's fold may add (None: no limit)
+        self.unfolded_bytes = 0  # est. bytes of constants left to compute every call (above FOLD_MAX_BYTES)
         if cut is None:
             self._split_constants(pairing)
         if cut is None and dequant_whole:
@@ -326,15 +322,13 @@ class NumpyRun:
         sample's estimated size (:mod:`qdebug.capture.arena`) when the run will pipeline one sample per call —
         not when it is expected to batch (a batch's outputs are new arrays) or a sample is above ``PREP_BYTES``."""
         self.threads, self.thread_note = self._whole_threads(weight, min_batch)
-        calls = -(-self.samples // self._per_call(weight, min_batch)) if self.samples and weight else None
-        self._fold_limit = FOLD_FREE_BYTES if calls is not None and calls < FOLD_MIN_CALLS else None
         self._open_whole()
         notes = [f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"] if self.q_specs else []
         if self.folded_nodes:
             notes.append(f"{self.folded_nodes} nodes of constants alone run once, not every sample")
-        if self._unfolded:
-            mb = self._unfolded / (1 << 20)
-            notes.append(f"nodes of constants alone not folded: est. {mb:.0f} MB for {calls} inference call(s)")
+        if self.unfolded_bytes:
+            mb = self.unfolded_bytes / (1 << 20)
+            notes.append(f"nodes of constants alone not folded: est. {mb:.0f} MB (> {FOLD_MAX_BYTES >> 20} MB)")
         if self.constants is not None:
             notes.append(f"{self.constants.count} activations of constants alone reduced once")
         self.segment_note = "; ".join(notes) or None
@@ -374,15 +368,6 @@ class NumpyRun:
         cached = getattr(reducer, "cached", None)
         self._whole_reducer: Reducer = cached() if cached is not None else reducer
 
-    def _per_call(self, weight: Mapping[str, int], min_batch: int) -> int:
-        """Samples per inference call the run is expected to batch, from one sample's estimated exposed bytes (the
-        plan's tensors): 1 when it will not (fewer than ``min_batch`` fit, or no batch axis)."""
-        if self.batch_limit < min_batch or not self.stackable:
-            return 1
-        names = set(self.plan.float_names)
-        fit = min(self.batch_limit, BATCH_BYTES // max(1, sum(b for t, b in weight.items() if t in names)))
-        return fit if fit >= min_batch else 1  # what it would batch; fewer: auto runs one per call
-
     def _whole_threads(self, weight: Mapping[str, int] | None, min_batch: int) -> tuple[int | None, str | None]:
         """The whole-model sessions' intra-op threads and why: one fewer than the cores when the run pipelines and
         its inference calls handle small tensors (:data:`SMALL_CALL_ELEMENTS`, estimated from the first sample's
@@ -391,7 +376,10 @@ class NumpyRun:
         if not self.pipeline_allowed or weight is None or cores < 2:
             return None, None
         mean = mean_elements(weight, self.plan)
-        per_call = self._per_call(weight, min_batch)
+        per_call = 1
+        if self.batch_limit >= min_batch and self.stackable:
+            fit = min(self.batch_limit, BATCH_BYTES // max(1, sum(weight.values())))
+            per_call = fit if fit >= min_batch else 1  # what it would batch; fewer: auto runs one per call
         if mean * per_call > SMALL_CALL_ELEMENTS:
             return None, None
         calls = f"{per_call} samples per call x " if per_call > 1 else ""
@@ -421,10 +409,10 @@ class NumpyRun:
         its batch axis free when the run may batch; changed in place, one copy of the model at a time."""
         model = expose_outputs(self.models[which], names)
         est = fold_bytes(model)
-        if self._fold_limit is None or est <= self._fold_limit:
+        if est <= FOLD_MAX_BYTES:
             self.folded_nodes += fold(model, self.providers)
         else:
-            self._unfolded += est
+            self.unfolded_bytes += est
         return relax_batch_dim(model, copy=False) if self.batch_limit > 1 else model
 
     @property
@@ -863,7 +851,6 @@ class NumpyBackend:
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
         batch: int = 1,
-        samples: int | None = None,
     ) -> NumpyRun:
         """Two augmented sessions (a model ORT cannot load is a :class:`~qdebug.errors.ModelError`), or segments
         when one sample of ``input_shapes`` would expose too much at once (by ``segment_rule``: see
@@ -876,5 +863,4 @@ class NumpyBackend:
             batch=batch,
             input_shapes=input_shapes,
             segment_rule=segment_rule,
-            samples=samples,
         )
