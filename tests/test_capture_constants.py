@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from qdebug.capture import numpy_backend
-from qdebug.capture.constants import constant_tensors, constant_values, fold
+from qdebug.capture.constants import Fold, constant_tensors, constant_values, fold
 from qdebug.capture.session import expose_outputs, make_session
 from qdebug.config import QuantConfig
 from qdebug.debug import DebugOptions, debug
@@ -82,7 +82,7 @@ def test_folded_model_computes_every_tensor_bit_for_bit(pair: tuple[Path, Path],
     weight, as ONNX Runtime makes it."""
     model = load_model(pair[0] if which == "float" else pair[1])
     folded = _copy(model)
-    count = fold(folded, CPU)
+    count = fold(folded, CPU).nodes
     remaining = {o for n in folded.graph.node for o in n.output}
     names = [n for n in _node_outputs(model, frozenset()) if n in remaining]
     assert count > 0 and len(folded.graph.node) == len(model.graph.node) - count and names
@@ -97,7 +97,7 @@ def test_fold_keeps_graph_outputs_and_unread_weights_go(pair: tuple[Path, Path])
     ints = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"} & {
         i.name for i in model.graph.initializer
     }
-    assert fold(model, CPU) > 0
+    assert fold(model, CPU).nodes > 0
     assert "wct" in {o for n in model.graph.node for o in n.output}
     assert ints and not ints & {i.name for i in model.graph.initializer}
 
@@ -126,7 +126,7 @@ def test_fold_of_an_old_ir_model_keeps_its_weights_constant() -> None:
     m = builders._model(nodes, inputs, [builders.value_info("y", [1, 4096])], [w0], opset=9)
     m.ir_version = 3
     folded = _copy(m)
-    assert fold(folded, CPU) == 2 and folded.ir_version == 4
+    assert fold(folded, CPU).nodes == 2 and folded.ir_version == 4
     inputs_after = [i.name for i in folded.graph.input]
     assert "W0" not in inputs_after and "wc" in inputs_after  # W0 stays a constant weight, wc is the folded value
     feed = {"x": np.random.default_rng(1).standard_normal((1, 16, 256)).astype(np.float32)}
@@ -136,7 +136,7 @@ def test_fold_of_an_old_ir_model_keeps_its_weights_constant() -> None:
 
 
 def _unfolded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(numpy_backend, "fold", lambda model, providers: 0)
+    monkeypatch.setattr(numpy_backend, "fold", lambda *a: Fold(0, 0))
     monkeypatch.setattr(numpy_backend, "constant_tensors", lambda model: frozenset())
 
 
@@ -200,3 +200,11 @@ def test_a_large_fold_is_not_made(pair: tuple[Path, Path], monkeypatch: pytest.M
     note = kept.meta.capture.segment_note if kept.meta.capture else None
     assert note and "not folded: est. 1 MB (> 0 MB)" in note and "run once" not in note
     assert _numbers(folded) == _numbers(kept)
+
+
+def test_fold_above_the_bound_changes_nothing(pair: tuple[Path, Path]) -> None:
+    model = load_model(pair[1])
+    copy = _copy(model)
+    done = fold(copy, CPU, max_bytes=1024)
+    assert done.nodes == 0 and done.estimated_bytes > 1024 and copy == model
+    assert fold(copy, CPU, max_bytes=done.estimated_bytes).nodes > 0

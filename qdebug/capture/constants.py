@@ -21,7 +21,7 @@ ONNX Runtime cannot run the constant part or returns a value that is not a tenso
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from qdebug.capture.base import SampleSums
 from qdebug.graph import ActivationPair, Pairing, topological_nodes
 from qdebug.metrics import BatchSums
 
-__all__ = ["ConstantSums", "constant_tensors", "constant_values", "fold", "fold_bytes", "split"]
+__all__ = ["ConstantSums", "Fold", "constant_tensors", "constant_values", "fold", "split"]
 
 #: Operators whose output changes from call to call although their inputs do not.
 NONDETERMINISTIC = frozenset(
@@ -144,10 +144,9 @@ def _folded(graph: onnx.GraphProto, const: frozenset[str]) -> list[onnx.NodeProt
     return nodes
 
 
-def fold_bytes(model: onnx.ModelProto) -> int:
-    """An estimate of the float32 bytes :func:`fold` would add as initializers, before running anything: the
-    elements of the weights and ``Constant`` values the folded nodes read, at 4 bytes (a dequantized weight's size)."""
-    nodes = _folded(model.graph, constant_tensors(model))
+def _bytes_of(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> int:
+    """An estimate of the bytes folding ``nodes`` adds as initializers, before running anything: the elements of
+    the weights and ``Constant`` values they read, at 4 bytes each (a dequantized weight's size)."""
     read = {x for n in nodes for x in n.input}
     elements = sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.name in read)
     for n in nodes:
@@ -157,16 +156,26 @@ def fold_bytes(model: onnx.ModelProto) -> int:
     return 4 * elements
 
 
-def fold(model: onnx.ModelProto, providers: Sequence[str]) -> int:
-    """Replace ``model``'s constant-only nodes by their values, **in place** (for a copy the caller owns), and
-    return how many there were: nodes whose output is a graph output are kept (a capture run exposes what it
-    fetches as graph outputs, so those stay computed). 0, and ``model`` unchanged, when there is nothing to fold
-    or ONNX Runtime cannot compute it."""
+@dataclass(frozen=True)
+class Fold:
+    """What :func:`fold` did: how many nodes it replaced, and the bytes it estimated they add (``nodes`` is 0 when
+    that is above the caller's bound, or when nothing could be folded)."""
+
+    nodes: int
+    estimated_bytes: int
+
+
+def fold(model: onnx.ModelProto, providers: Sequence[str], max_bytes: int | None = None) -> Fold:
+    """Replace ``model``'s constant-only nodes by their values, **in place** (for a copy the caller owns): nodes
+    whose output is a graph output are kept (a capture run exposes what it fetches as graph outputs, so those stay
+    computed). ``model`` is unchanged when there is nothing to fold, when ONNX Runtime cannot compute it, or when
+    the values would add more than ``max_bytes`` (estimated before anything runs)."""
     graph = model.graph
     outputs = {o.name for o in graph.output}
     nodes = _folded(graph, constant_tensors(model))
-    if not nodes:
-        return 0
+    est = _bytes_of(model, nodes)
+    if not nodes or (max_bytes is not None and est > max_bytes):
+        return Fold(0, est)
     gone = {o for n in nodes for o in n.output if o}
     read = (
         {x for n in graph.node if not any(o in gone for o in n.output) for x in n.input}
@@ -176,7 +185,7 @@ def fold(model: onnx.ModelProto, providers: Sequence[str]) -> int:
     boundary = sorted(t for t in read if t in gone)
     values = _evaluate(model, nodes, boundary, providers) if boundary else []
     if values is None or not all(v.dtype.kind in _STORABLE for v in values):
-        return 0  # e.g. a string tensor: run the model as it is
+        return Fold(0, est)  # e.g. a string tensor: run the model as it is
     # ONNX Runtime makes a Constant node's output an initializer itself: only the others are made overridable
     from_constant = {o for n in nodes if n.op_type == "Constant" for o in n.output}
     # deleted in place, last first: the kept messages are not copied (a model's weights can be hundreds of MB)
@@ -187,7 +196,7 @@ def fold(model: onnx.ModelProto, providers: Sequence[str]) -> int:
         graph.initializer.add().CopyFrom(numpy_helper.from_array(values[k], name))
         values[k] = None  # type: ignore[call-overload]
     _overridable(model, [t for t in graph.initializer if t.name in gone and t.name not in from_constant])
-    return len(nodes)
+    return Fold(len(nodes), est)
 
 
 def _drop(field: Any, gone: Callable[[Any], bool]) -> None:

@@ -33,7 +33,7 @@ from qdebug.capture.batching import (
     relax_batch_dim,
     stack,
 )
-from qdebug.capture.constants import ConstantSums, constant_tensors, constant_values, fold, fold_bytes, split
+from qdebug.capture.constants import ConstantSums, constant_tensors, constant_values, fold, split
 from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified
 from qdebug.capture.reduction import ReductionPlan, reduce_sample
 from qdebug.capture.segmented import (
@@ -84,7 +84,7 @@ SMALL_CALL_ELEMENTS = 16384
 PREP_BYTES = 32 << 20
 
 #: A whole-model run folds a model's constant-only nodes (:func:`~qdebug.capture.constants.fold`) only when their
-#: values take at most this many bytes (est. by :func:`~qdebug.capture.constants.fold_bytes`): folding costs those
+#: values take at most this many bytes (estimated before anything runs): folding costs those
 #: bytes in memory and time once and saves computing them on every inference call, which pays at once for small
 #: ones (Silero VAD's 1.2 MB: each call ~0.3 ms shorter for ~40 ms more to open) but not for a model's dequantized
 #: weights (MiniLM's 69 MB: +0.25 s to open, +100 MB peak, 18 ms saved per call of 5 samples; ddddocr-crnn's 54 MB:
@@ -408,11 +408,10 @@ class NumpyRun:
         (:func:`~qdebug.capture.constants.fold`: a QDQ model's weights are otherwise dequantized every call) and
         its batch axis free when the run may batch; changed in place, one copy of the model at a time."""
         model = expose_outputs(self.models[which], names)
-        est = fold_bytes(model)
-        if est <= FOLD_MAX_BYTES:
-            self.folded_nodes += fold(model, self.providers)
-        else:
-            self.unfolded_bytes += est
+        done = fold(model, self.providers, FOLD_MAX_BYTES)
+        self.folded_nodes += done.nodes
+        if done.estimated_bytes > FOLD_MAX_BYTES:
+            self.unfolded_bytes += done.estimated_bytes
         return relax_batch_dim(model, copy=False) if self.batch_limit > 1 else model
 
     @property
