@@ -4,25 +4,44 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
 
+from qdebug._signals import signals_held
 from qdebug.errors import InputFileError
+
+
+@contextmanager
+def temp_dir(prefix: str | None = None, dir: str | Path | None = None) -> Iterator[str]:
+    """``with temp_dir(...) as path``: :class:`tempfile.TemporaryDirectory`'s folder, made with
+    :func:`signals_held` so that a signal arriving while it is made is raised where it is removed again."""
+    made: tempfile.TemporaryDirectory[str] | None = None
+    try:
+        with signals_held():
+            made = tempfile.TemporaryDirectory(prefix=prefix, dir=dir)
+        yield made.name
+    finally:
+        if made is not None:
+            made.cleanup()
 
 
 def _atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     try:
+        with signals_held():  # a signal is raised inside the try, once tmp_path is known
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            os.close(fd)
+            tmp_path = Path(tmp)
         write(tmp_path)
         os.replace(tmp_path, dest)
     except BaseException:
-        tmp_path.unlink(missing_ok=True)
+        if tmp_path is not None:
+            tmp_path.unlink(missing_ok=True)
         raise
     return dest
 

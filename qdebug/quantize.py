@@ -44,7 +44,7 @@ from qdebug.graph import (
     load_model,
     model_kind,
 )
-from qdebug.io import atomic_write_bytes, refuse_overwrite_input
+from qdebug.io import atomic_write_bytes, refuse_overwrite_input, temp_dir
 from qdebug.metrics import blocked_dot, sqnr_from_energies
 from qdebug.ort_index import indexed_quantizer
 from qdebug.targets.base import to_ort_config
@@ -254,7 +254,7 @@ def _make_view(
         update_opset_version,
     )
 
-    with tempfile.TemporaryDirectory(prefix="qdebug-view-") as tmp:
+    with temp_dir(prefix="qdebug-view-") as tmp:
         path = Path(model) if isinstance(model, str | Path) else Path(tmp) / "float.onnx"
         if isinstance(model, onnx.ModelProto):
             onnx.save_model(model, str(path))
@@ -408,7 +408,7 @@ def minmax_shard(
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import create_calibrator
 
-    with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp:
+    with temp_dir(prefix="qdebug-calib-") as tmp:
         path = Path(tmp) / "model.onnx"
         path.write_bytes(model)
         calibrator = create_calibrator(
@@ -803,7 +803,7 @@ def quantize(
     workers (same ranges; other methods run here: :func:`unmergeable_calibration`, docs/scale.md).
     """
     cfg = config or QuantConfig()  # validated on construction, its target's rules included
-    with _quiet_ort() as ort_log, tempfile.TemporaryDirectory(prefix="qdebug-quant-") as tmp:
+    with _quiet_ort() as ort_log, temp_dir(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
         model, model_path, keep_float, notes = _prepared_float(float_model, work)
         if output is None:

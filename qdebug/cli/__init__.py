@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
+from qdebug._signals import deferring
 from qdebug._version import __version__
 from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty, say
 from qdebug.cli.build import Build
@@ -133,22 +134,33 @@ class Terminated(KeyboardInterrupt):
     runs (temporary folders removed, no half-written output) instead of the process dying where it stands."""
 
 
-def _terminate(signum: int, frame: object) -> None:
+def _terminate() -> None:
     raise Terminated
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` while the CLI runs (main thread only: elsewhere Python refuses handlers)."""
+    """SIGTERM raises :class:`Terminated` and Ctrl-C KeyboardInterrupt while the CLI runs, except while a temporary
+    file or folder is being made (:func:`qdebug.io.signals_held`: then just after). Main thread only: elsewhere
+    Python refuses handlers."""
     try:
-        previous = signal.signal(signal.SIGTERM, _terminate)
+        previous = signal.signal(signal.SIGTERM, deferring(_terminate))
     except ValueError:  # not the main thread (e.g. main() called from a worker): leave signals alone
         yield
         return
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:  # Python's own Ctrl-C, not an embedding program's
+        signal.signal(signal.SIGINT, deferring(_interrupt))
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ import onnx
 
 from qdebug._cc import c_compiler
 from qdebug.errors import DataError, TargetError
+from qdebug.io import temp_dir
 from qdebug.targets.deeploy_env import DeeployBuffer
 
 __all__ = [
@@ -166,7 +166,7 @@ def run_generated(
     outs = sorted((b for b in io if b.role == "output"), key=lambda b: b.index)
     if not ins or not outs:
         raise TargetError("Deeploy did not describe the network's input/output buffers; cannot run it")
-    with tempfile.TemporaryDirectory(prefix="qdebug-deeploy-run-") as tmp:
+    with temp_dir(prefix="qdebug-deeploy-run-") as tmp:
         in_path, out_path = Path(tmp) / "inputs.bin", Path(tmp) / "outputs.bin"
         with open(in_path, "wb") as fh:
             for i, sample in enumerate(samples):
@@ -339,7 +339,7 @@ def check_generated(
     stored = integer_samples(qdq, network, samples)
     if not stored:
         raise DataError("no samples to run the generated code on")
-    with tempfile.TemporaryDirectory(prefix="qdebug-deeploy-cc-") as work:
+    with temp_dir(prefix="qdebug-deeploy-cc-") as work:
         build = compile_generated(codegen_dir, work)
         t0 = time.perf_counter()
         got = run_generated(build, io, stored)
@@ -380,7 +380,7 @@ def run_top1(
     stored = integer_samples(qdq, network, source)
     io = [DeeployBuffer.from_dict(b) for b in codegen["io"]]
     first = network.graph.output[0].name
-    with tempfile.TemporaryDirectory(prefix="qdebug-deeploy-cc-") as work:
+    with temp_dir(prefix="qdebug-deeploy-cc-") as work:
         build = compile_generated(network_dir.parent / codegen["dir"], work)
         got = run_generated(build, io, stored)
     hits = sum(int(np.argmax(g[first].reshape(-1))) == int(labels[i]) for i, g in enumerate(got))

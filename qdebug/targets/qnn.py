@@ -25,7 +25,6 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -55,7 +54,7 @@ from qdebug.graph import (
     pair_models,
     quant_type_name,
 )
-from qdebug.io import refuse_overwrite_input
+from qdebug.io import refuse_overwrite_input, temp_dir
 from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energies
 from qdebug.passes import PassReport
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
@@ -587,7 +586,7 @@ def compile_qnn(
     }
     report_options = {**options.provider_options(), **session_config, "fail_on_fallback": str(options.fail_on_fallback)}
 
-    with tempfile.TemporaryDirectory(prefix=f".{name}.qnn-", dir=out) as tmp:
+    with temp_dir(prefix=f".{name}.qnn-", dir=out) as tmp:
         work = Path(tmp)
         ctx_tmp, log_tmp = work / ctx_dest.name, work / log_dest.name
         try:
@@ -920,7 +919,7 @@ def _build_probe(
     report: CompileReport | None = None
     used: list[_ProbeTensor] = []
     faithful = False
-    with tempfile.TemporaryDirectory(prefix=".probe.qdq-", dir=out_dir) as tmp:
+    with temp_dir(prefix=".probe.qdq-", dir=out_dir) as tmp:
         for k, attempt in enumerate(attempts):
             probe_path = Path(tmp) / "probe.qdq.onnx"
             onnx.save(expose_outputs(qmodel, [t.q_output for t in attempt]), str(probe_path))
@@ -1448,7 +1447,7 @@ class QnnTarget(TargetBase):
             assert job.float_model is not None
             return fp16_accuracy(job.float_model, compiled_path, job.samples, opts)
         assert job.float_model is not None
-        with tempfile.TemporaryDirectory(prefix="qdebug-htp-") as probe_dir:  # the probe model is not a result
+        with temp_dir(prefix="qdebug-htp-") as probe_dir:  # the probe model is not a result
             return htp_accuracy(
                 job.float_model,
                 job.qdq_model,

@@ -12,7 +12,6 @@ finds the first divergent one: at most ``⌈log2 N⌉ + 1`` compiles for N candi
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from qdebug.capture import expose_outputs, make_session
 from qdebug.data import DataSource
 from qdebug.errors import DataError, TargetError
 from qdebug.graph import load_model, pair_models
+from qdebug.io import temp_dir
 from qdebug.metrics import reduce_pairs
 from qdebug.report import decode_number, encode_number
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio
@@ -198,10 +198,10 @@ def bisect_divergence(
     names = [n for n in (candidates if candidates is not None else list(known)) if n in known]
     f_sess = make_session(expose_outputs(fmodel, names), [CPU_EP])
     t0, checks = time.perf_counter(), []
-    with tempfile.TemporaryDirectory(prefix="qdebug-prefix-") as tmp:
+    with temp_dir(prefix="qdebug-prefix-") as tmp:
 
         def flagged(i: int) -> bool:
-            with tempfile.TemporaryDirectory(dir=tmp) as work:  # ORT refuses to overwrite a context file
+            with temp_dir(dir=tmp) as work:  # ORT refuses to overwrite a context file
                 checks.append(_ratio(qmodel, f_sess, known[names[i]], data, options, Path(work)))
             return checks[-1].excess_noise_ratio > threshold
 

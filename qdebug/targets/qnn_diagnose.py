@@ -37,6 +37,7 @@ from onnx import numpy_helper
 
 from qdebug.errors import ConfigError, QDebugError
 from qdebug.graph import constant_values, decode_constant, dequantize, is_dq, is_q, load_model
+from qdebug.io import temp_dir
 from qdebug.report import TargetAccuracy, decode_number, encode_number
 from qdebug.targets.base import BisectMode, Compiled, CompileJob, Diagnosis, register_target
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, sqnr_drop_db, upstream_compared
@@ -579,7 +580,7 @@ def diagnose_build(job: CompileJob, compiled: Compiled, acc: TargetAccuracy | No
     remedies = None
     if first is not None and job.options.remedies:
         htp, cpu = _worst(acc)
-        with tempfile.TemporaryDirectory(prefix="qdebug-remedy-") as tmp:
+        with temp_dir(prefix="qdebug-remedy-") as tmp:
             remedies = try_remedies(_Ctx(job, opts, htp, Path(tmp)), nodes, tensors, cpu)
     return QnnDiagnosis(by, first, nodes, tensors, reason, bis, acc.first_divergent, remedies, time.perf_counter() - t0)
 
