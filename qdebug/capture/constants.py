@@ -190,7 +190,9 @@ def fold(model: onnx.ModelProto, providers: Sequence[str], max_bytes: int | None
     from_constant = {o for n in nodes if n.op_type == "Constant" for o in n.output}
     # deleted in place, last first: the kept messages are not copied (a model's weights can be hundreds of MB)
     _drop(graph.node, lambda n: any(o in gone for o in n.output))
-    _drop(graph.initializer, lambda t: t.name not in read)  # e.g. a folded DequantizeLinear's integers
+    unread = {t.name for t in graph.initializer if t.name not in read}  # e.g. a folded DequantizeLinear's integers
+    _drop(graph.initializer, lambda t: t.name in unread)
+    _drop(graph.input, lambda i: i.name in unread)  # listed as an input too (IR < 4, or overridable): not any more
     _drop(graph.value_info, lambda v: v.name in gone and v.name not in read)
     for k, name in enumerate(boundary):  # one value at a time in two copies (array, tensor), not all of them
         graph.initializer.add().CopyFrom(numpy_helper.from_array(values[k], name))
