@@ -7,8 +7,8 @@ per quantized call). A whole-model capture run therefore
 
 * **folds** each model (:func:`fold`) when what it adds is small (``numpy_backend.FOLD_MAX_BYTES``): the nodes that
   read only constants are run once, by ONNX Runtime with the same kernels and options, and replaced by their values
-  as initializers. The tensors the rest of the graph computes
-  from them are the same, bit for bit (a test checks every exposed tensor of the test models);
+  as initializers. The tensors the rest of the graph computes from them are the same, bit for bit (a test checks
+  every tensor of the test models; see :func:`_overridable` for why that needs care);
 * reduces an activation whose float tensor and quantized tensors are all constants (:func:`split`) once, from
   those values, and gives every sample the same sums for it (:class:`ConstantSums`): it is not exposed, fetched or
   reduced per sample.
