@@ -116,15 +116,15 @@ def _evaluate(
 
 
 def constant_values(
-    model: onnx.ModelProto, names: Sequence[str], providers: Sequence[str]
+    model: onnx.ModelProto, names: Sequence[str], providers: Sequence[str], const: frozenset[str] | None = None
 ) -> dict[str, np.ndarray] | None:
-    """The values of constant tensors ``names`` of ``model`` (see :func:`constant_tensors`), computed by ONNX
-    Runtime from the nodes they need alone; ``None`` if it cannot."""
+    """The values of constant tensors ``names`` of ``model`` (see :func:`constant_tensors`; ``const``: its result,
+    when the caller has it), computed by ONNX Runtime from the nodes they need alone; ``None`` if it cannot."""
     inits = {i.name: i for i in model.graph.initializer}
     out = {n: numpy_helper.to_array(inits[n]) for n in names if n in inits}
     rest = [n for n in names if n not in out]
     if rest:
-        nodes = _needed(_constant_nodes(model.graph, constant_tensors(model)), rest)
+        nodes = _needed(_constant_nodes(model.graph, const or constant_tensors(model)), rest)
         values = _evaluate(model, nodes, rest, providers)
         if values is None:
             return None

@@ -292,12 +292,13 @@ class NumpyRun:
         """Take the activations computed from constants alone out of the run's plan and reduce them once, from
         their values (:attr:`constants`; :mod:`~qdebug.capture.constants`); if those cannot be had, keep them."""
         (f_model, q_model), providers = self.models, self.providers
-        varying, fixed = split(pairing, constant_tensors(f_model), constant_tensors(q_model))
+        f_const, q_const = constant_tensors(f_model), constant_tensors(q_model)
+        varying, fixed = split(pairing, f_const, q_const)
         if not fixed.activations:
             return
         fixed_plan = ReductionPlan.of(fixed)
-        f_vals = constant_values(f_model, fixed_plan.float_names, providers)
-        q_vals = constant_values(q_model, fixed_plan.quant_names, providers)
+        f_vals = constant_values(f_model, fixed_plan.float_names, providers, f_const)
+        q_vals = constant_values(q_model, fixed_plan.quant_names, providers, q_const)
         if f_vals is None or q_vals is None:
             return
         self.constants = ConstantSums(pairing, varying, reduce_sample(fixed_plan, f_vals, q_vals))
