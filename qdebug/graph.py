@@ -5,8 +5,10 @@ Pairing is structural: an activation is quantized where a QuantizeLinear (defaul
 ``com.microsoft`` domain, any bit width) reads a float tensor and a DequantizeLinear reads the Q's
 output; the pre-QDQ tensor keeps the float model's name because the quantizer inserts Q/DQ *after*
 the producer. Weights are DequantizeLinear nodes fed by an integer constant (initializer or
-``Constant`` node); their float counterpart is found through the consuming node, matched to the
-float model by its outputs, not by any name suffix.
+``Constant`` node); their float counterpart is the same input of the consuming node's float twin: the
+node of that name, else the node of the same op reading the same float activations in the same slots
+with float weights of the same size (several such nodes: the one whose weights the dequantized ones
+are closest to), never a name suffix.
 """
 
 from __future__ import annotations
@@ -668,77 +670,185 @@ def _const_source(q: GraphIndex, t: str) -> str | None:
     return None
 
 
-def _float_source(s: _Sides, tensor: str) -> str:
-    """The float tensor a quantized-model tensor stands for: through DQ ← Q to the Q's input, else itself."""
-    dq = s.q.producer.get(tensor)
-    if dq is not None and is_dq(dq):
-        q = s.q.producer.get(dq.input[0])
-        if q is not None and is_q(q):
-            return str(q.input[0])
-    return tensor
+def _const_size(c: onnx.TensorProto | onnx.NodeProto) -> int:
+    """Element count of a constant, read from its dims when it is an initializer (no decoding)."""
+    if isinstance(c, onnx.TensorProto):
+        return int(np.prod(c.dims, dtype=np.int64))
+    return int(decode_constant(c).size)
 
 
-def _float_twin(s: _Sides, consumer: onnx.NodeProto, by_name: dict[str, onnx.NodeProto]) -> onnx.NodeProto | None:
-    """The float model's node a quantized consumer came from — by name, else by output name, else by structure
-    (the float node of the same op reading the same activation), so unnamed nodes pair too."""
+@dataclass(frozen=True)
+class _WeightDQ:
+    """A weight DequantizeLinear and the constant it dequantizes."""
+
+    dq: onnx.NodeProto
+    src: str
+
+
+def _weight_dqs(q: GraphIndex) -> dict[str, _WeightDQ]:
+    """Every weight DequantizeLinear of the quantized model (a constant, dequantized by constant parameters), by its
+    output."""
+    found: dict[str, _WeightDQ] = {}
+    for dq in q.nodes:
+        params = [i for i in dq.input[1:] if i]
+        if is_dq(dq) and (src := _const_source(q, dq.input[0])) is not None and all(i in q.consts for i in params):
+            found[dq.output[0]] = _WeightDQ(dq, src)
+    return found
+
+
+def _float_tensor(s: _Sides, act_map: Mapping[str, str], name: str) -> str | None:
+    """The float activation a quantized-model tensor stands for: by the activation pairing (whose names survive a
+    renamed producer), through a DQ ← Q conversion chain, or the same-named float tensor; ``None``: unknown."""
+    for _ in range(8):  # a mixed-precision convert chain is Q → DQ → Q' → DQ': a few steps at most
+        if name in act_map:
+            return act_map[name]
+        producer = s.q.producer.get(name)
+        if producer is None or not (is_q(producer) or is_dq(producer)):
+            return name if name in s.float_set else None
+        q = s.q.producer.get(producer.input[0]) if is_dq(producer) else producer
+        if q is None or not is_q(q):
+            return None
+        name = q.input[0]
+    return None
+
+
+def _named_twin(s: _Sides, consumer: onnx.NodeProto, by_name: Mapping[str, onnx.NodeProto]) -> onnx.NodeProto | None:
+    """The float node of the same op with the consumer's name, else with one of its outputs' names."""
     twin = by_name.get(consumer.name) if consumer.name else None
     if twin is not None and twin.op_type == consumer.op_type:
         return twin
     twin = next((s.f.producer[o] for o in consumer.output if o in s.f.producer), None)
-    if twin is not None and twin.op_type == consumer.op_type:
-        return twin
-    if not consumer.input:
-        return None
-    source = _float_source(s, consumer.input[0])
-    same = [n for n in s.f.consumers_of(source) if n.op_type == consumer.op_type]
-    return same[0] if len(same) == 1 else None
+    return twin if twin is not None and twin.op_type == consumer.op_type else None
 
 
-def _weight_pairs(s: _Sides, warnings: list[str]) -> list[WeightPair]:
-    """DQ(integer constant) → consumer; the float counterpart is the consumer's float twin's same input. Every
-    quantized weight is paired or named in a warning."""
+def _fits(s: _Sides, consumer: onnx.NodeProto, twin: onnx.NodeProto, weights: Mapping[str, _WeightDQ]) -> bool:
+    """Whether ``twin`` holds a float constant where the consumer reads a weight, each of the quantized weight's
+    size (a slot without one just stays unpaired, as the rest of the node's weights still pair)."""
+    slots = [(k, inp) for k, inp in enumerate(consumer.input) if inp in weights]
+    floats = [(twin.input[k], inp) for k, inp in slots if k < len(twin.input) and twin.input[k] in s.f.consts]
+    return bool(floats) and all(
+        _const_size(s.f.consts[f]) == _const_size(s.q.consts[weights[inp].src]) for f, inp in floats
+    )
+
+
+def _candidates(
+    s: _Sides, consumer: onnx.NodeProto, weights: Mapping[str, _WeightDQ], act_map: Mapping[str, str]
+) -> list[onnx.NodeProto]:
+    """The float nodes a quantized consumer can be the twin of, by structure: the same op reading the same float
+    activations in the same slots, with a float constant of the right size wherever it reads a weight."""
+    known = [
+        (k, _float_tensor(s, act_map, i))
+        for k, i in enumerate(consumer.input)
+        if i and i not in weights and i not in s.q.consts
+    ]
+    reads = [(k, t) for k, t in known if t is not None]
+    if known and not reads:
+        return []  # its activations have no float counterpart: no place in the float graph to look
+    if reads:
+        k0, t0 = reads[0]
+        pool = [n for n in s.f.distinct_consumers(t0) if k0 < len(n.input) and n.input[k0] == t0]
+    else:  # reads only constants: any node of the op
+        pool = [n for n in s.f.nodes if n.op_type == consumer.op_type]
+    return [
+        n
+        for n in pool
+        if n.op_type == consumer.op_type
+        and n.domain == consumer.domain
+        and all(k < len(n.input) and n.input[k] == t for k, t in reads)
+        and _fits(s, consumer, n, weights)
+    ]
+
+
+def _distance(s: _Sides, consumer: onnx.NodeProto, twin: onnx.NodeProto, weights: Mapping[str, _WeightDQ]) -> float:
+    """Relative squared error between the consumer's dequantized weights and the twin's float ones: the tie-breaker
+    between structurally equal twins (the right partner is close, another layer's weights are not)."""
+    err = ref = 0.0
+    for k, inp in enumerate(consumer.input):
+        if inp in weights:
+            if k >= len(twin.input) or twin.input[k] not in s.f.consts:
+                continue
+            f = s.f.value(twin.input[k]).astype(np.float64).reshape(-1)
+            d = _dequantized(weights[inp].dq, s.q).reshape(-1)
+            err += float(np.sum(np.square(f - d)))
+            ref += float(np.sum(np.square(f)))
+    return err / ref if ref > 0 else err
+
+
+def _twins(
+    s: _Sides, consumers: Sequence[onnx.NodeProto], weights: Mapping[str, _WeightDQ], act_map: Mapping[str, str]
+) -> dict[int, onnx.NodeProto]:
+    """Each quantized weight consumer's float twin (by ``id`` of the consumer): by name when the names say so, else
+    by structure (:func:`_candidates`). Several structural candidates — one activation read by several Convs of the
+    same shape — are told apart by their weights' values; equally close ones go to consumers in turn."""
     by_name = {n.name: n for n in s.f.nodes if n.name}
-    weights: list[WeightPair] = []
+    twins: dict[int, onnx.NodeProto] = {}
+    open_: list[tuple[onnx.NodeProto, list[onnx.NodeProto]]] = []
+    for c in consumers:
+        named = _named_twin(s, c, by_name)
+        cands = [named] if named is not None and _fits(s, c, named, weights) else _candidates(s, c, weights, act_map)
+        if len(cands) == 1:
+            twins[id(c)] = cands[0]
+        elif cands:
+            open_.append((c, cands))
+    taken = {id(t) for t in twins.values()}
+    for c, cands in open_:
+        best = min(
+            cands, key=lambda n: (_distance(s, c, n, weights), id(n) in taken, s.f.position.get(n.output[0], -1))
+        )
+        twins[id(c)] = best
+        taken.add(id(best))
+    return twins
+
+
+def _activation_map(activations: Sequence[ActivationPair]) -> dict[str, str]:
+    """Quantized-model tensor → the float activation it holds: every paired activation's pre- and post-Q/DQ name."""
+    found: dict[str, str] = {}
+    for a in activations:
+        found[a.pre_qdq] = found[a.post_qdq] = a.tensor_name
+    return found
+
+
+def _weight_pairs(s: _Sides, activations: Sequence[ActivationPair], warnings: list[str]) -> list[WeightPair]:
+    """DQ(integer constant) → consumer; the float counterpart is the same input of the consumer's float twin
+    (:func:`_twins`). Every quantized weight is paired or named in a warning."""
+    weights = _weight_dqs(s.q)
+    consumers = list({id(c): c for out in weights for c in s.q.consumers_of(out)}.values())
+    twins = _twins(s, consumers, weights, _activation_map(activations))
+    pairs: list[WeightPair] = []
     seen: set[tuple[str, str]] = set()
-    unpaired: list[str] = []
-    for dq in (n for n in s.q.nodes if is_dq(n)):
-        src = _const_source(s.q, dq.input[0])
-        if src is None:
-            continue
-        before = len(weights)
-        for consumer in s.q.consumers_of(dq.output[0]):
-            twin = _float_twin(s, consumer, by_name)
-            for idx, inp in enumerate(consumer.input):
-                if twin is None or inp != dq.output[0] or idx >= len(twin.input):
-                    continue
-                fname = twin.input[idx]
-                if fname not in s.f.consts or (fname, dq.name) in seen:
-                    continue
-                seen.add((fname, dq.name))
-                # Q on a float constant: the type lives on the Q node.
-                typed = dq if dq.input[0] == src else s.q.producer[dq.input[0]]
-                kind = "bias" if idx == 2 and consumer.op_type in ("Conv", "Gemm", "ConvTranspose") else "weight"
-                weights.append(
-                    WeightPair(
-                        weight_name=fname,
-                        quant_name=src,
-                        dq_node=dq.name or dq.output[0],
-                        consumer_node=consumer.name or consumer.output[0],
-                        consumer_op=consumer.op_type,
-                        input_index=idx,
-                        kind=kind,
-                        params=_params(typed, s.q.consts),
-                    )
+    for consumer in consumers:
+        twin = twins.get(id(consumer))
+        for idx, inp in enumerate(consumer.input):
+            w = weights.get(inp)
+            if twin is None or w is None or idx >= len(twin.input):
+                continue
+            fname, dq = twin.input[idx], w.dq
+            if fname not in s.f.consts or (fname, dq.name or dq.output[0]) in seen:
+                continue
+            seen.add((fname, dq.name or dq.output[0]))
+            typed = dq if dq.input[0] == w.src else s.q.producer[dq.input[0]]  # Q on a float constant: typed there
+            kind = "bias" if idx == 2 and consumer.op_type in ("Conv", "Gemm", "ConvTranspose") else "weight"
+            pairs.append(
+                WeightPair(
+                    weight_name=fname,
+                    quant_name=w.src,
+                    dq_node=dq.name or dq.output[0],
+                    consumer_node=consumer.name or consumer.output[0],
+                    consumer_op=consumer.op_type,
+                    input_index=idx,
+                    kind=kind,
+                    params=_params(typed, s.q.consts),
                 )
-        if len(weights) == before and not any((w.quant_name == src) for w in weights):
-            unpaired.append(src)
+            )
+    paired = {p.quant_name for p in pairs}
+    unpaired = list(dict.fromkeys(w.src for w in weights.values() if w.src not in paired))
     if unpaired:
         warnings.append(
             f"{len(unpaired)} quantized weight(s) have no float counterpart and are not in the report: "
             + ", ".join(repr(u) for u in unpaired[:5])
             + (f" (and {len(unpaired) - 5} more)" if len(unpaired) > 5 else "")
         )
-    return weights
+    return pairs
 
 
 def _output_pairs(f: GraphIndex, q: GraphIndex, warnings: list[str]) -> list[OutputPair]:
@@ -806,7 +916,7 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     outputs = _output_pairs(f, sides.q, warnings)
     return Pairing(
         activations=tuple(activations),
-        weights=tuple(_weight_pairs(sides, warnings)),
+        weights=tuple(_weight_pairs(sides, activations, warnings)),
         outputs=tuple(outputs),
         unmatched_float_tensors=tuple(unmatched),
         warnings=tuple(warnings),
@@ -879,8 +989,17 @@ class GraphIndex:
 
 def weight_arrays(pair: WeightPair, float_index: GraphIndex, quant_index: GraphIndex) -> tuple[np.ndarray, np.ndarray]:
     """(float weight, dequantized weight) as float64 arrays of the same shape."""
-    dq = quant_index.qdq_nodes[pair.dq_node]
     ref = float_index.value(pair.weight_name).astype(np.float64)
+    test = _dequantized(quant_index.qdq_nodes[pair.dq_node], quant_index)
+    if ref.shape != test.shape:
+        if ref.size != test.size:
+            raise ModelError(f"weight {pair.weight_name!r}: float shape {ref.shape} vs quantized shape {test.shape}")
+        test = test.reshape(ref.shape)
+    return ref, test
+
+
+def _dequantized(dq: onnx.NodeProto, quant_index: GraphIndex) -> np.ndarray:
+    """The float64 values a weight DequantizeLinear computes from its constant."""
     q_in = dq.input[0]
     if q_in in quant_index.consts:
         q_val = quant_index.value(q_in)
@@ -894,12 +1013,7 @@ def weight_arrays(pair: WeightPair, float_index: GraphIndex, quant_index: GraphI
         )
     scale = quant_index.value(dq.input[1])
     zp = quant_index.value(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
-    test = dequantize(q_val, scale, zp, _attr(dq, "axis", 1), _attr(dq, "block_size", 0))
-    if ref.shape != test.shape:
-        if ref.size != test.size:
-            raise ModelError(f"weight {pair.weight_name!r}: float shape {ref.shape} vs quantized shape {test.shape}")
-        test = test.reshape(ref.shape)
-    return ref, test
+    return dequantize(q_val, scale, zp, _attr(dq, "axis", 1), _attr(dq, "block_size", 0))
 
 
 def quantize_array(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int = 1) -> np.ndarray:
