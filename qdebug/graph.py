@@ -759,18 +759,20 @@ def _candidates(
     ]
 
 
-def _distance(s: _Sides, consumer: onnx.NodeProto, twin: onnx.NodeProto, weights: Mapping[str, _WeightDQ]) -> float:
-    """Relative squared error between the consumer's dequantized weights and the twin's float ones: the tie-breaker
-    between structurally equal twins (the right partner is close, another layer's weights are not)."""
+def _distance(s: _Sides, dequantized: Mapping[int, np.ndarray], twin: onnx.NodeProto, floats: dict[str, Any]) -> float:
+    """Relative squared error between a consumer's dequantized weights (by input slot) and the twin's float ones:
+    the tie-breaker between structurally equal twins (the right partner is close, another layer's weights are
+    not). ``floats`` keeps the float weights decoded so far (a weight is a candidate of several consumers)."""
     err = ref = 0.0
-    for k, inp in enumerate(consumer.input):
-        if inp in weights:
-            if k >= len(twin.input) or twin.input[k] not in s.f.consts:
-                continue
-            f = s.f.value(twin.input[k]).astype(np.float64).reshape(-1)
-            d = _dequantized(weights[inp].dq, s.q).reshape(-1)
-            err += float(np.sum(np.square(f - d)))
-            ref += float(np.sum(np.square(f)))
+    for k, d in dequantized.items():
+        name = twin.input[k] if k < len(twin.input) else ""
+        if name not in s.f.consts:
+            continue
+        if name not in floats:
+            floats[name] = s.f.value(name).astype(np.float64).reshape(-1)
+        f = floats[name]
+        err += float(np.sum(np.square(f - d)))
+        ref += float(np.sum(np.square(f)))
     return err / ref if ref > 0 else err
 
 
@@ -791,9 +793,11 @@ def _twins(
         elif cands:
             open_.append((c, cands))
     taken = {id(t) for t in twins.values()}
+    floats: dict[str, Any] = {}
     for c, cands in open_:
+        deq = {k: _dequantized(weights[i].dq, s.q).reshape(-1) for k, i in enumerate(c.input) if i in weights}
         best = min(
-            cands, key=lambda n: (_distance(s, c, n, weights), id(n) in taken, s.f.position.get(n.output[0], -1))
+            cands, key=lambda n: (_distance(s, deq, n, floats), id(n) in taken, s.f.position.get(n.output[0], -1))
         )
         twins[id(c)] = best
         taken.add(id(best))
