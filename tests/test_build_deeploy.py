@@ -11,6 +11,7 @@ import onnx
 import pytest
 from conftest import SAMPLE_MODELS, CliResult, assert_one_line_error
 from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
+from test_deeploy_host import gcc  # noqa: F401  (fixture)
 
 from qdebug.build import BuildManifest, BuildOptions, recompile
 from qdebug.config import QuantConfig
@@ -92,6 +93,30 @@ def _assert_generic_code_ran(m: BuildManifest, out: Path, printed: str) -> None:
     assert m.top1.compiled_model is not None and m.top1.compiled_model > 0.98, m.top1
     assert "Generic code run (Deeploy's generated code run with qdebug's host kernels" in printed
     assert "compiled (deeploy) 99." in printed and "Siracusa code not run: code generation only" in printed
+
+
+def test_a_relative_output_folder_runs_the_generated_code(
+    deeploy: Path,  # noqa: F811
+    gcc: str,  # noqa: F811
+    run_cli: Callable[..., CliResult],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``-o dp`` relative to the current folder: the Generic code is compiled and run as with an absolute path
+    (gcc runs in its own work folder, so every path it is given must be absolute), bit-exact, with no warning."""
+    monkeypatch.chdir(tmp_path)
+    res = run_cli(
+        "build", "--float-model", CNN, "--target", "deeploy", "--precision", "int8", "--calib", CALIB, "-o", "dp"
+    )
+    assert res.code == 0, res.stderr
+    assert "warning:" not in res.out + res.stderr, res.out + res.stderr
+    m = BuildManifest.load(tmp_path / "dp" / "manifest.json")
+    assert not m.warnings, m.warnings
+    generic = m.target_details["deeploy"]["run"]["Generic"]
+    assert generic["ran"] and generic["bit_exact"] and generic["num_samples"] == 32, generic
+    assert generic["equal_fraction_vs_integer_onnx"] == 1.0 and generic["max_lsb_vs_qdq"] == 0, generic
+    assert "Generic code run (" in res.out and "Generic code not run" not in res.out
+    assert _leftovers(tmp_path) == ["dp"]
 
 
 def test_snap_grid_fine_keeps_scale_changes_small(

@@ -91,6 +91,25 @@ def test_harness_streams_samples_through_the_generated_buffers(gcc: str, tmp_pat
         run_generated(build, _TOY_IO, [{"a": np.zeros(4)}])
 
 
+def test_relative_folders_compile_and_run_from_anywhere(
+    gcc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folders given relative to the caller's folder: gcc, which runs in the work folder, still finds the generated
+    code, and the executable runs after the caller has moved on (its path is absolute: never a $PATH search)."""
+    _toy(tmp_path / "gen", "+ 0")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    build = compile_generated("gen", "work")
+    assert build.executable == tmp_path / "work" / "network" and build.executable.is_file()
+    here = compile_generated(Path("gen"), ".")
+    assert here.executable == tmp_path / "network"
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for b in (build, here):
+        got = run_generated(b, _TOY_IO, [{"a": np.array([128, 129, 130, 255]), "b": np.array([0, -1])}])
+        np.testing.assert_array_equal(got[0]["y"], [[0, 0], [2, 126]])
+
+
 def test_a_kernel_the_host_library_lacks_is_named(gcc: str, tmp_path: Path) -> None:
     gen = _toy(tmp_path / "gen", "+ Softmax_s8_s8_unknown()")
     (gen / "Network.h").write_text(_TOY_H + "int Softmax_s8_s8_unknown(void);\n")

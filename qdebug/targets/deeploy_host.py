@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: The kernels, the header the generated code includes, and the harness (package data).
-HOST_DIR = Path(__file__).with_name("deeploy_host")
+HOST_DIR = Path(__file__).resolve().with_name("deeploy_host")
 _SOURCES = ("qdebug_kernels.c", "harness.c")
 #: How the manifest and the CLI name what was run.
 HOST_RUN_LABEL = "Deeploy's generated code run with qdebug's host kernels"
@@ -112,14 +112,16 @@ def compile_generated(codegen_dir: str | Path, work_dir: str | Path) -> HostBuil
     host library lacks is a :class:`TargetError` naming it; so is any other compile error (with gcc's message).
     """
     cc = find_compiler()
-    src = Path(codegen_dir)
+    # gcc runs in work_dir, so a path relative to the caller's folder would name another file there; the
+    # executable's path must hold a folder too, or running it would search $PATH.
+    src, work = Path(codegen_dir).absolute(), Path(work_dir).absolute()
     if not (src / "Network.c").is_file() or not (src / "Network.h").is_file():
         raise TargetError(f"{src}: no generated Network.c / Network.h to compile")
-    exe = Path(work_dir) / "network"
+    exe = work / "network"
     cmd = [*cc, "-std=gnu11", "-O2", "-fwrapv", "-I", str(HOST_DIR), "-I", str(src), str(src / "Network.c"),
            *(str(HOST_DIR / s) for s in _SOURCES), "-o", str(exe), "-lm"]  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, cwd=work_dir)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, cwd=work)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         missing = sorted(set(_UNDEFINED.findall(proc.stderr)))
