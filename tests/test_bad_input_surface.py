@@ -97,6 +97,7 @@ PENDING: dict[str, str] = {
     **_ids(
         "a JSON document that is not one of qdebug's: a traceback, another exit code or the file not named",
         """
+        path-missing-non-utf8-name-report-search
         doc-onnx-file-report-json doc-json-list-report-json doc-unrelated-object-report-json
         doc-schema-version-missing-report-json doc-schema-version-99-report-json doc-schema-version-text-report-json
         doc-deep-list-50000-report-json doc-deep-object-50000-report-json doc-non-utf8-report-json
@@ -250,7 +251,8 @@ PENDING: dict[str, str] = {
     **_ids(
         "outputs are written 0600 whatever the umask",
         """
-        legal-notebooks-255-umask-022 legal-notebooks-255-umask-027
+        legal-notebooks-255-umask-022 legal-notebooks-255-umask-027 legal-debug-o-and-html-non-utf8-umask-022
+        legal-debug-o-and-html-non-utf8-umask-027 legal-build-o-non-utf8-umask-022 legal-build-o-non-utf8-umask-027
         """,
     ),
     **_ids(
@@ -414,6 +416,7 @@ PATH_DEFECTS: list[tuple[str, Maker, int, tuple[str, ...]]] = [
     ("name-300-bytes", _long_name(".in"), EXIT_INPUT_FILE, ()),
     ("fifo", _fifo("fifo.in"), EXIT_INPUT_FILE, ()),
     ("dev-null", lambda d: Path(os.devnull), EXIT_INPUT_FILE, ()),
+    ("missing-non-utf8-name", lambda d: Path(os.fsdecode(bytes(d) + b"/\xff\xfe.in")), EXIT_INPUT_FILE, ()),
 ]
 #: A folder where a file is read (the first corpus has it for the float model and the data options).
 FOLDER_READERS = ("debug-q", "diagnose-f", "diagnose-q", "quantize-config", "build-overrides", "report-json",
@@ -1042,6 +1045,7 @@ def _name(size: int, suffix: str, fill: str = "x") -> str:
 
 
 _Q249 = _name(249, ".onnx")  # its .calib.json beside it is 255 bytes
+_LATIN1 = os.fsdecode("résumé".encode("latin-1"))  # a name that is not UTF-8
 #: A legal output of every writing command, with the longest name allowed (255 bytes): (argv, what appears in the
 #: case's folder). Written whole, with the umask's mode, nothing else beside it.
 LEGAL: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -1064,6 +1068,9 @@ LEGAL: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "report-o-255": (("report", "{report}", "-f", "{f}", "-q", "{q}", "--stats-samples", "2", "-o",
                       "{dir}/" + _name(255, ".html", "r")), (_name(255, ".html", "r"),)),
     "notebooks-255": (("notebooks", "{dir}/" + _name(255, "", "n")), (_name(255, "", "n"),)),
+    "debug-o-and-html-non-utf8": ((*_DEBUG, "-o", "{dir}/" + _LATIN1 + ".json", "--html", "{dir}/" + _LATIN1 + ".html"),
+                                  (_LATIN1 + ".json", _LATIN1 + ".html")),
+    "build-o-non-utf8": ((*_BUILD[:-2], "-o", "{dir}/" + _LATIN1), (_LATIN1,)),
 }  # fmt: skip
 
 
@@ -1078,8 +1085,9 @@ LEGAL_IDS = {f"legal-{n}-umask-{u:03o}": (n, u) for n in LEGAL for u in (0o022, 
 def test_a_legal_output_is_written_with_the_umasks_mode(
     name: str, umask: int, assets: Path, tmp_path: Path, run_cli: Callable[..., CliResult]
 ) -> None:
-    """A 255-byte name (the longest a file system takes) is written, not refused for its temporary name; files get
-    0666 and folders 0777 less the umask, as any other program's; nothing else appears beside them."""
+    """A 255-byte name (the longest a file system takes) or one that is not UTF-8 is written, not refused for its
+    temporary name; files get 0666 and folders 0777 less the umask, as any other program's; nothing else appears
+    beside them."""
     d = tmp_path
     subs = _setup(assets, d)
     argv, written = LEGAL[name]
@@ -1115,7 +1123,13 @@ def test_concurrent_builds_into_one_folder_one_wins_the_others_are_refused(
                          stderr=subprocess.PIPE, text=True)
         for _ in range(runs)
     ]  # fmt: skip
-    results = [(p.wait(timeout=120), p.communicate()[1]) for p in procs]
+    try:
+        results = [(p.communicate(timeout=120)[1], p.returncode)[::-1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     codes = sorted(code for code, _ in results)
     assert codes == [EXIT_OK] + [EXIT_USAGE] * (runs - 1), results
     for code, err in results:
