@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM put off while a temporary file or folder is made (:func:`signals_held`).
 
-Kept apart from :mod:`qdebug.io` (which imports onnx) so that the CLI installs its handlers without importing it.
+Kept apart from :mod:`qdebug.io` (the file layer) so that the CLI installs its handlers before importing anything
+else.
 """
 
 from __future__ import annotations

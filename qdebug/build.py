@@ -7,9 +7,11 @@ top-1 on ``eval_data``. ``device`` × ``precision`` map onto the one :class:`~qd
 the target's :class:`~qdebug.targets.base.Precision` and :meth:`QuantConfig.merged`, so a config file that says
 otherwise is a :class:`~qdebug.errors.ConfigError`.
 
-Everything is built in a hidden folder next to ``out_dir`` and renamed into place at the end: ``out_dir`` holds a
-complete build or nothing. The manifest (``manifest.json``) names every input with its sha256, the config, the
-fixes, the quantization and compile figures, the accuracy and the timings; paths in it are relative to it.
+Everything is built in a hidden folder next to ``out_dir`` (``.qd-<8 hex>.part``) and renamed into place at the
+end: ``out_dir`` holds a complete build or nothing, with the mode ``mkdir`` would give it. A second build of the same
+``out_dir`` while one runs is refused in one line (:func:`qdebug.io.output_lock`). The manifest (``manifest.json``)
+names every input with its sha256, the config, the fixes, the quantization and compile figures, the accuracy and the
+timings; paths in it are relative to it.
 
 :func:`~qdebug.targets.recompile.recompile` (re-exported here) compiles an already-quantized model.
 """
@@ -29,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from qdebug._signals import signals_held
 from qdebug._version import __version__
 from qdebug.capture.session import make_session
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError, TargetError
 from qdebug.graph import ModelKind, file_sha256, input_specs, load_model, model_kind
-from qdebug.io import atomic_save_model, atomic_write_text
+from qdebug.io import atomic_save_model, atomic_write_text, input_problem, load_json, new_temp_dir, output_lock
 from qdebug.passes import PassReport
 from qdebug.quantize import QuantizeResult
 from qdebug.report import DebugReport, TargetAccuracy, encode_number
@@ -262,8 +265,8 @@ class BuildManifest:
         from qdebug.errors import InputFileError
 
         try:
-            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            return cls.from_dict(load_json(path, "build manifest"))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise InputFileError(f"{path}: not a qdebug build manifest ({exc})") from exc
 
 
@@ -324,22 +327,6 @@ def _relative_paths(report: CompileReport, staging: Path) -> CompileReport:
             return p
 
     return replace(report, compiled_model=rel(report.compiled_model), log_path=rel(report.log_path))
-
-
-def _staging_dir(out: Path) -> Path:
-    """A new hidden folder next to ``out`` (same file system: the final rename is atomic). Unlike mkdtemp's 0700
-    it gets the user's umask, since it becomes the output folder."""
-    import secrets
-
-    for _ in range(100):
-        # io.TEMP_NAME_EXTRA counts these 19 extra bytes: the CLI's output guard leaves room for them
-        path = out.parent / f".{out.name}.building-{secrets.token_hex(4)}"
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(f"could not create a staging folder next to {out}")
 
 
 def _rescue_log(report: CompileReport) -> CompileReport:
@@ -429,7 +416,7 @@ def _read_inputs(
     _prepare_out(out)
     inputs = [InputFile("model", str(src.resolve()), file_sha256(src))]
     for role, value in (("data", data), ("debug_data", debug_data), ("eval_data", eval_data)):
-        if isinstance(value, str | Path) and Path(value).exists():
+        if isinstance(value, str | Path) and input_problem(value, folder=True) is None:  # else open_data says why
             inputs.append(InputFile(role, str(Path(value).resolve()), _data_sha256(Path(value))))
     cfg_obj = config
     if isinstance(config, str | Path):
@@ -758,24 +745,37 @@ def build(
     say = progress or (lambda _msg: None)
     job = _read_inputs(Path(onnx_model), Path(out_dir), options, config, overrides, data, eval_data, debug_data, say)
     job.out.parent.mkdir(parents=True, exist_ok=True)
-    staging = _staging_dir(job.out)
+    with output_lock(job.out):  # a second build of the same folder meanwhile fails in one line, not at the rename
+        _prepare_out(job.out)  # again, under the lock: another build may have filled it since
+        manifest, report = _staged(job, t_start)
+    return BuildResult(out_dir=job.out, manifest=manifest, report=report)
+
+
+def _staged(job: _Job, t_start: float) -> tuple[BuildManifest, DebugReport | None]:
+    """Every step in a new hidden folder next to ``job.out`` (same file system: the final rename is atomic), with the
+    mode ``mkdir`` gives (it becomes the output folder), renamed into place at the end; removed on failure."""
+    staging: Path | None = None
     try:
-        if options.extract_inputs:
+        with signals_held():  # a signal is raised inside the try, once staging is known
+            staging = new_temp_dir(job.out.parent)
+        if job.options.extract_inputs:
             _extract(job, staging)
         manifest, report = _run(job, staging)
         job.timings["total_s"] = round(time.perf_counter() - t_start, 4)
         manifest = replace(manifest, timings=job.timings)
         atomic_write_text(staging / "manifest.json", manifest.to_json())
         if job.out.exists():
-            job.out.rmdir()  # empty (checked above); a non-empty one makes this fail rather than mix two builds
+            job.out.rmdir()  # empty (checked under the lock): a non-empty one fails here rather than mix two builds
         os.replace(staging, job.out)
     except BaseException as exc:
+        if staging is None:
+            raise
         _fail(exc, job, staging)
         named = _unstaged(exc, job, staging)
         if named is not None:
             raise named from exc
         raise
-    return BuildResult(out_dir=job.out, manifest=manifest, report=report)
+    return manifest, report
 
 
 def _extract(job: _Job, staging: Path) -> None:

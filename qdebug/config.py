@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qdebug.errors import ConfigError
+from qdebug.io import parse_json, read_input_text
 from qdebug.target_registry import config_problems
 
 SCHEMA_VERSION = 1
@@ -323,21 +324,14 @@ class QuantConfig:
     def from_json(cls, text: str) -> QuantConfig:
         """Parse JSON text (see :meth:`from_dict`)."""
         try:
-            return cls.from_dict(json.loads(text))
+            return cls.from_dict(parse_json(text))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"quantization config is not valid JSON: {exc}") from exc
 
     @classmethod
     def load(cls, path: str | Path) -> QuantConfig:
-        """Read a JSON config file."""
-        from qdebug.errors import InputFileError
-
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputFileError(f"{path}: cannot read config: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise InputFileError(f"{path}: not a JSON config (not UTF-8 text)") from exc
+        """Read a JSON config file (a regular file: :func:`qdebug.io.read_input_text`)."""
+        text = read_input_text(path, "config")
         try:
             return cls.from_json(text)
         except ConfigError as exc:

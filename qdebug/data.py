@@ -24,6 +24,7 @@ import numpy as np
 
 from qdebug.errors import ConfigError, DataError, InputFileError
 from qdebug.graph import InputSpec
+from qdebug.io import check_input, open_input
 
 Sample = dict[str, np.ndarray]
 
@@ -121,11 +122,9 @@ def _member(npz: Any, name: str, where: str) -> np.ndarray:
 
 def _read_npz(path: Path, specs: Sequence[InputSpec], ignore: Sequence[str]) -> dict[str, np.ndarray]:
     where = str(path)
-    if not path.exists():
-        raise InputFileError(f"{where}: no such file")
     try:
-        # np.load leaks its file handle when the zip is corrupt: own the handle here.
-        with open(path, "rb") as fh:
+        # np.load leaks its file handle when the zip is corrupt: own the handle here (opened without blocking)
+        with open_input(path) as fh:
             try:
                 loaded = np.load(fh, allow_pickle=False)
             except ValueError as exc:  # neither zip nor .npy: numpy then tries (and refuses) to unpickle it
@@ -360,10 +359,10 @@ def open_data(
     if data is None:
         return SyntheticData(specs, num_samples or SYNTHETIC_SAMPLES, seed, distribution, input_shapes)
     if isinstance(data, str | Path):
-        p = Path(data)
+        p = check_input(data, folder=True)  # a folder of .npz files is data too
         if p.is_dir():
             source = NpzFolderData(p, specs, ignore)
-        elif p.exists() and p.suffix.lower() != ".npz":
+        elif p.suffix.lower() != ".npz":
             raise InputFileError(f"{p}: data must be an .npz file or a folder of them")
         else:
             source = NpzData(p, specs, ignore)

@@ -26,6 +26,7 @@ import onnx
 from onnx import numpy_helper
 
 from qdebug.errors import InputFileError, ModelError
+from qdebug.io import open_input
 
 QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
 QOPERATOR_OPS = frozenset(
@@ -70,7 +71,7 @@ def is_dq(node: onnx.NodeProto) -> bool:
 def file_sha256(path: str | Path) -> str:
     """Checksum of a file, streamed."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -82,12 +83,12 @@ def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
     The file is only read, never rewritten.
     """
     p = Path(path)
-    if not p.exists():
-        raise InputFileError(f"{role} {p}: no such file")
-    if p.is_dir():
-        raise InputFileError(f"{role} {p}: is a directory, expected an .onnx file")
+    # by name, as onnx.load would: a .json/.txtpb name is a text format
+    fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
+    with open_input(p, role) as fh:  # a FIFO, device, folder, link loop or overlong name: one line, never a hang
+        data = fh.read()
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        model = onnx.load_model_from_string(data, format=fmt)
     except Exception as exc:  # protobuf raises several unrelated types on garbage
         raise InputFileError(f"{role} {p}: not a valid ONNX file ({type(exc).__name__}: {exc})") from exc
     if model.ir_version <= 0 or not model.opset_import or len(model.graph.node) == 0:

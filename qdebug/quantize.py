@@ -17,7 +17,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import tempfile
 import time
 import warnings
@@ -44,7 +43,7 @@ from qdebug.graph import (
     load_model,
     model_kind,
 )
-from qdebug.io import atomic_write_bytes, refuse_overwrite_input, temp_dir
+from qdebug.io import atomic_path, atomic_write_bytes, refuse_overwrite_input, temp_dir
 from qdebug.metrics import blocked_dot, sqnr_from_energies
 from qdebug.ort_index import indexed_quantizer
 from qdebug.targets.base import to_ort_config
@@ -536,7 +535,9 @@ def _calibration(
             ranges = _calibrate(model_path, ort_cfg, work)
     except errors as exc:
         raise ModelError(f"{label}: calibration failed: {ort_message(exc)}") from exc
-    save_tensors_data(ranges, cache)
+    scratch = work / "ranges.calib.json"
+    save_tensors_data(ranges, scratch)
+    atomic_write_bytes(cache, scratch.read_bytes())  # ORT writes through mkstemp: its file would be mode 0600
     return time.perf_counter() - t0
 
 
@@ -546,15 +547,12 @@ def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path, label: s
 
     # the same model, without ORT's O(nodes × tensors) look-ups (on the QDQ path, the one qdebug's recipes take)
     qdq = ort_cfg.quant_format == QuantFormat.QDQ
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_out = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
-    os.close(fd)
     t1 = time.perf_counter()
-    try:
-        with indexed_quantizer() if qdq else contextlib.nullcontext(False):
+    try:  # written to a short-named sibling with the umask's mode, renamed over out (atomic_path)
+        with atomic_path(out, ".onnx") as tmp_out, indexed_quantizer() if qdq else contextlib.nullcontext(False):
             quantize_static(
                 str(model_path),
-                tmp_out,
+                str(tmp_out),
                 None,
                 calibrate_method=ort_cfg.calibrate_method,
                 quant_format=ort_cfg.quant_format,
@@ -570,19 +568,14 @@ def _insert_qdq(model_path: Path, ort_cfg: Any, cache: Path, out: Path, label: s
                 extra_options=ort_cfg.extra_options,
                 calibration_cache_path=str(cache),
             )
-        seconds = time.perf_counter() - t1
-        os.replace(tmp_out, out)
+            seconds = time.perf_counter() - t1
     except (ValueError, KeyError, TypeError, AssertionError) as exc:
-        Path(tmp_out).unlink(missing_ok=True)
         if "scale issue" in str(exc):  # ORT's words for a non-finite or zero calibrated range
             raise DataError(
                 f"{label}: calibration gave a tensor a non-finite or empty range (calibration data too large, "
                 "or NaN/Inf inside the model); check the data's value range"
             ) from exc
         raise ConfigError(f"ONNX Runtime could not quantize {label}: {exc}") from exc
-    except BaseException:
-        Path(tmp_out).unlink(missing_ok=True)
-        raise
     return seconds
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from qdebug.errors import InputFileError
-from qdebug.io import atomic_write_text
+from qdebug.io import atomic_write_text, parse_json, read_input_text
 from qdebug.metrics import SqnrStatus, Summary
 
 if TYPE_CHECKING:
@@ -505,7 +505,7 @@ class DebugReport:
     @classmethod
     def from_json(cls, text: str) -> DebugReport:
         """Parse JSON text."""
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(parse_json(text))
 
     def save(self, path: str | Path) -> Path:
         """Write the report as JSON, atomically."""
@@ -514,9 +514,10 @@ class DebugReport:
     @classmethod
     def load(cls, path: str | Path) -> DebugReport:
         """Read a report written by :meth:`save`."""
+        text = read_input_text(path, "debug report")  # a regular file, UTF-8
         try:
-            return cls.from_json(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            return cls.from_json(text)
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise InputFileError(f"{path}: not a qdebug debug report ({exc})") from exc
 
     def to_dataframe(self) -> pd.DataFrame:

@@ -443,14 +443,14 @@ def test_ort_log_lines_are_silenced_on_the_real_stderr(tmp_path: Path, tiny_floa
     ("mutate", "needle"), [(_ir_too_new, "IR version"), (_cycle, "not acyclic")], ids=["ir99", "cycle"]
 )
 def test_build_names_the_users_file_when_ort_refuses_the_model(tmp_path: Path, run_cli, mutate, needle: str) -> None:
-    """It named the copy in its hidden staging folder ('out/.b.building-…/m.float.onnx') and left 'out/' behind."""
+    """It named the copy in its hidden staging folder ('out/.qd-….part/m.float.onnx') and left 'out/' behind."""
     m = builders.tiny_convnet()
     mutate(m)
     bad = save(m, tmp_path / "m.onnx")
     before = tree_hashes(tmp_path)
     r = run_cli("build", "-f", bad, "--target", "cpu", "--precision", "uint8", "-o", tmp_path / "out" / "b")
     assert_one_line_error(r, EXIT_MODEL, f"{bad}: ONNX Runtime cannot load it", needle)
-    assert ".building-" not in r.stderr
+    assert ".qd-" not in r.stderr
     assert tree_hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 

@@ -62,59 +62,19 @@ PENDING: dict[str, str] = {
     **_ids(
         "a symlink loop or a 300-byte name: a traceback",
         """
-        path-symlink-loop-quantize-f path-symlink-loop-quantize-calib path-symlink-loop-quantize-config
-        path-symlink-loop-search-f path-symlink-loop-search-holdout path-symlink-loop-search-eval
-        path-symlink-loop-build-f path-symlink-loop-build-eval path-symlink-loop-build-overrides
-        path-symlink-loop-report-json path-symlink-loop-report-f path-symlink-loop-report-q
-        path-symlink-loop-report-data path-symlink-loop-report-manifest path-symlink-loop-report-search
-        path-name-300-bytes-quantize-f path-name-300-bytes-quantize-calib path-name-300-bytes-debug-f
-        path-name-300-bytes-debug-q path-name-300-bytes-debug-data path-name-300-bytes-diagnose-f
-        path-name-300-bytes-diagnose-q path-name-300-bytes-search-f path-name-300-bytes-search-holdout
-        path-name-300-bytes-search-eval path-name-300-bytes-build-f path-name-300-bytes-build-eval
-        path-name-300-bytes-build-overrides path-name-300-bytes-report-f path-name-300-bytes-report-q
-        path-name-300-bytes-report-data path-name-300-bytes-report-search output-symlink-loop-debug-html
-        output-symlink-loop-diagnose-o output-symlink-loop-diagnose-html output-symlink-loop-search-html
-        output-symlink-loop-search-remedy-output output-symlink-loop-build-html output-symlink-loop-report-o
         dashboard-root-name-300-bytes
-        """,
-    ),
-    **_ids(
-        "a FIFO as an input is opened (it hangs without a writer)",
-        """
-        path-fifo-quantize-f path-fifo-quantize-config path-fifo-debug-f path-fifo-debug-q path-fifo-diagnose-f
-        path-fifo-diagnose-q path-fifo-search-f path-fifo-search-eval path-fifo-build-f path-fifo-build-eval
-        path-fifo-build-overrides path-fifo-report-json path-fifo-report-f path-fifo-report-q
-        path-fifo-report-manifest path-fifo-report-search process-fifo-float-model-debug
-        """,
-    ),
-    **_ids(
-        "a device or a folder as a JSON input: read, not refused as a non-regular file",
-        """
-        path-dev-null-quantize-config path-dev-null-build-overrides path-dev-null-report-search
-        path-folder-report-search
         """,
     ),
     **_ids(
         "a JSON document that is not one of qdebug's: a traceback, another exit code or the file not named",
         """
-        path-missing-non-utf8-name-report-search
-        doc-onnx-file-report-json doc-json-list-report-json doc-unrelated-object-report-json
-        doc-schema-version-missing-report-json doc-schema-version-99-report-json doc-schema-version-text-report-json
-        doc-deep-list-50000-report-json doc-deep-object-50000-report-json doc-non-utf8-report-json
-        doc-onnx-file-report-manifest doc-json-list-report-manifest doc-unrelated-object-report-manifest
-        doc-schema-version-missing-report-manifest doc-schema-version-99-report-manifest
-        doc-schema-version-text-report-manifest doc-deep-list-50000-report-manifest
-        doc-deep-object-50000-report-manifest doc-non-utf8-report-manifest search-doc-missing-report-search
-        search-doc-onnx-file-report-search search-doc-non-utf8-report-search search-doc-json-list-report-search
+        doc-json-list-report-json doc-unrelated-object-report-json doc-schema-version-missing-report-json
+        doc-schema-version-99-report-json doc-schema-version-text-report-json doc-json-list-report-manifest
+        doc-unrelated-object-report-manifest doc-schema-version-missing-report-manifest
+        doc-schema-version-99-report-manifest doc-schema-version-text-report-manifest search-doc-json-list-report-search
         search-doc-unrelated-object-report-search search-doc-debug-report-report-search
         search-doc-deep-list-50000-report-search search-doc-deep-object-50000-report-search
-        search-doc-steps-not-a-list-report-search search-doc-truncated-report-search
-        config-doc-deep-list-50000-quantize-config config-doc-deep-list-50000-search-config
-        config-doc-deep-list-50000-build-config config-doc-deep-list-50000-quantize-overrides
-        config-doc-deep-list-50000-build-overrides config-doc-deep-object-50000-quantize-config
-        config-doc-deep-object-50000-search-config config-doc-deep-object-50000-build-config
-        config-doc-deep-object-50000-quantize-overrides config-doc-deep-object-50000-build-overrides
-        doc-wrong-kind-report-json
+        search-doc-steps-not-a-list-report-search search-doc-truncated-report-search doc-wrong-kind-report-json
         """,
     ),
     **_ids(
@@ -235,30 +195,6 @@ PENDING: dict[str, str] = {
         "an unreachable --ray address hangs",
         """
         process-debug-ray-unreachable
-        """,
-    ),
-    **_ids(
-        "outputs are written 0600 whatever the umask; a 255-byte name is refused for its temporary name",
-        """
-        legal-quantize-o-249-umask-022 legal-quantize-o-249-umask-027 legal-debug-o-and-html-255-umask-022
-        legal-debug-o-and-html-255-umask-027 legal-diagnose-o-and-html-255-umask-022
-        legal-diagnose-o-and-html-255-umask-027 legal-suggest-overrides-out-255-umask-022
-        legal-suggest-overrides-out-255-umask-027 legal-search-o-and-html-255-umask-022
-        legal-search-o-and-html-255-umask-027 legal-build-o-and-html-255-umask-022
-        legal-build-o-and-html-255-umask-027 legal-report-o-255-umask-022 legal-report-o-255-umask-027
-        """,
-    ),
-    **_ids(
-        "outputs are written 0600 whatever the umask",
-        """
-        legal-notebooks-255-umask-022 legal-notebooks-255-umask-027 legal-debug-o-and-html-non-utf8-umask-022
-        legal-debug-o-and-html-non-utf8-umask-027 legal-build-o-non-utf8-umask-022 legal-build-o-non-utf8-umask-027
-        """,
-    ),
-    **_ids(
-        "two concurrent build -o out: a traceback",
-        """
-        concurrent-builds
         """,
     ),
 }  # fmt: skip

@@ -62,7 +62,7 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
 def _no_leftovers(parent: Path, out_name: str) -> None:
     """Neither the output folder nor a staging folder of it remains."""
     assert not (parent / out_name).exists()
-    assert not [p.name for p in parent.iterdir() if p.name.startswith(f".{out_name}.")]
+    assert not [p.name for p in parent.iterdir() if p.name.startswith((f".{out_name}.", ".qd-"))]
 
 
 # ------------------------------------------------------------------------------------------------ the mapping

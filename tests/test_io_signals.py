@@ -60,16 +60,54 @@ def test_a_signal_while_a_temp_dir_is_made_leaves_no_folder(
 def test_a_signal_while_an_output_is_written_leaves_no_temp_file(
     raising_sigterm: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tempfile
+    """The signal arrives just after the temporary sibling was created, before the writer knows its name."""
+    from qdebug import io
 
-    real = tempfile.mkstemp
+    real = io._create_file
 
-    def mkstemp_then_signal(*a: Any, **k: Any) -> tuple[int, str]:
-        made = real(*a, **k)
+    def create_then_signal(path: Path) -> None:
+        real(path)
         os.kill(os.getpid(), signal.SIGTERM)
-        return made
 
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_signal)
+    monkeypatch.setattr(io, "_create_file", create_then_signal)
     with pytest.raises(StoppedError):
         atomic_write_text(tmp_path / "out.json", "{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_while_a_staging_folder_or_lock_is_made_leaves_nothing(
+    raising_sigterm: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for build's staging folder (made by :func:`new_temp_dir` under ``signals_held``) and its lock."""
+    from qdebug import io
+
+    real_lock = io._lock
+
+    def lock_then_signal(lock: Path, out: Path) -> int:
+        fd = real_lock(lock, out)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return fd
+
+    monkeypatch.setattr(io, "_lock", lock_then_signal)
+    with pytest.raises(StoppedError), io.output_lock(tmp_path / "out"):
+        pytest.fail("the with block must not start")
+    assert list(tmp_path.iterdir()) == []
+
+    import builders
+    from conftest import save
+
+    from qdebug import build as build_module
+    from qdebug.build import BuildOptions, build
+
+    model = save(builders.tiny_convnet(), tmp_path / "m.onnx")
+    real_dir = io.new_temp_dir
+
+    def dir_then_signal(folder: Path) -> Path:
+        made = real_dir(folder)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made
+
+    monkeypatch.setattr(build_module, "new_temp_dir", dir_then_signal)
+    with pytest.raises(StoppedError):
+        build(model, tmp_path / "out", BuildOptions(device="cpu", precision="uint8"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]

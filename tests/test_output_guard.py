@@ -1,6 +1,6 @@
 """The output guard of every command: an output that is one of the user's inputs (by path, symlink or hard link),
-a folder where a file is meant, under a file, or too long once suffixed is refused before any work — exit 2, the
-path named, every input byte-identical, nothing written."""
+a folder where a file is meant, under a file, a symbolic link loop, or a name longer than a file system takes is
+refused before any work — exit 2, the path named, every input byte-identical, nothing written."""
 
 from __future__ import annotations
 
@@ -44,16 +44,19 @@ CASES = [
     ("output-is-a-folder", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{dir}"], "is a folder"),
     ("output-under-a-file", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{calib}/q.onnx"], "is a file"),
     ("name-too-long", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{long}"], "longer than 255"),
-    # names the file system refuses (os.stat raised ENAMETOOLONG: exit 1) or that leave no room for the temporary
-    # sibling qdebug writes first (the build's staging folder adds 19 bytes: it failed after the work)
+    # names the file system refuses (os.stat raised ENAMETOOLONG: exit 1); any name up to 255 bytes is written
+    # (tests/test_io_files.py: the temporary sibling's name is short)
     ("debug-name-256", ["debug", "-f", "{m}", "-q", "{q}", "--samples", "2", "-o", "{n256}"], "longer than 255"),
     ("search-name-256", ["search", "-f", "{m}", "--goal-sqnr", "30", "-o", "{n256}"], "longer than 255"),
-    ("build-name-250", ["build", "-f", "{m}", "--target", "cpu", "--precision", "uint8", "-o", "{n250}"],
-     "leave room for the temporary"),
-    ("debug-name-245", ["debug", "-f", "{m}", "-q", "{q}", "--samples", "2", "-o", "{n245}"],
-     "leave room for the temporary"),
+    ("build-name-256", ["build", "-f", "{m}", "--target", "cpu", "--precision", "uint8", "-o", "{n256}"],
+     "longer than 255"),
+    # an output that is a symbolic link loop, or under one (writing it raised ELOOP after the work)
+    ("debug-output-link-loop", ["debug", "-f", "{m}", "-q", "{q}", "--samples", "2", "-o", "{loop}"],
+     "symbolic link loop"),
+    ("build-under-link-loop", ["build", "-f", "{m}", "--target", "cpu", "--precision", "uint8", "-o",
+                               "{loop}/b"], "symbolic link loop"),
     ("folder-name-300", ["suggest", "-f", "{m}", "-q", "{q}", "--samples", "2", "--promote-top", "1",
-                         "--overrides-out", "{n300}/o.json"], "too long"),
+                         "--overrides-out", "{n300}/o.json"], "a folder name in it is 300 bytes"),
     # a binary model under a name onnx.load reads as JSON: quantize wrote it, then crashed reading it back
     ("model-named-json", ["quantize", "-f", "{m}", "--samples", "2", "-o", "{dir}/q.json"], "use .onnx"),
 ]  # fmt: skip
@@ -70,12 +73,12 @@ def test_outputs_never_overwrite_inputs(
         "dir": str(tmp_path),
         "long": str(tmp_path / ("x" * 250 + ".onnx")),
         "n256": str(tmp_path / ("n" * 251 + ".json")),
-        "n250": str(tmp_path / ("b" * 250)),
-        "n245": str(tmp_path / ("r" * 240 + ".json")),
+        "loop": str(tmp_path / "loop"),
         "n300": str(tmp_path / ("d" * 300)),
         "cfgstem": str(tmp_path / "cfgq"),
         "cfgcalib": str(cfgcalib),
     }
+    (tmp_path / "loop").symlink_to("loop")
     before = {p: sha256(p) for p in [*files.values(), cfgcalib]}
     listing = sorted(os.listdir(tmp_path))
     r = run_cli(*[a.format(**subs) for a in argv])

@@ -112,12 +112,22 @@ class Tool:
         return {}
 
     def guard(self, args: argparse.Namespace) -> None:
-        """Refuse, before any work, an output that would overwrite an input or cannot be written (exit 2, every
-        problem named at once)."""
-        from qdebug.errors import ConfigError
-        from qdebug.io import output_problems
+        """Refuse, before any work, an input no file can be read from — a named pipe, socket or device, a symbolic
+        link loop, a name too long (exit 3) — and an output that would overwrite an input or cannot be written (exit
+        2), every problem named at once."""
+        from qdebug.errors import ConfigError, InputFileError
+        from qdebug.io import input_problem, output_problems
 
         inputs = {flag: Path(v) for flag, v in self.inputs(args).items() if v}
+        # a missing file is left to the command, which says so in its own words
+        folders = ("--calib", "--data", "--holdout")  # a folder of .npz files is data
+        unreadable = [
+            f"{flag} {path}: {p}"
+            for flag, path in inputs.items()
+            if (p := input_problem(path, folder=flag in folders, missing_ok=True))
+        ]
+        if unreadable:
+            raise InputFileError("; ".join(unreadable))
         problems = [
             problem
             for out in self.outputs(args).values()

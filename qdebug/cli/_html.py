@@ -74,16 +74,16 @@ def write_html(
 
 def load_search_gains(path: str | Path) -> Any:
     """The measured gains of a search result JSON (``qdebug search --json > search.json``); a file that is not one
-    is a one-line :class:`~qdebug.errors.ConfigError` naming it."""
-    import json
-
+    is a one-line :class:`~qdebug.errors.ConfigError` naming it; one that cannot be read (missing, a FIFO, ...) an
+    :class:`~qdebug.errors.InputFileError`."""
     from qdebug.errors import ConfigError
+    from qdebug.io import load_json
     from qdebug.mixed.gains import MeasuredGains
 
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        doc = load_json(path, "search result")  # a regular file, never waited on; JSON nested boundedly
         return MeasuredGains.from_search_dict(doc)
-    except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
+    except (ValueError, KeyError, TypeError, ConfigError) as e:
         raise ConfigError(f"{path}: not a search result of 'qdebug search --json' ({e})") from e
 
 

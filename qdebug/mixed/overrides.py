@@ -30,8 +30,9 @@ from qdebug.config import (
     make_overrides,
     normalize_quant_type,
 )
-from qdebug.errors import ConfigError, InputFileError
+from qdebug.errors import ConfigError
 from qdebug.graph import GraphIndex
+from qdebug.io import parse_json, read_input_text
 from qdebug.targets.base import get_target, target_names
 
 if TYPE_CHECKING:
@@ -477,7 +478,7 @@ class OverridesFile:
     def from_json(cls, text: str) -> OverridesFile:
         """Parse JSON text (see :meth:`from_dict`); malformed JSON is reported with its line and column."""
         try:
-            data = json.loads(text)
+            data = parse_json(text)
         except json.JSONDecodeError as exc:
             raise OverridesError([f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"]) from exc
         return cls.from_dict(data)
@@ -492,12 +493,7 @@ class OverridesFile:
     def load(cls, path: str | Path) -> OverridesFile:
         """Read and validate a file; every problem is reported at once, prefixed with the path."""
         p = Path(path)
-        if not p.exists():
-            raise InputFileError(f"overrides file {p}: no such file")
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputFileError(f"overrides file {p}: cannot read it: {exc}") from exc
+        text = read_input_text(p, "overrides file")
         try:
             return cls.from_json(text)
         except OverridesError as exc:

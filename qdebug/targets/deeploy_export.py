@@ -34,7 +34,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,8 +43,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qdebug._signals import signals_held
 from qdebug.errors import DataError, TargetError
 from qdebug.graph import GraphIndex, ModelKind, is_dq, is_q, model_kind, topological_nodes
+from qdebug.io import new_temp_dir
 from qdebug.passes import Pass, PassReport, run_passes
 from qdebug.targets import deeploy_transformer as dt
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node, _requant_node, _rqs
@@ -1292,20 +1293,23 @@ def _write_export(
     """``out`` appears whole or not at all: built in a temp folder next to it and renamed (a previous export is
     moved aside first, so a failure keeps one whole folder)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp: Path | None = None
     try:
+        with signals_held():  # mkdir's mode (it becomes the output), a short name; a signal raised inside the try
+            tmp = new_temp_dir(out.parent)
         onnx.save_model(model, str(tmp / "network.onnx"))
         np.savez(tmp / "inputs.npz", **first_in)  # type: ignore[arg-type]
         np.savez(tmp / "outputs.npz", **first_out)  # type: ignore[arg-type]
         if out.exists():  # a previous export: move it aside first, so a failure keeps one whole folder
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            old = new_temp_dir(out.parent, ".old")
             os.replace(out, old / "prev")
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
