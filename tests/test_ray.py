@@ -1,12 +1,14 @@
 """Scale-out on Ray (docs/scale.md), with a real local Ray cluster on 127.0.0.1 (two workers), started once for
-this module: the distributed capture gives the single-process report, survives a killed worker without losing or
-double-counting a sample, reports a sample's data error as one process does, and tidies up on Ctrl-C.
+this module as qdebug starts one: the distributed capture gives the single-process report, survives a killed worker
+without losing or double-counting a sample, reports a sample's data error as one process does, and tidies up on
+Ctrl-C. (Its listeners, signals and leftovers: tests/test_ray_security.py, tests/test_ray_signals.py.)
 
 Ray is an optional extra: without it these tests skip locally and FAIL under ``CI=true`` (``make test`` installs
 it through the dev extras)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ from qdebug.cluster import Cluster, ClusterSpec, connect
 from qdebug.config import QuantConfig
 from qdebug.data import open_data, range_reader
 from qdebug.debug import DebugOptions, debug
-from qdebug.errors import EXIT_DATA, ConfigError, MissingExtraError
+from qdebug.errors import EXIT_DATA, ClusterError, ConfigError, MissingExtraError
 from qdebug.graph import input_specs, load_model, pair_models
 from qdebug.metrics import ErrorSums
 from qdebug.quantize import quantize
@@ -40,7 +42,9 @@ _START_FAILED: list[str] = []
 
 @pytest.fixture(scope="module")
 def ray_module() -> Iterator[Any]:
-    """One local Ray cluster for the module: 127.0.0.1, two CPUs, no dashboard, a small object store."""
+    """One local Ray cluster for the module, started as qdebug starts one (:func:`qdebug.cluster.connect`: on
+    127.0.0.1 only, two CPUs, no dashboard, a small object store); to the tests, a Ray already running in this process,
+    which qdebug uses and leaves running."""
     try:
         import ray
     except ImportError:
@@ -49,24 +53,16 @@ def ray_module() -> Iterator[Any]:
         pytest.skip("ray is not installed (pip install 'qdebug[ray]')")
     if _START_FAILED:  # pytest runs a failed module fixture again for every test: fail at once instead
         pytest.fail(f"the module's Ray cluster did not start: {_START_FAILED[0]}")
-    for attempt in (1, 2):  # Ray's agents get 15 s to start: on a loaded machine a second try may be needed
-        try:
-            ray.init(
-                address="local",
-                num_cpus=2,
-                include_dashboard=False,
-                object_store_memory=96 << 20,
-                _node_ip_address="127.0.0.1",
-                log_to_driver=False,
-            )
-            break
-        except Exception as exc:  # Ray's start-up timeout is a plain Exception
-            ray.shutdown()
-            if attempt == 2:
-                _START_FAILED.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                raise
-    yield ray
-    ray.shutdown()
+    with contextlib.ExitStack() as stack:
+        for attempt in (1, 2):  # Ray's agents get 15 s to start: on a loaded machine a second try may be needed
+            try:  # two workers even on a one-core machine
+                stack.enter_context(connect(ClusterSpec(workers=2, allow_oversubscribe=True)))
+                break
+            except ClusterError as exc:
+                if attempt == 2:
+                    _START_FAILED.append(str(exc))
+                    raise
+        yield ray
 
 
 @pytest.fixture(scope="module")
