@@ -70,6 +70,7 @@ __all__ = [
     "RecompileResult",
     "TopOne",
     "build",
+    "check_eval_data",
     "compile_problems",
     "recompile",
     "resolve_config",
@@ -136,6 +137,22 @@ def resolve_config(
     if overrides is not None:
         cfg = overrides.apply_to(cfg)
     return cfg
+
+
+def check_eval_data(model: onnx.ModelProto, eval_data: str | Path | None, options: BuildOptions) -> None:
+    """Before any work, what every step of a build that reads ``eval_data``'s labels will ask: top-1 of the float,
+    the QDQ and the target's compiled model — on every target, QNN's simulator run and Deeploy's host run included —
+    reads them through :func:`qdebug.data.read_labels`, minutes after the start. Asked here of the float ``model``
+    (the region's end tensor scores a region): its inputs, one class index per sample, below its number of classes.
+    A problem raises what top-1 would raise, naming the file and the label array."""
+    if eval_data is None:
+        return
+    from qdebug.evaluate import check_eval_set
+    from qdebug.io import check_input
+
+    check_input(eval_data, "evaluation data")
+    scores = options.extract_outputs[0] if options.extract_outputs else None
+    check_eval_set(model, eval_data, options.label_key, scores=scores)
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -438,8 +455,7 @@ def _read_inputs(
     cfg = resolve_config(options.device, options.precision, cfg_obj, ofile)
     if ofile is not None and cfg is not None:
         warnings += ofile.drift(cfg)
-    if eval_data is not None and not Path(eval_data).is_file():
-        raise InputFileError(f"evaluation data {eval_data}: no such file")
+    check_eval_data(model, eval_data, options)
     evals = None if eval_data is None else Path(eval_data)
     return _Job(src, out, model, options, options.target, cfg, ofile, data, evals, debug_data, say, inputs, warnings)
 

@@ -431,15 +431,50 @@ def as_ort_reader(source: DataSource) -> Any:
     return _Reader(source)
 
 
-def read_labels(path: str | Path, label_key: str, n: int | None = None) -> np.ndarray:
-    """The label array ``label_key`` of a labelled ``.npz`` (one label per sample; ``n``: the expected count)."""
-    with np.load(path, allow_pickle=False) as npz:
+def read_labels(path: str | Path, label_key: str, n: int | None = None, num_classes: int | None = None) -> np.ndarray:
+    """The label array ``label_key`` of a labelled ``.npz``: one class index per sample (``n``: the expected count),
+    each a whole number in ``[0, num_classes)`` (:func:`label_problems`); else a :class:`DataError` naming the file
+    and the array. Every top-1 reads its labels here, so a set that cannot be scored is refused before any work
+    by asking the same question first (:func:`qdebug.evaluate.check_eval_set`)."""
+    with open_input(path) as fh, np.load(fh, allow_pickle=False) as npz:
         if label_key not in npz.files:
-            raise DataError(f"{path}: no label array {label_key!r}")
-        labels = np.asarray(npz[label_key]).reshape(-1)
+            others = f" (it holds {sorted(npz.files)}; --label-key names another)" if npz.files else ""
+            raise DataError(f"{path}: no label array {label_key!r}{others}")
+        try:
+            labels = np.asarray(npz[label_key]).reshape(-1)
+        except ValueError as exc:  # pickled objects, which are never loaded
+            raise DataError(f"{path}: label array {label_key!r} cannot be read ({exc})") from exc
+    problems = label_problems(labels, num_classes)
     if n is not None and labels.shape[0] != n:
-        raise DataError(f"{path}: {labels.shape[0]} labels for {n} samples")
+        problems.insert(0, f"{labels.shape[0]} labels for {n} samples")
+    if problems:
+        raise DataError(f"{path}: label array {label_key!r}: {'; '.join(problems)}")
     return labels
+
+
+def label_problems(labels: np.ndarray, num_classes: int | None = None) -> list[str]:
+    """Why ``labels`` cannot be the class indices top-1 compares an argmax with: not numbers, NaN or infinite, not
+    whole numbers, negative, or ``num_classes`` or more (each with how many and the first)."""
+    if labels.dtype == bool or not np.issubdtype(labels.dtype, np.number) or np.iscomplexobj(labels):
+        return [f"holds {labels.dtype} values, not class indices"]
+    finite = np.isfinite(labels)
+    whole = np.where(finite, labels, 0)
+    checks = [
+        (~finite, "NaN or infinite"),
+        (whole != np.floor(whole), "not whole numbers"),
+        (finite & (labels < 0), "negative"),
+    ]
+    if num_classes is not None:
+        checks.append((finite & (labels >= num_classes), f"{num_classes} or more"))
+    problems = []
+    for mask, what in checks:
+        if mask.any():
+            i = int(np.argmax(mask))
+            problems.append(f"{int(mask.sum())} of {labels.size} are {what} (first: {labels[i].item()} at sample {i})")
+    if problems:
+        classes = "" if num_classes is None else f" 0..{num_classes - 1} (the model scores {num_classes} classes)"
+        problems.append(f"labels are class indices{classes}")
+    return problems
 
 
 class RangeReader(Protocol):

@@ -142,11 +142,12 @@ def _dynamic(e: Env) -> tuple[Path, Path, None]:
 
 
 def _float_as_quant(e: Env) -> tuple[Path, Path, None]:
-    return e.float_model, e.float_model, None
+    # a copy: one file given as both is refused by the CLI's pre-flight before any model is read (test_preflight.py)
+    return e.float_model, Path(shutil.copy(e.float_model, e.root / "float_copy.onnx")), None
 
 
 def _quant_as_float(e: Env) -> tuple[Path, Path, None]:
-    return e.quant_model, e.quant_model, None
+    return Path(shutil.copy(e.quant_model, e.root / "quant_copy.onnx")), e.quant_model, None
 
 
 def _swapped(e: Env) -> tuple[Path, Path, None]:

@@ -401,7 +401,8 @@ CONFIG_DEFECTS: list[tuple[str, Maker, int, tuple[str, ...]]] = [
 ]
 CONFIG_COMMANDS: dict[str, tuple[str, ...]] = {
     "quantize": ("quantize", "-f", "{f}", "--samples", "2", "-c", "{bad}", "-o", "{out}/q.onnx"),
-    "suggest": ("suggest", "-f", "{f}", "-q", "{q}", "--samples", "2", "-c", "{bad}"),
+    # --config is the base of a promotion: without --promote-top it has no effect and is refused as such
+    "suggest": ("suggest", "-f", "{f}", "-q", "{q}", "--samples", "2", "-c", "{bad}", "--promote-top", "1"),
     "search": ("search", "-f", "{f}", "-c", "{bad}", "--goal-sqnr", "30", "-o", "{out}/o.json"),
     "build": ("build", "-f", "{f}", "--target", "cpu", "--precision", "uint8", "-c", "{bad}", "-o", "{out}/b"),
 }

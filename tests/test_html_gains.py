@@ -15,7 +15,7 @@ from conftest import assert_one_line_error
 from diag_models import scale_mismatch
 
 from qdebug.debug import DebugOptions, debug
-from qdebug.errors import EXIT_OK, EXIT_USAGE
+from qdebug.errors import EXIT_INPUT_FILE, EXIT_OK
 from qdebug.mixed.gains import MeasuredGains
 from qdebug.mixed.suggest import suggest
 
@@ -118,5 +118,5 @@ def test_search_html_and_report_search(tmp_path: Path, run_cli: Any) -> None:
     assert ok.code == EXIT_OK, ok.stderr
     assert "Measured by qdebug search" in (tmp_path / "r.html").read_text(encoding="utf-8")
     bad = run_cli("report", rj, "--search", rj, "-o", tmp_path / "x.html")
-    assert_one_line_error(bad, EXIT_USAGE, "r.json")
+    assert_one_line_error(bad, EXIT_INPUT_FILE, "r.json", "not a search result")  # an input of the wrong kind: 3
     assert not (tmp_path / "x.html").exists()

@@ -121,4 +121,4 @@ def test_cli_stepwise_search_writes_the_chosen_overrides(tmp_path: Path, run_cli
     assert o.exists() and set(json.loads(o.read_text())) >= {"schema_version"}
     bad = run_cli("search", "-f", CNN, "--strategy", "stepwise", "--goal-near-all16", "0.5",
                   "--max-cost-fraction", "2", "-o", tmp_path / "x.json")  # fmt: skip
-    assert_one_line_error(bad, EXIT_USAGE, "max_cost_fraction")
+    assert_one_line_error(bad, EXIT_USAGE, "--max-cost-fraction")  # the option, not the goal's field

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import traitlets as tr
 
+from qdebug.cli.dashboard import upload_limit_mb
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_USAGE, QDebugError
 from qdebug.samples import SAMPLE_DIR, list_samples
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 #: Largest upload accepted (MB). Uploads travel through the kernel's websocket as one message; bigger models belong
 #: on the server, chosen with the file browser. ``QDEBUG_MAX_UPLOAD_MB`` changes it.
-MAX_UPLOAD_MB = float(os.environ.get("QDEBUG_MAX_UPLOAD_MB", "25"))
+MAX_UPLOAD_MB = upload_limit_mb()  # validated as the CLI validates it: a bad value is one line naming the variable
 #: Debug samples used by the dashboard (enough for stable SQNR on the samples, quick on a laptop).
 DEBUG_SAMPLES = 64
 #: The precisions offered per target (fp16 compiles without quantizing: nothing for the debugger to show).

@@ -15,6 +15,7 @@ from typing import TextIO
 from qdebug._signals import deferring
 from qdebug._version import __version__
 from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty, say
+from qdebug.cli._preflight import given_options
 from qdebug.cli.build import Build
 from qdebug.cli.dashboard import Dashboard
 from qdebug.cli.debug import Debug
@@ -92,6 +93,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
         args.tool.check_required(args.parser, args)
     except SystemExit as exc:  # argparse exits on --help / --version / bad usage
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    args.given = given_options(parser, args.parser, argv)  # what the pre-flight's "has no effect" rules ask
     for note in [*(getattr(args, "deprecations", None) or []), *args.tool.notes(args)]:
         say("note", note)
     return args
@@ -179,7 +181,7 @@ def _main(argv: Sequence[str] | None, out: TextIO | None) -> int:
         if isinstance(args, int):
             return args
         debug = args.debug
-        args.tool.guard(args)  # every output checked against every input before any work
+        args.tool.guard(args)  # the pre-flight: every input, output and option combination, before any work
         _quiet_ort_logs()
         return _run(args, out)
     except QDebugError as exc:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TextIO
 
-from qdebug.errors import EXIT_CODES, EXIT_GATE
+from qdebug.cli._preflight import Checks, Output
+from qdebug.errors import EXIT_CODES, EXIT_GATE, InputFileError
 
 #: The release in which the deprecated spellings disappear (said in every notice).
 ALIASES_REMOVED_IN = "0.3"
@@ -72,17 +73,6 @@ def deprecated(parser: argparse.ArgumentParser | Any, *old: str, dest: str, new:
     parser.add_argument(*old, dest=dest, action=DeprecatedAlias, new=new, default=argparse.SUPPRESS)
 
 
-@dataclass(frozen=True)
-class Output:
-    """Something a command writes: a file (or a folder), and the files derived from it by suffix."""
-
-    path: str | None
-    folder: bool = False
-    derived: tuple[str, ...] = ()
-    #: a binary ONNX model (its name must not be one ``onnx.load`` reads as a text format)
-    model: bool = False
-
-
 class Tool:
     """One ``qdebug`` subcommand (Polygraphy style): ``add_arguments`` builds its parser, ``run`` does the work
     and returns the exit code. Errors are raised, never printed: ``main`` is the one place they become messages.
@@ -94,6 +84,8 @@ class Tool:
     #: ``dest`` → the option that must be given (checked after parsing, because an option and its deprecated
     #: alias share one ``dest`` and argparse's own ``required`` would reject the alias)
     required: ClassVar[dict[str, str]] = {}
+    #: the input options that may name a folder (of ``.npz`` files); every other input is one file
+    folder_inputs: ClassVar[frozenset[str]] = frozenset({"--calib", "--data", "--holdout"})
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Declare this command's options."""
@@ -112,32 +104,24 @@ class Tool:
         return {}
 
     def guard(self, args: argparse.Namespace) -> None:
-        """Refuse, before any work, an input no file can be read from — a named pipe, socket or device, a symbolic
-        link loop, a name too long (exit 3) — and an output that would overwrite an input or cannot be written (exit
-        2), every problem named at once."""
-        from qdebug.errors import ConfigError, InputFileError
-        from qdebug.io import input_problem, output_problems
-
+        """The pre-flight, before any work (``main`` calls it after parsing): every input readable, every output
+        checked against every input and every other output and probed for writing, then :meth:`preflight`; every
+        problem named at once, in one line (:meth:`~qdebug.cli._preflight.Checks.raise_all`)."""
+        checks = Checks(args)
         inputs = {flag: Path(v) for flag, v in self.inputs(args).items() if v}
-        # a missing file is left to the command, which says so in its own words
-        folders = ("--calib", "--data", "--holdout")  # a folder of .npz files is data
-        unreadable = [
-            f"{flag} {path}: {p}"
-            for flag, path in inputs.items()
-            if (p := input_problem(path, folder=flag in folders, missing_ok=True))
-        ]
-        if unreadable:
-            raise InputFileError("; ".join(unreadable))
-        problems = [
-            problem
-            for out in self.outputs(args).values()
-            if out.path
-            for problem in output_problems(
-                Path(out.path), inputs, folder=out.folder, derived=out.derived, model=out.model
-            )
-        ]
-        if problems:
-            raise ConfigError("; ".join(problems))
+        checks.inputs(inputs, self.folder_inputs)
+        checks.outputs({flag: o for flag, o in self.outputs(args).items() if o.path}, inputs, self.name)
+        try:
+            self.preflight(args, checks)
+        except OSError as exc:  # a path a check could not look at (a link loop, an overlong name): one line
+            checks.add(InputFileError(f"{exc.filename or ''}: {exc.strerror or exc}"))
+        checks.raise_all()
+        for warning in checks.warnings:
+            warn(warning)
+
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """This command's own checks before any work (labels, hold-out data, option combinations, what kind of file
+        an input is), each problem added to ``checks`` rather than raised, so that all are said at once."""
 
     def new_folders(self, args: argparse.Namespace) -> list[Path]:
         """The folders above this command's outputs that do not exist yet, deepest first (writing an output creates
@@ -165,6 +149,34 @@ class Tool:
         missing = [opt for dest, opt in self.required.items() if getattr(args, dest, None) is None]
         if missing:
             parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+
+@contextlib.contextmanager
+def staged_outputs(*paths: str | None) -> Iterator[dict[str, Path]]:
+    """``with staged_outputs(a, b) as staged``: write output ``a`` to ``staged[a]`` (its name, in a new hidden
+    folder beside it); leaving the block moves every output written into place, an error or a signal removes them
+    all: a command that fails while writing its outputs leaves none of them rather than some (``None``: not asked)."""
+    import shutil
+
+    from qdebug._signals import signals_held
+    from qdebug.io import new_temp_dir
+
+    folders: list[Path] = []
+    staged: dict[str, Path] = {}
+    try:
+        for path in filter(None, paths):
+            dest = Path(path)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with signals_held():  # a signal is raised once the folder is in the list the clean-up reads
+                folders.append(new_temp_dir(dest.parent))
+            staged[path] = folders[-1] / dest.name
+        yield staged
+        for path, tmp in staged.items():
+            if tmp.exists():
+                os.replace(tmp, path)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def remove_empty(folders: Sequence[Path]) -> None:
@@ -300,29 +312,44 @@ def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]
 
 
 def add_scale_out(p: argparse.ArgumentParser) -> None:
-    """``--workers`` / ``--ray``: run the sample-parallel work on a Ray cluster (docs/scale.md)."""
+    """``--workers`` / ``--allow-oversubscribe`` / ``--ray``: run the sample-parallel work on a Ray cluster
+    (docs/scale.md)."""
     g = p.add_argument_group("scale-out on Ray (pip install 'qdebug[ray]'; docs/scale.md)")
     g.add_argument(
         "--workers",
         type=positive_int,
         metavar="N",
-        help="run on N Ray workers (alone: a local cluster on this machine)",
+        help="run on N Ray workers (alone: a local cluster on this machine, on 127.0.0.1 only, at most one worker "
+        "per usable core)",
+    )
+    g.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help="with --workers N alone: allow more workers than usable cores (up to 4 per core)",
     )
     g.add_argument(
         "--ray",
         metavar="ADDRESS",
-        help="run on the existing Ray cluster at ADDRESS (host:port; 'auto': RAY_ADDRESS); workers: its CPUs",
+        help="run on the existing Ray cluster at ADDRESS (HOST:PORT, ray://HOST:PORT; 'auto': RAY_ADDRESS); "
+        "workers: its CPUs. qdebug and the cluster exchange pickled objects: use only a cluster you trust fully "
+        "(whoever controls it can run code as you)",
     )
 
 
 def cluster_spec(args: argparse.Namespace) -> Any:
-    """The :class:`~qdebug.cluster.ClusterSpec` of ``--workers`` / ``--ray`` (``None``: this process only)."""
+    """The :class:`~qdebug.cluster.ClusterSpec` of ``--workers`` / ``--allow-oversubscribe`` / ``--ray`` (``None``:
+    this process only), validated: the address's form, the workers' bound (a :class:`ConfigError`, exit 2)."""
     workers, address = getattr(args, "workers", None), getattr(args, "ray", None)
+    oversubscribe = bool(getattr(args, "allow_oversubscribe", False))
+    if oversubscribe and workers is None:
+        from qdebug.errors import ConfigError
+
+        raise ConfigError("--allow-oversubscribe needs --workers N (the workers of a local cluster)")
     if workers is None and address is None:
         return None
     from qdebug.cluster import ClusterSpec
 
-    return ClusterSpec(workers=workers, address=address)
+    return ClusterSpec(workers=workers, address=address, allow_oversubscribe=oversubscribe)
 
 
 class ProgressLine:

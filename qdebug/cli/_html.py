@@ -74,17 +74,15 @@ def write_html(
 
 def load_search_gains(path: str | Path) -> Any:
     """The measured gains of a search result JSON (``qdebug search --json > search.json``); a file that is not one
-    is a one-line :class:`~qdebug.errors.ConfigError` naming it; one that cannot be read (missing, a FIFO, ...) an
-    :class:`~qdebug.errors.InputFileError`."""
-    from qdebug.errors import ConfigError
+    is a one-line :class:`~qdebug.errors.InputFileError` naming it (exit 3, as for any input of the wrong kind)."""
+    from qdebug.cli._preflight import load_kind
     from qdebug.io import load_json
     from qdebug.mixed.gains import MeasuredGains
 
-    try:
-        doc = load_json(path, "search result")  # a regular file, never waited on; JSON nested boundedly
-        return MeasuredGains.from_search_dict(doc)
-    except (ValueError, KeyError, TypeError, ConfigError) as e:
-        raise ConfigError(f"{path}: not a search result of 'qdebug search --json' ({e})") from e
+    def load(p: str) -> Any:
+        return MeasuredGains.from_search_dict(load_json(p, "search result"))  # JSON nested boundedly
+
+    return load_kind(load, str(path), "search result", "write one with: qdebug search ... --json > search.json")
 
 
 __all__ = [

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
-    Output,
     Tool,
     add_calib,
     add_float_model,
@@ -15,8 +15,11 @@ from qdebug.cli._base import (
     add_output,
     add_region,
     deprecated,
+    staged_outputs,
 )
 from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
+from qdebug.cli._preflight import Checks, Output, Unused
+from qdebug.cli.debug import check_stats_samples
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import print_build, print_compile_report, print_fixes
 
@@ -131,35 +134,42 @@ class Build(Tool):
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The build folder."""
-        return {"--output": Output(args.output, folder=True), "--html": Output(args.html)}
+        return {"--output": Output(args.output, folder=True, whole=True), "--html": Output(args.html)}
+
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """The build options (the target's own rules), the config and overrides files, the evaluation set as every
+        label-reading step will see it (:func:`qdebug.build.check_eval_data`), --stats-samples only with --html."""
+        from qdebug.config import QuantConfig
+        from qdebug.graph import load_model
+        from qdebug.mixed.overrides import OverridesFile
+
+        options = checks.run(build_options, args) if _check_target_options(args, checks) else None
+        checks.unused([Unused("label_key", "--label-key", args.eval is not None, "without --eval (it names the label "
+                              "array of the evaluation set)")])  # fmt: skip
+        check_stats_samples(args, checks, bool(args.html), "without --html (it sizes the diagnostics' statistics pass)")
+        if args.html:
+            checks.run(require_html)
+        if checks.readable("--config", args.config):
+            checks.run(QuantConfig.load, args.config)
+        if checks.readable("--overrides", args.overrides):
+            checks.run(OverridesFile.load, args.overrides)
+        model_given = checks.readable("--float-model", args.float_model)
+        if options is not None and model_given and checks.readable("--eval", args.eval):
+            from qdebug.build import check_eval_data
+
+            model = checks.run(load_model, args.float_model, "float model")
+            if model is not None:
+                checks.run(check_eval_data, model, args.eval, options)
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Build; on a target failure print what was learned before the one-line error."""
-        from qdebug.build import BuildError, BuildOptions, build
-        from qdebug.region import parse_tensor_list
+        from qdebug.build import BuildError, build
 
-        if args.html:
-            require_html()
         calib, data = args.calib, args.data
         if calib is None and data is not None:
             calib = data  # the 0.1 meaning of build --data (see DATA_COMPAT_NOTE, printed by main)
-        options = BuildOptions(
-            device=args.target,
-            precision=args.precision,
-            soc=args.soc,
-            fail_on_fallback=args.fail_on_fallback,
-            debug_samples=args.debug_samples,
-            input_shapes=dict(args.input_shape) or None,
-            label_key=args.label_key,
-            skip_fixes=tuple(args.skip_fix),
-            probe_tensors=not args.no_tensor_probe,
-            bisect=args.bisect,
-            remedies=not args.no_remedies,
-            snap_scales=not args.no_snap_scales,
-            snap_grid=args.snap_grid,
-            extract_inputs=parse_tensor_list(args.extract_inputs),
-            extract_outputs=parse_tensor_list(args.extract_outputs),
-        )
+        options = build_options(args)
+        existed = Path(args.output).is_dir()  # new or empty (the guard and build check it)
         progress = None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
         try:
             result = build(
@@ -180,7 +190,7 @@ class Build(Tool):
                     print_compile_report(exc.compile_report, out)
             raise
         if args.html:
-            self._html(result, args)
+            _with_html(result, args, existed)
         if args.json:
             print(result.manifest.to_json(), file=out, end="")
         else:
@@ -189,29 +199,93 @@ class Build(Tool):
                 print(f"HTML report written to {args.html}", file=out)
         return EXIT_OK
 
-    @staticmethod
-    def _html(result: Any, args: argparse.Namespace) -> None:
-        """The HTML report of the build: its debug report, the diagnostics on the built QDQ model, the target."""
-        from qdebug.diagnose import diagnose
-
-        report = result.report
-        if report is None:
-            from qdebug.errors import ConfigError
-
-            raise ConfigError("--html: this build has no debug report (no QDQ model to debug)")
-        files = result.manifest.files
-        if "qdq_model" in files:
-            ns = argparse.Namespace(**{**vars(args), "float_model": str(result.path("float_model"))})
-            ns.quant_model = str(result.path("qdq_model"))
-            ns.data = args.data or args.calib
-            diags = run_diagnostics(report, ns)
-        else:
-            diags = diagnose(report)
-        write_html(args.html, report, diags, manifest=result.manifest, out_dir=result.out_dir)
-
     def notes(self, args: argparse.Namespace) -> list[str]:
         """The compatibility note for the old meaning of --data."""
         return [DATA_COMPAT_NOTE] if args.calib is None and args.data is not None else []
 
 
-__all__ = ["Build"]
+#: The options only some targets take: option ``dest`` → the build option of :attr:`Target.options` it sets.
+TARGET_OPTIONS = {"soc": "soc", "fail_on_fallback": "fail_on_fallback", "skip_fix": "skip_fixes",
+                  "no_tensor_probe": "probe_tensors", "bisect": "bisect", "no_remedies": "remedies",
+                  "no_snap_scales": "snap_scales", "snap_grid": "snap_scales"}  # fmt: skip
+
+
+def _check_target_options(args: argparse.Namespace, checks: Checks) -> bool:
+    """Every option given (even at its default value, which :class:`BuildOptions` cannot tell from none) that the
+    target does not take, refused; ``True`` when there is none."""
+    from qdebug.targets.base import get_target, target_names
+
+    if args.target not in target_names():
+        return True  # argparse refused it, or the required check did
+    takes = get_target(args.target).options
+    unused = []
+    for dest, option in TARGET_OPTIONS.items():
+        takers = [n for n in target_names() if option in get_target(n).options]
+        why = f"with --target {args.target} (it applies to --target {', '.join(takers)})"
+        unused.append(Unused(dest, "--" + dest.replace("_", "-"), option in takes, why))
+    found = len(checks.problems)
+    checks.unused(unused)
+    return len(checks.problems) == found
+
+
+def build_options(args: argparse.Namespace) -> Any:
+    """The :class:`~qdebug.targets.base.BuildOptions` of the options (validated: every problem, the target's own
+    rules among them, in one :class:`~qdebug.errors.ConfigError`)."""
+    from qdebug.build import BuildOptions
+    from qdebug.region import parse_tensor_list
+
+    return BuildOptions(
+        device=args.target,
+        precision=args.precision,
+        soc=args.soc,
+        fail_on_fallback=args.fail_on_fallback,
+        debug_samples=args.debug_samples,
+        input_shapes=dict(args.input_shape) or None,
+        label_key=args.label_key,
+        skip_fixes=tuple(args.skip_fix),
+        probe_tensors=not args.no_tensor_probe,
+        bisect=args.bisect,
+        remedies=not args.no_remedies,
+        snap_scales=not args.no_snap_scales,
+        snap_grid=args.snap_grid,
+        extract_inputs=parse_tensor_list(args.extract_inputs),
+        extract_outputs=parse_tensor_list(args.extract_outputs),
+    )
+
+
+def _with_html(result: Any, args: argparse.Namespace, existed: bool) -> None:
+    """The HTML report of the build — or, when it cannot be written, the build folder emptied again (removed, or
+    left empty when it was an empty folder before): a build asked for both leaves both or neither."""
+    import shutil
+
+    try:
+        with staged_outputs(args.html) as staged:
+            _html(result, args, staged[args.html])
+    except BaseException:
+        shutil.rmtree(result.out_dir, ignore_errors=True)
+        if existed:
+            Path(result.out_dir).mkdir(exist_ok=True)
+        raise
+
+
+def _html(result: Any, args: argparse.Namespace, path: Any) -> None:
+    """The HTML report of the build: its debug report, the diagnostics on the built QDQ model, the target."""
+    from qdebug.diagnose import diagnose
+
+    report = result.report
+    if report is None:
+        from qdebug.errors import ConfigError
+
+        raise ConfigError("--html: this build has no debug report (no QDQ model to debug)")
+    files = result.manifest.files
+    if "qdq_model" in files:
+        ns = argparse.Namespace(**{**vars(args), "float_model": str(result.path("float_model"))})
+        ns.quant_model = str(result.path("qdq_model"))
+        ns.data = args.data or args.calib
+        diags = run_diagnostics(report, ns)
+    else:
+        diags = diagnose(report)
+    write_html(path, report, diags, manifest=result.manifest, out_dir=result.out_dir)
+
+
+__all__ = ["Build", "build_options"]

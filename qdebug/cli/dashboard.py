@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -10,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import ClassVar, TextIO
 
-from qdebug.cli._base import Tool, positive_int
+from qdebug.cli._base import Tool
+from qdebug.cli._preflight import Checks
 from qdebug.errors import EXIT_OK, ConfigError
 
 DEFAULT_PORT = 8866
@@ -25,9 +27,68 @@ WEBSOCKET_HEADROOM = 4
 CULL_IDLE_S = 600
 
 
+#: The environment variable that sets the upload limit (MB).
+UPLOAD_ENV = "QDEBUG_MAX_UPLOAD_MB"
+
+
+def parse_upload_mb(text: str, where: str) -> float:
+    """An upload limit in MB: a finite number above 0, else a :class:`~qdebug.errors.ConfigError` naming ``where``
+    (the option or the variable it came from)."""
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and mb > 0):
+        raise ConfigError(f"{where} {text!r}: the upload limit is a number of MB above 0 (e.g. 25)")
+    return mb
+
+
 def upload_limit_mb() -> float:
-    """The upload limit the dashboard's kernel enforces (``QDEBUG_MAX_UPLOAD_MB``, default 25)."""
-    return float(os.environ.get("QDEBUG_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB))
+    """The upload limit the dashboard's kernel enforces (``QDEBUG_MAX_UPLOAD_MB``, default 25; a value that is not
+    a number of MB above 0 is a :class:`~qdebug.errors.ConfigError` naming the variable)."""
+    text = os.environ.get(UPLOAD_ENV)
+    return DEFAULT_MAX_UPLOAD_MB if text is None else parse_upload_mb(text, UPLOAD_ENV)
+
+
+def upload_mb_arg(text: str) -> float:
+    """argparse type of ``--max-upload-mb``."""
+    try:
+        return parse_upload_mb(text, "")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number of MB above 0, got {text!r}") from exc
+
+
+def port_arg(text: str) -> int:
+    """argparse type of ``--port``: a TCP port, 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return port
+
+
+def port_problem(ip: str, port: int) -> str | None:
+    """Why Voila could not listen on ``ip:port`` — in use, or not an address of this machine — found by binding it
+    here first (Voila would fail after starting, or wait); ``None`` when it can."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(ip, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return f"--ip {ip}: not an address of this machine ({exc})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tornado does: a closed port's TIME_WAIT is free
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"--port {port}: {ip}:{port} is in use by another program; choose another --port"
+            return f"--ip {ip} --port {port}: cannot listen there ({exc.strerror or exc})"
+    return None
 
 
 def voila_command(notebook: Path, port: int, ip: str = "127.0.0.1", *, max_upload_mb: float | None = None,
@@ -55,12 +116,16 @@ def voila_command(notebook: Path, port: int, ip: str = "127.0.0.1", *, max_uploa
     ]
 
 
-def voila_env(root: Path, max_upload_mb: float | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the dashboard's Voila: the file-browser root, the upload limit, and qdebug's Voila
-    template on ``JUPYTER_PATH``."""
+def voila_env(
+    root: Path, max_upload_mb: float | None = None, base: dict[str, str] | None = None, runtime_dir: Path | None = None
+) -> dict[str, str]:
+    """The environment of the dashboard's Voila: the file-browser root, the upload limit, qdebug's Voila template on
+    ``JUPYTER_PATH``, and (``runtime_dir``) the folder of its connection files, one qdebug removes afterwards."""
     from qdebug.samples import VOILA_DATA_DIR
 
     env = dict(os.environ if base is None else base)
+    if runtime_dir is not None:
+        env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)
     paths = [str(VOILA_DATA_DIR), *filter(None, env.get("JUPYTER_PATH", "").split(os.pathsep))]
     env["JUPYTER_PATH"] = os.pathsep.join(paths)
     env["QDEBUG_DASHBOARD_ROOT"] = str(root.resolve())
@@ -81,7 +146,7 @@ class Dashboard(Tool):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Options of ``qdebug dashboard``."""
-        parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+        parser.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"1-65535 (default {DEFAULT_PORT})")
         parser.add_argument(
             "--root",
             help="the only folder the dashboard's file browser and typed paths can reach (default: the current "
@@ -89,9 +154,9 @@ class Dashboard(Tool):
         )
         parser.add_argument(
             "--max-upload-mb",
-            type=float,
+            type=upload_mb_arg,
             default=None,
-            help=f"largest model or data upload in MB (default {DEFAULT_MAX_UPLOAD_MB:g}, or $QDEBUG_MAX_UPLOAD_MB)",
+            help=f"largest model or data upload in MB (default {DEFAULT_MAX_UPLOAD_MB:g}, or ${UPLOAD_ENV})",
         )
         parser.add_argument(
             "--ip",
@@ -100,45 +165,74 @@ class Dashboard(Tool):
             "machines use the dashboard and read files through it)",
         )
 
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """The root a folder, the upload limit (the option or the variable), the UI extra, the address and port
+        free to listen on: all before Voila starts (it would fail after starting, or wait)."""
+        from qdebug._lazy import require
+        from qdebug.io import input_problem
+
+        root = args.root if args.root is not None else "."
+        problem = input_problem(root, folder=True)
+        if problem is not None:
+            checks.add(f"--root {root}: not a folder ({problem})")
+        elif not Path(root).is_dir():
+            checks.add(f"--root {root}: not a folder")
+        if args.max_upload_mb is None:
+            checks.run(upload_limit_mb)
+        checks.run(require, "voila")
+        checks.run(require, "ipywidgets")
+        problem = port_problem(args.ip, args.port)
+        if problem is not None:
+            checks.add(problem)
+
     def command(self, args: argparse.Namespace) -> list[str]:
         """The Voila command line (its own process: Ctrl-C and its kernels end with it)."""
-        from qdebug._lazy import require
         from qdebug.samples import DASHBOARD_NOTEBOOK, NOTEBOOK_DIR
 
-        require("voila")
-        require("ipywidgets")
         notebook = NOTEBOOK_DIR / DASHBOARD_NOTEBOOK
         return voila_command(notebook, args.port, args.ip, max_upload_mb=getattr(args, "max_upload_mb", None))
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Start Voila, print the URL, wait; Ctrl-C stops it (and its kernels)."""
+        from qdebug.io import temp_dir
+
         root = Path(args.root) if args.root else Path.cwd()
-        if not root.is_dir():
-            raise ConfigError(f"--root {root}: not a folder")
-        cmd = self.command(args)
-        if args.max_upload_mb is not None and args.max_upload_mb <= 0:
-            raise ConfigError(f"--max-upload-mb {args.max_upload_mb:g}: must be positive")
-        env = voila_env(root, args.max_upload_mb)
         host = f"[{args.ip}]" if ":" in args.ip else args.ip
         print(f"qdebug dashboard: http://{host}:{args.port}/  (files from {root.resolve()}; Ctrl-C stops it)", file=out)
         out.flush()
-        proc = subprocess.Popen(cmd, env=env)
-        # A SIGTERM (a service manager, `kill`) stops Voila and its kernels too, as Ctrl-C does: never an orphan.
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.terminate()  # Voila shuts its kernels down on SIGTERM
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        with temp_dir(prefix="qdebug-voila-") as runtime:  # its connection files go with it, however Voila ends
+            code = serve(self.command(args), voila_env(root, args.max_upload_mb, runtime_dir=Path(runtime)))
         if code != 0:
             raise ConfigError(f"Voila exited with code {code} (is port {args.port} in use? try --port)")
         return EXIT_OK
 
 
-__all__ = ["DEFAULT_PORT", "Dashboard", "upload_limit_mb", "voila_command", "voila_env"]
+def serve(cmd: list[str], env: dict[str, str]) -> int:
+    """Run Voila until it exits (its exit code); Ctrl-C or SIGTERM stop it and its kernels, never an orphan."""
+    proc = subprocess.Popen(cmd, env=env)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()  # Voila shuts its kernels down on SIGTERM
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = [
+    "DEFAULT_PORT",
+    "UPLOAD_ENV",
+    "Dashboard",
+    "parse_upload_mb",
+    "port_problem",
+    "serve",
+    "upload_limit_mb",
+    "voila_command",
+    "voila_env",
+]

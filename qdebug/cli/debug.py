@@ -6,7 +6,6 @@ import argparse
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
-    Output,
     ProgressLine,
     Tool,
     add_debug_inputs,
@@ -17,8 +16,10 @@ from qdebug.cli._base import (
     gate_help,
     positive_int,
     say,
+    staged_outputs,
 )
 from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
+from qdebug.cli._preflight import Checks, Output, Unused, same_path
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, print_report, use_color
 
@@ -37,14 +38,12 @@ def debug_inputs(args: argparse.Namespace) -> dict[str, str | None]:
     return {"--float-model": args.float_model, "--quant-model": args.quant_model, "--data": args.data}
 
 
-def run_debug(args: argparse.Namespace) -> Any:
-    """``debug()`` with the options of :func:`~qdebug.cli._base.add_debug_inputs`."""
-    from qdebug.debug import DebugOptions, debug
-    from qdebug.errors import ConfigError
+def debug_options(args: argparse.Namespace) -> Any:
+    """The :class:`~qdebug.debug.DebugOptions` of :func:`~qdebug.cli._base.add_debug_inputs`' options (validated:
+    the pre-flight builds them once to ask their own rules)."""
+    from qdebug.debug import DebugOptions
 
-    if args.samples is not None and args.samples < 1:
-        raise ConfigError("--samples must be a positive integer")
-    opts = DebugOptions(
+    return DebugOptions(
         num_samples=args.samples if args.data is None else args.max_samples,
         seed=args.seed,
         distribution=args.distribution,
@@ -54,6 +53,53 @@ def run_debug(args: argparse.Namespace) -> Any:
         batch=args.batch,
         cluster=cluster_spec(args),
     )
+
+
+def check_two_models(checks: Checks, float_model: str | None, quant_model: str | None) -> None:
+    """The float and the quantized model are two files (by real path or hard link): one file given twice is a
+    mistake that would be measured against itself."""
+    from pathlib import Path
+
+    readable = checks.readable("--float-model", float_model) and checks.readable("--quant-model", quant_model)
+    if readable and same_path(Path(str(float_model)), Path(str(quant_model))):
+        checks.add(
+            f"--float-model {float_model} and --quant-model {quant_model} are the same file: give the float model "
+            "and its quantized (QDQ) counterpart"
+        )
+
+
+def check_debug_args(args: argparse.Namespace, checks: Checks) -> None:
+    """The pre-flight of ``debug``, ``diagnose`` and ``suggest``: two models, counts that are counts, the data
+    options that fit each other (docs/cli.md: an option with no effect is refused), :class:`DebugOptions`' rules."""
+    check_two_models(checks, args.float_model, args.quant_model)
+    counts = [(f, v) for f, v in (("--samples", args.samples), ("--max-samples", args.max_samples),
+                                  ("--batch", args.batch)) if v is not None and v < 1]  # fmt: skip
+    for flag, value in counts:
+        checks.add(f"{flag} must be a positive integer, got {value}")
+    synthetic = args.data is None
+    checks.unused([
+        Unused("max_samples", "--max-samples", not synthetic, "without --data (synthetic samples: --samples N)"),
+        Unused("ignore_key", "--ignore-key", not synthetic, "without --data (synthetic samples hold no other arrays)"),
+        Unused("seed", "--seed", synthetic, "with --data (it seeds the synthetic samples)"),
+        Unused("distribution", "--distribution", synthetic, "with --data (it draws the synthetic samples)"),
+        Unused("input_shape", "--input-shape", synthetic, "with --data (the samples' own shapes are used)"),
+    ])  # fmt: skip
+    if not counts:
+        checks.run(debug_options, args)
+
+
+def check_stats_samples(args: argparse.Namespace, checks: Checks, used: bool, why: str) -> None:
+    """``--stats-samples``: a count, and refused where no diagnostics run (``used`` false)."""
+    if args.stats_samples < 0:
+        checks.add(f"--stats-samples must be 0 or a positive integer, got {args.stats_samples}")
+    checks.unused([Unused("stats_samples", "--stats-samples", used, why)])
+
+
+def run_debug(args: argparse.Namespace) -> Any:
+    """``debug()`` with the options of :func:`~qdebug.cli._base.add_debug_inputs`."""
+    from qdebug.debug import debug
+
+    opts = debug_options(args)
     if opts.cluster is None:
         return debug(args.float_model, args.quant_model, args.data, opts)
     import sys
@@ -94,28 +140,31 @@ class Debug(Tool):
         """The report JSON and the HTML report."""
         return {"--output": Output(args.output), "--html": Output(args.html)}
 
-    @staticmethod
-    def _diagnostics(report: Any, args: argparse.Namespace, out: TextIO) -> Any:
-        """The diagnostics when ``--diagnose`` or ``--html`` asks for them, and the HTML report written."""
-        if not (args.diagnose or args.html):
-            return None
-        diags = run_diagnostics(report, args)
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """The data options, and the options that only shape the tables (refused with ``--json``) or the
+        diagnostics (refused without ``--diagnose``/``--html``)."""
+        check_debug_args(args, checks)
+        check_stats_samples(args, checks, bool(args.diagnose or args.html), "without --diagnose or --html (it sizes "
+                            "the diagnostics' statistics pass)")  # fmt: skip
+        checks.unused([
+            Unused("diagnose", "--diagnose", not args.json, "with --json (it prints the diagnostics with the tables; "
+                   "as JSON: qdebug diagnose --json)"),
+            Unused("top", "--top", not args.json, "with --json (it sizes the printed tables)"),
+            Unused("color", "--color", not args.json, "with --json (it colours the printed tables)"),
+        ])  # fmt: skip
         if args.html:
-            write_html(args.html, report, diags)
-        return diags
+            checks.run(require_html)
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
-        """Debug, print the tables (or JSON), write the report, apply the gate."""
-        if args.output:
-            from qdebug.io import refuse_overwrite_input
-
-            refuse_overwrite_input(args.output, args.float_model, args.quant_model)
-        if args.html:
-            require_html()
+        """Debug, write the report and the HTML report (both or neither), print the tables (or JSON), apply the
+        gate."""
         report = run_debug(args)
-        if args.output:
-            report.save(args.output)
-        diags = self._diagnostics(report, args, out)
+        diags = run_diagnostics(report, args) if args.diagnose or args.html else None
+        with staged_outputs(args.output, args.html) as staged:
+            if args.output:
+                report.save(staged[args.output])
+            if args.html:
+                write_html(staged[args.html], report, diags)
         if args.json:
             print(report.to_json(), file=out)
         else:
@@ -139,4 +188,14 @@ class Debug(Tool):
         return EXIT_GATE
 
 
-__all__ = ["DEBUG_REQUIRED", "Debug", "capture_backends", "debug_inputs", "run_debug"]
+__all__ = [
+    "DEBUG_REQUIRED",
+    "Debug",
+    "capture_backends",
+    "check_debug_args",
+    "check_stats_samples",
+    "check_two_models",
+    "debug_inputs",
+    "debug_options",
+    "run_debug",
+]

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import ClassVar, TextIO
 
-from qdebug.cli._base import Output, Tool, positive_int
+from qdebug.cli._base import Tool, positive_int
+from qdebug.cli._preflight import Output
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import print_report, use_color
 

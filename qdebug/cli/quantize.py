@@ -6,7 +6,6 @@ import argparse
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
-    Output,
     Tool,
     add_calib,
     add_float_model,
@@ -17,6 +16,7 @@ from qdebug.cli._base import (
     cluster_spec,
     warn,
 )
+from qdebug.cli._preflight import Checks, Output, Unused
 from qdebug.errors import EXIT_OK
 
 #: The flags that map one to one onto :class:`~qdebug.config.QuantConfig` fields.
@@ -94,6 +94,18 @@ class Quantize(Tool):
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The QDQ model and its calibration ranges beside it."""
         return {"--output": Output(args.output, derived=(".calib.json",), model=True)}
+
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """What only synthetic calibration data reads is refused beside --calib; --samples is a count."""
+        synthetic = args.calib is None
+        why = "with --calib (it shapes the synthetic calibration samples)"
+        checks.unused([
+            Unused("seed", "--seed", synthetic, "with --calib (it seeds the synthetic calibration samples)"),
+            Unused("synthetic_distribution", "--distribution", synthetic, why),
+            Unused("input_shape", "--input-shape", synthetic, why),
+        ])  # fmt: skip
+        if args.num_samples is not None and args.num_samples < 1:
+            checks.add(f"--samples must be a positive integer, got {args.num_samples}")
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Quantize, then print what was written."""

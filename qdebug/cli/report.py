@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import ClassVar, TextIO
+from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
-    Output,
     Tool,
     add_debug_inputs,
     add_float_model,
@@ -16,6 +15,7 @@ from qdebug.cli._base import (
     add_output,
     add_quant_model,
     positive_int,
+    staged_outputs,
 )
 from qdebug.cli._html import (
     add_html,
@@ -25,7 +25,16 @@ from qdebug.cli._html import (
     run_diagnostics,
     write_html,
 )
-from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, debug_inputs, run_debug
+from qdebug.cli._preflight import Checks, Output, Unused, load_kind
+from qdebug.cli.debug import (
+    DEBUG_REQUIRED,
+    capture_backends,
+    check_debug_args,
+    check_stats_samples,
+    check_two_models,
+    debug_inputs,
+    run_debug,
+)
 from qdebug.errors import EXIT_OK
 
 
@@ -33,6 +42,7 @@ class Report(Tool):
     """A saved debug report as one self-contained HTML file."""
 
     name = "report"
+    required: ClassVar[dict[str, str]] = {"output": "--output/-o"}
     help = "turn a debug report (report.json) into one self-contained HTML file to share"
     description = (
         "Write one self-contained HTML file (no network access when opened) from a report written by "
@@ -72,28 +82,101 @@ class Report(Tool):
         """The HTML file."""
         return {"--output": Output(args.output)}
 
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """Each input the kind of file it should be, the report made from the models given, options that do
+        something."""
+        models = args.float_model is not None and args.quant_model is not None
+        if (args.float_model is None) != (args.quant_model is None):
+            checks.add("give both --float-model and --quant-model (or neither: report-only diagnostics)")
+        check_two_models(checks, args.float_model, args.quant_model)
+        why = "without --float-model and --quant-model (the statistics pass runs the float model)"
+        check_stats_samples(args, checks, models, why)
+        checks.unused([Unused("data", "--data", models, why)])
+        checks.run(require_html)
+        report = None
+        if checks.readable("report", args.report):
+            report = checks.run(load_report, args.report)
+        if checks.readable("--search", args.search):
+            checks.run(load_search_gains, args.search)
+        if checks.readable("--manifest", args.manifest):
+            checks.run(load_manifest, args.manifest)
+        if report is not None and models and checks.readable("--float-model", args.float_model):
+            checks.run(check_report_models, report, args)
+
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Load, diagnose, render, write."""
         from qdebug.diagnose import diagnose
-        from qdebug.errors import ConfigError
-        from qdebug.report import DebugReport
 
-        if args.output is None:
-            raise ConfigError("--output/-o is required")
-        if (args.float_model is None) != (args.quant_model is None):
-            raise ConfigError("give both --float-model and --quant-model (or neither: report-only diagnostics)")
-        require_html()
         gains = load_search_gains(args.search) if args.search else None
-        report = DebugReport.load(args.report)
+        report = load_report(args.report)
         diags = run_diagnostics(report, args) if args.float_model is not None else diagnose(report)
         manifest, out_dir = None, None
         if args.manifest:
-            from qdebug.build import BuildManifest
-
-            manifest, out_dir = BuildManifest.load(args.manifest), Path(args.manifest).parent
+            manifest, out_dir = load_manifest(args.manifest), Path(args.manifest).parent
         path = write_html(args.output, report, diags, manifest=manifest, out_dir=out_dir, gains=gains)
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(diags)} diagnostic(s))", file=out)
         return EXIT_OK
+
+
+def load_report(path: str) -> Any:
+    """The debug report at ``path``; anything else (a model, a JSON list, another tool's JSON) is one line naming
+    it."""
+    from qdebug.report import DebugReport
+
+    return load_kind(DebugReport.load, path, "qdebug debug report", "write one with qdebug debug -o report.json")
+
+
+def load_manifest(path: str) -> Any:
+    """The build manifest at ``path``, or one line naming it."""
+    from qdebug.build import BuildManifest
+
+    return load_kind(BuildManifest.load, path, "qdebug build manifest", "give the manifest.json of a build folder")
+
+
+def _missing(wanted: Any, have: set[str]) -> str | None:
+    """The first few of ``wanted`` not in ``have``, quoted (``None``: none)."""
+    missing = [t for t in wanted if t not in have]
+    if not missing:
+        return None
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    return ", ".join(repr(t) for t in missing[:3]) + more
+
+
+def check_report_models(report: Any, args: argparse.Namespace) -> None:
+    """The report was made from the models given — a file whose checksum is the report's is; another must have every
+    tensor the report measured (float model) and quantize, in the engine's own pairing, every tensor the report says
+    was quantized (quantized model). Else one line naming the report and the model, instead of ONNX Runtime's
+    "graph output does not exist" or diagnostics of tensors that are not there."""
+    from qdebug.errors import ModelError
+    from qdebug.graph import file_sha256, load_model, pair_models
+
+    meta = report.meta
+
+    def refuse(path: str, role: str, why: str) -> ModelError:
+        made = meta.float_model if role == "float model" else meta.quant_model
+        return ModelError(f"{args.report} was not made from {path} ({role}; it was made from {made}): {why}")
+
+    f_same, q_same = (file_sha256(p) == h for p, h in ((args.float_model, meta.float_sha256),
+                                                        (args.quant_model, meta.quant_sha256)))  # fmt: skip
+    if f_same and q_same:
+        return
+    f = load_model(args.float_model, "float model")
+    if not f_same:
+        g = f.graph
+        values = {n for node in g.node for n in node.output} | {v.name for v in (*g.input, *g.initializer)}
+        missing = _missing([a.tensor_name for a in report.activations], values)
+        if missing:
+            raise refuse(args.float_model, "float model", f"it measured {missing}, which the model does not have")
+    if q_same:
+        return
+    try:
+        pairing = pair_models(f, load_model(args.quant_model, "quantized model"))
+    except ModelError as exc:
+        raise refuse(args.quant_model, "quantized model", exc.reason) from exc
+    quantized = {a.tensor_name for a in pairing.activations if a.quantized}
+    missing = _missing([a.tensor_name for a in report.activations if a.quantized], quantized)
+    if missing:
+        raise refuse(args.quant_model, "quantized model", f"it measured {missing} quantized, which the model does not")
 
 
 class Diagnose(Tool):
@@ -127,18 +210,28 @@ class Diagnose(Tool):
         """The diagnostics JSON and the HTML report."""
         return {"--output": Output(args.output), "--html": Output(args.html)}
 
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """debug's data options; --top and --color only shape the printed table."""
+        check_debug_args(args, checks)
+        check_stats_samples(args, checks, True, "")
+        checks.unused([
+            Unused("top", "--top", not args.json, "with --json (it sizes the printed table)"),
+            Unused("color", "--color", not args.json, "with --json (it colours the printed table)"),
+        ])  # fmt: skip
+        if args.html:
+            checks.run(require_html)
+
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
-        """Debug, diagnose, print (or JSON), write."""
+        """Debug, diagnose, write (both outputs or neither), print (or JSON)."""
         from qdebug.render.text import print_diagnostics, use_color
 
-        if args.html:
-            require_html()
         report = run_debug(args)
         diags = run_diagnostics(report, args)
-        if args.output:
-            diags.save(args.output)
-        if args.html:
-            write_html(args.html, report, diags)
+        with staged_outputs(args.output, args.html) as staged:
+            if args.output:
+                diags.save(staged[args.output])
+            if args.html:
+                write_html(staged[args.html], report, diags)
         if args.json:
             print(diags.to_json(), file=out)
             return EXIT_OK
@@ -149,4 +242,4 @@ class Diagnose(Tool):
         return EXIT_OK
 
 
-__all__ = ["Diagnose", "Report"]
+__all__ = ["Diagnose", "Report", "check_report_models", "load_manifest", "load_report"]

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
-    Output,
     Tool,
     add_calib,
     add_float_model,
@@ -19,8 +18,10 @@ from qdebug.cli._base import (
     cluster_spec,
     finite_number,
     say,
+    staged_outputs,
 )
 from qdebug.cli._html import add_html, require_html, write_html
+from qdebug.cli._preflight import Checks, Output, Unused, check_promotion_type
 from qdebug.errors import EXIT_GATE, EXIT_OK
 from qdebug.render.text import fmt_db, table
 
@@ -132,17 +133,24 @@ class Search(Tool):
             "--html": Output(args.html),
         }
 
-    def run(self, args: argparse.Namespace, out: TextIO) -> int:
-        """Search, print the measured curve, write the chosen point's overrides."""
-        from qdebug.io import refuse_overwrite_input
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """Goals, budgets, option combinations, the evaluation set and the held-out data, before any work."""
+        found = len(checks.problems)
+        _check_goal(args, checks)
+        _check_budgets(args, checks)
+        if len(checks.problems) == found:
+            checks.run(_goal, args)  # the goal's own rules, on values the checks above let through
+        _check_combinations(args, checks)
+        _check_files(args, checks)
 
-        _check_args(args)
-        refuse_overwrite_input(args.output, args.float_model)
-        if args.remedy_output:
-            refuse_overwrite_input(args.remedy_output, args.float_model)
-        if args.html:
-            require_html()
-        base, result, remedies, base_report = _search(args)
+    def run(self, args: argparse.Namespace, out: TextIO) -> int:
+        """Search, print the measured curve, write the chosen point's overrides (every output asked for that the
+        outcome writes, or none when writing one fails)."""
+        with staged_outputs(args.output, args.remedy_output, args.html) as staged:
+            return self._run(args, out, staged)
+
+    def _run(self, args: argparse.Namespace, out: TextIO, staged: dict[str, Any]) -> int:
+        base, result, remedies, base_report = _search(args, staged)
         if args.json:
             doc = result.to_dict()
             if remedies is not None:
@@ -153,13 +161,13 @@ class Search(Tool):
             if remedies is not None:
                 _print_remedies(remedies, out)
         if args.html:  # also when the goal was missed: what was measured is worth reading
-            _write_html(args.html, base_report, result, remedies)
+            _write_html(staged[args.html], base_report, result, remedies)
             if not args.json:
                 print(f"HTML report written to {args.html}", file=out)
         if not result.reached:
             print("qdebug: FAIL: the goal was not reached; no overrides written", file=sys.stderr)
             return EXIT_GATE
-        _write(args, base, result)
+        _write(args, base, result, staged[args.output])
         if result.holdout is not None and not result.holdout.holds:
             say("warning", f"held out: {result.holdout.note}")
         if not args.json:
@@ -229,38 +237,112 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    """Every option combination that cannot work, refused before any work (one line each)."""
-    from qdebug.errors import ConfigError
-
+def _check_goal(args: argparse.Namespace, checks: Checks) -> None:
+    """A goal, and goals that can be met."""
     if args.goal_sqnr is None and args.max_accuracy_drop is None and args.goal_near_all16 is None:
-        raise ConfigError("search needs a goal: --goal-sqnr DB, --goal-near-all16 DB and/or --max-accuracy-drop POINTS")
-    if args.remedy_output and not args.remedies:
-        raise ConfigError("--remedy-output needs --remedies")
-    if args.compile_points and not args.target:
-        raise ConfigError("--compile-points needs --target (e.g. --target qnn)")
-    if args.no_target_fixes and not args.target:
-        raise ConfigError("--no-target-fixes needs --target (without a target no fixes are applied)")
-    if args.target_samples < 0:
-        raise ConfigError(f"--target-samples must be >= 0, got {args.target_samples}")
-    spec = (args.compile_points or "chosen").replace(" ", "")
-    if spec not in ("chosen", "front") and not all(x.isdigit() for x in spec.split(",")):
-        raise ConfigError(f"--compile-points takes 'chosen', 'front' or front indices like 0,2; got {spec!r}")
+        checks.add("search needs a goal: --goal-sqnr DB, --goal-near-all16 DB and/or --max-accuracy-drop POINTS")
+    if args.max_accuracy_drop is not None and not 0 <= args.max_accuracy_drop < 100:
+        checks.add(f"--max-accuracy-drop is in percentage points, 0 up to 100; got {args.max_accuracy_drop:g}")
     if args.max_accuracy_drop is not None and args.eval is None:
-        raise ConfigError("--max-accuracy-drop needs a labelled evaluation set (--eval)")
-    if args.holdout_samples is not None and args.holdout_samples < 1:
-        raise ConfigError(f"--holdout-samples must be >= 1, got {args.holdout_samples}")
-    if args.holdout and _same_file(args.holdout, args.data or args.calib):
-        raise ConfigError(
-            f"--holdout {args.holdout} is the debug data; --holdout-samples K alone takes the K samples after the "
-            "debug ones"
+        checks.add("--max-accuracy-drop needs a labelled evaluation set (--eval)")
+    if args.goal_near_all16 is not None and args.goal_near_all16 < 0:
+        checks.add(
+            f"--goal-near-all16 is a distance below the all-16-bit model, 0 dB or more; got {args.goal_near_all16:g}"
         )
 
 
-def _same_file(a: str, b: str | None) -> bool:
-    from pathlib import Path
+#: The count options of a search and the least each takes.
+_COUNTS = {"debug_samples": ("--debug-samples", 1), "max_steps": ("--max-steps", 1),
+           "max_evaluations": ("--max-evaluations", 1), "candidates_per_step": ("--candidates-per-step", 1),
+           "measure_top": ("--measure-top", 1), "holdout_samples": ("--holdout-samples", 1),
+           "target_samples": ("--target-samples", 0)}  # fmt: skip
 
-    return b is not None and Path(a).resolve() == Path(b).resolve()
+
+def _check_budgets(args: argparse.Namespace, checks: Checks) -> None:
+    """Counts that are counts, a share that is a share, each budget with a strategy that reads it
+    (:data:`qdebug.mixed.search.BUDGET_STRATEGIES`)."""
+    from qdebug.mixed.search import BUDGET_STRATEGIES
+
+    bad = [(flag, least, getattr(args, dest)) for dest, (flag, least) in _COUNTS.items()]
+    bad = [(flag, least, v) for flag, least, v in bad if v is not None and v < least]
+    for flag, least, value in bad:
+        checks.add(f"{flag} must be {'a positive integer' if least else '0 or more'}, got {value}")
+    share = args.max_cost_fraction
+    if share is not None and not 0 < share <= 1:
+        checks.add(f"--max-cost-fraction is a share of the activation elements in (0, 1], got {share:g}")
+    readers = {**BUDGET_STRATEGIES, "rank": ("measured",)}
+    checks.unused(
+        Unused(dest, "--" + dest.replace("_", "-"), args.strategy in strategies,
+               f"with --strategy {args.strategy} (it is read by --strategy {', '.join(strategies)})")
+        for dest, strategies in readers.items()
+    )  # fmt: skip
+
+
+def _check_combinations(args: argparse.Namespace, checks: Checks) -> None:
+    """Options that need another: the target's, the remedies', the evaluation set's, the hold-out's."""
+    sqnr_goal = args.goal_sqnr is not None or args.goal_near_all16 is not None
+    checks.unused([
+        Unused("remedy_output", "--remedy-output", args.remedies, "without --remedies (no remedy is measured)"),
+        Unused("compile_points", "--compile-points", bool(args.target), "without --target (e.g. --target qnn)"),
+        Unused("no_target_fixes", "--no-target-fixes", bool(args.target), "without --target (no fixes are applied)"),
+        Unused("target_samples", "--target-samples", bool(args.compile_points), "without --compile-points (no "
+               "point is compiled to run)"),
+        Unused("label_key", "--label-key", args.eval is not None, "without --eval (it names the label array of the "
+               "evaluation set)"),
+        Unused("holdout_samples", "--holdout-samples", sqnr_goal, "without an SQNR goal (--goal-sqnr or "
+               "--goal-near-all16): the held-out check measures SQNR; accuracy is measured on --eval"),
+        Unused("holdout", "--holdout", sqnr_goal, "without an SQNR goal (--goal-sqnr or --goal-near-all16): the "
+               "held-out check measures SQNR; accuracy is measured on --eval"),
+    ])  # fmt: skip
+    spec = (args.compile_points or "chosen").replace(" ", "")
+    if spec not in ("chosen", "front") and not all(x.isdigit() for x in spec.split(",")):
+        checks.add(f"--compile-points takes 'chosen', 'front' or front indices like 0,2; got {spec!r}")
+    checks.run(check_promotion_type, "--to", args.to, args.target)
+
+
+def _check_files(args: argparse.Namespace, checks: Checks) -> None:
+    """The config, the evaluation set as top-1 will read it, the held-out data as samples the search never sees."""
+    from qdebug.config import QuantConfig
+    from qdebug.graph import input_specs, load_model
+
+    if checks.readable("--config", args.config):
+        checks.run(QuantConfig.load, args.config)
+    if args.html:
+        checks.run(require_html)
+    needed = checks.readable("--eval", args.eval) or checks.readable("--holdout", args.holdout)
+    if not (needed and checks.readable("--float-model", args.float_model)):
+        return
+    model = checks.run(load_model, args.float_model, "float model")
+    if model is None:
+        return
+    if checks.readable("--eval", args.eval):
+        from qdebug.evaluate import check_eval_set
+
+        checks.run(check_eval_set, model, args.eval, args.label_key)
+    readable = all(checks.readable(f, v) or v is None for f, v in (("--calib", args.calib), ("--data", args.data)))
+    if checks.readable("--holdout", args.holdout) and readable:
+        checks.run(_check_holdout, args, checks, input_specs(model))
+
+
+def _check_holdout(args: argparse.Namespace, checks: Checks, specs: Any) -> None:
+    """The held-out samples exist in the number asked for and are not samples the search reads, by content
+    (:func:`qdebug.mixed.holdout.seen_holdout`): every one seen is refused, some seen a warning."""
+    from qdebug.data import open_data
+    from qdebug.errors import DataError
+    from qdebug.mixed.holdout import seen_holdout
+
+    ignore = (args.label_key,)
+    count = len(open_data(args.holdout, specs, ignore=ignore))
+    if args.holdout_samples is not None and count < args.holdout_samples:
+        raise DataError(f"{args.holdout}: {count} samples, fewer than --holdout-samples {args.holdout_samples}")
+    seen = {"--calib": (args.calib, None), "--data": (args.data, args.debug_samples)}
+    found = seen_holdout(args.holdout, seen, specs, samples=args.holdout_samples, ignore=ignore)
+    line = found.describe(args.holdout)
+    if found.all_seen and line:
+        checks.add(f"{line}: the search sees them, so they cannot check its choice; give samples it never sees, or "
+                   "--holdout-samples K alone (the K samples of --data after the debug ones)")  # fmt: skip
+    elif line:
+        checks.warn(f"{line}: the held-out check is only as good as the rest")
 
 
 def _goal(args: argparse.Namespace) -> Any:
@@ -282,7 +364,7 @@ def _goal(args: argparse.Namespace) -> Any:
     )
 
 
-def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+def _search(args: argparse.Namespace, staged: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     from qdebug.config import QuantConfig
     from qdebug.debug import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
@@ -315,7 +397,7 @@ def _search(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
             picked = pick_points(result, args.compile_points)
             result = compile_points(session, result, picked, args.target, samples=args.target_samples)
-        remedies = _remedies(session, args) if args.remedies else None
+        remedies = _remedies(session, staged.get(args.remedy_output)) if args.remedies else None
         return session.base_config, result, remedies, session.base.report  # the config after the target's fixes
 
 
@@ -328,8 +410,9 @@ def _write_html(path: str, report: Any, result: Any, remedies: list[tuple[Any, A
     write_html(path, report, diagnose(report), gains=gains)
 
 
-def _remedies(session: Any, args: argparse.Namespace) -> list[tuple[Any, Any]]:
-    """Measure the remedies; write the best recommended one's overrides where asked. Each with its file or None."""
+def _remedies(session: Any, remedy_output: Any) -> list[tuple[Any, Any]]:
+    """Measure the remedies; write the best recommended one's overrides to ``remedy_output`` (if given). Each with
+    its file or None."""
     from qdebug.mixed.remedies import measure_remedies, method_ranges, propose_remedies, remedy_overrides
 
     ranges = {"percentile": method_ranges(session, "percentile")}
@@ -338,8 +421,8 @@ def _remedies(session: Any, args: argparse.Namespace) -> list[tuple[Any, Any]]:
     )
     out = [(r, remedy_overrides(r, session) if r.recommended else None) for r in results]
     best = max((x for x in out if x[1] is not None), key=lambda x: x[0].gain_db or 0.0, default=None)
-    if args.remedy_output and best is not None and best[1] is not None:
-        best[1].save(args.remedy_output)
+    if remedy_output is not None and best is not None and best[1] is not None:
+        best[1].save(remedy_output)
     return out
 
 
@@ -427,7 +510,7 @@ def _print_holdout(check: Any, out: TextIO) -> None:
     print(f"held out: {check.note} ({check.evaluations} debug passes, {check.seconds:.1f} s)", file=out)
 
 
-def _write(args: argparse.Namespace, base: Any, result: Any) -> None:
+def _write(args: argparse.Namespace, base: Any, result: Any, path: Any) -> None:
     from qdebug.graph import file_sha256
     from qdebug.mixed.overrides import OverridesFile
 
@@ -440,7 +523,7 @@ def _write(args: argparse.Namespace, base: Any, result: Any) -> None:
         note=f"qdebug search: {result.stop_reason}",
         # the tensors named are the fixed model's: say so, so `qdebug build` checks them after its own fixes
         target_fixes=(fixes.target, fixes.changed) if fixes is not None and fixes.changed else None,
-    ).save(args.output)
+    ).save(path)
 
 
 __all__ = ["Search"]

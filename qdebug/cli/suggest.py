@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Output, Tool, add_debug_inputs, positive_int
-from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, debug_inputs, run_debug
+from qdebug.cli._base import Tool, add_debug_inputs, positive_int
+from qdebug.cli._preflight import Checks, Output, Unused, check_promotion_type
+from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, check_debug_args, debug_inputs, run_debug
 from qdebug.errors import EXIT_OK
 from qdebug.render.text import fmt_db, table
 
@@ -68,23 +69,32 @@ class Suggest(Tool):
         """The overrides JSON."""
         return {"--overrides-out": Output(args.overrides_out)}
 
+    def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
+        """debug's data options; what only a promotion uses (--groups, --to, --config, --overrides-out) needs
+        --promote-top; --top does nothing beside --all."""
+        from qdebug.config import QuantConfig
+
+        check_debug_args(args, checks)
+        if args.promote_top is not None and args.promote_top < 1:
+            checks.add(f"--promote-top must be a positive integer, got {args.promote_top}")
+        promote = args.promote_top is not None
+        checks.unused([
+            Unused("overrides_out", "--overrides-out", promote, "without --promote-top K (how many suggestions to "
+                   "promote)"),
+            Unused("groups", "--groups", promote, "without --promote-top K (it widens the promotion)"),
+            Unused("to", "--to", promote, "without --promote-top K (the type a promotion uses)"),
+            Unused("config", "--config", promote, "without --promote-top K (the base config of the promotion)"),
+            Unused("top", "--top", not args.all, "with --all (every promotable tensor is listed)"),
+        ])  # fmt: skip
+        if checks.readable("--config", args.config):
+            checks.run(QuantConfig.load, args.config)
+        if promote:
+            checks.run(check_promotion_type, "--to", args.to, None)
+
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Debug, rank, optionally plan and write the overrides."""
-        from qdebug.errors import ConfigError
         from qdebug.mixed.suggest import analyse, suggest
 
-        if args.overrides_out and not args.promote_top:
-            raise ConfigError("--overrides-out needs --promote-top K (how many suggestions to promote)")
-        if args.promote_top is not None and args.promote_top < 1:
-            raise ConfigError("--promote-top must be a positive integer")
-        if args.overrides_out:
-            from qdebug.io import refuse_overwrite_input
-
-            refuse_overwrite_input(args.overrides_out, args.float_model, args.quant_model)
-        if args.config:  # read before the debug run, and even without --promote-top: a file given is a file checked
-            from qdebug.config import QuantConfig
-
-            QuantConfig.load(args.config)
         report = run_debug(args)
         items = analyse(report) if args.all else suggest(report, None if args.promote_top else args.top)
         shown = items if args.all else items[: max(args.top, args.promote_top or 0)]

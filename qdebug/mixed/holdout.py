@@ -10,22 +10,32 @@ met the goal on the debug samples are checked in order of cost (``SearchGoal.hol
 that holds becomes the choice; when none does, the choice stays and the result says it does not hold.
 
 Held-out passes are not search evaluations: they are counted apart (:attr:`HoldoutCheck.evaluations`).
+
+Held-out samples given as another data set are checked before any work to be what their name says
+(:func:`seen_holdout`): by content, not path — a hard link or a copy of the calibration or debug data, or samples equal
+to some of theirs, are samples the search sees.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.report import encode_number
 
 if TYPE_CHECKING:
+    from qdebug.data import Sample
+    from qdebug.graph import InputSpec
     from qdebug.mixed.evaluation import Evaluation
     from qdebug.mixed.search import SearchGoal, SearchPoint, SearchResult
 
-__all__ = ["HeldOutPoint", "HoldoutCheck", "check_holdout"]
+__all__ = ["HeldOutPoint", "HoldoutCheck", "SeenHoldout", "check_holdout", "seen_holdout"]
 
 
 def _num(v: Any) -> float | None:
@@ -196,3 +206,109 @@ def _move_choice(session: Any, goal: SearchGoal, result: SearchResult, picked: S
     evaluated = tuple(p for p in result.evaluated if p is not picked)
     plan = session.promote(picked.promoted, goal.to)
     return replace(result, steps=tuple(steps), evaluated=evaluated, chosen_step=index, plan=plan)
+
+
+# ------------------------------------------------------------------------------------------ held-out data checked
+@dataclass(frozen=True)
+class SeenHoldout:
+    """How many of the held-out samples the search sees too (:func:`seen_holdout`), and where."""
+
+    #: held-out samples compared (the first ``holdout_samples`` of the set, or all of it)
+    samples: int
+    #: of them, seen in any data set the search reads
+    seen: int
+    #: the option of each data set the search reads → how many held-out samples it holds too
+    where: Mapping[str, int]
+    #: the data set (option → path) whose file holds the same bytes as the held-out one (a hard link, a copy)
+    same_file: tuple[str, str] | None = None
+
+    @property
+    def all_seen(self) -> bool:
+        """Every held-out sample is one the search sees: the check would measure nothing new."""
+        return self.same_file is not None or (self.samples > 0 and self.seen >= self.samples)
+
+    def describe(self, holdout: str) -> str | None:
+        """One line for the user, ``None`` when no held-out sample is seen."""
+        if self.same_file is not None:
+            flag, path = self.same_file
+            what = _ROLES.get(flag, "data the search reads")
+            return f"--holdout {holdout} is {what} {flag} {path} (the same file, a hard link or a copy)"
+        if not self.seen:
+            return None
+        where = ", ".join(f"{n} in {flag}" for flag, n in self.where.items() if n)
+        held = f"{self.seen} of the {self.samples} held-out samples of --holdout {holdout}"
+        return f"{held} are ones the search sees ({where})"
+
+
+#: What each data option of a search is, in words.
+_ROLES = {"--calib": "the calibration data", "--data": "the debug data"}
+
+
+def _files(path: Path) -> list[Path]:
+    """A folder's regular files by name, or the file itself."""
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+
+
+def _layout(path: Path) -> list[tuple[str, int]]:
+    """The name (in a folder) and size of each file: what two copies must share before their bytes are read."""
+    return [(p.name if path.is_dir() else "", p.stat().st_size) for p in _files(path)]
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """The same file or folder (by path or inode), or the same bytes (a copy; folders: the same names and bytes)."""
+    try:
+        if os.path.realpath(a) == os.path.realpath(b) or (a.exists() and b.exists() and os.path.samefile(a, b)):
+            return True
+        if a.is_dir() != b.is_dir() or _layout(a) != _layout(b):
+            return False
+        return all(_sha256(x) == _sha256(y) for x, y in zip(_files(a), _files(b), strict=True))
+    except (OSError, ValueError):  # unreadable: the data check says why
+        return False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sample_digest(sample: Sample) -> bytes:
+    """A sample's identity: the names, types, shapes and bytes of its arrays (how it is stored does not matter)."""
+    h = hashlib.sha256()
+    for name in sorted(sample):
+        arr = sample[name]
+        h.update(f"{name}\0{arr.dtype.str}\0{arr.shape}\0".encode())
+        h.update(arr.tobytes())
+    return h.digest()
+
+
+def seen_holdout(
+    holdout: str | Path,
+    seen: Mapping[str, tuple[str | Path | None, int | None]],
+    specs: Sequence[InputSpec],
+    *,
+    samples: int | None = None,
+    ignore: Sequence[str] = (),
+) -> SeenHoldout:
+    """Which of the held-out samples (the first ``samples`` of ``holdout``, or every one) the search sees too, by
+    content: ``seen`` maps each data option the search reads to its path and how many of its samples it reads
+    (``None``: all). A file with the same bytes as one of them (a hard link, a copy) is seen whole; otherwise every
+    sample is compared by :func:`sample_digest`. Bad data raise their usual error."""
+    from qdebug.data import open_data
+
+    given = {flag: (Path(p), n) for flag, (p, n) in seen.items() if p is not None}
+    for flag, (path, _) in given.items():
+        if _same_bytes(Path(holdout), path):
+            return SeenHoldout(samples or 0, samples or 0, {flag: samples or 0}, same_file=(flag, str(path)))
+    held = [sample_digest(s) for s in open_data(holdout, specs, num_samples=samples, ignore=ignore)]
+    wanted = set(held)
+    found: dict[str, set[bytes]] = {}
+    for flag, (path, n) in given.items():
+        found[flag] = {
+            d for s in open_data(path, specs, num_samples=n, ignore=ignore) if (d := sample_digest(s)) in wanted
+        }
+    every = set().union(*found.values()) if found else set()
+    where = {flag: sum(1 for d in held if d in f) for flag, f in found.items()}
+    return SeenHoldout(len(held), sum(1 for d in held if d in every), where)
