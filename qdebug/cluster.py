@@ -255,27 +255,24 @@ def _local(ray: Any, spec: ClusterSpec) -> Iterator[Cluster]:
     """A Ray cluster on this machine for the block: on 127.0.0.1, in a temporary folder of its own, removed with
     every process of it at the end."""
     with temp_dir(prefix=TEMP_PREFIX, dir=ray_temp_base()) as root:
+        init = {
+            "address": "local",
+            "num_cpus": spec.workers or usable_cores(),
+            "include_dashboard": False,
+            "object_store_memory": LOCAL_OBJECT_STORE_BYTES,
+            "_node_ip_address": "127.0.0.1",
+            "_temp_dir": root,
+            "_system_config": dict(LOCAL_SYSTEM_CONFIG),
+        }
+        env = {**LOCAL_ENV, MARKER: root, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         try:
-            _start(
-                ray,
-                spec,
-                {**LOCAL_ENV, MARKER: root, "RAY_AUTH_TOKEN": secrets.token_hex(32)},
-                loopback=True,
-                address="local",
-                num_cpus=spec.workers or usable_cores(),
-                include_dashboard=False,
-                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                _node_ip_address="127.0.0.1",
-                _temp_dir=root,
-                _system_config=dict(LOCAL_SYSTEM_CONFIG),
-            )
-            node = ray.util.get_node_ip_address()
-            if not _is_loopback(node):  # a Ray that ignores the switch: refuse to run a cluster open to the network
-                raise ClusterError(f"Ray {ray.__version__} started its node on {node}, not on 127.0.0.1")
-            yield Cluster(ray, _workers(ray, spec), started=True)
+            with _Owner(ray, spec, init, env, loopback=True).running():
+                node = ray.util.get_node_ip_address()
+                if not _is_loopback(node):  # a Ray that ignores the switch: never a cluster open to the network
+                    raise ClusterError(f"Ray {ray.__version__} started its node on {node}, not on 127.0.0.1")
+                yield Cluster(ray, _workers(ray, spec), started=True)
         finally:
             with signals_held():  # a second Ctrl-C must not cut the clean-up short
-                ray.shutdown()
                 _reap(root)
                 shutil.rmtree(root, ignore_errors=True)
 
@@ -286,18 +283,77 @@ def _existing(ray: Any, spec: ClusterSpec) -> Iterator[Cluster]:
     address = str(spec.target)
     host, port = parse_address(address, "RAY_ADDRESS" if spec.address == "auto" else "--ray")
     _reach(address, host, port)
-    said: list[str] = []
-    try:
-        try:
-            with _stderr_into(said):
-                _start(ray, spec, CONNECT_ENV, loopback=_is_loopback(host), address=spec.address)
-        except ClusterError as exc:
-            why = [m[1] for m in map(_RAY_LOG_LINE.search, said) if m]
-            raise ClusterError(f"{exc} ({why[-1]})" if why else str(exc)) from exc
+    with _Owner(ray, spec, {"address": spec.address}, CONNECT_ENV, loopback=_is_loopback(host)).running(quiet=True):
         yield Cluster(ray, _workers(ray, spec), started=False)
-    finally:
-        with signals_held():
-            ray.shutdown()  # from an existing cluster it only disconnects
+
+
+class _Owner(threading.Thread):
+    """The thread that starts Ray (``ray.init``) and shuts it down when asked. In a thread of its own, Ray's start
+    cannot be cut short by a signal (handlers run on the main thread, which waits for it with Ctrl-C and SIGTERM
+    held): a start cut short by Ray's own SIGTERM handler left a driver that crashed at exit and processes Ray did not
+    know of. (Nor does Ray replace the process's SIGTERM handler from there.) The thread lives as long as the
+    cluster: Ray's processes are killed when the thread that started them ends."""
+
+    def __init__(
+        self, ray: Any, spec: ClusterSpec, init: Mapping[str, Any], env: Mapping[str, str], loopback: bool
+    ) -> None:
+        super().__init__(name="qdebug-ray", daemon=True)
+        self.ray, self.spec, self.init, self.env, self.loopback = ray, spec, init, env, loopback
+        self.up, self.done = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        """Start Ray with :attr:`env` set and Ray's switches for this job (:func:`_ray_switches`), wait to be done,
+        shut Ray down (also after a failed start: whatever it left running goes with it)."""
+        token = "RAY_AUTH_TOKEN" in self.env
+        try:
+            with _environment(self.env), _ray_switches(self.loopback):
+                if token:
+                    _forget_token()
+                self.ray.init(**self.init, **_QUIET)
+        except BaseException as exc:  # handed to the caller's thread, which raises it
+            self.error = exc
+        finally:
+            self.up.set()
+        self.done.wait()
+        self.ray.shutdown()  # from an existing cluster it only disconnects
+        if token:
+            _forget_token()
+
+    def _failure(self, exc: Exception, said: list[str]) -> ClusterError:
+        """The one-line error of a failed start; Ray's last log message on stderr, if any, added."""
+        why = "".join(f" ({m[1]})" for m in [m for m in map(_RAY_LOG_LINE.search, said) if m][-1:])
+        return ClusterError(f"cannot start or reach Ray ({self.spec.describe()}): {_first_line(exc)}{why}")
+
+    @contextlib.contextmanager
+    def running(self, quiet: bool = False) -> Iterator[None]:
+        """Ray up for the block, shut down at the end, however the block ends; ``quiet``: what Ray writes on stderr
+        while it starts is kept off it (its last message is added to a failed start's error)."""
+        said: list[str] = []
+        try:
+            with _own_signal_handlers(), _stderr_into(said) if quiet else contextlib.nullcontext(), signals_held():
+                self.start()
+                self.up.wait()
+            if isinstance(self.error, Exception):  # ConnectionError, RuntimeError, ValueError, plain Exception
+                raise self._failure(self.error, said) from self.error
+            if self.error is not None:
+                raise self.error
+            yield
+        finally:
+            with signals_held():
+                self.done.set()
+                if self.ident is not None:
+                    self.join()
+
+
+def _forget_token() -> None:
+    """Ray keeps the first authentication token it loads for the life of the process: forgotten before a local
+    cluster with a token of its own starts (the driver loads that one) and after it stops (a later Ray in this
+    process loads its own). A Ray without tokens has nothing to forget."""
+    loader = getattr(sys.modules.get("ray._raylet"), "AuthenticationTokenLoader", None)
+    reset = getattr(loader.instance(), "reset_cache", None) if loader is not None else None
+    if reset is not None:
+        reset()
 
 
 @contextlib.contextmanager
@@ -328,42 +384,21 @@ def _reach(address: str, host: str, port: int) -> None:
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {why}") from exc
 
 
-def _start(ray: Any, spec: ClusterSpec, env: Mapping[str, str], loopback: bool, **kwargs: Any) -> None:
-    """``ray.init(**kwargs)`` with ``env`` set for it (and the processes it starts), as a loopback node if
-    ``loopback``; the process's environment and signal handlers as they were afterwards. The caller shuts Ray down,
-    also after a failed start (whatever it left running goes with it)."""
-    with _own_signal_handlers(), _environment(env), _loopback_node(ray, loopback):
-        try:
-            with signals_held():  # Ctrl-C during the start is raised once Ray knows every process it started
-                ray.init(**kwargs, **_QUIET)
-        except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError and plain Exception here
-            raise ClusterError(f"cannot start or reach Ray ({spec.describe()}): {_first_line(exc)}") from exc
-
-
 @contextlib.contextmanager
 def _own_signal_handlers() -> Iterator[None]:
-    """The process's SIGINT/SIGTERM handlers, put back after the block: ``ray.init`` replaces SIGTERM's (a Python
-    one that exits with status 15, and its C++ crash reporter), which would bypass the caller's clean-up (the CLI's
-    exit 143). A SIGTERM Ray's handler took meanwhile (its ``SystemExit(15)``) is sent again, to the handler put
-    back. Signal handlers belong to the main thread: elsewhere a no-op."""
+    """The process's SIGINT/SIGTERM handlers, put back after the block: a Ray whose C++ crash reporter could not be
+    kept off (:func:`_ray_switches`) installs it for SIGTERM too, which would bypass the caller's clean-up (the CLI's
+    exit 143). Signal handlers belong to the main thread: elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    taken = False
     try:
         yield
-    except SystemExit as exc:
-        if exc.code != signal.SIGTERM:
-            raise
-        taken = True
     finally:
         for sig, handler in saved.items():
             if handler is not None:  # None: a handler not set from Python, which Python cannot put back
                 signal.signal(sig, handler)
-    if taken:
-        signal.raise_signal(signal.SIGTERM)
-        raise ClusterError("Ray's start was stopped by SIGTERM")  # reached only if the process ignores SIGTERM
 
 
 @contextlib.contextmanager
@@ -384,21 +419,23 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _loopback_node(ray: Any, loopback: bool) -> Iterator[None]:
-    """Ray's start with the switch of :data:`LOCAL_ENV` on in this process too, if ``loopback``: Ray read it when
-    it was imported (maybe before this job), and replaces a loopback node or cluster address by the machine's
-    external one without it (a local cluster would listen on every interface; ``--ray 127.0.0.1:PORT`` would dial
-    another address)."""
+def _ray_switches(loopback: bool) -> Iterator[None]:
+    """Ray's start with two of the switches Ray read when it was imported (maybe before this job) set for this
+    process: the one of :data:`LOCAL_ENV` if ``loopback`` (without it Ray replaces a loopback node or cluster
+    address by the machine's external one: a local cluster would listen on every interface, ``--ray
+    127.0.0.1:PORT`` would dial another address), and no C++ crash reporter in this process (it takes SIGTERM too,
+    and a SIGTERM it took during the start aborted the process, leaving the cluster behind). An unknown Ray is left
+    as it is: the node's address is checked after the start."""
     constants: Any = sys.modules.get("ray._private.ray_constants")
-    if not loopback or constants is None or not hasattr(constants, "ENABLE_RAY_CLUSTER"):
-        yield  # an unknown Ray: the node's address is checked after the start
-        return
-    before = constants.ENABLE_RAY_CLUSTER
-    constants.ENABLE_RAY_CLUSTER = False
+    switches = {"RAY_DISABLE_FAILURE_SIGNAL_HANDLER": True} | ({"ENABLE_RAY_CLUSTER": False} if loopback else {})
+    before = {name: getattr(constants, name) for name in switches if hasattr(constants, name)}
+    for name in before:
+        setattr(constants, name, switches[name])
     try:
         yield
     finally:
-        constants.ENABLE_RAY_CLUSTER = before
+        for name, value in before.items():
+            setattr(constants, name, value)
 
 
 def ray_temp_base(pid: int | None = None) -> str:

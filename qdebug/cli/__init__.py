@@ -136,11 +136,20 @@ class Terminated(KeyboardInterrupt):
     runs (temporary folders removed, no half-written output) instead of the process dying where it stands."""
 
 
+class _Received:
+    """The last signal the CLI's handlers raised for: Ray's blocking calls (``ray.get``, ``ray.wait``) turn whatever
+    a handler raised into a plain KeyboardInterrupt, so the exit code follows the signal, not the exception's class."""
+
+    signum: int | None = None
+
+
 def _terminate() -> None:
+    _Received.signum = signal.SIGTERM
     raise Terminated
 
 
 def _interrupt() -> None:
+    _Received.signum = signal.SIGINT
     raise KeyboardInterrupt
 
 
@@ -149,6 +158,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM raises :class:`Terminated` and Ctrl-C KeyboardInterrupt while the CLI runs, except while a temporary
     file or folder is being made (:func:`qdebug.io.signals_held`: then just after). Main thread only: elsewhere
     Python refuses handlers."""
+    _Received.signum = None
     try:
         previous = signal.signal(signal.SIGTERM, deferring(_terminate))
     except ValueError:  # not the main thread (e.g. main() called from a worker): leave signals alone
@@ -189,10 +199,10 @@ def _main(argv: Sequence[str] | None, out: TextIO | None) -> int:
             traceback.print_exc()
         say("error", str(exc))
         return exc.exit_code
-    except Terminated:
-        print("qdebug: terminated", file=sys.stderr)
-        return 143  # 128 + SIGTERM, what a shell reports for a process the signal killed
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Terminated included
+        if isinstance(exc, Terminated) or _Received.signum == signal.SIGTERM:
+            print("qdebug: terminated", file=sys.stderr)
+            return 143  # 128 + SIGTERM, what a shell reports for a process the signal killed
         print("qdebug: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
