@@ -8,8 +8,9 @@ initialised in this process (a notebook, a test) is left as it was.
 
 A local cluster is private to the job (docs/scale.md, "Security"): Ray's control store has no authentication, so
 every process of it listens on 127.0.0.1 only, its session folder lives in a temporary folder of qdebug's that is
-removed with it, and no process of it outlives the job. Ray's start-up is kept from changing the process: the
-environment and the SIGINT/SIGTERM handlers are as they were once it returns.
+removed with it, and no process of it outlives the job. Ray starts in a thread of its own, so that Ctrl-C or SIGTERM
+never cuts its start short, and its start does not change the process: the environment and the SIGINT/SIGTERM
+handlers are as they were.
 """
 
 from __future__ import annotations
@@ -423,9 +424,9 @@ def _ray_switches(loopback: bool) -> Iterator[None]:
     """Ray's start with two of the switches Ray read when it was imported (maybe before this job) set for this
     process: the one of :data:`LOCAL_ENV` if ``loopback`` (without it Ray replaces a loopback node or cluster
     address by the machine's external one: a local cluster would listen on every interface, ``--ray
-    127.0.0.1:PORT`` would dial another address), and no C++ crash reporter in this process (it takes SIGTERM too,
-    and a SIGTERM it took during the start aborted the process, leaving the cluster behind). An unknown Ray is left
-    as it is: the node's address is checked after the start."""
+    127.0.0.1:PORT`` would dial another address), and no C++ crash reporter in this process (it takes SIGTERM too:
+    the process aborted, leaving the cluster behind). An unknown Ray is left as it is: the node's address is checked
+    after the start."""
     constants: Any = sys.modules.get("ray._private.ray_constants")
     switches = {"RAY_DISABLE_FAILURE_SIGNAL_HANDLER": True} | ({"ENABLE_RAY_CLUSTER": False} if loopback else {})
     before = {name: getattr(constants, name) for name in switches if hasattr(constants, name)}
