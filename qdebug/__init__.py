@@ -8,11 +8,19 @@ onnxruntime; UI and target backends load lazily.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 from typing import TYPE_CHECKING, Any
 
 from qdebug._version import __version__
+
+# ONNX Runtime's Linux wheels record usage events for upload to Microsoft and leave a session file in TMPDIR and a
+# device id under ~/.cache on import: a debugger of the user's models opts out unless the user chose otherwise
+# (ORT_DISABLE_TELEMETRY=0), in this process and in every worker it starts (Ray, QNN, Voila inherit it).
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+if "onnxruntime" in sys.modules and os.environ["ORT_DISABLE_TELEMETRY"] not in ("0", "false", "False"):
+    getattr(sys.modules["onnxruntime"], "disable_telemetry_events", lambda: None)()
 
 if TYPE_CHECKING:
     from qdebug.config import ConvertOverride, QuantConfig, TensorOverride

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+# before anything imports ONNX Runtime (builders does): its telemetry would write into the test's TMPDIR and ~/.cache
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 import onnx
 import pytest

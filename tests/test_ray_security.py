@@ -90,11 +90,13 @@ def test_a_local_cluster_listens_on_127_0_0_1_only_and_leaves_nothing(
     monkeypatch.setenv("HOME", str(tmp_path))  # where a Ray with token authentication leaves its token, unasked
     env, handlers = dict(os.environ), [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     seen: list[psutil.Process] = []
+    # this process's children from before (a browser test's chromium in the same session) are not the cluster's
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(JobError), connect(ClusterSpec(workers=2)) as cluster:
         assert cluster.started and cluster.workers == 2
         assert dict(os.environ) == env and [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers
         (root,) = [p for p in short_tmp.iterdir() if p.name.startswith(TEMP_PREFIX)]
-        seen = _check_listeners(ray, root)
+        seen = _check_listeners(ray, root, before)
         _check_a_second_driver(ray, digits_qdq, short_tmp, root)
         # more workers than the cluster has CPUs: refused (oversubscription is allowed only to pass the core limit)
         with pytest.raises(ClusterError, match="has 2 CPU"), connect(ClusterSpec(3, allow_oversubscribe=True)):
@@ -107,9 +109,10 @@ def test_a_local_cluster_listens_on_127_0_0_1_only_and_leaves_nothing(
     assert MARKER not in os.environ
 
 
-def _check_listeners(ray: Any, root: Path) -> list[psutil.Process]:
-    """Two workers up; every process of the cluster (this driver's descendants and every marked one) listens on
-    loopback only, and the listing is not vacuous. Returns the processes, to check they are gone afterwards."""
+def _check_listeners(ray: Any, root: Path, before: set[int]) -> list[psutil.Process]:
+    """Two workers up; every process of the cluster (this driver's descendants but those in ``before``, and every
+    marked one) listens on loopback only, and the listing is not vacuous. Returns the processes, to check they are
+    gone afterwards."""
 
     @ray.remote(num_cpus=1)
     class Probe:
@@ -118,7 +121,7 @@ def _check_listeners(ray: Any, root: Path) -> list[psutil.Process]:
 
     probes = [Probe.remote() for _ in range(2)]
     pids = ray.get([p.pid.remote() for p in probes])
-    procs = cluster_processes(psutil.Process(), str(root))
+    procs = [p for p in cluster_processes(psutil.Process(), str(root)) if p.pid not in before]
     sockets = listeners(procs)
     assert _open(sockets) == [], sockets
     names = _with_sockets(sockets)
