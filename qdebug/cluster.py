@@ -265,7 +265,8 @@ def _local(ray: Any, spec: ClusterSpec) -> Iterator[Cluster]:
             "_temp_dir": root,
             "_system_config": dict(LOCAL_SYSTEM_CONFIG),
         }
-        env = {**LOCAL_ENV, MARKER: root, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        # TMPDIR: a temporary file of a task cut short by the end of the job (Ctrl-C, SIGTERM) goes with the folder
+        env = {**LOCAL_ENV, MARKER: root, "RAY_AUTH_TOKEN": secrets.token_hex(32), "TMPDIR": root}
         try:
             with _Owner(ray, spec, init, env, loopback=True).running():
                 node = ray.util.get_node_ip_address()

@@ -212,8 +212,11 @@ def notebook_copy(dest: Path, *names: str) -> Path:
 
 
 def server_env(tmp: Path) -> dict[str, str]:
-    """Environment for a test server: its own Jupyter runtime/config dirs (no user state leaks in)."""
+    """Environment for a test server: its own Jupyter runtime/config dirs (no user state leaks in) and its own TMPDIR
+    (Voila makes its connection folder there and leaves it when the server is killed)."""
+    (tmp / "tmp").mkdir(parents=True, exist_ok=True)
     return {
+        "TMPDIR": str(tmp / "tmp"),
         "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
         "JUPYTER_CONFIG_DIR": str(tmp / "config"),
         "JUPYTER_PLATFORM_DIRS": "1",
