@@ -239,3 +239,46 @@ def test_qnn_run_searches_the_fixed_model_and_says_so(dash: Dashboard) -> None:
     app.export_button.click()
     exported = OverridesFile.load(dash.workdir / "run1" / "overrides.json")
     assert exported.target_fixes == ("qnn", fixes.changed) and exported.model_sha256 == fixes.given_sha256
+
+
+def test_sigterm_stops_qdebug_dashboard_with_143_and_nothing_left(tmp_path: Path) -> None:
+    """``kill`` (SIGTERM) on ``qdebug dashboard``: Voila and its kernels stop, the exit code is 143 with one line
+    (not Ctrl-C's 130), and nothing is left in TMPDIR (Voila's connection folder, qdebug's runtime folder)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cmd = [sys.executable, "-m", "qdebug", "dashboard", "--port", str(port), "--root", str(tmp_path)]
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while _refused(port):
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the dashboard did not listen within 120 s"
+            time.sleep(0.1)  # polling a port, not waiting for a guessed duration
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = [line for line in err.decode().splitlines() if line.startswith("qdebug:")]
+    assert (proc.returncode, lines) == (143, ["qdebug: terminated"]), err.decode()[-2000:]
+    assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+def _refused(port: int) -> bool:
+    """Nothing accepts a connection on 127.0.0.1:``port`` (yet)."""
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0

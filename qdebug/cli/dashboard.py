@@ -210,7 +210,9 @@ class Dashboard(Tool):
 def serve(cmd: list[str], env: dict[str, str]) -> int:
     """Run Voila until it exits (its exit code); Ctrl-C or SIGTERM stop it and its kernels, never an orphan."""
     proc = subprocess.Popen(cmd, env=env)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_DFL, None):  # under qdebug's main its own handler raises (exit 143): keep that one
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return proc.wait()
     except KeyboardInterrupt:
