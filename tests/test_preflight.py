@@ -72,6 +72,9 @@ def test_tracebacks_report_of_a_file_that_is_not_a_report(run_cli, d: Path, name
     path.write_bytes((d / "m.onnx").read_bytes() if content is None else content)
     r = _run_untouched(run_cli, d, "report", path, "-o", d / "out" / "r.html")
     assert_one_line_error(r, EXIT_INPUT_FILE, str(path))
+    assert "attribute" not in r.stderr and "'list'" not in r.stderr  # no Python internals in the line
+    if name == "list.json":
+        assert "its JSON is a list" in r.stderr
 
 
 def test_tracebacks_nan_labels_with_an_accuracy_goal(run_cli, d: Path) -> None:

@@ -172,14 +172,28 @@ def load_kind(load: Callable[[str], T], path: str, kind: str, hint: str) -> T:
         if str(path) in str(exc):
             raise
         detail = str(exc)
-    except (AttributeError, TypeError) as exc:  # a JSON list or string where the loader reads an object's fields
-        detail = f"its JSON is not shaped like one: {exc}"
+    except (AttributeError, TypeError):  # a JSON list or string where the loader reads an object's fields
+        detail = f"its JSON is {_json_shape(path)}, not an object with the fields of one"
     except KeyError as exc:
         detail = f"it has no {exc}"
     except ValueError as exc:  # json.JSONDecodeError among them
         detail = str(exc)
     said = detail if detail.startswith(f"not a {kind}") else f"not a {kind} ({detail})"
     raise InputFileError(f"{path}: {said}; {hint}")
+
+
+def _json_shape(path: str) -> str:
+    """What the top level of a JSON file is, in words (Python's own error text names its internals)."""
+    from qdebug.io import load_json
+
+    try:
+        doc = load_json(path)
+    except (OSError, ValueError, QDebugError):
+        return "not readable as JSON"
+    kinds = {list: "a list", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    if isinstance(doc, dict):
+        return "an object of another shape"
+    return "null" if doc is None else kinds.get(type(doc), type(doc).__name__)
 
 
 def check_promotion_type(flag: str, to: str, target: str | None) -> None:
