@@ -340,13 +340,14 @@ def load_json(path: str | Path, role: str | None = None) -> Any:
 def refuse_overwrite_input(output: str | Path, *inputs: str | Path) -> None:
     """Refuse to write over one of the user's input files."""
     for i in inputs:
-        if _same_file(Path(output), Path(i)):
+        if same_file(Path(output), Path(i)):
             raise InputFileError(f"{output}: refusing to overwrite an input file; choose another output path")
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """The same file by real path, or by inode (hard links); False when either does not exist or cannot be looked
-    up (a symbolic link loop: RuntimeError before Python 3.13)."""
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """The same file or folder by real path, or by inode (hard links); False when either does not exist or cannot be
+    looked up (a symbolic link loop: RuntimeError before Python 3.13; an overlong or NUL name)."""
+    a, b = Path(a), Path(b)
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
     except (OSError, RuntimeError, ValueError):
@@ -376,7 +377,7 @@ def output_problems(
     targets = [output, *(output.with_suffix(s) for s in derived)]
     for t in targets:
         for role, path in inputs.items():
-            if _same_file(t, path):
+            if same_file(t, path):
                 problems.append(f"{t} is the {role} {path}: refusing to overwrite an input; choose another output")
         name_problem = _name_problem(t)
         if name_problem:

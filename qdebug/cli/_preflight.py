@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from qdebug.errors import ConfigError, InputFileError, QDebugError
+from qdebug.io import same_file
 
 T = TypeVar("T")
 
@@ -27,7 +28,6 @@ __all__ = [
     "given_options",
     "load_kind",
     "output_clashes",
-    "same_path",
     "write_problem",
 ]
 
@@ -86,16 +86,6 @@ def given_options(
     return frozenset(a.dest for a, _ in saved if getattr(ns, a.dest, unset) is not unset)
 
 
-def same_path(a: Path, b: Path) -> bool:
-    """The same file or folder by real path, or by inode (hard links; only when both exist)."""
-    try:
-        if os.path.realpath(a) == os.path.realpath(b):
-            return True
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except (OSError, ValueError):  # a link loop, an overlong or NUL name: said by the checks on each path
-        return False
-
-
 def _inside(path: Path, folder: Path) -> bool:
     try:
         return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
@@ -110,7 +100,7 @@ def output_clashes(outputs: Mapping[str, Output], command: str) -> list[str]:
     problems = []
     for i, (flag_a, a) in enumerate(files):
         for flag_b, b in files[i + 1 :]:
-            if same_path(a, b):
+            if same_file(a, b):
                 problems.append(f"{flag_a} {a} and {flag_b} {b} are the same file: give each output its own path")
     for flag_f, out in outputs.items():
         if not (out.whole and out.path):

@@ -19,8 +19,9 @@ from qdebug.cli._base import (
     staged_outputs,
 )
 from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
-from qdebug.cli._preflight import Checks, Output, Unused, same_path
+from qdebug.cli._preflight import Checks, Output, Unused
 from qdebug.errors import EXIT_GATE, EXIT_OK
+from qdebug.io import same_file
 from qdebug.render.text import fmt_db, print_report, use_color
 
 DEBUG_REQUIRED = {"float_model": "--float-model/-f", "quant_model": "--quant-model/-q"}
@@ -58,10 +59,9 @@ def debug_options(args: argparse.Namespace) -> Any:
 def check_two_models(checks: Checks, float_model: str | None, quant_model: str | None) -> None:
     """The float and the quantized model are two files (by real path or hard link): one file given twice is a
     mistake that would be measured against itself."""
-    from pathlib import Path
 
     readable = checks.readable("--float-model", float_model) and checks.readable("--quant-model", quant_model)
-    if readable and same_path(Path(str(float_model)), Path(str(quant_model))):
+    if readable and same_file(str(float_model), str(quant_model)):
         checks.add(
             f"--float-model {float_model} and --quant-model {quant_model} are the same file: give the float model "
             "and its quantized (QDQ) counterpart"

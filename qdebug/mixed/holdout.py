@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdebug.io import same_file
 from qdebug.report import encode_number
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ def _layout(path: Path) -> list[tuple[str, int]]:
 def _same_bytes(a: Path, b: Path) -> bool:
     """The same file or folder (by path or inode), or the same bytes (a copy; folders: the same names and bytes)."""
     try:
-        if os.path.realpath(a) == os.path.realpath(b) or (a.exists() and b.exists() and os.path.samefile(a, b)):
+        if same_file(a, b):
             return True
         if a.is_dir() != b.is_dir() or _layout(a) != _layout(b):
             return False
