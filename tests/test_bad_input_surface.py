@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import REPO, CliResult, tree_hashes
-from test_bad_input_corpus import DATA_DEFECTS, Case, Maker, X, _assert_one_line, _listing, _write
+from test_bad_input_corpus import DATA_DEFECTS, Case, Maker, X, _assert_one_line, _listing, _npz, _write
 
 from qdebug.errors import EXIT_CLUSTER, EXIT_DATA, EXIT_INPUT_FILE, EXIT_MODEL, EXIT_OK, EXIT_USAGE
 
@@ -159,15 +159,6 @@ def _doc(name: str, edit: Callable[[dict[str, object]], object], source: str = "
         doc = json.loads((d / source).read_text(encoding="utf-8"))
         edit(doc)
         return _write(d, name, json.dumps(doc).encode())
-
-    return make
-
-
-def _npz(name: str, **arrays: np.ndarray) -> Maker:
-    def make(d: Path) -> Path:
-        p = d / name
-        np.savez(p, **arrays)  # type: ignore[arg-type]
-        return p
 
     return make
 
