@@ -142,6 +142,29 @@ def test_import_qdebug_is_light_and_ctrl_c_at_start_up_is_one_line() -> None:
         assert err.strip() == "qdebug: interrupted"
 
 
+#: Sends this process a Ctrl-C when numpy's C code imports ``datetime`` (deterministic: the sleep above only lands
+#: there by chance; there numpy turned the KeyboardInterrupt into an ImportError and a traceback).
+_CTRL_C_INSIDE_NUMPY = """
+import os, signal, sys
+class Kick:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("datetime", "_datetime") and "numpy" in sys.modules:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, Kick())
+from qdebug._entry import console_main
+sys.argv = ["qdebug", "--version"]
+console_main()
+"""
+
+
+def test_ctrl_c_inside_a_c_extensions_import_is_one_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_INSIDE_NUMPY], capture_output=True, text=True, cwd=REPO, check=False, timeout=120
+    )
+    assert (proc.returncode, proc.stderr.strip()) == (130, "qdebug: interrupted"), proc.stderr[-1500:]
+
+
 def test_sigterm_mid_search_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     """``kill`` (a CI job's timeout) during a search: the temporary working folder goes, no output is half-written,
     one line says so, exit 143."""
