@@ -118,22 +118,18 @@ def parse_address(address: str, source: str = "the Ray address") -> tuple[str, i
     if not 1 <= port <= 65535:
         raise ConfigError(f"{source} {address!r}: port {port} is not in 1..65535")
     host = match["v6"] or match["host"]
-    if not (_is_ipv6(host) if match["v6"] else _is_ipv4(host) or (len(host) <= 253 and _HOSTNAME.fullmatch(host))):
+    if not (
+        _is_ip(host, ipaddress.IPv6Address)
+        if match["v6"]
+        else _is_ip(host, ipaddress.IPv4Address) or (len(host) <= 253 and _HOSTNAME.fullmatch(host))
+    ):
         raise ConfigError(f"{source} {address!r}: {host!r} is not a host name or an IP address")
     return host, port
 
 
-def _is_ipv4(host: str) -> bool:
+def _is_ip(host: str, kind: type[ipaddress.IPv4Address] | type[ipaddress.IPv6Address]) -> bool:
     try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        ipaddress.IPv6Address(host)
+        kind(host)
     except ValueError:
         return False
     return True
