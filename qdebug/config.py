@@ -196,6 +196,10 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_names(v: Any) -> bool:
+    return isinstance(v, list | tuple) and all(isinstance(e, str) and e for e in v)
+
+
 def _is_overrides(v: Any) -> bool:
     return v is None or (isinstance(v, Mapping) and all(isinstance(e, Mapping | list) for e in v.values()))
 
@@ -213,6 +217,7 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
     "synthetic_distribution": (_is_str, "a distribution name"),
     "target": (_is_str, "a target name"),
     "tensor_overrides": (_is_overrides, "an object of tensor name -> list of override objects"),
+    "nodes_to_exclude": (_is_names, "a list of node names"),
 }
 
 
@@ -236,9 +241,12 @@ class QuantConfig:
     synthetic_distribution: str = "uniform"
     target: str = "cpu"
     tensor_overrides: Overrides = field(default_factory=tuple)
+    #: nodes ORT leaves in float (its ``nodes_to_exclude``): a float fallback, e.g. an attention mask's path
+    nodes_to_exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activation_type", normalize_quant_type(self.activation_type))
+        object.__setattr__(self, "nodes_to_exclude", tuple(sorted(set(self.nodes_to_exclude))))
         object.__setattr__(self, "weight_type", normalize_quant_type(self.weight_type))
         if isinstance(self.tensor_overrides, Mapping):
             object.__setattr__(self, "tensor_overrides", make_overrides(self.tensor_overrides))
@@ -288,6 +296,10 @@ class QuantConfig:
         """JSON-ready dict with ``schema_version``."""
         d = asdict(self)
         d["tensor_overrides"] = {n: [e.to_dict() for e in es] for n, es in self.tensor_overrides}
+        if self.nodes_to_exclude:  # absent when empty: configs written before the field read the same
+            d["nodes_to_exclude"] = list(self.nodes_to_exclude)
+        else:
+            d.pop("nodes_to_exclude")
         d["schema_version"] = SCHEMA_VERSION
         return d
 
@@ -314,6 +326,8 @@ class QuantConfig:
             raise ConfigError("invalid quantization config: " + "; ".join(wrong))
         if "tensor_overrides" in data:
             data["tensor_overrides"] = make_overrides(data["tensor_overrides"] or {})
+        if "nodes_to_exclude" in data:
+            data["nodes_to_exclude"] = tuple(data["nodes_to_exclude"])
         return cls(**data)
 
     def to_json(self) -> str:

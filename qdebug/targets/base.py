@@ -507,7 +507,10 @@ def validate_config(config: QuantConfig) -> QuantConfig:
 
 def to_ort_config(config: QuantConfig, model: str | Path | onnx.ModelProto, reader: Any) -> Any:
     """ONNX Runtime's ``StaticQuantConfig`` for ``config``, by its target's recipe (validated first)."""
-    return get_target(validate_config(config).target).ort_config(config, model, reader)
+    cfg = get_target(validate_config(config).target).ort_config(config, model, reader)
+    if config.nodes_to_exclude:  # a float fallback is the same request on every target's recipe
+        cfg.nodes_to_exclude = sorted({*(cfg.nodes_to_exclude or []), *config.nodes_to_exclude})
+    return cfg
 
 
 class TargetBase:
