@@ -16,6 +16,7 @@ EXIT_DATA = 5
 EXIT_MISSING_EXTRA = 6
 EXIT_TARGET = 7
 EXIT_CLUSTER = 8
+EXIT_PTQ = 9
 EXIT_GATE = 10
 
 EXIT_CODES: dict[int, str] = {
@@ -28,6 +29,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_MISSING_EXTRA: "an optional dependency is not installed (the message names the pip extra)",
     EXIT_TARGET: "a target backend (QNN, Deeploy) failed",
     EXIT_CLUSTER: "the Ray cluster could not be started or reached, or its workers kept failing",
+    EXIT_PTQ: "a third-party PTQ library (NNCF, AMD Quark) is missing its environment or failed on the model",
     EXIT_GATE: "a quality gate failed (e.g. --fail-below)",
 }
 
@@ -101,3 +103,9 @@ class QualityGateError(QDebugError):
     """A user-requested quality threshold was not met."""
 
     exit_code = EXIT_GATE
+
+
+class PtqError(QDebugError):
+    """A third-party PTQ library (NNCF, AMD Quark) is not set up, or failed on a model."""
+
+    exit_code = EXIT_PTQ

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -25,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from qdebug._venv import VenvSpec, default_venv_dir, ensure_venv, env_python, run_worker, tail, venv_status
 from qdebug.errors import ConfigError, InputFileError, TargetError
 from qdebug.io import atomic_write_text
 
@@ -46,39 +45,27 @@ PLATFORMS = ("Generic", "Siracusa", "PULPOpen")
 ENV_VAR = "QDEBUG_DEEPLOY_ENV"
 SCHEMA_VERSION = 1
 
-_MARKER = ".qdebug-deeploy"  # written last: its presence (with the version) means the install completed
 _WORKER = Path(__file__).with_name("_deeploy_worker.py")
 _RESULT_PREFIX = "QDEBUG_DEEPLOY_RESULT "
-_REPO = Path(__file__).resolve().parents[2]
+#: The environment: its marker (written last: its presence with the version means the install completed).
+_SPEC = VenvSpec(
+    label="Deeploy",
+    stamp=DEEPLOY_VERSION,
+    installs=((f"deeploy-pulp=={DEEPLOY_VERSION}",),),
+    check="import Deeploy.DeeployTypes, onnx_graphsurgeon",
+    marker=".qdebug-deeploy",
+    env_var=ENV_VAR,
+    checkout_dir=".venv-deeploy",
+    cache_dir=f"deeploy-{DEEPLOY_VERSION}",
+    make_target="make deeploy-env",
+    cost="~75 s, ~410 MB",
+)
 
 
 def default_env_dir() -> Path:
     """Where the Deeploy environment lives: ``$QDEBUG_DEEPLOY_ENV``, else ``<repo>/.venv-deeploy`` when qdebug
     runs from its source tree, else ``~/.cache/qdebug/deeploy-<version>``."""
-    override = os.environ.get(ENV_VAR, "").strip()
-    if override:
-        return Path(override).expanduser()
-    if (_REPO / "pyproject.toml").is_file() and (_REPO / "qdebug").is_dir():
-        return _REPO / ".venv-deeploy"
-    return Path.home() / ".cache" / "qdebug" / f"deeploy-{DEEPLOY_VERSION}"
-
-
-def env_python(env_dir: Path) -> Path:
-    """The interpreter of a virtual environment."""
-    return env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
-def _env_complete(env_dir: Path) -> bool:
-    marker = env_dir / _MARKER
-    try:
-        ok = marker.read_text(encoding="utf-8").strip() == DEEPLOY_VERSION
-    except OSError:
-        return False
-    return ok and env_python(env_dir).exists()
-
-
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+    return default_venv_dir(_SPEC)
 
 
 def ensure_env(env_dir: str | Path | None = None, *, python: str | Path | None = None) -> Path:
@@ -90,71 +77,13 @@ def ensure_env(env_dir: str | Path | None = None, *, python: str | Path | None =
     version) is rebuilt. ``python`` is the interpreter to create it with (default: the running one).
     Raises :class:`TargetError` with the tail of pip's output when the install fails.
     """
-    target = Path(env_dir) if env_dir is not None else default_env_dir()
-    target = target.expanduser().absolute()
-    if _env_complete(target):
-        return env_python(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    base = str(python) if python is not None else sys.executable
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        steps = [
-            [base, "-m", "venv", str(tmp)],
-            [
-                str(env_python(tmp)),
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                f"deeploy-pulp=={DEEPLOY_VERSION}",
-            ],
-        ]
-        for cmd in steps:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise TargetError(
-                    f"creating the Deeploy environment failed ({' '.join(cmd[-3:])}, exit code {proc.returncode}):\n"
-                    + _tail(proc.stdout + "\n" + proc.stderr)
-                )
-        check = subprocess.run(
-            [str(env_python(tmp)), "-c", "import Deeploy.DeeployTypes, onnx_graphsurgeon"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if check.returncode != 0:
-            raise TargetError("the new Deeploy environment cannot import Deeploy:\n" + _tail(check.stderr))
-        (tmp / _MARKER).write_text(DEEPLOY_VERSION + "\n", encoding="utf-8")
-        if _env_complete(target):  # another process finished first: keep its environment
-            shutil.rmtree(tmp, ignore_errors=True)
-            return env_python(target)
-        if target.exists() or target.is_symlink():
-            # An incomplete environment: move it aside first so the rename below cannot fail half-way.
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-            os.replace(target, old / "env")
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    # A venv records its own path in its scripts (pip, activate), which now point at the temporary folder;
-    # qdebug only runs `bin/python`, which works from anywhere.
-    return env_python(target)
+    return ensure_venv(_SPEC, env_dir, python=python, error=TargetError)
 
 
 def deeploy_available(env_dir: str | Path | None = None) -> tuple[bool, str]:
     """(usable here, a short description or why not); never raises and never creates the environment."""
-    try:
-        target = Path(env_dir) if env_dir is not None else default_env_dir()
-        if _env_complete(target):
-            return True, f"deeploy-pulp {DEEPLOY_VERSION} in {target}"
-        if target.exists():
-            return False, f"the Deeploy environment {target} is incomplete (run `make deeploy-env` to rebuild it)"
-        return False, f"no Deeploy environment at {target} (create it with `make deeploy-env`, ~75 s, ~410 MB)"
-    except Exception as exc:  # e.g. an unreadable home folder
-        return False, f"the Deeploy environment is unusable: {type(exc).__name__}: {exc}"
+    ok, why = venv_status(_SPEC, env_dir)
+    return ok, (f"deeploy-pulp {why}" if ok else why)
 
 
 @dataclass(frozen=True)
@@ -329,30 +258,10 @@ def _run_worker(py: Path, request: dict[str, Any], staging: Path, timeout_s: flo
     request["out_dir"] = str(staging / "out")
     request_path = staging / "request.json"
     request_path.write_text(json.dumps(request), encoding="utf-8")
-    try:
-        proc = subprocess.run(
-            [str(py), str(_WORKER), str(request_path)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-            cwd=staging,
-            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
-        )
-    except subprocess.TimeoutExpired as exc:  # run() has killed the worker
-        log = _decode(exc.stdout) + _decode(exc.stderr)
-        return {"ok": False, "error": f"Deeploy did not finish within {timeout_s:g} s (worker stopped)"}, log
-    log = proc.stdout + ("\n--- stderr ---\n" + proc.stderr if proc.stderr else "")
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(_RESULT_PREFIX):
-            record: dict[str, Any] = json.loads(line[len(_RESULT_PREFIX) :])
-            return record, log
-    error = f"the Deeploy worker died (exit code {proc.returncode}) without a result; log tail:\n{_tail(log)}"
-    return {"ok": False, "error": error}, log
-
-
-def _decode(data: bytes | str | None) -> str:
-    if data is None:
-        return ""
-    return data if isinstance(data, str) else data.decode("utf-8", "replace")
+    run = run_worker(py, _WORKER, [str(request_path)], prefix=_RESULT_PREFIX, timeout_s=timeout_s, cwd=staging)
+    if run.timed_out:  # run_worker has killed the worker
+        return {"ok": False, "error": f"Deeploy did not finish within {timeout_s:g} s (worker stopped)"}, run.log
+    if run.record is not None:
+        return run.record, run.log
+    error = f"the Deeploy worker died (exit code {run.returncode}) without a result; log tail:\n{tail(run.log)}"
+    return {"ok": False, "error": error}, run.log
