@@ -7,7 +7,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,9 @@ from qdebug.report import (
     Summaries,
     WeightResult,
 )
+from qdebug.task_measure import labels_for, task_state
+from qdebug.task_metrics import AUTO as AUTO_METRIC
+from qdebug.task_metrics import MetricSpec, TaskMetric, TaskScore, load_metric, pick_metric
 
 ModelLike = str | Path | onnx.ModelProto
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
@@ -78,6 +81,11 @@ class DebugOptions:
     numpy, compiled, auto's; checked on the first batch, sums still per sample, equal to unbatched ones up to
     rounding; :mod:`qdebug.capture.batching`); ``1`` one sample per call; ``None``, the default: ``auto`` batches
     up to :data:`~qdebug.capture.auto.AUTO_BATCH` samples when the model's inputs have a batch axis.
+    ``task_metric`` adds the task metric's score against the float model to the report (``report.task``): a built-in
+    name, ``"auto"`` (chosen from the float model's outputs), ``"module:function"``, a per-sample callable or a
+    :class:`~qdebug.task_metrics.TaskMetric` (:func:`~qdebug.task_metrics.load_metric`; loaded, and so checked, on
+    construction; ``"auto"`` once the model is read). Its labels, when it reads any, are the ``task_label_key``
+    array of an ``.npz`` ``data`` (never a model input). It runs both models once more, outputs only.
     """
 
     num_samples: int | None = None
@@ -90,9 +98,16 @@ class DebugOptions:
     metrics: tuple[str, ...] | None = None
     batch: int | None = None
     cluster: ClusterSpec | None = None
+    task_metric: MetricSpec | None = None
+    task_label_key: str = "label"
 
     def __post_init__(self) -> None:
         problems = []
+        if self.task_metric is not None and self.task_metric != AUTO_METRIC:
+            try:  # loaded once, here: a spec that cannot be loaded is said before any work
+                object.__setattr__(self, "task_metric", load_metric(self.task_metric))
+            except ConfigError as exc:
+                problems.append(str(exc))
         if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
             problems.append(f"num_samples must be a positive integer, got {self.num_samples!r}")
         if self.distribution not in ("uniform", "normal"):
@@ -381,6 +396,34 @@ def _capture(
         )
 
 
+def _with_metric(opts: DebugOptions, metric: MetricSpec | None) -> DebugOptions:
+    """``opts`` with ``debug(..., metric=...)`` as its task metric (given in both places: a :class:`ConfigError`)."""
+    if metric is None:
+        return opts
+    if opts.task_metric is not None:
+        raise ConfigError("the task metric is given twice: as metric= and as options.task_metric")
+    return replace(opts, task_metric=metric)
+
+
+def _task(
+    fm: onnx.ModelProto, qm: onnx.ModelProto, source: DataSource, data: DataLike, opts: DebugOptions
+) -> tuple[TaskScore | None, str | None]:
+    """The report's task score, and a warning: ``(None, None)`` without a task metric; ``(None, why)`` when ``auto``
+    finds no built-in that fits the float model's outputs."""
+    spec = opts.task_metric
+    if spec is None:
+        return None, None
+    metric: TaskMetric | None
+    if spec == AUTO_METRIC:
+        metric, why = pick_metric(fm)
+        if metric is None:
+            return None, f"task metric auto: none fits ({why}); name one with metric="
+    else:
+        metric = load_metric(spec)
+    labels = labels_for(data, opts.task_label_key, len(source), metric.needs_labels)
+    return metric.score(task_state(fm, qm, source, metric, labels)), None
+
+
 def debug(
     float_model: ModelLike,
     quant_model: ModelLike,
@@ -389,15 +432,18 @@ def debug(
     *,
     progress: ProgressFn | None = None,
     weight_cache: WeightCache | None = None,
+    metric: MetricSpec | None = None,
 ) -> DebugReport:
     """Compare a float model with its QDQ-quantized counterpart on the same samples.
 
     Returns local, cumulative, weight and output SQNR per tensor (and every selected registered metric).
     ``data`` is an ``.npz`` path, a folder of them, a mapping of arrays, a :class:`~qdebug.data.DataSource`, or
     ``None`` for seeded synthetic inputs. Memory stays flat in the number of samples. ``weight_cache``: weight
-    results of earlier passes to reuse where nothing they depend on changed (:class:`WeightCache`).
+    results of earlier passes to reuse where nothing they depend on changed (:class:`WeightCache`). ``metric``: a
+    task metric whose score against the float model the report carries (``report.task``; the same as
+    :attr:`DebugOptions.task_metric`).
     """
-    opts = options or DebugOptions()
+    opts = _with_metric(options or DebugOptions(), metric)
     t0 = time.perf_counter()
     fm, f_path, f_sha = _load(float_model, "float model")
     qm, q_path, q_sha = _load(quant_model, "quantized model")
@@ -412,10 +458,11 @@ def debug(
         seed=opts.seed,
         distribution=opts.distribution,
         input_shapes=opts.input_shapes,
-        ignore=opts.ignore_data_keys,
+        ignore=(*opts.ignore_data_keys, *((opts.task_label_key,) if opts.task_metric is not None else ())),
     )
     try:
         cap = _capture(fm, qm, pairing, source, opts, progress)
+        task, task_note = _task(fm, qm, source, data, opts)
     except ModelError as exc:  # the engine sees protos only: name the files here
         raise _named(exc, f_path, q_path) from exc
     streaming = opts.selected(STREAMING_METRICS)
@@ -428,7 +475,7 @@ def debug(
         weight=Summary.of([w.weight_sqnr_db for w in weights]),
         output=Summary.of([o.cumulative_sqnr_db for o in outputs]),
     )
-    warnings = [*pairing.warnings, *qdq_parameter_problems(qm)]
+    warnings = [*pairing.warnings, *qdq_parameter_problems(qm), *filter(None, [task_note])]
     flagged = [a.tensor_name for a in activations if a.flagged]
     if flagged:
         warnings.append(f"{len(flagged)} tensor(s) hold NaN/Inf, first: {flagged[0]!r}")
@@ -441,4 +488,5 @@ def debug(
         per_sample=PerSample(tuple(a.tensor_name for a in pairing.activations), cap.per_sample),
         per_sample_outputs=PerSample(tuple(o.output_name for o in pairing.outputs), cap.per_sample_outputs),
         meta=meta,
+        task=task,
     )

@@ -2,12 +2,13 @@
 
 ``DebugReport.to_dict()`` has the shape::
 
-    {"schema_version": 3,
+    {"schema_version": 4,
      "activations":   [{"tensor_name", "local_sqnr_db", "cumulative_sqnr_db", ...}],
      "weights":       [{"weight_name", "weight_sqnr_db", ...}],
      "model_outputs": [{"output_name", "cumulative_sqnr_db", ...}],
      "summary": {"local"|"cumulative"|"weight"|"output": {"count", "mean", "std", "min", "max", ...}},
-     "per_sample": {...}, "meta": {...}}
+     "per_sample": {...}, "meta": {...},
+     "task": null | {"metric", "value", "samples", "per_output", ...}}
 
 +inf (identical tensors) is written as the string ``"inf"``; undefined values as ``null`` with the reason
 in the matching ``*_status`` field.
@@ -28,14 +29,16 @@ import numpy as np
 from qdebug.errors import InputFileError
 from qdebug.io import atomic_write_text, parse_json, read_input_text
 from qdebug.metrics import SqnrStatus, Summary
+from qdebug.task_metrics import TaskScore
 
 if TYPE_CHECKING:
     import pandas as pd
 
 #: 2: per-result ``metrics`` and ``meta.capture`` (version-1 reports, which have neither, are still read).
 #: 3: the target check's per-tensor divergence (excess-noise ratio, starts, op types; docs/qnn.md)
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+#: 4: the task metric's score (``task``: docs/metrics.md, "Task metrics"; ``null`` in older reports)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 T = TypeVar("T")
 
 
@@ -412,6 +415,8 @@ class DebugReport:
     per_sample_outputs: PerSample
     meta: ReportMeta
     target_accuracy: TargetAccuracy | None = None
+    #: the task metric's score against the float model (``debug(..., metric=...)``); ``None``: none was asked
+    task: TaskScore | None = None
 
     def with_target_accuracy(self, acc: TargetAccuracy) -> DebugReport:
         """A copy carrying a target's accuracy (e.g. the HTP simulator's), for the views."""
@@ -473,6 +478,7 @@ class DebugReport:
             "per_sample_outputs": self.per_sample_outputs.to_dict(),
             "meta": asdict(self.meta),
             "target_accuracy": None if self.target_accuracy is None else self.target_accuracy.to_dict(),
+            "task": None if self.task is None else self.task.to_dict(),
         }
 
     @classmethod
@@ -496,6 +502,7 @@ class DebugReport:
             target_accuracy=None
             if d.get("target_accuracy") is None
             else TargetAccuracy.from_dict(d["target_accuracy"]),
+            task=None if d.get("task") is None else TaskScore.from_dict(d["task"]),
         )
 
     def to_json(self, indent: int | None = 2) -> str:

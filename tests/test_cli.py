@@ -90,7 +90,7 @@ def test_debug_json_schema(pair: tuple[Path, Path], run_cli) -> None:
     r = run_cli("debug", "-f", f, "-q", q, "--samples", "3", "--json")
     assert r.code == 0, r.stderr
     d = json.loads(r.out, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
-    assert d["schema_version"] == 3  # the debug report (qdebug.report.SCHEMA_VERSION)
+    assert d["schema_version"] == 4  # the debug report (qdebug.report.SCHEMA_VERSION)
     assert {"activations", "weights", "model_outputs", "summary"} <= set(d)
     assert len(d["activations"]) == 7 and len(d["weights"]) == 6 and len(d["model_outputs"]) == 1
     for a in d["activations"]:

@@ -123,7 +123,7 @@ def test_real_report_round_trip_and_strict_json(tmp_path: Path) -> None:
     text = rep.to_json()
     d = _strict(text)
     assert "Infinity" not in text and "NaN" not in text
-    assert d["schema_version"] == 3  # 3: target divergence; 2: metrics and meta.capture (1 and 2 are still read)
+    assert d["schema_version"] == 4  # 4: task score; 3: target divergence; 2: metrics, meta.capture (all still read)
     _assert_equal(DebugReport.from_json(text), rep)
     assert DebugReport.from_dict(d).activation("diff").cumulative_sqnr_db is None
 

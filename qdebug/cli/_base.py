@@ -311,6 +311,39 @@ def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]
     add_scale_out(p)
 
 
+def add_metric(p: argparse.ArgumentParser, what: str) -> None:
+    """``--metric NAME|module:function`` and ``--label-key``: a task metric (docs/metrics.md, "Task metrics")."""
+    p.add_argument(
+        "--metric",
+        metavar="NAME|MODULE:FUNCTION",
+        help=f"{what}: a task metric against the float model — top1, cosine, sequence, top1_accuracy (labels), auto "
+        "(picked from the float model's outputs; NAME@OUTPUT limits one to an output), or module:function, your "
+        "function(float_outputs, quant_outputs[, label]) -> float per sample, imported with the current folder "
+        "on the import path",
+    )
+    p.add_argument(
+        "--label-key",
+        default="label",
+        help="with --metric: the label array of the .npz data (default 'label'; never read as a model input)",
+    )
+
+
+def task_metric(args: argparse.Namespace) -> Any:
+    """``--metric`` loaded (:func:`~qdebug.task_metrics.load_metric`; ``auto`` kept as the word: it needs the float
+    model), ``None`` when not given. A ``module:function`` is imported with the current folder on the import path,
+    as ``python -m`` would (the console script's own path does not hold it)."""
+    spec = getattr(args, "metric", None)
+    if spec is None:
+        return None
+    from qdebug.task_metrics import AUTO, load_metric
+
+    if spec.strip() == AUTO:
+        return AUTO
+    if ":" in spec and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return load_metric(spec)
+
+
 def add_scale_out(p: argparse.ArgumentParser) -> None:
     """``--workers`` / ``--allow-oversubscribe`` / ``--ray``: run the sample-parallel work on a Ray cluster
     (docs/scale.md)."""

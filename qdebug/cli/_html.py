@@ -38,8 +38,10 @@ def run_diagnostics(report: Any, args: argparse.Namespace) -> Any:
     synthetic = {
         k: getattr(args, a) for k, a in (("seed", "seed"), ("distribution", "distribution")) if hasattr(args, a)
     }
-    if getattr(args, "ignore_key", None):
-        synthetic["ignore"] = tuple(args.ignore_key)
+    # the task metric's label array is never a model input (the debug run ignored it too)
+    ignore = [*(getattr(args, "ignore_key", None) or []), *([args.label_key] if getattr(args, "metric", None) else [])]
+    if ignore:
+        synthetic["ignore"] = tuple(ignore)
     samples = args.stats_samples
     if args.data is None and getattr(args, "samples", None):  # synthetic: the debug run's samples, no more
         samples = min(samples, args.samples)

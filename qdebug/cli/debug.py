@@ -10,6 +10,7 @@ from qdebug.cli._base import (
     Tool,
     add_debug_inputs,
     add_json,
+    add_metric,
     add_output,
     cluster_spec,
     finite_number,
@@ -17,6 +18,7 @@ from qdebug.cli._base import (
     positive_int,
     say,
     staged_outputs,
+    task_metric,
 )
 from qdebug.cli._html import add_html, add_stats_samples, require_html, run_diagnostics, write_html
 from qdebug.cli._preflight import Checks, Output, Unused
@@ -53,6 +55,8 @@ def debug_options(args: argparse.Namespace) -> Any:
         capture=args.capture,
         batch=args.batch,
         cluster=cluster_spec(args),
+        task_metric=task_metric(args),
+        task_label_key=getattr(args, "label_key", "label"),
     )
 
 
@@ -86,6 +90,20 @@ def check_debug_args(args: argparse.Namespace, checks: Checks) -> None:
     ])  # fmt: skip
     if not counts:
         checks.run(debug_options, args)
+
+
+def check_metric(args: argparse.Namespace, checks: Checks) -> None:
+    """``--label-key`` only with ``--metric``; a metric on labels needs one labelled ``.npz`` as ``--data`` (the
+    metric itself is loaded, and so checked, with the debug options)."""
+    checks.unused([Unused("label_key", "--label-key", args.metric is not None, "without --metric (it names the "
+                          "labels a task metric reads)")])  # fmt: skip
+    metric = checks.run(task_metric, args) if args.metric is not None else None
+    if getattr(metric, "needs_labels", False) and checks.readable("--data", args.data):
+        from qdebug.task_measure import labels_for
+
+        checks.run(labels_for, args.data, args.label_key, 0, True)
+    elif getattr(metric, "needs_labels", False) and args.data is None:
+        checks.add(f"--metric {args.metric} scores labels: give --data, a labelled .npz (array {args.label_key!r})")
 
 
 def check_stats_samples(args: argparse.Namespace, checks: Checks, used: bool, why: str) -> None:
@@ -131,6 +149,7 @@ class Debug(Tool):
         )
         add_html(parser)
         add_stats_samples(parser)
+        add_metric(parser, "also score the task")
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
         """Both models and the data."""
@@ -154,6 +173,7 @@ class Debug(Tool):
         ])  # fmt: skip
         if args.html:
             checks.run(require_html)
+        check_metric(args, checks)
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Debug, write the report and the HTML report (both or neither), print the tables (or JSON), apply the
@@ -193,6 +213,7 @@ __all__ = [
     "Debug",
     "capture_backends",
     "check_debug_args",
+    "check_metric",
     "check_stats_samples",
     "check_two_models",
     "debug_inputs",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 from qdebug.render.bands import ANSI, ANSI_RESET, band_of
+from qdebug.task_metrics import TaskScore
 
-__all__ = ["fmt_bytes", "fmt_db", "fmt_db_text", "fmt_pct"]
+__all__ = ["fmt_bytes", "fmt_db", "fmt_db_text", "fmt_pct", "fmt_task", "fmt_task_detail"]
 
 
 def fmt_db(v: float | None, status: str = "ok", color: bool = False) -> str:
@@ -42,3 +43,19 @@ def fmt_pct(v: float | None, digits: int = 2, missing: str = "-") -> str:
 def fmt_bytes(n: int) -> str:
     """A size in KiB or MiB."""
     return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+
+def fmt_task(score: TaskScore) -> str:
+    """A task score in one line: ``"task metric top1: 0.9844 (higher is better; 64 samples)"``."""
+    value = "undefined" if score.value is None else f"{score.value:.4f}"
+    better = "higher" if score.higher_is_better else "lower"
+    return f"task metric {score.metric}: {value} ({better} is better; {score.samples} samples)"
+
+
+def fmt_task_detail(score: TaskScore) -> list[str]:
+    """A task score's per-output figures, one line per output (``[]`` when it has none)."""
+    lines = []
+    for output, figures in score.per_output.items():
+        parts = [f"{k.replace('_', ' ')} {v:.4g}" for k, v in figures.items()]
+        lines.append(f"{output}: {', '.join(parts)}")
+    return lines

@@ -38,7 +38,7 @@ from qdebug._lazy import LazyModule
 from qdebug.io import atomic_write_text
 from qdebug.mixed.gains import MeasuredGains
 from qdebug.render.bands import SQNR_HIGH, SQNR_LOW, Band, band_of, sqnr_color
-from qdebug.render.fmt import fmt_db_text
+from qdebug.render.fmt import fmt_db_text, fmt_task
 from qdebug.report import DebugReport, SqnrKind
 
 if TYPE_CHECKING:
@@ -163,6 +163,8 @@ def _verdict(
         f"(signal-to-noise: above {SQNR_HIGH:g} dB is good, {SQNR_LOW:g}–{SQNR_HIGH:g} dB marginal, below "
         f"{SQNR_LOW:g} dB bad; every 6 dB is one bit of precision)."
     ]
+    if report.task is not None:  # the user's task beside the SQNR: whether the answer changed
+        lines.append(f"The {_e(fmt_task(report.task))}.")
     target = _target_line(report, manifest)
     if target is not None:
         lines.append(target)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from qdebug.render.bands import ANSI, ANSI_RESET, Band
-from qdebug.render.fmt import fmt_db, fmt_db_text, fmt_pct, fmt_ratio
+from qdebug.render.fmt import fmt_db, fmt_db_text, fmt_pct, fmt_ratio, fmt_task, fmt_task_detail
 from qdebug.report import SqnrKind
 
 __all__ = [
@@ -184,6 +184,8 @@ def print_report(report: Any, out: TextIO, top: int = 10, color: bool = False) -
     if line:
         print(line, file=out)
     _OUTPUTS.print(report.model_outputs, report.summary.output, out, color)
+    if report.task is not None:
+        print("\n".join([fmt_task(report.task), *(f"  {line}" for line in fmt_task_detail(report.task))]), file=out)
     for kind, spec in worst_tables(top):
         spec.print(report.worst(kind, top), getattr(report.summary, spec.summary), out, color)
     flagged = [a.tensor_name for a in report.activations if a.flagged]
