@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
-.PHONY: demo test lint typecheck unit install install-dev browser gcc deeploy-env bench bench-ui corpus corpus-ci corpus-test \
+.PHONY: demo test lint typecheck unit install install-dev browser gcc deeploy-env ptq-env ptq-env-quark bench bench-ui corpus corpus-ci corpus-test \
 	corpus-data gauntlet gauntlet-ci dashboard screenshots clean
 
 $(BIN)/python:
@@ -49,6 +49,14 @@ gcc:
 deeploy-env: $(VENV)/.installed
 	$(BIN)/python -c "from qdebug.targets.deeploy_env import ensure_env; print(ensure_env())"
 
+# The PTQ libraries' own environments (docs/ptq.md): NNCF's (~30 s, ~450 MB; tests/test_ptq.py runs it) and AMD
+# Quark's (torch 2.13.0 CPU + onnxruntime 1.28: ~70 s, ~1.8 GB; only benchmarks/bench_fix.py uses it).
+ptq-env: $(VENV)/.installed
+	$(BIN)/python -c "from qdebug.ptq import ensure_ptq_env; print(ensure_ptq_env('nncf'))"
+
+ptq-env-quark: $(VENV)/.installed
+	$(BIN)/python -c "from qdebug.ptq import ensure_ptq_env; print(ensure_ptq_env('quark'))"
+
 # ruff (incl. the complexity limits), the layer contracts of docs/architecture.md (import-linter), function length.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check qdebug widgets tests benchmarks sample_models setup.py
@@ -64,7 +72,7 @@ typecheck: $(VENV)/.installed-dev
 unit: $(VENV)/.installed-dev corpus-test
 	$(BIN)/pytest -q
 
-test: $(VENV)/.installed-dev browser gcc deeploy-env corpus-test lint typecheck unit
+test: $(VENV)/.installed-dev browser gcc deeploy-env ptq-env corpus-test lint typecheck unit
 
 # The no-code dashboard (Voila) on 127.0.0.1 only; PORT=... to change the port. docs/ui.md is the user guide.
 PORT ?= 8866

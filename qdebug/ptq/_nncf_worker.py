@@ -18,6 +18,8 @@ import traceback
 from typing import Any
 
 RESULT_PREFIX = "QDEBUG_PTQ_RESULT "
+#: A library's error message is cut here: the caller shows it on one line.
+_MESSAGE_CHARS = 400
 
 
 def _import_nncf() -> Any:
@@ -26,6 +28,12 @@ def _import_nncf() -> Any:
     ``~/intel`` and send usage events, never runs."""
     sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # None: "not importable", by Python's rule
     return importlib.import_module("nncf")
+
+
+def _version() -> str:
+    """NNCF's version, without importing it when it is not loaded yet (also after a failed import)."""
+    nncf = sys.modules.get("nncf")
+    return str(getattr(nncf, "__version__", "")) if nncf is not None else ""
 
 
 def _samples(npz_path: str) -> list[dict[str, Any]]:
@@ -81,8 +89,8 @@ def main(argv: list[str]) -> int:
         record = quantize(request)
     except Exception as exc:
         traceback.print_exc()
-        message = str(exc).strip().splitlines()
-        record = {"ok": False, "error": f"{type(exc).__name__}: {message[0] if message else ''}".rstrip(": ")}
+        message = " ".join(str(exc).split())[:_MESSAGE_CHARS]
+        record = {"ok": False, "error": f"{type(exc).__name__}: {message}".rstrip(": "), "version": _version()}
     sys.stdout.flush()
     print(RESULT_PREFIX + json.dumps(record), flush=True)
     return 0

@@ -25,9 +25,10 @@ class PtqRecipe:
 
     NNCF's worker reads ``preset`` ("performance" | "mixed"), ``model_type`` ("transformer"),
     ``fast_bias_correction`` (bool; ``False`` runs the full BiasCorrection) and ``smooth_quant_alpha``; Quark's
-    reads ``config`` (a name of ``quark.onnx``'s default configurations), ``per_channel`` (bool),
-    ``calibrate_method`` ("minmax" | "percentile" | "minmse" | ...), ``cle`` (bool), ``adaround`` (bool) and
-    ``adaround_steps`` (int).
+    reads ``scale`` ("float" | "pow2"), ``calibrate_method`` ("minmax" | "percentile" | "minmse" | "entropy"),
+    ``per_channel`` (weights; default true), ``cle`` (bool), ``smooth_quant_alpha``, ``adaround`` (bool) and
+    ``adaround_steps`` (int). Quark's activation and weight types are ``run_ptq``'s (its own A8W8/XINT8
+    configurations use int8 activations: pass ``activation_type="int8"`` for those exactly).
     """
 
     library: PtqLibrary
@@ -86,25 +87,26 @@ RECIPES: Mapping[str, PtqRecipe] = _recipes(
         "NNCF, mixed preset with the full (not fast) BiasCorrection; fails on many models",
         {"preset": "mixed", "fast_bias_correction": False},
     ),
-    PtqRecipe(_QUARK, "quark-xint8", "AMD Quark XINT8: power-of-two scales, symmetric int8", {"config": "XINT8"}),
-    PtqRecipe(_QUARK, "quark-a8w8", "AMD Quark A8W8: symmetric int8 activations and weights", {"config": "A8W8"}),
     PtqRecipe(
         _QUARK,
-        "quark-cle",
-        "AMD Quark A8W8 after cross-layer equalization",
-        {"config": "A8W8", "cle": True},
+        "quark-xint8",
+        "AMD Quark XINT8-style: power-of-two scales, MinMSE activation calibration, per-tensor (as Quark requires)",
+        {"scale": "pow2", "calibrate_method": "minmse", "per_channel": False},
     ),
     PtqRecipe(
         _QUARK,
-        "quark-minmse",
-        "AMD Quark A8W8 with MinMSE activation calibration",
-        {"config": "A8W8", "calibrate_method": "minmse"},
+        "quark-a8w8",
+        "AMD Quark A8W8-style: float scales, Percentile activation calibration (Quark's default), per-channel weights",
+        {},
     ),
+    PtqRecipe(_QUARK, "quark-cle", "quark-a8w8 after cross-layer equalization (CLE)", {"cle": True}),
+    PtqRecipe(_QUARK, "quark-minmse", "quark-a8w8 with MinMSE activation calibration", {"calibrate_method": "minmse"}),
+    PtqRecipe(_QUARK, "quark-smoothquant", "quark-a8w8 after SmoothQuant (alpha 0.5)", {"smooth_quant_alpha": 0.5}),
     PtqRecipe(
         _QUARK,
         "quark-adaround",
-        "AMD Quark A8W8 with AdaRound weight rounding (slow: run it with a timeout)",
-        {"config": "A8W8", "adaround": True, "adaround_steps": 200},
+        "quark-a8w8 with AdaRound weight rounding, 500 steps (minutes per model: run it with a timeout)",
+        {"adaround": True, "adaround_steps": 500},
     ),
 )
 
