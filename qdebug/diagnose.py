@@ -36,6 +36,7 @@ from qdebug.errors import InputFileError
 from qdebug.graph import GraphIndex, input_specs, qdq_parameter_issues
 from qdebug.io import atomic_write_text
 from qdebug.report import ActivationResult, DebugReport, WeightResult, decode_number, encode_number
+from qdebug.sentinel import MaskedSqnr, Sentinel, clamp_value, find_sentinels, masked_sqnr
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,6 +54,7 @@ __all__ = [
     "collect_stats",
     "diagnose",
     "diagnose_models",
+    "report_ranges",
 ]
 
 DIAGNOSTICS_SCHEMA_VERSION = 1
@@ -81,6 +83,7 @@ class DiagnosticKind(StrEnum):
     SATURATION = "saturation"
     PRECISION_CLIFF = "precision_cliff"
     BAD_QPARAMS = "bad_qparams"
+    SENTINEL = "sentinel"
 
 
 class Severity(StrEnum):
@@ -100,6 +103,11 @@ class RemedyKind(StrEnum):
     PER_CHANNEL = "per_channel"
     PERCENTILE_CALIBRATION = "percentile_calibration"
     FIX_QPARAMS = "fix_qparams"
+    #: rewrite a sentinel mask constant to a finite value Softmax maps identically
+    #: (:func:`qdebug.sentinel.clamp_sentinels`)
+    SENTINEL_CLAMP = "sentinel_clamp"
+    #: keep ``nodes`` in float (ORT's ``nodes_to_exclude``, ``QuantConfig.nodes_to_exclude``)
+    FLOAT_FALLBACK = "float_fallback"
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,22 @@ class Remedy:
     kind: RemedyKind
     tensors: tuple[str, ...]
     text: str
+    #: node names the remedy keeps in float (``float_fallback``)
+    nodes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``nodes`` only when there are some)."""
+        d: dict[str, Any] = {"kind": str(self.kind), "tensors": list(self.tensors), "text": self.text}
+        if self.nodes:
+            d["nodes"] = list(self.nodes)
+        return d
+
+    @classmethod
+    def from_dict(cls, r: Mapping[str, Any]) -> Remedy:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            RemedyKind(r["kind"]), tuple(r.get("tensors", ())), str(r.get("text", "")), tuple(r.get("nodes", ()))
+        )
 
     def overrides(self) -> dict[str, list[dict[str, Any]]]:
         """The ``TensorQuantOverrides`` (JSON form, docs/overrides.md) applying this remedy; ``{}`` for a remedy
@@ -131,31 +155,41 @@ class Diagnostic:
     evidence: str
     remedy: Remedy
     values: Mapping[str, float | None] = field(default_factory=dict)
+    #: other remedies for the same cause (a sentinel: keeping its path in float beside the clamp)
+    alternatives: tuple[Remedy, ...] = ()
+
+    @property
+    def remedies(self) -> tuple[Remedy, ...]:
+        """The remedy, then the alternatives: what ``qdebug diagnose --measure`` measures."""
+        return (self.remedy, *self.alternatives)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {
+        """JSON-ready dict (``alternatives`` only when there are some)."""
+        d: dict[str, Any] = {
             "kind": str(self.kind),
             "severity": str(self.severity),
             "tensor": self.tensor,
             "op": self.op,
             "evidence": self.evidence,
-            "remedy": {"kind": str(self.remedy.kind), "tensors": list(self.remedy.tensors), "text": self.remedy.text},
+            "remedy": self.remedy.to_dict(),
             "values": {k: encode_number(v) for k, v in self.values.items()},
         }
+        if self.alternatives:
+            d["alternatives"] = [r.to_dict() for r in self.alternatives]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Diagnostic:
         """Inverse of :meth:`to_dict`."""
-        r = d["remedy"]
         return cls(
             kind=DiagnosticKind(d["kind"]),
             severity=Severity(d["severity"]),
             tensor=str(d["tensor"]),
             op=str(d.get("op", "")),
             evidence=str(d["evidence"]),
-            remedy=Remedy(RemedyKind(r["kind"]), tuple(r.get("tensors", ())), str(r.get("text", ""))),
+            remedy=Remedy.from_dict(d["remedy"]),
             values={k: decode_number(v) for k, v in d.get("values", {}).items()},
+            alternatives=tuple(Remedy.from_dict(r) for r in d.get("alternatives", ())),
         )
 
 
@@ -290,8 +324,10 @@ class TensorStats:
             self.abs_max = max(self.abs_max, float(a.max()))
         if grid is not None:
             lo, hi, step = grid
-            self.clipped_low += int(np.count_nonzero(v < lo - step / 2))
-            self.clipped_high += int(np.count_nonzero(v > hi + step / 2))
+            # A grid reaching past float32 (a −FLT_MAX mask's) clips no finite value; compared as float32 it would
+            # overflow.
+            self.clipped_low += int(np.count_nonzero(v < max(lo - step / 2, -_FLT_MAX)))
+            self.clipped_high += int(np.count_nonzero(v > min(hi + step / 2, _FLT_MAX)))
             self.flushed += int(np.count_nonzero(a < step / 2))
 
     @property
@@ -322,6 +358,9 @@ class TensorStats:
         octave, j = divmod(k, BINS_PER_OCTAVE)
         upper = 2.0 ** (octave - 127) * (1 + (j + 1) / BINS_PER_OCTAVE)  # bin k: [2^o (1 + j/4), 2^o (1 + (j+1)/4))
         return float(min(upper, self.abs_max))
+
+
+_FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def _bits(quant_type: str | None) -> int:
@@ -555,6 +594,91 @@ def _check_weight(w: WeightResult, f_index: GraphIndex, t: Thresholds) -> Diagno
     )  # fmt: skip
 
 
+def report_ranges(report: DebugReport) -> dict[str, tuple[float, float]]:
+    """Each activation's float (min, max) as the report measured it."""
+    return {
+        a.tensor_name: (a.float_min, a.float_max)
+        for a in report.activations
+        if a.float_min is not None and a.float_max is not None
+    }
+
+
+def _sentinel_tolerance(a: ActivationResult, value: float) -> float:
+    """How close to the sentinel a float value counts as the sentinel: one grid step (a float32 ulp of it at least)."""
+    step = a.scale if a.scale is not None and math.isfinite(a.scale) and a.scale > 0 else 0.0
+    return max(step, abs(value) * 2.0**-20 if math.isfinite(value) else 0.0)
+
+
+def _sentinel_evidence(s: Sentinel, a: ActivationResult, scores: ActivationResult | None, m: MaskedSqnr | None) -> str:
+    grid = _grid_range(a) or math.inf
+    span = (
+        (scores.float_max - scores.float_min)
+        if scores and scores.float_max is not None and scores.float_min is not None
+        else None
+    )
+    bits = _bits(a.quant_type)
+    kept = max(0.0, bits - math.log2(grid / span)) if span else 0.0
+    text = (
+        f"mask constant {s.value:.3g} ({s.constant}) meets the scores {s.scores} at this {s.join_op} before "
+        f"{s.softmax}: on one {a.quant_type} grid (step {a.scale:.3g}) the scores keep ~{kept:.1f} of {bits} bits"
+    )
+    if m is not None and m.sqnr_db is not None:
+        shown = "" if a.cumulative_sqnr_db is None else f"; the table's {a.cumulative_sqnr_db:.0f} dB counts them"
+        text += (
+            f"; SQNR over its {m.elements - m.sentinel_elements} non-mask elements {m.sqnr_db:.1f} dB (the "
+            f"{m.sentinel_elements} mask elements, within one step of the sentinel, left out{shown})"
+        )
+    else:
+        text += "; its SQNR in the tables is the mask elements', which dominate its energy"
+    return text
+
+
+def _check_sentinels(
+    report: DebugReport, float_model: onnx.ModelProto, masked: Mapping[str, MaskedSqnr] | None
+) -> list[Diagnostic]:
+    """A sentinel mask constant sharing a grid with the scores it masks (:mod:`qdebug.sentinel`): one error per
+    join, its remedy the clamp, keeping the mask path in float the alternative."""
+    by_name = {a.tensor_name: a for a in report.activations}
+    ranges = report_ranges(report)
+    sentinels = find_sentinels(float_model, ranges)
+    clamps: dict[str, float] = {}  # one constant may mask several joins: the value all of them need
+    for s in sentinels:
+        c = clamp_value(s.value, ranges.get(s.scores, (0.0, 0.0)))
+        clamps[s.constant] = c if abs(c) > abs(clamps.get(s.constant, 0.0)) else clamps[s.constant]
+    out = []
+    for s in sentinels:
+        a = by_name.get(s.join_output)
+        if a is None or not a.quantized or _grid(a) is None:
+            continue  # kept in float: nothing shares its grid
+        scores = by_name.get(s.scores)
+        m = (masked or {}).get(s.join_output)
+        clamp = clamps[s.constant]
+        clamp_text = (
+            f"clamp {s.constant} to {clamp:.6g} (qdebug.sentinel.clamp_sentinels: ≥ 110 below the scores' range, so "
+            f"Softmax maps it identically; the grid shrinks from {_grid_range(a):.3g} to ~{abs(clamp) * 2:.3g}), or "
+            f"keep the mask path in float (nodes_to_exclude: {', '.join(s.float_nodes)}); diagnose --measure "
+            "measures both"
+        )
+        fallback = Remedy(
+            RemedyKind.FLOAT_FALLBACK, (s.join_output,),
+            f"keep the mask path in float (nodes_to_exclude: {', '.join(s.float_nodes)}): no cost on the CPU; on an "
+            "NPU the target says what float costs (QNN: fp16 on the HTP, or a split to the CPU)"
+            + (f"; {len(s.unnamed)} unnamed node(s) cannot be excluded by name" if s.unnamed else ""),
+            s.float_nodes,
+        )  # fmt: skip
+        out.append(
+            Diagnostic(
+                DiagnosticKind.SENTINEL, Severity.ERROR, s.join_output, s.join_op, _sentinel_evidence(s, a, scores, m),
+                Remedy(RemedyKind.SENTINEL_CLAMP, (s.constant,), clamp_text),
+                {"sentinel": s.value, "clamp_value": clamp, "masked_sqnr_db": None if m is None else m.sqnr_db,
+                 "sentinel_elements": None if m is None else float(m.sentinel_elements),
+                 "reported_sqnr_db": a.cumulative_sqnr_db},
+                alternatives=(fallback,),
+            )
+        )  # fmt: skip
+    return out
+
+
 def _model_qparams(quant_model: onnx.ModelProto, known: set[str]) -> list[Diagnostic]:
     return [
         Diagnostic(
@@ -600,10 +724,12 @@ def diagnose(
     *,
     stats_samples: int = 0,
     thresholds: Thresholds | None = None,
+    masked: Mapping[str, MaskedSqnr] | None = None,
 ) -> Diagnostics:
-    """Every diagnostic the inputs allow: from the report alone, plus the weight checks with ``float_model``,
-    the Q/DQ parameter check with ``quant_model``, and the outlier / saturation / flush checks with ``stats``
-    (:func:`collect_stats`). Most severe first, then in topological order."""
+    """Every diagnostic the inputs allow: from the report alone, plus the weight and sentinel checks with
+    ``float_model``, the Q/DQ parameter check with ``quant_model``, and the outlier / saturation / flush checks with
+    ``stats`` (:func:`collect_stats`). ``masked`` (:func:`qdebug.sentinel.masked_sqnr`) gives a sentinel-carrying
+    tensor's SQNR over its non-sentinel elements. Most severe first, then in topological order."""
     t = thresholds or Thresholds()
     by_name = {a.tensor_name: a for a in report.activations}
     items: list[Diagnostic] = []
@@ -621,11 +747,22 @@ def diagnose(
         f_index = GraphIndex(float_model)
         items += [d for w in report.weights if (d := _check_weight(w, f_index, t)) is not None]
         checks.add(DiagnosticKind.PER_CHANNEL_WEIGHT)
+        items = _with_sentinels(items, _check_sentinels(report, float_model, masked))
+        checks.add(DiagnosticKind.SENTINEL)
     if quant_model is not None:
         items += _model_qparams(quant_model, {d.tensor for d in items if d.kind is DiagnosticKind.BAD_QPARAMS})
     topo = {a.tensor_name: a.topo_index for a in report.activations}
     items.sort(key=lambda d: (_SEVERITY_ORDER[d.severity], topo.get(d.tensor, 1 << 30)))
     return Diagnostics(tuple(items), stats_samples, tuple(k for k in DiagnosticKind if k in checks))
+
+
+def _with_sentinels(items: list[Diagnostic], found: list[Diagnostic]) -> list[Diagnostic]:
+    """``items`` plus the sentinel errors, without what they explain: the mask's grid is the cause named once (no
+    scale mismatch, wasted or outlier range at the tensors it shares a grid with)."""
+    if not found:
+        return items
+    explained = {d.tensor for d in found}
+    return [d for d in items if d.tensor not in explained] + found
 
 
 def diagnose_models(
@@ -646,8 +783,19 @@ def diagnose_models(
     f = float_model if isinstance(float_model, onnx.ModelProto) else load_model(float_model, "float model")
     q = quant_model if isinstance(quant_model, onnx.ModelProto) else load_model(quant_model, "quantized model")
     stats, seen = (None, 0)
+    masked = None
     if max_samples > 0:
         stats, seen = collect_stats(
             f, report, data, max_samples=max_samples, input_shapes=input_shapes, synthetic=synthetic
         )
-    return diagnose(report, f, q, stats, stats_samples=seen, thresholds=thresholds)
+        by_name = {a.tensor_name: a for a in report.activations}
+        carriers = {
+            s.join_output: (s.value, _sentinel_tolerance(by_name[s.join_output], s.value))
+            for s in find_sentinels(f, report_ranges(report))
+            if s.join_output in by_name and by_name[s.join_output].quantized
+        }
+        if carriers:
+            masked = masked_sqnr(
+                f, q, carriers, data, max_samples=max_samples, input_shapes=input_shapes, synthetic=synthetic
+            )
+    return diagnose(report, f, q, stats, stats_samples=seen, thresholds=thresholds, masked=masked)

@@ -23,14 +23,18 @@ import contextlib
 import io
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+import onnx
+
 from qdebug.config import QuantConfig, make_overrides
 from qdebug.errors import ConfigError, QDebugError
 from qdebug.report import DebugReport, encode_number
+from qdebug.sentinel import Sentinel, clamp_sentinels
 from qdebug.target_registry import lookup
 
 SCHEMA_VERSION = 1
@@ -44,6 +48,11 @@ class RemedyKind(StrEnum):
     SYMMETRIC_ACTIVATIONS = "symmetric_activations"
     ASYMMETRIC_ACTIVATIONS = "asymmetric_activations"
     CALIBRATION = "calibration"
+    #: the float model's sentinel mask constants clamped (:func:`qdebug.sentinel.clamp_sentinels`): the remedy
+    #: carries the rewritten float model, quantized with a calibration of its own
+    SENTINEL_CLAMP = "sentinel_clamp"
+    #: nodes kept in float (``QuantConfig.nodes_to_exclude``), e.g. a sentinel mask's path
+    FLOAT_FALLBACK = "float_fallback"
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,10 @@ class Remedy:
     config: QuantConfig
     tensors: tuple[str, ...] = ()
     note: str = ""
+    #: a rewritten float model (``sentinel_clamp``) quantized instead of the session's: it is calibrated afresh, and
+    #: debugged against the session's original float model (the rewrite must keep the float outputs, which
+    #: :func:`qdebug.sentinel.clamp_sentinels` checks)
+    float_model: onnx.ModelProto | None = None
 
 
 @dataclass(frozen=True)
@@ -173,18 +186,72 @@ def method_ranges(session: Any, method: str) -> dict[str, tuple[float, float]]:
     return out
 
 
+def sentinel_remedies(
+    base: QuantConfig,
+    float_model: onnx.ModelProto,
+    sentinels: Sequence[Sentinel],
+    score_ranges: Mapping[str, tuple[float, float]],
+    *,
+    samples: Iterable[Mapping[str, np.ndarray]] | None = None,
+) -> list[Remedy]:
+    """The two remedies of sentinel mask constants (:mod:`qdebug.sentinel`): the clamp (carrying the rewritten float
+    model; left out when ``samples`` show it changes the float outputs) and the mask paths kept in float
+    (``nodes_to_exclude``; the target's note says what float costs there). ``score_ranges``: the scores' calibrated
+    (min, max) per ``Sentinel.scores`` tensor."""
+    if not sentinels:
+        return []
+    out = []
+    clamped, report = clamp_sentinels(float_model, sentinels, score_ranges, samples=samples)
+    if report.changed:
+        out.append(
+            Remedy(RemedyKind.SENTINEL_CLAMP, f"sentinel mask constant(s) clamped ({'; '.join(report.details)})",
+                   base, tuple(dict.fromkeys(s.constant for s in sentinels)), float_model=clamped)
+        )  # fmt: skip
+    nodes = tuple(dict.fromkeys(n for s in sentinels for n in s.float_nodes))
+    with contextlib.suppress(ConfigError):
+        cfg = base.replace(nodes_to_exclude=tuple({*base.nodes_to_exclude, *nodes}))
+        unnamed = sorted({u for s in sentinels for u in s.unnamed})
+        note = str(lookup(base.target).float_fallback_note())
+        if unnamed:
+            note = "; ".join(x for x in (note, f"{len(unnamed)} unnamed node(s) stay quantized") if x)
+        out.append(
+            Remedy(RemedyKind.FLOAT_FALLBACK, f"{len(nodes)} mask-path node(s) kept in float", cfg,
+                   tuple(dict.fromkeys(s.join_output for s in sentinels)), note)
+        )  # fmt: skip
+    return out
+
+
+def _evaluate_rewritten(session: Any, r: Remedy, name: str) -> Any:
+    """A remedy carrying a rewritten float model: calibrate and quantize that model, debug it against the session's
+    float model (one more calibration pass: the rewrite changes the ranges on its path)."""
+    from qdebug.io import atomic_save_model
+    from qdebug.quantize import quantize
+
+    assert r.float_model is not None
+    path = session.workdir / f"{name}.float.onnx"
+    atomic_save_model(r.float_model, path)
+    q = quantize(path, session.data, r.config, session.workdir / f"{name}.qdq.onnx", check=False)
+    return session._debug(q.model_path, name)
+
+
 def measure_remedies(session: Any, remedies: Sequence[Remedy]) -> tuple[RemedyResult, ...]:
-    """Quantize each remedy from the cached calibration ranges, debug it, and compare with the base."""
+    """Quantize each remedy from the cached calibration ranges (a rewritten float model: calibrated afresh), debug
+    it, and compare with the base."""
     base_db = session.base.output_sqnr_db
     out = []
     for i, r in enumerate(remedies):
         t0 = time.perf_counter()
         try:
-            ev = session.evaluate(r.config, name=f"remedy{i}_{r.kind}")
+            name = f"remedy{i}_{r.kind}"
+            ev = (
+                session.evaluate(r.config, name=name)
+                if r.float_model is None
+                else _evaluate_rewritten(session, r, name)
+            )
         except QDebugError as exc:
             out.append(RemedyResult(r, None, None, round(time.perf_counter() - t0, 3), str(exc)))
             continue
-        db = ev.output_sqnr_db
+        db = ev.min_output_sqnr_db if r.float_model is not None else ev.output_sqnr_db
         gain = None if db is None or base_db is None else db - base_db
         out.append(RemedyResult(r, db, gain, round(time.perf_counter() - t0, 3)))
     return tuple(out)
@@ -199,6 +266,11 @@ def remedy_overrides(result: RemedyResult, session: Any) -> Any:
 
     if not result.recommended:
         raise ConfigError(f"remedy {result.remedy.kind} was not measured better than the base; not recommended")
+    if result.remedy.float_model is not None:
+        raise ConfigError(
+            f"remedy {result.remedy.kind} rewrites the float model, which overrides cannot express: apply "
+            "qdebug.sentinel.clamp_sentinels to the float model, then quantize it"
+        )
     cfg = result.remedy.config
     overrides = cfg.tensor_overrides
     if overrides:
@@ -230,4 +302,5 @@ __all__ = [
     "method_ranges",
     "propose_remedies",
     "remedy_overrides",
+    "sentinel_remedies",
 ]

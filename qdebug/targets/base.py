@@ -537,6 +537,10 @@ class TargetBase:
         """What a user must know before 16-bit weights on this target (none by default)."""
         return ""
 
+    def float_fallback_note(self) -> str:
+        """What keeping nodes in float (``QuantConfig.nodes_to_exclude``) costs on this target (the CPU: nothing)."""
+        return "float nodes run on the CPU at no extra cost"
+
     def option_problems(self, options: BuildOptions) -> list[str]:
         """No rules of its own by default."""
         return []

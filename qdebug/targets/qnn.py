@@ -1344,6 +1344,13 @@ class QnnTarget(TargetBase):
         """The HTP generations that take 16-bit weights."""
         return "QNN: 16-bit weights need HTP v73 or newer (e.g. --soc SM8550); older SoCs reject them"
 
+    def float_fallback_note(self) -> str:
+        """Float nodes on QNN: fp16 on the HTP where its generation has fp16, otherwise a split to the CPU."""
+        return (
+            "QNN: nodes kept in float run in fp16 on the HTP (an fp16 island with converts around it, on HTP "
+            "generations with fp16) or, where the HTP cannot, split the graph to the CPU (a round trip per split)"
+        )
+
     def available(self) -> Availability:
         """(usable here, why not) — never raises, never imports onnxruntime_qnn."""
         return Availability(*qnn_available())
