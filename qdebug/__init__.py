@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from qdebug.quantize import QuantizeResult, quantize
     from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult
     from qdebug.targets.base import to_ort_config
+    from qdebug.task_measure import measure_task
+    from qdebug.task_metrics import TASK_METRICS, TaskMetric, TaskScore, load_metric
 
 #: public name -> the module that defines it
 _LAZY = {
@@ -49,6 +51,8 @@ _LAZY = {
     **dict.fromkeys(("QuantizeResult", "quantize"), "qdebug.quantize"),
     **dict.fromkeys(("ActivationResult", "DebugReport", "OutputResult", "WeightResult"), "qdebug.report"),
     "to_ort_config": "qdebug.targets.base",
+    **dict.fromkeys(("TASK_METRICS", "TaskMetric", "TaskScore", "load_metric"), "qdebug.task_metrics"),
+    "measure_task": "qdebug.task_measure",
 }
 
 
@@ -79,6 +83,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "TASK_METRICS",
     "ActivationResult",
     "ConfigError",
     "ConvertOverride",
@@ -93,10 +98,14 @@ __all__ = [
     "QuantConfig",
     "QuantizeResult",
     "TargetError",
+    "TaskMetric",
+    "TaskScore",
     "TensorOverride",
     "WeightResult",
     "__version__",
     "debug",
+    "load_metric",
+    "measure_task",
     "quantize",
     "to_ort_config",
 ]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import CliResult, assert_one_line_error, save
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -25,7 +26,6 @@ from qdebug.quantize import quantize
 from qdebug.report import DebugReport
 from qdebug.task_measure import measure_task
 from qdebug.task_metrics import TASK_METRICS, TaskMetric, TaskScore, load_metric, merge_states, pick_metric
-from tests.conftest import CliResult, assert_one_line_error, save
 
 REPO = Path(__file__).resolve().parent.parent
 CNN = REPO / "sample_models" / "digits_cnn.onnx"
@@ -361,7 +361,7 @@ def test_debug_carries_the_task_score(models: dict[str, Path], tmp_path: Path) -
 
 
 def test_debug_auto_picks_or_warns(tmp_path: Path, tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
-    from tests.builders import conv_clip
+    from builders import conv_clip
 
     report = debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=2, task_metric="auto"))
     assert report.task is not None and report.task.metric == "top1"  # its [1, 3] output: class scores
@@ -392,3 +392,48 @@ def test_cli_debug_metric_errors(models: dict[str, Path], run_cli: Callable[...,
     assert_one_line_error(r, EXIT_DATA, "no label array 'label'")
     r = run_cli("debug", "-f", CNN, "-q", models["cnn_q"], "--metric", "top1_accuracy")
     assert_one_line_error(r, EXIT_USAGE, "--metric top1_accuracy scores labels: give --data")
+
+
+# ------------------------------------------------------------------------------------------------ search
+def test_cli_search_task_goal_and_holdout(tmp_path: Path, run_cli: Callable[..., CliResult]) -> None:
+    r = run_cli("search", "-f", CNN, "--calib", CALIB, "--debug-samples", "16", "--metric", "top1", "--goal-task",
+                "0.99", "--holdout-samples", "8", "-o", tmp_path / "o.json", "--json")  # fmt: skip
+    assert r.code == 0, r.stderr
+    result = json.loads(r.out)
+    assert result["goal"]["task_value"] == 0.99
+    assert all(p["task_value"] is not None for p in result["steps"])
+    final = result["steps"][result["chosen_step"]]
+    assert final["task_value"] >= 0.99 and result["reached"]
+    held = result["holdout"]["points"][0]
+    assert held["search_task"] == final["task_value"] and held["holdout_task"] is not None
+    assert "task " in result["holdout"]["note"]
+
+
+def test_a_task_goal_needs_a_metric(run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    from qdebug.mixed.search import SearchGoal, search
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    r = run_cli("search", "-f", CNN, "--calib", CALIB, "--goal-task", "0.99", "-o", tmp_path / "o.json")
+    assert_one_line_error(r, EXIT_USAGE, "--goal-task needs a task metric (--metric)")
+    with MixedPrecisionSession(CNN, CALIB) as session, pytest.raises(ConfigError, match="needs a task metric"):
+        search(session, SearchGoal(task_value=0.99))
+    with pytest.raises(ConfigError, match="task_value must be a finite number"):
+        SearchGoal(task_value=float("nan"))
+
+
+# ------------------------------------------------------------------------------------------------ widgets
+def test_the_debugger_shows_a_task_score_beside_the_sqnr(tmp_path: Path) -> None:
+    from widgets.app import DebuggerApp
+    from widgets.session import QuantDebugger
+
+    def agree(f: dict, q: dict) -> float:
+        return float(np.argmax(f["logits"]) == np.argmax(q["logits"]))
+
+    d = QuantDebugger(CNN, data=CALIB, config=QuantConfig(num_samples=16), workdir=tmp_path / "w", metric=agree,
+                      debug_options=DebugOptions(num_samples=8))  # fmt: skip
+    try:
+        task = d.summary()["task"]
+        assert task is not None and task.samples == 8 and task.metric.endswith("agree")
+        assert "task metric " in DebuggerApp._notes_html(d.report)
+    finally:
+        d.close()

@@ -23,7 +23,7 @@ import traitlets as tr
 
 from qdebug.errors import ConfigError, DataError
 from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
-from qdebug.render.fmt import fmt_db_text, fmt_pct
+from qdebug.render.fmt import fmt_db_text, fmt_pct, fmt_task
 from qdebug.render.text import capture_line
 
 from .report_panel import ReportPanel
@@ -69,6 +69,11 @@ def _db(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return fmt_pct(v, missing="n/a")
+
+
+def _task(v: float | None) -> str:
+    """A task metric's score in the before/after table."""
+    return "n/a" if v is None else f"{v:.4f}"
 
 
 def _count(n: int, noun: str) -> str:
@@ -550,6 +555,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
     def _notes_html(report: DebugReport) -> str:
         """How the tensors were captured, and every warning of the report (e.g. a QDQ scale that cannot be right)."""
         line = f"<span class='qd-capture'>{html.escape(capture_line(report.meta.capture) or '')}</span>"
+        if report.task is not None:  # the user's task beside the SQNR: whether the answer changed
+            line = f"<div class='qd-task'>{html.escape(fmt_task(report.task))}</div>" + line
         warns = "".join(f"<li>{html.escape(w)}</li>" for w in report.meta.warnings)
         return line + (f"<ul class='qd-warnings' style='color:#c92a2a'>{warns}</ul>" if warns else "")
 
@@ -862,6 +869,9 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         rows = [("worst output SQNR", _db(before_db), _db(ev.output_sqnr_db))]
         if ev.accuracy is not None:
             rows.append(("top-1 accuracy", _pct(None if before_ev is None else before_ev.accuracy), _pct(ev.accuracy)))
+        if ev.report.task is not None:
+            before_task = None if before_ev is None or before_ev.report.task is None else before_ev.report.task.value
+            rows.append((f"task {ev.report.task.metric}", _task(before_task), _task(ev.report.task.value)))
         body = "".join(
             f"<tr><th>{html.escape(k)}</th><td class='qd-before'>{html.escape(a)}</td>"
             f"<td class='qd-after'>{html.escape(b)}</td></tr>"

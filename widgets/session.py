@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from qdebug.quantize import QuantizeResult
     from qdebug.report import DebugReport
     from qdebug.targets.recompile import RecompileResult
+    from qdebug.task_metrics import MetricSpec
 
 #: ``progress(done, total, message)`` — called by long operations so a view can show where they are.
 ProgressCallback = Callable[[int, int, str], None]
@@ -50,6 +52,9 @@ class QuantDebugger:
     :class:`~qdebug.mixed.session.MixedPrecisionSession`): ``True`` debugs, promotes and searches the float model after
     the config's target's compatibility fixes, as ``qdebug search --target`` does; a
     :class:`~qdebug.mixed.target_fixes.TargetFixes` records fixes the caller applied already (the dashboard).
+    ``metric``: a task metric (a built-in name, ``"module:function"``, a per-sample callable
+    ``(float_outputs, quant_outputs[, label]) -> float`` or a :class:`~qdebug.task_metrics.TaskMetric`) scored
+    against the float model on every debug pass (``report.task``), shown beside the output SQNR.
     """
 
     def __init__(
@@ -66,7 +71,11 @@ class QuantDebugger:
         debug_options: DebugOptions | None = None,
         progress: ProgressCallback | None = None,
         target_fixes: bool | TargetFixes = False,
+        metric: MetricSpec | None = None,
     ) -> None:
+        if metric is not None:  # every debug pass (base, promotions, held-out) scores it: report.task
+            opts = debug_options or DebugOptions(ignore_data_keys=(label_key,) if eval_data is not None else ())
+            debug_options = replace(opts, task_metric=metric, task_label_key=label_key)
         self.float_model = Path(float_model)
         self.quant_model = Path(quant_model) if quant_model is not None else None
         self.progress = progress
@@ -364,6 +373,7 @@ class QuantDebugger:
         ev = self.current
         return {
             "output_sqnr_db": self.report.min_output_sqnr_db,
+            "task": self.report.task,
             "accuracy": None if ev is None else ev.accuracy,
             "float_accuracy": self.session.float_accuracy,
             "promoted": self.promoted,

@@ -19,6 +19,7 @@ from qdebug.cli._base import (
     finite_number,
     say,
     staged_outputs,
+    task_metric,
 )
 from qdebug.cli._html import add_html, require_html, write_html
 from qdebug.cli._preflight import Checks, Output, Unused, check_promotion_type
@@ -44,7 +45,8 @@ class Search(Tool):
         add_calib(parser)
         parser.add_argument("--data", "-d", help="debug data (default: the calibration data)")
         parser.add_argument("--eval", help="labelled .npz for top-1 accuracy")
-        parser.add_argument("--label-key", default="label")
+        parser.add_argument("--label-key", default="label", help="the label array of --eval (and of the data, for "
+                            "a --metric on labels; default 'label')")  # fmt: skip
         parser.add_argument("--debug-samples", type=int, default=64, help="samples per debug pass (default 64)")
         _add_holdout(parser)
         parser.add_argument("--config", "-c", help="base QuantConfig JSON")
@@ -65,6 +67,7 @@ class Search(Tool):
             metavar="DB",
             help="within DB of the all-16-bit-activations model (measured first)",
         )
+        _add_task(parser, goal)
         parser.add_argument(
             "--strategy",
             choices=list(STRATEGIES),
@@ -207,6 +210,23 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_task(parser: argparse.ArgumentParser, goal: Any) -> None:
+    """--metric and --goal-task: a task metric scored on every measured point and the held-out check."""
+    parser.add_argument(
+        "--metric",
+        metavar="NAME|MODULE:FUNCTION",
+        help="score every measured point (and the held-out check) with a task metric against the float model: "
+        "top1, cosine, sequence, top1_accuracy, auto, or module:function (docs/metrics.md, Task metrics)",
+    )
+    goal.add_argument(
+        "--goal-task",
+        type=finite_number("the task metric"),
+        metavar="VALUE",
+        help="the --metric score to reach, e.g. 0.99 (top-1 agreement; at most VALUE for a metric where lower "
+        "is better)",
+    )
+
+
 def _add_holdout(parser: argparse.ArgumentParser) -> None:
     """--holdout-samples and --holdout: the choice measured again on samples the search never sees."""
     parser.add_argument(
@@ -239,8 +259,14 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
 
 def _check_goal(args: argparse.Namespace, checks: Checks) -> None:
     """A goal, and goals that can be met."""
-    if args.goal_sqnr is None and args.max_accuracy_drop is None and args.goal_near_all16 is None:
-        checks.add("search needs a goal: --goal-sqnr DB, --goal-near-all16 DB and/or --max-accuracy-drop POINTS")
+    goals = (args.goal_sqnr, args.max_accuracy_drop, args.goal_near_all16, args.goal_task)
+    if all(g is None for g in goals):
+        checks.add("search needs a goal: --goal-sqnr DB, --goal-near-all16 DB, --max-accuracy-drop POINTS and/or "
+                   "--goal-task VALUE")  # fmt: skip
+    if args.goal_task is not None and args.metric is None:
+        checks.add("--goal-task needs a task metric (--metric)")
+    if args.metric is not None:
+        checks.run(task_metric, args)
     if args.max_accuracy_drop is not None and not 0 <= args.max_accuracy_drop < 100:
         checks.add(f"--max-accuracy-drop is in percentage points, 0 up to 100; got {args.max_accuracy_drop:g}")
     if args.max_accuracy_drop is not None and args.eval is None:
@@ -280,19 +306,19 @@ def _check_budgets(args: argparse.Namespace, checks: Checks) -> None:
 
 def _check_combinations(args: argparse.Namespace, checks: Checks) -> None:
     """Options that need another: the target's, the remedies', the evaluation set's, the hold-out's."""
-    sqnr_goal = args.goal_sqnr is not None or args.goal_near_all16 is not None
+    checked_goal = args.goal_sqnr is not None or args.goal_near_all16 is not None or args.goal_task is not None
     checks.unused([
         Unused("remedy_output", "--remedy-output", args.remedies, "without --remedies (no remedy is measured)"),
         Unused("compile_points", "--compile-points", bool(args.target), "without --target (e.g. --target qnn)"),
         Unused("no_target_fixes", "--no-target-fixes", bool(args.target), "without --target (no fixes are applied)"),
         Unused("target_samples", "--target-samples", bool(args.compile_points), "without --compile-points (no "
                "point is compiled to run)"),
-        Unused("label_key", "--label-key", args.eval is not None, "without --eval (it names the label array of the "
-               "evaluation set)"),
-        Unused("holdout_samples", "--holdout-samples", sqnr_goal, "without an SQNR goal (--goal-sqnr or "
-               "--goal-near-all16): the held-out check measures SQNR; accuracy is measured on --eval"),
-        Unused("holdout", "--holdout", sqnr_goal, "without an SQNR goal (--goal-sqnr or --goal-near-all16): the "
-               "held-out check measures SQNR; accuracy is measured on --eval"),
+        Unused("label_key", "--label-key", args.eval is not None or args.metric is not None, "without --eval or "
+               "--metric (it names the label array of the evaluation set)"),
+        Unused("holdout_samples", "--holdout-samples", checked_goal, "without an SQNR or task goal (--goal-sqnr, "
+               "--goal-near-all16, --goal-task): the held-out check measures those; accuracy is measured on --eval"),
+        Unused("holdout", "--holdout", checked_goal, "without an SQNR or task goal (--goal-sqnr, --goal-near-all16, "
+               "--goal-task): the held-out check measures those; accuracy is measured on --eval"),
     ])  # fmt: skip
     spec = (args.compile_points or "chosen").replace(" ", "")
     if spec not in ("chosen", "front") and not all(x.isdigit() for x in spec.split(",")):
@@ -361,12 +387,22 @@ def _goal(args: argparse.Namespace) -> Any:
         max_cost_fraction=args.max_cost_fraction,
         rank=args.rank,
         to=args.to,
+        task_value=args.goal_task,
     )
+
+
+def _debug_options(args: argparse.Namespace, ignore: tuple[str, ...]) -> Any:
+    """The options of every debug pass of the search (and of the held-out check): the task metric scores each."""
+    from qdebug.debug import DebugOptions
+
+    return DebugOptions(
+        num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args),
+        task_metric=task_metric(args), task_label_key=args.label_key,
+    )  # fmt: skip
 
 
 def _search(args: argparse.Namespace, staged: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
 
     base = (QuantConfig.load(args.config) if args.config else QuantConfig()).merged(target=args.target)
@@ -379,7 +415,7 @@ def _search(args: argparse.Namespace, staged: dict[str, Any]) -> tuple[Any, Any,
         debug_data=args.data or args.calib,
         eval_data=args.eval,
         label_key=args.label_key,
-        debug_options=DebugOptions(num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args)),
+        debug_options=_debug_options(args, ignore),
         workdir=args.workdir,
         target_fixes=bool(args.target) and not args.no_target_fixes,
     ) as session:  # its temporary folder goes on success, failure and Ctrl-C (a --workdir is kept)

@@ -54,6 +54,9 @@ class HeldOutPoint:
     holdout_db: float | None
     #: meets the held-out goal
     holds: bool
+    #: the task metric's score on the debug samples and on the held-out ones (``None``: no task metric)
+    search_task: float | None = None
+    holdout_task: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -61,10 +64,10 @@ class HeldOutPoint:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HeldOutPoint:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict` (a point written before task metrics has no task scores)."""
         return cls(
             str(d["label"]), float(d["cost_fraction_16bit"]), _num(d["search_db"]), _num(d["holdout_db"]),
-            bool(d["holds"]),
+            bool(d["holds"]), _num(d.get("search_task")), _num(d.get("holdout_task")),
         )  # fmt: skip
 
 
@@ -138,7 +141,8 @@ def check_holdout(
     ``goal`` is the goal as the user gave it, ``search_goal_db`` the SQNR it meant on the debug samples."""
     t0, runs0 = time.perf_counter(), session.holdout_evaluations
     base = session.base
-    base_db = session.evaluate_holdout(base.config, "holdout-base").min_output_sqnr_db
+    base_report = session.evaluate_holdout(base.config, "holdout-base")
+    base_db = base_report.min_output_sqnr_db
     ceiling_db = None
     if ceiling is not None and goal.near_all16_db is not None:
         ceiling_db = session.evaluate_holdout(ceiling.config, "holdout-all16").min_output_sqnr_db
@@ -147,16 +151,21 @@ def check_holdout(
     picked: SearchPoint | None = None
     for p in _to_check(result, search_goal_db, goal.holdout_checks):
         config = base.config if not p.promoted else session.promote(p.promoted, goal.to).config
-        db = base_db if not p.promoted else session.evaluate_holdout(config, "holdout-point").min_output_sqnr_db
-        holds = goal_db is not None and db is not None and db >= goal_db
-        checked.append(HeldOutPoint(p.label, p.cost_fraction_16bit, p.output_sqnr_db, db, holds))
+        report = base_report if not p.promoted else session.evaluate_holdout(config, "holdout-point")
+        db, task = report.min_output_sqnr_db, report.task
+        holds = (goal_db is None or (db is not None and db >= goal_db)) and (
+            goal.task_value is None or (task is not None and task.meets(goal.task_value))
+        )
+        task_value = None if task is None else task.value
+        checked.append(HeldOutPoint(p.label, p.cost_fraction_16bit, p.output_sqnr_db, db, holds, p.task_value,
+                                    task_value))  # fmt: skip
         if holds:
             picked = p
             break
     check = HoldoutCheck(
         samples=_len_of(session.holdout_data), base_db=base_db, ceiling_db=ceiling_db, goal_db=goal_db,
         points=tuple(checked), holds=picked is not None, moved=picked is not None and picked is not result.final,
-        note=_note(checked, goal_db, picked is not None, result.reached),
+        note=_note(checked, goal_db, picked is not None, result.reached, goal.task_value),
         evaluations=session.holdout_evaluations - runs0, seconds=round(time.perf_counter() - t0, 3),
     )  # fmt: skip
     out = replace(result, holdout=check)
@@ -175,12 +184,22 @@ def _fmt(db: float | None) -> str:
     return "n/a" if db is None or not math.isfinite(db) else f"{db:.2f} dB"
 
 
-def _note(checked: list[HeldOutPoint], goal_db: float | None, holds: bool, reached: bool) -> str:
+def _task_text(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def _note(
+    checked: list[HeldOutPoint], goal_db: float | None, holds: bool, reached: bool, task_goal: float | None = None
+) -> str:
     """One line for the user."""
     first = checked[0]
     seen = f"{first.label} ({first.cost_fraction_16bit:.1%}): {_fmt(first.search_db)} on the debug samples"
     there = f"{_fmt(first.holdout_db)} on the held-out samples (goal {_fmt(goal_db)})"
-    if goal_db is None:
+    if first.search_task is not None or first.holdout_task is not None:
+        goal = "" if task_goal is None else f", goal {task_goal:g}"
+        seen += f", task {_task_text(first.search_task)}"
+        there += f", task {_task_text(first.holdout_task)} held out{goal}"
+    if goal_db is None and task_goal is None:
         return f"{seen}, {_fmt(first.holdout_db)} on the held-out samples (no SQNR goal to check)"
     if first.holds:
         return f"the choice holds: {seen}, {there}"

@@ -109,7 +109,9 @@ class SearchSession(Protocol):
 @dataclass(frozen=True)
 class SearchGoal:
     """Stop when the worst output reaches ``output_sqnr_db`` and/or the top-1 accuracy drop vs float is at
-    most ``max_accuracy_drop`` (a fraction, e.g. 0.005 for half a point)."""
+    most ``max_accuracy_drop`` (a fraction, e.g. 0.005 for half a point) and/or the task metric's score reaches
+    ``task_value`` (at least it, or at most it for a metric where lower is better: e.g. 0.99 top-1 agreement; the
+    session's ``debug_options.task_metric`` names the metric, and every debug pass scores it)."""
 
     output_sqnr_db: float | None = None
     max_accuracy_drop: float | None = None
@@ -135,12 +137,17 @@ class SearchGoal:
     #: with held-out samples in the session: how many points (the choice, then costlier front points that met the
     #: goal) are measured on them at most until one holds (:mod:`qdebug.mixed.holdout`)
     holdout_checks: int = 3
+    #: the task metric's score to reach (``None``: no task goal)
+    task_value: float | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"search strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if self.output_sqnr_db is None and self.max_accuracy_drop is None and self.near_all16_db is None:
-            raise ConfigError("a search goal needs output_sqnr_db, near_all16_db and/or max_accuracy_drop")
+        goals = (self.output_sqnr_db, self.max_accuracy_drop, self.near_all16_db, self.task_value)
+        if all(g is None for g in goals):
+            raise ConfigError("a search goal needs output_sqnr_db, near_all16_db, max_accuracy_drop and/or task_value")
+        if self.task_value is not None and not math.isfinite(self.task_value):
+            raise ConfigError(f"task_value must be a finite number, got {self.task_value}")
         if self.near_all16_db is not None and not (math.isfinite(self.near_all16_db) and self.near_all16_db >= 0):
             raise ConfigError(f"near_all16_db must be a finite number of dB >= 0, got {self.near_all16_db}")
         if self.measure_top is not None and self.measure_top < 1:
@@ -159,6 +166,8 @@ class SearchGoal:
             raise ConfigError("max_steps and candidates_per_step must be positive")
 
 
+#: Why a task goal cannot be checked.
+TASK_GOAL_NEEDS = "a task goal (task_value) needs a task metric: the session's debug_options.task_metric (--metric)"
 #: ``measured``: candidates measured alone when ``measure_top`` is not given
 DEFAULT_MEASURE_TOP = 8
 #: ``stepwise``: the search's evaluations at most when ``max_evaluations`` is not given, in words (the number is
@@ -191,6 +200,7 @@ def user_goal(
     max_cost_fraction: float | None = None,
     rank: str = "gain",
     to: str = "uint16",
+    task_value: float | None = None,
 ) -> SearchGoal:
     """The goal a user asked for, from ``qdebug search``'s options or the UI search tab's inputs: one mapping for
     both faces, so that the same settings search the same. The accuracy drop is in percentage points (the goal keeps
@@ -208,6 +218,7 @@ def user_goal(
         max_cost_fraction=max_cost_fraction,
         rank=rank,
         to=to,
+        task_value=task_value,
     )
 
 
@@ -230,6 +241,8 @@ class SearchPoint:
     num_converts: int = 0
     #: the point compiled for a target (:func:`qdebug.mixed.target_cost.compile_points`), if it was picked
     target_cost: TargetCost | None = None
+    #: the task metric's score (``None``: the session scores none)
+    task_value: float | None = None
 
 
 @dataclass(frozen=True)
@@ -332,13 +345,20 @@ def _met(goal: SearchGoal, ev: Evaluation, float_acc: float | None) -> bool:
         if ev.accuracy is None or float_acc is None:
             raise ConfigError("an accuracy goal needs a labelled evaluation set (eval_data)")
         ok &= float_acc - ev.accuracy <= goal.max_accuracy_drop + 1e-12
+    if goal.task_value is not None:
+        if ev.report.task is None:
+            raise ConfigError(TASK_GOAL_NEEDS)
+        ok &= ev.report.task.meets(goal.task_value)
     return ok
 
 
 def _point(step: int, promoted: tuple[str, ...], ev: Evaluation, chosen: bool, label: str = "") -> SearchPoint:
     frac, n16 = sixteen_bit_cost(ev.report)
     converts = sum(1 for _, es in ev.config.tensor_overrides for e in es if e.convert is not None)
-    return SearchPoint(step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds, label, converts)
+    task = None if ev.report.task is None else ev.report.task.value
+    return SearchPoint(
+        step, promoted, frac, n16, ev.output_sqnr_db, ev.accuracy, chosen, ev.seconds, label, converts, task_value=task
+    )
 
 
 def _candidates(ev: Evaluation, promoted: tuple[str, ...], k: int) -> list[str]:
@@ -396,6 +416,9 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
     if goal.max_accuracy_drop is not None and session.eval_data is None:
         # Say so before the base quantization and debug pass, which can take minutes on a large model.
         raise ConfigError("an accuracy goal needs a labelled evaluation set (eval_data)")
+    options = getattr(session, "debug_options", None)
+    if goal.task_value is not None and options is not None and options.task_metric is None:
+        raise ConfigError(TASK_GOAL_NEEDS)
     t0 = time.perf_counter()
     start = session.requantizations
     ceiling_ev = None
@@ -424,7 +447,8 @@ def search(session: SearchSession, goal: SearchGoal) -> SearchResult:
         requantizations=session.requantizations - start,
         seconds=round(time.perf_counter() - t0, 3),
     )
-    if getattr(session, "holdout_data", None) is not None and resolved.output_sqnr_db is not None:
+    checkable = resolved.output_sqnr_db is not None or goal.task_value is not None
+    if getattr(session, "holdout_data", None) is not None and checkable:
         # the choice checked on samples the search never saw (an accuracy goal is measured on eval_data already)
         result = check_holdout(session, goal, resolved.output_sqnr_db, result, ceiling_ev)
     return result
