@@ -62,7 +62,10 @@ def dequantize(spec: DequantSpec, ints: np.ndarray) -> np.ndarray:
     for every sample) gives a view that repeats them too: computed once, and the batch reduction still sees that
     every sample shares it (:mod:`qdebug.capture.batch_reduce`)."""
     once = ints[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in ints.strides)]
-    values = (once.astype(np.int32) - np.int32(spec.zero_point)).astype(np.float32) * np.float32(spec.scale)
+    # A grid that reaches past float32 (a −FLT_MAX attention mask's: scale ~1.3e36) overflows to ±inf at its ends,
+    # as DequantizeLinear's float32 product does in ONNX Runtime: the same values, no warning.
+    with np.errstate(over="ignore"):
+        values = (once.astype(np.int32) - np.int32(spec.zero_point)).astype(np.float32) * np.float32(spec.scale)
     return np.broadcast_to(values, ints.shape) if once.shape != ints.shape else values
 
 

@@ -4,6 +4,7 @@ the fix to try), plus the HTML writing ``debug --html`` and ``build --html`` sha
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
@@ -36,6 +37,7 @@ from qdebug.cli.debug import (
     run_debug,
 )
 from qdebug.errors import EXIT_OK
+from qdebug.io import atomic_write_text
 
 
 class Report(Tool):
@@ -201,10 +203,23 @@ class Diagnose(Tool):
         add_json(parser, "the diagnostics")
         parser.add_argument("--top", type=positive_int, default=None, help="rows to print (default: all)")
         parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+        m = parser.add_argument_group("measure the remedies (docs/diagnostics.md#measure)")
+        m.add_argument(
+            "--measure", action="store_true",
+            help="quantize each diagnosis' remedy (from the cached calibration where it can), debug it and rank the "
+            "fixes by the gain measured at the worst output, beside the predicted gain",
+        )  # fmt: skip
+        m.add_argument(
+            "--calib", help="with --measure: calibration data for the remedies that calibrate (default: --data)"
+        )
+        m.add_argument(
+            "--measure-top", type=positive_int, default=8, metavar="N",
+            help="with --measure: measure the remedies of the first N diagnoses, most severe first (default 8)",
+        )  # fmt: skip
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
-        """Both models and the data."""
-        return debug_inputs(args)
+        """Both models and the data (and --calib)."""
+        return {**debug_inputs(args), "--calib": args.calib}
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The diagnostics JSON and the HTML report."""
@@ -217,6 +232,8 @@ class Diagnose(Tool):
         checks.unused([
             Unused("top", "--top", not args.json, "with --json (it sizes the printed table)"),
             Unused("color", "--color", not args.json, "with --json (it colours the printed table)"),
+            Unused("calib", "--calib", args.measure, "without --measure (it calibrates the remedies)"),
+            Unused("measure_top", "--measure-top", args.measure, "without --measure"),
         ])  # fmt: skip
         if args.html:
             checks.run(require_html)
@@ -227,19 +244,61 @@ class Diagnose(Tool):
 
         report = run_debug(args)
         diags = run_diagnostics(report, args)
+        gains = _measure(args, diags) if args.measure else None
+        doc = diags.to_dict()
+        if gains is not None:
+            doc["measured"] = gains.to_dict()
         with staged_outputs(args.output, args.html) as staged:
             if args.output:
-                diags.save(staged[args.output])
+                atomic_write_text(staged[args.output], json.dumps(doc, indent=2, allow_nan=False))
             if args.html:
                 write_html(staged[args.html], report, diags)
         if args.json:
-            print(diags.to_json(), file=out)
+            print(json.dumps(doc, indent=2, allow_nan=False), file=out)
             return EXIT_OK
         print_diagnostics(diags, out, args.top, use_color(args.color, out))
+        if gains is not None:
+            print_measured(gains, out)
         for what, path in (("diagnostics", args.output), ("HTML report", args.html)):
             if path:
                 print(f"{what} written to {path}", file=out)
         return EXIT_OK
 
 
-__all__ = ["Diagnose", "Report", "check_report_models", "load_manifest", "load_report"]
+def _measure(args: argparse.Namespace, diags: Any) -> Any:
+    """Every diagnosis' remedy measured on a session whose base is the diagnosed model (``--measure``)."""
+    from qdebug.cli.debug import debug_options
+    from qdebug.diagnose import Diagnostics
+    from qdebug.mixed.diagnosis import measure_diagnostics
+    from qdebug.mixed.session import MixedPrecisionSession
+
+    first = Diagnostics(diags.items[: args.measure_top], diags.stats_samples, diags.checks)
+    with MixedPrecisionSession(
+        args.float_model, args.calib or args.data, quant_model=args.quant_model, debug_data=args.data,
+        debug_options=debug_options(args),
+    ) as session:  # fmt: skip
+        return measure_diagnostics(session, first)
+
+
+def print_measured(gains: Any, out: TextIO) -> None:
+    """The measured fixes, best measured gain first, with the predicted gain beside and the median error."""
+    base = "?" if gains.base_output_sqnr_db is None else f"{gains.base_output_sqnr_db:.2f}"
+    ceiling = "" if gains.ceiling_db is None else f"; all activations in 16 bits: {gains.ceiling_db:.2f} dB"
+    print(f"\nFixes measured (gain at the worst output over the diagnosed model's {base} dB{ceiling}):", file=out)
+    if not any(g.helps for g in gains.items):
+        print("no remedy measured a gain above 0.1 dB: none is advised", file=out)
+    for k, g in enumerate(gains.items, 1):
+        pred = "—" if g.predicted_gain_db is None else f"{g.predicted_gain_db:+.2f}"
+        got = (
+            f"error: {g.error}" if g.error else f"{g.measured_gain_db:+.2f}" if g.measured_gain_db is not None else "?"
+        )
+        mark = "" if g.helps else "  (no gain: not advised)"
+        print(f"{k:>3}. {g.remedy} for {g.tensor}: predicted {pred} dB, measured {got} dB{mark}", file=out)
+        print(f"     {g.text}", file=out)
+    err = gains.median_abs_error_db
+    n = sum(1 for g in gains.items if g.predicted_gain_db is not None and g.measured_gain_db is not None)
+    if err is not None:
+        print(f"predicted vs measured: median |error| {err:.2f} dB over {n} remedies with an estimate", file=out)
+
+
+__all__ = ["Diagnose", "Report", "check_report_models", "load_manifest", "load_report", "print_measured"]

@@ -29,7 +29,16 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
-__all__ = ["MeasuredGains", "RemedyGain", "SetGain", "TensorGain"]
+__all__ = [
+    "MIN_MEASURED_GAIN_DB",
+    "DiagnosisGain",
+    "DiagnosisGains",
+    "MeasuredGains",
+    "RemedyGain",
+    "SetGain",
+    "TensorGain",
+    "rank_by_measured",
+]
 
 
 def _num(x: Any) -> float | None:
@@ -207,3 +216,85 @@ def _points(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         if key not in seen or (p.get("chosen") and not seen[key].get("chosen")):
             seen[key] = dict(p)
     return sorted(seen.values(), key=lambda p: (float(p["cost_fraction_16bit"]), len(p["promoted"])))
+
+
+# ---------------------------------------------------------------------------------------------- diagnose --measure
+#: A remedy is advice only when it measured more than this (dB at the worst output): the noise of a small debug set.
+MIN_MEASURED_GAIN_DB = 0.1
+
+
+@dataclass(frozen=True)
+class DiagnosisGain:
+    """One diagnosis' remedy measured: the gain it was predicted (``None``: no estimate for this kind of remedy)
+    and the gain it measured at the worst output, against the same base and samples."""
+
+    tensor: str
+    diagnosis: str
+    remedy: str
+    text: str
+    predicted_gain_db: float | None
+    measured_gain_db: float | None
+    output_sqnr_db: float | None
+    error: str | None = None
+
+    @property
+    def helps(self) -> bool:
+        """Measured better than the base by more than :data:`MIN_MEASURED_GAIN_DB`."""
+        return self.measured_gain_db is not None and self.measured_gain_db > MIN_MEASURED_GAIN_DB
+
+
+@dataclass(frozen=True)
+class DiagnosisGains:
+    """Every diagnosis' remedy measured (``qdebug diagnose --measure``), best measured gain first; remedies that
+    measured no gain come after every one that did, so none of them is ever the top fix."""
+
+    base_output_sqnr_db: float | None
+    items: tuple[DiagnosisGain, ...]
+    ceiling_db: float | None = None
+
+    @property
+    def median_abs_error_db(self) -> float | None:
+        """Median |predicted − measured| over the remedies with both (``None``: none)."""
+        errs = sorted(
+            abs(g.predicted_gain_db - g.measured_gain_db)
+            for g in self.items
+            if g.predicted_gain_db is not None and g.measured_gain_db is not None
+        )
+        if not errs:
+            return None
+        mid = len(errs) // 2
+        return errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with ``schema_version``."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "base_output_sqnr_db": encode_number(self.base_output_sqnr_db),
+            "ceiling_db": encode_number(self.ceiling_db),
+            "median_abs_error_db": encode_number(self.median_abs_error_db),
+            "items": [
+                {"tensor": g.tensor, "diagnosis": g.diagnosis, "remedy": g.remedy, "text": g.text,
+                 "predicted_gain_db": encode_number(g.predicted_gain_db),
+                 "measured_gain_db": encode_number(g.measured_gain_db),
+                 "output_sqnr_db": encode_number(g.output_sqnr_db), "error": g.error, "helps": g.helps}
+                for g in self.items
+            ],
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DiagnosisGains:
+        """Inverse of :meth:`to_dict`."""
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ConfigError(f"diagnosis gains: unsupported schema_version {d.get('schema_version')!r}")
+        items = tuple(
+            DiagnosisGain(g["tensor"], g["diagnosis"], g["remedy"], g["text"], _num(g["predicted_gain_db"]),
+                          _num(g["measured_gain_db"]), _num(g["output_sqnr_db"]), g.get("error"))
+            for g in d["items"]
+        )  # fmt: skip
+        return cls(_num(d["base_output_sqnr_db"]), items, _num(d.get("ceiling_db")))
+
+
+def rank_by_measured(items: Sequence[DiagnosisGain]) -> tuple[DiagnosisGain, ...]:
+    """Best measured gain first; unmeasured (errors) last; ties in the given (diagnostic) order."""
+    order = {id(g): k for k, g in enumerate(items)}
+    return tuple(sorted(items, key=lambda g: (g.measured_gain_db is None, -(g.measured_gain_db or 0.0), order[id(g)])))

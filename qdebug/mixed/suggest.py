@@ -6,7 +6,19 @@ N_loc/N_cum = 10^((cum − local)/10) is the *own share* of the noise there. Pro
 8 to 16 bits divides N_loc by 256² (step size /256), so the SQNR at the tensor rises by
 ``−10·log10(1 − share + share/65536)``. To estimate the effect at the model output we assume the
 tensor's relative noise reaches the output unchanged (noise-to-signal preserved through the network):
-its share of the output noise is 10^((out − local)/10), capped at 1.
+its share of the output noise is 10^((out − local)/10).
+
+That share alone saturates: a tensor whose local SQNR is below the output's gets share 1 and a predicted
+"+48.2 dB" (8 bits × 6.02 dB) that no single promotion delivers, since every other tensor's and weight's rounding
+still reaches the output. The estimate is calibrated (docs/mixed_precision.md, docs/diagnostics.md):
+
+* the share is also bounded by the tensor's part of the *noise budget* — its relative local noise
+  10^(−local/10) over the sum of every quantized activation's and 8-bit weight's (their noises add at the output
+  under the same model) — so the shares of all tensors sum to at most 1 and the gain is ≤ −10·log10(1 − share);
+* a tensor whose every consumer only moves or selects values (Reshape, Transpose, Relu, MaxPool, Concat, ...) onto
+  an 8-bit grid as coarse as its own gets ~0: the consumer re-quantizes what the promotion removed;
+* with a measured ceiling (``ceiling_db``: the all-16-bit-activation model's worst output), no promotion gains more
+  than the headroom to it.
 
 Roles:
 
@@ -33,6 +45,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SIXTEEN_BIT_NOISE_FACTOR = 65536.0  # (2**16 / 2**8)**2: noise power ratio of an 8-bit vs a 16-bit step
+#: Ops whose output holds (a selection of) their input's values: quantized on a grid as coarse as the input's, they
+#: round again what promoting the input removed.
+REQUANTIZING_OPS = frozenset(
+    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Relu", "MaxPool", "Concat", "Slice",
+     "Gather", "Split", "Pad", "Resize", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Clip"}
+)  # fmt: skip
 
 
 class Role(StrEnum):
@@ -73,11 +91,38 @@ class Suggestion:
 
 def _gain(share: float) -> float:
     share = min(max(share, 0.0), 1.0)
-    return -10.0 * math.log10(1.0 - share + share / SIXTEEN_BIT_NOISE_FACTOR)
+    return 0.0 - 10.0 * math.log10(1.0 - share + share / SIXTEEN_BIT_NOISE_FACTOR) + 0.0  # no "-0.00"
 
 
 def _finite(v: float | None) -> bool:
     return v is not None and math.isfinite(v)
+
+
+def noise_budget(report: DebugReport) -> float:
+    """The sum of the relative local noise powers 10^(−SQNR/10) of every quantized activation and every 8-bit weight:
+    what, under the noise model, adds up to the output's noise. A tensor's share of it bounds its share of the
+    output's noise (``0.0``: nothing measurable)."""
+    total = 0.0
+    for a in report.activations:
+        if a.quantized and _finite(a.local_sqnr_db):
+            total += 10.0 ** (-(a.local_sqnr_db or 0.0) / 10.0)
+    for w in report.weights:
+        if w.kind == "weight" and _finite(w.weight_sqnr_db) and not w.quant_type.endswith("16"):
+            total += 10.0 ** (-(w.weight_sqnr_db or 0.0) / 10.0)
+    return total
+
+
+def requantizing_consumers(a: ActivationResult, consumers: list[ActivationResult]) -> bool:
+    """Whether every consumer of ``a`` re-quantizes its values on an 8-bit grid at least as coarse as ``a``'s (a
+    value-moving op, :data:`REQUANTIZING_OPS`): promoting ``a`` alone then gains ~nothing."""
+    if not consumers or a.scale is None or a.scale <= 0:
+        return False
+    for c in consumers:
+        coarse = c.scale is not None and c.scale >= 0.5 * a.scale
+        eight = c.quantized and c.quant_type is not None and not c.quant_type.endswith("16")
+        if not (c.producer_op in REQUANTIZING_OPS and eight and coarse):
+            return False
+    return True
 
 
 def classify(
@@ -88,8 +133,13 @@ def classify(
     min_drop_db: float = 1.0,
     min_share: float = 0.25,
     min_output_share: float = 0.10,
+    budget: float = 0.0,
+    consumers: list[ActivationResult] | None = None,
+    ceiling_db: float | None = None,
 ) -> Suggestion | None:
-    """The role and estimated gains of one activation (``None`` if it cannot be promoted)."""
+    """The role and estimated gains of one activation (``None`` if it cannot be promoted). ``budget``
+    (:func:`noise_budget`), ``consumers`` (the activations its output feeds) and ``ceiling_db`` (a measured
+    all-16-bit worst output) calibrate the output gain (module docstring); without them it is the plain model's."""
     if not a.quantized or a.quant_type is None or a.quant_type.endswith("16"):
         return None
     local, cum = a.local_sqnr_db, a.cumulative_sqnr_db
@@ -104,17 +154,24 @@ def classify(
     drop = input_db - cum if math.isfinite(input_db) else None
     dropped = drop is None or drop >= min_drop_db
     gain = _gain(share)
-    out_share = 0.0
+    out_share, raw_share = 0.0, 0.0
     if _finite(output_sqnr_db):
         assert output_sqnr_db is not None
-        out_share = min(1.0, 10.0 ** ((output_sqnr_db - local) / 10.0))
-    out_gain = _gain(out_share)
-    if (dropped and share >= min_share) or out_share >= min_output_share:
+        raw_share = out_share = min(1.0, 10.0 ** ((output_sqnr_db - local) / 10.0))
+    if budget > 0:
+        out_share = min(out_share, 10.0 ** (-local / 10.0) / budget)
+    requant = requantizing_consumers(a, consumers or [])
+    out_gain = 0.0 if requant else _gain(out_share)
+    if ceiling_db is not None and _finite(output_sqnr_db):
+        assert output_sqnr_db is not None
+        out_gain = min(out_gain, max(0.0, ceiling_db - output_sqnr_db))
+    caveat = " (its consumers re-quantize it on as coarse a grid: ~0 at the output alone)" if requant else ""
+    if (dropped and share >= min_share) or raw_share >= min_output_share:
         role = Role.ORIGINATOR
         where = "first quantized tensor" if drop is None else f"cumulative {cum:.1f} dB, {drop:.1f} dB below its inputs"
         reason = (
             f"originator: local {local:.1f} dB, {where}; own rounding is {share:.0%} of the noise here and "
-            f"~{out_share:.0%} of the output's (16-bit: ~{gain:.1f} dB here, ~{out_gain:.2f} dB at the output)"
+            f"~{out_share:.0%} of the output's (16-bit: ~{gain:.1f} dB here, ~{out_gain:.2f} dB at the output){caveat}"
         )
     elif dropped:
         role = Role.AMPLIFIER
@@ -146,11 +203,27 @@ def classify(
     )
 
 
-def analyse(report: DebugReport, **thresholds: float) -> tuple[Suggestion, ...]:
-    """Every promotable activation with its role, ranked (originators first, then by estimated gain)."""
+def analyse(report: DebugReport, ceiling_db: float | None = None, **thresholds: float) -> tuple[Suggestion, ...]:
+    """Every promotable activation with its role, ranked (originators first, then by estimated gain).
+    ``ceiling_db``: the all-16-bit-activation model's measured worst output, when known (bounds every gain)."""
     by_name = {a.tensor_name: a for a in report.activations}
     out_db = report.min_output_sqnr_db
-    items = [s for a in report.activations if (s := classify(a, by_name, out_db, **thresholds)) is not None]
+    budget = noise_budget(report)
+    consumers: dict[str, list[ActivationResult]] = {}
+    for c in report.activations:
+        for i in dict.fromkeys(c.inputs):
+            consumers.setdefault(i, []).append(c)
+    items = [
+        s
+        for a in report.activations
+        if (
+            s := classify(
+                a, by_name, out_db, budget=budget, consumers=consumers.get(a.tensor_name), ceiling_db=ceiling_db,
+                **thresholds,
+            )
+        )
+        is not None
+    ]  # fmt: skip
     order = {Role.ORIGINATOR.value: 0, Role.AMPLIFIER.value: 1, Role.INHERITOR.value: 2, Role.CLEAN.value: 3}
     topo = {a.tensor_name: a.topo_index for a in report.activations}
     items.sort(key=lambda s: (order[s.role], -s.estimated_output_gain_db, -s.estimated_gain_db, topo[s.tensor_name]))
@@ -163,12 +236,15 @@ def _with_rank(s: Suggestion, rank: int) -> Suggestion:
     return replace(s, rank=rank)
 
 
-def suggest(report: DebugReport, top: int | None = 10, **thresholds: float) -> tuple[Suggestion, ...]:
-    """The ranked promotion candidates: originators, best estimated output gain first.
+def suggest(
+    report: DebugReport, top: int | None = 10, ceiling_db: float | None = None, **thresholds: float
+) -> tuple[Suggestion, ...]:
+    """The ranked promotion candidates: originators, best estimated output gain first (``ceiling_db``: see
+    :func:`analyse`).
 
     Deterministic for a given report (ties broken by topological order).
     """
-    ranked = [s for s in analyse(report, **thresholds) if s.role == Role.ORIGINATOR.value]
+    ranked = [s for s in analyse(report, ceiling_db, **thresholds) if s.role == Role.ORIGINATOR.value]
     return tuple(ranked if top is None else ranked[:top])
 
 
