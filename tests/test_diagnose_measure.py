@@ -140,3 +140,15 @@ def test_measure_options_need_measure(sentinel_files: dict[str, Path]) -> None:
     code = main(["diagnose", "-f", str(f["f"]), "-q", str(f["q"]), "-d", str(f["eval"]), "--calib", str(f["calib"])],
                 err)  # fmt: skip
     assert code == 2
+
+
+def test_every_remedy_kind_is_measured_before_a_second_of_any() -> None:
+    from qdebug.diagnose import Diagnostic, DiagnosticKind, Diagnostics, Remedy, RemedyKind, Severity
+    from qdebug.mixed.diagnosis import select_for_measure
+
+    def diag(t: str, kind: RemedyKind) -> Diagnostic:
+        return Diagnostic(DiagnosticKind.SATURATION, Severity.WARNING, t, "Add", "e", Remedy(kind, (t,), "r"))
+
+    items = [diag(f"s{i}", RemedyKind.PERCENTILE_CALIBRATION) for i in range(5)] + [diag("w", RemedyKind.PER_CHANNEL)]
+    chosen = select_for_measure(Diagnostics(tuple(items)), 3)
+    assert [d.tensor for d in chosen.items] == ["s0", "s1", "w"]

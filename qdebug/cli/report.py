@@ -214,7 +214,8 @@ class Diagnose(Tool):
         )
         m.add_argument(
             "--measure-top", type=positive_int, default=8, metavar="N",
-            help="with --measure: measure the remedies of the first N diagnoses, most severe first (default 8)",
+            help="with --measure: measure the remedies of N diagnoses, most severe first, the first of each remedy "
+            "kind before a second of any (default 8)",
         )  # fmt: skip
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
@@ -268,11 +269,10 @@ class Diagnose(Tool):
 def _measure(args: argparse.Namespace, diags: Any) -> Any:
     """Every diagnosis' remedy measured on a session whose base is the diagnosed model (``--measure``)."""
     from qdebug.cli.debug import debug_options
-    from qdebug.diagnose import Diagnostics
-    from qdebug.mixed.diagnosis import measure_diagnostics
+    from qdebug.mixed.diagnosis import measure_diagnostics, select_for_measure
     from qdebug.mixed.session import MixedPrecisionSession
 
-    first = Diagnostics(diags.items[: args.measure_top], diags.stats_samples, diags.checks)
+    first = select_for_measure(diags, args.measure_top)
     with MixedPrecisionSession(
         args.float_model, args.calib or args.data, quant_model=args.quant_model, debug_data=args.data,
         debug_options=debug_options(args),

@@ -30,7 +30,7 @@ from qdebug.mixed.suggest import SIXTEEN_BIT_NOISE_FACTOR, analyse, noise_budget
 from qdebug.report import DebugReport
 from qdebug.sentinel import find_sentinels
 
-__all__ = ["measure_diagnostics", "predicted_per_channel_gain", "predicted_promotion_gain"]
+__all__ = ["measure_diagnostics", "predicted_per_channel_gain", "predicted_promotion_gain", "select_for_measure"]
 
 _OUT_AXIS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0, "MatMul": -1}
 
@@ -150,6 +150,18 @@ class _Measurer:
         samples = [dict(s) for _, s in zip(range(self.proof_samples), src, strict=False)]
         rems = sentinel_remedies(self.session.base_config, model, sentinels, report_ranges(self.base), samples=samples)
         return [(diags[0], r) for r in rems]
+
+
+def select_for_measure(diagnostics: Diagnostics, n: int) -> Diagnostics:
+    """At most ``n`` diagnoses to measure, most severe first, but the first of every remedy kind before a second of
+    any (twenty saturated tensors must not crowd out the one per-channel weight that would help)."""
+    items = diagnostics.items
+    first: dict[RemedyKind, int] = {}
+    for k, d in enumerate(items):
+        first.setdefault(d.remedy.kind, k)
+    chosen = sorted(first.values())[:n]
+    chosen += [k for k in range(len(items)) if k not in set(chosen)][: max(0, n - len(chosen))]
+    return Diagnostics(tuple(items[k] for k in sorted(chosen)), diagnostics.stats_samples, diagnostics.checks)
 
 
 def _gain(d: Diagnostic, kind: str, text: str, predicted: float | None, r: RemedyResult) -> DiagnosisGain:
