@@ -20,6 +20,7 @@ from qdebug.cli.build import Build
 from qdebug.cli.dashboard import Dashboard
 from qdebug.cli.debug import Debug
 from qdebug.cli.demo import Demo
+from qdebug.cli.fix import Fix
 from qdebug.cli.notebooks import Notebooks
 from qdebug.cli.quantize import Quantize
 from qdebug.cli.report import Diagnose, Report
@@ -40,7 +41,7 @@ from qdebug.render.text import (
 
 #: Every subcommand, in the order ``--help`` lists them.
 TOOLS: tuple[Tool, ...] = (
-    Quantize(), Debug(), Diagnose(), Suggest(), Search(), Build(), Report(), Demo(), Dashboard(), Notebooks(),
+    Quantize(), Debug(), Diagnose(), Suggest(), Search(), Fix(), Build(), Report(), Demo(), Dashboard(), Notebooks(),
 )  # fmt: skip
 
 __all__ = [

@@ -78,6 +78,7 @@ class FixOptions:
     calibration_methods: tuple[str, ...] = ("percentile", "entropy")
     libraries: tuple[str, ...] | None = None
     metric: Any = None
+    label_key: str = "label"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -127,6 +128,7 @@ class _State:
     notes: list[str] = field(default_factory=list)
     leaves: list[_Leaf] = field(default_factory=list)
     debug_source: DataSource | None = None
+    holdout_labels: Sequence[Any] | None = None
     act_elements: dict[str, int] = field(default_factory=dict)
     weight_elements: dict[str, int] = field(default_factory=dict)
 
@@ -413,14 +415,34 @@ def _measure_block(st: _State, s: _Search, leaf: _Leaf, acts: set[str]) -> None:
     leaf.reduction = 0.0 if t is None or t.measure is None else max(0.0, t.measure.noise - full)
 
 
+def _within_budget(st: _State, s: _Search, chosen: list[_Leaf], acts: set[str]) -> tuple[list[_Leaf], Any]:
+    """``chosen`` (best per element first) trimmed from its end until the config it makes — with the conversions
+    ORT's fixer adds around promoted tensors — holds at most the budget's share in 16 bits: (leaves, config)."""
+    assert s.start.config is not None
+    keep = list(chosen)
+    while keep:
+        units = sorted({u for lf in keep for u in lf.block.units}, key=lambda u: u.order)
+        try:
+            cfg = with_sixteen_bit(s.start.config, st.float_proto, units, acts=acts)
+        except ConfigError as exc:
+            st.notes.append(f"16-bit choice of {len(keep)} block(s): {exc}")
+            return [], None
+        if st.share(cfg) <= st.opts.budget_16bit + 1e-9:
+            return keep, cfg
+        keep.pop()
+    return [], None
+
+
 def _measure_union(st: _State, s: _Search, chosen: list[_Leaf], acts: set[str]) -> Trial | None:
     """The chosen blocks together in 16 bits, the rest in 8 (the choice measured, interactions included)."""
-    units = frozenset(u for lf in chosen for u in lf.block.units)
-    if units in s.tried or not units:
+    keep, cfg = _within_budget(st, s, chosen, acts)
+    units = frozenset(u for lf in keep for u in lf.block.units)
+    if units in s.tried or not units or cfg is None:
         return None
     s.tried.add(units)
-    t = _sixteen(st, s, units, acts, "choice", f"16-bit: {len(chosen)} block(s), {len(units)} tensors")
-    if t is not None and t.share_16bit <= st.opts.budget_16bit + 1e-9 and _better(t, s.best):
+    what = f"16-bit: {len(keep)} block(s), {len(units)} tensors"
+    t = _try(st, f"choice{len(st.trials)}", Stage.SIXTEEN_BIT, what, cfg)
+    if _better(t, s.best):
         s.best = t
     return t
 
@@ -445,7 +467,7 @@ def _sixteen_bit_stage(st: _State, start: Trial, units: Sequence[Unit], goal_db:
     while len(st.trials) < st.opts.max_trials and not s.met(s.best):
         chosen = _select(s.leaves, budget)
         split = _to_split(s.leaves, budget)
-        if chosen and (s.predicted(chosen) <= s.goal_noise or split is None):
+        if chosen:  # every new selection measured: the best point within budget is always a measured one
             t = _measure_union(st, s, chosen, acts)
             if t is not None and s.met(t):
                 break
@@ -478,8 +500,11 @@ def _caps(st: _State, best8: Trial, chosen: Trial, ceilings: dict[str, Trial], g
     if top is not None and top.db is not None and best8.db is not None and top.db - best8.db < 1.0:
         out.append(f"bit width is not what limits this model: W16A16 measures {top.db:.1f} dB against {best8.db:.1f} "
                    "dB in 8 bits (calibration ranges from too few samples, or ops ORT leaves in float)")  # fmt: skip
-    gw, ga = _db_gain(w16, best8), _db_gain(a16, best8)
-    if gw is not None and ga is not None and max(gw, ga) > 1.0:
+    gw, ga, both = _db_gain(w16, best8), _db_gain(a16, best8), _db_gain(top, best8)
+    if gw is not None and ga is not None and both is not None and max(gw, ga) < 0.5 * both:
+        out.append(f"the error needs weights and activations in 16 bits together: all weights gain {gw:+.1f} dB, all "
+                   f"activations {ga:+.1f} dB, both {both:+.1f} dB")  # fmt: skip
+    elif gw is not None and ga is not None and max(gw, ga) > 1.0:
         kind, other = ("weights", "activations") if gw > ga else ("activations", "weights")
         out.append(f"the {kind} hold most of the error: all {kind} in 16 bits gain {max(gw, ga):+.1f} dB, all {other} "
                    f"{min(gw, ga):+.1f} dB")  # fmt: skip
@@ -507,7 +532,7 @@ def _holdout(st: _State, trials: dict[str, Trial | None], paths: dict[str, Path]
     """The named trials measured again on the held-out samples."""
     if not st.holdout_samples:
         return {}
-    probe = OutputProbe(st.float_proto, st.holdout_samples, metric=st.probe.metric)
+    probe = OutputProbe(st.float_proto, st.holdout_samples, metric=st.probe.metric, labels=st.holdout_labels)
     out = {}
     for key, t in trials.items():
         if t is None or t.measure is None:
@@ -589,6 +614,22 @@ def _library_stage(st: _State, best: Trial) -> Trial:
     return winner
 
 
+def _labels(data: Any, metric: Any, key: str, n: int) -> Any:
+    """The data's labels when the task metric reads them (``None`` otherwise)."""
+    if metric is None or not getattr(metric, "needs_labels", False):
+        return None
+    from qdebug.task_measure import labels_for
+
+    return labels_for(data, key, n, True)
+
+
+def _window(labels: Any, window: DataSource) -> Sequence[Any] | None:
+    """The labels of a :class:`~qdebug.data.Window`'s samples."""
+    if labels is None or not isinstance(window, Window):
+        return None
+    return list(labels[window.start : window.stop])
+
+
 def fix(
     float_model: str | Path,
     data: Any,
@@ -608,19 +649,22 @@ def fix(
     t0 = time.perf_counter()
     float_path = Path(float_model)
     proto = load_model(float_path, "float model")
-    source = open_data(data, input_specs(proto), seed=opts.seed)
-    notes: list[str] = []
-    calib, debug_src, held = _split(source, opts, notes)
-    debug_set, held_set = list(debug_src), [] if held is None else list(held)
     metric = None
     if opts.metric is not None:
         from qdebug.task_metrics import load_metric
 
         metric = load_metric(opts.metric, proto)
+    ignore = (opts.label_key,) if metric is not None else ()  # a metric's labels are never a model input
+    source = open_data(data, input_specs(proto), seed=opts.seed, ignore=ignore)
+    notes: list[str] = []
+    calib, debug_src, held = _split(source, opts, notes)
+    debug_set, held_set = list(debug_src), [] if held is None else list(held)
+    labels = _labels(data, metric, opts.label_key, len(source))
     work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-fix-"))
-    probe = OutputProbe(proto, debug_set, metric=metric)
+    probe = OutputProbe(proto, debug_set, metric=metric, labels=_window(labels, debug_src))
     st = _State(float_path, proto, calib, debug_set, held_set, probe, work, opts, progress, notes=notes)
     st.debug_source = debug_src
+    st.holdout_labels = None if held is None else _window(labels, held)
     base, start, paths = _start(st, None if quant_model is None else Path(quant_model))
     best8, steps = _recipe_stage(st, start)
     ceilings = _ceilings(st, best8)

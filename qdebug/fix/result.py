@@ -124,6 +124,12 @@ class FixResult:
     metric: str | None = None
     ceilings: Mapping[str, float | None] = field(default_factory=dict)
 
+    def with_model_path(self, path: str | None) -> FixResult:
+        """The same result with the fixed model at ``path`` (where the caller copied it)."""
+        from dataclasses import replace
+
+        return replace(self, model_path=path)
+
     def trial(self, name: str) -> Trial:
         """The trial called ``name``."""
         for t in self.trials:
