@@ -260,10 +260,7 @@ def _axes(st: _State, base: QuantConfig) -> list[_Axis]:
 
 def _sentinel_nodes(st: _State) -> tuple[str, ...]:
     """Nodes to keep in float so a sentinel constant (−FLT_MAX mask) never shares a grid with real values."""
-    try:  # TEMP until qdebug.sentinel lands
-        from qdebug.sentinel import find_sentinels
-    except ImportError:
-        return ()
+    from qdebug.sentinel import find_sentinels
 
     found = find_sentinels(st.float_proto)
     return tuple(sorted({n for s in found for n in s.float_nodes}))
