@@ -152,3 +152,13 @@ def test_cli_never_writes_over_an_input(tmp_path: Path, capsys: pytest.CaptureFi
     rc = main(["fix", "-f", str(model), "-d", str(CALIB), "-o", str(model), "--no-library"])
     assert rc != EXIT_OK and "float" in capsys.readouterr().err
     assert model.read_bytes() == CNN.read_bytes()
+
+
+def test_the_notebook_debugger_fixes_its_own_model(tmp_path: Path) -> None:
+    from widgets.session import QuantDebugger
+
+    dbg = QuantDebugger(CNN, data=CALIB, workdir=tmp_path)
+    r = dbg.fix(FixOptions(libraries=(), max_trials=12))
+    assert r.model_path is not None and Path(r.model_path).is_file()
+    assert str(tmp_path) in r.model_path and r.holdout
+    dbg.close()

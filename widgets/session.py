@@ -268,6 +268,19 @@ class QuantDebugger:
         self._step(1, 1, "search done")
         return res
 
+    def fix(self, options: Any = None, *, data: DataLike = None) -> Any:
+        """``qdebug fix`` on this debugger's float model (and your QDQ model, if one was given): measured remedies,
+        a fixed QDQ model within a 16-bit budget, checked on held-out samples (:func:`qdebug.fix.fix`; ``data``
+        defaults to the calibration data, whose last samples are held out). Returns the
+        :class:`~qdebug.fix.FixResult`; its ``model_path`` is in this debugger's working folder."""
+        from qdebug.fix import fix
+
+        work = self.workdir / f"fix{len(list(self.workdir.glob('fix*')))}"
+        result = fix(self.float_model, data if data is not None else self.session.data, options,
+                     quant_model=self.quant_model, workdir=work, progress=self._step)  # fmt: skip
+        self._step(1, 1, "fix done")
+        return result
+
     def compile_points(self, result: SearchResult, spec: str, target: str, samples: int = 0) -> SearchResult:
         """The search result with the points ``spec`` names (``front``, ``chosen``, ``0,2``) compiled for ``target``
         and, with ``samples`` > 0, run on it (:func:`qdebug.mixed.target_cost.compile_points`)."""
