@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -31,7 +30,7 @@ import onnx
 from qdebug.capture.session import make_session, ort_errors, ort_log_severity, ort_message
 from qdebug.cluster import ClusterSpec
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, normalize_quant_type
-from qdebug.data import DataSource, as_ort_reader, open_data, range_reader
+from qdebug.data import DataSource, Sample, as_ort_reader, open_data, range_reader
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError
 from qdebug.graph import (
     VIEW_OPS,
@@ -46,9 +45,18 @@ from qdebug.graph import (
 from qdebug.io import atomic_path, atomic_write_bytes, refuse_overwrite_input, temp_dir
 from qdebug.metrics import blocked_dot, sqnr_from_energies
 from qdebug.ort_index import indexed_quantizer
+from qdebug.quantize_choice import (
+    CHOICE_MARGIN_DB,
+    RecipeChoice,
+    RecipeTrial,
+    check_samples,
+    recipe_label,
+    weight_steps,
+)
 from qdebug.targets.base import to_ort_config
 
-SCHEMA_VERSION = 1
+#: 2: ``checked_on`` and ``choice`` (version 1 results read with neither)
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -67,15 +75,21 @@ class QuantizeResult:
     reused_calibration: bool = False
     #: what quantize did on its own to keep the model sound (e.g. nodes left in float next to a non-finite constant)
     warnings: tuple[str, ...] = ()
-    #: SQNR (dB) of each float model output, QDQ vs float, on the first ``checked_samples`` calibration samples
+    #: SQNR (dB) of each float model output, QDQ vs float, on the ``checked_samples`` check samples
     #: (``None``: not a float output, identical, or not measurable); empty when the check was off
     output_sqnr_db: dict[str, float | None] = field(default_factory=dict)
     checked_samples: int = 0
+    #: which samples the check ran: samples calibration did not see first (``quantize_choice.check_samples``)
+    checked_on: str = ""
+    #: the weight recipes the check measured and the one written, with each one's dB (``None``: the recipe was
+    #: followed as given — check off, a recipe to follow exactly, or nothing else to try)
+    choice: RecipeChoice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with ``schema_version``."""
         d = asdict(self)
         d["config"] = self.config.to_dict()
+        d["choice"] = None if self.choice is None else self.choice.to_dict()
         d["schema_version"] = SCHEMA_VERSION
         return d
 
@@ -86,6 +100,7 @@ class QuantizeResult:
         kw["config"] = QuantConfig.from_dict(kw["config"])
         kw["warnings"] = tuple(kw.get("warnings", ()))
         kw["output_sqnr_db"] = dict(kw.get("output_sqnr_db", {}))
+        kw["choice"] = None if kw.get("choice") is None else RecipeChoice.from_dict(kw["choice"])
         return cls(**kw)
 
     def to_json(self) -> str:
@@ -631,44 +646,52 @@ def _phases(
     return calib_s, _insert_qdq(ort_model, ort_cfg, ranges, out, label)
 
 
-#: Calibration samples the written model is measured on (float vs QDQ model outputs): enough to see an output
-#: that is broken, cheap next to calibration.
-CHECK_SAMPLES = 4
 #: An output at or below this SQNR carries as much quantization error as signal: the model is not usable.
 BROKEN_OUTPUT_DB = 0.0
-#: Below this SQNR an output has lost most of its information (noise above 10 % of the signal's power): worth one
-#: more QDQ insertion with per-channel weights (Silero VAD at U8S8: 0.5 dB per-tensor, 30+ dB per-channel).
-TRY_PER_CHANNEL_DB = 10.0
 
 
-def _output_sqnr(
-    float_model: onnx.ModelProto, qdq_path: Path, source: DataSource, n: int
-) -> tuple[dict[str, float | None], int]:
-    """Each model output's SQNR in dB, QDQ vs float, from energies summed over the first ``n`` samples (sessions
-    with optimizations off: exact QDQ semantics, the numbers ``qdebug debug`` reports); ``None`` where it is not a
-    float output or not finite."""
-    fs: Any = make_session(float_model, ["CPUExecutionProvider"], what="the float model")
-    qs: Any = make_session(onnx.load(str(qdq_path)), ["CPUExecutionProvider"], what=str(qdq_path))
-    have = {o.name for o in qs.get_outputs()}
-    names = [o.name for o in fs.get_outputs() if o.name in have]
-    signal, noise = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0)
-    floating, count = set(names), 0
-    for sample in itertools.islice(iter(source), n):
-        for name, f_out, q_out in zip(names, fs.run(names, sample), qs.run(names, sample), strict=True):
-            f, q = np.asarray(f_out), np.asarray(q_out)
-            if not np.issubdtype(f.dtype, np.floating) or f.shape != q.shape:
-                floating.discard(name)
-                continue
-            f64 = f.astype(np.float64).ravel()
-            d = f64 - q.astype(np.float64).ravel()
-            signal[name] += blocked_dot(f64, f64)
-            noise[name] += blocked_dot(d, d)
-        count += 1
-    result: dict[str, float | None] = {}
-    for name in names:
-        db = sqnr_from_energies(signal[name], noise[name])[0] if name in floating else None
-        result[name] = round(db, 3) if db is not None and math.isfinite(db) else None
-    return result, count
+class _OutputCheck:
+    """The float model's outputs on the check samples, computed once, against which each QDQ model is measured
+    (sessions with optimizations off: exact QDQ semantics, the numbers ``qdebug debug`` reports). Holds
+    :data:`~qdebug.quantize_choice.CHECK_SAMPLES` samples and their float outputs: a fixed, small amount."""
+
+    def __init__(self, float_model: onnx.ModelProto, source: DataSource) -> None:
+        self.float_model, self.source = float_model, source
+        self._reference: list[tuple[Sample, list[Any]]] | None = None
+        self.names: list[str] = []
+
+    def _float_outputs(self) -> list[tuple[Sample, list[Any]]]:
+        if self._reference is None:
+            fs: Any = make_session(self.float_model, ["CPUExecutionProvider"], what="the float model")
+            self.names = [o.name for o in fs.get_outputs()]
+            self._reference = [(s, fs.run(self.names, s)) for s in self.source]
+        return self._reference
+
+    def sqnr(self, qdq_path: Path) -> tuple[dict[str, float | None], int]:
+        """Each model output's SQNR in dB, QDQ vs float, from energies summed over the check samples; ``None``
+        where it is not a float output or not finite."""
+        reference = self._float_outputs()
+        qs: Any = make_session(onnx.load(str(qdq_path)), ["CPUExecutionProvider"], what=str(qdq_path))
+        have = {o.name for o in qs.get_outputs()}
+        names = [n for n in self.names if n in have]
+        signal, noise = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0)
+        floating = set(names)
+        for sample, f_outs in reference:
+            by_name = dict(zip(self.names, f_outs, strict=True))
+            for name, q_out in zip(names, qs.run(names, sample), strict=True):
+                f, q = np.asarray(by_name[name]), np.asarray(q_out)
+                if not np.issubdtype(f.dtype, np.floating) or f.shape != q.shape:
+                    floating.discard(name)
+                    continue
+                f64 = f.astype(np.float64).ravel()
+                d = f64 - q.astype(np.float64).ravel()
+                signal[name] += blocked_dot(f64, f64)
+                noise[name] += blocked_dot(d, d)
+        result: dict[str, float | None] = {}
+        for name in names:
+            db = sqnr_from_energies(signal[name], noise[name])[0] if name in floating else None
+            result[name] = round(db, 3) if db is not None and math.isfinite(db) else None
+        return result, len(reference)
 
 
 def _worst(outputs: Mapping[str, float | None]) -> tuple[str, float] | None:
@@ -680,11 +703,11 @@ def _worst(outputs: Mapping[str, float | None]) -> tuple[str, float] | None:
     return name, db
 
 
-def _measured(float_model: onnx.ModelProto, qdq_path: Path, source: DataSource, notes: list[str]) -> Any:
-    """:func:`_output_sqnr`, or nothing (with a note) when the check itself cannot run the models."""
+def _measured(check: _OutputCheck, qdq_path: Path, notes: list[str]) -> tuple[dict[str, float | None], int]:
+    """:meth:`_OutputCheck.sqnr`, or nothing (with a note) when the check itself cannot run the models."""
     caught: tuple[type[Exception], ...] = (*ort_errors(), ModelError, DataError)
     try:
-        return _output_sqnr(float_model, qdq_path, source, CHECK_SAMPLES)
+        return check.sqnr(qdq_path)
     except caught as exc:
         notes.append(f"the written model's outputs could not be measured: {ort_message(exc)}")
         return {}, 0
@@ -702,58 +725,113 @@ class _Redo:
     fallback: bool
 
 
-def _per_channel(cfg: QuantConfig, allowed: bool) -> QuantConfig | None:
-    """The config with per-channel weights, if that is a different recipe the caller allows and the target runs."""
-    if not allowed or cfg.per_channel:
-        return None
+def _trial(cfg: QuantConfig, outputs: dict[str, float | None], seconds: float) -> RecipeTrial:
+    worst = _worst(outputs)
+    return RecipeTrial(
+        per_channel=cfg.per_channel,
+        weight_type=cfg.weight_type,
+        worst_output=None if worst is None else worst[0],
+        worst_db=None if worst is None else worst[1],
+        output_sqnr_db=outputs,
+        seconds=round(seconds, 4),
+    )
+
+
+def _try_recipe(
+    cfg: QuantConfig, path: Path, source: DataSource, check: _OutputCheck, redo: _Redo, notes: list[str]
+) -> RecipeTrial | None:
+    """Insert QDQ with ``cfg`` from the calibration ranges already made (written to ``path`` in quantize's own
+    temporary folder) and measure it; ``None`` (with a note) when ORT cannot quantize or run it this way."""
+    t0 = time.perf_counter()
     try:
-        return cfg.replace(per_channel=True)
-    except ConfigError:  # the target cannot run per-channel weights of this type
+        ort_cfg = to_ort_config(cfg, redo.model_path, as_ort_reader(source))
+        ort_cfg.nodes_to_exclude = [*(ort_cfg.nodes_to_exclude or []), *redo.keep_float]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _phases(redo.model_path, ort_cfg, redo.work, redo.cache, path, redo.label, notes)
+    except (ConfigError, DataError, ModelError) as exc:
+        notes.append(f"{recipe_label(cfg.per_channel, cfg.weight_type)} weights were not tried: {exc}")
         return None
+    outputs, n = _measured(check, path, notes)
+    return _trial(cfg, outputs, time.perf_counter() - t0) if n else None
+
+
+def _alternative(cfg: QuantConfig, step: Mapping[str, Any]) -> QuantConfig | None:
+    """``cfg`` with one change, or ``None`` when the target cannot run it (its rules refuse the config)."""
+    try:
+        return cfg.replace(**step)
+    except ConfigError:
+        return None
+
+
+def _choose(
+    out: Path, source: DataSource, cfg: QuantConfig, check: tuple[_OutputCheck, int], given: RecipeTrial,
+    redo: _Redo, notes: list[str],
+) -> tuple[QuantConfig, RecipeChoice | None]:  # fmt: skip
+    """Measure each alternative of :func:`~qdebug.quantize_choice.weight_steps` on top of the best recipe so far and
+    write the best one to ``out``: an alternative is kept only when its worst output beats the best so far by more
+    than :data:`~qdebug.quantize_choice.CHOICE_MARGIN_DB`. Per-tensor weights of a layer whose output channels
+    differ by orders of magnitude are the usual loser; a better recipe is cheap here (no re-calibration), so it is
+    measured whatever the given recipe's SQNR. ``source`` is the calibration data (for a re-calibration, when an
+    opset conversion made tensors the ranges lack); ``check`` the check and its number of samples."""
+    trials, best, best_cfg, best_path = [given], 0, cfg, out
+    for k, step in enumerate(weight_steps(cfg)):
+        alt = _alternative(best_cfg, step)
+        if alt is None:
+            continue
+        path = redo.work / f"recipe{k}.qdq.onnx"  # in quantize's own temporary folder, removed with it
+        tried = _try_recipe(alt, path, source, check[0], redo, notes)
+        best_db = trials[best].worst_db
+        if tried is None or tried.worst_db is None or best_db is None:
+            path.unlink(missing_ok=True)
+            continue
+        trials.append(tried)
+        if tried.worst_db > best_db + CHOICE_MARGIN_DB:
+            if best_path != out:
+                best_path.unlink(missing_ok=True)
+            best, best_cfg, best_path = len(trials) - 1, alt, path
+        else:
+            path.unlink(missing_ok=True)
+    if best_path != out:
+        atomic_write_bytes(out, best_path.read_bytes())  # the trial is in another folder, maybe device
+        best_path.unlink(missing_ok=True)
+    if len(trials) == 1:
+        return cfg, None
+    return best_cfg, RecipeChoice(tuple(trials), best, CHOICE_MARGIN_DB, check[1])
+
+
+def _others(choice: RecipeChoice) -> str:
+    """The recipes not written, with their worst output's dB."""
+    return ", ".join(
+        f"{t.label} {t.worst_db:.1f} dB" for t in choice.trials if t is not choice.written and t.worst_db is not None
+    )
 
 
 def _checked(
     model: onnx.ModelProto, out: Path, source: DataSource, cfg: QuantConfig, redo: _Redo, notes: list[str]
-) -> tuple[QuantConfig, dict[str, float | None], int]:
-    """Measure the written model's outputs; when one is below :data:`TRY_PER_CHANNEL_DB` with per-tensor weights
-    (and the caller allows it), insert QDQ again with per-channel weights (same calibration ranges) and keep that
-    model if its worst output measures better; warn about an output still at or below :data:`BROKEN_OUTPUT_DB`.
-    Per-tensor weights of a layer whose output channels differ by orders of magnitude are the usual cause
-    (u2netp: -3.2 dB per-tensor, 18.1 dB per-channel; Silero VAD at uint8: 8.7 dB vs 32 dB)."""
-    outputs, n = _measured(model, out, source, notes)
-    worst = _worst(outputs)
-    if worst is None or (worst[1] >= TRY_PER_CHANNEL_DB and worst[1] > BROKEN_OUTPUT_DB):
-        return cfg, outputs, n
-    per_channel = _per_channel(cfg, redo.fallback and worst[1] < TRY_PER_CHANNEL_DB)
-    if per_channel is not None:
-        trial = redo.work / "per_channel.qdq.onnx"  # in quantize's own temporary folder, removed with it
-        try:
-            ort_cfg = to_ort_config(per_channel, redo.model_path, as_ort_reader(source))
-            ort_cfg.nodes_to_exclude = [*(ort_cfg.nodes_to_exclude or []), *redo.keep_float]
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                _phases(redo.model_path, ort_cfg, redo.work, redo.cache, trial, redo.label, notes)
-            tried, _ = _measured(model, trial, source, notes)
-            better = _worst(tried)
-            if better is not None and better[1] > worst[1]:
-                atomic_write_bytes(out, trial.read_bytes())  # the trial is in another folder, maybe device
-                notes.append(
-                    f"output {worst[0]!r} measured {worst[1]:.1f} dB with per-tensor weights on {n} calibration "
-                    f"sample(s); with per-channel weights the worst output measures {better[1]:.1f} dB, so the "
-                    "model was written with per-channel weights (per_channel: true; --no-output-check keeps "
-                    "per-tensor)"
-                )
-                return per_channel, tried, n
-        finally:
-            trial.unlink(missing_ok=True)
-    if worst[1] > BROKEN_OUTPUT_DB:
-        return cfg, outputs, n
+) -> tuple[QuantConfig, dict[str, float | None], int, str, RecipeChoice | None]:
+    """Measure the written model's outputs on the check samples (:func:`~qdebug.quantize_choice.check_samples`);
+    when the caller allows it, measure the other weight recipes too and write the best (:func:`_choose`); warn
+    about an output still at or below :data:`BROKEN_OUTPUT_DB`. Returns the config written, its outputs' SQNR, the
+    number of check samples, which they were, and the choice made (``None``: none was)."""
+    samples, checked_on, _ = check_samples(source)
+    check = _OutputCheck(model, samples)
+    t0 = time.perf_counter()
+    outputs, n = _measured(check, out, notes)
+    given = _trial(cfg, outputs, time.perf_counter() - t0)
+    choice = None
+    if given.worst_db is not None and redo.fallback:
+        cfg, choice = _choose(out, source, cfg, (check, n), given, redo, notes)
+    final = given if choice is None else choice.written
+    if final.worst_db is None or final.worst_db > BROKEN_OUTPUT_DB:
+        return cfg, final.output_sqnr_db, n, checked_on, choice
+    others = "" if choice is None else f" (the other weight recipes measured did not do better: {_others(choice)})"
     notes.append(
-        f"output {worst[0]!r} measures {worst[1]:.1f} dB on {n} calibration sample(s): its quantization error is as "
-        "large as the signal, so this model does not reproduce the float model; 'qdebug debug' shows where it is lost"
-        + ("" if per_channel is None else " (per-channel weights did not do better)")
+        f"output {final.worst_output!r} measures {final.worst_db:.1f} dB on {n} check sample(s): its quantization "
+        "error is as large as the signal, so this model does not reproduce the float model; 'qdebug debug' shows "
+        "where it is lost" + others
     )
-    return cfg, outputs, n
+    return cfg, final.output_sqnr_db, n, checked_on, choice
 
 
 def _cache_path(calibration_cache: str | Path | None, out: Path) -> tuple[Path, bool]:
@@ -781,20 +859,17 @@ def quantize(
     """Quantize ``float_model`` to a QDQ model at ``output`` (a temp folder if omitted), by the recipe of the
     config's target (:meth:`qdebug.targets.base.Target.ort_config`; the config is checked against it first).
 
-    ``data`` feeds calibration (``None``: ``config.num_samples`` seeded synthetic samples, default 32; a file
-    or folder is used whole unless ``config.num_samples`` caps it). With an
-    existing ``calibration_cache`` (from an earlier result) calibration is skipped and its ranges reused.
-    ``input_shapes`` fixes dynamic input dimensions of synthetic calibration data (see ``docs/data.md``).
-
-    ``check`` measures the written model's outputs against the float model's on the first :data:`CHECK_SAMPLES`
-    calibration samples (``QuantizeResult.output_sqnr_db``) and warns about an output at or below
-    :data:`BROKEN_OUTPUT_DB`. With ``per_channel_fallback``, an output below :data:`TRY_PER_CHANNEL_DB` with
-    per-tensor weights makes it try per-channel weights on the same ranges and keep them if they measure better
-    (the result's config says which was written; a warning says why): off when the caller's recipe must be
-    followed exactly (a config or overrides file the user gave). ``check=False`` for re-quantizations that must
-    follow their config exactly (the mixed-precision search). ``cluster`` shards a MinMax calibration over Ray
-    workers (same ranges; other methods run here: :func:`unmergeable_calibration`, docs/scale.md).
-    """
+    ``data`` feeds calibration (``None``: ``config.num_samples`` seeded synthetic samples, default 32; a file or
+    folder is used whole unless ``config.num_samples`` caps it). With an existing ``calibration_cache`` (from an
+    earlier result) calibration is skipped and its ranges reused. ``input_shapes`` fixes dynamic input dimensions of
+    synthetic calibration data (see ``docs/data.md``). ``check`` measures the written model's outputs against the
+    float model's on check samples (samples calibration did not use first: ``QuantizeResult.checked_on``) and warns
+    about an output at or below :data:`BROKEN_OUTPUT_DB`; with ``per_channel_fallback`` it also measures the other
+    weight recipes of the same ranges (per-channel, ``int8``: :mod:`qdebug.quantize_choice`) and writes the best
+    (``QuantizeResult.choice``): off when the caller's recipe must be followed exactly (a config or overrides file,
+    weight flags). ``check=False`` for re-quantizations that must follow their config exactly (the mixed-precision
+    search). ``cluster`` shards a MinMax calibration over Ray workers (same ranges; other methods run here:
+    :func:`unmergeable_calibration`, docs/scale.md)."""
     cfg = config or QuantConfig()  # validated on construction, its target's rules included
     with _quiet_ort() as ort_log, temp_dir(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
@@ -829,7 +904,8 @@ def quantize(
                 raise DataError(f"{exc} (calibration data: {source.description})") from exc
             raise
         redo = _Redo(model_path, keep_float, work, cache, label, per_channel_fallback)
-        cfg, measured, checked = _checked(model, out, source, cfg, redo, notes) if check else (cfg, {}, 0)
+        checked = _checked(model, out, source, cfg, redo, notes) if check else (cfg, {}, 0, "", None)
+        cfg, measured, n_checked, checked_on, choice = checked
     quantized, total, qdq = count_quantized_nodes(onnx.load(str(out)))
     return QuantizeResult(
         model_path=str(out),
@@ -844,5 +920,7 @@ def quantize(
         reused_calibration=reuse and calib_s == 0.0,
         warnings=(*notes, *ort_log.notes()),
         output_sqnr_db=measured,
-        checked_samples=checked,
+        checked_samples=n_checked,
+        checked_on=checked_on,
+        choice=choice,
     )

@@ -469,7 +469,10 @@ def test_quantize_measures_its_outputs_and_never_writes_a_lost_one(tmp_path: Pat
     result = quantize(path, data, QuantConfig(), tmp_path / "m.qdq.onnx")
     assert result.config.per_channel and result.checked_samples == 4
     assert result.output_sqnr_db["y"] is not None and result.output_sqnr_db["y"] > 30
-    assert any("per-channel weights" in w and "'y'" in w for w in result.warnings)
+    assert result.choice is not None and result.choice.switched and result.warnings == ()
+    assert result.choice.trials[0].label == "per-tensor uint8" and result.choice.trials[0].worst_db == lost
+    assert result.choice.written.output_sqnr_db == result.output_sqnr_db
+    assert result.checked_on == "the first 4 calibration sample(s) (the data has no others)"
     dq_axes = [
         a.name for n in onnx.load(result.model_path).graph.node if n.op_type == "DequantizeLinear" for a in n.attribute
     ]
@@ -482,20 +485,22 @@ def test_quantize_measures_its_outputs_and_never_writes_a_lost_one(tmp_path: Pat
 
 
 def test_quantize_reports_a_lost_output_it_cannot_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing left to try (the weights are per-channel already): the model is written, and a warning names the
+    """Nothing left to try (the weights are per-channel int8 already): the model is written, and a warning names the
     output and its measured SQNR. The threshold is raised so that an ordinary model counts as lost."""
     import importlib
 
     # the module, not the function of the same name that ``qdebug`` exports
     monkeypatch.setattr(importlib.import_module("qdebug.quantize"), "BROKEN_OUTPUT_DB", 1000.0)
     path = save(builders.tiny_convnet(), tmp_path / "m.onnx")
-    result = quantize(path, None, QuantConfig(per_channel=True, num_samples=4), tmp_path / "q.onnx")
+    result = quantize(path, None, QuantConfig(per_channel=True, weight_type="int8", num_samples=4), tmp_path / "q.onnx")
     db = result.output_sqnr_db["y"]
-    assert result.config.per_channel and db is not None
+    assert result.config.per_channel and db is not None and result.choice is None
     assert [w for w in result.warnings if "does not reproduce" in w] == [
-        f"output 'y' measures {db:.1f} dB on 4 calibration sample(s): its quantization error is as large as the "
+        f"output 'y' measures {db:.1f} dB on 4 check sample(s): its quantization error is as large as the "
         "signal, so this model does not reproduce the float model; 'qdebug debug' shows where it is lost"
     ]
+    # synthetic data: the check samples are the next seeds, not the calibration samples
+    assert result.checked_on == "synthetic samples 5-8 (seed 0) (not calibrated on)"
 
 
 def test_quantize_cli_prints_the_measured_outputs(tmp_path: Path, run_cli) -> None:
@@ -503,8 +508,11 @@ def test_quantize_cli_prints_the_measured_outputs(tmp_path: Path, run_cli) -> No
     data = _dead_channel_data(tmp_path)
     r = run_cli("quantize", "-f", path, "--calib", data, "-o", tmp_path / "q.onnx")
     assert r.code == 0
-    assert "outputs vs float on 4 calibration sample(s): worst 'y'" in r.out and "(per-channel weights)" in r.out
-    assert r.stderr.count("\n") == 1 and "written with per-channel weights" in r.stderr
+    lines = r.out.splitlines()
+    assert lines[4].startswith("  outputs vs float on 4 check sample(s): worst 'y' ") and "per-channel" in lines[4]
+    assert lines[5] == "  check samples: the first 4 calibration sample(s) (the data has no others)"
+    assert "dB per-tensor uint8" in lines[6] and "(worst output) on 4 check sample(s) → written per-channel" in lines[6]
+    assert r.stderr == ""  # a better recipe measured is a choice, said on stdout, not a warning
     r = run_cli("quantize", "-f", path, "--calib", data, "-o", tmp_path / "p.onnx", "--no-output-check")
     assert r.code == 0 and "outputs vs float" not in r.out and r.stderr == ""
 
@@ -520,6 +528,7 @@ def test_a_config_file_is_followed_exactly_and_the_lost_output_named(tmp_path: P
     assert r.code == 0
     result = json.loads(r.out)
     assert result["config"]["per_channel"] is False and result["output_sqnr_db"]["y"] <= 0.0
+    assert result["choice"] is None  # nothing else was measured
     assert [w for w in result["warnings"] if "output 'y' measures" in w and "does not reproduce" in w]
     r = run_cli("quantize", "-f", path, "--calib", data, "--config", cfg, "-o", tmp_path / "q2.onnx")
     assert r.stderr.count("\n") == 1 and "output 'y' measures 0.0 dB" in r.stderr

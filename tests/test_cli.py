@@ -80,7 +80,7 @@ def test_quantize_json(tmp_path: Path, run_cli) -> None:
                 "--weight-type", "int8", "--json")  # fmt: skip
     assert r.code == 0, r.stderr
     d = json.loads(r.out)
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2 and d["choice"] is None  # weight flags given: followed exactly
     assert d["config"]["per_channel"] is True and d["config"]["weight_type"] == "int8"
     assert d["num_calibration_samples"] == 4 and d["nodes_total"] == 6  # Relu folded into the Q
 

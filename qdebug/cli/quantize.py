@@ -77,8 +77,8 @@ class Quantize(Tool):
             "--no-output-check",
             dest="output_check",
             action="store_false",
-            help="do not measure the written model's outputs on 4 calibration samples (nor switch to per-channel "
-            "weights when an output is below 10 dB with per-tensor ones and better with per-channel ones)",
+            help="do not measure the written model's outputs on 4 check samples (nor measure per-channel and int8 "
+            "weights and write whichever recipe measures best): the recipe is followed exactly",
         )
         add_json(parser, "the result")
 
@@ -127,8 +127,7 @@ class Quantize(Tool):
             args.output,
             input_shapes=dict(args.input_shape) or None,
             check=args.output_check,
-            # a config or overrides file is a recipe to follow exactly (overrides reproduce a model byte for byte)
-            per_channel_fallback=ofile is None and config is None,
+            per_channel_fallback=_may_choose_weights(args, config, ofile),
             cluster=cluster_spec(args),
         )
         if args.json:
@@ -142,18 +141,34 @@ class Quantize(Tool):
             f"  calibration ranges: {result.calibration_cache}",
             file=out,
         )
-        worst = min(((db, n) for n, db in result.output_sqnr_db.items() if db is not None), default=None)
-        if worst is not None:
-            print(
-                f"  outputs vs float on {result.checked_samples} calibration sample(s): worst {worst[1]!r} "
-                f"{worst[0]:.1f} dB{' (per-channel weights)' if result.config.per_channel else ''}",
-                file=out,
-            )
+        _print_check(result, out)
         if ofile is not None:
             print(f"  tensor overrides: {len(ofile.overrides)} tensor(s) from {args.overrides}", file=out)
         for w in result.warnings:
             warn(w)
         return EXIT_OK
+
+
+def _may_choose_weights(args: argparse.Namespace, config: Any, ofile: Any) -> bool:
+    """Whether quantize may measure other weight recipes and write the best: not when the user wrote the recipe
+    down (a config or overrides file: overrides reproduce a model byte for byte) or chose the weights by a flag."""
+    chosen = any(getattr(args, k) is not None for k in ("per_channel", "weight_type", "weight_symmetric"))
+    return ofile is None and config is None and not chosen
+
+
+def _print_check(result: Any, out: TextIO) -> None:
+    """The output check's lines: which samples, the worst output, and the weight recipe chosen by measurement."""
+    worst = min(((db, n) for n, db in result.output_sqnr_db.items() if db is not None), default=None)
+    if worst is None:
+        return
+    print(
+        f"  outputs vs float on {result.checked_samples} check sample(s): worst {worst[1]!r} {worst[0]:.1f} dB "
+        f"({'per-channel' if result.config.per_channel else 'per-tensor'} {result.config.weight_type} weights)\n"
+        f"  check samples: {result.checked_on}",
+        file=out,
+    )
+    if result.choice is not None:
+        print(f"  {result.choice.summary()}", file=out)
 
 
 def _load_overrides(path: str, float_model: str) -> Any:
