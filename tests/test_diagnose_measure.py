@@ -152,3 +152,17 @@ def test_every_remedy_kind_is_measured_before_a_second_of_any() -> None:
     items = [diag(f"s{i}", RemedyKind.PERCENTILE_CALIBRATION) for i in range(5)] + [diag("w", RemedyKind.PER_CHANNEL)]
     chosen = select_for_measure(Diagnostics(tuple(items)), 3)
     assert [d.tensor for d in chosen.items] == ["s0", "s1", "w"]
+
+
+def test_per_channel_prediction_from_the_weight_values() -> None:
+    from diag_models import per_channel_weight
+
+    from qdebug.debug import DebugOptions
+    from qdebug.graph import GraphIndex
+    from qdebug.mixed.diagnosis import predicted_per_channel_gain
+
+    f, q = per_channel_weight()  # one output channel 1000x the others on one int8 scale: its noise is the output's
+    report = debug(f, q, None, DebugOptions(num_samples=4))
+    gain = predicted_per_channel_gain(report, GraphIndex(f), [("W", "MatMul")])
+    assert 1.0 < gain < SATURATED
+    assert predicted_per_channel_gain(report, GraphIndex(f), []) == 0.0

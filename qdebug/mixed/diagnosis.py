@@ -67,23 +67,36 @@ def _weight_sqnr(w: np.ndarray, axis: int | None, bits: int) -> float:
     return math.inf if noise == 0 else 10 * math.log10(signal / noise) if signal > 0 else 0.0
 
 
-def predicted_per_channel_gain(report: DebugReport, float_index: GraphIndex, weight: str, op: str) -> float | None:
-    """Predicted gain of quantizing ``weight`` per channel: its noise's share of the report's noise budget
-    (:func:`~qdebug.mixed.suggest.noise_budget`) shrunk by the per-channel / per-tensor noise ratio computed from its
-    values (a symmetric grid of the weight's bits)."""
-    if weight not in float_index.consts or op not in _OUT_AXIS:
-        return None
+def _removed_share(report: DebugReport, float_index: GraphIndex, weight: str, op: str, budget: float) -> float:
+    """The part of the noise budget that quantizing ``weight`` per channel removes: its share shrunk by the
+    per-channel / per-tensor noise ratio computed from its values (a symmetric grid of the weight's bits)."""
+    if weight not in float_index.consts or op not in _OUT_AXIS or budget <= 0:
+        return 0.0
     w = float_index.value(weight)
     if w.ndim < 2:
-        return None
+        return 0.0
     bits = next((16 if r.quant_type.endswith("16") else 8 for r in report.weights if r.weight_name == weight), 8)
     before, after = _weight_sqnr(w, None, bits), _weight_sqnr(w, _OUT_AXIS[op], bits)
-    budget = noise_budget(report)
-    if budget <= 0 or not math.isfinite(before):
+    if not math.isfinite(before):
         return 0.0
     share = min(1.0, 10.0 ** (-before / 10.0) / budget)
     kept = 0.0 if not math.isfinite(after) else 10.0 ** ((before - after) / 10.0)
-    return -10.0 * math.log10(max(1e-12, 1.0 - share * (1.0 - kept)))
+    return float(share * (1.0 - kept))
+
+
+def predicted_per_channel_gain(
+    report: DebugReport, float_index: GraphIndex, weights: Sequence[tuple[str, str]]
+) -> float:
+    """Predicted gain at the worst output of quantizing ``weights`` ((name, consumer op) pairs) per channel: the
+    noise each removes from the report's noise budget (:func:`~qdebug.mixed.suggest.noise_budget`), added."""
+    budget = noise_budget(report)
+    removed = sum(_removed_share(report, float_index, w, op, budget) for w, op in dict.fromkeys(weights))
+    return 0.0 - 10.0 * math.log10(max(1e-12, 1.0 - min(removed, 1.0))) + 0.0
+
+
+def _all_weights(report: DebugReport) -> list[tuple[str, str]]:
+    """Every per-tensor weight of a Conv/Gemm/MatMul (what whole-model per-channel weights change)."""
+    return [(w.weight_name, w.consumer_op) for w in report.weights if w.kind == "weight" and w.channels <= 1]
 
 
 def _per_channel_config(base: QuantConfig, float_index: GraphIndex, weight: str, op: str) -> QuantConfig:
@@ -132,7 +145,7 @@ class _Measurer:
         if r.kind is RemedyKind.PER_CHANNEL:
             (w,) = r.tensors
             cfg = _per_channel_config(base, self.index, w, d.op)
-            return cfg, predicted_per_channel_gain(self.base, self.index, w, d.op)
+            return cfg, predicted_per_channel_gain(self.base, self.index, [(w, d.op)])
         if r.kind is RemedyKind.PERCENTILE_CALIBRATION:
             ranges = self.percentile()
             have = {t: [{"rmin": ranges[t][0], "rmax": ranges[t][1]}] for t in r.tensors if t in ranges}
@@ -200,5 +213,13 @@ def measure_diagnostics(session: Any, diagnostics: Diagnostics, *, proof_samples
                                        str(exc)))  # fmt: skip
             continue
         (res,) = measure_remedies(session, [Remedy(MixedKind.CALIBRATION, d.remedy.text, cfg, d.remedy.tensors)])
-        items.append(_gain(d, str(d.remedy.kind), d.remedy.text, predicted, res))
+        text = d.remedy.text
+        if res.error and d.remedy.kind is RemedyKind.PER_CHANNEL and not session.base_config.per_channel:
+            # ORT writes one weight's axis only from opset 13 (below, it raises the opset for per_channel alone):
+            # the whole model's weights per channel is what this model can take.
+            text = f"per-channel weights, whole model (one weight's axis did not load: {res.error[:80]}...)"
+            predicted = predicted_per_channel_gain(m.base, m.index, _all_weights(m.base))
+            cfg = session.base_config.replace(per_channel=True)
+            (res,) = measure_remedies(session, [Remedy(MixedKind.PER_CHANNEL_WEIGHTS, text, cfg)])
+        items.append(_gain(d, str(d.remedy.kind), text, predicted, res))
     return DiagnosisGains(session.base.output_sqnr_db, rank_by_measured(items), m.ceiling)
