@@ -65,6 +65,7 @@ def _tensor_spec(spec_mod: Any, qtype: str, options: dict[str, Any], *, weight: 
     spec = getattr(spec_mod, _SPECS[qtype])()
     if options.get("scale") == "pow2":
         spec.set_scale_type(spec_mod.ScaleType.PowerOf2)
+        spec.set_symmetric(True)  # Quark's power-of-two (NPU CNN) mode refuses asymmetric activations
     method = options.get("calibrate_method")
     if method and not weight:
         spec.set_calibration_method(getattr(spec_mod.CalibMethod, _CALIB[str(method)]))
