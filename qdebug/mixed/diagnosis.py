@@ -75,12 +75,17 @@ def _removed_share(report: DebugReport, float_index: GraphIndex, weight: str, op
     w = float_index.value(weight)
     if w.ndim < 2:
         return 0.0
-    bits = next((16 if r.quant_type.endswith("16") else 8 for r in report.weights if r.weight_name == weight), 8)
+    measured = next((r for r in report.weights if r.weight_name == weight and r.kind == "weight"), None)
+    if measured is None or measured.weight_sqnr_db is None or not math.isfinite(measured.weight_sqnr_db):
+        return 0.0
+    bits = 16 if measured.quant_type.endswith("16") else 8
+    # The share is the report's (what the budget adds up); the improvement is the per-channel / per-tensor noise
+    # ratio of one grid family computed from the values, which the quantizer's own scheme shares.
     before, after = _weight_sqnr(w, None, bits), _weight_sqnr(w, _OUT_AXIS[op], bits)
     if not math.isfinite(before):
         return 0.0
-    share = min(1.0, 10.0 ** (-before / 10.0) / budget)
-    kept = 0.0 if not math.isfinite(after) else 10.0 ** ((before - after) / 10.0)
+    share = min(1.0, 10.0 ** (-measured.weight_sqnr_db / 10.0) / budget)
+    kept = 0.0 if not math.isfinite(after) else min(1.0, 10.0 ** ((before - after) / 10.0))
     return float(share * (1.0 - kept))
 
 
