@@ -14,6 +14,7 @@ from qdebug.errors import EXIT_GATE, EXIT_OK, EXIT_USAGE, ConfigError
 from qdebug.fix import FixOptions, FixResult, Stage, fix
 from qdebug.fix.probe import OutputProbe
 from qdebug.fix.space import Block, Unit, UnitKind, initial_blocks
+from tests.test_ptq import nncf, nncf_env  # noqa: F401 — fixtures: NNCF's environment (fails under CI=true)
 from tests.test_sentinel import attention, npz, samples
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
@@ -162,3 +163,20 @@ def test_the_notebook_debugger_fixes_its_own_model(tmp_path: Path) -> None:
     assert r.model_path is not None and Path(r.model_path).is_file()
     assert str(tmp_path) in r.model_path and r.holdout
     dbg.close()
+
+
+@pytest.mark.usefixtures("nncf")
+def test_a_ptq_library_recipe_is_measured_beside_ort_and_its_recipe_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "fixed.qdq.onnx"
+    rc = main(["fix", "-f", str(CNN), "-d", str(CALIB), "-o", str(out), "--library", "nncf-default", "--budget", "0"])
+    assert rc == EXIT_OK, capsys.readouterr().err
+    result = FixResult.from_dict(json.loads(out.with_suffix(".fix.json").read_text()))
+    lib = result.trial("nncf-default")
+    assert lib.stage is Stage.LIBRARY and lib.db is not None and lib.error is None
+    recipe = json.loads(out.with_suffix(".recipe.json").read_text())
+    if result.chosen == "nncf-default":  # the library's model won: its recipe is what is written
+        assert recipe["kind"] == "qdebug-ptq-recipe" and recipe["recipe"]["name"] == "nncf-default"
+    else:
+        assert "tensor_quant_overrides" in recipe

@@ -75,6 +75,7 @@ class FixOptions:
     holdout_samples: int | None = None
     debug_samples: int = 8
     max_trials: int = 40
+    max_pass_equivalents: float = 20.0
     calibration_methods: tuple[str, ...] = ("percentile", "entropy")
     libraries: tuple[str, ...] | None = None
     metric: Any = None
@@ -91,6 +92,8 @@ class FixOptions:
             problems.append(f"goal_db must be finite, got {self.goal_db}")
         if self.debug_samples < 1 or self.max_trials < 4:
             problems.append("debug_samples must be ≥ 1 and max_trials ≥ 4")
+        if not self.max_pass_equivalents > 0:
+            problems.append(f"max_pass_equivalents must be > 0, got {self.max_pass_equivalents}")
         if self.holdout_samples is not None and self.holdout_samples < 0:
             problems.append(f"holdout_samples must be ≥ 0, got {self.holdout_samples}")
         unknown = [m for m in self.calibration_methods if m not in CALIBRATION_METHODS or m == "minmax"]
@@ -128,9 +131,21 @@ class _State:
     notes: list[str] = field(default_factory=list)
     leaves: list[_Leaf] = field(default_factory=list)
     debug_source: DataSource | None = None
+    t0: float = field(default_factory=time.perf_counter)
+    pass_s: float | None = None
     holdout_labels: Sequence[Any] | None = None
     act_elements: dict[str, int] = field(default_factory=dict)
     weight_elements: dict[str, int] = field(default_factory=dict)
+
+    def room(self, trials: int = 1) -> bool:
+        """Whether ``trials`` more candidates fit: under ``max_trials``, and the search so far (everything but the
+        debug pass) under ``max_pass_equivalents`` debug passes."""
+        if len(self.trials) + trials > self.opts.max_trials:
+            return False
+        if self.pass_s is None:
+            return True
+        spent = time.perf_counter() - self.t0 - self.pass_s
+        return spent < self.opts.max_pass_equivalents * self.pass_s
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -458,17 +473,17 @@ def _sixteen_bit_stage(st: _State, start: Trial, units: Sequence[Unit], goal_db:
         return start
     s = replace(placeholder, full=full)
     for leaf in leaves:
-        if len(st.trials) >= st.opts.max_trials:
+        if not st.room():
             break
         _measure_block(st, s, leaf, acts)
-    while len(st.trials) < st.opts.max_trials and not s.met(s.best):
+    while st.room() and not s.met(s.best):
         chosen = _select(s.leaves, budget)
         split = _to_split(s.leaves, budget)
         if chosen:  # every new selection measured: the best point within budget is always a measured one
             t = _measure_union(st, s, chosen, acts)
             if t is not None and s.met(t):
                 break
-        if split is None or len(st.trials) + 2 > st.opts.max_trials:
+        if split is None or not st.room(2):
             break
         s.leaves.remove(split)
         for half in split.block.split():
@@ -476,7 +491,7 @@ def _sixteen_bit_stage(st: _State, start: Trial, units: Sequence[Unit], goal_db:
             s.leaves.append(child)
             _measure_block(st, s, child, acts)
     final = _select(s.leaves, budget)
-    if final and len(st.trials) < st.opts.max_trials:
+    if final and st.room():
         _measure_union(st, s, final, acts)
     st.leaves = s.leaves  # what caps the fix is read from them
     return s.best
@@ -514,7 +529,7 @@ def _caps(st: _State, best8: Trial, chosen: Trial, ceilings: dict[str, Trial], g
         out.append(f"the budget of {100 * st.opts.budget_16bit:.0f} % 16-bit elements leaves out the blocks that "
                    f"gain most: {names} — a larger --budget buys them")  # fmt: skip
     if not out:
-        out.append(f"no measured choice reached {goal_db:.1f} dB within {st.opts.max_trials} trials")
+        out.append(f"no measured choice reached {goal_db:.1f} dB within {len(st.trials)} candidates")
     return out
 
 
@@ -565,9 +580,10 @@ def _start(st: _State, quant_model: Path | None) -> tuple[Trial, Trial, dict[str
     return given, (again if _better(again, ort) else ort), {"given": quant_model}
 
 
-#: The PTQ recipes a fix measures when none are named: NNCF's default and its transformer mode (SmoothQuant) won
-#: 8-bit recipes on the corpus models docs/ptq.md lists; AMD Quark's need torch and an older ORT (opt-in).
-DEFAULT_LIBRARY_RECIPES = ("nncf-default", "nncf-transformer")
+#: The PTQ recipes a fix measures when none are named, each only when its library's environment exists: NNCF's
+#: default and its transformer mode (SmoothQuant; ``make ptq-env``), AMD Quark's A8W8 (``make ptq-env-quark``: it
+#: needs torch and an older ORT, so it is opt-in).
+DEFAULT_LIBRARY_RECIPES = ("nncf-default", "nncf-transformer", "quark-a8w8")
 
 
 def _library_recipes(st: _State) -> list[Any]:
@@ -666,6 +682,7 @@ def fix(
     best8, steps = _recipe_stage(st, start)
     ceilings = _ceilings(st, best8)
     units, pass_s = _debug_pass(st, best8)
+    st.pass_s = pass_s
     st.trials = [replace(t, share_16bit=st.share(t.config)) if t.config is not None else t for t in st.trials]
     ceilings = {k: st.trials[[t.name for t in st.trials].index(v.name)] for k, v in ceilings.items()}
     goal_db = _goal(st, best8, ceilings)
@@ -680,6 +697,7 @@ def fix(
     for t in (best8, chosen8):
         if t.library_recipe is not None:
             paths[t.name] = st.work / f"{t.name}.qdq.onnx"
+    search_s = time.perf_counter() - st.t0 - pass_s
     holdout = _holdout(st, {"base": base, "best_8bit": chosen8, "fixed": chosen}, paths)
     model = paths.get(chosen.name, st.work / f"{chosen.name}.qdq.onnx")
     return FixResult(
@@ -688,6 +706,7 @@ def fix(
         steps=_steps(steps, chosen8, chosen), holdout=holdout,
         caps=tuple(_caps(st, chosen8, chosen, ceilings, goal_db)), model_path=str(model),
         seconds=round(time.perf_counter() - t0, 2), debug_pass_seconds=round(pass_s, 3), notes=tuple(st.notes),
+        search_seconds=round(search_s, 2),
         metric=None if metric is None else metric.name,
         ceilings={k: v.db for k, v in ceilings.items()},
     )  # fmt: skip

@@ -123,6 +123,8 @@ class FixResult:
     notes: tuple[str, ...] = ()
     metric: str | None = None
     ceilings: Mapping[str, float | None] = field(default_factory=dict)
+    #: the search's wall time: everything but the one debug pass and the held-out check
+    search_seconds: float | None = None
 
     def with_model_path(self, path: str | None) -> FixResult:
         """The same result with the fixed model at ``path`` (where the caller copied it)."""
@@ -145,10 +147,10 @@ class FixResult:
 
     @property
     def pass_equivalents(self) -> float | None:
-        """The fix's measuring time in debug passes of the chosen recipe (``None``: no debug pass was timed)."""
-        if not self.debug_pass_seconds:
+        """The search's wall time in debug passes of the best 8-bit recipe on the same samples (``None``: not timed)."""
+        if not self.debug_pass_seconds or self.search_seconds is None:
             return None
-        return round(sum(t.seconds for t in self.trials) / self.debug_pass_seconds, 1)
+        return round(self.search_seconds / self.debug_pass_seconds, 1)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with ``schema_version``."""
@@ -174,6 +176,7 @@ class FixResult:
             "notes": list(self.notes),
             "metric": self.metric,
             "ceilings": {k: encode_number(v) for k, v in self.ceilings.items()},
+            "search_seconds": self.search_seconds,
         }
 
     @classmethod
@@ -201,6 +204,7 @@ class FixResult:
             notes=tuple(d.get("notes", ())),
             metric=d.get("metric"),
             ceilings={k: decode_number(v) for k, v in d.get("ceilings", {}).items()},
+            search_seconds=d.get("search_seconds"),
         )
 
     def to_json(self) -> str:
