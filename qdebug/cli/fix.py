@@ -70,6 +70,8 @@ class Fix(Tool):
                             help="samples every candidate is measured on (default 8)")  # fmt: skip
         parser.add_argument("--max-trials", type=positive_int, default=40, metavar="N",
                             help="candidates to measure at most (default 40)")  # fmt: skip
+        parser.add_argument("--max-passes", type=finite_number("debug passes"), default=20.0, metavar="N",
+                            help="stop the search after the time of N debug passes of the model (default 20)")  # fmt: skip
         parser.add_argument("--library", action="append", default=None, metavar="RECIPE",
                             help="a PTQ library recipe to measure (repeatable; e.g. nncf-transformer, quark-a8w8: "
                             "docs/ptq.md); default: NNCF's default and transformer recipes when its environment "
@@ -116,6 +118,7 @@ class Fix(Tool):
             target=args.target, activation_type=args.activation_type, weight_type=args.weight_type,
             budget_16bit=args.budget, goal_db=args.goal, holdout_samples=args.holdout,
             debug_samples=args.debug_samples, max_trials=args.max_trials, libraries=libraries,
+            max_pass_equivalents=args.max_passes,
             metric=task_metric(args), label_key=args.label_key,
         )  # fmt: skip
         bar = _Progress(sys.stderr)
