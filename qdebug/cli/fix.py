@@ -71,7 +71,7 @@ class Fix(Tool):
         parser.add_argument("--max-trials", type=positive_int, default=40, metavar="N",
                             help="candidates to measure at most (default 40)")  # fmt: skip
         parser.add_argument("--max-passes", type=finite_number("debug passes"), default=20.0, metavar="N",
-                            help="stop the search after the time of N debug passes of the model (default 20)")  # fmt: skip
+                            help="stop the search after the time of N debug passes (default 20)")  # fmt: skip
         parser.add_argument("--library", action="append", default=None, metavar="RECIPE",
                             help="a PTQ library recipe to measure (repeatable; e.g. nncf-transformer, quark-a8w8: "
                             "docs/ptq.md); default: NNCF's default and transformer recipes when its environment "
@@ -95,6 +95,8 @@ class Fix(Tool):
         """Counts, the PTQ recipes' names and the options that contradict each other."""
         if args.holdout is not None and args.holdout < 0:
             checks.add(f"--holdout must be 0 or more, got {args.holdout}")
+        if not args.max_passes > 0:
+            checks.add(f"--max-passes must be more than 0, got {args.max_passes:g}")
         if args.no_library and args.library:
             checks.add("--no-library and --library contradict each other")
         for name in args.library or []:
