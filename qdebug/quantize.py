@@ -726,6 +726,7 @@ class _Redo:
 
 
 def _trial(cfg: QuantConfig, outputs: dict[str, float | None], seconds: float) -> RecipeTrial:
+    """The record of one measured weight recipe."""
     worst = _worst(outputs)
     return RecipeTrial(
         per_channel=cfg.per_channel,
