@@ -919,7 +919,7 @@ def quantize(
         qdq_seconds=round(qdq_s, 4),
         num_calibration_samples=len(source),
         reused_calibration=reuse and calib_s == 0.0,
-        warnings=(*notes, *ort_log.notes()),
+        warnings=tuple(dict.fromkeys((*notes, *ort_log.notes()))),  # each alternative's insertion may say it again
         output_sqnr_db=measured,
         checked_samples=n_checked,
         checked_on=checked_on,
