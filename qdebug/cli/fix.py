@@ -71,7 +71,7 @@ class Fix(Tool):
         parser.add_argument("--max-trials", type=positive_int, default=40, metavar="N",
                             help="candidates to measure at most (default 40)")  # fmt: skip
         parser.add_argument("--max-passes", type=finite_number("debug passes"), default=20.0, metavar="N",
-                            help="stop the search after the time of N debug passes (default 20)")  # fmt: skip
+                            help="stop the 16-bit search after the time of N debug passes (default 20)")  # fmt: skip
         parser.add_argument("--library", action="append", default=None, metavar="RECIPE",
                             help="a PTQ library recipe to measure (repeatable; e.g. nncf-transformer, quark-a8w8: "
                             "docs/ptq.md); default: NNCF's default and transformer recipes when its environment "

@@ -133,19 +133,25 @@ class _State:
     debug_source: DataSource | None = None
     t0: float = field(default_factory=time.perf_counter)
     pass_s: float | None = None
+    stage_t0: float | None = None
+    #: the 16-bit search stopped at its time budget
+    stopped: bool = False
     holdout_labels: Sequence[Any] | None = None
     act_elements: dict[str, int] = field(default_factory=dict)
     weight_elements: dict[str, int] = field(default_factory=dict)
 
     def room(self, trials: int = 1) -> bool:
-        """Whether ``trials`` more candidates fit: under ``max_trials``, and the search so far (everything but the
-        debug pass) under ``max_pass_equivalents`` debug passes."""
+        """Whether ``trials`` more candidates fit: under ``max_trials``, and the 16-bit search so far under
+        ``max_pass_equivalents`` debug passes (the stages before it are bounded by their own few candidates; a slow
+        PTQ library must not leave the 16-bit search no time)."""
         if len(self.trials) + trials > self.opts.max_trials:
             return False
-        if self.pass_s is None:
+        if self.pass_s is None or self.stage_t0 is None:
             return True
-        spent = time.perf_counter() - self.t0 - self.pass_s
-        return spent < self.opts.max_pass_equivalents * self.pass_s
+        if time.perf_counter() - self.stage_t0 < self.opts.max_pass_equivalents * self.pass_s:
+            return True
+        self.stopped = True
+        return False
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -463,6 +469,7 @@ def _sixteen_bit_stage(st: _State, start: Trial, units: Sequence[Unit], goal_db:
     """A demotion sweep from every unit in 16 bits: each block's noise when it alone is 8-bit, the blocks worth
     most per element kept in 16 bits within the budget and measured together, blocks split where a finer choice
     is needed — until the goal is met, the trials run out, or nothing is left to split."""
+    st.stage_t0 = time.perf_counter()
     total = sum(st.act_elements.values()) + sum(st.weight_elements.values())
     budget = st.opts.budget_16bit * total
     acts = activation_tensors(st.float_proto)[0]
@@ -528,6 +535,11 @@ def _caps(st: _State, best8: Trial, chosen: Trial, ceilings: dict[str, Trial], g
         names = "; ".join(f"{lf.block.label()} ({100 * lf.block.elements / total:.1f} % of elements)" for lf in rest)
         out.append(f"the budget of {100 * st.opts.budget_16bit:.0f} % 16-bit elements leaves out the blocks that "
                    f"gain most: {names} — a larger --budget buys them")  # fmt: skip
+    if st.stopped:
+        out.append(f"the 16-bit search stopped at its time budget ({st.opts.max_pass_equivalents:g} debug passes, "
+                   "--max-passes) before it could refine further")  # fmt: skip
+    elif len(st.trials) >= st.opts.max_trials:
+        out.append(f"the search stopped at --max-trials {st.opts.max_trials} candidates")
     if not out:
         out.append(f"no measured choice reached {goal_db:.1f} dB within {len(st.trials)} candidates")
     return out
