@@ -254,12 +254,15 @@ class _Axis:
 def _axes(st: _State, base: QuantConfig) -> list[_Axis]:
     """The recipe's choices worth measuring on this model and target."""
     _, weights = activation_tensors(st.float_proto)
-    axes = [
-        _Axis("weights", (
-            ("per-channel weights", lambda c: c.replace(per_channel=True)),
-            ("asymmetric per-channel uint8 weights", lambda c: c.replace(per_channel=True, weight_type="uint8")),
-        )),
-    ]  # fmt: skip
+    conv = _conv_weight_axes(st.float_proto, weights)
+    choices: list[tuple[str, Callable[[QuantConfig], QuantConfig]]] = [
+        ("per-channel weights", lambda c: c.replace(per_channel=True)),
+        ("asymmetric per-channel uint8 weights", lambda c: c.replace(per_channel=True, weight_type="uint8")),
+    ]
+    if conv:  # per layer: ORT's per-channel axis for MatMul/Gemm weights can measure worse than one scale
+        choices.append((f"per-channel weights for the {len(conv)} Conv layer(s) only, per-tensor elsewhere",
+                        functools.partial(_per_channel_only, axes=conv)))  # fmt: skip
+    axes = [_Axis("weights", tuple(choices))]
     calib: list[tuple[str, Callable[[QuantConfig], QuantConfig]]] = []
     for method in st.opts.calibration_methods:
         try:
@@ -277,6 +280,24 @@ def _axes(st: _State, base: QuantConfig) -> list[_Axis]:
              lambda c: c.replace(nodes_to_exclude=tuple(sorted({*c.nodes_to_exclude, *nodes})))),
         )))  # fmt: skip
     return axes
+
+
+def _conv_weight_axes(model: onnx.ModelProto, weights: set[str]) -> dict[str, int]:
+    """Each Conv / ConvTranspose weight and its output-channel axis."""
+    out = {}
+    for n in model.graph.node:
+        if n.op_type in ("Conv", "ConvTranspose") and len(n.input) > 1 and n.input[1] in weights:
+            out[n.input[1]] = 0 if n.op_type == "Conv" else 1
+    return out
+
+
+def _per_channel_only(config: QuantConfig, axes: dict[str, int]) -> QuantConfig:
+    """``config`` with per-tensor weights but for the weights in ``axes``, per-channel along theirs (overrides)."""
+    merged: dict[str, Any] = {n: [e.to_dict() for e in es] for n, es in config.tensor_overrides}
+    for name, axis in axes.items():
+        first = merged.get(name, [{}])[0]
+        merged[name] = [{**first, "axis": axis}]
+    return config.replace(per_channel=False, tensor_overrides=make_overrides(merged))
 
 
 def _sentinel_nodes(st: _State) -> tuple[str, ...]:
