@@ -52,7 +52,7 @@ from qdebug.quantize import quantize
 ProgressFn = Callable[[int, int, str], None]
 
 #: Blocks per kind before the first split: enough to tell the graph's regions apart, few enough to measure.
-BLOCKS_PER_KIND = 6
+BLOCKS_PER_KIND = 4
 #: A gain smaller than this is the noise of a few debug samples, not a remedy.
 MIN_GAIN_DB = 0.1
 
@@ -533,6 +533,10 @@ def _db_gain(a: Trial | None, b: Trial | None) -> float | None:
 
 def _caps(st: _State, best8: Trial, chosen: Trial, ceilings: dict[str, Trial], goal_db: float | None) -> list[str]:
     """Sentences naming what keeps the fix from its goal, from what was measured (empty when it was reached)."""
+
+    def fmt(db: float | None) -> str:
+        return "not measured" if db is None else f"{db:.1f} dB"
+
     if goal_db is None or (chosen.db is not None and chosen.db >= goal_db):
         return []
     out = []
@@ -554,8 +558,9 @@ def _caps(st: _State, best8: Trial, chosen: Trial, ceilings: dict[str, Trial], g
                   key=lambda lf: lf.reduction or 0.0, reverse=True)[:3]  # fmt: skip
     if rest and st.opts.budget_16bit < 1.0:
         names = "; ".join(f"{lf.block.label()} ({100 * lf.block.elements / total:.1f} % of elements)" for lf in rest)
-        out.append(f"the budget of {100 * st.opts.budget_16bit:.0f} % 16-bit elements leaves out the blocks that "
-                   f"gain most: {names} — a larger --budget buys them")  # fmt: skip
+        out.append(f"within the budget of {100 * st.opts.budget_16bit:.0f} % 16-bit elements the best measured "
+                   f"choice is {fmt(chosen.db)}; the blocks measured to hold the most error beyond it: {names} — a "
+                   "larger --budget buys them")  # fmt: skip
     if st.stopped:
         out.append(f"the 16-bit search stopped at its time budget ({st.opts.max_pass_equivalents:g} debug passes, "
                    "--max-passes) before it could refine further")  # fmt: skip
