@@ -3,7 +3,8 @@ number comes from a :class:`~widgets.session.QuantDebugger`, every figure from a
 :mod:`qdebug.render.figures`, shown as a live plotly ``FigureWidget`` (clicks select tensors and search points).
 
 Handlers are plain methods (``on_select``, ``on_promote_clicked``, ``on_undo_clicked``, ``on_export_clicked``,
-``on_search_clicked``, ``on_pareto_point``, ``on_heatmap_click``, ``on_netron_clicked``…) so behaviour is tested in
+``on_search_clicked``, ``on_pareto_point``, ``on_heatmap_click``, ``on_netron_clicked``, the Fix tab's
+``fix_panel.on_fix_clicked`` and ``fix_panel.on_save_clicked``…) so behaviour is tested in
 Python by setting traits and calling them, without a browser; the browser tests click the same widgets by their
 ``qd-*`` CSS classes.
 """
@@ -184,7 +185,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
 
     View state lives in traitlets (``selected``, ``promotion``, ``metric``, ``threshold``, ``sort_key``,
     ``descending``, ``filter_text``, ``only_low``, ``page``, ``target``, ``status``); the session owns the data
-    and the computation. ``export_path`` is where "Export overrides JSON" writes.
+    and the computation. ``export_path`` is where "Export overrides JSON" writes; the Fix tab saves its files in
+    the folder ``fixed`` beside it.
     """
 
     selected = tr.Unicode("", help="the inspected tensor").tag(sync=True)
@@ -328,6 +330,13 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.target_samples = w.BoundedIntText(description="samples on target", value=2, min=0, max=256)
         self.front_view = w.HTML("")
         self.report_panel = ReportPanel(self.debugger)  # Diagnose + Download HTML report
+        from .fix_panel import FixPanel
+
+        # qdebug fix on the debugger's models; its files go where the overrides JSON goes (the run's own folder)
+        self.fix_panel = FixPanel(
+            self.debugger, folder=self.export_path.parent / "fixed", set_busy=self.set_busy,
+            status=lambda text: setattr(self, "status", text),
+        )  # fmt: skip
 
     def _wire(self) -> None:
         """CSS classes for the browser tests, click handlers, and widgets ↔ traits links."""
@@ -408,10 +417,11 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
                 self.samples_box,
                 graph_tab,
                 search_tab,
+                self.fix_panel,
                 self.comparison_box,
             ]
         )
-        for i, title in enumerate(("Tensors", "Heatmap", "Samples", "Graph", "Search", "Before/after")):
+        for i, title in enumerate(("Tensors", "Heatmap", "Samples", "Graph", "Search", "Fix", "Before/after")):
             self.tabs.set_title(i, title)
         # Figures drawn in a hidden tab have no width to fill: a window resize when a tab opens makes them fill it.
         self.resizer = WindowResize()
@@ -450,7 +460,8 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
         self.status = self.clock.text(done, total, message)
 
     def show_tab(self, title: str) -> None:
-        """Open the tab titled ``title`` ("Tensors", "Heatmap", "Samples", "Graph", "Search", "Before/after")."""
+        """Open the tab titled ``title`` ("Tensors", "Heatmap", "Samples", "Graph", "Search", "Fix",
+        "Before/after")."""
         titles = [self.tabs.get_title(i) for i in range(len(self.tabs.children))]
         if title not in titles:
             raise ValueError(f"no tab {title!r}; the tabs are {', '.join(titles)}")
@@ -468,6 +479,7 @@ class DebuggerApp(w.VBox):  # type: ignore[misc]
             self.target_picker,
         ):
             b.disabled = busy
+        self.fix_panel.set_busy(busy)  # Fix and Save fixed model too (and Fix disables the rest through here)
 
     def _say(self, box: w.HTML, text: str, kind: str = "info", colour: str | None = None) -> None:
         """A message in ``box`` (next to the button that caused it) and in the status line."""

@@ -23,6 +23,7 @@ from qdebug.render.fmt import fmt_db_text
 
 if TYPE_CHECKING:
     from qdebug.diagnose import Diagnostics
+    from qdebug.fix import FixOptions, FixResult
     from qdebug.mixed.promote import PromotionPlan
     from qdebug.mixed.search import SearchGoal, SearchResult
     from qdebug.mixed.suggest import Suggestion
@@ -268,7 +269,7 @@ class QuantDebugger:
         self._step(1, 1, "search done")
         return res
 
-    def fix(self, options: Any = None, *, data: DataLike = None) -> Any:
+    def fix(self, options: FixOptions | None = None, *, data: DataLike = None) -> FixResult:
         """``qdebug fix`` on this debugger's float model (and your QDQ model, if one was given): measured remedies,
         a fixed QDQ model within a 16-bit budget, checked on held-out samples (:func:`qdebug.fix.fix`; ``data``
         defaults to the calibration data, whose last samples are held out). Returns the
@@ -280,6 +281,17 @@ class QuantDebugger:
                      quant_model=self.quant_model, workdir=work, progress=self._step)  # fmt: skip
         self._step(1, 1, "fix done")
         return result
+
+    def save_fix(self, result: FixResult, folder: str | Path) -> dict[str, Path]:
+        """Write a fix's model, its recipe (the overrides JSON ``qdebug quantize --overrides`` applies, or the PTQ
+        library recipe that won), its measurements and its HTML report into ``folder``, all or none, named after
+        the float model (``<stem>.fixed.qdq.onnx``, ``….recipe.json``, ``….fix.json``, ``<stem>.fix.html``): what
+        ``qdebug fix -o … --html …`` writes. Returns ``{"model", "recipe", "result", "html"}`` → path."""
+        from qdebug.cli.fix import write_fix
+
+        out = Path(folder)
+        stem = self.float_model.stem
+        return write_fix(result, self.float_model, out / f"{stem}.fixed.qdq.onnx", out / f"{stem}.fix.html")
 
     def compile_points(self, result: SearchResult, spec: str, target: str, samples: int = 0) -> SearchResult:
         """The search result with the points ``spec`` names (``front``, ``chosen``, ``0,2``) compiled for ``target``

@@ -4,7 +4,6 @@ the HTML report of what each remedy bought."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TextIO
 
@@ -113,7 +112,7 @@ class Fix(Tool):
         from qdebug.cli._base import task_metric
         from qdebug.fix import FixOptions, fix
         from qdebug.io import temp_dir
-        from qdebug.render.fix import fix_html, fix_lines
+        from qdebug.render.fix import fix_lines
 
         libraries = () if args.no_library else (tuple(args.library) if args.library else None)
         opts = FixOptions(
@@ -130,7 +129,7 @@ class Fix(Tool):
                              progress=bar)  # fmt: skip
             finally:
                 bar.close()
-            _write(args, result, fix_html)
+            write_fix(result, args.float_model, args.output, args.html)
         result = result.with_model_path(args.output)
         if args.json:
             print(result.to_json(), file=out)
@@ -173,19 +172,26 @@ class _Progress:
             self.stream.flush()
 
 
-def _write(args: argparse.Namespace, result: FixResult, fix_html: Callable[[FixResult], str]) -> None:
-    """The fixed model, its recipe, the result JSON and the HTML report, all or none."""
+def write_fix(
+    result: FixResult, float_model: str | Path, output: str | Path, html: str | Path | None = None
+) -> dict[str, Path]:
+    """The fixed model at ``output``, its recipe and the result JSON beside it, and the HTML report at ``html``, all
+    or none (what ``qdebug fix -o OUTPUT --html HTML`` writes; the dashboard's Fix tab saves through it too).
+    Returns ``{"model", "recipe", "result"[, "html"]}`` → path."""
     from qdebug.cli._base import staged_outputs
     from qdebug.fix.recipe import recipe_json
+    from qdebug.render.fix import fix_html
 
-    model = Path(args.output)
+    model = Path(output)
     recipe, measured = model.with_suffix(RECIPE_SUFFIX), model.with_suffix(RESULT_SUFFIX)
-    with staged_outputs(str(model), str(recipe), str(measured), args.html) as staged:
+    report = None if html is None else str(html)
+    with staged_outputs(str(model), str(recipe), str(measured), report) as staged:
         staged[str(model)].write_bytes(Path(str(result.model_path)).read_bytes())
-        staged[str(recipe)].write_text(recipe_json(result, args.float_model))
+        staged[str(recipe)].write_text(recipe_json(result, float_model))
         staged[str(measured)].write_text(result.with_model_path(str(model)).to_json())
-        if args.html:
-            staged[args.html].write_text(fix_html(result), encoding="utf-8")
+        if report is not None:
+            staged[report].write_text(fix_html(result), encoding="utf-8")
+    return {"model": model, "recipe": recipe, "result": measured} | ({} if html is None else {"html": Path(html)})
 
 
-__all__ = ["Fix"]
+__all__ = ["RECIPE_SUFFIX", "RESULT_SUFFIX", "Fix", "write_fix"]

@@ -48,6 +48,13 @@ def fix_lines(result: FixResult) -> list[str]:
     if result.metric is not None:
         lines += [f"{label:22} task {result.metric}: {_task(dbg)} (debug), {_task(held)} (held-out)"
                   for label, dbg, held in tasks]  # fmt: skip
+    return lines + detail_lines(result)
+
+
+def detail_lines(result: FixResult) -> list[str]:
+    """The lines after the before/after table, in plain words: the ceilings, what each remedy bought, the goal and
+    what caps it, the cost, the notes (the dashboard's Fix tab shows them under its own table)."""
+    lines: list[str] = []
     ceil = " · ".join(f"{k} {fmt_db_text(v)}" for k, v in result.ceilings.items())
     if ceil:
         lines.append(f"ceilings (debug samples): {ceil}")
@@ -141,4 +148,4 @@ td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left}}th{{background:
 """
 
 
-__all__ = ["fix_html", "fix_lines", "summary_rows"]
+__all__ = ["detail_lines", "fix_html", "fix_lines", "summary_rows"]
