@@ -87,7 +87,7 @@ def tiny_quant(tiny_float: Path, model_dir: Path) -> Callable[[str], Path]:
     def get(name: str) -> Path:
         if name not in cache:
             out = model_dir / f"tiny.{name}.qdq.onnx"
-            quantize(tiny_float, None, TINY_CONFIGS[name], out)
+            quantize(tiny_float, None, TINY_CONFIGS[name], out, per_channel_fallback=False)  # the config's own recipe
             cache[name] = out
         return cache[name]
 

@@ -24,6 +24,7 @@ def test_one_tool_per_command_with_the_shared_names() -> None:
         "diagnose",
         "suggest",
         "search",
+        "fix",
         "build",
         "report",
         "demo",

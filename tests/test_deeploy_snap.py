@@ -46,7 +46,9 @@ def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     cfg = QuantConfig(
         activation_type="int8", weight_type="int8", target="deeploy", per_channel=request.param, num_samples=8
     )
-    path = quantize(tiny_convnet(), None, cfg, tmp_path_factory.mktemp("snap") / "t.onnx").model_path
+    # the rewiring below assumes the config's own recipe (per-tensor weights when asked), not quantize's choice
+    path = quantize(tiny_convnet(), None, cfg, tmp_path_factory.mktemp("snap") / "t.onnx", per_channel_fallback=False)
+    path = path.model_path
     m = onnx.load(str(path))
     for n in m.graph.node:
         if n.name in ("a1_QuantizeLinear", "a1_DequantizeLinear"):
@@ -190,7 +192,7 @@ def test_ops_limits_what_is_snapped(shared: onnx.ModelProto) -> None:
 
 def test_a_16_bit_model_is_left_for_the_export_to_refuse() -> None:
     cfg = QuantConfig(activation_type="int16", weight_type="int8", target="cpu", num_samples=4)
-    m = onnx.load(str(quantize(tiny_convnet(), None, cfg).model_path))
+    m = onnx.load(str(quantize(tiny_convnet(), None, cfg, per_channel_fallback=False).model_path))
     _, rep = snap_scales_for_deeploy(m)
     assert not rep.snapped and any("not an int8 per-tensor activation" in s for s in rep.skipped)
 
@@ -203,7 +205,13 @@ def test_residual_conv_model_is_bit_exact_on_256_samples(per_channel: bool, tmp_
     cfg = QuantConfig(
         activation_type="int8", weight_type="int8", target="deeploy", per_channel=per_channel, num_samples=16
     )
-    qdq = onnx.load(str(quantize(residual_convnet(int(per_channel)), None, cfg, tmp_path / "q.onnx").model_path))
+    qdq = onnx.load(
+        str(
+            quantize(
+                residual_convnet(int(per_channel)), None, cfg, tmp_path / "q.onnx", per_channel_fallback=False
+            ).model_path
+        )
+    )
     unsnapped = de.export(qdq, tmp_path / "a", verbose=False, num_samples=256)
     snapped, _ = snap_scales_for_deeploy(qdq)
     res = de.export(snapped, tmp_path / "b", verbose=False, num_samples=256)
@@ -255,7 +263,9 @@ def test_tie_free_output_scale_stays_inside_an_absorbed_clip(tmp_path: Path) -> 
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     np.savez(tmp_path / "d.npz", x=rng.normal(0, 3, (16, 3, 8, 8)).astype(np.float32))
     cfg = QuantConfig(activation_type="int8", weight_type="int8", target="deeploy", num_samples=16)
-    qdq = onnx.load(str(quantize(model, tmp_path / "d.npz", cfg, tmp_path / "q.onnx").model_path))
+    qdq = onnx.load(
+        str(quantize(model, tmp_path / "d.npz", cfg, tmp_path / "q.onnx", per_channel_fallback=False).model_path)
+    )
     # ORT folds the Relu into the Q's range; put a Clip(0, top of the Q's range) back, as a QAT export has it.
     q = next(n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in ("c", "r"))
     v = _values(qdq)
