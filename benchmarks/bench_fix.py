@@ -52,7 +52,10 @@ HELD_OUT_SAMPLES = 24
 ORT_CELLS = ("ort-default", "ort-per-channel", "ort-percentile", "ort-entropy", "ort-a16w8", "ort-w16a16")
 NNCF_RECIPES = ("nncf-default", "nncf-transformer")
 QUARK_RECIPES = ("quark-a8w8", "quark-xint8", "quark-minmse", "quark-cle", "quark-smoothquant")
-SCHEMA_VERSION = 1
+#: ``qdebug fix`` cells and their 16-bit budgets (share of weight + activation elements); the 10 % cell's best
+#: 8-bit point is the fix at 0 % (its own column, ``fix-0``, derived from the same run)
+FIX_CELLS = {"fix": 0.10, "fix-all": 1.0}
+SCHEMA_VERSION = 2
 
 
 def corpus_dir() -> Path:
@@ -101,43 +104,38 @@ def held_out_sqnr(float_model: Path, qdq_model: Path, held: Sequence[Mapping[str
 
 
 def sixteen_bit_share(qdq_model: Path, sample: Mapping[str, np.ndarray]) -> float:
-    """The share of quantized elements (weights: DequantizeLinear of an initializer; activations: QuantizeLinear
-    inputs, sized by shape inference at the sample's shapes) that are 16-bit."""
+    """The share of quantized elements held in 16 bits: each tensor a ``QuantizeLinear`` reads (activations sized
+    by one run of the model on ``sample``; constant weights by their initializer or ``Constant`` node) and each
+    integer weight a ``DequantizeLinear`` reads, counted once, 16-bit when any of its Q/DQ is."""
     import onnx
-    from onnx import TensorProto, shape_inference
+    from onnx import TensorProto
+
+    from qdebug.capture.session import expose_outputs, make_session
+    from qdebug.graph import constant_values, decode_constant
 
     model = onnx.load(str(qdq_model))
-    for inp in model.graph.input:
-        if inp.name in sample:
-            dims = inp.type.tensor_type.shape.dim
-            for d, size in zip(dims, sample[inp.name].shape, strict=False):
-                d.dim_value = int(size)
-    inferred = shape_inference.infer_shapes(model)
-    shapes = {
-        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-        for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
-    }
-    inits = {i.name: i for i in model.graph.initializer}
+    consts = constant_values(model)
+    zps = {i.name: i.data_type for i in model.graph.initializer}
     wide = (TensorProto.INT16, TensorProto.UINT16)
-    quantized = (TensorProto.INT8, TensorProto.UINT8, *wide)  # not int32 biases
-    total = sixteen = 0
+    bits16: dict[str, bool] = {}
     for node in model.graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
-            t = inits[node.input[0]]
-            if t.data_type not in quantized:
-                continue
-            n, bits16 = int(np.prod(t.dims)), t.data_type in wide
-        elif node.op_type == "QuantizeLinear" and node.input[0] not in inits:
-            dims = shapes.get(node.input[0])
-            zp = inits.get(node.input[2]) if len(node.input) > 2 else None
-            if not dims or any(d <= 0 for d in dims):
-                continue
-            n, bits16 = int(np.prod(dims)), zp is not None and zp.data_type in wide
-        else:
-            continue
-        total += n
-        sixteen += n if bits16 else 0
-    return sixteen / total if total else 0.0
+        if node.op_type == "QuantizeLinear":
+            t16 = len(node.input) > 2 and zps.get(node.input[2]) in wide
+            bits16[node.input[0]] = bits16.get(node.input[0], False) or bool(t16)
+        elif node.op_type == "DequantizeLinear" and node.input[0] in consts:
+            value = decode_constant(consts[node.input[0]])
+            if value.dtype.kind in "iu" and value.dtype.itemsize <= 2:
+                bits16[node.input[0]] = value.dtype.itemsize == 2
+    acts = [t for t in bits16 if t not in consts and t not in sample]
+    sess: Any = make_session(expose_outputs(model, acts), ["CPUExecutionProvider"], role="quantized")
+    names = [o.name for o in sess.get_outputs()]
+    sizes = {n: int(np.asarray(v).size) for n, v in zip(names, sess.run(names, dict(sample)), strict=True)}
+    sizes.update({n: int(np.asarray(v).size) for n, v in sample.items()})
+    for t in bits16:
+        if t in consts:
+            sizes[t] = int(decode_constant(consts[t]).size)
+    total = sum(sizes.get(t, 0) for t in bits16)
+    return sum(sizes.get(t, 0) for t, w in bits16.items() if w) / total if total else 0.0
 
 
 def _ort_cell(cell: str, float_model: Path, calib: list[dict[str, np.ndarray]], out: Path, bins: int) -> str:
@@ -193,15 +191,25 @@ def _entropy_cache(float_model: Path, cfg: Any, data: Mapping[str, np.ndarray], 
     return cache
 
 
-def _fix_cell(float_model: Path, calib: list[Any], held: list[Any], work: Path) -> tuple[Path, str]:
-    """``qdebug fix`` through its public API, on the same samples with the held-out ones last (seen by no stage)."""
+def _fix_cell(
+    float_model: Path, calib: list[Any], held: list[Any], work: Path, budget: float
+) -> tuple[Path, str, dict[str, Any]]:
+    """``qdebug fix`` through its public API, on the same samples with the held-out ones last (seen by no stage),
+    with a 16-bit budget; also its best 8-bit point (the fix at 0 %) as measured on the held-out samples."""
     from qdebug.fix import FixOptions, fix
 
     data = _stacked([*calib, *held])
-    result = fix(float_model, data, FixOptions(holdout_samples=len(held)), workdir=work / "fix")
+    result = fix(float_model, data, FixOptions(holdout_samples=len(held), budget_16bit=budget), workdir=work / "fix")
     if result.model_path is None:
         raise RuntimeError("fix wrote no model: " + "; ".join(result.caps or result.notes))
-    return Path(result.model_path), f"chosen: {result.chosen}"
+    best8 = result.holdout.get("best_8bit")
+    extra = {
+        "fix0_db": None if best8 is None else best8.worst_db, "fix0_recipe": result.trial(result.best_8bit).description,
+        "chosen": result.trial(result.chosen).description, "fix_share_16bit": result.trial(result.chosen).share_16bit,
+        "pass_equivalents": result.pass_equivalents, "goal_db": result.goal_db, "reached": result.reached,
+        "caps": list(result.caps), "ceilings": dict(result.ceilings),
+    }  # fmt: skip
+    return Path(result.model_path), f"chosen: {result.chosen}", extra
 
 
 def run_cell(model: str, cell: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -211,10 +219,11 @@ def run_cell(model: str, cell: str, work: Path, args: argparse.Namespace) -> dic
     out = work / f"{cell}.qdq.onnx"
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    extra: dict[str, Any] = {}
     if cell.startswith("ort-"):
         note = _ort_cell(cell, float_model, calib, out, args.entropy_bins)
-    elif cell == "fix":
-        out, note = _fix_cell(float_model, calib, held, work)
+    elif cell in FIX_CELLS:
+        out, note, extra = _fix_cell(float_model, calib, held, work / cell, FIX_CELLS[cell])
     else:
         from qdebug.ptq import run_ptq
 
@@ -224,7 +233,7 @@ def run_cell(model: str, cell: str, work: Path, args: argparse.Namespace) -> dic
     measured = held_out_sqnr(float_model, out, held)
     return {
         "model": model, "cell": cell, "ok": True, "worst_db": measured["worst_db"], "outputs": measured["outputs"],
-        "share_16bit": sixteen_bit_share(out, calib[0]), "seconds": seconds, "note": note,
+        "share_16bit": sixteen_bit_share(out, calib[0]), "seconds": seconds, "note": note, **extra,
     }  # fmt: skip
 
 
@@ -257,7 +266,7 @@ def _cell_in_child(model: str, cell: str, work: Path, args: argparse.Namespace) 
 def _cells(args: argparse.Namespace) -> list[str]:
     cells = list(ORT_CELLS) + list(NNCF_RECIPES) + [r for r in args.extra_recipes.split(",") if r]
     cells += [r for r in args.quark_recipes.split(",") if r]
-    return cells + (["fix"] if args.fix else [])
+    return cells + (["fix"] if args.fix else []) + (["fix-all"] if args.fix_unlimited else [])
 
 
 def _best(rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Mapping[str, Any] | None:
@@ -275,7 +284,9 @@ COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("NNCF default", ("nncf-default",)),
     ("NNCF transformer", ("nncf-transformer",)),
     ("Quark best CPU recipe", QUARK_RECIPES),
-    ("qdebug fix", ("fix",)),
+    ("qdebug fix, 0 % 16-bit", ("fix-0",)),
+    ("qdebug fix, ≤ 10 % 16-bit", ("fix",)),
+    ("qdebug fix, no limit", ("fix-all",)),
 )
 
 
@@ -316,6 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quark-recipes", default=",".join(QUARK_RECIPES), help="comma-separated ('' for none)")
     p.add_argument("--extra-recipes", default="", help="more qdebug.ptq recipes, comma-separated")
     p.add_argument("--no-fix", dest="fix", action="store_false", help="leave out the qdebug fix column")
+    p.add_argument("--fix-unlimited", action="store_true", help="also run qdebug fix with no 16-bit limit")
     p.add_argument("--cell", nargs=2, metavar=("MODEL", "CELL"), help=argparse.SUPPRESS)
     return p
 
@@ -336,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cell in _cells(args):
             record = _cell_in_child(model, cell, args.work, args)
             cells.append(record)
+            if cell == "fix" and record.get("ok"):  # the same run's best 8-bit point, measured on the held-out set
+                cells.append({**record, "cell": "fix-0", "worst_db": record.get("fix0_db"), "share_16bit": 0.0})
             shown = f"{record['worst_db']:.2f} dB" if record.get("ok") and record["worst_db"] is not None else "-"
             print(f"{model:16} {cell:18} {shown:>10}  {record['seconds']:6.1f} s  {record.get('error', '')}",
                   flush=True)  # fmt: skip
