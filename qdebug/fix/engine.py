@@ -578,6 +578,24 @@ def _steps(recipe_steps: list[Step], best8: Trial, chosen: Trial) -> tuple[Step,
     return tuple(steps)
 
 
+def _target_notes(st: _State, chosen: Trial) -> None:
+    """What the chosen point's remedies cost on the target (16-bit weights, nodes kept in float), in its words."""
+    from qdebug.target_registry import lookup
+
+    cfg = chosen.config
+    if cfg is None:
+        return
+    target = lookup(cfg.target)
+    wide_weights = cfg.weight_type.endswith("16") or any(
+        (es[0].quant_type or "").endswith("16") and name in st.weight_elements for name, es in cfg.tensor_overrides
+    )
+    if wide_weights and target.sixteen_bit_weights_note():
+        st.notes.append(f"16-bit weights on {cfg.target}: {target.sixteen_bit_weights_note()}")
+    if cfg.nodes_to_exclude:
+        st.notes.append(f"{len(cfg.nodes_to_exclude)} node(s) kept in float on {cfg.target}: "
+                        f"{target.float_fallback_note()}")  # fmt: skip
+
+
 def _holdout(st: _State, trials: dict[str, Trial | None], paths: dict[str, Path]) -> dict[str, Measure]:
     """The named trials measured again on the held-out samples."""
     if not st.holdout_samples:
@@ -735,6 +753,7 @@ def fix(
     for t in (best8, chosen8):
         if t.library_recipe is not None:
             paths[t.name] = st.work / f"{t.name}.qdq.onnx"
+    _target_notes(st, chosen)
     search_s = time.perf_counter() - st.t0 - pass_s
     holdout = _holdout(st, {"base": base, "best_8bit": chosen8, "fixed": chosen}, paths)
     model = paths.get(chosen.name, st.work / f"{chosen.name}.qdq.onnx")
