@@ -267,3 +267,17 @@ def test_telemetry_is_off(nncf: Path, tmp_path: Path) -> None:
     plain, written = results["plain"]
     assert plain == {"loaded": True, "stub": "NNCFTelemetry"} and "openvino_ga_cid" in written
     assert TELEMETRY_OFF["NNCF_CI"] == "1"  # and every worker also runs with NNCF's own opt-out
+
+
+def test_unnamed_nodes_are_named_apart_first(nncf: Path, tmp_path: Path) -> None:
+    """Exporters leave nodes without names; NNCF refuses a graph where two share one (the empty name too), so the
+    copy it gets names them apart (the tensors, and so the outputs measured, keep theirs)."""
+    model = onnx.load(str(SAMPLES / "digits_cnn.onnx"))
+    for node in model.graph.node:
+        node.name = ""
+    src = tmp_path / "unnamed.onnx"
+    onnx.save(model, str(src))
+    run = run_ptq("nncf-default", src, _digits(-1, 8), tmp_path / "q.onnx")
+    assert any("named first" in n for n in run.notes)
+    assert worst_output_sqnr(src, tmp_path / "q.onnx", _digits(0, 24)) > 20.0
+    assert not any(n.name for n in onnx.load(str(src)).graph.node)  # the user's file is untouched

@@ -110,8 +110,28 @@ def _input_names(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if i.name not in inits]
 
 
+def _unique_names(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
+    """A copy whose nodes all have distinct names (NNCF refuses a graph where two share one, as exporters leave
+    them); the tensors, and so the outputs measured, keep their names."""
+    names = [n.name for n in model.graph.node]
+    if len(set(names)) == len(names) and all(names):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    seen: set[str] = set()
+    renamed = 0
+    for i, node in enumerate(out.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.name or node.op_type}/qdebug_{i}"
+            renamed += 1
+        seen.add(node.name)
+    notes.append(f"{renamed} node(s) without a name of their own were named first (the library needs unique names)")
+    return out
+
+
 def _prepared(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
-    """The model at opset >= 13 (a note says when it was converted)."""
+    """The model at opset >= 13 (a note says when it was converted), every node named uniquely."""
+    model = _unique_names(model, notes)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
     if opset >= PER_CHANNEL_OPSET:
         return model
