@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from qdebug.config import CALIBRATION_METHODS, QuantConfig, make_overrides, normalize_quant_type
@@ -171,8 +172,8 @@ class _State:
 def _split(source: DataSource, opts: FixOptions, notes: list[str]) -> tuple[DataSource, DataSource, DataSource | None]:
     """(calibration, debug, held-out) windows of the data. Held-out samples are the last ones and seen by no stage;
     the debug samples every candidate is measured on come after the calibration ones when the data has room for
-    them (a choice measured on the samples it was calibrated on flatters ranges that clip unseen values), else
-    they are the first calibration samples (a note says so)."""
+    them (as many calibration samples left as debug samples; a choice measured on the samples it was calibrated on
+    flatters ranges that clip unseen values), else they are the first calibration samples (a note says so)."""
     n = len(source)
     hold = opts.holdout_samples if opts.holdout_samples is not None else min(24, n // 4)
     rest = n - hold
@@ -180,10 +181,10 @@ def _split(source: DataSource, opts: FixOptions, notes: list[str]) -> tuple[Data
         raise DataError(f"{source.description}: {n} sample(s) leave none to calibrate on after {hold} held out")
     held = Window(source, rest, n) if hold else None
     k = min(opts.debug_samples, rest)
-    if rest >= 3 * k:
+    if rest >= 2 * k:
         return Window(source, 0, rest - k), Window(source, rest - k, rest), held
     notes.append(f"{rest} sample(s) before the held-out ones: candidates are measured on {k} of the calibration "
-                 f"samples (give ≥ {3 * k + hold} samples for a separate debug set)")  # fmt: skip
+                 f"samples (give ≥ {2 * k + hold} samples for a separate debug set)")  # fmt: skip
     return Window(source, 0, rest), Window(source, 0, k), held
 
 
@@ -229,7 +230,12 @@ def _method_ranges(st: _State, method: str) -> dict[str, tuple[float, float]]:
     with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print their settings
         q = quantize(st.float_path, st.calib, cfg, out, check=False)
     data = load_tensors_data(q.calibration_cache)
-    return {name: (float(td.range_value[0]), float(td.range_value[1])) for name, td in data.data.items()}
+    return {name: (_scalar(td.range_value[0]), _scalar(td.range_value[1])) for name, td in data.data.items()}
+
+
+def _scalar(v: Any) -> float:
+    """A calibrated bound as a float (ORT stores some as 1-element arrays)."""
+    return float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
 
 
 def _with_ranges(config: QuantConfig, ranges: dict[str, tuple[float, float]], weights: set[str]) -> QuantConfig:
@@ -578,6 +584,17 @@ def _steps(recipe_steps: list[Step], best8: Trial, chosen: Trial) -> tuple[Step,
     return tuple(steps)
 
 
+def _holdout_note(st: _State, holdout: dict[str, Measure]) -> None:
+    """Say when the choice does not hold on the held-out samples (chosen on a few debug samples, it can be noise)."""
+    base, fixed = holdout.get("base"), holdout.get("fixed")
+    if base is None or fixed is None or base.worst_db is None or fixed.worst_db is None:
+        return
+    if fixed.worst_db < base.worst_db - MIN_GAIN_DB:
+        st.notes.append(f"on the {fixed.samples} held-out samples the fixed model measures {fixed.worst_db:.1f} dB "
+                        f"against {base.worst_db:.1f} dB for the start: the choice made on the debug samples does "
+                        "not hold there — give more, representative data (--debug-samples, more samples)")  # fmt: skip
+
+
 def _target_notes(st: _State, chosen: Trial) -> None:
     """What the chosen point's remedies cost on the target (16-bit weights, nodes kept in float), in its words."""
     from qdebug.target_registry import lookup
@@ -756,6 +773,7 @@ def fix(
     _target_notes(st, chosen)
     search_s = time.perf_counter() - st.t0 - pass_s
     holdout = _holdout(st, {"base": base, "best_8bit": chosen8, "fixed": chosen}, paths)
+    _holdout_note(st, holdout)
     model = paths.get(chosen.name, st.work / f"{chosen.name}.qdq.onnx")
     return FixResult(
         float_model=str(float_path), target=opts.target, goal_db=goal_db, budget_16bit=opts.budget_16bit,
