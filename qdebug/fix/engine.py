@@ -54,6 +54,9 @@ ProgressFn = Callable[[int, int, str], None]
 
 #: Blocks per kind before the first split: enough to tell the graph's regions apart, few enough to measure.
 BLOCKS_PER_KIND = 4
+#: The 16-bit search's time is never cut below this: on a small model a debug pass takes a fraction of a second,
+#: and a budget of passes alone would stop it after a handful of candidates.
+MIN_SEARCH_SECONDS = 30.0
 #: A gain smaller than this is the noise of a few debug samples, not a remedy.
 MIN_GAIN_DB = 0.1
 
@@ -149,7 +152,8 @@ class _State:
             return False
         if self.pass_s is None or self.stage_t0 is None:
             return True
-        if time.perf_counter() - self.stage_t0 < self.opts.max_pass_equivalents * self.pass_s:
+        allowed = max(self.opts.max_pass_equivalents * self.pass_s, MIN_SEARCH_SECONDS)
+        if time.perf_counter() - self.stage_t0 < allowed:
             return True
         self.stopped = True
         return False
