@@ -180,3 +180,10 @@ def test_a_ptq_library_recipe_is_measured_beside_ort_and_its_recipe_written(
         assert recipe["kind"] == "qdebug-ptq-recipe" and recipe["recipe"]["name"] == "nncf-default"
     else:
         assert "tensor_quant_overrides" in recipe
+
+
+def test_sixteen_bit_choices_carry_their_prediction(cnn_fix: FixResult) -> None:
+    choices = [t for t in cnn_fix.trials if t.stage is Stage.SIXTEEN_BIT and t.description.startswith("16-bit:")]
+    assert choices and all(t.predicted_db is not None for t in choices)
+    median, n = cnn_fix.prediction_error_db or (None, 0)
+    assert n == len([t for t in choices if t.db is not None]) and median is not None and median >= 0.0

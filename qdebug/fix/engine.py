@@ -491,6 +491,10 @@ def _measure_union(st: _State, s: _Search, chosen: list[_Leaf], acts: set[str]) 
     s.tried.add(units)
     what = f"16-bit: {len(keep)} block(s), {len(units)} tensors"
     t = _try(st, f"choice{len(st.trials)}", Stage.SIXTEEN_BIT, what, cfg)
+    noise = s.predicted(keep)
+    if 0 < noise < math.inf:
+        t = replace(t, predicted_db=round(-10.0 * math.log10(noise), 2))
+        st.trials[-1] = t
     if _better(t, s.best):
         s.best = t
     return t

@@ -43,6 +43,8 @@ class Trial:
     config: QuantConfig | None = None
     error: str | None = None
     library_recipe: str | None = None
+    #: what the 16-bit search predicted this choice would measure (from each block's measured share), if it did
+    predicted_db: float | None = None
 
     @property
     def db(self) -> float | None:
@@ -61,6 +63,7 @@ class Trial:
             "config": None if self.config is None else self.config.to_dict(),
             "error": self.error,
             "library_recipe": self.library_recipe,
+            "predicted_db": encode_number(self.predicted_db),
         }
 
     @classmethod
@@ -76,6 +79,7 @@ class Trial:
             config=None if d.get("config") is None else QuantConfig.from_dict(d["config"]),
             error=d.get("error"),
             library_recipe=d.get("library_recipe"),
+            predicted_db=decode_number(d.get("predicted_db")),
         )
 
 
@@ -144,6 +148,14 @@ class FixResult:
         """Whether the chosen point meets the goal on the debug samples."""
         db = self.trial(self.chosen).db
         return self.goal_db is None or (db is not None and db >= self.goal_db)
+
+    @property
+    def prediction_error_db(self) -> tuple[float, int] | None:
+        """(median |predicted − measured| dB, how many) over the 16-bit choices the search predicted and measured."""
+        import statistics
+
+        errors = [abs(t.predicted_db - t.db) for t in self.trials if t.predicted_db is not None and t.db is not None]
+        return (round(statistics.median(errors), 2), len(errors)) if errors else None
 
     @property
     def pass_equivalents(self) -> float | None:

@@ -65,6 +65,9 @@ def detail_lines(result: FixResult) -> list[str]:
         state = "reached" if result.reached else "not reached"
         lines.append(f"goal {result.goal_db:.1f} dB (worst output, debug samples): {state}")
     lines += [f"  what caps it: {c}" for c in result.caps]
+    pe = result.prediction_error_db
+    if pe is not None:
+        lines.append(f"16-bit choices, predicted vs measured: median |error| {pe[0]:.2f} dB over {pe[1]}")
     eq = result.pass_equivalents
     lines.append(
         f"{len(result.trials)} candidates measured in {result.seconds:.0f} s"
