@@ -168,9 +168,10 @@ class Search(Tool):
             if not args.json:
                 print(f"HTML report written to {args.html}", file=out)
         if not result.reached:
-            print("qdebug: FAIL: the goal was not reached; no overrides written", file=sys.stderr)
-            say("note", "the search promotes activations only; 'qdebug fix' also measures weights in 16 bits, "
-                "per-channel weights, calibration ranges and PTQ libraries, and says what caps the model")  # fmt: skip
+            # one line, as every refusal: the hint rides on it
+            print("qdebug: FAIL: the goal was not reached; no overrides written (the search promotes activations "
+                  "only: 'qdebug fix' also measures 16-bit and per-channel weights, ranges and PTQ libraries, and "
+                  "says what caps the model)", file=sys.stderr)  # fmt: skip
             return EXIT_GATE
         _write(args, base, result, staged[args.output])
         if result.holdout is not None and not result.holdout.holds:
