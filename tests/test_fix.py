@@ -187,3 +187,17 @@ def test_sixteen_bit_choices_carry_their_prediction(cnn_fix: FixResult) -> None:
     assert choices and all(t.predicted_db is not None for t in choices)
     median, n = cnn_fix.prediction_error_db or (None, 0)
     assert n == len([t for t in choices if t.db is not None]) and median is not None and median >= 0.0
+
+
+def test_with_no_budget_the_goal_is_met_and_the_choice_shrunk_while_it_holds(tmp_path: Path) -> None:
+    r = fix(CNN, CALIB, FixOptions(libraries=(), budget_16bit=1.0), workdir=tmp_path)
+    assert r.reached
+    choices = [t for t in r.trials if t.stage is Stage.SIXTEEN_BIT and t.description.startswith("16-bit:")]
+    first_met = next(
+        i for i, t in enumerate(choices) if t.db is not None and r.goal_db is not None and t.db >= r.goal_db
+    )
+    tried_smaller = choices[first_met + 1 :]
+    assert tried_smaller, "a choice that meets the goal is measured again with fewer blocks"
+    chosen = r.trial(r.chosen)
+    assert chosen.share_16bit <= choices[first_met].share_16bit
+    assert all(t.db is None or t.db < (r.goal_db or 0) for t in tried_smaller if t.share_16bit < chosen.share_16bit)

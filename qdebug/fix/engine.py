@@ -432,6 +432,8 @@ class _Search:
     leaves: list[_Leaf]
     best: Trial
     tried: set[frozenset[Unit]] = field(default_factory=set)
+    #: the leaves of the best measured choice (what a choice that meets the goal is shrunk from)
+    best_leaves: list[_Leaf] = field(default_factory=list)
 
     def met(self, t: Trial) -> bool:
         return t.measure is not None and t.measure.noise <= self.goal_noise
@@ -496,14 +498,31 @@ def _measure_union(st: _State, s: _Search, chosen: list[_Leaf], acts: set[str]) 
         t = replace(t, predicted_db=round(-10.0 * math.log10(noise), 2))
         st.trials[-1] = t
     if _better(t, s.best):
-        s.best = t
+        s.best, s.best_leaves = t, list(keep)
     return t
+
+
+def _ratio(leaf: _Leaf) -> float:
+    return (leaf.reduction or 0.0) / max(1, leaf.block.elements)
+
+
+def _shrink(st: _State, s: _Search, acts: set[str]) -> None:
+    """A choice that meets the goal made smaller: its block worth least per element dropped, one at a time, while
+    the goal still holds (each measured) — the goal at the smallest 16-bit share this search can find."""
+    keep = sorted(s.best_leaves, key=_ratio, reverse=True)
+    while len(keep) > 1 and st.room():
+        fewer = keep[:-1]
+        t = _measure_union(st, s, fewer, acts)
+        if t is None or not s.met(t):
+            break
+        keep, s.best, s.best_leaves = fewer, t, fewer
 
 
 def _sixteen_bit_stage(st: _State, start: Trial, units: Sequence[Unit], goal_db: float) -> Trial:
     """A demotion sweep from every unit in 16 bits: each block's noise when it alone is 8-bit, the blocks worth
     most per element kept in 16 bits within the budget and measured together, blocks split where a finer choice
-    is needed — until the goal is met, the trials run out, or nothing is left to split."""
+    is needed — until the goal is met (then the choice is shrunk while it still meets it), the trials run out, or
+    nothing is left to split."""
     st.stage_t0 = time.perf_counter()
     total = sum(st.act_elements.values()) + sum(st.weight_elements.values())
     budget = st.opts.budget_16bit * total
@@ -532,9 +551,12 @@ def _sixteen_bit_stage(st: _State, start: Trial, units: Sequence[Unit], goal_db:
             child = _Leaf(half)
             s.leaves.append(child)
             _measure_block(st, s, child, acts)
-    final = _select(s.leaves, budget)
-    if final and st.room():
-        _measure_union(st, s, final, acts)
+    if s.met(s.best):
+        _shrink(st, s, acts)
+    else:
+        final = _select(s.leaves, budget)
+        if final and st.room():
+            _measure_union(st, s, final, acts)
     st.leaves = s.leaves  # what caps the fix is read from them
     return s.best
 
