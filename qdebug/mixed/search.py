@@ -1,7 +1,7 @@
 """Automatic mixed-precision search: a small promotion set that reaches a goal, with its curve.
 
 Every point is *measured* (re-quantized from the cached calibration, re-debugged), never just estimated.
-Three strategies:
+Five strategies:
 
 * ``prefix`` (default) — rank all promotable tensors once by estimated output gain
   (:mod:`qdebug.mixed.suggest`), then measure growing prefixes of that ranking (1, 2, 4, 8, …) until one
