@@ -59,9 +59,12 @@ class Fix(Tool):
         parser.add_argument("--goal", type=finite_number("dB"), default=None, metavar="DB",
                             help="worst output SQNR to reach (default: 80%% of the way from the best 8-bit recipe "
                             "to every weight and activation in 16 bits); exit 10 when not reached")  # fmt: skip
-        parser.add_argument("--target", choices=list(target_names()), default="cpu")
-        parser.add_argument("--activation-type", choices=list(QUANT_TYPES), default="uint8")
-        parser.add_argument("--weight-type", choices=list(QUANT_TYPES), default="int8")
+        parser.add_argument("--target", choices=list(target_names()), default="cpu",
+                            help="the target whose quantization rules every candidate follows (default cpu)")  # fmt: skip
+        parser.add_argument("--activation-type", choices=list(QUANT_TYPES), default="uint8",
+                            help="the 8-bit activation type the fix starts from (default uint8)")  # fmt: skip
+        parser.add_argument("--weight-type", choices=list(QUANT_TYPES), default="int8",
+                            help="the weight type the fix starts from (default int8)")  # fmt: skip
         parser.add_argument("--holdout", type=int, default=None, metavar="N",
                             help="held-out samples: the data's last N (default: a quarter, at most 24; 0: none)",
                             )  # fmt: skip
