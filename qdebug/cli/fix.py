@@ -60,7 +60,7 @@ class Fix(Tool):
                             help="worst output SQNR to reach (default: 80%% of the way from the best 8-bit recipe "
                             "to every weight and activation in 16 bits); exit 10 when not reached")  # fmt: skip
         parser.add_argument("--target", choices=list(target_names()), default="cpu",
-                            help="the target whose quantization rules every candidate follows (default cpu)")  # fmt: skip
+                            help="the target whose rules every candidate follows (default cpu)")  # fmt: skip
         parser.add_argument("--activation-type", choices=list(QUANT_TYPES), default="uint8",
                             help="the 8-bit activation type the fix starts from (default uint8)")  # fmt: skip
         parser.add_argument("--weight-type", choices=list(QUANT_TYPES), default="int8",
