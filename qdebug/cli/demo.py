@@ -66,6 +66,13 @@ class Demo(Tool):
         path = report.save(folder / "report.json")
         print_report(report, out, 10, use_color(args.color, out))
         print(f"\ndemo report: {Path(path).resolve()}", file=out)
+        # what a newcomer tries next, with this sample's own files (installed or in a checkout)
+        print(
+            "next: qdebug report (the HTML report), qdebug fix (measured remedies and a fixed model), qdebug "
+            f"dashboard (the same in a browser), e.g.\n  qdebug fix -f {sample.path} -d {sample.calibration} "
+            f"-o {folder / 'fixed.qdq.onnx'} --html {folder / 'fix.html'}",
+            file=out,
+        )
         return EXIT_OK
 
 
