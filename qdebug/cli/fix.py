@@ -7,7 +7,17 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TextIO
 
-from qdebug.cli._base import Tool, add_float_model, add_json, add_metric, add_output, finite_number, positive_int, say
+from qdebug.cli._base import (
+    ProgressLine,
+    Tool,
+    add_float_model,
+    add_json,
+    add_metric,
+    add_output,
+    finite_number,
+    positive_int,
+    say,
+)
 from qdebug.cli._html import add_html
 from qdebug.cli._preflight import Checks, Output, Unused
 from qdebug.errors import EXIT_GATE, EXIT_OK
@@ -146,33 +156,24 @@ class Fix(Tool):
         return EXIT_OK
 
 
-class _Progress:
+class _Progress(ProgressLine):
     """The fix's progress on a terminal: candidates measured of the most it will measure, what it measures now,
-    and an estimate of the time left (silent when stderr is not a terminal)."""
+    and an estimate of the time left (``ProgressLine``'s terminal handling: silent when stderr is not one)."""
 
-    def __init__(self, stream: TextIO) -> None:
-        import time
-
-        self.stream, self.active, self.t0, self.shown = stream, stream.isatty(), time.perf_counter(), False
-
-    def __call__(self, done: int, total: int, message: str) -> None:
+    def __call__(self, done: int, total: int, message: str = "") -> None:
         import shutil
         import time
 
         if not self.active:
             return
-        spent = time.perf_counter() - self.t0
-        eta = f", ≤ {spent / done * (total - done):.0f} s left" if done else ""
+        now = time.perf_counter()
+        self.t0 = now if self.t0 is None else self.t0
+        eta = f", ≤ {(now - self.t0) / done * (total - done):.0f} s left" if done else ""
         line = f"[{done}/{total}{eta}] {message}"
         width = shutil.get_terminal_size((100, 20)).columns - 1
         self.stream.write("\r" + line[:width].ljust(width))
         self.stream.flush()
         self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def write_fix(

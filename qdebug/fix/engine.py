@@ -124,7 +124,6 @@ class _State:
     float_path: Path
     float_proto: onnx.ModelProto
     calib: DataSource
-    debug_samples: list[Any]
     holdout_samples: list[Any]
     probe: OutputProbe
     work: Path
@@ -648,12 +647,15 @@ def _holdout(st: _State, trials: dict[str, Trial | None], paths: dict[str, Path]
     if not st.holdout_samples:
         return {}
     probe = OutputProbe(st.float_proto, st.holdout_samples, metric=st.probe.metric, labels=st.holdout_labels)
-    out = {}
+    out: dict[str, Measure] = {}
+    done: dict[str, Measure] = {}  # the fixed model is often the best 8-bit one: measured once
     for key, t in trials.items():
         if t is None or t.measure is None:
             continue
-        st.say(f"held-out check: {key}")
-        out[key] = probe.measure(paths.get(t.name, st.work / f"{t.name}.qdq.onnx"))
+        if t.name not in done:
+            st.say(f"held-out check: {key}")
+            done[t.name] = probe.measure(paths.get(t.name, st.work / f"{t.name}.qdq.onnx"))
+        out[key] = done[t.name]
     return out
 
 
@@ -778,7 +780,7 @@ def fix(
     labels = _labels(data, metric, opts.label_key, len(source))
     work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="qdebug-fix-"))
     probe = OutputProbe(proto, debug_set, metric=metric, labels=_window(labels, debug_src))
-    st = _State(float_path, proto, calib, debug_set, held_set, probe, work, opts, progress, notes=notes)
+    st = _State(float_path, proto, calib, held_set, probe, work, opts, progress, notes=notes)
     st.debug_source = debug_src
     st.holdout_labels = None if held is None else _window(labels, held)
     base, start, paths = _start(st, None if quant_model is None else Path(quant_model))
