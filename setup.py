@@ -45,10 +45,10 @@ setup(
     package_dir={"qdebug_widgets": "widgets"},
     # The host kernels and harness that run Deeploy's generated C (qdebug.targets.deeploy_host).
     # ... and the vendored plotly.js bundle the HTML report inlines (qdebug/render/vendor/README.md).
-    # ... and the compiled reduction's C source, built on the user's machine on first use (qdebug.capture.ckernel).
+    # ... and the compiled reduction's C source, built on the user's machine on first use (qdebug.capture.kernels.c_kernel).
     package_data={
         "qdebug.targets": ["deeploy_host/*.c", "deeploy_host/*.h"],
-        "qdebug.capture": ["_reduce.c"],
+        "qdebug.capture.kernels": ["_reduce.c"],
         "qdebug.render": ["vendor/*.gz", "vendor/*.txt", "vendor/README.md"],
     },
     cmdclass={"build_py": BuildWithData},

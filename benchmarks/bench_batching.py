@@ -1,6 +1,6 @@
 """Batched vs one-sample-per-call capture, same model, same process (issue 12, item 2).
 
-For each model, ``qdebug.debug`` runs once per ``--specs`` entry ``CAPTURE:BATCH`` (``BATCH`` a number, or
+For each model, ``qdebug.debugger`` runs once per ``--specs`` entry ``CAPTURE:BATCH`` (``BATCH`` a number, or
 ``auto`` for the default: ``auto`` decides), best of ``--rounds`` wall times, in one process (the first round
 also warms numba's cache and the OS's file cache). Prints wall time, per-sample time (end of sample 0 to the end),
 the backend and batch that ran, and the largest SQNR difference of any tensor against the first spec.
@@ -36,7 +36,7 @@ BUNDLED = ("digits_cnn", "digits_transformer")
 def _inputs(model: str, n: int, work: Path) -> tuple[Path, Path, Path, tuple[str, ...]]:
     """(float model, quantized model, data, data keys to ignore) for a bundled or corpus model."""
     if model in BUNDLED:
-        from qdebug.quantize import quantize
+        from qdebug.quantizer import quantize
 
         fp, qp = REPO / "sample_models" / f"{model}.onnx", work / f"{model}.qdq.onnx"
         if not qp.exists():
@@ -62,7 +62,7 @@ def _worst_db(a: Any, b: Any) -> float:
 
 def run(model: str, specs: list[str], n: int, rounds: int, work: Path) -> None:
     """Print one row per spec for ``model``."""
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
 
     fp, qp, data, ignore = _inputs(model, n, work)
     first = None

@@ -1,4 +1,4 @@
-"""Wall time and peak memory of ``qdebug.debug`` vs plain inference vs ONNX Runtime's own recipe.
+"""Wall time and peak memory of ``qdebug.debugger`` vs plain inference vs ONNX Runtime's own recipe.
 
 For each model and each number of samples N the script runs three methods, each in a **fresh child
 process** so that the peak RSS is that run's alone:
@@ -15,7 +15,7 @@ process** so that the peak RSS is that run's alone:
     ``qdebug.debug(float, quant, data, DebugOptions(num_samples=N))``.
 
 All three see the same seeded synthetic samples (``qdebug.data.SyntheticData``, seed 0), materialised
-identically in every child. The float model is quantized once per model with ``qdebug.quantize``
+identically in every child. The float model is quantized once per model with ``qdebug.quantizer``
 (uint8/uint8, MinMax) before anything is timed.
 
 Peak RSS is the child's own high-water mark (``VmHWM`` of ``/proc/self/status``, which starts afresh at
@@ -93,7 +93,7 @@ def _materialise(float_model: Any, n: int, seed: int) -> dict[str, Any]:
     import numpy as np
 
     from qdebug.data import SyntheticData
-    from qdebug.graph import input_specs
+    from qdebug.pairing import input_specs
 
     source = SyntheticData(input_specs(float_model), n, seed=seed)
     samples = [source.sample(i) for i in range(n)]
@@ -189,7 +189,7 @@ def _run_ort_recipe(
 
 
 def _run_qdebug(float_path: str, quant_path: str, arrays: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
-    """``qdebug.debug`` on the same samples (an in-memory mapping of the stacked arrays)."""
+    """``qdebug.debugger`` on the same samples (an in-memory mapping of the stacked arrays)."""
     import qdebug
 
     n = len(next(iter(arrays.values())))
@@ -302,7 +302,7 @@ def prepare_model(name: str, work: Path) -> Model | None:
 
     from qdebug import QuantConfig, quantize
     from qdebug.data import NpzData
-    from qdebug.graph import input_specs
+    from qdebug.pairing import input_specs
 
     cfg = QuantConfig(
         activation_type="uint8",

@@ -89,7 +89,7 @@ def local_mismatches(qdq: onnx.ModelProto, data: dict[str, np.ndarray], n: int) 
     import onnxruntime as ort
     from onnx import helper
 
-    from qdebug.graph import is_q
+    from qdebug.pairing import is_q
 
     probe = onnx.ModelProto()
     probe.CopyFrom(qdq)

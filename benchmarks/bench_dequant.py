@@ -7,7 +7,7 @@ Three measurements, each against its own peer in the same run:
     floor), exposing every pre-Q/DQ and post-Q/DQ tensor (as before), and exposing the pre-Q/DQ tensors and the
     integers instead of the post-Q/DQ floats (as segmented runs now do). Median of ``--repeats`` runs.
 ``debug``
-    ``qdebug.debug`` with ``--capture auto`` in a fresh process per run, with the integers exposed (``ints``) and
+    ``qdebug.debugger`` with ``--capture auto`` in a fresh process per run, with the integers exposed (``ints``) and
     without (``floats``: :func:`qdebug.capture.dequant.find_specs` finds nothing), alternating over ``--rounds``:
     per-sample time after the first sample, and the peak.
 ``kernel``
@@ -58,9 +58,9 @@ def ort_side(model: str, work: Path, repeats: int) -> dict[str, Any]:
     from bench_realmodels import prepare
 
     from qdebug.capture.dequant import find_specs
-    from qdebug.capture.reduction import ReductionPlan
-    from qdebug.capture.session import expose_outputs, make_session
-    from qdebug.graph import pair_models
+    from qdebug.capture.kernels.reference import ReductionPlan
+    from qdebug.ort import expose_outputs, make_session
+    from qdebug.pairing import pair_models
 
     fp, qp, data = prepare(model, work, 8)
     fm, qm = onnx.load(fp), onnx.load(qp)
@@ -86,10 +86,10 @@ def ort_side(model: str, work: Path, repeats: int) -> dict[str, Any]:
 
 def debug_child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
     """One ``auto`` debug pass in this process, with the integers exposed or not."""
-    from qdebug.capture import numpy_backend
+    from qdebug.capture import fetch
 
     if mode == "floats":
-        numpy_backend.find_specs = lambda *args: {}  # type: ignore[assignment]
+        fetch.find_specs = lambda *args: {}  # type: ignore[assignment]
     rep, times = timed_debug(model, n, work, "auto")
     cap = rep.meta.capture
     return {**times, "note": (cap.segment_note or "") if cap else ""}
@@ -142,10 +142,11 @@ def kernel_table() -> None:
     """The C kernels against numba's, per pass and tensor size, and what loading each costs a fresh process."""
     import subprocess
 
-    import qdebug.capture._kernels as numba_kernels
-    from qdebug.capture import ckernel, compiled
+    import qdebug.capture.kernels.numba_kernel as numba_kernels
+    from qdebug.capture import compiled
+    from qdebug.capture.kernels import c_kernel
 
-    kernels = {"C": ckernel.load(), "numba": numba_kernels}
+    kernels = {"C": c_kernel.load(), "numba": numba_kernels}
     compiled.warm_up()  # numba's kernels compiled or loaded from its cache before timing
     numba_kernels.dequant_sums(
         *(np.zeros(17, np.float32),) * 2, np.zeros(17, np.uint8), 1.0, 0, 0, 1, 0, 1, np.zeros(8)
@@ -157,17 +158,17 @@ def kernel_table() -> None:
             numba_ms = f"{got['numba'][part]:.1f}" if part in got["numba"] else "—"
             print(f"| {part} | {size:,} | {got['C'][part]:.1f} | {numba_ms} |", flush=True)
     code = (
-        "import time; import numpy as np, onnxruntime, qdebug.debug, qdebug.capture\n"
+        "import time; import numpy as np, onnxruntime, qdebug.debugger, qdebug.capture\n"
         "def rss():\n"
         "    return [int(x.split()[1]) / 1024 for x in open('/proc/self/status') if x.startswith('VmRSS')][0]\n"
         "r, t = rss(), time.perf_counter()\n"
-        "from qdebug.capture import {mod}\n"
+        "from qdebug.capture.kernels import {mod}\n"
         "z = np.zeros(17, np.float32)\n"
         "{mod}{load}.activation_sums(z, z, z, -1.0, 1.0, -1.0, 1.0, True, np.zeros(8))\n"
         "print(time.perf_counter() - t, rss() - r)"
     )
     print("\n| kernels (qdebug imported) | first call in a fresh process s | RSS added MB |\n|---|---|---|")
-    for name, mod, load in (("C", "ckernel", ".load()"), ("numba", "_kernels", "")):
+    for name, mod, load in (("C", "c_kernel", ".load()"), ("numba", "numba_kernel", "")):
         cmd = [sys.executable, "-c", code.format(mod=mod, load=load)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         seconds, mb = (float(v) for v in out.stdout.split())

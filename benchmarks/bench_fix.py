@@ -3,12 +3,12 @@
 For each cached corpus model (``benchmarks/realmodels``; ``make corpus-data``): calibration = the first 8 samples of
 ``calib.npz``, held-out = its 24 *other* samples (8..31). Every cell quantizes the float model once and measures
 the worst output SQNR on the held-out samples (each output's signal and noise energies summed over the samples,
-then the worst output; ONNX Runtime sessions with graph optimizations off, as ``qdebug.quantize`` checks), the
+then the worst output; ONNX Runtime sessions with graph optimizations off, as ``qdebug.quantizer`` checks), the
 share of quantized weight + activation elements held in 16 bits, and its wall time.
 
 Cells (each in a child process of its own, stopped after ``--cell-timeout`` seconds; a failing cell is recorded):
 
-* ``ort-default`` — ``qdebug.quantize`` with the default ``QuantConfig()`` (what ``qdebug quantize`` writes);
+* ``ort-default`` — ``qdebug.quantizer`` with the default ``QuantConfig()`` (what ``qdebug quantize`` writes);
 * ``ort-per-channel`` — ORT, U8S8, per-channel weights, MinMax; ``ort-percentile`` / ``ort-entropy`` the same with
   Percentile / Entropy calibration (Entropy's histogram raised to ``--entropy-bins`` bins, default 512: with ORT's
   default of 128 it equals MinMax, and ORT's search over thresholds grows with the bins) — the table's "best ORT
@@ -85,8 +85,8 @@ def held_out_sqnr(float_model: Path, qdq_model: Path, held: Sequence[Mapping[str
     """Each output's SQNR (dB) on the held-out samples, energies summed over them, and the worst output's."""
     import onnx
 
-    from qdebug.capture.session import make_session
     from qdebug.metrics import blocked_dot, sqnr_from_energies
+    from qdebug.ort import make_session
 
     fs: Any = make_session(onnx.load(str(float_model)), ["CPUExecutionProvider"], what=str(float_model))
     qs: Any = make_session(onnx.load(str(qdq_model)), ["CPUExecutionProvider"], what=str(qdq_model))
@@ -110,8 +110,8 @@ def sixteen_bit_share(qdq_model: Path, sample: Mapping[str, np.ndarray]) -> floa
     import onnx
     from onnx import TensorProto
 
-    from qdebug.capture.session import expose_outputs, make_session
-    from qdebug.graph import constant_values, decode_constant
+    from qdebug.ort import expose_outputs, make_session
+    from qdebug.pairing import constant_values, decode_constant
 
     model = onnx.load(str(qdq_model))
     consts = constant_values(model)
@@ -141,7 +141,7 @@ def sixteen_bit_share(qdq_model: Path, sample: Mapping[str, np.ndarray]) -> floa
 def _ort_cell(cell: str, float_model: Path, calib: list[dict[str, np.ndarray]], out: Path, bins: int) -> str:
     """Quantize with ORT (through qdebug.quantize) as ``cell`` says; a note on what was run."""
     from qdebug.config import QuantConfig
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     data = _stacked(calib)
     if cell == "ort-default":
@@ -171,8 +171,8 @@ def _entropy_cache(float_model: Path, cfg: Any, data: Mapping[str, np.ndarray], 
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
 
     from qdebug.data import as_ort_reader, open_data
-    from qdebug.graph import input_specs
-    from qdebug.quantize import quantizer_view
+    from qdebug.pairing import input_specs
+    from qdebug.quantizer import quantizer_view
 
     view = quantizer_view(float_model, cfg.weight_type, [cfg.activation_type], per_channel=True)
     model_path = float_model

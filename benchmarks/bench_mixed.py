@@ -3,10 +3,10 @@ automatic search against a one-tensor-at-a-time sensitivity sweep.
 
 For each model (uint8 activations and weights, MinMax) the script measures, in this process:
 
-(a) **re-quantize vs first quantize** — ``qdebug.quantize`` from scratch (calibration + QDQ insertion, each
+(a) **re-quantize vs first quantize** — ``qdebug.quantizer`` from scratch (calibration + QDQ insertion, each
     timed by ``quantize`` itself) against ``MixedPrecisionSession.requantize`` (QDQ insertion from the cached
     calibration ranges), for the base config and for a 4-tensor promotion;
-(b) **one promotion step** — ``session.promote`` (ORT's fixer), ``session.requantize`` and ``qdebug.debug`` for
+(b) **one promotion step** — ``session.promote`` (ORT's fixer), ``session.requantize`` and ``qdebug.debugger`` for
     the top 1, 4 and 16 tensors of the base report's ranking (``qdebug.mixed.suggest.analyse``);
 (c) **search vs sweep** — first the ceiling (all activations in 16 bits, and every promotable tensor promoted),
     then a goal between the base and that ceiling (base + 2 dB when it fits), then
@@ -92,7 +92,7 @@ def prepare(name: str, work: Path, debug_samples: int) -> Subject:
     import onnx
 
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
 
     if name == "synthetic_convnet":
@@ -136,7 +136,7 @@ def _fmt(v: float | None, digits: int = 2) -> str:
 
 def bench_requantize(subject: Subject, repeats: int, work: Path) -> list[str]:
     """First quantize (calibration + QDQ) vs re-quantize from the cached ranges; best of ``repeats``."""
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     s = subject.session
     # Untimed warm-up: the first call in a process also imports ORT's quantization modules.
@@ -176,7 +176,7 @@ def bench_requantize(subject: Subject, repeats: int, work: Path) -> list[str]:
 
 def bench_steps(subject: Subject, sizes: Sequence[int], repeats: int) -> tuple[list[list[str]], list[str]]:
     """promote + requantize + debug for the top ``n`` tensors of the ranking; best of ``repeats`` per part."""
-    from qdebug.debug import debug
+    from qdebug.debugger import debug
     from qdebug.mixed.compare import compare
 
     s = subject.session

@@ -61,7 +61,7 @@ def _fmt(v: float | None, digits: int = 2) -> str:
 def run_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Base, one timed debug pass, then the measured search to all-16 − near; a JSON-ready row."""
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
     from qdebug.mixed.search import SearchGoal
     from qdebug.mixed.session import MixedPrecisionSession
 
@@ -157,9 +157,9 @@ def best_at_budget(session: Any, r: Any, budget: float) -> dict[str, Any] | None
 def _fixed_for(folder: Path, name: str, work: Path, target: str) -> Path:
     """The corpus model after ``target``'s compatibility fixes (what ``qdebug build --target`` quantizes), written to
     ``work``; searched with the same CPU recipe as the model as given, so the two rows differ by the fixes only."""
-    from qdebug.graph import load_model
     from qdebug.io import atomic_save_model
     from qdebug.mixed.target_fixes import apply_target_fixes
+    from qdebug.pairing import load_model
 
     model, _, fixes = apply_target_fixes(
         load_model(folder / f"{name}.onnx", "model"), target, None, folder / "calib.npz"
@@ -191,7 +191,7 @@ def _held_out(
     import numpy as np
     from bench_mixed_stepwise import held_out
 
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
 
     # after the debug samples of eval.npz, or after the calibration samples of calib.npz (``--heldout-from calib``)
@@ -276,7 +276,7 @@ def _carriers(sens: Any, k: int = 12) -> list[tuple[str, str, int, float, float 
 def run_remedies(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The same base, then every remedy of ``qdebug.mixed.remedies`` measured (percentile ranges: one calibration)."""
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.remedies import measure_remedies, method_ranges, propose_remedies
     from qdebug.mixed.session import MixedPrecisionSession
 

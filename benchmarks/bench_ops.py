@@ -66,8 +66,8 @@ def _best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 def _floor(paths: Sequence[Path], data: Path) -> float:
     """Sessions (optimizations off) created from ``paths``, every sample of ``data`` through each."""
-    from qdebug.capture.session import make_session
-    from qdebug.graph import load_model
+    from qdebug.ort import make_session
+    from qdebug.pairing import load_model
 
     sessions = [make_session(load_model(p), ["CPUExecutionProvider"]) for p in paths]
     with np.load(data) as z:
@@ -83,9 +83,9 @@ def measure_cpu(model: str, n_calib: int, n_eval: int, repeats: int, work: Path)
     from realmodels import registry
 
     from qdebug.config import QuantConfig
-    from qdebug.debug import debug
+    from qdebug.debugger import debug
     from qdebug.mixed.session import MixedPrecisionSession
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     src = registry.cache_dir() / model
     fp = src / f"{model}.onnx"

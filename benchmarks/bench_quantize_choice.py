@@ -46,7 +46,7 @@ def measure(model: str, samples: int | None, repeats: int, work: Path) -> dict[s
     from realmodels import registry
 
     from qdebug.config import QuantConfig
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     src = registry.cache_dir() / model
     fp, calib = src / f"{model}.onnx", src / "calib.npz"

@@ -37,7 +37,7 @@ TARGET_SAMPLES = 100_000
 
 
 def _timed(fp: Path, qp: Path, data: Path, capture: str, cluster: Any) -> tuple[float, Any]:
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
 
     t0 = time.perf_counter()
     report = debug(fp, qp, data, DebugOptions(capture=capture, cluster=cluster))
@@ -50,7 +50,7 @@ def worker_alone(fp: Path, qp: Path, data: Path, capture: str, size: int) -> tup
     per-sample rows only) of 1 and of ``size`` samples."""
     from qdebug.capture.ray_backend import CaptureWorker, _job, plan_shards
     from qdebug.data import open_data, range_reader
-    from qdebug.graph import input_specs, load_model, pair_models
+    from qdebug.pairing import input_specs, load_model, pair_models
 
     fm, qm = load_model(fp, "float model"), load_model(qp, "quantized model")
     source = open_data(data, input_specs(fm))

@@ -3,7 +3,7 @@
 A segmented model (``qdebug/capture/segmented.py``) runs as a dozen sessions, one after the other, every sample.
 ``heap`` is how they ran before: arena-less, every tensor of every segment fresh memory from the kernel each
 sample. ``shared`` is how they run now: one arena registered in ORT's environment, used by every segment
-(``qdebug.capture.session.shared_arena``). Each mode runs ``qdebug.debug`` with ``--capture numpy`` (so the
+(``qdebug.ort.shared_arena``). Each mode runs ``qdebug.debugger`` with ``--capture numpy`` (so the
 reduction is the same in both) in a fresh process; modes alternate over ``--rounds``.
 
 Usage::

@@ -2,8 +2,8 @@
 
 (a) **graph overlay** — a real model whose graph view has ~900 nodes: a residual MLP built with ``onnx.helper``
     (per block MatMul → Add(bias) → Tanh → Add(residual); Tanh keeps 225 residual blocks finite; every
-    node's output is a captured tensor), quantized with ``qdebug.quantize`` (uint8/uint8, MinMax, 32 synthetic
-    samples) and debugged with ``qdebug.debug`` on 4 synthetic samples (both untimed). Then, timed:
+    node's output is a captured tensor), quantized with ``qdebug.quantizer`` (uint8/uint8, MinMax, 32 synthetic
+    samples) and debugged with ``qdebug.debugger`` on 4 synthetic samples (both untimed). Then, timed:
 
     * ``layered_layout`` (grandalf's Sugiyama) on the report's tensors and edges, and ``graph_figure`` with
       that layout, in this process;

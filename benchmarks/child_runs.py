@@ -1,4 +1,4 @@
-"""One ``qdebug.debug`` pass per fresh process, for the A/B benchmarks (bench_segment_arena, bench_dequant,
+"""One ``qdebug.debugger`` pass per fresh process, for the A/B benchmarks (bench_segment_arena, bench_dequant,
 bench_segment_threads): the parent re-runs its own script with ``--child MODEL N MODE`` and reads one JSON line."""
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ def each_run(script: str, a: argparse.Namespace, modes: Sequence[str]) -> Iterat
 
 
 def timed_debug(model: str, n: int, work: Path, capture: str, skip: int = 0) -> tuple[Any, dict[str, float]]:
-    """``qdebug.debug`` on a corpus model in this process: the report, and its wall time, per-sample time after the
+    """``qdebug.debugger`` on a corpus model in this process: the report, and its wall time, per-sample time after the
     first ``skip`` + 1 samples, and the process's peak RSS so far."""
     from bench_realmodels import prepare
 
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
 
     fp, qp, folder = prepare(model, work, n)
     ends: list[float] = []

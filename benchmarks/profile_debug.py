@@ -1,4 +1,4 @@
-"""Where does ``qdebug.debug`` spend its time? ORT variants, an instrumented run, prototypes, cProfile.
+"""Where does ``qdebug.debugger`` spend its time? ORT variants, an instrumented run, prototypes, cProfile.
 
 1. **ORT variants**, per sample, float and quantized model, in interleaved rounds (background load hits
    every variant alike), each against the ``DISABLE_ALL + outputs`` values qdebug captures today:
@@ -8,7 +8,7 @@
    * ``ENABLE_BASIC`` / ``ENABLE_ALL`` with the extra outputs, and ``ENABLE_ALL`` with the session config
      entry ``session.disable_quant_qdq=1`` (no QDQ fusion, every other optimization on).
 
-2. **Instrumented ``qdebug.debug``**: the same call with ``InferenceSession.run``, ``capture.make_session``
+2. **Instrumented ``qdebug.debugger``**: the same call with ``InferenceSession.run``, ``capture.make_session``
    and ``capture.reduce_pair`` wrapped in timers, so the wall time splits into ORT runs, session creation,
    ``reduce_pair`` and the rest (capture-loop bookkeeping, clips, min/max, pairing, weights, report).
 
@@ -17,9 +17,9 @@
 
 4. **Prototype**: both models merged into one ORT graph (``f/`` and ``q/`` prefixes) that reduces every
    pair in-graph (Sub, ReduceSumSquare, ReduceMax/Min, qdebug's clips) to one vector of sums per sample,
-   timed against plain and today's capture, with the largest cumulative-SQNR gap to ``qdebug.debug``'s report.
+   timed against plain and today's capture, with the largest cumulative-SQNR gap to ``qdebug.debugger``'s report.
 
-5. **cProfile** of one ``qdebug.debug`` call, sorted by own time.
+5. **cProfile** of one ``qdebug.debugger`` call, sorted by own time.
 
 Usage::
 
@@ -47,10 +47,10 @@ import onnxruntime as ort
 
 import qdebug
 import qdebug.capture as qcapture
-from qdebug.capture import expose_outputs
 from qdebug.data import Sample, SyntheticData
-from qdebug.graph import input_specs, pair_models
 from qdebug.metrics import reduce_pair
+from qdebug.ort import expose_outputs
+from qdebug.pairing import input_specs, pair_models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_debug import prepare_model
@@ -184,7 +184,7 @@ def _timers(acc: dict[str, float]) -> Iterator[None]:
 
 
 def instrumented(float_path: Path, quant_path: Path, arrays: dict[str, np.ndarray], rounds: int) -> list[str]:
-    """Section 2: best-of-``rounds`` split of one ``qdebug.debug`` call."""
+    """Section 2: best-of-``rounds`` split of one ``qdebug.debugger`` call."""
     n = len(next(iter(arrays.values())))
     best: dict[str, float] | None = None
     for _ in range(rounds):
@@ -398,7 +398,7 @@ def _sqnr_gap(
     qm: onnx.ModelProto,
     reference: Sequence[float | None],
 ) -> str:
-    """Largest |cumulative SQNR difference| (dB) of the merged prototype vs ``qdebug.debug``'s report."""
+    """Largest |cumulative SQNR difference| (dB) of the merged prototype vs ``qdebug.debugger``'s report."""
     pairing = pair_models(fm, qm)
     stride = [5 + (1 if a.quantized else 0) for a in pairing.activations]
     starts = np.cumsum([0, *stride[:-1]])
@@ -413,7 +413,7 @@ def _sqnr_gap(
 
 
 def profile(float_path: Path, quant_path: Path, arrays: dict[str, np.ndarray], top: int) -> str:
-    """Section 5: cProfile of one ``qdebug.debug`` call, sorted by own time."""
+    """Section 5: cProfile of one ``qdebug.debugger`` call, sorted by own time."""
     n = len(next(iter(arrays.values())))
     prof = cProfile.Profile()
     t = time.perf_counter()

@@ -5,14 +5,14 @@ calibration ranges (``quantize(..., calibration_cache=...)``: ORT's ``quantize_s
 the float model → compare with the base. Issue 14 asks for ≤ 2× one debug pass. This script times, in one process
 and interleaved (background load hits both sides alike), for each corpus model:
 
-* ``debug``: one plain ``qdebug.debug`` of the base model (the reference);
+* ``debug``: one plain ``qdebug.debugger`` of the base model (the reference);
 * ``promote``, ``requantize``, ``debug variant``, ``rest`` (compare, accuracy, bookkeeping) of one real step, the
   promotion being the first ``--promote`` candidates of the base's ranking, three times per round: ``cold`` with
-  ``qdebug.quantize``'s per-model memos emptied before each part (what every step cost before they existed: the
+  ``qdebug.quantizer``'s per-model memos emptied before each part (what every step cost before they existed: the
   quantizer view of the float model — opset conversion, shape inference — and the float model's ORT load check,
   redone at every promote and re-quantization) and ORT's own scans in ``quantize_static``; ``warm``, the memos kept
   (a search's steps after its first), ORT's scans; ``indexed``, the memos kept and ORT's name look-ups indexed
-  (``qdebug.ort_index``, as ``qdebug.quantize`` runs it now);
+  (``qdebug.ort_index``, as ``qdebug.quantizer`` runs it now);
 
 and prints each as a multiple of ``debug``, then the top of a cProfile of the first ``indexed`` re-quantization
 (``--profile``).
@@ -72,13 +72,13 @@ def _timed(fn: Any, *a: Any, **kw: Any) -> tuple[Any, float]:
 def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One model: base, then ``repeats`` rounds of (one debug pass, one step split in its parts)."""
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
     from qdebug.mixed.candidates import candidates
     from qdebug.mixed.session import MixedPrecisionSession
 
     folder = corpus_dir() / name
     cfg = QuantConfig(num_samples=args.calib_samples, weight_type="int8")
-    qz = importlib.import_module("qdebug.quantize")  # the module: the package exports its function by that name
+    qz = importlib.import_module("qdebug.quantizer")  # the module: the package exports its function by that name
 
     kept: tuple[dict[Any, Any], set[str]] = ({}, set())
 
@@ -145,8 +145,8 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
 def _float_side(s: Any) -> float:
     """Seconds of the float model's part of a debug pass, alone: its session with every paired tensor exposed, and
     the debug samples run through it (what a step could reuse, the float model never changing)."""
-    from qdebug.capture.session import expose_outputs, make_session
-    from qdebug.graph import load_model, pair_models
+    from qdebug.ort import expose_outputs, make_session
+    from qdebug.pairing import load_model, pair_models
 
     pairing = pair_models(s.float_proto, load_model(s.base.quantization.model_path, "QDQ model"))
     names = list(dict.fromkeys([*(a.tensor_name for a in pairing.activations),

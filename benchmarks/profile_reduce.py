@@ -8,7 +8,7 @@ samples, best of ``--repeats`` passes:
 * ``exposed``: the same two runs with every tensor the reduction needs as an extra output (the numpy backend's
   inference; fresh output arrays, as when pipelined);
 * ``bound``: the same with ONNX Runtime writing into the previous sample's arrays (I/O binding, as when not pipelined);
-* ``reduce``: :func:`qdebug.capture.reduction.reduce_sample` on already fetched tensors;
+* ``reduce``: :func:`qdebug.capture.kernels.reference.reduce_sample` on already fetched tensors;
 * ``compiled``: :func:`qdebug.capture.compiled.reduce_sample_compiled` on the same tensors (numba; its one-off
   compile or cache load happens in the warm-up pass, outside the timing);
 * ``bound+cached``: ``bound`` followed by the compiled reduction of those bound arrays with its call tables kept
@@ -75,11 +75,11 @@ def profile(model: str, work: Path, n: int, repeats: int) -> dict[str, float]:
     from bench_realmodels import prepare
 
     from qdebug.capture.compiled import reduce_sample_compiled
-    from qdebug.capture.numpy_backend import BoundFetch
-    from qdebug.capture.reduction import ReductionPlan, reduce_sample
-    from qdebug.capture.session import expose_outputs
+    from qdebug.capture.fetch import BoundFetch
+    from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
     from qdebug.data import open_data
-    from qdebug.graph import input_specs, pair_models
+    from qdebug.ort import expose_outputs
+    from qdebug.pairing import input_specs, pair_models
 
     fp, qp, big = prepare(model, work, n)
     fm, qm = onnx.load(str(fp)), onnx.load(str(qp))

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 def child(model: str, work: Path, n: int, mode: str, method: str) -> dict[str, Any]:
     """One debug run in this process."""
     import qdebug.capture.segmented as sg
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     from realmodels import registry

@@ -1,4 +1,4 @@
-"""Resident memory along one ``qdebug.debug`` run (issue 12): ``VmRSS`` after given samples, to tell a process that
+"""Resident memory along one ``qdebug.debugger`` run (issue 12): ``VmRSS`` after given samples, to tell a process that
 settles (arenas and heaps reaching their working size in the first samples) from one that grows with N.
 
 Models are corpus names; the quantized model and the data come from ``bench_realmodels.py --work`` (run it first).
@@ -31,7 +31,7 @@ def child(model: str, n: int, work: Path) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from bench_realmodels import prepare
 
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
 
     fp, qp, _ = prepare(model, work, n)
     marks: dict[int, int] = {}

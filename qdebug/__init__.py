@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from qdebug._version import __version__
@@ -24,7 +23,7 @@ if "onnxruntime" in sys.modules and os.environ["ORT_DISABLE_TELEMETRY"] not in (
 
 if TYPE_CHECKING:
     from qdebug.config import ConvertOverride, QuantConfig, TensorOverride
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
     from qdebug.errors import (
         ConfigError,
         DataError,
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
         QDebugError,
         TargetError,
     )
-    from qdebug.quantize import QuantizeResult, quantize
+    from qdebug.quantizer import QuantizeResult, quantize
     from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult
     from qdebug.targets.base import to_ort_config
     from qdebug.task_measure import measure_task
@@ -43,31 +42,17 @@ if TYPE_CHECKING:
 #: public name -> the module that defines it
 _LAZY = {
     **dict.fromkeys(("ConvertOverride", "QuantConfig", "TensorOverride"), "qdebug.config"),
-    **dict.fromkeys(("DebugOptions", "debug"), "qdebug.debug"),
+    **dict.fromkeys(("DebugOptions", "debug"), "qdebug.debugger"),
     **dict.fromkeys(
         ("ConfigError", "DataError", "InputFileError", "MissingExtraError", "ModelError", "QDebugError", "TargetError"),
         "qdebug.errors",
     ),
-    **dict.fromkeys(("QuantizeResult", "quantize"), "qdebug.quantize"),
+    **dict.fromkeys(("QuantizeResult", "quantize"), "qdebug.quantizer"),
     **dict.fromkeys(("ActivationResult", "DebugReport", "OutputResult", "WeightResult"), "qdebug.report"),
     "to_ort_config": "qdebug.targets.base",
     **dict.fromkeys(("TASK_METRICS", "TaskMetric", "TaskScore", "load_metric"), "qdebug.task_metrics"),
     "measure_task": "qdebug.task_measure",
 }
-
-
-class _Package(types.ModuleType):
-    """``qdebug.debug`` and ``qdebug.quantize`` are both submodules and public functions. Importing a submodule
-    sets it as an attribute of its package, which would hide the function of the same name; here the function
-    wins (as it did when this package imported everything eagerly), and ``sys.modules`` keeps the submodule."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

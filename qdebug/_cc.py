@@ -1,5 +1,6 @@
 """The machine's C compiler, for the two things qdebug compiles: the capture's reduction kernels
-(:mod:`qdebug.capture.ckernel`) and Deeploy's generated code run on the host (:mod:`qdebug.targets.deeploy_host`)."""
+(:mod:`qdebug.capture.kernels.c_kernel`) and Deeploy's generated code run on the host
+(:mod:`qdebug.targets.deeploy_host`)."""
 
 from __future__ import annotations
 

@@ -33,14 +33,14 @@ import onnx
 
 from qdebug._signals import signals_held
 from qdebug._version import __version__
-from qdebug.capture.session import make_session
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError, TargetError
-from qdebug.graph import ModelKind, file_sha256, input_specs, load_model, model_kind
 from qdebug.io import atomic_save_model, atomic_write_text, input_problem, load_json, new_temp_dir, output_lock
+from qdebug.ort import make_session
+from qdebug.pairing import ModelKind, file_sha256, input_specs, load_model, model_kind
 from qdebug.passes import PassReport
-from qdebug.quantize import QuantizeResult
+from qdebug.quantizer import QuantizeResult
 from qdebug.report import DebugReport, TargetAccuracy, encode_number
 from qdebug.targets.base import (
     BuildOptions,
@@ -495,7 +495,7 @@ def _shapes_after(job: _Job) -> Mapping[str, Sequence[int]] | None:
 
 def _quantize(job: _Job, prepared: Prepared, float_path: Path, staging: Path) -> tuple[QuantizeResult, Path]:
     """2. Quantize the fixed float model (label arrays in the data are ignored, not an error)."""
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     cfg = prepared.config
     assert cfg is not None
@@ -548,7 +548,7 @@ def _accuracy(job: _Job, cjob: CompileJob, compiled: Compiled) -> tuple[DebugRep
     """4. CPU QDQ vs float (``debug``), then the target-side check."""
     report = None
     if cjob.qdq_model is not None:
-        from qdebug.debug import DebugOptions, debug
+        from qdebug.debugger import DebugOptions, debug
 
         assert cjob.float_model is not None
         job.say(f"debugging the QDQ model on {len(cjob.samples)} samples")
@@ -583,7 +583,7 @@ class _Requantizer:
 
     def quantize(self, config: QuantConfig, dest: Path) -> Path:
         """The float model quantized with ``config`` into ``dest``, exactly as asked (no output check)."""
-        from qdebug.quantize import quantize
+        from qdebug.quantizer import quantize
 
         res = quantize(
             self.float_model, self.samples, config, dest, calibration_cache=self.calibration_cache, check=False

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from qdebug.errors import ConfigError, DataError, InputFileError
-from qdebug.graph import InputSpec
 from qdebug.io import check_input, open_input
+from qdebug.pairing import InputSpec
 
 Sample = dict[str, np.ndarray]
 

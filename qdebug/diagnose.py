@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import DataSource, open_data
 from qdebug.errors import InputFileError
-from qdebug.graph import GraphIndex, input_specs, qdq_parameter_issues
 from qdebug.io import atomic_write_text
+from qdebug.ort import expose_outputs, make_session
+from qdebug.pairing import GraphIndex, input_specs, qdq_parameter_issues
 from qdebug.report import ActivationResult, DebugReport, WeightResult, decode_number, encode_number
 from qdebug.sentinel import MaskedSqnr, Sentinel, clamp_value, find_sentinels, masked_sqnr
 
@@ -387,7 +387,7 @@ def collect_stats(
     synthetic: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, TensorStats], int]:
     """:class:`TensorStats` of every activation of ``report`` over the first ``max_samples`` samples of ``data``
-    (a data spec as :func:`qdebug.debug` takes; ``None``: synthetic), one sample in memory at a time.
+    (a data spec as :func:`qdebug.debugger` takes; ``None``: synthetic), one sample in memory at a time.
 
     ``synthetic`` passes ``seed`` / ``distribution`` / ``ignore`` to :func:`qdebug.data.open_data` (the same samples
     as the debug run). Returns ``({tensor: stats}, samples seen)``.
@@ -778,7 +778,7 @@ def diagnose_models(
 ) -> Diagnostics:
     """Every check: :func:`collect_stats` over the first ``max_samples`` samples of ``data`` (``max_samples=0``:
     no statistics pass; ``synthetic``: see :func:`collect_stats`), then :func:`diagnose` with both models."""
-    from qdebug.graph import load_model
+    from qdebug.pairing import load_model
 
     f = float_model if isinstance(float_model, onnx.ModelProto) else load_model(float_model, "float model")
     q = quant_model if isinstance(quant_model, onnx.ModelProto) else load_model(quant_model, "quantized model")

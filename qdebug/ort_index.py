@@ -12,7 +12,7 @@ How a map stays true: a protobuf repeated field is watched through its length an
 one Python object per element, so ``is`` tells elements apart). Elements appended since the last look-up are
 indexed; any other change (a removal, ``ClearField``, another container) rebuilds the map. A node's inputs change
 only through ``ONNXModel.replace_node_input`` on ORT's QDQ path, which is wrapped to log the edit (its QOperator
-classes assign ``node.input[i]`` directly: :mod:`qdebug.quantize` enters this for QDQ only); a name's consumers
+classes assign ``node.input[i]`` directly: :mod:`qdebug.quantizer` enters this for QDQ only); a name's consumers
 are a superset, each checked before it is changed. Not followed: an element renamed in place once in its field (a
 found element is checked, so its old name is answered right, but its new name is not found) — ORT's quantizer names
 tensors before adding them. What this relies on — the bodies of the replaced functions, protobuf's upb backend, the

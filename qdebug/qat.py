@@ -21,8 +21,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.errors import ConfigError, ModelError
-from qdebug.graph import GraphIndex, decode_constant, is_dq, is_q, load_model, quantize_array
 from qdebug.io import atomic_save_model, refuse_overwrite_input
+from qdebug.pairing import GraphIndex, decode_constant, is_dq, is_q, load_model, quantize_array
 from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [
@@ -90,7 +90,7 @@ class CanonicalizeResult:
 
 # --------------------------------------------------------------------------- graph helpers
 class _Ctx:
-    """A model snapshot's :class:`~qdebug.graph.GraphIndex` maps, plus a node-list rewriter."""
+    """A model snapshot's :class:`~qdebug.pairing.GraphIndex` maps, plus a node-list rewriter."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         # A private copy: passes rewire node inputs in place and must never touch the caller's model.

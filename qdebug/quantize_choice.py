@@ -2,11 +2,11 @@
 
 The default recipe (per-tensor ``uint8`` weights) is one of a few that cost the same calibration: per-channel
 weights and signed symmetric ``int8`` weights reuse the calibrated activation ranges and change only the QDQ
-insertion. When the caller lets it choose (:func:`qdebug.quantize.quantize`'s ``per_channel_fallback``), the check
+insertion. When the caller lets it choose (:func:`qdebug.quantizer.quantize`'s ``per_channel_fallback``), the check
 measures each alternative's outputs on the same check samples and keeps one only when its worst output is better by
 more than :data:`CHOICE_MARGIN_DB`. This module holds the typed record of that choice (:class:`RecipeChoice`), the
 alternatives a config admits (:func:`weight_steps`) and the check samples (:func:`check_samples`); the insertion and
-the measurements are :mod:`qdebug.quantize`'s.
+the measurements are :mod:`qdebug.quantizer`'s.
 """
 
 from __future__ import annotations

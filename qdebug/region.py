@@ -76,7 +76,7 @@ def _value_info(name: str, value: np.ndarray) -> onnx.ValueInfoProto:
 
 def _run_to(model: onnx.ModelProto, tensors: Sequence[str], what: str) -> Any:
     """A session of ``model`` whose outputs are ``tensors`` (intermediate ones exposed by name)."""
-    from qdebug.capture.session import make_session
+    from qdebug.ort import make_session
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -89,7 +89,7 @@ def _values(
     sess: Any, computed: Sequence[str], feed: Mapping[str, np.ndarray], what: str, i: int
 ) -> dict[str, np.ndarray]:
     """``computed`` on one sample; ONNX Runtime's failure is a one-line :class:`DataError` naming the sample."""
-    from qdebug.capture.session import ort_errors, ort_message
+    from qdebug.ort import ort_errors, ort_message
 
     try:
         return dict(zip(computed, sess.run(list(computed), dict(feed)), strict=True))

@@ -405,7 +405,7 @@ class TargetAccuracy:
 
 @dataclass(frozen=True)
 class DebugReport:
-    """The result of :func:`qdebug.debug`."""
+    """The result of :func:`qdebug.debugger`."""
 
     activations: tuple[ActivationResult, ...]
     weights: tuple[WeightResult, ...]

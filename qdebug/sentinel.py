@@ -32,10 +32,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import open_data
 from qdebug.errors import ConfigError, ModelError
-from qdebug.graph import VIEW_OPS, GraphIndex, constant_values, decode_constant, input_specs, pair_models
+from qdebug.ort import expose_outputs, make_session
+from qdebug.pairing import VIEW_OPS, GraphIndex, constant_values, decode_constant, input_specs, pair_models
 from qdebug.passes import PassReport
 from qdebug.report import decode_number, encode_number
 
@@ -471,7 +471,7 @@ def masked_sqnr(
 ) -> dict[str, MaskedSqnr]:
     """SQNR of each tensor (float name → (sentinel value, tolerance)) over the elements whose float value is not
     within ``tolerance`` of the sentinel: float model against the quantized model's dequantized value of it, on the
-    first ``max_samples`` samples of ``data`` (as :func:`qdebug.debug` takes it), one sample in memory at a time."""
+    first ``max_samples`` samples of ``data`` (as :func:`qdebug.debugger` takes it), one sample in memory at a time."""
     pairing = pair_models(float_model, quant_model)
     post = {p.tensor_name: p.post_qdq for p in pairing.activations if p.tensor_name in tensors}
     names = list(post)

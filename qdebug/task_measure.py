@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.capture.session import make_session, ort_errors, ort_message
 from qdebug.data import DataSource, open_data, read_labels
 from qdebug.errors import DataError, ModelError
-from qdebug.graph import input_specs, load_model
 from qdebug.io import open_input
+from qdebug.ort import make_session, ort_errors, ort_message
+from qdebug.pairing import input_specs, load_model
 from qdebug.task_metrics import MetricSpec, State, TaskMetric, TaskScore, load_metric
 
 __all__ = ["labels_for", "measure_task", "task_state"]

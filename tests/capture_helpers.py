@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from qdebug.capture import compiled
-from qdebug.capture.reduction import ReductionPlan
-from qdebug.graph import ActivationPair, OutputPair, Pairing
+from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.metrics import BatchSums
+from qdebug.pairing import ActivationPair, OutputPair, Pairing
 
 Bounds = tuple[str, float, float] | None
 

@@ -60,9 +60,9 @@ def compiled_kernel() -> None:
     """The C kernel built before any test runs: ``auto`` reduces with it from the first sample only once it is built
     (:func:`qdebug.capture.compiled.ready`), so without this the first tests to capture would see another choice
     than the rest. ``make test`` installs gcc: a failed build is a failure of every test, never a skip."""
-    from qdebug.capture import ckernel
+    from qdebug.capture.kernels import c_kernel
 
-    ckernel.load()
+    c_kernel.load()
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +80,7 @@ def tiny_float(model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_quant(tiny_float: Path, model_dir: Path) -> Callable[[str], Path]:
     """``tiny_quant(name)``: ``tiny_convnet`` quantized by qdebug with ``TINY_CONFIGS[name]`` (cached)."""
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     cache: dict[str, Path] = {}
 

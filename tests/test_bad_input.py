@@ -24,7 +24,7 @@ from onnxruntime.quantization import (
 )
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import (
     EXIT_DATA,
     EXIT_INPUT_FILE,
@@ -35,7 +35,7 @@ from qdebug.errors import (
     ModelError,
     QDebugError,
 )
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 
 SHAPE = (1, 1, 6, 6)
 
@@ -554,7 +554,7 @@ def test_data_the_float_model_cannot_run_on_name_the_data(tmp_path: Path, run_cl
     ],
 )
 def test_ort_message_keeps_the_reason_without_the_cpp_location(raw: str, clean: str) -> None:
-    from qdebug.capture.session import ort_message
+    from qdebug.ort import ort_message
 
     assert ort_message(RuntimeError(raw)).startswith(clean)
     assert "onnxruntime_src" not in ort_message(RuntimeError(raw))

@@ -554,7 +554,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory, tiny_float: Path, tiny_quan
     return d
 
 
-from qdebug.quantize import quantize  # noqa: E402  (after the fixtures it serves, with the other heavy import)
+from qdebug.quantizer import quantize  # noqa: E402  (after the fixtures it serves, with the other heavy import)
 
 
 def _assert_one_line(r: CliResult, code: int, needles: list[str]) -> None:

@@ -662,7 +662,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory, tiny_float: Path, tiny_quan
     (d / "cfg.json").write_text('{"activation_type": "uint8"}')
     onnx.save(builders.other_convnet(), str(d / "other_f.onnx"))
     from qdebug.config import QuantConfig
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     quantize(d / "other_f.onnx", None, QuantConfig(num_samples=4), d / "other_q.onnx")
     (d / "other_q.calib.json").unlink()

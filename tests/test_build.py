@@ -290,7 +290,7 @@ def test_overrides_that_a_fix_invalidates_are_an_error(qnn: None, tmp_path: Path
 @pytest.fixture(scope="module")
 def artefacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A float model, its QDQ model, an EPContext model, a config file and a non-empty folder."""
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     d = tmp_path_factory.mktemp("bad")
     block = _save(ln_gelu_block(), d / "block.onnx")
@@ -404,7 +404,7 @@ def test_recompile_for_cpu_is_a_load_and_run_check(artefacts: dict[str, Path], t
 
 @pytest.mark.slow
 def test_promote_requantize_recompile_on_the_sample_cnn(qnn: None, tmp_path: Path) -> None:
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
 
     built = build(CNN, tmp_path / "cnn", BuildOptions("qnn", "uint8", debug_samples=8), data=CALIB)
@@ -430,7 +430,7 @@ def test_promote_requantize_recompile_on_the_sample_cnn(qnn: None, tmp_path: Pat
 def test_promote_recompile_on_the_fixed_transformer(
     transformer_int8: tuple[CliResult, Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
 
     res, out, _ = transformer_int8

@@ -13,10 +13,10 @@ import pytest
 
 from qdebug.capture import compiled
 from qdebug.capture.arena import ALIGN, carve, estimate_bytes, touched
-from qdebug.capture.numpy_backend import NumpyRun
+from qdebug.capture.fetch import NumpyRun
 from qdebug.capture.segmented import exposed_bytes
 from qdebug.data import open_data
-from qdebug.graph import input_specs, pair_models
+from qdebug.pairing import input_specs, pair_models
 
 
 def _root(a: np.ndarray) -> object:

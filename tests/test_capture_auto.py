@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import pytest
 
-from qdebug.capture import AUTO, CAPTURE_PATHS, capture, capture_choices
+from qdebug.capture import AUTO, CAPTURE_PATHS, capture, capture_choices, fetch
 from qdebug.capture.auto import AutoRun, estimate_setup
 from qdebug.capture.base import CaptureSums, SampleSums
 from qdebug.data import open_data
-from qdebug.debug import DebugOptions, debug
-from qdebug.graph import input_specs, pair_models
+from qdebug.debugger import DebugOptions, debug
+from qdebug.pairing import input_specs, pair_models
 
 
 def _models(tiny_float: Path, quant: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -150,9 +150,9 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
     import builders
     from conftest import save
 
-    from qdebug.capture import numpy_backend
+    from qdebug.capture import fetch
     from qdebug.config import QuantConfig
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     fp = save(builders.tiny_convnet(batch="N"), tmp_path / "f.onnx")
     qp = tmp_path / "q.onnx"
@@ -171,17 +171,17 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
             return iter({"x": x} for x in xs)
 
     pairing = pair_models(fm, qm)
-    monkeypatch.setattr(numpy_backend, "BIND_BYTES", 1 << 62)  # every run plain: the reference
+    monkeypatch.setattr(fetch, "BIND_BYTES", 1 << 62)  # every run plain: the reference
     plain = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
-    monkeypatch.setattr(numpy_backend, "BIND_BYTES", 0)
-    bound_runs: list[numpy_backend.BoundFetch] = []
-    real_init = numpy_backend.BoundFetch.__init__
+    monkeypatch.setattr(fetch, "BIND_BYTES", 0)
+    bound_runs: list[fetch.BoundFetch] = []
+    real_init = fetch.BoundFetch.__init__
 
-    def spy(self: numpy_backend.BoundFetch, *args: object) -> None:
+    def spy(self: fetch.BoundFetch, *args: object) -> None:
         real_init(self, *args)  # type: ignore[arg-type]
         bound_runs.append(self)
 
-    monkeypatch.setattr(numpy_backend.BoundFetch, "__init__", spy)
+    monkeypatch.setattr(fetch.BoundFetch, "__init__", spy)
     bound = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
     assert bound_runs and all(b.binding is not None for b in bound_runs)  # the binding was really used
     np.testing.assert_array_equal(bound.per_sample, plain.per_sample)
@@ -280,10 +280,9 @@ def test_a_run_that_will_not_batch_prepares_its_next_outputs_during_sample_0(
     full batch, so the run goes one sample per call and, pipelining, makes sample 2's bound outputs on the worker
     while sample 0 is reduced — when a sample's tensors are small (``PREP_BYTES``). The same sums as the unbatched
     run either way."""
-    from qdebug.capture import numpy_backend
 
     if not small:
-        monkeypatch.setattr(numpy_backend, "PREP_BYTES", 0)
+        monkeypatch.setattr(fetch, "PREP_BYTES", 0)
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     samples = _samples(fm, 5)
     run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5)

@@ -18,16 +18,15 @@ from qdebug.capture import (
     Fallback,
     backend_names,
     capture,
-    expose_outputs,
     get_backend,
-    make_session,
 )
-from qdebug.capture.reduction import ReductionPlan, reduce_sample
+from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.data import open_data
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError
-from qdebug.graph import input_specs, pair_models
 from qdebug.metrics import ErrorSums, register_streaming_metric
+from qdebug.ort import expose_outputs, make_session
+from qdebug.pairing import input_specs, pair_models
 from qdebug.report import DebugReport
 
 
@@ -95,7 +94,7 @@ def test_a_pair_the_merge_cannot_express_runs_numpy_with_the_reason(tmp_path: Pa
     fn = onnx.FunctionProto(name="f", domain="local")
     fm.functions.append(fn)  # local functions: the merged graph refuses them
     from qdebug.config import QuantConfig
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     qpath = tmp_path / "q.onnx"
     quantize(builders.tiny_convnet(), None, QuantConfig(num_samples=4), qpath)
@@ -181,14 +180,14 @@ def test_the_pipelined_numpy_run_equals_the_sequential_one(
 ) -> None:
     """Overlapping the next sample's inference with this one's reduction changes no number: the same arrays are
     reduced in the same order (bit-identical sums, per-sample rows included)."""
-    from qdebug.capture import numpy_backend
+    from qdebug.capture import fetch
 
     fm, qm = _pair(tiny_float, tiny_quant("u8"))
     source = open_data(None, input_specs(fm), num_samples=9, seed=2)
     runs = {}
-    real = numpy_backend.NumpyRun
+    real = fetch.NumpyRun
     for pipelined in (False, True):
-        made: list[numpy_backend.NumpyRun] = []
+        made: list[fetch.NumpyRun] = []
 
         def make(
             *args: object, pipelined: bool = pipelined, made: list = made, real: type = real, **kw: object
@@ -196,7 +195,7 @@ def test_the_pipelined_numpy_run_equals_the_sequential_one(
             made.append(real(*args, pipeline=pipelined, **kw))  # type: ignore[arg-type]
             return made[-1]
 
-        monkeypatch.setattr(numpy_backend, "NumpyRun", make)
+        monkeypatch.setattr(fetch, "NumpyRun", make)
         runs[pipelined] = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
         assert made[0].pipelining is pipelined and made[0]._pool is None  # the worker is stopped at the end
     a, b = runs[False], runs[True]
@@ -216,7 +215,7 @@ def test_a_bad_sample_met_by_the_worker_is_the_same_one_line_error(tiny_float: P
     np.savez(folder / "a.npz", **{spec.name: good})
     np.savez(folder / "b.npz", **{spec.name: np.zeros((1, 1, 2, 2), np.float32)})  # wrong shape
     q = tmp_path / "q.onnx"
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     quantize(tiny_float, None, None, q, check=False)
     with pytest.raises(DataError, match=r"b\.npz|sample 4|shape"):

@@ -1,4 +1,4 @@
-"""A batch reduced at once (:func:`qdebug.capture.batch_reduce.reduce_batch`) gives every sample the sums the
+"""A batch reduced at once (:func:`qdebug.capture.kernels.batched.reduce_batch`) gives every sample the sums the
 reference definition gives it alone — small tensors (one numpy pass for the whole batch), large ones, the batch on
 axis 0 or inside (a recurrent state ``[2, n, 128]``), tensors the batch does not change (shared), NaN/Inf,
 float32 overflow, empty and float64 tensors, clips of fused and measured-through activations — with the numpy
@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from qdebug.capture import compiled
-from qdebug.capture.batch_reduce import BatchTensors, reduce_batch
 from qdebug.capture.batching import batch_views
-from qdebug.capture.reduction import ReductionPlan, reduce_sample
-from qdebug.debug import DebugOptions, debug
+from qdebug.capture.kernels.batched import BatchTensors, reduce_batch
+from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
+from qdebug.debugger import DebugOptions, debug
 from qdebug.metrics import SMALL_TENSOR
 
 RELU: Bounds = ("Relu", 0.0, float("inf"))
@@ -188,20 +188,20 @@ def test_auto_weighs_the_compiled_kernel_on_batches_too(tmp_path: Path, monkeypa
 
 def test_auto_does_not_batch_when_only_two_samples_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two samples per call measured slower than one on ppocr-cls: ``auto`` needs room for three; asked for, two."""
-    from qdebug.capture import batching, numpy_backend
+    from qdebug.capture import batching, fetch
 
     fp, qp = _batchable_pair(tmp_path)
     data = tmp_path / "d.npz"
     np.savez(data, x=np.random.default_rng(3).standard_normal((12, 1, 16)).astype(np.float32))
-    from qdebug.graph import pair_models
+    from qdebug.pairing import pair_models
 
     fm, qm = onnx.load(str(fp)), onnx.load(str(qp))
-    probe = numpy_backend.NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"])
+    probe = fetch.NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"])
     probe.reduce(0, {"x": np.ones((1, 16), np.float32)})
     assert probe.sample_bytes is not None
     room_for_two = 2 * probe.sample_bytes + 1
     monkeypatch.setattr(batching, "BATCH_BYTES", room_for_two)
-    monkeypatch.setattr(numpy_backend, "BATCH_BYTES", room_for_two)
+    monkeypatch.setattr(fetch, "BATCH_BYTES", room_for_two)
     auto = debug(fp, qp, data, DebugOptions()).meta.capture
     asked = debug(fp, qp, data, DebugOptions(batch=4)).meta.capture
     assert auto is not None and auto.batch == 1 and "batches of up to" not in str(auto.reason)

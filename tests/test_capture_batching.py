@@ -18,10 +18,10 @@ from qdebug.capture import CaptureResult, capture
 from qdebug.capture.batching import batch_axes, batch_views, mismatch, relax_batch_dim, sample_view, stack
 from qdebug.cli import main
 from qdebug.data import open_data
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError, DataError
-from qdebug.graph import input_specs, pair_models
-from qdebug.quantize import quantize
+from qdebug.pairing import input_specs, pair_models
+from qdebug.quantizer import quantize
 
 
 def _capture(fp: Path, qp: Path, n: int, batch: int) -> CaptureResult:

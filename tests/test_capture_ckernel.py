@@ -1,4 +1,5 @@
-"""The compiled reduction's C kernels (``qdebug/capture/_reduce.c`` through :mod:`qdebug.capture.ckernel`): the
+"""The compiled reduction's C kernels (``qdebug/capture/kernels/_reduce.c`` through
+:mod:`qdebug.capture.kernels.c_kernel`): the
 numba kernels' sums on every case they handle (fuzzed: sizes around the lanes, clips, NaN/Inf, both float types,
 the four integer types of a post-Q/DQ tensor, batches), built atomically with nothing left behind when the compiler
 fails, and what ``auto`` does with them: the compiled pass from the first sample, without importing numba. gcc and
@@ -17,17 +18,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qdebug.capture import ckernel
+from qdebug.capture.kernels import c_kernel
 
 INF = np.inf
 BOUNDS = [(-INF, INF, -INF, INF), (-1.0, 2.0, 0.0, 6.0), (0.0, INF, -INF, 1.5)]
 
 
 @pytest.fixture(scope="module")
-def kernels() -> tuple[ckernel.CKernels, object]:
-    import qdebug.capture._kernels as numba_kernels
+def kernels() -> tuple[c_kernel.CKernels, object]:
+    import qdebug.capture.kernels.numba_kernel as numba_kernels
 
-    return ckernel.load(), numba_kernels
+    return c_kernel.load(), numba_kernels
 
 
 def _same(want: np.ndarray, got: np.ndarray) -> None:
@@ -46,7 +47,7 @@ def _same(want: np.ndarray, got: np.ndarray) -> None:
     seed=st.integers(0, 2**16),
 )
 def test_the_c_kernels_give_numbas_sums(
-    kernels: tuple[ckernel.CKernels, object], size: int, f64: bool, bounds: tuple[float, ...], special: float | None,
+    kernels: tuple[c_kernel.CKernels, object], size: int, f64: bool, bounds: tuple[float, ...], special: float | None,
     seed: int,
 ) -> None:  # fmt: skip
     c, nb = kernels
@@ -57,11 +58,11 @@ def test_the_c_kernels_give_numbas_sums(
     if special is not None and size:
         (ref, pre, post)[seed % 3][seed % size] = special
     for local in (True, False):
-        want, got = np.zeros(ckernel.SLOTS), np.zeros(ckernel.SLOTS)
+        want, got = np.zeros(c_kernel.SLOTS), np.zeros(c_kernel.SLOTS)
         nb.activation_sums(ref, pre, post, *bounds, local, want)  # type: ignore[attr-defined]
         c.activation_sums(ref, pre, post, *bounds, local, got)
         _same(want, got)
-    want, got = np.zeros(ckernel.SLOTS), np.zeros(ckernel.SLOTS)
+    want, got = np.zeros(c_kernel.SLOTS), np.zeros(c_kernel.SLOTS)
     nb.pair_sums(ref, post, -1.0, 1.0, -INF, 0.5, want, 2)  # type: ignore[attr-defined]
     c.pair_sums(ref, post, -1.0, 1.0, -INF, 0.5, got, 2)
     nb.value_range(ref, want, 6)  # type: ignore[attr-defined]
@@ -77,7 +78,7 @@ def test_the_c_kernels_give_numbas_sums(
     seed=st.integers(0, 2**16),
 )
 def test_integers_give_the_sums_of_their_dequantized_floats(
-    kernels: tuple[ckernel.CKernels, object], size: int, itype: type, scale: float, seed: int
+    kernels: tuple[c_kernel.CKernels, object], size: int, itype: type, scale: float, seed: int
 ) -> None:
     """Bit for bit: the block-wise dequantization feeds the float pass the same float32 values in the same lanes."""
     c, nb = kernels
@@ -88,7 +89,7 @@ def test_integers_give_the_sums_of_their_dequantized_floats(
     post = (ints.astype(np.int32) - np.int32(zero_point)).astype(np.float32) * scale32
     ref = (post + rng.standard_normal(size).astype(np.float32) * scale32).astype(np.float32)
     pre = (ref + rng.standard_normal(size).astype(np.float32) * scale32 / 4).astype(np.float32)
-    on_ints, on_floats, numba_ints = (np.zeros(ckernel.SLOTS) for _ in range(3))
+    on_ints, on_floats, numba_ints = (np.zeros(c_kernel.SLOTS) for _ in range(3))
     c.dequant_sums(ref, pre, ints, float(scale32), zero_point, *BOUNDS[1], on_ints)
     c.activation_sums(ref, pre, post, *BOUNDS[1], True, on_floats)
     np.testing.assert_array_equal(on_ints, on_floats)
@@ -97,27 +98,27 @@ def test_integers_give_the_sums_of_their_dequantized_floats(
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_batch_gives_numbas_rows(kernels: tuple[ckernel.CKernels, object], dtype: type) -> None:
+def test_a_batch_gives_numbas_rows(kernels: tuple[c_kernel.CKernels, object], dtype: type) -> None:
     c, nb = kernels
     rng = np.random.default_rng(3)
     for outer, n, inner in ((1, 1, 5), (3, 4, 17), (2, 7, 64)):
         ref, pre, post = (rng.standard_normal((outer, n, inner)).astype(dtype) for _ in range(3))
         for local in (True, False):
-            want, got = np.zeros((n, ckernel.SLOTS)), np.zeros((n, ckernel.SLOTS))
+            want, got = np.zeros((n, c_kernel.SLOTS)), np.zeros((n, c_kernel.SLOTS))
             nb.batch_activation_sums(ref, pre, post, -1.0, 1.0, -INF, INF, local, want)  # type: ignore[attr-defined]
             c.batch_activation_sums(ref, pre, post, -1.0, 1.0, -INF, INF, local, got)
             _same(want, got)
         ints = rng.integers(-128, 128, (outer, n, inner)).astype(np.int8)  # the C kernels only: integers
         dequantized = (ints.astype(np.int32) - 3).astype(np.float32) * np.float32(0.05)
-        on_ints, on_floats = np.zeros((n, ckernel.SLOTS)), np.zeros((n, ckernel.SLOTS))
+        on_ints, on_floats = np.zeros((n, c_kernel.SLOTS)), np.zeros((n, c_kernel.SLOTS))
         c.batch_dequant_sums(ref, pre, ints, 0.05, 3, -1.0, 1.0, -INF, INF, on_ints)
         c.batch_activation_sums(ref, pre, dequantized.astype(dtype), -1.0, 1.0, -INF, INF, True, on_floats)
         np.testing.assert_array_equal(on_ints, on_floats)
 
 
-def test_types_it_does_not_take_are_a_type_error(kernels: tuple[ckernel.CKernels, object]) -> None:
+def test_types_it_does_not_take_are_a_type_error(kernels: tuple[c_kernel.CKernels, object]) -> None:
     c, _ = kernels
-    x16, row = np.zeros(4, np.float16), np.zeros(ckernel.SLOTS)
+    x16, row = np.zeros(4, np.float16), np.zeros(c_kernel.SLOTS)
     with pytest.raises(TypeError, match="float16"):
         c.activation_sums(x16, x16, x16, *BOUNDS[0], True, row)
     x32 = np.zeros(4, np.float32)
@@ -130,36 +131,36 @@ def _no_temp_files(d: Path) -> bool:
 
 
 def test_the_build_is_atomic_and_a_failed_one_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ckernel, "_directories", lambda: [tmp_path / "cache"])
+    monkeypatch.setattr(c_kernel, "_directories", lambda: [tmp_path / "cache"])
     monkeypatch.setenv("CC", "false")  # a "compiler" that fails every build
-    with pytest.raises(ckernel.BuildError, match=r"false could not build _reduce\.c"):
-        ckernel.build()
-    assert _no_temp_files(tmp_path / "cache") and ckernel.built() is None
+    with pytest.raises(c_kernel.BuildError, match=r"false could not build _reduce\.c"):
+        c_kernel.build()
+    assert _no_temp_files(tmp_path / "cache") and c_kernel.built() is None
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    with pytest.raises(ckernel.BuildError, match="no C compiler found"):
-        ckernel.build()
+    with pytest.raises(c_kernel.BuildError, match="no C compiler found"):
+        c_kernel.build()
     monkeypatch.setenv("CC", "gcc -Wall")  # a command with arguments, as $CC often is
-    assert ckernel.compiler() == [str(shutil.which("gcc")), "-Wall"]
+    assert c_kernel.compiler() == [str(shutil.which("gcc")), "-Wall"]
     monkeypatch.delenv("CC")
-    path = ckernel.build()
-    assert path.parent == tmp_path / "cache" and ckernel.built() == path and _no_temp_files(path.parent)
-    assert ckernel.CKernels(path).path == path
+    path = c_kernel.build()
+    assert path.parent == tmp_path / "cache" and c_kernel.built() == path and _no_temp_files(path.parent)
+    assert c_kernel.CKernels(path).path == path
 
 
 def test_an_unwritable_cache_falls_through_to_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")  # mkdir under a file fails
-    monkeypatch.setattr(ckernel, "_directories", lambda: [blocked / "sub", tmp_path / "second"])
-    assert ckernel.build().parent == tmp_path / "second"
-    monkeypatch.setattr(ckernel, "_directories", lambda: [blocked / "sub"])
-    with pytest.raises(ckernel.BuildError, match="no writable directory"):
-        ckernel.build()
+    monkeypatch.setattr(c_kernel, "_directories", lambda: [blocked / "sub", tmp_path / "second"])
+    assert c_kernel.build().parent == tmp_path / "second"
+    monkeypatch.setattr(c_kernel, "_directories", lambda: [blocked / "sub"])
+    with pytest.raises(c_kernel.BuildError, match="no writable directory"):
+        c_kernel.build()
 
 
 def test_the_library_name_follows_the_source_and_the_machine() -> None:
-    name = ckernel.library_name()
-    assert name.startswith("qdebug_reduce-") and name.endswith(".so") and ckernel.built() is not None
-    assert ckernel.built() == ckernel.load().path  # conftest built it before any test
+    name = c_kernel.library_name()
+    assert name.startswith("qdebug_reduce-") and name.endswith(".so") and c_kernel.built() is not None
+    assert c_kernel.built() == c_kernel.load().path  # conftest built it before any test
 
 
 def test_auto_reduces_with_the_c_kernel_from_the_first_sample_without_numba(
@@ -177,7 +178,7 @@ def test_auto_reduces_with_the_c_kernel_from_the_first_sample_without_numba(
     assert out.strip().endswith("False")
 
 
-def test_one_call_per_sample_gives_each_activations_row(kernels: tuple[ckernel.CKernels, object]) -> None:
+def test_one_call_per_sample_gives_each_activations_row(kernels: tuple[c_kernel.CKernels, object]) -> None:
     """The bulk entry a run uses (:meth:`CKernels.activations`) gives, row for row, what one call per activation
     gives — floats and integers, local or not, non-contiguous tensors copied — and names a type it does not take."""
     c, _ = kernels
@@ -189,16 +190,16 @@ def test_one_call_per_sample_gives_each_activations_row(kernels: tuple[ckernel.C
         post = (ints.astype(np.int32) - 7).astype(np.float32) * np.float32(0.03)
         bounds = BOUNDS[j % 3]
         for call in ((ref, pre, ints, 0.03, 7, bounds, True), (ref, post, post, 1.0, 0, bounds, j % 2 == 0)):
-            row = np.zeros(ckernel.SLOTS)
+            row = np.zeros(c_kernel.SLOTS)
             if call[2].dtype == np.uint8:
                 c.dequant_sums(*call[:5], *bounds, row)
             else:
                 c.activation_sums(call[0], call[1], call[2], *bounds, call[6], row)
             calls.append(call)
             want.append(row)
-    got = np.zeros((len(calls), ckernel.SLOTS))
+    got = np.zeros((len(calls), c_kernel.SLOTS))
     c.activations(calls, got)
     np.testing.assert_array_equal(got, np.array(want))
     x16 = np.zeros(3, np.float16)
     with pytest.raises(TypeError, match="float16"):
-        c.activations([(x16, x16, x16, 1.0, 0, BOUNDS[0], True)], np.zeros((1, ckernel.SLOTS)))
+        c.activations([(x16, x16, x16, 1.0, 0, BOUNDS[0], True)], np.zeros((1, c_kernel.SLOTS)))

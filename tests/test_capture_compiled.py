@@ -20,13 +20,14 @@ from capture_helpers import Bounds, assert_same_sums, plan_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qdebug.capture import capture, ckernel, compiled
+from qdebug.capture import capture, compiled
 from qdebug.capture.auto import AutoRun
 from qdebug.capture.base import SampleSums
-from qdebug.capture.reduction import ReductionPlan, reduce_sample
+from qdebug.capture.kernels import c_kernel
+from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.data import open_data
-from qdebug.graph import input_specs, pair_models
 from qdebug.metrics import BatchSums
+from qdebug.pairing import input_specs, pair_models
 
 
 def _compare(plan: ReductionPlan, f: dict[str, np.ndarray], q: dict[str, np.ndarray]) -> SampleSums:
@@ -153,7 +154,7 @@ def test_without_numba_auto_says_what_it_would_save(
 
 
 def test_numba_is_imported_only_when_the_compiled_reduction_runs() -> None:
-    code = "import sys, qdebug.debug, qdebug.capture; print('numba' in sys.modules)"
+    code = "import sys, qdebug.debugger, qdebug.capture; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -211,8 +212,8 @@ def test_without_numba_the_compiled_backend_names_the_extra(
 
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
     monkeypatch.setenv("CC", "/nonexistent/cc")  # and no C compiler to build the C kernel with
-    monkeypatch.setattr(ckernel, "built", lambda: None)
-    monkeypatch.setattr(ckernel, "load", ckernel.load.__wrapped__)
+    monkeypatch.setattr(c_kernel, "built", lambda: None)
+    monkeypatch.setattr(c_kernel, "load", c_kernel.load.__wrapped__)
     monkeypatch.setattr(compiled, "_load", compiled._load.__wrapped__)  # not the cached kernel module
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     with pytest.raises(MissingExtraError, match=r"no C compiler found.*pip install 'qdebug\[fast\]'"):
@@ -238,7 +239,7 @@ def test_a_run_reuses_its_call_tables_and_gives_the_stateless_sums() -> None:
     arrays = [tuple(rng.standard_normal(n).astype(np.float32) for _ in range(3)) for n in (40, 33, 100)]
     f, q = _tensors(arrays)  # type: ignore[arg-type]
     reducer = compiled.reduce_sample_compiled.cached()
-    assert isinstance(compiled._load(), ckernel.CKernels)
+    assert isinstance(compiled._load(), c_kernel.CKernels)
     _same(reducer(plan, f, q), compiled.reduce_sample_compiled(plan, f, q))
     table = reducer._kept[id(plan)][0].table
     for step in range(3):
@@ -259,7 +260,7 @@ def test_a_run_reuses_its_call_tables_and_gives_the_stateless_sums() -> None:
 
 def test_call_tables_repoint_only_to_arrays_of_the_same_kind() -> None:
     a = np.zeros(8, np.float32)
-    table = ckernel.CallTable([(a, a, a, 1.0, 0, (-np.inf, np.inf, -np.inf, np.inf), True)])
+    table = c_kernel.CallTable([(a, a, a, 1.0, 0, (-np.inf, np.inf, -np.inf, np.inf), True)])
     assert table.repoint(0, 1, np.ones(8, np.float32)) and table.kept[0][1][0] == 1
     assert not table.repoint(0, 1, np.ones(8, np.float64))  # dtype
     assert not table.repoint(0, 1, np.ones(9, np.float32))  # shape
@@ -272,20 +273,20 @@ def test_a_pipelined_compiled_run_on_bound_outputs_equals_the_sequential_one(
 ) -> None:
     """With outputs bound (two sets, by sample parity, when pipelined) and call tables reused, the sums are
     bit-identical to the sequential run's."""
-    from qdebug.capture import numpy_backend
+    from qdebug.capture import fetch
 
-    monkeypatch.setattr(numpy_backend, "BIND_BYTES", 0)  # the tiny model's outputs are bound like a real model's
+    monkeypatch.setattr(fetch, "BIND_BYTES", 0)  # the tiny model's outputs are bound like a real model's
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     source = open_data(None, input_specs(fm), num_samples=9, seed=2)
-    runs, real = {}, numpy_backend.NumpyRun
+    runs, real = {}, fetch.NumpyRun
     for pipelined in (False, True):
-        made: list[numpy_backend.NumpyRun] = []
+        made: list[fetch.NumpyRun] = []
 
         def make(*args: object, pipelined: bool = pipelined, made: list = made, **kw: object) -> object:
             made.append(real(*args, **{**kw, "pipeline": pipelined}))  # type: ignore[arg-type]
             return made[-1]
 
-        monkeypatch.setattr(numpy_backend, "NumpyRun", make)
+        monkeypatch.setattr(fetch, "NumpyRun", make)
         runs[pipelined] = capture(fm, qm, pair_models(fm, qm), source, path="compiled")
         run = made[0]
         assert run.pipelining is pipelined and run.fetches[0][0].binding is not None
@@ -307,7 +308,7 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     run only after; when not (``auto`` announces samples once it has decided), the worker makes sample 2's set while
     sample 0 is reduced and sample 1's takes sample 0's arrays. Always the same sums as a run that never batched,
     sample by sample, and the two sets never share an array."""
-    from qdebug.capture.numpy_backend import NumpyRun
+    from qdebug.capture.fetch import NumpyRun
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     pairing = pair_models(fm, qm)

@@ -10,13 +10,13 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from qdebug.capture import numpy_backend
+from qdebug.capture import fetch
 from qdebug.capture.constants import Fold, constant_tensors, constant_values, fold
-from qdebug.capture.session import expose_outputs, make_session
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions, debug
-from qdebug.graph import load_model
-from qdebug.quantize import quantize
+from qdebug.debugger import DebugOptions, debug
+from qdebug.ort import expose_outputs, make_session
+from qdebug.pairing import load_model
+from qdebug.quantizer import quantize
 from tests import builders
 from tests.conftest import save
 
@@ -137,8 +137,8 @@ def test_fold_of_an_old_ir_model_keeps_its_weights_constant() -> None:
 
 
 def _unfolded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(numpy_backend, "fold", lambda *a: Fold(0, 0))
-    monkeypatch.setattr(numpy_backend, "constant_tensors", lambda model: frozenset())
+    monkeypatch.setattr(fetch, "fold", lambda *a: Fold(0, 0))
+    monkeypatch.setattr(fetch, "constant_tensors", lambda model: frozenset())
 
 
 def _numbers(report: Any) -> dict[str, Any]:
@@ -153,14 +153,14 @@ def test_report_is_the_same_with_constants_reduced_once(
 ) -> None:
     """Activations of constants alone are reduced once and given to every sample: the report is the one of a run
     that fetches and reduces them every sample (with the numpy reduction, bit for bit)."""
-    runs: list[numpy_backend.NumpyRun] = []
-    init = numpy_backend.NumpyRun.__init__
+    runs: list[fetch.NumpyRun] = []
+    init = fetch.NumpyRun.__init__
 
-    def spy(self: numpy_backend.NumpyRun, *a: Any, **k: Any) -> None:
+    def spy(self: fetch.NumpyRun, *a: Any, **k: Any) -> None:
         init(self, *a, **k)
         runs.append(self)
 
-    monkeypatch.setattr(numpy_backend.NumpyRun, "__init__", spy)
+    monkeypatch.setattr(fetch.NumpyRun, "__init__", spy)
     opts = DebugOptions(num_samples=6, capture=capture)
     once = debug(*pair, None, opts)
     run = runs[-1]
@@ -196,7 +196,7 @@ def test_a_large_fold_is_not_made(pair: tuple[Path, Path], monkeypatch: pytest.M
     folded = debug(*pair, None, DebugOptions(num_samples=4, capture="numpy"))
     note = folded.meta.capture.segment_note if folded.meta.capture else None
     assert note and "nodes of constants alone run once" in note and "not folded" not in note
-    monkeypatch.setattr(numpy_backend, "FOLD_MAX_BYTES", 0)
+    monkeypatch.setattr(fetch, "FOLD_MAX_BYTES", 0)
     kept = debug(*pair, None, DebugOptions(num_samples=4, capture="numpy"))
     note = kept.meta.capture.segment_note if kept.meta.capture else None
     assert note and "not folded: est. 1 MB (> 0 MB)" in note and "run once" not in note

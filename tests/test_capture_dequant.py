@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.capture import capture, compiled, dequant, segmented
-from qdebug.capture.reduction import ReductionPlan, reduce_sample
-from qdebug.capture.session import make_session
+from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.data import open_data
-from qdebug.graph import input_specs, pair_models
+from qdebug.ort import make_session
+from qdebug.pairing import input_specs, pair_models
 
 INTS = [np.int8, np.uint8, np.int16, np.uint16]
 
@@ -116,7 +116,7 @@ def test_the_reference_reducer_reads_computed_posts(tiny_float: Path, tiny_quant
     plan, specs = ReductionPlan.of(pairing), dequant.find_specs(qm, pair_models(fm, qm))
     sample = dict(next(iter(open_data(None, input_specs(fm), num_samples=1, seed=0))))
     names = list(dict.fromkeys([*plan.quant_names, *(s.ints for s in specs.values())]))
-    from qdebug.capture.session import expose_outputs
+    from qdebug.ort import expose_outputs
 
     f_sess = make_session(expose_outputs(fm, plan.float_names), ["CPUExecutionProvider"])
     q_sess = make_session(expose_outputs(qm, names), ["CPUExecutionProvider"])
@@ -176,8 +176,8 @@ def test_a_whole_run_exposing_integers_gives_the_numpy_runs_report(
 ) -> None:
     """Not segmented, one sample per call and batched: the compiled run exposes the integers (the batch kernel
     reads them too) and gives the floats-and-numpy run's sums; model outputs stay exposed as floats."""
-    from qdebug.capture import ckernel
-    from qdebug.capture.numpy_backend import NumpyRun
+    from qdebug.capture.fetch import NumpyRun
+    from qdebug.capture.kernels import c_kernel
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant(name)))
     pairing = pair_models(fm, qm)
@@ -187,13 +187,13 @@ def test_a_whole_run_exposing_integers_gives_the_numpy_runs_report(
     assert one.segments == 1 and "post-Q/DQ tensors computed from their integers" in (one.segment_note or "")
     np.testing.assert_allclose(one.per_sample, ref.per_sample, rtol=1e-5)
     calls: list[int] = []
-    real = ckernel.CKernels.batch_dequant_sums
+    real = c_kernel.CKernels.batch_dequant_sums
 
-    def spy(self: ckernel.CKernels, *args: object) -> None:
+    def spy(self: c_kernel.CKernels, *args: object) -> None:
         calls.append(1)
         real(self, *args)
 
-    monkeypatch.setattr(ckernel.CKernels, "batch_dequant_sums", spy)
+    monkeypatch.setattr(c_kernel.CKernels, "batch_dequant_sums", spy)
     batched = capture(fm, qm, pairing, source, path="compiled", batch=3)
     assert batched.batch == 3 and calls, batched.batch_reason  # the batches' integers went to the kernel
     np.testing.assert_allclose(batched.per_sample, ref.per_sample, rtol=1e-5)

@@ -13,13 +13,13 @@ import pytest
 from conftest import SAMPLE_MODELS, TINY_CONFIGS, TINY_R1_CONVERT, save
 
 from qdebug.capture import capture
-from qdebug.capture import graph_reduce as reduce_graph
+from qdebug.capture.kernels import ingraph as reduce_graph
 from qdebug.config import QuantConfig
 from qdebug.data import open_data
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError
-from qdebug.graph import input_specs, pair_models
-from qdebug.quantize import quantize
+from qdebug.pairing import input_specs, pair_models
+from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 
 DB = 1e-3  # tests' tolerance; measured deviations are ~1e-8 dB

@@ -19,12 +19,12 @@ from conftest import save
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qdebug.capture import CaptureResult, capture, segmented
-from qdebug.capture.reduction import ReductionPlan
+from qdebug.capture import CaptureResult, capture, fetch, segmented
+from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.config import QuantConfig
 from qdebug.data import open_data
-from qdebug.graph import input_specs, pair_models
-from qdebug.quantize import quantize
+from qdebug.pairing import input_specs, pair_models
+from qdebug.quantizer import quantize
 from qdebug.render.text import capture_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,9 +76,8 @@ def test_the_transformer_cut_everywhere_gives_the_same_sums(
     """One byte per segment: every float node is its own segment, so residuals and attention inputs cross many cuts
     and every weight's DequantizeLinear must follow its consumer. With two cores the next segment is inferred on a
     worker thread while this one is reduced; with one, in turn."""
-    from qdebug.capture import numpy_backend
 
-    monkeypatch.setattr(numpy_backend, "usable_cores", lambda: cores)
+    monkeypatch.setattr(fetch, "usable_cores", lambda: cores)
     fm, qm = transformer_pair
     whole = _run(fm, qm, monkeypatch, None)
     cut = _run(fm, qm, monkeypatch, 1)
@@ -124,7 +123,7 @@ def test_the_compiled_reduction_runs_segmented_too(
 def test_auto_segments_its_numpy_run_and_the_report_says_so(
     transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from qdebug.debug import capture_info
+    from qdebug.debugger import capture_info
 
     fm, qm = transformer_pair
     cut = _run(fm, qm, monkeypatch, 8192, path="auto")
@@ -243,7 +242,7 @@ def _child_peak(model: Path, quant: Path, segment: bool) -> dict[str, float]:
 import json, onnx
 from qdebug.capture import capture, segmented
 from qdebug.data import open_data
-from qdebug.graph import input_specs, pair_models
+from qdebug.pairing import input_specs, pair_models
 segmented.SEGMENT_ABOVE = segmented.PIPELINED_ABOVE = {(64 << 20) if segment else (1 << 62)}
 segmented.SEGMENT_BYTES = 64 << 20
 fm, qm = onnx.load({str(model)!r}), onnx.load({str(quant)!r})
@@ -276,7 +275,7 @@ def test_two_cores_segment_what_the_whole_run_cannot_pipeline() -> None:
     """On two or more cores the threshold is the whole run's own pipelining limit: a sample too large to overlap
     with the next is overlapped segment by segment (faster and smaller on PP-OCRv4 rec/det and YOLOv8n,
     docs/benchmarks.md); on one core only memory decides."""
-    from qdebug.capture.numpy_backend import PIPELINE_BYTES
+    from qdebug.capture.fetch import PIPELINE_BYTES
 
     assert segmented.threshold(True) == segmented.PIPELINED_ABOVE == PIPELINE_BYTES
     assert segmented.threshold(False) == segmented.SEGMENT_ABOVE > PIPELINE_BYTES
@@ -289,13 +288,13 @@ def test_auto_times_fewer_intra_op_threads_on_a_long_segmented_run(
     one thread, timed, kept or given back — the report says which, with the numbers — and the sums do not change."""
     from capture_helpers import loaded_warm_up
 
-    from qdebug.capture import auto, compiled, numpy_backend, threads
+    from qdebug.capture import auto, compiled, threads
 
     monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)
     monkeypatch.setattr(threads, "MIN_REMAINING", 3)
     monkeypatch.setattr(threads, "SAMPLES", 1)
     monkeypatch.setattr(auto, "usable_cores", lambda: 2)  # two cores, pipelined, whatever runs the test
-    monkeypatch.setattr(numpy_backend, "usable_cores", lambda: 2)
+    monkeypatch.setattr(fetch, "usable_cores", lambda: 2)
     made: list[int | None] = []
     plain = segmented.make_session
 

@@ -1,6 +1,6 @@
 """The thread trial's decisions (:mod:`qdebug.capture.threads`), fed known sample times: the run that uses it is
 tested in tests/test_capture_segmented.py. And a pipelined whole-model run's intra-op threads
-(:data:`~qdebug.capture.numpy_backend.SMALL_CALL_ELEMENTS`), on a real tiny model in ONNX Runtime."""
+(:data:`~qdebug.capture.fetch.SMALL_CALL_ELEMENTS`), on a real tiny model in ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 import onnx
 import pytest
 
-from qdebug.capture import numpy_backend, threads
-from qdebug.capture.numpy_backend import NumpyRun
-from qdebug.capture.reduction import ReductionPlan
+from qdebug.capture import fetch, threads
+from qdebug.capture.fetch import NumpyRun
+from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.segmented import exposed_bytes, mean_elements
 from qdebug.capture.threads import ThreadTrial
 from qdebug.data import open_data
-from qdebug.graph import input_specs, pair_models
+from qdebug.pairing import input_specs, pair_models
 
 
 class Fetch:
@@ -70,7 +70,7 @@ def test_no_trial_on_one_core_or_a_short_run(cores: int, remaining: int) -> None
 
 def _whole_run(tiny_float: Path, quant: Path, monkeypatch: pytest.MonkeyPatch, cores: int = 2, **kw: Any) -> NumpyRun:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(quant))
-    monkeypatch.setattr(numpy_backend, "usable_cores", lambda: cores)
+    monkeypatch.setattr(fetch, "usable_cores", lambda: cores)
     shapes = _shapes(fm)
     kw.setdefault("pipeline", True)
     return NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], input_shapes=shapes, **kw)
@@ -101,7 +101,7 @@ def test_otherwise_ort_keeps_its_threads(
     case: str, tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if case == "large":
-        monkeypatch.setattr(numpy_backend, "SMALL_CALL_ELEMENTS", 1)  # every tiny tensor counts as large
+        monkeypatch.setattr(fetch, "SMALL_CALL_ELEMENTS", 1)  # every tiny tensor counts as large
     kw: dict[str, Any] = {"pipeline": case != "sequential"}
     run = _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, cores=1 if case == "one core" else 2, **kw)
     if case == "no shapes":
@@ -121,11 +121,11 @@ def test_a_run_that_will_batch_is_judged_by_its_calls(
     assert weight is not None
     per_sample = mean_elements(weight, plan)
     # small per sample, large per call of 8 samples
-    monkeypatch.setattr(numpy_backend, "SMALL_CALL_ELEMENTS", int(per_sample * 2))
+    monkeypatch.setattr(fetch, "SMALL_CALL_ELEMENTS", int(per_sample * 2))
     assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8).threads is None
     assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=1).threads == 1
     # fewer than min_batch would fit: auto runs one sample per call, judged per sample
-    monkeypatch.setattr(numpy_backend, "BATCH_BYTES", 3 * sum(weight.values()))
+    monkeypatch.setattr(fetch, "BATCH_BYTES", 3 * sum(weight.values()))
     assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=4).threads == 1
     assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=2).threads is None
 

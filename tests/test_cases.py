@@ -15,8 +15,8 @@ from conftest import TINY_R1_CONVERT, save
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions, debug
-from qdebug.quantize import quantize
+from qdebug.debugger import DebugOptions, debug
+from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 
 
@@ -262,7 +262,7 @@ def test_neg_inf_constant_into_max_is_localised(tmp_path: Path) -> None:
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     from qdebug.data import as_ort_reader, open_data
-    from qdebug.graph import input_specs
+    from qdebug.pairing import input_specs
 
     model = builders.max_with_neg_inf()
     fp = save(model, tmp_path / "f.onnx")
@@ -391,7 +391,7 @@ def test_constant_node_weights_are_quantized_as_weights(tmp_path: Path) -> None:
     """ORT's quantizer treats a Constant node's output as an activation (a calibrated uint8 Q/DQ computed at run
     time instead of the weight type); quantize moves them to initializers first and says so. The user's model is
     not modified, and the QDQ model's weights are stored quantized, of the weight type."""
-    from qdebug.graph import constants_to_initializers
+    from qdebug.pairing import constants_to_initializers
 
     f = _constant_weight_convnet()
     moved_model, moved = constants_to_initializers(f)
@@ -490,7 +490,7 @@ def test_quantize_reports_a_lost_output_it_cannot_fix(tmp_path: Path, monkeypatc
     import importlib
 
     # the module, not the function of the same name that ``qdebug`` exports
-    monkeypatch.setattr(importlib.import_module("qdebug.quantize"), "BROKEN_OUTPUT_DB", 1000.0)
+    monkeypatch.setattr(importlib.import_module("qdebug.quantizer"), "BROKEN_OUTPUT_DB", 1000.0)
     path = save(builders.tiny_convnet(), tmp_path / "m.onnx")
     result = quantize(path, None, QuantConfig(per_channel=True, weight_type="int8", num_samples=4), tmp_path / "q.onnx")
     db = result.output_sqnr_db["y"]

@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_one_line_error, save
 
 from qdebug.cli import build_parser
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import EXIT_CODES, EXIT_GATE, EXIT_OK, EXIT_USAGE
 from qdebug.render.text import GREEN, RED, RESET, YELLOW, fmt_db
 from qdebug.report import DebugReport

@@ -24,9 +24,9 @@ from qdebug.data import (
     open_data,
     resolve_shapes,
 )
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import DataError
-from qdebug.graph import InputSpec
+from qdebug.pairing import InputSpec
 
 SPEC = InputSpec("x", (1, 1, 6, 6), np.dtype(np.float32))
 DYN = InputSpec("x", ("N", 1, 6, 6), np.dtype(np.float32))

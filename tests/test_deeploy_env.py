@@ -183,7 +183,7 @@ def test_reference_network_siracusa(deeploy: Path, reference: Path, name: str, t
 
 
 def test_qdq_model_is_rejected_naming_quantizelinear(deeploy: Path, tmp_path: Path) -> None:
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     fp = tmp_path / "tiny.onnx"
     onnx.save(builders.tiny_convnet(), str(fp))

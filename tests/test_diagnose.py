@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from diag_models import EXAMPLES
 
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.diagnose import (
     DiagnosticKind,
     Diagnostics,

@@ -17,10 +17,10 @@ from test_sentinel import attention, npz, samples
 
 from qdebug.cli import main
 from qdebug.config import QuantConfig
-from qdebug.debug import debug
+from qdebug.debugger import debug
 from qdebug.mixed.gains import DiagnosisGain, DiagnosisGains, rank_by_measured
 from qdebug.mixed.suggest import SIXTEEN_BIT_NOISE_FACTOR, analyse, noise_budget
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 
 SATURATED = -10 * math.log10(1 / SIXTEEN_BIT_NOISE_FACTOR)  # 48.16 dB: 8 bits × 6.02
 
@@ -157,9 +157,9 @@ def test_every_remedy_kind_is_measured_before_a_second_of_any() -> None:
 def test_per_channel_prediction_from_the_weight_values() -> None:
     from diag_models import per_channel_weight
 
-    from qdebug.debug import DebugOptions
-    from qdebug.graph import GraphIndex
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.diagnosis import predicted_per_channel_gain
+    from qdebug.pairing import GraphIndex
 
     f, q = per_channel_weight()  # one output channel 1000x the others on one int8 scale: its noise is the output's
     report = debug(f, q, None, DebugOptions(num_samples=4))

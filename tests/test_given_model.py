@@ -14,12 +14,12 @@ from conftest import SAMPLE_MODELS
 from onnx import numpy_helper
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions
+from qdebug.debugger import DebugOptions
 from qdebug.errors import ModelError
-from qdebug.graph import is_q
 from qdebug.mixed.given import range_of, read_recipe
 from qdebug.mixed.session import MixedPrecisionSession
-from qdebug.quantize import quantize
+from qdebug.pairing import is_q
+from qdebug.quantizer import quantize
 
 FLOAT = SAMPLE_MODELS / "digits_cnn.onnx"
 CALIB = SAMPLE_MODELS / "digits_calib.npz"

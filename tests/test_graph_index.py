@@ -6,7 +6,7 @@ import builders
 import numpy as np
 import onnx
 
-from qdebug.graph import GraphIndex
+from qdebug.pairing import GraphIndex
 from qdebug.passes import PassReport, run_passes
 
 
@@ -66,8 +66,8 @@ def test_weights_pair_without_node_names(tmp_path) -> None:
     from conftest import save
 
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions, debug
-    from qdebug.quantize import quantize
+    from qdebug.debugger import DebugOptions, debug
+    from qdebug.quantizer import quantize
 
     got = {}
     for unnamed in (False, True):

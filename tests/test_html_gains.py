@@ -14,7 +14,7 @@ import pytest
 from conftest import assert_one_line_error
 from diag_models import scale_mismatch
 
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import EXIT_INPUT_FILE, EXIT_OK
 from qdebug.mixed.gains import MeasuredGains
 from qdebug.mixed.suggest import suggest

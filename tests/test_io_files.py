@@ -23,8 +23,8 @@ from conftest import CliResult, assert_one_line_error, save, tree_hashes
 from qdebug import io
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_INPUT_FILE, EXIT_USAGE, InputFileError
-from qdebug.graph import file_sha256, load_model
 from qdebug.mixed.overrides import OverridesFile
+from qdebug.pairing import file_sha256, load_model
 from qdebug.report import DebugReport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ ROLE_ARGV = {
 
 @pytest.fixture
 def report_json(tmp_path: Path, files: dict[str, Path]) -> Path:
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
 
     path = tmp_path / "in" / "r.json"
     debug(files["m"], files["q"], None, DebugOptions(num_samples=2)).save(path)

@@ -25,7 +25,7 @@ def test_core_imports_no_ui_or_optional_backends() -> None:
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     modules = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "qdebug.cli" in modules and "qdebug.debug" in modules  # the script really ran
+    assert "qdebug.cli" in modules and "qdebug.debugger" in modules  # the script really ran
     leaked = sorted(m for m in modules if m.split(".")[0] in FORBIDDEN)
     assert leaked == []
 

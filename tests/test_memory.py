@@ -17,8 +17,8 @@ from conftest import save
 from qdebug.capture import capture
 from qdebug.config import QuantConfig
 from qdebug.data import SyntheticData
-from qdebug.graph import input_specs, pair_models
-from qdebug.quantize import quantize
+from qdebug.pairing import input_specs, pair_models
+from qdebug.quantizer import quantize
 
 MIB = 1 << 20
 

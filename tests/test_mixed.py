@@ -23,14 +23,14 @@ from conftest import SAMPLE_MODELS, tree_hashes
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig, TensorOverride
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError
 from qdebug.mixed.compare import Comparison
 from qdebug.mixed.promote import PromotionPlan, promote
 from qdebug.mixed.search import SearchGoal, SearchResult, search
 from qdebug.mixed.session import Evaluation, MixedPrecisionSession
 from qdebug.mixed.suggest import Role, Suggestion, analyse, suggest
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 
 TRANSFORMER = SAMPLE_MODELS / "digits_transformer.onnx"
@@ -350,7 +350,7 @@ def test_requantize_reuses_calibration_and_loses_nothing(
 def test_a_variant_reuses_the_weights_it_did_not_change(
     session: MixedPrecisionSession, top8: tuple[PromotionPlan, Evaluation]
 ) -> None:
-    """The session's debug passes share a :class:`~qdebug.debug.WeightCache`: a promotion re-quantizes activations
+    """The session's debug passes share a :class:`~qdebug.debugger.WeightCache`: a promotion re-quantizes activations
     (and the biases whose input scale moved), so most weights are not measured again, and every result is the one
     a plain debug pass of the variant gives."""
     _, ev = top8
@@ -586,8 +586,8 @@ def test_promotion_reaches_the_tensors_an_opset_conversion_adds(tmp_path: Path, 
     """On an opset-12 model, promoting the Softmax output must promote what the Softmax really writes after ORT
     raises the opset (``probs_intermediate``, reshaped into ``probs``); the plan's overrides name that view's tensors
     and nodes, pass the CLI's overrides check against the user's model, and quantize to a uint16 Softmax."""
-    from qdebug.graph import file_sha256
     from qdebug.mixed.overrides import OverridesFile
+    from qdebug.pairing import file_sha256
 
     model = tmp_path / "att.onnx"
     onnx.save(builders.opset12_attention(), model)
@@ -611,7 +611,7 @@ def test_quantizer_view_is_made_once_per_model_and_each_caller_gets_its_own_copy
     on MiniLM): it is memoized by the model's bytes and what decides ORT's opset, and handed out as copies."""
     from onnxruntime.quantization import QuantType
 
-    qz = importlib.import_module("qdebug.quantize")  # the module: the package exports its function by that name
+    qz = importlib.import_module("qdebug.quantizer")  # the module: the package exports its function by that name
 
     model = builders.tiny_convnet()  # opset below 21: 16-bit Q/DQ raise it
     path = tmp_path / "m.onnx"

@@ -17,13 +17,13 @@ from conftest import SAMPLE_MODELS, assert_one_line_error
 
 from qdebug.config import QuantConfig
 from qdebug.data import Window, open_data
-from qdebug.debug import DebugOptions
+from qdebug.debugger import DebugOptions
 from qdebug.errors import EXIT_DATA, EXIT_OK, EXIT_USAGE, DataError
-from qdebug.graph import input_specs, load_model
 from qdebug.mixed.candidates import candidates
 from qdebug.mixed.holdout import HoldoutCheck, check_holdout
 from qdebug.mixed.search import SCHEMA_VERSION, SearchGoal, evaluation_bound
 from qdebug.mixed.session import MixedPrecisionSession
+from qdebug.pairing import input_specs, load_model
 
 CNN = SAMPLE_MODELS / "digits_cnn.onnx"
 CALIB = SAMPLE_MODELS / "digits_calib.npz"

@@ -12,7 +12,7 @@ import pytest
 from conftest import SAMPLE_MODELS, assert_one_line_error
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions
+from qdebug.debugger import DebugOptions
 from qdebug.errors import EXIT_OK, EXIT_USAGE, ConfigError
 from qdebug.mixed.search import SearchGoal, SearchResult
 from qdebug.mixed.session import MixedPrecisionSession

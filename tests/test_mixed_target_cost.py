@@ -101,7 +101,7 @@ def test_a_model_the_target_refuses_is_a_point_with_the_reason(tmp_path: Path) -
     raising: the search's measurements stay."""
     require_qnn()
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.search import SearchGoal
     from qdebug.mixed.session import MixedPrecisionSession
     from qdebug.mixed.target_cost import compile_points, pick_points
@@ -183,7 +183,7 @@ def test_search_without_the_target_fixes_keeps_the_model_as_given(tmp_path: Path
     switches the session to the fixed copy and the search result records the fixes."""
     require_qnn()
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.search import SearchGoal
     from qdebug.mixed.session import MixedPrecisionSession
     from qdebug.mixed.target_fixes import search_target_fixes
@@ -214,7 +214,7 @@ def test_search_without_the_target_fixes_keeps_the_model_as_given(tmp_path: Path
 
 
 def given_sha(path: Path) -> str:
-    from qdebug.graph import file_sha256
+    from qdebug.pairing import file_sha256
 
     return file_sha256(path)
 
@@ -228,10 +228,10 @@ def test_overrides_of_a_fused_gelu_need_the_record_to_build(tmp_path: Path, run_
     from test_qnn_fixes import ln_gelu_block
 
     from qdebug.config import QuantConfig
-    from qdebug.debug import DebugOptions
-    from qdebug.graph import file_sha256
+    from qdebug.debugger import DebugOptions
     from qdebug.mixed.overrides import OverridesFile
     from qdebug.mixed.session import MixedPrecisionSession
+    from qdebug.pairing import file_sha256
 
     model = tmp_path / "m.onnx"
     onnx.save(ln_gelu_block(), str(model))

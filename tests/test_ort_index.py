@@ -1,7 +1,7 @@
 """ORT's quantizer with indexed look-ups (:mod:`qdebug.ort_index`) writes exactly the model it writes without them.
 
 Each model is re-quantized twice through qdebug's own path — once as shipped (the look-ups indexed), once with ORT's
-scans (the context manager replaced by a no-op in ``qdebug.quantize``) — and the written files are compared byte for
+scans (the context manager replaced by a no-op in ``qdebug.quantizer``) — and the written files are compared byte for
 byte: a plain 8-bit re-quantization and a mixed-precision one (16-bit regions from ORT's fixer, with converts), on
 both sample models (the transformer: MatMul/LayerNorm/Softmax and an opset raised to 21; the CNN: Conv biases,
 removable Relus, per-channel weights). The maps themselves are checked against ORT's ``find_by_name`` and
@@ -26,9 +26,9 @@ from onnxruntime.quantization import onnx_model, qdq_quantizer, quant_utils
 from qdebug import ort_index
 from qdebug.config import QuantConfig
 from qdebug.mixed.promote import promote
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 
-qz = importlib.import_module("qdebug.quantize")  # the module (the package exports its function by that name)
+qz = importlib.import_module("qdebug.quantizer")  # the module (the package exports its function by that name)
 
 CALIB = SAMPLE_MODELS / "digits_calib.npz"
 ORT_FIND = quant_utils.find_by_name

@@ -111,7 +111,7 @@ def test_qdq_parameters_that_cannot_be_right_are_named(run_cli, tmp_path: Path, 
     init = next(t for t in q.graph.initializer if t.name == dq.input[1])
     init.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), init.name))
     bad = save(q, tmp_path / "bad.qdq.onnx")
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
 
     rep = debug(tiny_float, bad, None, DebugOptions(num_samples=2))
     named = [w for w in rep.meta.warnings if "finite and positive" in w]
@@ -249,8 +249,8 @@ def test_a_non_finite_constant_stays_out_of_quantization(run_cli, tmp_path: Path
     SQNR -20 dB, exit 0). Its reader stays in float, quantize says so, and the model is sound."""
     import onnx
 
-    from qdebug.debug import DebugOptions, debug
-    from qdebug.graph import qdq_parameter_problems
+    from qdebug.debugger import DebugOptions, debug
+    from qdebug.pairing import qdq_parameter_problems
 
     m = builders.max_with_neg_inf()
     for n in m.graph.node:

@@ -26,7 +26,6 @@ from onnxruntime.quantization.tensor_quant_overrides import TensorQuantOverrides
 from qdebug.config import ConvertOverride, QuantConfig, TensorOverride
 from qdebug.data import SyntheticData, as_ort_reader
 from qdebug.errors import EXIT_INPUT_FILE, EXIT_OK, EXIT_USAGE, ConfigError, InputFileError
-from qdebug.graph import file_sha256, input_specs
 from qdebug.mixed.overrides import (
     OVERRIDES_SCHEMA_VERSION,
     TARGET_FIXES_SCHEMA_VERSION,
@@ -34,7 +33,8 @@ from qdebug.mixed.overrides import (
     OverridesFile,
     check_against_model,
 )
-from qdebug.quantize import quantize
+from qdebug.pairing import file_sha256, input_specs
+from qdebug.quantizer import quantize
 
 BASE = QuantConfig(activation_type="uint8", weight_type="uint8", target="qnn", num_samples=8)
 

@@ -15,9 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions, debug
-from qdebug.graph import GraphIndex, pair_models, weight_arrays
-from qdebug.quantize import quantize
+from qdebug.debugger import DebugOptions, debug
+from qdebug.pairing import GraphIndex, pair_models, weight_arrays
+from qdebug.quantizer import quantize
 
 SIDE = 12
 #: (weight, output channels, input channels, kernel, input tensor, output tensor, followed by a Relu)

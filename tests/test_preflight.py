@@ -145,7 +145,7 @@ def test_culprit_named_report_json_of_another_kind(run_cli, d: Path) -> None:
 def test_culprit_named_report_made_from_other_models(run_cli, d: Path) -> None:
     """ORT's 'Graph output (x) does not exist' became one line naming the report and the model."""
     from qdebug.config import QuantConfig
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     other_f = save(builders.other_convnet(), d / "other.onnx")
     quantize(other_f, None, QuantConfig(num_samples=2), d / "other.qdq.onnx")
@@ -247,8 +247,8 @@ def test_accepted_nonsense_holdout_by_content_not_path(run_cli, d: Path) -> None
 
 def test_seen_holdout_counts_shared_samples() -> None:
     """Some held-out samples shared: counted (a warning in the CLI), not refused."""
-    from qdebug.graph import input_specs
     from qdebug.mixed.holdout import seen_holdout
+    from qdebug.pairing import input_specs
 
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)

@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug import qat
 from qdebug.data import open_data
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError, InputFileError
-from qdebug.graph import input_specs
+from qdebug.pairing import input_specs
 
 RTOL = 1e-5  # of the output range: only float rounding may differ
 

@@ -12,7 +12,7 @@ import qat_models as qm
 from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
 
 from qdebug import qat
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.targets import deeploy_env as denv
 from qdebug.targets import deeploy_export as de
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy

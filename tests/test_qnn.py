@@ -23,10 +23,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig
 from qdebug.data import Limited, NpzData, SyntheticData
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError, InputFileError, MissingExtraError, ModelError
-from qdebug.graph import input_specs, load_model, pair_models
-from qdebug.quantize import quantize
+from qdebug.pairing import input_specs, load_model, pair_models
+from qdebug.quantizer import quantize
 from qdebug.report import TargetAccuracy
 from qdebug.targets import available_targets, get_target
 from qdebug.targets.qnn import (

@@ -21,12 +21,12 @@ from onnx import TensorProto, helper, numpy_helper
 from test_qnn_fixes import require_qnn
 
 from qdebug.build import BuildManifest, BuildOptions, build
-from qdebug.capture import make_session
 from qdebug.config import QuantConfig
 from qdebug.errors import ConfigError
-from qdebug.graph import is_dq, is_q
 from qdebug.mixed.overrides import OverridesFile
-from qdebug.quantize import quantize
+from qdebug.ort import make_session
+from qdebug.pairing import is_dq, is_q
+from qdebug.quantizer import quantize
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy
 from qdebug.targets.base import BisectMode
 from qdebug.targets.qnn import _load_compiled

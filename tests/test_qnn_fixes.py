@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig, TensorOverride
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.graph import input_specs
+from qdebug.pairing import input_specs
 from qdebug.passes import run_passes
 from qdebug.targets.base import CompileReport
 from qdebug.targets.qnn_fixes import (
@@ -188,7 +188,7 @@ def quantize_and_compile(
     model: onnx.ModelProto, tmp: Path, name: str, config: QuantConfig, data: dict | None = None
 ) -> CompileReport:
     """quantize (qdebug) → compile_qnn, the report."""
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
     from qdebug.targets.qnn import compile_qnn
 
     fpath = tmp / f"{name}.onnx"
@@ -235,7 +235,7 @@ def test_static_shapes_bad_shapes_are_data_errors(shapes: dict | None, needle: s
 
 
 def test_dynamic_model_before_and_after_the_static_shape_fix(qnn: None, tmp_path: Path) -> None:
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
     from qdebug.targets.qnn import compile_qnn
 
     model = dynamic_convnet()

@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig
 from qdebug.data import SyntheticData, open_data
-from qdebug.graph import input_specs
-from qdebug.quantize import QuantizeResult, quantize
+from qdebug.pairing import input_specs
 from qdebug.quantize_choice import CHOICE_MARGIN_DB, check_samples
+from qdebug.quantizer import QuantizeResult, quantize
 
 
 def _conv(weights: np.ndarray, group: int) -> onnx.ModelProto:

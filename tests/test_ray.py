@@ -20,15 +20,15 @@ import onnx
 import pytest
 from conftest import SAMPLE_MODELS, assert_one_line_error, save
 
-from qdebug.capture import CaptureResult, capture
+from qdebug.capture import CaptureResult, capture, fetch
 from qdebug.cluster import Cluster, ClusterSpec, connect
 from qdebug.config import QuantConfig
 from qdebug.data import open_data, range_reader
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import EXIT_DATA, ClusterError, ConfigError, MissingExtraError
-from qdebug.graph import input_specs, load_model, pair_models
 from qdebug.metrics import ErrorSums
-from qdebug.quantize import quantize
+from qdebug.pairing import input_specs, load_model, pair_models
+from qdebug.quantizer import quantize
 
 # Ray's own modules warn about their deprecated internals at import and start-up, and its process handles warn when
 # collected after a shutdown: not ours to fix.
@@ -235,12 +235,12 @@ def transformer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _force_segments(monkeypatch: pytest.MonkeyPatch, two_cores: int, one_core: int, budget: int) -> None:
     """The thresholds of ``tests/test_capture_segmented.py`` (one sample's bytes above which a run on two or more
     cores / on one core is segmented, bytes per segment), set on the driver: the job carries them to the workers."""
-    from qdebug.capture import numpy_backend, segmented
+    from qdebug.capture import segmented
 
     monkeypatch.setattr(segmented, "PIPELINED_ABOVE", two_cores)
     monkeypatch.setattr(segmented, "SEGMENT_ABOVE", one_core)
     monkeypatch.setattr(segmented, "SEGMENT_BYTES", budget)
-    monkeypatch.setattr(numpy_backend, "usable_cores", lambda: 2)  # the local run pipelines, on any machine
+    monkeypatch.setattr(fetch, "usable_cores", lambda: 2)  # the local run pipelines, on any machine
 
 
 def _eight_samples(model: str, f: Path, tmp_path: Path) -> Any:
@@ -273,7 +273,7 @@ def test_workers_segment_as_one_process_does_with_the_same_sums(
     """Segmenting forced (every threshold 0, small segments): the workers cut each sample as one process does,
     say so in the same fields, and every sum equals the single process's, and the unsegmented run's, bit for bit."""
     from qdebug.capture.ray_backend import capture_distributed
-    from qdebug.debug import capture_info
+    from qdebug.debugger import capture_info
     from qdebug.render.text import capture_line
 
     f, q = digits[:2] if model == "digits_cnn" else transformer
@@ -327,7 +327,7 @@ def test_a_worker_runs_every_shard_on_one_thread(
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from qdebug.capture.numpy_backend import NumpyRun
+    from qdebug.capture.fetch import NumpyRun
     from qdebug.capture.ray_backend import CaptureWorker, _job
 
     f, q, data = digits
@@ -356,10 +356,10 @@ def test_a_worker_runs_every_shard_on_one_thread(
 def test_a_task_counts_the_cpus_ray_reserved_for_it(ray_module: Any) -> None:
     """A search's debug tasks (``num_cpus=1``) follow the one-core rule: usable_cores() there is Ray's reservation,
     not the node's cores; the driver still sees its own."""
-    from qdebug.capture.numpy_backend import usable_cores
+    from qdebug.capture.fetch import usable_cores
 
     def cores_in_a_task() -> int:  # local: pickled by value (the test module is not importable on a worker)
-        from qdebug.capture.numpy_backend import usable_cores
+        from qdebug.capture.fetch import usable_cores
 
         return usable_cores()
 
@@ -432,11 +432,6 @@ def test_a_process_that_imported_ray_without_starting_it_does_not_start_it() -> 
 
     if os.environ.get("CI", "").lower() != "true":  # under CI a missing Ray fails below instead
         pytest.importorskip("ray")
-    code = (
-        "import ray\n"
-        "from qdebug.capture.numpy_backend import usable_cores\n"
-        "usable_cores()\n"
-        "print(ray.is_initialized())\n"
-    )
+    code = "import ray\nfrom qdebug.capture.fetch import usable_cores\nusable_cores()\nprint(ray.is_initialized())\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]

@@ -31,7 +31,7 @@ from qdebug.cluster import (
 )
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_CLUSTER, EXIT_USAGE, ClusterError, ConfigError
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::ResourceWarning"

@@ -38,7 +38,7 @@ from ray_watch import (
 from qdebug.cluster import MARKER, TEMP_PREFIX, ClusterSpec, connect
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_CLUSTER, ClusterError
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 
 # Ray's own modules warn about their deprecated internals at import and start-up, and its process handles warn when
 # collected after a shutdown: not ours to fix.

@@ -24,7 +24,7 @@ from conftest import SAMPLE_MODELS
 from ray_watch import is_loopback, leftovers, require_ray, wait_until_gone, watch, workers_up
 
 from qdebug.config import QuantConfig
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::ResourceWarning"

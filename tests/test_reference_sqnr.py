@@ -21,9 +21,9 @@ from onnx import numpy_helper
 
 from qdebug.config import QuantConfig
 from qdebug.data import SyntheticData
-from qdebug.debug import DebugOptions, debug
-from qdebug.graph import input_specs
-from qdebug.quantize import quantize
+from qdebug.debugger import DebugOptions, debug
+from qdebug.pairing import input_specs
+from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 
 TOL_DB = 0.01

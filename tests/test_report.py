@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import save
 
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import InputFileError
 from qdebug.metrics import Summary
 from qdebug.render.text import print_divergence

@@ -14,12 +14,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig
-from qdebug.debug import debug
+from qdebug.debugger import debug
 from qdebug.diagnose import DiagnosticKind, Diagnostics, RemedyKind, Severity, diagnose_models
 from qdebug.mixed.remedies import RemedyKind as MixedRemedyKind
 from qdebug.mixed.remedies import measure_remedies, remedy_overrides, sentinel_remedies
 from qdebug.mixed.session import MixedPrecisionSession
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 from qdebug.sentinel import (
     SOFTMAX_MARGIN,
     Sentinel,

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import EXIT_DATA, EXIT_USAGE, ConfigError, DataError
-from qdebug.quantize import quantize
+from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 from qdebug.task_measure import measure_task
 from qdebug.task_metrics import TASK_METRICS, TaskMetric, TaskScore, load_metric, merge_states, pick_metric

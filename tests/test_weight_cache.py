@@ -1,4 +1,4 @@
-"""Weight results reused between debug passes (:class:`qdebug.debug.WeightCache`): a weight whose float model,
+"""Weight results reused between debug passes (:class:`qdebug.debugger.WeightCache`): a weight whose float model,
 integers, scale, zero point and DequantizeLinear are unchanged keeps its result; anything else is measured again,
 and the results always equal a pass without the cache. Real tiny models in ONNX Runtime."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.debug import WeightCache, debug
-from qdebug.graph import GraphIndex, load_model, pair_models
+from qdebug.debugger import WeightCache, debug
+from qdebug.pairing import GraphIndex, load_model, pair_models
 from qdebug.report import DebugReport
 
 
@@ -67,7 +67,7 @@ def test_a_changed_weight_is_measured_again(
 def test_another_float_model_or_metric_set_is_another_key(
     tmp_path: Path, tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
 
     cache = WeightCache()
     debug(tiny_float, tiny_quant("u8"), weight_cache=cache)

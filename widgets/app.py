@@ -92,7 +92,7 @@ def _placeholder(what: str, why: str) -> w.HTML:
 
 def _weight_owners(float_model: Any, df: Any) -> dict[str, str] | None:
     """Map fused nodes (Conv followed by a removed Relu) to the tensor that shows their weights."""
-    from qdebug.inspect import weight_owners
+    from qdebug.tensor_values import weight_owners
 
     return weight_owners(float_model, map(str, df["tensor_name"]))
 

@@ -426,7 +426,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def on_run_clicked(self, b: Any = None) -> None:
         """Resolve the form, quantize/debug, and show the debugger; failures become a message, never a traceback."""
         from qdebug.build import resolve_config
-        from qdebug.debug import DebugOptions
+        from qdebug.debugger import DebugOptions
 
         from .app import DebuggerApp
         from .session import QuantDebugger
@@ -488,9 +488,9 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         applied to a float model quantized here: what ``qdebug search --target`` applies too, so the search tab
         searches the model ``qdebug build`` will quantize, and its results say so)."""
         from qdebug.errors import MissingExtraError
-        from qdebug.graph import file_sha256, load_model
         from qdebug.io import atomic_save_model
         from qdebug.mixed.target_fixes import TargetFixes
+        from qdebug.pairing import file_sha256, load_model
         from qdebug.targets.base import BuildOptions, ShapeSource
 
         options = BuildOptions(inputs.target, inputs.precision)
@@ -512,8 +512,8 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def _fixed_pair(float_model: Path, quant_model: Path, prepared: Any, run_dir: Path) -> tuple[Path, Path]:
         """The given pair, with the input shapes the target fixed in ``prepared`` (copies in ``run_dir``), or as is
         when the target fixed none."""
-        from qdebug.graph import input_specs, load_model
         from qdebug.io import atomic_save_model
+        from qdebug.pairing import input_specs, load_model
         from qdebug.targets.qnn_fixes import fix_static_shapes
 
         before = input_specs(load_model(float_model, "float model"))

@@ -83,9 +83,9 @@ class InspectorPanel(w.VBox):  # type: ignore[misc]
         self._show_weights(debugger, a.producer_node, name, owners or {})
 
     def _show_weights(self, debugger: QuantDebugger, node: str, name: str, owners: Mapping[str, str]) -> None:
-        from qdebug.graph import load_model
-        from qdebug.inspect import weight_values
+        from qdebug.pairing import load_model
         from qdebug.render import inspector as ri
+        from qdebug.tensor_values import weight_values
 
         nodes = {node, *(n for n, t in owners.items() if t == name)}
         try:

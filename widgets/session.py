@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.config import QuantConfig
-from qdebug.debug import DebugOptions
+from qdebug.debugger import DebugOptions
 from qdebug.errors import ConfigError
-from qdebug.graph import file_sha256, load_model, pair_models
-from qdebug.inspect import TensorValues
 from qdebug.mixed.session import DataLike, Evaluation, MixedPrecisionSession
+from qdebug.pairing import file_sha256, load_model, pair_models
 from qdebug.render.fmt import fmt_db_text
+from qdebug.tensor_values import TensorValues
 
 if TYPE_CHECKING:
     from qdebug.diagnose import Diagnostics
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from qdebug.mixed.search import SearchGoal, SearchResult
     from qdebug.mixed.suggest import Suggestion
     from qdebug.mixed.target_fixes import TargetFixes
-    from qdebug.quantize import QuantizeResult
+    from qdebug.quantizer import QuantizeResult
     from qdebug.report import DebugReport
     from qdebug.targets.recompile import RecompileResult
     from qdebug.task_metrics import MetricSpec
@@ -366,10 +366,10 @@ class QuantDebugger:
     # ------------------------------------------------------------------ on-demand values
     def tensor_values(self, name: str, sample: int = 0) -> TensorValues:
         """One tensor's values on one sample in the float and the quantized model, fetched now for that tensor
-        only (:func:`qdebug.inspect.tensor_values`)."""
+        only (:func:`qdebug.tensor_values.tensor_values`)."""
         from qdebug.data import open_data
-        from qdebug.graph import input_specs
-        from qdebug.inspect import tensor_values
+        from qdebug.pairing import input_specs
+        from qdebug.tensor_values import tensor_values
 
         qpath = self.quant_model_path
         key = (name, sample, str(qpath))

@@ -1,10 +1,10 @@
 """Run the float and the quantized model on the same samples and reduce every paired tensor to streaming sums,
 one sample at a time, through a capture backend (:class:`~qdebug.capture.base.CaptureBackend`):
 
-* ``graph`` (default, :mod:`qdebug.capture.graph_backend`): both models merged into one ONNX Runtime graph that
+* ``graph`` (default, :mod:`qdebug.capture.merged`): both models merged into one ONNX Runtime graph that
   returns each sample's sums;
-* ``numpy`` (:mod:`qdebug.capture.numpy_backend`): every paired tensor fetched and reduced in numpy by the
-  reference definition (:mod:`qdebug.capture.reduction`);
+* ``numpy`` (:mod:`qdebug.capture.fetch`): every paired tensor fetched and reduced in numpy by the
+  reference definition (:mod:`qdebug.capture.kernels.reference`);
 * ``compiled`` (:mod:`qdebug.capture.compiled`): the numpy backend's fetch, reduced by one compiled (numba) pass
   per activation;
 * ``auto`` (:mod:`qdebug.capture.auto`, the default of ``DebugOptions`` and ``--capture``): the fastest
@@ -41,14 +41,13 @@ from qdebug.capture.base import (
     register_backend,
 )
 from qdebug.capture.compiled import CompiledBackend
-from qdebug.capture.graph_backend import GraphBackend
-from qdebug.capture.numpy_backend import NumpyBackend, NumpyRun
+from qdebug.capture.fetch import NumpyBackend, NumpyRun
+from qdebug.capture.merged import GraphBackend
 from qdebug.capture.segmented import SegmentRule
-from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import DataSource
 from qdebug.errors import DataError
-from qdebug.graph import Pairing
 from qdebug.metrics import ErrorSums
+from qdebug.pairing import Pairing
 
 __all__ = [
     "AUTO",
@@ -66,9 +65,7 @@ __all__ = [
     "batching_of",
     "capture",
     "capture_choices",
-    "expose_outputs",
     "get_backend",
-    "make_session",
     "open_run",
     "register_backend",
     "segmenting_of",

@@ -1,6 +1,6 @@
 """A set of bound output arrays carved out of one buffer whose pages were touched ahead of time, on the idle core.
 
-A pipelined run infers into two sets of bound outputs (:class:`~qdebug.capture.numpy_backend.NumpyRun`); sample 0's
+A pipelined run infers into two sets of bound outputs (:class:`~qdebug.capture.fetch.NumpyRun`); sample 0's
 plain run gives the first, the second is new memory. Touching new memory is what costs, not using it: on the
 benchmark machine (a Firecracker VM), ppocr-cls's 1,316 exposed tensors (24 MB) took 33.8 ms to infer into new
 arrays on the worker and 7.5 ms into used ones, and touching 24 MB in 1,316 arrays took 31-37 ms. That cost fell
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from qdebug.capture.dequant import DequantSpec
-from qdebug.capture.reduction import ReductionPlan
+from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.segmented import tensor_elements
 
 __all__ = ["ALIGN", "carve", "estimate_bytes", "touched"]

@@ -50,11 +50,11 @@ import onnx
 
 from qdebug.capture import compiled
 from qdebug.capture.base import CaptureRun, Fallback, SampleSums, UnsupportedPairError
-from qdebug.capture.graph_backend import GraphRun, merged_model
-from qdebug.capture.numpy_backend import NumpyRun, usable_cores
+from qdebug.capture.fetch import NumpyRun, usable_cores
+from qdebug.capture.merged import GraphRun, merged_model
 from qdebug.capture.segmented import SegmentRule
 from qdebug.capture.threads import ThreadTrial
-from qdebug.graph import Pairing
+from qdebug.pairing import Pairing
 
 __all__ = [
     "AUTO",

@@ -18,8 +18,8 @@ import numpy.typing as npt
 import onnx
 
 from qdebug.errors import ConfigError
-from qdebug.graph import Pairing
 from qdebug.metrics import BatchSums, ErrorSums
+from qdebug.pairing import Pairing
 
 __all__ = [
     "CaptureBackend",

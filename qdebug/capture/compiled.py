@@ -1,5 +1,6 @@
 """The ``compiled`` reduction: the numpy backend's fetch, with each sample reduced by one compiled pass per
-activation instead of :func:`~qdebug.capture.reduction.reduce_sample`'s 6-8 numpy passes and allocations per tensor.
+activation instead of :func:`~qdebug.capture.kernels.reference.reduce_sample`'s 6-8 numpy passes and allocations per
+tensor.
 
 Same definition, same sums to float64 rounding (the kernel accumulates every product in float64; the numpy
 reference multiplies in float32 and accumulates 8k-element blocks in float64: they agree to ~1e-7 relative,
@@ -8,10 +9,12 @@ exposed element, such as Silero VAD and PP-OCR's classifier — it cuts the redu
 
 Two implementations of the same kernels, one chosen per process (:func:`implementation`):
 
-* **C** (:mod:`qdebug.capture.ckernel`), built with the machine's C compiler the first time it is needed (about a
+* **C** (:mod:`qdebug.capture.kernels.c_kernel`), built with the machine's C compiler the first time it is needed
+  (about a
   second, once per machine) and then loaded in a millisecond, adding no measurable memory: :func:`ready` once built,
   and ``auto`` reduces with it from the first sample;
-* **numba** (:mod:`qdebug.capture._kernels`, the ``fast`` extra) where there is no C compiler: its import and cache
+* **numba** (:mod:`qdebug.capture.kernels.numba_kernel`, the ``fast`` extra) where there is no C compiler: its import
+  and cache
   load cost 0.3-1.3 s and ~105 MB per process, so ``auto`` switches to it only when the numpy reduction of the
   remaining samples is expected to cost more than that (:mod:`qdebug.capture.auto`).
 
@@ -32,14 +35,21 @@ import numpy as np
 import onnx
 
 from qdebug._lazy import require
-from qdebug.capture import ckernel
 from qdebug.capture.base import SampleSums
 from qdebug.capture.dequant import Dequantized
-from qdebug.capture.reduction import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre, reduce_sample
+from qdebug.capture.kernels import c_kernel
+from qdebug.capture.kernels.reference import (
+    ReductionPlan,
+    bounds_or_inf,
+    check_shapes,
+    clip_to,
+    local_pre,
+    reduce_sample,
+)
 from qdebug.capture.segmented import SegmentRule
 from qdebug.errors import MissingExtraError
-from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import BatchSums, reduce_pairs, value_ranges
+from qdebug.pairing import ActivationPair, Pairing
 
 __all__ = [
     "SAVING",
@@ -76,18 +86,18 @@ def _load() -> Any:
     """The kernels: the C library (built first if needed), else numba's module; without either a
     :class:`~qdebug.errors.MissingExtraError` naming the ``fast`` extra, and what the C build said."""
     try:
-        return ckernel.load()
-    except ckernel.BuildError as exc:
+        return c_kernel.load()
+    except c_kernel.BuildError as exc:
         why = str(exc)
     if importlib.util.find_spec("numba") is None:
         raise MissingExtraError("numba", "fast", f"Without a C kernel ({why}), the compiled reduction")
     require("numba")
-    return importlib.import_module("qdebug.capture._kernels")
+    return importlib.import_module("qdebug.capture.kernels.numba_kernel")
 
 
 def ready() -> bool:
     """Whether the C kernel is built for this machine: it then loads in milliseconds and costs no start-up."""
-    return ckernel.built() is not None
+    return c_kernel.built() is not None
 
 
 def startup_s() -> float:
@@ -115,7 +125,7 @@ def warm_up() -> None:
     k.activation_sums(x, x, x, -np.inf, np.inf, -np.inf, np.inf, True, row)
     for dtype in (np.uint8, np.int8):  # the integers of 8-bit post-Q/DQ tensors (qdebug.capture.dequant)
         k.dequant_sums(x, x, np.zeros(LANES_PLUS_ONE, dtype), 1.0, 0, -np.inf, np.inf, -np.inf, np.inf, row)
-    x3 = np.zeros((1, 2, LANES_PLUS_ONE), np.float32)  # a batch's views (qdebug.capture.batch_reduce)
+    x3 = np.zeros((1, 2, LANES_PLUS_ONE), np.float32)  # a batch's views (qdebug.capture.kernels.batched)
     k.batch_activation_sums(x3, x3, x3, -np.inf, np.inf, -np.inf, np.inf, True, np.zeros((2, k.SLOTS)))
 
 
@@ -151,11 +161,11 @@ def available() -> bool:
     """Whether a compiled reduction can be had: the C kernel built or a C compiler to build it, or numba
     importable (without building or importing anything)."""
     has_numba = importlib.util.find_spec("numba") is not None
-    return ckernel.built() is not None or ckernel.compiler() is not None or has_numba
+    return c_kernel.built() is not None or c_kernel.compiler() is not None or has_numba
 
 
 class CompiledReducer:
-    """:func:`~qdebug.capture.reduction.reduce_sample`, computed by the compiled kernel (same errors); called as
+    """:func:`~qdebug.capture.kernels.reference.reduce_sample`, computed by the compiled kernel (same errors); called as
     ``reducer(plan, f, q)``. :data:`reduce_sample_compiled` is the stateless one; :meth:`cached` gives one for a
     single run that reuses its kernel call tables from sample to sample.
 
@@ -222,7 +232,8 @@ class CachedReducer(CompiledReducer):
 
 
 class _Prepared:
-    """One sample's kernel call: the activations' arguments (``calls``; a :class:`~qdebug.capture.ckernel.CallTable`
+    """One sample's kernel call: the activations' arguments (``calls``; a
+    :class:`~qdebug.capture.kernels.c_kernel.CallTable`
     too with the C kernels), their sizes, which are quantized, and where each tensor was read (``names``: the
     reference's in ``f``, the other two in the quantized model's fetched values; ``None`` when one was computed)."""
 
@@ -232,7 +243,7 @@ class _Prepared:
         self.plan, self.calls, self.names, self.specs = plan, calls, names, specs
         self.sizes = np.array([c[0].size for c in calls], dtype=np.int64)
         self.quant = [j for j, a in enumerate(plan.pairing.activations) if a.quantized]
-        self.table = ckernel.CallTable(calls) if isinstance(_load(), ckernel.CKernels) else None
+        self.table = c_kernel.CallTable(calls) if isinstance(_load(), c_kernel.CKernels) else None
 
     def reuse(self, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> bool:
         """Point the table at this sample's tensors; ``False`` (nothing usable) when more than half of them are
@@ -397,9 +408,9 @@ class CompiledBackend:
         segment_rule: SegmentRule | None = None,
         batch: int = 1,
     ) -> Any:
-        """A :class:`~qdebug.capture.numpy_backend.NumpyRun` that reduces with :func:`reduce_sample_compiled`
+        """A :class:`~qdebug.capture.fetch.NumpyRun` that reduces with :func:`reduce_sample_compiled`
         (``segment_rule``: see the numpy run)."""
-        from qdebug.capture.numpy_backend import NumpyRun
+        from qdebug.capture.fetch import NumpyRun
 
         kernel = _load()  # the missing extra is reported before any session is built
         return NumpyRun(

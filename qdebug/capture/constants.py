@@ -30,8 +30,8 @@ import onnx
 from onnx import numpy_helper
 
 from qdebug.capture.base import SampleSums
-from qdebug.graph import ActivationPair, Pairing, topological_nodes
 from qdebug.metrics import BatchSums
+from qdebug.pairing import ActivationPair, Pairing, topological_nodes
 
 __all__ = ["ConstantSums", "Fold", "constant_tensors", "constant_values", "fold", "split"]
 
@@ -94,8 +94,8 @@ def _evaluate(
 ) -> list[np.ndarray] | None:
     """The values of ``names`` computed by ``nodes`` alone (no graph inputs), by ONNX Runtime with qdebug's session
     options; ``None`` if it cannot (a value that is not a tensor, an error)."""
-    from qdebug.capture.session import make_session, ort_errors
     from qdebug.errors import QDebugError
+    from qdebug.ort import make_session, ort_errors
 
     read = {x for n in nodes for x in n.input}
     sub = onnx.helper.make_graph(

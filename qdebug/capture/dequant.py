@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.capture.session import make_session
-from qdebug.graph import Pairing
+from qdebug.ort import make_session
+from qdebug.pairing import Pairing
 
 __all__ = ["DequantSpec", "Dequantized", "dequantize", "find_specs", "verified"]
 
@@ -60,7 +60,7 @@ def dequantize(spec: DequantSpec, ints: np.ndarray) -> np.ndarray:
 
     A view that repeats its values along an axis (a zero stride: a batch's tensor computed from constants, the same
     for every sample) gives a view that repeats them too: computed once, and the batch reduction still sees that
-    every sample shares it (:mod:`qdebug.capture.batch_reduce`)."""
+    every sample shares it (:mod:`qdebug.capture.kernels.batched`)."""
     once = ints[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in ints.strides)]
     # A grid that reaches past float32 (a −FLT_MAX attention mask's: scale ~1.3e36) overflows to ±inf at its ends,
     # as DequantizeLinear's float32 product does in ONNX Runtime: the same values, no warning.

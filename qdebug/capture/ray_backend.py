@@ -51,7 +51,7 @@ from qdebug.capture.segmented import SegmentRule
 from qdebug.cluster import Cluster
 from qdebug.data import DataSource, RangeReader, Sample, range_reader
 from qdebug.errors import ClusterError, DataError, ModelError, QDebugError
-from qdebug.graph import Pairing
+from qdebug.pairing import Pairing
 
 __all__ = ["MAX_ATTEMPTS", "WORKER_CPUS", "CaptureWorker", "ShardResult", "capture_distributed", "plan_shards"]
 

@@ -13,7 +13,7 @@ while the current one is reduced (the next *sample* is not: two samples' tensors
 sums are those of the whole-model run: the same kernels compute the same tensors (graph optimizations are off, so
 a cut changes no arithmetic), and a pair is reduced from the same arrays.
 
-The segment sessions share **one ORT memory arena** (:func:`~qdebug.capture.session.shared_arena`): an arena keeps
+The segment sessions share **one ORT memory arena** (:func:`~qdebug.ort.shared_arena`): an arena keeps
 every tensor it ever held, so with one arena per session each segment would keep its own peak and the segments' sum
 would be the whole model's again; without any arena every tensor of every segment is fresh memory from the kernel on
 every sample (u2netp: 983k page faults in 12 samples against 159k shared, and a peak of 1219 against 969 MB). One
@@ -38,12 +38,12 @@ import onnx
 from qdebug._symbolic import symbolic_shapes
 from qdebug.capture.base import SampleSums
 from qdebug.capture.dequant import Dequantized, DequantSpec
-from qdebug.capture.reduction import ReductionPlan
-from qdebug.capture.session import make_session, ort_message
+from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.threads import submit_started
 from qdebug.errors import DataError, ModelError
-from qdebug.graph import Pairing, light_model, topological_nodes
 from qdebug.metrics import BatchSums
+from qdebug.ort import make_session, ort_message
+from qdebug.pairing import Pairing, light_model, topological_nodes
 
 __all__ = [
     "PIPELINED_ABOVE",

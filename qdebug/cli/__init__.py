@@ -127,7 +127,7 @@ def _tolerate_file_names() -> None:
 def _quiet_ort_logs() -> None:
     """ONNX Runtime's C++ warnings stay off the terminal: every error ORT has is raised too and becomes the one
     line qdebug prints (sessions qdebug builds itself already ask for fatal messages only)."""
-    from qdebug.capture.session import set_ort_log_severity
+    from qdebug.ort import set_ort_log_severity
 
     set_ort_log_severity(3)
 

@@ -140,8 +140,8 @@ class Build(Tool):
         """The build options (the target's own rules), the config and overrides files, the evaluation set as every
         label-reading step will see it (:func:`qdebug.build.check_eval_data`), --stats-samples only with --html."""
         from qdebug.config import QuantConfig
-        from qdebug.graph import load_model
         from qdebug.mixed.overrides import OverridesFile
+        from qdebug.pairing import load_model
 
         options = checks.run(build_options, args) if _check_target_options(args, checks) else None
         checks.unused([Unused("label_key", "--label-key", args.eval is not None, "without --eval (it names the label "

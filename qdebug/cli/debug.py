@@ -42,9 +42,9 @@ def debug_inputs(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def debug_options(args: argparse.Namespace) -> Any:
-    """The :class:`~qdebug.debug.DebugOptions` of :func:`~qdebug.cli._base.add_debug_inputs`' options (validated:
+    """The :class:`~qdebug.debugger.DebugOptions` of :func:`~qdebug.cli._base.add_debug_inputs`' options (validated:
     the pre-flight builds them once to ask their own rules)."""
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
 
     return DebugOptions(
         num_samples=args.samples if args.data is None else args.max_samples,
@@ -115,7 +115,7 @@ def check_stats_samples(args: argparse.Namespace, checks: Checks, used: bool, wh
 
 def run_debug(args: argparse.Namespace) -> Any:
     """``debug()`` with the options of :func:`~qdebug.cli._base.add_debug_inputs`."""
-    from qdebug.debug import debug
+    from qdebug.debugger import debug
 
     opts = debug_options(args)
     if opts.cluster is None:

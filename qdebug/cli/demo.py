@@ -48,8 +48,8 @@ class Demo(Tool):
 
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Quantize, debug, print the tables and where the report went."""
-        from qdebug.debug import DebugOptions, debug
-        from qdebug.quantize import quantize
+        from qdebug.debugger import DebugOptions, debug
+        from qdebug.quantizer import quantize
         from qdebug.samples import get_sample
 
         sample = get_sample(args.sample)

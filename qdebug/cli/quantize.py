@@ -110,7 +110,7 @@ class Quantize(Tool):
     def run(self, args: argparse.Namespace, out: TextIO) -> int:
         """Quantize, then print what was written."""
         from qdebug.config import QuantConfig
-        from qdebug.quantize import quantize
+        from qdebug.quantizer import quantize
 
         ofile = _load_overrides(args.overrides, args.float_model) if args.overrides else None
         config = QuantConfig.load(args.config) if args.config else None
@@ -173,8 +173,8 @@ def _print_check(result: Any, out: TextIO) -> None:
 
 def _load_overrides(path: str, float_model: str) -> Any:
     """The overrides file, checked against the float model; its warnings go to stderr even when it fails."""
-    from qdebug.graph import file_sha256, load_model
     from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
+    from qdebug.pairing import file_sha256, load_model
 
     ofile = OverridesFile.load(path)
     model = load_model(float_model, "float model")

@@ -332,7 +332,7 @@ def _check_combinations(args: argparse.Namespace, checks: Checks) -> None:
 def _check_files(args: argparse.Namespace, checks: Checks) -> None:
     """The config, the evaluation set as top-1 will read it, the held-out data as samples the search never sees."""
     from qdebug.config import QuantConfig
-    from qdebug.graph import input_specs, load_model
+    from qdebug.pairing import input_specs, load_model
 
     if checks.readable("--config", args.config):
         checks.run(QuantConfig.load, args.config)
@@ -396,7 +396,7 @@ def _goal(args: argparse.Namespace) -> Any:
 
 def _debug_options(args: argparse.Namespace, ignore: tuple[str, ...]) -> Any:
     """The options of every debug pass of the search (and of the held-out check): the task metric scores each."""
-    from qdebug.debug import DebugOptions
+    from qdebug.debugger import DebugOptions
 
     return DebugOptions(
         num_samples=args.debug_samples, ignore_data_keys=ignore, cluster=cluster_spec(args),
@@ -550,8 +550,8 @@ def _print_holdout(check: Any, out: TextIO) -> None:
 
 
 def _write(args: argparse.Namespace, base: Any, result: Any, path: Any) -> None:
-    from qdebug.graph import file_sha256
     from qdebug.mixed.overrides import OverridesFile
+    from qdebug.pairing import file_sha256
 
     plan = result.plan
     fixes = result.target_fixes

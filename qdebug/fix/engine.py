@@ -33,7 +33,7 @@ import onnx
 
 from qdebug.config import CALIBRATION_METHODS, QuantConfig, make_overrides, normalize_quant_type
 from qdebug.data import DataSource, Window, open_data
-from qdebug.debug import DebugOptions, debug
+from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError, DataError, QDebugError
 from qdebug.fix.probe import Measure, OutputProbe
 from qdebug.fix.result import FixResult, Stage, Step, Trial
@@ -46,9 +46,9 @@ from qdebug.fix.space import (
     units_of,
     with_sixteen_bit,
 )
-from qdebug.graph import input_specs, load_model
 from qdebug.mixed.promote import activation_tensors
-from qdebug.quantize import quantize
+from qdebug.pairing import input_specs, load_model
+from qdebug.quantizer import quantize
 
 ProgressFn = Callable[[int, int, str], None]
 

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.capture.session import make_session
 from qdebug.data import Sample
 from qdebug.metrics import blocked_dot, sqnr_from_energies
+from qdebug.ort import make_session
 
 #: Float outputs kept in memory for re-use across candidates, at most this many bytes; beyond it the float model
 #: runs again with every candidate (same numbers, twice the model runs).

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from qdebug.graph import GraphIndex
 from qdebug.mixed.suggest import SIXTEEN_BIT_NOISE_FACTOR, analyse
+from qdebug.pairing import GraphIndex
 from qdebug.report import DebugReport, encode_number
 
 if TYPE_CHECKING:

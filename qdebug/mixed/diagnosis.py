@@ -22,11 +22,11 @@ from qdebug.config import QuantConfig
 from qdebug.data import open_data
 from qdebug.diagnose import Diagnostic, Diagnostics, RemedyKind, report_ranges
 from qdebug.errors import ConfigError, QDebugError
-from qdebug.graph import GraphIndex, input_specs
 from qdebug.mixed.gains import DiagnosisGain, DiagnosisGains, rank_by_measured
 from qdebug.mixed.remedies import Remedy, RemedyResult, measure_remedies, method_ranges, sentinel_remedies
 from qdebug.mixed.remedies import RemedyKind as MixedKind
 from qdebug.mixed.suggest import SIXTEEN_BIT_NOISE_FACTOR, analyse, noise_budget
+from qdebug.pairing import GraphIndex, input_specs
 from qdebug.report import DebugReport
 from qdebug.sentinel import find_sentinels
 

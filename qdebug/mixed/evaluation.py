@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from qdebug.config import QuantConfig
 from qdebug.mixed.compare import Comparison
-from qdebug.quantize import QuantizeResult
+from qdebug.quantizer import QuantizeResult
 from qdebug.report import DebugReport
 
 __all__ = ["Evaluation", "sixteen_bit_cost"]

@@ -31,9 +31,9 @@ from qdebug.report import encode_number
 
 if TYPE_CHECKING:
     from qdebug.data import Sample
-    from qdebug.graph import InputSpec
     from qdebug.mixed.evaluation import Evaluation
     from qdebug.mixed.search import SearchGoal, SearchPoint, SearchResult
+    from qdebug.pairing import InputSpec
 
 __all__ = ["HeldOutPoint", "HoldoutCheck", "SeenHoldout", "check_holdout", "seen_holdout"]
 

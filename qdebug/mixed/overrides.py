@@ -31,8 +31,8 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError
-from qdebug.graph import GraphIndex
 from qdebug.io import parse_json, read_input_text
+from qdebug.pairing import GraphIndex
 from qdebug.targets.base import get_target, target_names
 
 if TYPE_CHECKING:
@@ -695,7 +695,7 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
     """
     import onnx
 
-    from qdebug.quantize import quantizer_view
+    from qdebug.quantizer import quantizer_view
 
     # The overrides name tensors and nodes of the model ORT quantizes: its Constant nodes made initializers, and its
     # opset raised first for 16-bit types.

@@ -27,9 +27,9 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError
-from qdebug.graph import VIEW_OPS, GraphIndex, load_model
 from qdebug.mixed.overrides import OverridesFile
-from qdebug.quantize import quantizer_view
+from qdebug.pairing import VIEW_OPS, GraphIndex, load_model
+from qdebug.quantizer import quantizer_view
 from qdebug.targets.base import get_target
 
 #: Activation types each target can run (QNN HTP: unsigned 8/16-bit activations; Deeploy: int8 only).

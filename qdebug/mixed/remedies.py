@@ -172,7 +172,7 @@ def method_ranges(session: Any, method: str) -> dict[str, tuple[float, float]]:
     """Every calibrated tensor's ``(rmin, rmax)`` under ``method`` (one calibration pass of the session's data)."""
     from onnxruntime.quantization.calibrate import load_tensors_data
 
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     cfg = session.base_config.replace(calibration_method=method, activation_symmetric=False)
     # ORT's histogram calibrators print their settings to stdout, which is the CLI's table/JSON channel.
@@ -225,7 +225,7 @@ def _evaluate_rewritten(session: Any, r: Remedy, name: str) -> Any:
     """A remedy carrying a rewritten float model: calibrate and quantize that model, debug it against the session's
     float model (one more calibration pass: the rewrite changes the ranges on its path)."""
     from qdebug.io import atomic_save_model
-    from qdebug.quantize import quantize
+    from qdebug.quantizer import quantize
 
     assert r.float_model is not None
     path = session.workdir / f"{name}.float.onnx"
@@ -274,7 +274,7 @@ def remedy_overrides(result: RemedyResult, session: Any) -> Any:
     cfg = result.remedy.config
     overrides = cfg.tensor_overrides
     if overrides:
-        from qdebug.quantize import quantizer_view
+        from qdebug.quantizer import quantizer_view
 
         types = [cfg.activation_type, *{e.quant_type for _, es in overrides for e in es if e.quant_type}]
         model = quantizer_view(session.float_proto, cfg.weight_type, types, cfg.ort_overrides()) or session.float_proto

@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 from qdebug._lazy import LazyModule
-from qdebug.inspect import weight_owners as _engine_weight_owners
 from qdebug.mixed.compare import Comparison
 from qdebug.mixed.search import SearchPoint, SearchResult
 from qdebug.mixed.target_cost import TargetCost
@@ -32,6 +31,7 @@ from qdebug.render.bands import GREY, HIGHLIGHT, SQNR_COLORSCALE, SQNR_HIGH, SQN
 from qdebug.render.fmt import fmt_db_text
 from qdebug.render.layout import layered_layout
 from qdebug.report import decode_number
+from qdebug.tensor_values import weight_owners as _engine_weight_owners
 
 if TYPE_CHECKING:
     import onnx
@@ -89,7 +89,7 @@ def _ordered(df: pd.DataFrame) -> pd.DataFrame:
 
 def weight_owners(float_model: onnx.ModelProto, df: pd.DataFrame) -> dict[str, str]:
     """``{node name: activation tensor}`` for nodes whose output is not an activation of ``df``
-    (:func:`qdebug.inspect.weight_owners` on the table's tensors)."""
+    (:func:`qdebug.tensor_values.weight_owners` on the table's tensors)."""
     return _engine_weight_owners(float_model, map(str, df["tensor_name"]))
 
 

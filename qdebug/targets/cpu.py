@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from qdebug.capture.session import ort_message
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ModelError
-from qdebug.graph import input_specs, load_model
+from qdebug.ort import ort_message
+from qdebug.pairing import input_specs, load_model
 from qdebug.targets.base import (
     INT8_WEIGHTS,
     UINT8,

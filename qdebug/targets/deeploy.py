@@ -21,8 +21,8 @@ import onnx
 
 from qdebug.data import DataSource
 from qdebug.errors import DataError, TargetError
-from qdebug.graph import load_model
 from qdebug.io import atomic_save_model
+from qdebug.pairing import load_model
 from qdebug.targets.base import (
     Availability,
     BuildOptions,

@@ -45,8 +45,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug._signals import signals_held
 from qdebug.errors import DataError, TargetError
-from qdebug.graph import GraphIndex, ModelKind, is_dq, is_q, model_kind, topological_nodes
 from qdebug.io import new_temp_dir
+from qdebug.pairing import GraphIndex, ModelKind, is_dq, is_q, model_kind, topological_nodes
 from qdebug.passes import Pass, PassReport, run_passes
 from qdebug.targets import deeploy_transformer as dt
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node, _requant_node, _rqs
@@ -1260,7 +1260,7 @@ def _compare(
     qdq: onnx.ModelProto, state: GraphState, exported: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
 ) -> tuple[float, int, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run ORT CPU (optimizations off) on the dequantized inputs and the integer graph; compare on the q grid."""
-    from qdebug.capture import make_session
+    from qdebug.ort import make_session
 
     sess: Any = make_session(qdq, ("CPUExecutionProvider",))  # the engine's own CPU-QDQ session (optimizations off)
     equal = total = 0
@@ -1341,7 +1341,7 @@ def export(
     ``out_dir`` appears whole or not at all: it is built in a temp folder next to it and renamed. An existing
     ``out_dir`` is replaced only if it holds nothing but a previous export's three files.
     """
-    from qdebug.graph import load_model
+    from qdebug.pairing import load_model
 
     src = qdq_model if isinstance(qdq_model, onnx.ModelProto) else load_model(qdq_model, "QDQ model")
     model = onnx.ModelProto()

@@ -210,7 +210,7 @@ def _split_outputs(raw: bytes, outs: Sequence[DeeployBuffer], n: int) -> list[di
 # --------------------------------------------------------------------------------------- the comparison
 def _q_params(qdq: onnx.ModelProto) -> tuple[dict[str, tuple[float, int]], dict[str, tuple[float, int]]]:
     """(graph input → its QuantizeLinear's (scale, zero point), graph output → its DequantizeLinear's)."""
-    from qdebug.graph import constant_values, decode_constant, is_dq, is_q
+    from qdebug.pairing import constant_values, decode_constant, is_dq, is_q
 
     consts = constant_values(qdq)
 
@@ -298,7 +298,7 @@ class HostRun:
 
 def _qdq_reference(qdq: onnx.ModelProto, network: onnx.ModelProto, stored: Sequence[Mapping[str, np.ndarray]]) -> Any:
     """Per sample, the QDQ model's outputs on ORT CPU (optimizations off) on the output grid ``q`` (int64)."""
-    from qdebug.capture import make_session
+    from qdebug.ort import make_session
 
     ins, outs = _q_params(qdq)
     sess: Any = make_session(qdq, ("CPUExecutionProvider",))
@@ -332,7 +332,7 @@ def check_generated(
 ) -> HostRun:
     """Compile and run the generated code of ``codegen_dir`` on the float ``samples`` and compare its outputs with
     the integer network ``network_dir/network.onnx`` (exact integer evaluation) and with the QDQ model on ORT."""
-    from qdebug.graph import load_model
+    from qdebug.pairing import load_model
     from qdebug.targets.deeploy_export import evaluate_integer
 
     find_compiler()  # before any work: no compiler is the one failure a user fixes by installing something
@@ -373,7 +373,7 @@ def run_top1(
     """Top-1 of the generated code (``codegen``: the manifest's ``deeploy.codegen.<platform>`` entry, paths relative
     to ``network_dir``'s parent) over a labelled ``.npz``: argmax of the first network output vs the labels."""
     from qdebug.data import open_data, read_labels
-    from qdebug.graph import input_specs, load_model
+    from qdebug.pairing import input_specs, load_model
 
     qdq = load_model(qdq_model, "QDQ model")
     network = load_model(network_dir / "network.onnx", "Deeploy integer network")

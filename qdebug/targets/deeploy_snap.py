@@ -52,7 +52,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.graph import GraphIndex, decode_constant, is_dq, is_q
+from qdebug.pairing import GraphIndex, decode_constant, is_dq, is_q
 from qdebug.targets.deeploy_export import (
     _PASS_THROUGH,
     Activation,
@@ -156,7 +156,7 @@ def _add_shift(ratio_max: float, zp: int) -> int:
 class _Scales:
     """The model's constants, and rewrites of scale/bias tensors that respect sharing.
 
-    Every input redirect goes through the model's :class:`~qdebug.graph.GraphIndex` (``ix.set_input``), so "who
+    Every input redirect goes through the model's :class:`~qdebug.pairing.GraphIndex` (``ix.set_input``), so "who
     else reads this scale?" stays right after earlier snaps gave some readers their own copy.
     """
 

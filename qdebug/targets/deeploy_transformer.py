@@ -26,7 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qdebug.errors import TargetError
-from qdebug.graph import GraphIndex, is_dq, is_q
+from qdebug.pairing import GraphIndex, is_dq, is_q
 from qdebug.targets.deeploy_rq import _choose_requant, _requant_node, _rqs
 
 if TYPE_CHECKING:

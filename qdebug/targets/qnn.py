@@ -37,10 +37,12 @@ import numpy as np
 import onnx
 
 from qdebug._lazy import OPTIONAL_MODULES, require
-from qdebug.capture import expose_outputs, make_session
 from qdebug.data import DataSource, Sample
 from qdebug.errors import ConfigError, DataError, MissingExtraError, ModelError, TargetError
-from qdebug.graph import (
+from qdebug.io import refuse_overwrite_input, temp_dir
+from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energies
+from qdebug.ort import expose_outputs, make_session
+from qdebug.pairing import (
     ModelKind,
     Pairing,
     constant_values,
@@ -54,8 +56,6 @@ from qdebug.graph import (
     pair_models,
     quant_type_name,
 )
-from qdebug.io import refuse_overwrite_input, temp_dir
-from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energies
 from qdebug.passes import PassReport
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
 from qdebug.targets.base import (

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.capture import expose_outputs, make_session
 from qdebug.data import DataSource
 from qdebug.errors import DataError, TargetError
-from qdebug.graph import load_model, pair_models
 from qdebug.io import temp_dir
 from qdebug.metrics import reduce_pairs
+from qdebug.ort import expose_outputs, make_session
+from qdebug.pairing import load_model, pair_models
 from qdebug.report import decode_number, encode_number
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio
 from qdebug.targets.qnn import CPU_EP, QnnOptions, compile_qnn, qnn_session

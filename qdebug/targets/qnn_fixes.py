@@ -40,7 +40,7 @@ import onnx
 
 from qdebug.config import QuantConfig, TensorOverride, make_overrides
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.graph import GraphIndex, InputSpec, constants_to_initializers, input_specs, topological_nodes
+from qdebug.pairing import GraphIndex, InputSpec, constants_to_initializers, input_specs, topological_nodes
 from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [

@@ -17,7 +17,7 @@ OFFLINE_URL = re.compile(r"^(file|data|blob):")
 def html_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from diag_models import scale_mismatch
 
-    from qdebug.debug import DebugOptions, debug
+    from qdebug.debugger import DebugOptions, debug
     from qdebug.diagnose import diagnose_models
     from qdebug.mixed.suggest import suggest
     from qdebug.render.html import write_report_html

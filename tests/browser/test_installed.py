@@ -92,7 +92,7 @@ def test_the_wheel_carries_the_samples_notebooks_and_ui(installed: dict[str, Any
         "qdebug/__main__.py",
         "qdebug/render/vendor/plotly-cartesian.min.js.gz",  # the HTML report's plotly.js (and its licence)
         "qdebug/render/vendor/LICENSE-plotly.js.txt",
-        "qdebug/capture/_reduce.c",  # the compiled reduction's source, built on first use
+        "qdebug/capture/kernels/_reduce.c",  # the compiled reduction's source, built on first use
     ):
         assert must in names, must
     assert not [n for n in names if n.startswith("widgets/")]  # no top-level 'widgets' to collide with
@@ -104,7 +104,7 @@ def test_the_wheel_carries_the_samples_notebooks_and_ui(installed: dict[str, Any
             "-c",
             "import qdebug, qdebug.samples as s, qdebug_widgets; print(qdebug.__file__); print(s.SAMPLE_DIR); "
             "print(s.NOTEBOOK_DIR); print(qdebug_widgets.__file__); "
-            "from qdebug.capture import ckernel; print(ckernel.load().path)",  # built from the installed source
+            "from qdebug.capture.kernels import c_kernel; print(c_kernel.load().path)",  # built from installed source
         ],
         installed["work"],
         installed["env"],

@@ -2,7 +2,7 @@
 the ``fast`` extra when numba is missing).
 
 One call reads an activation's three tensors (float reference, pre-Q/DQ, post-Q/DQ) **once** and returns every
-sum :func:`qdebug.capture.reduction.reduce_sample` computes for it in 6-8 numpy passes. Sums are accumulated in
+sum :func:`qdebug.capture.kernels.reference.reduce_sample` computes for it in 6-8 numpy passes. Sums are accumulated in
 float64 over :data:`LANES` independent lanes: the lanes break the loop-carried dependency of one running sum
 (4 cycles per add), which is what let the first, single-accumulator version reach only a third of this speed.
 ``fastmath`` allows re-association (needed to vectorise the lanes) but not ``nnan``/``ninf``: NaN and Inf keep

@@ -1,9 +1,9 @@
-/* The compiled reduction's kernels in C (qdebug/capture/ckernel.py builds this file with the machine's C compiler on
- * first use and loads it with ctypes; qdebug/capture/_kernels.py is the same kernels in numba, used when there is no
+/* The compiled reduction's kernels in C (qdebug/capture/kernels/c_kernel.py builds this file with the machine's C compiler on
+ * first use and loads it with ctypes; qdebug/capture/kernels/numba_kernel.py is the same kernels in numba, used when there is no
  * C compiler).
  *
  * One call reads an activation's three tensors (float reference, pre-Q/DQ, post-Q/DQ) once and gives every sum of
- * qdebug.capture.reduction.reduce_sample: the cumulative comparison (reference vs post), the local one (pre vs post)
+ * qdebug.capture.kernels.reference.reduce_sample: the cumulative comparison (reference vs post), the local one (pre vs post)
  * and the reference's min/max. Sums are float64, accumulated over LANES independent lanes: the lanes are what lets the
  * compiler vectorise the loop without re-associating any one sum (no -ffast-math: NaN and Inf keep IEEE semantics, so
  * a non-finite value makes a sum non-finite and the caller redoes that activation in numpy, which counts them).

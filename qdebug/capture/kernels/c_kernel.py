@@ -1,6 +1,7 @@
 """The compiled reduction's kernels built from C (``_reduce.c``) with the machine's C compiler, loaded with ctypes.
 
-Why C beside numba (:mod:`qdebug.capture._kernels`, the same kernels): numba's import and cache load cost 0.3-1.3 s
+Why C beside numba (:mod:`qdebug.capture.kernels.numba_kernel`, the same kernels): numba's import and cache load cost
+0.3-1.3 s
 and ~105 MB per process, which is why ``auto`` used to load it only for runs long enough to pay that back — the
 memory of a process then stepped up with the number of samples, and short runs kept the slower numpy reduction.
 The built library loads in a millisecond and adds no measurable memory, so every run can reduce with the compiled

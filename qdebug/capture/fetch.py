@@ -1,5 +1,6 @@
 """The ``numpy`` capture backend: every paired tensor is exposed as an extra output of its model (ONNX Runtime
-activation augmentation, optimizations off), fetched, and reduced by :func:`~qdebug.capture.reduction.reduce_sample`
+activation augmentation, optimizations off), fetched, and reduced by
+:func:`~qdebug.capture.kernels.reference.reduce_sample`
 — the reference definition itself. Robust on any model ORT can run; it moves every tensor out of ORT.
 
 From the second sample of one input shape on, ONNX Runtime writes the outputs into the previous sample's arrays
@@ -21,7 +22,6 @@ import onnx
 
 from qdebug.capture.arena import carve, estimate_bytes, touched
 from qdebug.capture.base import SampleSums
-from qdebug.capture.batch_reduce import BatchTensors, reduce_batch
 from qdebug.capture.batching import (
     BATCH_BYTES,
     InputKey,
@@ -35,7 +35,8 @@ from qdebug.capture.batching import (
 )
 from qdebug.capture.constants import ConstantSums, constant_tensors, constant_values, fold, split
 from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified
-from qdebug.capture.reduction import ReductionPlan, reduce_sample
+from qdebug.capture.kernels.batched import BatchTensors, reduce_batch
+from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.capture.segmented import (
     SegmentedFetch,
     SegmentPlan,
@@ -44,10 +45,10 @@ from qdebug.capture.segmented import (
     mean_elements,
     plan_segments,
 )
-from qdebug.capture.session import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.capture.threads import submit_started
 from qdebug.errors import DataError, ModelError
-from qdebug.graph import Pairing, input_specs
+from qdebug.ort import expose_outputs, make_session, ort_errors, ort_message
+from qdebug.pairing import Pairing, input_specs
 
 __all__ = [
     "BIND_BYTES",
@@ -166,7 +167,7 @@ Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.nda
 
 
 class Batch:
-    """One batched inference call's tensors (:class:`~qdebug.capture.batch_reduce.BatchTensors` of both models) until
+    """One batched inference call's tensors (:class:`~qdebug.capture.kernels.batched.BatchTensors` of both models) until
     the first of its samples is reduced; then every sample's sums (the batch is reduced at once, and its tensors are
     let go: they would otherwise stay alive beside the next batch until its last sample is taken)."""
 
@@ -358,7 +359,7 @@ class NumpyRun:
 
     @property
     def reducer(self) -> Reducer:
-        """How a sample is reduced: :func:`~qdebug.capture.reduction.reduce_sample` (the numpy reference) or the
+        """How a sample is reduced: :func:`~qdebug.capture.kernels.reference.reduce_sample` (the numpy reference) or the
         compiled pass; settable (``auto`` switches it). Whole-model samples go through its ``cached()`` form when
         it has one (their tensors are the same bound arrays every sample), segments through it as it is."""
         return self._reducer
@@ -563,7 +564,7 @@ class NumpyRun:
 
     def _reduce_batched(self, batch: Batch, index: int) -> SampleSums:
         """Sample ``index``'s sums from its batch, which is reduced whole the first time one of its samples is asked
-        for (:func:`~qdebug.capture.batch_reduce.reduce_batch`: a few numpy calls per tensor for all its samples,
+        for (:func:`~qdebug.capture.kernels.batched.reduce_batch`: a few numpy calls per tensor for all its samples,
         the compiled kernel for large tensors when the run reduces with it; another reducer: sample by sample)."""
         if batch.sums is None:
             assert batch.tensors is not None

@@ -19,19 +19,6 @@ from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn, ca
 from qdebug.cluster import ClusterSpec
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
-from qdebug.graph import (
-    ActivationPair,
-    GraphIndex,
-    OutputPair,
-    Pairing,
-    WeightPair,
-    file_sha256,
-    input_specs,
-    load_model,
-    pair_models,
-    qdq_parameter_problems,
-    weight_arrays,
-)
 from qdebug.metrics import (
     FROM_STATS,
     METRICS,
@@ -43,6 +30,19 @@ from qdebug.metrics import (
     TensorStats,
     blocked_dot,
     sqnr_from_energies,
+)
+from qdebug.pairing import (
+    ActivationPair,
+    GraphIndex,
+    OutputPair,
+    Pairing,
+    WeightPair,
+    file_sha256,
+    input_specs,
+    load_model,
+    pair_models,
+    qdq_parameter_problems,
+    weight_arrays,
 )
 from qdebug.report import (
     ActivationResult,

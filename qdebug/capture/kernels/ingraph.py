@@ -43,8 +43,8 @@ import onnx
 import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug.graph import Pairing, _all_tensors, _is_external
 from qdebug.metrics import SMALL_TENSOR
+from qdebug.pairing import Pairing, _all_tensors, _is_external
 
 OUTPUTS = ("sums64", "stats32", "sizes", "shapes_a", "shapes_b", "check32", "small_a", "small_b", "small_p")
 

@@ -1,5 +1,5 @@
 """The ``graph`` capture backend: both models merged into one ONNX Runtime graph whose extra nodes reduce every
-pair to sums in-graph (:mod:`qdebug.capture.graph_reduce`), so no activation leaves ONNX Runtime.
+pair to sums in-graph (:mod:`qdebug.capture.kernels.ingraph`), so no activation leaves ONNX Runtime.
 
 A sample whose in-graph sums are not exact — NaN/Inf anywhere (the statuses and non-finite counts need the
 tensors), shapes that differ at run time, or an ONNX Runtime error — is a :class:`~qdebug.capture.base.Fallback`
@@ -14,12 +14,12 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from qdebug.capture import graph_reduce
 from qdebug.capture.base import Fallback, SampleSums, UnsupportedPairError
-from qdebug.capture.session import make_session, ort_errors
+from qdebug.capture.kernels import ingraph
 from qdebug.errors import ModelError
-from qdebug.graph import Pairing
 from qdebug.metrics import BatchSums
+from qdebug.ort import make_session, ort_errors
+from qdebug.pairing import Pairing
 
 __all__ = ["GraphBackend", "GraphRun", "merged_model"]
 
@@ -29,11 +29,11 @@ _SUMS = ("cum_sig", "cum_noise", "cum_max", "f_min", "f_max", "loc_sig", "loc_no
 
 def merged_model(
     float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing
-) -> tuple[onnx.ModelProto, graph_reduce.Layout]:
+) -> tuple[onnx.ModelProto, ingraph.Layout]:
     """The merged reduction model (cheap: no session yet); :class:`UnsupportedPairError` if it cannot be built."""
     try:
-        return graph_reduce.build(float_model, quant_model, pairing)
-    except graph_reduce.UnsupportedGraphError as exc:
+        return ingraph.build(float_model, quant_model, pairing)
+    except ingraph.UnsupportedGraphError as exc:
         raise UnsupportedPairError(str(exc)) from exc
 
 
@@ -41,14 +41,14 @@ class GraphRun:
     """One session of the merged reduction graph (built by :func:`merged_model`)."""
 
     def __init__(
-        self, model: onnx.ModelProto, layout: graph_reduce.Layout, pairing: Pairing, providers: Sequence[str]
+        self, model: onnx.ModelProto, layout: ingraph.Layout, pairing: Pairing, providers: Sequence[str]
     ) -> None:
         self.layout = layout
         try:
             self.sess = make_session(model, providers)
         except ModelError as exc:  # an op or dtype the reduction nodes do not accept
             raise UnsupportedPairError(f"ONNX Runtime rejects the merged reduction graph: {exc}") from exc
-        self.names = list(graph_reduce.OUTPUTS)
+        self.names = list(ingraph.OUTPUTS)
         self.errors = ort_errors()
         self.quant_idx = np.array([j for j, a in enumerate(pairing.activations) if a.quantized], dtype=np.intp)
 

@@ -23,8 +23,8 @@ import numpy as np
 from qdebug.capture.base import SampleSums
 from qdebug.capture.dequant import Dequantized
 from qdebug.errors import ModelError
-from qdebug.graph import ActivationPair, Pairing
 from qdebug.metrics import reduce_pairs, value_ranges
+from qdebug.pairing import ActivationPair, Pairing
 
 __all__ = ["ReductionPlan", "bounds_or_inf", "check_shapes", "clip_to", "local_pre", "reduce_sample"]
 

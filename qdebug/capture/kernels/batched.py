@@ -1,7 +1,8 @@
 """A whole batch reduced at once: every sample's :class:`~qdebug.capture.base.SampleSums` from one batched inference
 call's tensors, without cutting them into per-sample arrays first.
 
-:func:`~qdebug.capture.reduction.reduce_sample` costs a few numpy calls per tensor per sample. On a model of many
+:func:`~qdebug.capture.kernels.reference.reduce_sample` costs a few numpy calls per tensor per sample. On a model of
+many
 small tensors that is the whole cost of a sample (Silero VAD: 185 activations of a few thousand elements, 1.4 ms of
 reduction beside 0.7 ms of inference), and batching the inference alone does not remove it. Here each activation of
 a batch of ``n`` samples is one ``(outer, n, inner)`` view (:func:`~qdebug.capture.batching.batch_views`) reduced by
@@ -25,9 +26,9 @@ import numpy as np
 from qdebug.capture.base import SampleSums
 from qdebug.capture.batching import sample_view
 from qdebug.capture.dequant import Dequantized, DequantSpec
-from qdebug.capture.reduction import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre
-from qdebug.graph import ActivationPair
+from qdebug.capture.kernels.reference import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre
 from qdebug.metrics import SMALL_TENSOR, BatchSums, reduce_pairs, value_ranges
+from qdebug.pairing import ActivationPair
 
 __all__ = ["BatchTensors", "reduce_batch"]
 
@@ -280,7 +281,7 @@ def _compiled(
 
 def reduce_batch(plan: ReductionPlan, f: BatchTensors, q: BatchTensors, kernel: Any = None) -> list[SampleSums]:
     """Every sample's sums of one batch (:class:`BatchTensors` of the float and the quantized model), equal to
-    :func:`~qdebug.capture.reduction.reduce_sample` on each sample to float64 rounding; ``kernel``: the compiled
+    :func:`~qdebug.capture.kernels.reference.reduce_sample` on each sample to float64 rounding; ``kernel``: the compiled
     kernel module for large tensors (``None``: the reference). Shapes that differ between the models are the
     reference's :class:`~qdebug.errors.ModelError`."""
     check_shapes(plan, {k: f.sample(k, 0) for k in plan.float_names}, q.first(plan.quant_names))

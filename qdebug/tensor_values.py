@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.capture.session import expose_outputs, make_session
 from qdebug.data import DataSource
-from qdebug.graph import GraphIndex, pair_models, weight_arrays
+from qdebug.ort import expose_outputs, make_session
+from qdebug.pairing import GraphIndex, pair_models, weight_arrays
 
 __all__ = ["TensorValues", "WeightValues", "tensor_values", "weight_owners", "weight_values"]
 
