@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 FORBIDDEN = ("ipywidgets", "plotly", "voila", "widgets", "IPython", "matplotlib", "onnxruntime_qnn", "torch")
 
@@ -37,3 +38,24 @@ def test_the_check_can_fail() -> None:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "numpy" in json.loads(proc.stdout)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The contracts that must hold with ``TYPE_CHECKING`` imports counted too: an import made only for a type is still
+#: a dependency, and a cycle hidden behind one is a cycle (issue 36).
+TYPED_CONTRACTS = ("acyclic", "mixed", "targets")
+
+
+def test_contracts_hold_with_type_checking_imports(tmp_path: Path) -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert "exclude_type_checking_imports = true" in text
+    config = tmp_path / "pyproject.toml"
+    config.write_text(text.replace("exclude_type_checking_imports = true", "exclude_type_checking_imports = false"))
+    lint = Path(sys.executable).with_name("lint-imports")
+    contracts = [a for c in TYPED_CONTRACTS for a in ("--contract", c)]
+    proc = subprocess.run(
+        [str(lint), "--no-cache", str(config), *contracts], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert f"{len(TYPED_CONTRACTS)} kept, 0 broken" in proc.stdout

@@ -22,90 +22,19 @@ import hashlib
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.io import same_file
-from qdebug.report import encode_number
+from qdebug.mixed.points import HeldOutPoint, HoldoutCheck, SearchGoal, SearchPoint, SearchResult
 
 if TYPE_CHECKING:
     from qdebug.data import Sample
     from qdebug.mixed.evaluation import Evaluation
-    from qdebug.mixed.search import SearchGoal, SearchPoint, SearchResult
     from qdebug.pairing import InputSpec
 
 __all__ = ["HeldOutPoint", "HoldoutCheck", "SeenHoldout", "check_holdout", "seen_holdout"]
-
-
-def _num(v: Any) -> float | None:
-    """A JSON number back (``None``, or a float; ``encode_number`` writes infinities as strings)."""
-    return None if v is None else float(v)
-
-
-@dataclass(frozen=True)
-class HeldOutPoint:
-    """A point of the search measured again on the held-out samples."""
-
-    label: str
-    cost_fraction_16bit: float
-    #: worst output SQNR on the debug samples (what the search saw) and on the held-out ones
-    search_db: float | None
-    holdout_db: float | None
-    #: meets the held-out goal
-    holds: bool
-    #: the task metric's score on the debug samples and on the held-out ones (``None``: no task metric)
-    search_task: float | None = None
-    holdout_task: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HeldOutPoint:
-        """Inverse of :meth:`to_dict` (a point written before task metrics has no task scores)."""
-        return cls(
-            str(d["label"]), float(d["cost_fraction_16bit"]), _num(d["search_db"]), _num(d["holdout_db"]),
-            bool(d["holds"]), _num(d.get("search_task")), _num(d.get("holdout_task")),
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class HoldoutCheck:
-    """The search's choice checked on held-out samples (the module docstring)."""
-
-    samples: int
-    base_db: float | None
-    ceiling_db: float | None
-    #: the goal on the held-out samples (held-out all-16 minus the goal's margin, or the absolute goal)
-    goal_db: float | None
-    #: the points checked, in order (the search's own choice first)
-    points: tuple[HeldOutPoint, ...]
-    #: the final choice meets the held-out goal
-    holds: bool
-    #: the choice moved to a costlier front point that holds
-    moved: bool
-    note: str
-    #: held-out debug passes run (each a re-quantization from the cached ranges and a debug pass)
-    evaluations: int
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (part of the search result's)."""
-        d = {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
-        d["points"] = [p.to_dict() for p in self.points]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HoldoutCheck:
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            samples=int(d["samples"]), base_db=_num(d["base_db"]), ceiling_db=_num(d["ceiling_db"]),
-            goal_db=_num(d["goal_db"]), points=tuple(HeldOutPoint.from_dict(p) for p in d["points"]),
-            holds=bool(d["holds"]), moved=bool(d["moved"]), note=str(d["note"]),
-            evaluations=int(d["evaluations"]), seconds=float(d["seconds"]),
-        )  # fmt: skip
 
 
 def _goal_db(goal: SearchGoal, ceiling_db: float | None) -> float | None:

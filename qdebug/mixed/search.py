@@ -25,11 +25,10 @@ All stop as soon as the goal is met. ``near_all16_db`` makes the goal relative t
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qdebug.errors import ConfigError
@@ -43,34 +42,28 @@ from qdebug.mixed.candidates import (
     noise_power,
 )
 from qdebug.mixed.evaluation import Evaluation, sixteen_bit_cost
-from qdebug.mixed.holdout import HoldoutCheck, check_holdout
+from qdebug.mixed.holdout import check_holdout
+from qdebug.mixed.points import SCHEMA_VERSION, STRATEGIES, SearchGoal, SearchPoint, SearchResult
 from qdebug.mixed.promote import PromotionPlan
 from qdebug.mixed.stepwise import Measurements, stepwise_greedy
 from qdebug.mixed.suggest import Role, analyse
-from qdebug.mixed.target_cost import TargetCost
-from qdebug.mixed.target_fixes import TargetFixes
-from qdebug.report import encode_number
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
-#: 2: a compiled point's ``target_cost`` also carries its output SQNR measured on the target (``target_sqnr_db``, with
-#: ``cpu_sqnr_db`` on the same samples); schema-1 documents read as before (those fields ``None``)
-#: 3: ``target_fixes`` — the target's compatibility fixes applied to the float model before the search
-#: (:class:`~qdebug.mixed.target_fixes.TargetFixes`; ``None``: the model was searched as given, as in every older
-#: document)
-#: 4: ``holdout`` — the choice measured again on held-out samples (:class:`~qdebug.mixed.holdout.HoldoutCheck`;
-#: ``None`` when the session had none, as in every older document); ``goal.holdout_checks``
-SCHEMA_VERSION = 4
-
-#: ``prefix``: estimated ranking, doubling + bisection; ``greedy``: best of the next few, one at a time;
-#: ``measured``: the top candidates (groups merged) measured alone, then prefixes of the *measured* ranking, each
-#: measured jointly (interactions measured, never assumed additive).
-#: ``efficient``: the all-16-bit model measured, then each candidate left alone in 8 bits (its own noise, measured),
-#: then prefixes of the ranking by noise per 16-bit element, starting at the prefix that ranking predicts.
-#: ``stepwise``: the same sweep, then one candidate at a time (the best measured gain per added element of the next
-#: ``candidates_per_step``), measured after each addition.
-STRATEGIES = ("prefix", "greedy", "measured", "efficient", "stepwise")
+#: The search's records live in :mod:`qdebug.mixed.points`; they are named here too, where callers have found them.
+__all__ = [
+    "BUDGET_STRATEGIES",
+    "SCHEMA_VERSION",
+    "STRATEGIES",
+    "SearchGoal",
+    "SearchPoint",
+    "SearchResult",
+    "SearchSession",
+    "evaluation_bound",
+    "search",
+    "user_goal",
+]
 
 
 class SearchSession(Protocol):
@@ -104,66 +97,6 @@ class SearchSession(Protocol):
     def evaluate(self, config_or_plan: Any, name: str | None = None) -> Evaluation:
         """Quantize (calibration reused) and measure a variant."""
         ...
-
-
-@dataclass(frozen=True)
-class SearchGoal:
-    """Stop when the worst output reaches ``output_sqnr_db`` and/or the top-1 accuracy drop vs float is at
-    most ``max_accuracy_drop`` (a fraction, e.g. 0.005 for half a point) and/or the task metric's score reaches
-    ``task_value`` (at least it, or at most it for a metric where lower is better: e.g. 0.99 top-1 agreement; the
-    session's ``debug_options.task_metric`` names the metric, and every debug pass scores it)."""
-
-    output_sqnr_db: float | None = None
-    max_accuracy_drop: float | None = None
-    max_steps: int = 8
-    candidates_per_step: int = 4
-    min_gain_db: float = 0.05
-    to: str = "uint16"
-    strategy: str = "prefix"
-    #: stop within this many dB of the all-16-bit-activations model (measured first: one more evaluation)
-    near_all16_db: float | None = None
-    #: ``measured``/``efficient``: how many of the best-estimated candidates are measured one at a time (``None``:
-    #: 8 for ``measured``, every candidate for ``efficient``)
-    measure_top: int | None = None
-    #: ``measured``: rank the measured candidates by gain or by gain per 16-bit element (``efficient`` always uses
-    #: the latter)
-    rank: str = "gain"
-    #: ``stepwise``: the share of activation elements in 16 bits a point may reach (``None``: no limit)
-    max_cost_fraction: float | None = None
-    #: ``stepwise``: the search's evaluations at most, the all-16-bit ceiling, the demotion sweep (which
-    #: ``measure_top`` also bounds) and the greedy included; ``None``: N + 2·⌈log2 N⌉ for N candidates
-    #: (:func:`evaluation_bound`). ``max_steps`` bounds the greedy's kept additions.
-    max_evaluations: int | None = None
-    #: with held-out samples in the session: how many points (the choice, then costlier front points that met the
-    #: goal) are measured on them at most until one holds (:mod:`qdebug.mixed.holdout`)
-    holdout_checks: int = 3
-    #: the task metric's score to reach (``None``: no task goal)
-    task_value: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"search strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        goals = (self.output_sqnr_db, self.max_accuracy_drop, self.near_all16_db, self.task_value)
-        if all(g is None for g in goals):
-            raise ConfigError("a search goal needs output_sqnr_db, near_all16_db, max_accuracy_drop and/or task_value")
-        if self.task_value is not None and not math.isfinite(self.task_value):
-            raise ConfigError(f"task_value must be a finite number, got {self.task_value}")
-        if self.near_all16_db is not None and not (math.isfinite(self.near_all16_db) and self.near_all16_db >= 0):
-            raise ConfigError(f"near_all16_db must be a finite number of dB >= 0, got {self.near_all16_db}")
-        if self.measure_top is not None and self.measure_top < 1:
-            raise ConfigError("measure_top must be positive")
-        if self.rank not in tuple(Ranking):
-            raise ConfigError(f"rank must be one of {', '.join(Ranking)}, got {self.rank!r}")
-        if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
-            raise ConfigError(f"max_accuracy_drop is a fraction in [0, 1), got {self.max_accuracy_drop}")
-        if self.max_cost_fraction is not None and not 0 < self.max_cost_fraction <= 1:
-            raise ConfigError(f"max_cost_fraction is a share in (0, 1], got {self.max_cost_fraction}")
-        if self.max_evaluations is not None and self.max_evaluations < 1:
-            raise ConfigError(f"max_evaluations must be positive, got {self.max_evaluations}")
-        if self.holdout_checks < 1:
-            raise ConfigError(f"holdout_checks must be positive, got {self.holdout_checks}")
-        if self.max_steps < 1 or self.candidates_per_step < 1:
-            raise ConfigError("max_steps and candidates_per_step must be positive")
 
 
 #: Why a task goal cannot be checked.
@@ -220,121 +153,6 @@ def user_goal(
         to=to,
         task_value=task_value,
     )
-
-
-@dataclass(frozen=True)
-class SearchPoint:
-    """One measured configuration: a point of the cost/quality curve."""
-
-    step: int
-    promoted: tuple[str, ...]
-    cost_fraction_16bit: float
-    num_16bit_tensors: int
-    output_sqnr_db: float | None
-    accuracy: float | None
-    chosen: bool
-    seconds: float
-    #: what the point is ("base", "all16", "single layernorm@x", "prefix 3"…)
-    label: str = ""
-    #: 8↔16-bit conversions (ORT ``convert`` entries: a DQ→Q pair each) the promotion adds — the cost axis for a
-    #: target where every boundary is a requantize op (QNN HTP) rather than memory
-    num_converts: int = 0
-    #: the point compiled for a target (:func:`qdebug.mixed.target_cost.compile_points`), if it was picked
-    target_cost: TargetCost | None = None
-    #: the task metric's score (``None``: the session scores none)
-    task_value: float | None = None
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """The accepted steps (the curve), every evaluated point, and whether the goal was reached."""
-
-    goal: SearchGoal
-    steps: tuple[SearchPoint, ...]
-    evaluated: tuple[SearchPoint, ...]
-    reached: bool
-    stop_reason: str
-    requantizations: int
-    seconds: float
-    float_accuracy: float | None
-    plan: PromotionPlan | None = field(default=None, compare=False)
-    chosen_step: int = -1
-    #: the all-16-bit-activations model's worst output (measured when the goal is relative to it)
-    ceiling_db: float | None = None
-    #: predicted vs measured gain of the candidates measured alone (``measured`` strategy), as its ``to_dict()``
-    sensitivity: Any = field(default=None, compare=False)
-    #: the target's compatibility fixes applied to the float model before the search (``None``: searched as given)
-    target_fixes: TargetFixes | None = None
-    #: the choice measured again on held-out samples (``None``: the session had none)
-    holdout: HoldoutCheck | None = None
-
-    @property
-    def evaluations(self) -> int:
-        """Measured variants (each one re-quantization from the cached ranges and one debug pass)."""
-        return self.requantizations
-
-    @property
-    def final(self) -> SearchPoint:
-        """The chosen point: the smallest measured set meeting the goal (else the best tried)."""
-        return self.steps[self.chosen_step]
-
-    def pareto(self, cost: str = "elements") -> tuple[SearchPoint, ...]:
-        """Evaluated points not dominated in (lower cost, higher output SQNR); ``cost`` is ``"elements"`` (share of
-        activation elements in 16 bits) or ``"converts"`` (8↔16-bit boundaries)."""
-        if cost not in ("elements", "converts"):
-            raise ConfigError(f"pareto cost must be 'elements' or 'converts', got {cost!r}")
-        pts = [p for p in (*self.steps, *self.evaluated) if p.output_sqnr_db is not None]
-        if cost == "converts":
-            pts = [p for p in pts if p.label != "all16"]  # a different recipe: no boundaries, yet not free
-        front: list[SearchPoint] = []
-
-        # Ties (same cost and SQNR, e.g. a prefix whose last candidate added nothing): the chosen point, then the
-        # fewest promoted tensors.
-        def key(p: SearchPoint) -> tuple[float, float, bool, int]:
-            c = p.cost_fraction_16bit if cost == "elements" else float(p.num_converts)
-            return c, -(p.output_sqnr_db or 0.0), not p.chosen, len(p.promoted)
-
-        for p in sorted(pts, key=key):
-            if not front or (p.output_sqnr_db or 0.0) > (front[-1].output_sqnr_db or 0.0):
-                front.append(p)
-        return tuple(front)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with ``schema_version``."""
-
-        def pt(p: SearchPoint) -> dict[str, Any]:
-            d = {k: encode_number(v) if isinstance(v, float) else v for k, v in asdict(p).items()}
-            d["target_cost"] = None if p.target_cost is None else p.target_cost.to_dict()  # with ``splits``
-            return d
-
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "goal": asdict(self.goal),
-            "steps": [pt(p) for p in self.steps],
-            "evaluated": [pt(p) for p in self.evaluated],
-            "reached": self.reached,
-            "stop_reason": self.stop_reason,
-            "requantizations": self.requantizations,
-            "seconds": self.seconds,
-            "float_accuracy": self.float_accuracy,
-            "promoted": list(self.final.promoted),
-            "chosen_step": self.chosen_step,
-            "ceiling_db": encode_number(self.ceiling_db),
-            "pareto": [pt(p) for p in self.pareto()],
-            "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
-            "target_fixes": None if self.target_fixes is None else self.target_fixes.to_dict(),
-            "holdout": None if self.holdout is None else self.holdout.to_dict(),
-        }
-
-    def to_json(self) -> str:
-        """JSON text."""
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """The curve: one row per accepted step."""
-        import pandas as pd
-
-        return pd.DataFrame([asdict(p) for p in self.steps])
 
 
 def _met(goal: SearchGoal, ev: Evaluation, float_acc: float | None) -> bool:

@@ -15,137 +15,15 @@ beside the one the search measured on the CPU.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qdebug.errors import ConfigError, MissingExtraError, QDebugError, TargetError
-from qdebug.report import decode_number, encode_number
-
-if TYPE_CHECKING:
-    from qdebug.mixed.search import SearchPoint, SearchResult
+from qdebug.mixed.points import SearchPoint, SearchResult, TargetCost
 
 __all__ = ["TargetCost", "compile_points", "pick_points", "preflight"]
-
-
-@dataclass(frozen=True)
-class TargetCost:
-    """A search point compiled for ``target``: how many accelerator partitions and CPU nodes it came out as."""
-
-    target: str
-    ok: bool
-    partitions: int
-    cpu_nodes: int
-    #: CPU-fallback nodes by op type (by-design graph-I/O Q/DQ excluded), most first
-    fallback_by_op: tuple[tuple[str, int], ...] = ()
-    error: str | None = None
-    compile_seconds: float = 0.0
-    #: the compiled model on the target (QNN: the HTP simulator): its worst output's SQNR vs the float model, over
-    #: ``accuracy_samples`` debug samples (``None``: not run, or no target-side check for this target)
-    target_sqnr_db: float | None = None
-    #: the CPU QDQ model's worst output SQNR vs float on the same samples (the point's own ``output_sqnr_db`` is over
-    #: the whole debug set)
-    cpu_sqnr_db: float | None = None
-    accuracy_samples: int = 0
-    #: what the target-side run printed (e.g. "HTP simulator (SM8550)")
-    device: str = ""
-    #: why the target-side run failed, if it did (the compile itself may still be fine)
-    accuracy_error: str | None = None
-
-    @property
-    def splits(self) -> bool:
-        """The point does not compile to one accelerator partition with nothing on the CPU."""
-        return not self.ok or self.partitions != 1 or self.cpu_nodes > 0
-
-    def describe(self) -> str:
-        """One short phrase for a table cell."""
-        if not self.ok:
-            return f"compile failed: {self.error or 'no reason given'}"[:80]
-        head = f"{self.partitions} partition{'s' if self.partitions != 1 else ''}, {self.cpu_nodes} CPU nodes"
-        if not self.splits:
-            return head
-        ops = ", ".join(f"{op} {n}" for op, n in self.fallback_by_op[:3])
-        return f"SPLIT: {head}" + (f" ({ops})" if ops else "")
-
-    @property
-    def target_loss_db(self) -> float | None:
-        """How much SQNR vs float the target loses against the CPU QDQ model on the same samples (positive: worse
-        on the target)."""
-        if self.target_sqnr_db is None or self.cpu_sqnr_db is None:
-            return None
-        if math.isinf(self.target_sqnr_db) and math.isinf(self.cpu_sqnr_db):
-            return 0.0
-        return self.cpu_sqnr_db - self.target_sqnr_db
-
-    def describe_accuracy(self) -> str:
-        """One short phrase for a table cell: the target's output SQNR next to the CPU's on the same samples."""
-        if self.accuracy_error is not None:
-            return f"run failed: {self.accuracy_error}"[:80]
-        if self.target_sqnr_db is None:
-            return "-"
-        n = self.accuracy_samples
-        return f"{_db(self.target_sqnr_db)} (CPU {_db(self.cpu_sqnr_db)}, {n} sample{'s' if n != 1 else ''})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (with ``splits``)."""
-        return {
-            "target": self.target,
-            "ok": self.ok,
-            "partitions": self.partitions,
-            "cpu_nodes": self.cpu_nodes,
-            "fallback_by_op": [list(x) for x in self.fallback_by_op],
-            "error": self.error,
-            "compile_seconds": self.compile_seconds,
-            "splits": self.splits,
-            "target_sqnr_db": encode_number(self.target_sqnr_db),
-            "cpu_sqnr_db": encode_number(self.cpu_sqnr_db),
-            "accuracy_samples": self.accuracy_samples,
-            "device": self.device,
-            "accuracy_error": self.accuracy_error,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TargetCost:
-        """Inverse of :meth:`to_dict` (a search result of schema 1 has no target-side accuracy: ``None``)."""
-        return cls(
-            target=d["target"], ok=d["ok"], partitions=d["partitions"], cpu_nodes=d["cpu_nodes"],
-            fallback_by_op=tuple((str(op), int(n)) for op, n in d.get("fallback_by_op", ())),
-            error=d.get("error"), compile_seconds=d.get("compile_seconds", 0.0),
-            target_sqnr_db=decode_number(d.get("target_sqnr_db")), cpu_sqnr_db=decode_number(d.get("cpu_sqnr_db")),
-            accuracy_samples=int(d.get("accuracy_samples", 0)), device=str(d.get("device", "")),
-            accuracy_error=d.get("accuracy_error"),
-        )  # fmt: skip
-
-    @classmethod
-    def from_report(cls, report: Any, accuracy: Any = None, accuracy_error: str | None = None) -> TargetCost:
-        """From a :class:`~qdebug.targets.base.CompileReport` and, if the compiled model ran on the target, its
-        :class:`~qdebug.report.TargetAccuracy` (the worst output of each side)."""
-        by_op = sorted(report.fallback_by_op().items(), key=lambda x: (-x[1], x[0]))
-        tgt = cpu = None
-        n, device = 0, ""
-        if accuracy is not None and accuracy.outputs:
-            tgt = _worst(o.target_vs_float_db for o in accuracy.outputs)
-            cpu = _worst(o.cpu_vs_float_db for o in accuracy.outputs)
-            n, device = accuracy.num_samples, accuracy.device
-        return cls(
-            target=report.target, ok=report.ok, partitions=report.accelerator_partitions, cpu_nodes=report.cpu_nodes,
-            fallback_by_op=tuple(by_op), error=report.error, compile_seconds=round(report.compile_seconds, 3),
-            target_sqnr_db=tgt, cpu_sqnr_db=cpu, accuracy_samples=n, device=device, accuracy_error=accuracy_error,
-        )  # fmt: skip
-
-
-def _worst(values: Iterable[float | None]) -> float | None:
-    """The lowest SQNR of the outputs that have one."""
-    vs = [v for v in values if v is not None]
-    return min(vs) if vs else None
-
-
-def _db(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    return "identical" if math.isinf(v) and v > 0 else f"{v:.2f} dB"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -27,10 +27,8 @@ from onnx import helper, numpy_helper
 
 from qdebug.errors import TargetError
 from qdebug.pairing import GraphIndex, is_dq, is_q
+from qdebug.targets.deeploy_graph import Activation, GraphState
 from qdebug.targets.deeploy_rq import _choose_requant, _requant_node, _rqs
-
-if TYPE_CHECKING:
-    from qdebug.targets.deeploy_export import Activation, GraphState
 
 __all__ = [
     "TRANSFORMER_OPS",
