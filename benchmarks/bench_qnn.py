@@ -317,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="also write the report here (atomically)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from qdebug.targets.qnn import qnn_available
+    from qdebug.targets.qnn_options import qnn_available
 
     ok, why = qnn_available()
     if not ok:

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from qdebug.data import SyntheticData
 from qdebug.errors import ConfigError
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio, locate, sqnr_drop_db, upstream_compared
-from qdebug.targets.qnn import htp_accuracy
+from qdebug.targets.qnn_accuracy import htp_accuracy
 from qdebug.targets.qnn_bisect import prefix_model
 
 

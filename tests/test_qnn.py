@@ -29,18 +29,13 @@ from qdebug.pairing import input_specs, load_model, pair_models
 from qdebug.quantizer import quantize
 from qdebug.report import TargetAccuracy
 from qdebug.targets import available_targets, get_target
-from qdebug.targets.qnn import (
-    SOC_MODELS,
-    QnnOptions,
-    compile_qnn,
-    htp_accuracy,
-    parse_compile_log,
-    qnn_available,
-    qnn_session,
-    run_compiled,
-)
+from qdebug.targets.qnn_accuracy import htp_accuracy
 from qdebug.targets.qnn_bisect import bisect_divergence
+from qdebug.targets.qnn_compile import compile_qnn
 from qdebug.targets.qnn_fixes import fold_batchnorm
+from qdebug.targets.qnn_log import parse_compile_log
+from qdebug.targets.qnn_options import SOC_MODELS, QnnOptions, qnn_available
+from qdebug.targets.qnn_session import qnn_session, run_compiled
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 

@@ -29,7 +29,7 @@ from qdebug.pairing import is_dq, is_q
 from qdebug.quantizer import quantize
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy
 from qdebug.targets.base import BisectMode
-from qdebug.targets.qnn import _load_compiled
+from qdebug.targets.qnn_compile import load_compiled
 from qdebug.targets.qnn_diagnose import (
     MANIFEST_KEY,
     LocatedBy,
@@ -166,7 +166,7 @@ def test_remedies_are_measured_and_the_fp16_region_is_chosen(qnn: None, bn_kept:
     assert best.partitions == 1 and best.cpu_nodes == 0
     for role in ("remedy_qdq_model", "remedy_compiled_model"):
         assert m.files[role] == r.files[role] and (out / r.files[role]).is_file()
-    _, graph = _load_compiled(out / r.files["remedy_compiled_model"])
+    _, graph = load_compiled(out / r.files["remedy_compiled_model"])
     assert graph.partitions == 1  # the remedy recompiled into one partition
 
 

@@ -168,7 +168,7 @@ def run_cpu(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndar
 # ------------------------------------------------------------------------------------------------ QNN helpers
 def require_qnn() -> None:
     """Fail under CI=true, skip (with the reason) elsewhere, when onnxruntime-qnn cannot be used."""
-    from qdebug.targets.qnn import qnn_available
+    from qdebug.targets.qnn_options import qnn_available
 
     ok, why = qnn_available()
     if ok:
@@ -189,7 +189,7 @@ def quantize_and_compile(
 ) -> CompileReport:
     """quantize (qdebug) → compile_qnn, the report."""
     from qdebug.quantizer import quantize
-    from qdebug.targets.qnn import compile_qnn
+    from qdebug.targets.qnn_compile import compile_qnn
 
     fpath = tmp / f"{name}.onnx"
     onnx.save(model, str(fpath))
@@ -236,7 +236,7 @@ def test_static_shapes_bad_shapes_are_data_errors(shapes: dict | None, needle: s
 
 def test_dynamic_model_before_and_after_the_static_shape_fix(qnn: None, tmp_path: Path) -> None:
     from qdebug.quantizer import quantize
-    from qdebug.targets.qnn import compile_qnn
+    from qdebug.targets.qnn_compile import compile_qnn
 
     model = dynamic_convnet()
     data = samples(model, 4, shapes={"x": [1, 3, 16, 16]})

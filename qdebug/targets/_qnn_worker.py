@@ -1,6 +1,6 @@
 """Compile one model with the QNN execution provider, in a process of its own.
 
-Run by :func:`qdebug.targets.qnn.compile_qnn` as ``python -m qdebug.targets._qnn_worker REQUEST.json``.
+Run by :func:`qdebug.targets.qnn_compile.compile_qnn` as ``python -m qdebug.targets._qnn_worker REQUEST.json``.
 It lives in its own process for two reasons: ONNX Runtime's verbose log (the only place where QNN says
 which nodes it took and why it refused the others) goes to the process's stderr, which the parent
 redirects into the compile log; and a crash inside the QNN libraries must not take the caller down.

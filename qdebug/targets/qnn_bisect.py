@@ -29,7 +29,9 @@ from qdebug.ort import expose_outputs, make_session
 from qdebug.pairing import load_model, pair_models
 from qdebug.report import decode_number, encode_number
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio
-from qdebug.targets.qnn import CPU_EP, QnnOptions, compile_qnn, qnn_session
+from qdebug.targets.qnn_compile import compile_qnn
+from qdebug.targets.qnn_options import CPU_EP, QnnOptions
+from qdebug.targets.qnn_session import qnn_session
 
 __all__ = ["PrefixBisection", "PrefixCheck", "bisect_divergence", "candidate_tensors", "prefix_model"]
 

@@ -41,18 +41,11 @@ from qdebug.pairing import constant_values, decode_constant, dequantize, is_dq, 
 from qdebug.report import TargetAccuracy, decode_number, encode_number
 from qdebug.targets.base import BisectMode, Compiled, CompileJob, Diagnosis, register_target
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, sqnr_drop_db, upstream_compared
-from qdebug.targets.qnn import (
-    DEFAULT_HTP_ARCH,
-    SOC_MODELS,
-    V73_SOC,
-    QnnOptions,
-    QnnTarget,
-    _compiled_options,
-    compile_qnn,
-    has_16bit_weights,
-    htp_accuracy,
-)
+from qdebug.targets.qnn import QnnTarget, compiled_options
+from qdebug.targets.qnn_accuracy import htp_accuracy
 from qdebug.targets.qnn_bisect import PrefixBisection, bisect_divergence, candidate_tensors
+from qdebug.targets.qnn_compile import compile_qnn, has_16bit_weights
+from qdebug.targets.qnn_options import DEFAULT_HTP_ARCH, SOC_MODELS, V73_SOC, QnnOptions
 
 __all__ = [
     "MANIFEST_KEY",
@@ -557,7 +550,7 @@ def diagnose_build(job: CompileJob, compiled: Compiled, acc: TargetAccuracy | No
     if acc is None or job.qdq_model is None or job.float_model is None or not acc.outputs:
         return None
     t0 = time.perf_counter()
-    opts = _compiled_options(job, compiled)
+    opts = compiled_options(job, compiled)
     fmodel = load_model(job.float_model, "float model")
     qmodel = load_model(job.qdq_model, "QDQ model")
     candidates = candidate_tensors(fmodel, qmodel)
