@@ -481,51 +481,25 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     def _prepare_float(
         self, inputs: RunInputs, config: QuantConfig | None, run_dir: Path
     ) -> tuple[Path, Path | None, QuantConfig | None, TargetFixes | None]:
-        """The float model as the target needs it, with the compatibility fixes ``qdebug build`` applies (e.g. fixed
-        input shapes from the data for QNN, BatchNormalization folded for Deeploy), in a copy in the run folder; the
-        user's file is only read. With a given QDQ model only the shape fix applies (to both models, see
-        :meth:`_fixed_pair`): the pair must stay the user's pair. Returns (float model, QDQ model, config, the fixes
-        applied to a float model quantized here: what ``qdebug search --target`` applies too, so the search tab
-        searches the model ``qdebug build`` will quantize, and its results say so)."""
-        from qdebug.errors import MissingExtraError
-        from qdebug.io import atomic_save_model
+        """The models as the target needs them, with the compatibility fixes ``qdebug build`` applies
+        (:func:`qdebug.targets.prepare.prepare_models`: copies in the run folder, the user's files only read). Returns
+        (float model, QDQ model, config, the fixes applied to a float model quantized here: what ``qdebug search
+        --target`` applies too, so the search tab searches the model ``qdebug build`` will quantize, and its results
+        say so)."""
         from qdebug.mixed.target_fixes import TargetFixes
-        from qdebug.pairing import file_sha256, load_model
-        from qdebug.targets.base import BuildOptions, ShapeSource
+        from qdebug.pairing import file_sha256
+        from qdebug.targets.base import BuildOptions
+        from qdebug.targets.prepare import prepare_models
 
         options = BuildOptions(inputs.target, inputs.precision)
-        model = load_model(inputs.float_model, "float model")
-        self._progress(0, 1, f"applying the {inputs.target} compatibility fixes")
-        try:
-            prepared = options.target.prepare(model, config, options, ShapeSource(None, inputs.data))
-        except MissingExtraError:  # the target is not installed here: nothing to prepare, its compile says why
-            return inputs.float_model, inputs.quant_model, config, None
-        if inputs.quant_model is not None:
-            return (*self._fixed_pair(inputs.float_model, inputs.quant_model, prepared.model, run_dir), config, None)
-        fixes = TargetFixes(inputs.target, tuple(prepared.fixes), file_sha256(inputs.float_model))
-        if not prepared.changed:
-            return inputs.float_model, None, config, fixes
-        path = run_dir / f"{inputs.float_model.stem}.{inputs.target}.onnx"
-        return atomic_save_model(prepared.model, path), None, prepared.config, fixes
-
-    @staticmethod
-    def _fixed_pair(float_model: Path, quant_model: Path, prepared: Any, run_dir: Path) -> tuple[Path, Path]:
-        """The given pair, with the input shapes the target fixed in ``prepared`` (copies in ``run_dir``), or as is
-        when the target fixed none."""
-        from qdebug.io import atomic_save_model
-        from qdebug.pairing import input_specs, load_model
-        from qdebug.targets.qnn_fixes import fix_static_shapes
-
-        before = input_specs(load_model(float_model, "float model"))
-        after = input_specs(prepared)
-        if all(s.is_static for s in before) or not all(s.is_static for s in after):
-            return float_model, quant_model
-        shapes = {s.name: tuple(int(d) for d in s.shape if isinstance(d, int)) for s in after}
-        out = []
-        for path, what in ((float_model, "float model"), (quant_model, "quantized model")):
-            fixed, _ = fix_static_shapes(load_model(path, what), shapes)
-            out.append(atomic_save_model(fixed, run_dir / f"{path.stem}.static.onnx"))
-        return out[0], out[1]
+        ready = prepare_models(
+            inputs.float_model, inputs.quant_model, options, config, inputs.data, run_dir,
+            progress=lambda message: self._progress(0, 1, message),
+        )  # fmt: skip
+        if ready.fixes is None:
+            return ready.float_model, ready.quant_model, ready.config, None
+        fixes = TargetFixes(inputs.target, ready.fixes, file_sha256(inputs.float_model))
+        return ready.float_model, ready.quant_model, ready.config, fixes
 
 
 __all__ = ["DATA_CHOICES", "MAX_UPLOAD_MB", "Dashboard", "DashboardInputError", "FileBrowser", "RunInputs"]
