@@ -1,11 +1,12 @@
 """Error metrics: pure functions, a name → function registry, and the streaming reduction.
 
-SQNR(dB) = 10·log10(Σ‖x‖² / Σ‖x−y‖²) with ``x`` the reference. Degenerate cases are explicit
+SQNR(dB) = 10·log10(Σ‖x‖² / Σ‖x−y‖²) with ``x`` the reference, turned from sums into dB by one rule,
+:func:`sqnr_from_energies` (and :func:`sqnr_row`, the same rule over arrays). Degenerate cases are explicit
 (:class:`SqnrStatus`) instead of numbers that look real:
 
-* ``identical``  — no noise at all: +inf dB, shown as ``inf``;
+* ``identical``  — no noise at all: +inf dB, shown as ``inf`` — including a reference and a test that are both
+  all-zero (an all-zero weight channel reproduced exactly: nothing lost);
 * ``undefined``  — an all-zero reference with noise: no signal to compare against (``None``);
-* ``zero``       — reference and test both all-zero: also +inf (nothing to lose);
 * ``nonfinite``  — NaN/Inf in either tensor: the value is meaningless (``None``), the tensor is flagged.
 """
 
@@ -31,9 +32,15 @@ class SqnrStatus(enum.StrEnum):
     NOT_QUANTIZED = "not_quantized"
 
 
-def sqnr_from_energies(signal: float, noise: float) -> tuple[float | None, SqnrStatus]:
-    """SQNR in dB from accumulated Σx² (signal) and Σ(x−y)² (noise), with its status."""
-    if not (math.isfinite(signal) and math.isfinite(noise)):
+def sqnr_from_energies(signal: float, noise: float, nonfinite: bool = False) -> tuple[float | None, SqnrStatus]:
+    """SQNR in dB from accumulated Σx² (``signal``) and Σ(x−y)² (``noise``), with its status: the one rule
+    (docs/metrics.md, "Degenerate cases") every SQNR of qdebug goes through.
+
+    ``nonfinite`` (NaN/Inf counted in either tensor) or a non-finite sum: ``None``, NONFINITE; no noise, whatever
+    the signal (an all-zero reference reproduced exactly included): +inf, IDENTICAL; no signal but noise: ``None``,
+    UNDEFINED; else ``10·log10(signal / noise)``, OK.
+    """
+    if nonfinite or not (math.isfinite(signal) and math.isfinite(noise)):
         return None, SqnrStatus.NONFINITE
     if noise == 0.0:
         return math.inf, SqnrStatus.IDENTICAL
@@ -42,11 +49,25 @@ def sqnr_from_energies(signal: float, noise: float) -> tuple[float | None, SqnrS
     return 10.0 * math.log10(signal / noise), SqnrStatus.OK
 
 
-#: Elements per ``np.dot`` call in :func:`blocked_dot` and :func:`reduce_pair`: OpenBLAS runs a dot product of
-#: more than 10 000 elements on all its threads, and on a loaded machine waking them costs more than the work —
-#: a 20k-element float64 dot took 17 ms instead of 2 µs on the shared 2-core benchmark machine (YOLOv8n's 149
-#: weights: 7.6 s of a 12.5 s debug run). Blocks below that size stay on the calling thread; in float32 a block's
-#: rounding error stays ~1e-8 relative.
+def sqnr_row(
+    signal: npt.NDArray[np.float64], noise: npt.NDArray[np.float64], nonfinite: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.float64]:
+    """:func:`sqnr_from_energies` element by element over arrays (``None`` as NaN), in the same order of cases.
+
+    Vectorised for a sample's row of pairs; numpy's SIMD ``log10`` may differ from ``math.log10`` in the last bit,
+    which is why the scalar form stays for values reported one at a time (``tests/test_metrics.py`` checks both
+    give the same statuses).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = 10.0 * np.log10(signal / noise)
+    v = np.where(noise == 0.0, np.inf, v)
+    v = np.where((signal == 0.0) & (noise > 0.0), np.nan, v)
+    return np.where(nonfinite | ~np.isfinite(signal + noise), np.nan, v)
+
+
+#: Elements per ``np.dot`` call in :func:`blocked_dot` and :func:`reduce_pair`: OpenBLAS runs a long dot product on
+#: all its threads, and waking them on a loaded machine costs more than the work; in float32 a block's rounding
+#: error stays ~1e-8 relative.
 _BLOCK = 8192
 
 
@@ -62,15 +83,37 @@ def _f64(a: npt.ArrayLike) -> npt.NDArray[np.float64]:
     return np.asarray(a, dtype=np.float64).reshape(-1)
 
 
+def energies(reference: npt.ArrayLike, test: npt.ArrayLike) -> tuple[float, float]:
+    """Σx² and Σ(x−y)² of a whole pair in float64 (:func:`blocked_dot`): the sums of every whole-tensor SQNR
+    (weights, their channels, a quantizer's output check)."""
+    x, y = _f64(reference), _f64(test)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs give a NaN sum, not a warning
+        d = x - y
+        return blocked_dot(x, x), blocked_dot(d, d)
+
+
 def sqnr_db(reference: npt.ArrayLike, test: npt.ArrayLike) -> float:
     """SQNR of ``test`` against ``reference`` in dB (float64); +inf if identical, NaN if undefined."""
     if np.shape(reference) != np.shape(test):  # compared before flattening: (2, 3) is not (3, 2)
         raise ValueError(f"shape mismatch: {np.shape(reference)} vs {np.shape(test)}")
-    x, y = _f64(reference), _f64(test)
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs give a NaN result, not a warning
-        d = x - y
-        value, _ = sqnr_from_energies(blocked_dot(x, x), blocked_dot(d, d))
+    value, _ = sqnr_from_energies(*energies(reference, test))
     return math.nan if value is None else value
+
+
+def channel_sqnr(
+    reference: np.ndarray, test: np.ndarray, axis: int, diff: np.ndarray | None = None
+) -> list[float | None]:
+    """Per-channel SQNR in dB along ``axis`` (a 0-d tensor is one channel), by :func:`sqnr_from_energies` on
+    float64 :func:`blocked_dot` sums: ``inf`` for a channel reproduced exactly (an all-zero one included),
+    ``None`` where undefined or not finite. ``diff``: ``reference − test`` when the caller has it already."""
+    ref = np.asarray(reference, np.float64)
+    ax = axis % ref.ndim if ref.ndim else 0
+    rows = ref.shape[ax] if ref.ndim else 1
+    r = np.moveaxis(ref, ax, 0).reshape(rows, -1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = ref - np.asarray(test, np.float64) if diff is None else diff
+    e = np.moveaxis(d, ax, 0).reshape(rows, -1)
+    return [sqnr_from_energies(blocked_dot(r[c], r[c]), blocked_dot(e[c], e[c]))[0] for c in range(rows)]
 
 
 def mse(reference: npt.ArrayLike, test: npt.ArrayLike) -> float:
@@ -109,7 +152,7 @@ METRICS: dict[str, Metric] = {
 class TensorStats:
     """The dot products and extremes of one whole (reference, test) pair in float64, computed once: the built-in
     whole-tensor metrics read them (:data:`FROM_STATS`) instead of each converting and passing over the arrays
-    again: MiniLM's weight pass (67 weights, 17 M values) 0.49 -> 0.30 s, ViT-S's 0.35 -> 0.21 s."""
+    again."""
 
     signal: float  # x·x
     noise: float  # d·d, d = x − y
@@ -186,9 +229,7 @@ class ErrorSums:
     @property
     def sqnr(self) -> tuple[float | None, SqnrStatus]:
         """SQNR in dB over everything reduced so far, with its status."""
-        if self.nonfinite_reference or self.nonfinite_test:
-            return None, SqnrStatus.NONFINITE
-        return sqnr_from_energies(self.signal, self.noise)
+        return sqnr_from_energies(self.signal, self.noise, bool(self.nonfinite_reference or self.nonfinite_test))
 
     @property
     def mse(self) -> float | None:
@@ -270,9 +311,8 @@ def _one_pass(x: npt.NDArray[np.float32], y: npt.NDArray[np.float32]) -> tuple[f
     """Σx², Σ(x−y)² and max|x−y| of two flat float32 arrays in one pass over :data:`_CHUNK`-element chunks.
 
     The same float32 dot products over the same :data:`_BLOCK`-element blocks, added in the same order, as
-    three whole-array passes would (identical sums), but a tensor of hundreds of MB is read from memory once
-    instead of six times: twice as fast on a 1.2 M-element pair. NaN in ``x − y`` only comes from non-finite
-    inputs, whose ``max_abs`` the caller discards.
+    three whole-array passes would (identical sums), but a large tensor is read from memory once instead of six
+    times. NaN in ``x − y`` only comes from non-finite inputs, whose ``max_abs`` the caller discards.
     """
     d = np.empty(min(x.size, _CHUNK), dtype=np.float32)
     signal = noise = 0.0
@@ -301,13 +341,8 @@ class BatchSums:
     nonfinite_test: npt.NDArray[np.int64]
 
     def sqnr_db(self) -> npt.NDArray[np.float64]:
-        """Per-pair SQNR of this sample: +inf if identical, NaN if undefined or non-finite."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = 10.0 * np.log10(self.signal / self.noise)
-        v = np.where(self.noise == 0.0, np.inf, v)
-        v = np.where((self.signal == 0.0) & (self.noise > 0.0), np.nan, v)
-        bad = (self.nonfinite_reference > 0) | (self.nonfinite_test > 0) | ~np.isfinite(self.signal + self.noise)
-        return np.where(bad, np.nan, v)
+        """Per-pair SQNR of this sample (:func:`sqnr_row`): +inf if identical, NaN if undefined or non-finite."""
+        return sqnr_row(self.signal, self.noise, (self.nonfinite_reference > 0) | (self.nonfinite_test > 0))
 
 
 #: Tensors up to this many elements are reduced together in one vectorised pass: for small tensors the

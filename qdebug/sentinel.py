@@ -34,6 +34,7 @@ from onnx import numpy_helper
 
 from qdebug.data import open_data
 from qdebug.errors import ConfigError, ModelError
+from qdebug.metrics import sqnr_from_energies
 from qdebug.ort import expose_outputs, make_session
 from qdebug.pairing import VIEW_OPS, GraphIndex, constant_values, decode_constant, input_specs, pair_models
 from qdebug.passes import PassReport
@@ -501,6 +502,6 @@ def masked_sqnr(
             s[3] += x64.size
     out = {}
     for t, (sig, noise, n_masked, n) in sums.items():
-        db = None if n_masked == n else (math.inf if noise == 0 else 10 * math.log10(sig / noise) if sig > 0 else None)
+        db = None if n_masked == n else sqnr_from_energies(sig, noise)[0]
         out[t] = MaskedSqnr(t, db, int(n_masked), int(n), tensors[t][1])
     return out

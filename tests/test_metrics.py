@@ -260,3 +260,89 @@ def test_builtin_metrics_from_stats_equal_the_functions_bit_for_bit(
             if fn in FROM_STATS:
                 assert _same(FROM_STATS[fn](stats), fn(x, y)), name
     assert set(FROM_STATS) == {sqnr_db, mse, max_abs_error, cosine_similarity}
+
+
+_sums = st.floats(min_value=1e-30, max_value=1e30) | st.sampled_from([0.0, math.inf, math.nan])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    signal=st.lists(_sums, min_size=1, max_size=8),
+    noise=st.lists(_sums, min_size=8, max_size=8),
+    nonfinite=st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_the_row_form_of_the_sqnr_rule_gives_the_scalar_forms_values(
+    signal: list[float], noise: list[float], nonfinite: list[bool]
+) -> None:
+    """:func:`sqnr_row` (a sample's per-pair row) is :func:`sqnr_from_energies` element by element: the same case
+    for every pair, the same dB to numpy's log10 rounding."""
+    from qdebug.metrics import sqnr_row
+
+    n = len(signal)
+    s, d, bad = np.array(signal), np.array(noise[:n]), np.array(nonfinite[:n])
+    row = sqnr_row(s, d, bad)
+    for k in range(n):
+        value, _ = sqnr_from_energies(signal[k], noise[k], bool(bad[k]))
+        if value is None:
+            assert math.isnan(row[k])
+        else:
+            assert row[k] == pytest.approx(value, rel=1e-15, abs=0)
+
+
+def _matmul_pair(w: np.ndarray, wq: np.ndarray, scale: np.ndarray) -> tuple:
+    """A float ``X @ W`` and its QDQ twin (``X`` through an int8 Q/DQ; ``W`` int8 per output channel, axis 1)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def model(nodes: list, inits: list) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, w.shape[0]])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, w.shape[1]])], inits,
+        )  # fmt: skip
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+    f = model([helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")], [numpy_helper.from_array(w, "W")])
+    q_inits = [
+        numpy_helper.from_array(wq, "W_q"),
+        numpy_helper.from_array(scale, "W_scale"),
+        numpy_helper.from_array(np.zeros(w.shape[1], np.int8), "W_zp"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "X_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "X_zp"),
+    ]
+    q_nodes = [
+        helper.make_node("QuantizeLinear", ["X", "X_scale", "X_zp"], ["X_q"], name="qx"),
+        helper.make_node("DequantizeLinear", ["X_q", "X_scale", "X_zp"], ["X_dq"], name="dqx"),
+        helper.make_node("DequantizeLinear", ["W_q", "W_scale", "W_zp"], ["W_dq"], name="dq", axis=1),
+        helper.make_node("MatMul", ["X_dq", "W_dq"], ["Y"], name="mm"),
+    ]
+    return f, model(q_nodes, q_inits)
+
+
+def test_an_all_zero_channel_is_identical_in_the_inspector_and_the_report() -> None:
+    """An all-zero float channel that dequantizes to zeros lost nothing: +inf (IDENTICAL) by the one rule, in the
+    inspector's per-channel bars and in the report's worst channel alike (the inspector used to show ``None``);
+    an all-zero channel that dequantizes to something else is UNDEFINED (``None``) in both."""
+    from qdebug.debugger import DebugOptions, debug
+    from qdebug.metrics import channel_sqnr
+    from qdebug.render import inspector
+
+    scale = np.array([0.1, 0.05, 0.02], np.float32)
+    wq = np.array([[0, 3, -7], [0, -2, 5], [0, 1, 9], [0, 4, 1]], np.int8)
+    w = (wq.astype(np.float32) * scale).astype(np.float32)
+    w[:, 2] += np.float32(0.004)  # channel 2 well off its grid: the worst channel
+    per = inspector.channel_sqnr(w, wq.astype(np.float64) * scale.astype(np.float64), 1)
+    assert per[0] == math.inf and all(p is not None and math.isfinite(p) for p in per[1:]) and per[2] < per[1]
+    assert per == channel_sqnr(w, wq.astype(np.float64) * scale.astype(np.float64), 1)
+    f, q = _matmul_pair(w, wq, scale)
+    (got,) = debug(f, q, None, DebugOptions(num_samples=1)).weights
+    assert got.worst_channel_sqnr_db == per[2]
+    # every channel all-zero and reproduced: the weight is IDENTICAL, and so is every channel
+    zeros = np.zeros_like(w)
+    f, q = _matmul_pair(zeros, np.zeros_like(wq), scale)
+    (got,) = debug(f, q, None, DebugOptions(num_samples=1)).weights
+    assert (got.weight_sqnr_db, got.weight_status, got.worst_channel_sqnr_db) == (
+        math.inf, SqnrStatus.IDENTICAL, math.inf,
+    )  # fmt: skip
+    assert inspector.channel_sqnr(zeros, np.zeros(w.shape), 1) == [math.inf] * 3
+    # an all-zero float channel whose dequantized values are not zero: no signal to compare against
+    assert inspector.channel_sqnr(zeros, np.full(w.shape, 0.1), 1) == [None] * 3

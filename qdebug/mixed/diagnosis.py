@@ -22,6 +22,7 @@ from qdebug.config import QuantConfig
 from qdebug.data import open_data
 from qdebug.diagnose import Diagnostic, Diagnostics, RemedyKind, report_ranges
 from qdebug.errors import ConfigError, QDebugError
+from qdebug.metrics import sqnr_from_energies
 from qdebug.mixed.gains import DiagnosisGain, DiagnosisGains, rank_by_measured
 from qdebug.mixed.remedies import Remedy, RemedyResult, measure_remedies, method_ranges, sentinel_remedies
 from qdebug.mixed.remedies import RemedyKind as MixedKind
@@ -64,7 +65,8 @@ def _weight_sqnr(w: np.ndarray, axis: int | None, bits: int) -> float:
     scale = np.where(m > 0, m / levels, 1.0)
     noise = float(np.sum((w - np.round(w / scale) * scale) ** 2))
     signal = float(np.sum(w**2))
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise) if signal > 0 else 0.0
+    db = sqnr_from_energies(signal, noise)[0]
+    return math.nan if db is None else db  # NaN/Inf weights: no SQNR, so no gain is estimated from it
 
 
 def _removed_share(report: DebugReport, float_index: GraphIndex, weight: str, op: str, budget: float) -> float:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdebug._lazy import LazyModule
+from qdebug.metrics import channel_sqnr
 from qdebug.render.bands import HIGHLIGHT, sqnr_color
 from qdebug.render.fmt import fmt_db_text
 
@@ -214,18 +215,6 @@ def value_scatter(
         margin={"l": 10, "r": 10, "t": 40, "b": 10}, height=320,
     )  # fmt: skip
     return fig
-
-
-def channel_sqnr(ref: np.ndarray, test: np.ndarray, axis: int) -> list[float | None]:
-    """Per-channel SQNR in dB along ``axis`` (``None`` for an all-zero channel, ``inf`` for an exact one)."""
-    ax = axis % ref.ndim if ref.ndim else 0
-    r = np.moveaxis(np.asarray(ref, np.float64), ax, 0).reshape(ref.shape[ax] if ref.ndim else 1, -1)
-    e = r - np.moveaxis(np.asarray(test, np.float64), ax, 0).reshape(r.shape)
-    out: list[float | None] = []
-    for c in range(r.shape[0]):
-        s, n = float(np.dot(r[c], r[c])), float(np.dot(e[c], e[c]))
-        out.append(None if s == 0 else (math.inf if n == 0 else 10 * math.log10(s / n)))
-    return out
 
 
 def channel_figure(name: str, ref: Any, test: Any, axis: int = 0) -> go.Figure:
