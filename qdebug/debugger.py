@@ -28,7 +28,7 @@ from qdebug.metrics import (
     SqnrStatus,
     Summary,
     TensorStats,
-    blocked_dot,
+    channel_sqnr,
     sqnr_from_energies,
 )
 from qdebug.pairing import (
@@ -156,11 +156,7 @@ def _channel_worst(w: WeightPair, ref: np.ndarray, d: np.ndarray) -> float | Non
     """The worst per-channel SQNR of a per-channel weight (``None`` otherwise)."""
     if w.params.axis is None or ref.ndim == 0:
         return None
-    ax = w.params.axis % ref.ndim
-    r = np.moveaxis(ref, ax, 0).reshape(ref.shape[ax], -1)
-    e = np.moveaxis(d, ax, 0).reshape(ref.shape[ax], -1)
-    per = [sqnr_from_energies(blocked_dot(r[c], r[c]), blocked_dot(e[c], e[c]))[0] for c in range(r.shape[0])]
-    finite = [p for p in per if p is not None]
+    finite = [p for p in channel_sqnr(ref, ref, w.params.axis, diff=d) if p is not None]
     return min(finite) if finite else None
 
 

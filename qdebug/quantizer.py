@@ -32,7 +32,7 @@ from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, n
 from qdebug.data import DataSource, Sample, as_ort_reader, open_data, range_reader
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError
 from qdebug.io import atomic_path, atomic_write_bytes, refuse_overwrite_input, temp_dir
-from qdebug.metrics import blocked_dot, sqnr_from_energies
+from qdebug.metrics import energies, sqnr_from_energies
 from qdebug.ort import make_session, ort_errors, ort_log_severity, ort_message
 from qdebug.ort_index import indexed_quantizer
 from qdebug.pairing import (
@@ -683,10 +683,9 @@ class _OutputCheck:
                 if not np.issubdtype(f.dtype, np.floating) or f.shape != q.shape:
                     floating.discard(name)
                     continue
-                f64 = f.astype(np.float64).ravel()
-                d = f64 - q.astype(np.float64).ravel()
-                signal[name] += blocked_dot(f64, f64)
-                noise[name] += blocked_dot(d, d)
+                s, n = energies(f, q)
+                signal[name] += s
+                noise[name] += n
         result: dict[str, float | None] = {}
         for name in names:
             db = sqnr_from_energies(signal[name], noise[name])[0] if name in floating else None
