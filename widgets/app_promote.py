@@ -1,0 +1,269 @@
+"""The debugger's promotion flow and its target: promote the ticked tensors (plan → re-quantize → re-debug →
+compile), undo, export the overrides JSON, compile the current variant for the chosen target, and the before/after
+of each step."""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as w
+import traitlets as tr
+
+from .app_base import AppBase, button_layout, db_text, pct_text
+from .app_figure import figure
+from .status import verdict
+
+if TYPE_CHECKING:
+    from qdebug.mixed.promote import PromotionPlan
+    from qdebug.mixed.session import Evaluation
+    from qdebug.targets.recompile import RecompileResult
+
+__all__ = ["PromoteFlow"]
+
+
+def _task(v: float | None) -> str:
+    """A task metric's score in the before/after table."""
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+class PromoteFlow(AppBase):
+    """Promotion, undo, export and the compile for the chosen target (a room of :class:`~widgets.app.DebuggerApp`)."""
+
+    def _make_promote_widgets(self) -> None:
+        """The target picker, the promote/undo/export buttons and what they show."""
+        self.last_plan_text = ""
+        self.last_recompile: RecompileResult | None = None
+        self.targets_info: dict[str, tuple[bool, str]] = {}
+        self.target_picker = w.Dropdown(description="target")
+        self.target_note = w.HTML("")
+        # flex "0 0 auto": a narrow column wraps the row instead of cutting the labels ("Promote to…")
+        self.promote_button = w.Button(
+            description="Promote to 16-bit", button_style="primary", icon="arrow-up", layout=button_layout()
+        )
+        self.undo_button = w.Button(description="Undo", icon="undo", layout=button_layout())
+        self.export_button = w.Button(description="Export overrides JSON", icon="download", layout=button_layout())
+        self.fix_message = w.HTML("")  # the outcome of Promote / Undo / Export, right under those buttons
+        self.compile_view = w.HTML("")  # the last compile for the chosen target (Run compiles too)
+        self.plan_view = w.HTML("")
+        self.before_after = w.HTML("")
+        self.download = w.HTML("")
+        self.comparison_box = w.VBox(layout=w.Layout(width="100%"))  # a plain Box shrank the figure to ~500 px
+
+    def _wire_promote(self) -> None:
+        """CSS classes for the browser tests and the buttons' handlers."""
+        for widget, cls in (
+            (self.promote_button, "qd-promote"),
+            (self.undo_button, "qd-undo"),
+            (self.export_button, "qd-export"),
+            (self.target_picker, "qd-target"),
+            (self.before_after, "qd-before-after-box"),
+            (self.plan_view, "qd-plan-box"),
+            (self.fix_message, "qd-fix-message"),
+            (self.compile_view, "qd-compile-box"),
+        ):
+            widget.add_class(cls)
+        self.promote_button.on_click(self.on_promote_clicked)
+        self.undo_button.on_click(self.on_undo_clicked)
+        self.export_button.on_click(self.on_export_clicked)
+        self.target_picker.observe(self._on_target_picker, names="value")
+
+    def _promote_column(self) -> w.VBox:
+        """The mixed-precision panel: suggestions, the buttons, the compile, the plan and the before/after."""
+        return w.VBox(
+            [
+                w.HTML("<b>Mixed precision</b> — tick suggestions or table rows, then promote"),
+                self.suggestions_box,
+                self.promotion_view,
+                w.HBox(
+                    [self.target_picker, self.promote_button, self.undo_button, self.export_button],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                self.fix_message,
+                self.target_note,
+                self.compile_view,
+                self.plan_view,
+                self.before_after,
+                self.download,
+                self.report_panel,
+            ],
+            layout=w.Layout(width="50%"),
+        )
+
+    # ------------------------------------------------------------------ the target
+    def _refresh_targets(self) -> None:
+        targets = self.debugger.targets()
+        opts = []
+        notes = []
+        for name, (ok, reason) in targets.items():
+            opts.append((name if ok else f"{name} (unavailable)", name))
+            if not ok:
+                notes.append(f"<li><b>{html.escape(name)}</b> unavailable: {html.escape(reason)}</li>")
+        self.targets_info = targets
+        self.target_picker.options = opts
+        self.target_picker.value = self.target if self.target in targets else "cpu"
+        self.target_note.value = f"<ul>{''.join(notes)}</ul>" if notes else ""
+
+    @tr.observe("target")
+    def _target_changed(self, change: dict[str, Any]) -> None:
+        if self.target_picker.value != change["new"] and change["new"] in self.targets_info:
+            self.target_picker.value = change["new"]
+
+    def _on_target_picker(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self.target = change["new"]
+
+    # ------------------------------------------------------------------ promotion
+    def on_promote_clicked(self, b: Any = None) -> None:
+        """Promote the ticked tensors (or the selected one): plan → apply → recompile → before/after."""
+        tensors = self.checked() or ([self.selected] if self.selected else [])
+        if not tensors:
+            self._say(self.fix_message, "tick at least one suggestion or table row (or select a tensor) to promote")
+            return
+        self._apply(lambda: self.debugger.promote(tensors), f"the promotion of {', '.join(tensors)}")
+
+    def _apply(self, make_plan: Callable[[], PromotionPlan], what: str) -> Evaluation | None:
+        """Plan, re-quantize, re-debug and compile with the buttons disabled; a failure is said next to the button
+        and in the Before/after tab (where the user looks for the result), and the current variant stays."""
+        before = self.debugger.report
+        before_ev = self.debugger.current
+        self.set_busy(True)
+        try:
+            self._busy(f"planning {what}")
+            plan = make_plan()
+            self.last_plan_text = plan.describe()
+            self.plan_view.value = f"<pre class='qd-plan'>{html.escape(self.last_plan_text)}</pre>"
+            ev = self.debugger.apply(plan)
+            compiled, note = self._recompile()
+        except Exception as exc:
+            self._failed(what, exc)
+            return None
+        finally:
+            self.set_busy(False)
+        self.promotion = []
+        self.refresh()
+        self.before_after.value = self._before_after_html(before.min_output_sqnr_db, before_ev, ev, compiled)
+        if ev.comparison is not None:
+            self.comparison_box.children = [figure("comparison_figure", ev.comparison, css="qd-comparison")]
+        v = verdict(ev.output_sqnr_db)
+        self._say(
+            self.fix_message,
+            f"promoted {len(plan.requested)} tensor(s) (with the tensors around them: {len(plan.promoted)} in 16 "
+            f"bits): output SQNR {db_text(before.min_output_sqnr_db)} → {db_text(ev.output_sqnr_db)}, {v.kind}"
+            + ("" if ev.accuracy is None else f", accuracy {pct_text(ev.accuracy)}")
+            + (f"; {note}" if compiled is None else f"; {self.target}: {'ok' if compiled.ok else 'failed'}"),
+            colour=v.colour,
+        )
+        return ev
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Say that ``what`` failed, and why, where the user will look: next to the button, in the status line
+        and in the Before/after tab; the model shown is still the previous one."""
+        why = f"{type(exc).__name__}: {exc}"
+        shown = db_text(self.debugger.report.min_output_sqnr_db)
+        self._say(self.fix_message, f"{what} failed: {why}", "error")
+        self.before_after.value = ""
+        box = w.HTML(
+            f"<div class='qd-failed' style='color:#c92a2a'><b>{html.escape(what)} failed</b>: {html.escape(why)}"
+            f"<br>The model shown is unchanged (worst output SQNR {html.escape(shown)}); the session is usable: "
+            "try other tensors or undo.</div>"
+        )
+        self.comparison_box.children = [box]
+
+    def compile_current(self) -> RecompileResult | None:
+        """Compile the current variant for the chosen target (Run does it too, as ``qdebug build`` would) and show
+        the compile report under the target picker."""
+        self.set_busy(True)
+        try:
+            compiled, note = self._recompile()
+        finally:
+            self.set_busy(False)
+        if compiled is None:
+            self.compile_view.value = f"<p class='qd-compile-note'>{html.escape(note)}</p>"
+        else:
+            self.compile_view.value = self._compile_html(compiled)
+            self.status = f"compiled for {self.target}: {'ok' if compiled.ok else 'FAILED (see below the target)'}"
+        return compiled
+
+    def _recompile(self) -> tuple[RecompileResult | None, str]:
+        ok, reason = self.targets_info.get(self.target, (False, "unknown target"))
+        self.last_recompile = None
+        if not ok:
+            return None, f"not compiled: {self.target} unavailable ({reason})"
+        self._busy(f"compiling for {self.target}")
+        try:
+            self.last_recompile = self.debugger.recompile(self.target)
+        except Exception as exc:
+            return None, f"compile for {self.target} failed: {type(exc).__name__}: {exc}"
+        self.compile_view.value = self._compile_html(self.last_recompile)
+        return self.last_recompile, ""
+
+    @staticmethod
+    def _compile_html(compiled: RecompileResult) -> str:
+        c = compiled.compile
+        fallback = ", ".join(f"{op}×{n}" for op, n in c.fallback_by_op().items()) or "none"
+        out = (
+            f"<p class='qd-compile'>{html.escape(c.target)} {html.escape(c.device)}: "
+            f"{'ok' if compiled.ok else 'FAILED'}; {c.accelerator_partitions} accelerator partition(s), "
+            f"{c.accelerator_nodes} node(s) on it, {c.cpu_nodes} on the CPU; fallback: {html.escape(fallback)}</p>"
+        )
+        if compiled.problems:
+            out += "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in compiled.problems) + "</ul>"
+        return out
+
+    def _before_after_html(
+        self,
+        before_db: float | None,
+        before_ev: Evaluation | None,
+        ev: Evaluation,
+        compiled: RecompileResult | None,
+    ) -> str:
+        rows = [("worst output SQNR", db_text(before_db), db_text(ev.output_sqnr_db))]
+        if ev.accuracy is not None:
+            rows.append(
+                ("top-1 accuracy", pct_text(None if before_ev is None else before_ev.accuracy), pct_text(ev.accuracy))
+            )
+        if ev.report.task is not None:
+            before_task = None if before_ev is None or before_ev.report.task is None else before_ev.report.task.value
+            rows.append((f"task {ev.report.task.metric}", _task(before_task), _task(ev.report.task.value)))
+        body = "".join(
+            f"<tr><th>{html.escape(k)}</th><td class='qd-before'>{html.escape(a)}</td>"
+            f"<td class='qd-after'>{html.escape(b)}</td></tr>"
+            for k, a, b in rows
+        )
+        out = f"<table class='qd-before-after'><tr><th></th><th>before</th><th>after</th></tr>{body}</table>"
+        if compiled is not None:
+            out += self._compile_html(compiled)
+        return out
+
+    def on_undo_clicked(self, b: Any = None) -> None:
+        """Return to the variant before the last promotion."""
+        undone = self.debugger.undo()
+        if undone is None:
+            self._say(self.fix_message, "nothing to undo")
+            return
+        self.refresh()
+        self.before_after.value = ""
+        self.plan_view.value = ""
+        self.comparison_box.children = []
+        self._say(
+            self.fix_message,
+            f"undone {undone.name}: output SQNR back to {db_text(self.debugger.report.min_output_sqnr_db)}",
+        )
+
+    def on_export_clicked(self, b: Any = None) -> None:
+        """Write the current overrides JSON (atomically) and offer it as a download link."""
+        try:
+            path = self.debugger.export_overrides(self.export_path)
+        except Exception as exc:
+            self._say(self.fix_message, f"export failed: {type(exc).__name__}: {exc}", "error")
+            return
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        self.download.value = (
+            f"<a class='qd-download' download='{html.escape(path.name)}' "
+            f"href='data:application/json;base64,{data}'>download {html.escape(path.name)}</a>"
+            f" <span class='qd-export-path'>{html.escape(str(path))}</span>"
+        )
+        self._say(self.fix_message, f"overrides written to {path}", "ok")
