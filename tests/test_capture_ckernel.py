@@ -1,17 +1,20 @@
-"""The compiled reduction's C kernels (``qdebug/capture/kernels/_reduce.c`` through
-:mod:`qdebug.capture.kernels.c_kernel`): the
-numba kernels' sums on every case they handle (fuzzed: sizes around the lanes, clips, NaN/Inf, both float types,
-the four integer types of a post-Q/DQ tensor, batches), built atomically with nothing left behind when the compiler
-fails, and what ``auto`` does with them: the compiled pass from the first sample, without importing numba. gcc and
-numba are part of ``make test``'s install: these tests fail, not skip, without them."""
+"""The compiled reduction's kernels — C (``qdebug/capture/kernels/_reduce.c`` through
+:mod:`qdebug.capture.kernels.c_kernel`) and numba (:mod:`qdebug.capture.kernels.numba_kernel`), the same functions
+and slots — give the reference definition's sums on every case they handle (fuzzed: sizes around the lanes, clips,
+NaN/Inf, both float types, the four integer types of a post-Q/DQ tensor, batches) and flag for the reference what
+they cannot count; the C library is built atomically with nothing left behind when the compiler fails; and ``auto``
+reduces with it from the first sample, without importing numba. gcc and numba are part of ``make test``'s install:
+these tests fail, not skip, without them. (``tests/test_reducer.py`` checks both on whole samples too.)"""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qdebug.capture.kernels import c_kernel
+from qdebug.metrics import reduce_pairs, value_ranges
 
 INF = np.inf
 BOUNDS = [(-INF, INF, -INF, INF), (-1.0, 2.0, 0.0, 6.0), (0.0, INF, -INF, 1.5)]
@@ -26,18 +30,49 @@ BOUNDS = [(-INF, INF, -INF, INF), (-1.0, 2.0, 0.0, 6.0), (0.0, INF, -INF, 1.5)]
 
 @pytest.fixture(scope="module")
 def kernels() -> tuple[c_kernel.CKernels, object]:
-    import qdebug.capture.kernels.numba_kernel as numba_kernels
-
-    return c_kernel.load(), numba_kernels
+    return c_kernel.load(), importlib.import_module("qdebug.capture.kernels.numba_kernel")
 
 
-def _same(want: np.ndarray, got: np.ndarray) -> None:
-    """The same NaN pattern; finite values equal to float64 summation order (the lanes are the same, the final
-    sum of 16 lanes may be ordered differently)."""
-    np.testing.assert_array_equal(np.isnan(want), np.isnan(got))
-    np.testing.assert_allclose(want, got, rtol=1e-12, atol=0)
+def _reference_row(
+    ref: np.ndarray, pre: np.ndarray, post: np.ndarray, bounds: tuple[float, ...], local: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference definition's row (kernel slots) and its non-finite counts per comparison: cumulative ``ref``
+    vs ``post`` both clipped to ``[mlo, mhi]``; local ``pre`` clipped to ``[plo, phi]`` then ``[mlo, mhi]`` vs the
+    clipped ``post``; the raw ``ref``'s finite range."""
+    mlo, mhi, plo, phi = bounds
+    post_c = np.clip(post, mlo, mhi)
+    cum = reduce_pairs([np.clip(ref, mlo, mhi)], [post_c])
+    loc = reduce_pairs([np.clip(np.clip(pre, plo, phi), mlo, mhi)], [post_c])
+    lo, hi = value_ranges([ref])
+    row = np.array([cum.signal[0], cum.noise[0], cum.max_abs[0], loc.signal[0], loc.noise[0], loc.max_abs[0], lo[0],
+                    hi[0]])  # fmt: skip
+    nonfinite = np.array([cum.nonfinite_reference[0] + cum.nonfinite_test[0],
+                          loc.nonfinite_reference[0] + loc.nonfinite_test[0] if local else 0])  # fmt: skip
+    return row, nonfinite
 
 
+def _as_reference(want: tuple[np.ndarray, np.ndarray], got: np.ndarray, local: bool) -> None:
+    """A kernel's row is the reference's: where the reference counts NaN/Inf the kernel's sums are not finite (the
+    caller hands them to the reference); elsewhere its sums agree to float32-product rounding; a finite range is the
+    reference's exactly (a non-finite one, ±Inf in the tensor, is redone by the caller)."""
+    row, nonfinite = want
+    for at, bad in ((0, nonfinite[0]), (3, nonfinite[1])):
+        if at == 3 and not local:
+            continue
+        if bad:
+            assert not np.isfinite(got[at : at + 2]).all(), (at, got)
+        else:
+            np.testing.assert_allclose(got[at : at + 2], row[at : at + 2], rtol=2e-6, atol=1e-30)
+            np.testing.assert_allclose(got[at + 2], row[at + 2], rtol=1e-6, atol=1e-6)
+    if np.isfinite(got[6:8]).all() and np.isfinite(row[6:8]).all():
+        np.testing.assert_array_equal(got[6:8], row[6:8])
+
+
+def _kernel(kernels: tuple[c_kernel.CKernels, object], which: str) -> Any:
+    return kernels[0] if which == "c" else kernels[1]
+
+
+@pytest.mark.parametrize("which", ["c", "numba"])
 @settings(max_examples=60, deadline=None)
 @given(
     size=st.integers(0, 70),
@@ -46,11 +81,11 @@ def _same(want: np.ndarray, got: np.ndarray) -> None:
     special=st.sampled_from([None, np.nan, np.inf, -np.inf]),
     seed=st.integers(0, 2**16),
 )
-def test_the_c_kernels_give_numbas_sums(
-    kernels: tuple[c_kernel.CKernels, object], size: int, f64: bool, bounds: tuple[float, ...], special: float | None,
-    seed: int,
+def test_the_kernels_give_the_reference_sums(
+    kernels: tuple[c_kernel.CKernels, object], which: str, size: int, f64: bool, bounds: tuple[float, ...],
+    special: float | None, seed: int,
 ) -> None:  # fmt: skip
-    c, nb = kernels
+    k = _kernel(kernels, which)
     rng = np.random.default_rng(seed)
     dtype = np.float64 if f64 else np.float32
     ref = (rng.standard_normal(size) * 3).astype(dtype)
@@ -58,18 +93,17 @@ def test_the_c_kernels_give_numbas_sums(
     if special is not None and size:
         (ref, pre, post)[seed % 3][seed % size] = special
     for local in (True, False):
-        want, got = np.zeros(c_kernel.SLOTS), np.zeros(c_kernel.SLOTS)
-        nb.activation_sums(ref, pre, post, *bounds, local, want)  # type: ignore[attr-defined]
-        c.activation_sums(ref, pre, post, *bounds, local, got)
-        _same(want, got)
-    want, got = np.zeros(c_kernel.SLOTS), np.zeros(c_kernel.SLOTS)
-    nb.pair_sums(ref, post, -1.0, 1.0, -INF, 0.5, want, 2)  # type: ignore[attr-defined]
-    c.pair_sums(ref, post, -1.0, 1.0, -INF, 0.5, got, 2)
-    nb.value_range(ref, want, 6)  # type: ignore[attr-defined]
-    c.value_range(ref, got, 6)
-    _same(want, got)
+        got = np.zeros(c_kernel.SLOTS)
+        k.activation_sums(ref, pre, post, *bounds, local, got)
+        _as_reference(_reference_row(ref, pre, post, bounds, local), got, local)
+    got = np.zeros(c_kernel.SLOTS)
+    k.pair_sums(ref, post, -1.0, 1.0, -INF, 0.5, got, 3)  # a = ref clipped to [-1, 1] then (-inf, 0.5]
+    k.value_range(ref, got, 6)
+    clipped, nonfinite = _reference_row(ref, ref, post, (-INF, 0.5, -1.0, 1.0), True)  # its local slots
+    _as_reference((np.concatenate([np.zeros(3), clipped[3:]]), np.array([0, nonfinite[1]])), got, True)
 
 
+@pytest.mark.parametrize("which", ["c", "numba"])
 @settings(max_examples=40, deadline=None)
 @given(
     size=st.integers(0, 5000),
@@ -78,10 +112,11 @@ def test_the_c_kernels_give_numbas_sums(
     seed=st.integers(0, 2**16),
 )
 def test_integers_give_the_sums_of_their_dequantized_floats(
-    kernels: tuple[c_kernel.CKernels, object], size: int, itype: type, scale: float, seed: int
+    kernels: tuple[c_kernel.CKernels, object], which: str, size: int, itype: type, scale: float, seed: int
 ) -> None:
-    """Bit for bit: the block-wise dequantization feeds the float pass the same float32 values in the same lanes."""
-    c, nb = kernels
+    """Bit for bit the kernel's own sums of the dequantized floats (the dequantization feeds the float pass the same
+    float32 values in the same lanes), and the reference's to float32-product rounding."""
+    k = _kernel(kernels, which)
     rng, info = np.random.default_rng(seed), np.iinfo(itype)
     ints = rng.integers(info.min, info.max + 1, size).astype(itype)
     zero_point = int(rng.integers(info.min, info.max + 1))
@@ -89,30 +124,36 @@ def test_integers_give_the_sums_of_their_dequantized_floats(
     post = (ints.astype(np.int32) - np.int32(zero_point)).astype(np.float32) * scale32
     ref = (post + rng.standard_normal(size).astype(np.float32) * scale32).astype(np.float32)
     pre = (ref + rng.standard_normal(size).astype(np.float32) * scale32 / 4).astype(np.float32)
-    on_ints, on_floats, numba_ints = (np.zeros(c_kernel.SLOTS) for _ in range(3))
-    c.dequant_sums(ref, pre, ints, float(scale32), zero_point, *BOUNDS[1], on_ints)
-    c.activation_sums(ref, pre, post, *BOUNDS[1], True, on_floats)
+    on_ints, on_floats = np.zeros(c_kernel.SLOTS), np.zeros(c_kernel.SLOTS)
+    k.dequant_sums(ref, pre, ints, float(scale32), zero_point, *BOUNDS[1], on_ints)
+    k.activation_sums(ref, pre, post, *BOUNDS[1], True, on_floats)
     np.testing.assert_array_equal(on_ints, on_floats)
-    nb.dequant_sums(ref, pre, ints, float(scale32), zero_point, *BOUNDS[1], numba_ints)  # type: ignore[attr-defined]
-    _same(numba_ints, on_ints)
+    _as_reference(_reference_row(ref, pre, post, BOUNDS[1], True), on_ints, True)
 
 
+@pytest.mark.parametrize("which", ["c", "numba"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_batch_gives_numbas_rows(kernels: tuple[c_kernel.CKernels, object], dtype: type) -> None:
-    c, nb = kernels
+def test_a_batch_gives_each_sample_the_reference_row(
+    kernels: tuple[c_kernel.CKernels, object], which: str, dtype: type
+) -> None:
+    k = _kernel(kernels, which)
     rng = np.random.default_rng(3)
+    bounds = (-1.0, 1.0, -INF, INF)
     for outer, n, inner in ((1, 1, 5), (3, 4, 17), (2, 7, 64)):
         ref, pre, post = (rng.standard_normal((outer, n, inner)).astype(dtype) for _ in range(3))
         for local in (True, False):
-            want, got = np.zeros((n, c_kernel.SLOTS)), np.zeros((n, c_kernel.SLOTS))
-            nb.batch_activation_sums(ref, pre, post, -1.0, 1.0, -INF, INF, local, want)  # type: ignore[attr-defined]
-            c.batch_activation_sums(ref, pre, post, -1.0, 1.0, -INF, INF, local, got)
-            _same(want, got)
-        ints = rng.integers(-128, 128, (outer, n, inner)).astype(np.int8)  # the C kernels only: integers
+            got = np.zeros((n, c_kernel.SLOTS))
+            k.batch_activation_sums(ref, pre, post, *bounds, local, got)
+            for i in range(n):
+                want = _reference_row(ref[:, i].ravel(), pre[:, i].ravel(), post[:, i].ravel(), bounds, local)
+                _as_reference(want, got[i], local)
+        if which == "numba":  # the C kernels only: integers
+            continue
+        ints = rng.integers(-128, 128, (outer, n, inner)).astype(np.int8)
         dequantized = (ints.astype(np.int32) - 3).astype(np.float32) * np.float32(0.05)
         on_ints, on_floats = np.zeros((n, c_kernel.SLOTS)), np.zeros((n, c_kernel.SLOTS))
-        c.batch_dequant_sums(ref, pre, ints, 0.05, 3, -1.0, 1.0, -INF, INF, on_ints)
-        c.batch_activation_sums(ref, pre, dequantized.astype(dtype), -1.0, 1.0, -INF, INF, True, on_floats)
+        k.batch_dequant_sums(ref, pre, ints, 0.05, 3, *bounds, on_ints)
+        k.batch_activation_sums(ref, pre, dequantized.astype(dtype), *bounds, True, on_floats)
         np.testing.assert_array_equal(on_ints, on_floats)
 
 

@@ -203,8 +203,8 @@ def test_merged_graph_rejected_by_ort_falls_back(
 ) -> None:
     real = reduce_graph.build
 
-    def broken(*args: object) -> tuple[onnx.ModelProto, reduce_graph.Layout]:
-        model, layout = real(*args)  # type: ignore[arg-type]
+    def broken(*args: object, **kwargs: object) -> tuple[onnx.ModelProto, reduce_graph.Layout]:
+        model, layout = real(*args, **kwargs)  # type: ignore[arg-type]
         model.graph.node[-1].op_type = "NoSuchOp"
         return model, layout
 

@@ -101,7 +101,7 @@ static void both_out(const Both *A, double *out) {
 }
 
 /* Integers dequantized per block into a float32 buffer (a plain loop the compiler vectorises; converting inside the
- * pass did not: 1.5x slower), then the float pass on the block. */
+ * pass it did not), then the float pass on the block. */
 #define BLOCK 2048
 #define DEQUANT(NAME, TQ)                                                                                        \
     static void NAME(const void *ref, const void *pre, const TQ *q, int64_t size, int f64, float scale,          \

@@ -1,13 +1,11 @@
 """A whole batch reduced at once: every sample's :class:`~qdebug.capture.base.SampleSums` from one batched inference
 call's tensors, without cutting them into per-sample arrays first.
 
-:func:`~qdebug.capture.kernels.reference.reduce_sample` costs a few numpy calls per tensor per sample. On a model of
-many
-small tensors that is the whole cost of a sample (Silero VAD: 185 activations of a few thousand elements, 1.4 ms of
-reduction beside 0.7 ms of inference), and batching the inference alone does not remove it. Here each activation of
-a batch of ``n`` samples is one ``(outer, n, inner)`` view (:func:`~qdebug.capture.batching.batch_views`) reduced by
-the same few numpy calls for all ``n`` samples at once, summing over the outer and inner axes: the per-call cost is
-paid once per batch.
+:func:`~qdebug.capture.kernels.reference.reduce_sample` costs a few numpy calls per tensor per sample; on a model of
+many small tensors those calls are the whole cost of a sample, and batching the inference alone does not remove
+them. Here each activation of a batch of ``n`` samples is one ``(outer, n, inner)`` view
+(:func:`~qdebug.capture.batching.batch_views`) reduced by the same few numpy calls for all ``n`` samples at once,
+summing over the outer and inner axes: the per-call cost is paid once per batch.
 
 Same definition as the reference (docs/metrics.md: the clips of ``measured_through`` and ``fused_activation``, the
 float tensor's raw range), summed in float64: equal to the reference's float32-product sums to ~1e-7 relative
@@ -18,6 +16,7 @@ non-float ones and any sample whose sums come out non-finite are redone by the r
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,14 +25,17 @@ import numpy as np
 from qdebug.capture.base import SampleSums
 from qdebug.capture.batching import sample_view
 from qdebug.capture.dequant import Dequantized, DequantSpec
+from qdebug.capture.kernels import c_kernel
+from qdebug.capture.kernels.base import KernelUnavailableError, Samples, register_reducer
 from qdebug.capture.kernels.reference import ReductionPlan, bounds_or_inf, check_shapes, clip_to, local_pre
 from qdebug.metrics import SMALL_TENSOR, BatchSums, reduce_pairs, value_ranges
 from qdebug.pairing import ActivationPair
 
-__all__ = ["BatchTensors", "reduce_batch"]
+__all__ = ["BatchTensors", "BatchedReducer", "reduce_batch"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-#: Elements of one tensor reduced per numpy call: a chunk of samples' clipped copies and difference stay ~1 MB each.
+#: Default elements of one tensor reduced per numpy call (:func:`reduce_batch`'s ``chunk_elements``): a chunk of
+#: samples' clipped copies and difference stay ~1 MB each.
 CHUNK_ELEMENTS = 1 << 18
 _FIELDS = ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test")
 
@@ -107,12 +109,14 @@ def _vector_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return signal, noise, max_abs
 
 
-def _vectorised(a: ActivationPair, f: BatchTensors, q: BatchTensors, j: int, jl: int | None, out: _Out) -> None:
+def _vectorised(
+    a: ActivationPair, f: BatchTensors, q: BatchTensors, j: int, jl: int | None, out: _Out, chunk_elements: int
+) -> None:
     """Activation ``j`` (local ordinal ``jl``) for every sample by a few numpy calls on the batch's views, over
-    chunks of samples of at most :data:`CHUNK_ELEMENTS` elements (the temporary copies stay small); samples whose
+    chunks of samples of at most ``chunk_elements`` elements (the temporary copies stay small); samples whose
     sums or range come out non-finite are redone by the reference."""
     ref = f.views[a.tensor_name]
-    per = max(1, CHUNK_ELEMENTS // max(1, ref.shape[0] * ref.shape[2]))
+    per = max(1, chunk_elements // max(1, ref.shape[0] * ref.shape[2]))
     for start in range(0, f.n, per):
         _chunk(a, f, q, j, jl, out, slice(start, min(f.n, start + per)))
 
@@ -234,7 +238,7 @@ def _kernel_row(a: ActivationPair, f: BatchTensors, q: BatchTensors, i: int, ker
 def _vectorisable(a: ActivationPair, f: BatchTensors, q: BatchTensors) -> bool:
     """Whether activation ``a``'s three tensors are small non-empty float views of one layout. A large tensor is
     reduced faster sample by sample (the reference's float32 pass, or the kernel), where the per-call cost no longer
-    matters: float64 copies of a whole batch cost 6 ns per element, the float32 pass about 1."""
+    matters and float64 copies of a whole batch cost more than the float32 pass."""
     ref = f.views[a.tensor_name]
     others = [q.views[a.post_qdq]] + ([q.views[a.pre_qdq]] if a.quantized else [])
     size = ref.shape[0] * ref.shape[2]
@@ -279,11 +283,15 @@ def _compiled(
     return True
 
 
-def reduce_batch(plan: ReductionPlan, f: BatchTensors, q: BatchTensors, kernel: Any = None) -> list[SampleSums]:
+def reduce_batch(
+    plan: ReductionPlan, f: BatchTensors, q: BatchTensors, kernel: Any = None, *, chunk_elements: int = CHUNK_ELEMENTS
+) -> list[SampleSums]:
     """Every sample's sums of one batch (:class:`BatchTensors` of the float and the quantized model), equal to
-    :func:`~qdebug.capture.kernels.reference.reduce_sample` on each sample to float64 rounding; ``kernel``: the compiled
-    kernel module for large tensors (``None``: the reference). Shapes that differ between the models are the
-    reference's :class:`~qdebug.errors.ModelError`."""
+    :func:`~qdebug.capture.kernels.reference.reduce_sample` on each sample to float64 rounding; ``kernel``: the
+    compiled kernel module for large tensors (``None``: the reference); ``chunk_elements``: elements of one tensor
+    reduced per numpy call on small tensors (the size of their temporary copies; the sums depend on it only in
+    their float32 rounding).
+    Shapes that differ between the models are the reference's :class:`~qdebug.errors.ModelError`."""
     check_shapes(plan, {k: f.sample(k, 0) for k in plan.float_names}, q.first(plan.quant_names))
     acts, outs = plan.pairing.activations, plan.pairing.outputs
     out = _Out(plan, f.n)
@@ -294,7 +302,7 @@ def reduce_batch(plan: ReductionPlan, f: BatchTensors, q: BatchTensors, kernel: 
         if kernel is not None and _compiled(a, f, q, j, jl, out, kernel):
             continue
         if _vectorisable(a, f, q):
-            _vectorised(a, f, q, j, jl, out)
+            _vectorised(a, f, q, j, jl, out, chunk_elements)
         else:
             _per_sample(a, f, q, j, jl, out, kernel)
     elements = np.array([int(np.prod(f.alone[a.tensor_name], dtype=np.int64)) for a in acts], dtype=np.int64)
@@ -313,3 +321,65 @@ def reduce_batch(plan: ReductionPlan, f: BatchTensors, q: BatchTensors, kernel: 
             )
         )
     return result
+
+
+def _stack(
+    samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, ...]]]:
+    """The samples' tensors ``names`` as one batch: each an ``(outer, n, inner)`` array whose ``[:, i, :]`` is sample
+    ``i`` (``outer``: the first axis of a tensor of two or more, as a batch axis at 1 would give), and its shape for
+    one sample."""
+    views: dict[str, np.ndarray] = {}
+    alone: dict[str, tuple[int, ...]] = {}
+    for name in names:
+        one = [np.asarray(s[name]) for s in samples]
+        outer = one[0].shape[0] if one[0].ndim >= 2 else 1
+        views[name] = np.ascontiguousarray(np.stack([x.reshape(outer, -1) for x in one], axis=1))
+        alone[name] = tuple(one[0].shape)
+    return views, alone
+
+
+class BatchedReducer:
+    """:func:`reduce_batch` on samples stacked into one batch (the :class:`~qdebug.capture.kernels.base.Reducer`
+    face); ``kernel``: the compiled kernel module, loaded by ``load`` (``None``: numpy only)."""
+
+    def __init__(
+        self, name: str = "batched", load: Callable[[], Any] | None = None, *, chunk_elements: int = CHUNK_ELEMENTS
+    ) -> None:
+        self.name, self.chunk_elements = name, chunk_elements
+        self.kernel = None if load is None else load()
+
+    def reduce(self, plan: ReductionPlan, samples: Samples) -> list[SampleSums]:
+        """See :class:`~qdebug.capture.kernels.base.Reducer`."""
+        n = len(samples)
+        f_views, f_alone = _stack([f for f, _ in samples], plan.float_names)
+        q0 = samples[0][1]
+        if isinstance(q0, Dequantized):  # the integers are what a batched run fetches
+            fetched = list(q0.fetched)
+            q_views, q_alone = _stack([q.fetched for _, q in samples], fetched)  # type: ignore[attr-defined]
+            q_views_map: Mapping[str, np.ndarray] = Dequantized(q_views, q0.specs)
+            for post, spec in q0.specs.items():
+                q_alone[post] = q_alone[spec.ints]
+        else:
+            q_views_map, q_alone = _stack([q for _, q in samples], plan.quant_names)
+        f, q = BatchTensors(f_views, f_alone, n), BatchTensors(q_views_map, q_alone, n)
+        return reduce_batch(plan, f, q, self.kernel, chunk_elements=self.chunk_elements)
+
+
+def _numba() -> Any:
+    try:
+        return importlib.import_module("qdebug.capture.kernels.numba_kernel")
+    except ImportError as exc:  # numba is the optional ``fast`` extra
+        raise KernelUnavailableError(f"numba-batched: {exc} (pip install 'qdebug[fast]')") from exc
+
+
+def _c() -> Any:
+    try:
+        return c_kernel.load()
+    except c_kernel.BuildError as exc:
+        raise KernelUnavailableError(f"c-batched: {exc}") from exc
+
+
+register_reducer("batched", BatchedReducer)
+register_reducer("c-batched", lambda: BatchedReducer("c-batched", _c))
+register_reducer("numba-batched", lambda: BatchedReducer("numba-batched", _numba))

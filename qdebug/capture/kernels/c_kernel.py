@@ -1,16 +1,13 @@
 """The compiled reduction's kernels built from C (``_reduce.c``) with the machine's C compiler, loaded with ctypes.
 
-Why C beside numba (:mod:`qdebug.capture.kernels.numba_kernel`, the same kernels): numba's import and cache load cost
-0.3-1.3 s
-and ~105 MB per process, which is why ``auto`` used to load it only for runs long enough to pay that back — the
-memory of a process then stepped up with the number of samples, and short runs kept the slower numpy reduction.
-The built library loads in a millisecond and adds no measurable memory, so every run can reduce with the compiled
-pass from its first sample; on large tensors it is 15-17 % faster than numba, on small ones a sample's one call
-costs ~5 us of Python per activation against numba's ~2 us per call (``benchmarks/bench_dequant.py --parts kernel``).
+Why C beside numba (:mod:`qdebug.capture.kernels.numba_kernel`, the same kernels): numba's import and cache load
+cost a process seconds and memory, so only a run long enough to pay that back could use it; the built library
+loads in a millisecond and adds no measurable memory, so every run can reduce with the compiled pass from its first
+sample (docs/benchmarks.md has the measurements).
 
 The library is built once per machine, source and compiler flags (``-march=native``: the kernels are bound by memory
 on large tensors but by arithmetic on cache-resident ones, and the build is for this machine only), the first time a
-process needs it (about a second, on :class:`~qdebug.capture.compiled.WarmUp`'s background thread), into
+process needs it (on :class:`~qdebug.capture.compiled.WarmUp`'s background thread), into
 ``__pycache__`` next to this module or, if that is not writable, the user cache. It is written to a temporary file
 that is renamed into place, so concurrent processes (Ray workers) never load a half-written one, and nothing is
 left behind if the build fails or is interrupted. Without a C compiler (``$CC``, else ``cc``/``gcc``/``clang``) or if
@@ -34,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from qdebug._cc import c_compiler
+from qdebug.capture.kernels.base import KernelUnavailableError, register_reducer
+from qdebug.capture.kernels.rows import KernelReducer
 
 __all__ = [
     "CUM_SIGNAL",
@@ -334,3 +333,13 @@ def load() -> CKernels:
         return CKernels(path)
     except OSError as exc:  # e.g. a library built for another CPU in a shared cache
         raise BuildError(f"{path} cannot be loaded: {exc}") from exc
+
+
+def _reducer() -> KernelReducer:
+    try:
+        return KernelReducer("c", load())
+    except BuildError as exc:
+        raise KernelUnavailableError(f"c: {exc}") from exc
+
+
+register_reducer("c", _reducer)

@@ -34,6 +34,7 @@ anything the merge cannot express raises :class:`UnsupportedGraphError` and the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,15 +44,23 @@ import onnx
 import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug.metrics import SMALL_TENSOR
+from qdebug.capture.base import SampleSums
+from qdebug.capture.dequant import Dequantized
+from qdebug.capture.kernels.base import Samples, register_reducer
+from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
+from qdebug.errors import ModelError
+from qdebug.metrics import SMALL_TENSOR, BatchSums
+from qdebug.ort import make_session, ort_errors
 from qdebug.pairing import Pairing, _all_tensors, _is_external
 
 OUTPUTS = ("sums64", "stats32", "sizes", "shapes_a", "shapes_b", "check32", "small_a", "small_b", "small_p")
 
-#: The widest Concat the merged graph uses (wider ones become trees; see :meth:`_Builder.concat`).
+#: Default widest Concat the merged graph uses (:func:`build`'s ``concat_fan_in``; wider ones become trees, see
+#: :meth:`_Builder.concat`).
 CONCAT_FAN_IN = 16
 
-#: Larger merged models are left to the numpy path (protobuf's 2 GiB limit on one serialized model).
+#: Default size above which a merged model is left to the numpy path (:func:`build`'s ``max_merged_bytes``:
+#: protobuf's 2 GiB limit on one serialized model).
 MAX_MERGED_BYTES = 1_500_000_000
 
 
@@ -229,8 +238,8 @@ class _Builder:
     """Builds the merged reduction graph node by node: the two renamed models, then the reduction nodes whose
     outputs are concatenated into the vectors of :data:`OUTPUTS` (positions recorded in :class:`_Vector`)."""
 
-    def __init__(self, fm: onnx.ModelProto, qm: onnx.ModelProto) -> None:
-        self.fm, self.qm = fm, qm
+    def __init__(self, fm: onnx.ModelProto, qm: onnx.ModelProto, fan_in: int = CONCAT_FAN_IN) -> None:
+        self.fm, self.qm, self.fan_in = fm, qm, fan_in
         self.keep = {i.name for i in fm.graph.input}
         f_nodes, f_inits, f_infos = _rename(fm, "f/", self.keep)
         q_nodes, q_inits, q_infos = _rename(qm, "q/", self.keep)
@@ -265,18 +274,17 @@ class _Builder:
         return name
 
     def concat(self, parts: list[str], axis: int, out: str | None = None) -> str:
-        """``Concat`` of ``parts`` as a tree of at most :data:`CONCAT_FAN_IN` inputs per node.
+        """``Concat`` of ``parts`` as a tree of at most :attr:`fan_in` inputs per node.
 
-        ONNX Runtime's session initialisation is quadratic in a node's fan-in (a 2000-input Concat alone costs
-        seconds to set up); a tree of small Concats costs a few milliseconds and copies each value
-        ``log_fan_in(n)`` times, which for these vectors of sums is nothing.
+        ONNX Runtime's session initialisation is quadratic in a node's fan-in; a tree of small Concats is cheap to
+        set up and copies each value ``log_fan_in(n)`` times, which for these vectors of sums is nothing.
         """
-        while len(parts) > CONCAT_FAN_IN:
+        k = self.fan_in
+        while len(parts) > k:
             parts = [
-                self.op("Concat", parts[i : i + CONCAT_FAN_IN], axis=axis) if len(parts[i : i + CONCAT_FAN_IN]) > 1
-                else parts[i]
-                for i in range(0, len(parts), CONCAT_FAN_IN)
-            ]  # fmt: skip
+                self.op("Concat", parts[i : i + k], axis=axis) if len(parts[i : i + k]) > 1 else parts[i]
+                for i in range(0, len(parts), k)
+            ]
         if out is None:
             return self.op("Concat", parts, axis=axis)
         self.nodes.append(helper.make_node("Concat", parts, [out], axis=axis))
@@ -483,7 +491,7 @@ _OUTPUT_TYPES = {
 }
 
 
-def _finish(b: _Builder) -> onnx.ModelProto:
+def _finish(b: _Builder, max_merged_bytes: int) -> onnx.ModelProto:
     """Concatenate the vectors into the graph outputs and make the model."""
     vectors = (
         (b.v64, "sums64", np.float64),
@@ -507,7 +515,7 @@ def _finish(b: _Builder) -> onnx.ModelProto:
         opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
         ir_version=max(b.fm.ir_version, b.qm.ir_version),
     )
-    if model.ByteSize() > MAX_MERGED_BYTES:
+    if model.ByteSize() > max_merged_bytes:
         raise UnsupportedGraphError(f"the merged model would be {model.ByteSize() / 1e9:.1f} GB")
     return model
 
@@ -527,8 +535,16 @@ def _layout(b: _Builder, pairing: Pairing, small: Small) -> Layout:
     return Layout(len(pairing.activations), n_quant, len(pairing.outputs), lengths, pos, small)
 
 
-def build(fm: onnx.ModelProto, qm: onnx.ModelProto, pairing: Pairing) -> tuple[onnx.ModelProto, Layout]:
-    """The merged reduction model for ``pairing`` (raises :class:`UnsupportedGraphError`).
+def build(
+    fm: onnx.ModelProto,
+    qm: onnx.ModelProto,
+    pairing: Pairing,
+    *,
+    concat_fan_in: int = CONCAT_FAN_IN,
+    max_merged_bytes: int = MAX_MERGED_BYTES,
+) -> tuple[onnx.ModelProto, Layout]:
+    """The merged reduction model for ``pairing`` (raises :class:`UnsupportedGraphError`, also when it would exceed
+    ``max_merged_bytes``); ``concat_fan_in``: the widest ``Concat`` node it uses (the values do not depend on it).
 
     Pairs whose tensors have the same static shape (by shape inference), are float32 and at most
     :data:`~qdebug.metrics.SMALL_TENSOR` elements are stacked per size into ``[k, n]`` matrices and reduced along
@@ -537,6 +553,147 @@ def build(fm: onnx.ModelProto, qm: onnx.ModelProto, pairing: Pairing) -> tuple[o
     """
     fm = _upgrade_float(fm, qm, {a.tensor_name for a in pairing.activations} | {o.output_name for o in pairing.outputs})
     _check_mergeable(fm, qm)
-    b = _Builder(fm, qm)
+    b = _Builder(fm, qm, concat_fan_in)
     small = _add_reductions(b, pairing)
-    return _finish(b), _layout(b, pairing, small)
+    return _finish(b, max_merged_bytes), _layout(b, pairing, small)
+
+
+_SUMS = ("cum_sig", "cum_noise", "cum_max", "f_min", "f_max", "loc_sig", "loc_noise", "loc_max", "out_sig",
+         "out_noise", "out_max")  # fmt: skip
+
+
+def problem(layout: Layout, out: Mapping[str, np.ndarray]) -> str | None:
+    """Why one run's vectors (:data:`OUTPUTS` by name) are not the sample's exact sums — shapes that differ at run
+    time, NaN/Inf anywhere (the counts and statuses need the tensors) — or ``None``: :func:`read_sums` reads them."""
+    for name in ("sums64", "stats32", "sizes"):
+        if out[name].shape != (layout.lengths[name],):
+            return "shapes differ at run time"
+    if out["shapes_a"].shape != out["shapes_b"].shape or not np.array_equal(out["shapes_a"], out["shapes_b"]):
+        return "shapes differ at run time"
+    if not all(np.isfinite(out[k]).all() for k in ("sums64", "stats32", "check32", "small_a", "small_b", "small_p")):
+        return "NaN/Inf in the sample's tensors"
+    return None
+
+
+def read_sums(layout: Layout, quant_idx: npt.NDArray[np.intp], out: Mapping[str, np.ndarray]) -> SampleSums:
+    """One sample's sums from one run's vectors (:data:`OUTPUTS` by name) that :func:`problem` accepted;
+    ``quant_idx``: the activation index of each quantized ordinal."""
+    n, nq, no = layout.n_acts, layout.n_quant, layout.n_outs
+    sizes = {"cum": n, "f": n, "loc": nq, "out": no}
+    arrays = {kind: np.zeros(sizes[kind.split("_")[0]]) for kind in _SUMS}
+    counts, out_counts = np.zeros(n, dtype=np.int64), np.zeros(no, dtype=np.int64)
+    values = np.concatenate([out["sums64"], out["stats32"].astype(np.float64)])
+    for kind, (items, where) in layout.pos.items():
+        if kind == "act_count":
+            counts[items] = out["sizes"][where]
+        elif kind == "out_count":
+            out_counts[items] = out["sizes"][where]
+        else:
+            arrays[kind][items] = values[where]
+    if len(layout.small.acts):
+        _read_small(layout.small, out, arrays, counts)
+    a = arrays
+
+    def batch(kind: str, count: npt.NDArray[np.int64]) -> BatchSums:
+        zeros = np.zeros(len(count), dtype=np.int64)
+        return BatchSums(a[f"{kind}_sig"], a[f"{kind}_noise"], count, a[f"{kind}_max"], zeros, zeros)
+
+    return SampleSums(
+        cumulative=batch("cum", counts),
+        local=batch("loc", counts[quant_idx]),
+        outputs=batch("out", out_counts),
+        float_min=a["f_min"],
+        float_max=a["f_max"],
+        elements=counts,
+    )
+
+
+def _read_small(
+    sm: Small, out: Mapping[str, np.ndarray], arrays: dict[str, np.ndarray], counts: npt.NDArray[np.int64]
+) -> None:
+    """The numpy path's own small-tensor arithmetic (float64 ``reduceat``) on the fetched ``small_*`` vectors."""
+    x, y = out["small_a"].astype(np.float64), out["small_b"].astype(np.float64)
+    arrays["f_min"][sm.acts] = np.minimum.reduceat(x, sm.offsets)
+    arrays["f_max"][sm.acts] = np.maximum.reduceat(x, sm.offsets)
+    if sm.through is not None:
+        x, y = np.clip(x, *sm.through), np.clip(y, *sm.through)
+    d = x - y
+    arrays["cum_sig"][sm.acts] = np.add.reduceat(x * x, sm.offsets)
+    arrays["cum_noise"][sm.acts] = np.add.reduceat(d * d, sm.offsets)
+    arrays["cum_max"][sm.acts] = np.maximum.reduceat(np.abs(d), sm.offsets)
+    counts[sm.acts] = sm.sizes
+    if len(sm.quant):
+        pre = out["small_p"].astype(np.float64)
+        for lo, hi in sm.pre_clips:
+            pre = np.clip(pre, lo, hi)
+        dl = pre - y[: sm.quant_elements]
+        offs = sm.offsets[: len(sm.quant)]
+        arrays["loc_sig"][sm.quant] = np.add.reduceat(pre * pre, offs)
+        arrays["loc_noise"][sm.quant] = np.add.reduceat(dl * dl, offs)
+        arrays["loc_max"][sm.quant] = np.maximum.reduceat(np.abs(dl), offs)
+
+
+def _io(name: str, value: np.ndarray) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+
+
+def _models_of(plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+    """A float and a quantized model that compute ``plan``'s tensors from graph inputs holding one sample's values
+    (``in/<name>``; a post-Q/DQ tensor given as integers through a real ``DequantizeLinear``), and the feed names."""
+    specs = q.specs if isinstance(q, Dequantized) else {}
+    fetched: Mapping[str, np.ndarray] = q.fetched if isinstance(q, Dequantized) else {n: q[n] for n in plan.quant_names}
+    inputs = {**{n: f[n] for n in plan.float_names}, **fetched}
+    graph_inputs = [_io(f"in/{n}", v) for n, v in inputs.items()]
+    f_nodes = [helper.make_node("Identity", [f"in/{n}"], [n]) for n in plan.float_names]
+    q_nodes, q_inits = [helper.make_node("Identity", [f"in/{n}"], [n]) for n in fetched], []
+    for post, spec in specs.items():
+        if spec.ints in fetched:
+            scale, zp = f"{post}/scale", f"{post}/zero_point"
+            q_inits += [numpy_helper.from_array(np.array(spec.scale, np.float32), scale),
+                        numpy_helper.from_array(np.array(spec.zero_point, spec.dtype), zp)]  # fmt: skip
+            q_nodes.append(helper.make_node("DequantizeLinear", [f"in/{spec.ints}", scale, zp], [post]))
+
+    def model(nodes: list[onnx.NodeProto], inits: list[TensorProto], values: Mapping[str, np.ndarray]) -> Any:
+        outs = [_io(n.output[0], values[n.output[0]]) for n in nodes]
+        graph = helper.make_graph(nodes, "m", graph_inputs, outs, inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+    return model(f_nodes, [], f), model(q_nodes, q_inits, q), list(inputs)
+
+
+class InGraphReducer:
+    """The in-graph reduction as a :class:`~qdebug.capture.kernels.base.Reducer`: models whose graph inputs are the
+    samples' tensors, merged by :func:`build`, run by ONNX Runtime (optimizations off, as the ``graph`` backend
+    runs it), read back by :func:`read_sums`; a sample :func:`problem` rejects, or a pair the merge or ONNX Runtime
+    does not take, is the reference's, as the capture then redoes it."""
+
+    name = "ingraph"
+
+    def __init__(self, *, concat_fan_in: int = CONCAT_FAN_IN, max_merged_bytes: int = MAX_MERGED_BYTES) -> None:
+        self.concat_fan_in, self.max_merged_bytes = concat_fan_in, max_merged_bytes
+
+    def reduce(self, plan: ReductionPlan, samples: Samples) -> list[SampleSums]:
+        """See :class:`~qdebug.capture.kernels.base.Reducer`."""
+        fm, qm, feed = _models_of(plan, *samples[0])
+        quant_idx = np.array([j for j, a in enumerate(plan.pairing.activations) if a.quantized], dtype=np.intp)
+        try:
+            model, layout = build(fm, qm, plan.pairing, concat_fan_in=self.concat_fan_in,
+                                  max_merged_bytes=self.max_merged_bytes)  # fmt: skip
+            sess: Any = make_session(model, ["CPUExecutionProvider"])
+        except (UnsupportedGraphError, ModelError):
+            return [reduce_sample(plan, f, q) for f, q in samples]
+        result = []
+        for f, q in samples:
+            values = {**f, **(q.fetched if isinstance(q, Dequantized) else q)}
+            try:
+                out = dict(zip(OUTPUTS, sess.run(list(OUTPUTS), {f"in/{n}": values[n] for n in feed}), strict=True))
+            except ort_errors():
+                out = None
+            if out is None or problem(layout, out) is not None:
+                result.append(reduce_sample(plan, f, q))
+            else:
+                result.append(read_sums(layout, quant_idx, out))
+        return result
+
+
+register_reducer("ingraph", InGraphReducer)

@@ -3,18 +3,23 @@ the ``fast`` extra when numba is missing).
 
 One call reads an activation's three tensors (float reference, pre-Q/DQ, post-Q/DQ) **once** and returns every
 sum :func:`qdebug.capture.kernels.reference.reduce_sample` computes for it in 6-8 numpy passes. Sums are accumulated in
-float64 over :data:`LANES` independent lanes: the lanes break the loop-carried dependency of one running sum
-(4 cycles per add), which is what let the first, single-accumulator version reach only a third of this speed.
+float64 over :data:`LANES` independent lanes: the lanes break the loop-carried dependency of one running sum, which
+a single accumulator cannot hide.
 ``fastmath`` allows re-association (needed to vectorise the lanes) but not ``nnan``/``ninf``: NaN and Inf keep
 IEEE semantics, so non-finite values are counted, never optimised away.
 """
 
 from __future__ import annotations
 
+import sys
+
 import numba
 import numpy as np
 from numba import types
 from numba.extending import overload
+
+from qdebug.capture.kernels.base import register_reducer
+from qdebug.capture.kernels.rows import KernelReducer
 
 #: Independent partial sums per quantity: enough to hide the float64 add latency behind vector registers.
 LANES = 16
@@ -36,7 +41,7 @@ def pair_sums(x, y, xlo, xhi, lo, hi, out, at):  # type: ignore[no-untyped-def] 
     A non-finite value makes a sum non-finite (``min``/``max`` keep NaN as numba follows Python's order rules);
     the caller then redoes the pair in numpy, which counts them. Written with the builtins ``min``/``max`` and
     one-dimensional lane arrays: a conditional-expression clip or a 2-D accumulator kept LLVM from vectorising
-    the loop (3.5x slower on 1 M elements)."""
+    the loop."""
     s, n, m = np.zeros(LANES), np.zeros(LANES), np.zeros(LANES)
     size = x.size
     full = size - size % LANES
@@ -135,8 +140,7 @@ def _both_pass(ref, pre, post, scale, zero_point, mlo, mhi, plo, phi, out):  # t
 
 @numba.njit(cache=True, nogil=True)
 def both_sums(ref, pre, post, mlo, mhi, plo, phi, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """:func:`_both_pass` over a float ``post``: read once instead of twice, ~20 % less time than two
-    :func:`pair_sums` (benchmarks/bench_dequant.py)."""
+    """:func:`_both_pass` over a float ``post``: read once instead of twice, as two :func:`pair_sums` would."""
     _both_pass(ref, pre, post, 1.0, np.int32(0), mlo, mhi, plo, phi, out)
 
 
@@ -180,3 +184,6 @@ def batch_activation_sums(ref, pre, post, mlo, mhi, plo, phi, local, out):  # ty
                 acc[at + 2] = max(acc[at + 2], row[at + 2])
             acc[REF_MIN] = min(acc[REF_MIN], row[REF_MIN])
             acc[REF_MAX] = max(acc[REF_MAX], row[REF_MAX])
+
+
+register_reducer("numba", lambda: KernelReducer("numba", sys.modules[__name__]))
