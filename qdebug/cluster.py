@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import math
 import os
 import re
 import secrets
@@ -39,12 +40,15 @@ from qdebug.errors import ClusterError, ConfigError
 from qdebug.io import temp_dir
 
 __all__ = [
+    "MAX_ATTEMPTS",
     "OVERSUBSCRIBE_PER_CORE",
+    "SHARDS_PER_WORKER",
     "Cluster",
     "ClusterSpec",
     "connect",
     "local_worker_limit",
     "parse_address",
+    "plan_shards",
     "ray_temp_base",
     "usable_cores",
 ]
@@ -55,6 +59,12 @@ LOCAL_OBJECT_STORE_BYTES = 96 << 20
 #: Most workers per usable core a local cluster may have when oversubscription is allowed: each worker is a process
 #: holding two ONNX Runtime sessions, and beyond a few per core they only take turns on it.
 OVERSUBSCRIBE_PER_CORE = 4
+#: Tries of one shard or task (the first included) before the job fails: a worker that dies on every try of the same
+#: shard (out of memory on a huge sample, say) is not a passing fault.
+MAX_ATTEMPTS = 3
+#: Shards per worker by default: enough that a fast worker takes over a slow one's share and a lost shard is a small
+#: loss, few enough that the per-shard round trip (milliseconds) stays negligible.
+SHARDS_PER_WORKER = 4
 #: Seconds an existing cluster's address gets to accept a connection before qdebug gives up on it.
 REACH_TIMEOUT_S = 5.0
 #: Seconds a process of a local cluster that outlives Ray's shutdown gets to stop when asked, before it is killed.
@@ -94,6 +104,12 @@ _QUIET: Mapping[str, Any] = {
     "configure_logging": True,
     "logging_level": logging.ERROR,
 }
+
+
+def plan_shards(samples: int, workers: int, per_worker: int = SHARDS_PER_WORKER) -> list[tuple[int, int]]:
+    """Contiguous index ranges ``[start, stop)`` covering ``range(samples)``, about ``per_worker`` per worker."""
+    size = max(1, math.ceil(samples / (workers * per_worker)))
+    return [(s, min(s + size, samples)) for s in range(0, samples, size)]
 
 
 def usable_cores() -> int:

@@ -15,7 +15,16 @@ import numpy as np
 import onnx
 
 from qdebug._version import __version__
-from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn, capture, capture_choices
+from qdebug.capture import (
+    AUTO,
+    FALLBACK_BACKEND,
+    CaptureResult,
+    CaptureTuning,
+    ProgressFn,
+    canonical_backend,
+    capture,
+    capture_choices,
+)
 from qdebug.cluster import ClusterSpec
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
@@ -69,18 +78,19 @@ class DebugOptions:
     ``num_samples`` caps the data (and sets how many synthetic samples are drawn when no data is given);
     ``input_shapes`` fixes dynamic input dimensions for synthetic data. ``capture`` names the capture backend
     (:func:`qdebug.capture.capture_choices`: ``"graph"`` merges both models into one ONNX Runtime graph that
-    reduces every pair in-graph; ``"numpy"`` fetches every paired tensor and reduces it in numpy; ``"compiled"``
-    fetches the same way and reduces with one numba pass per tensor (the ``fast`` extra); ``"auto"``, the
-    default, measures the first samples and keeps the fastest. All report the same values, and the report's
-    ``meta.capture`` says which ran, why, and which samples fell back).
+    reduces every pair in-graph; ``"fetch"`` (formerly ``"numpy"``, still accepted) fetches every paired tensor
+    and reduces it by the reference definition; ``"compiled"`` fetches the same way and reduces with one compiled
+    pass per tensor; ``"auto"``, the default, measures the first samples and keeps the fastest. All report the same
+    values, and the report's ``meta.capture`` says which ran, why, and which samples fell back). ``tuning``: the
+    capture's thresholds (:class:`~qdebug.capture.tuning.CaptureTuning`; ``None``: its defaults).
     ``cluster`` runs the capture on a Ray cluster (:class:`~qdebug.cluster.ClusterSpec`: local workers or an
     existing cluster; docs/scale.md), with the same report.
     ``metrics`` names the registered metrics the report computes (:data:`qdebug.metrics.STREAMING_METRICS` for
     activations and outputs, :data:`qdebug.metrics.METRICS` for weights); ``None``: all of them.
     ``batch`` > 1 runs up to that many samples of the same input shapes per inference call (the fetching backends:
-    numpy, compiled, auto's; checked on the first batch, sums still per sample, equal to unbatched ones up to
+    fetch, compiled, auto's; checked on the first batch, sums still per sample, equal to unbatched ones up to
     rounding; :mod:`qdebug.capture.batching`); ``1`` one sample per call; ``None``, the default: ``auto`` batches
-    up to :data:`~qdebug.capture.auto.AUTO_BATCH` samples when the model's inputs have a batch axis.
+    up to :attr:`~qdebug.capture.tuning.CaptureTuning.auto_batch` samples when the model's inputs have a batch axis.
     ``task_metric`` adds the task metric's score against the float model to the report (``report.task``): a built-in
     name, ``"auto"`` (chosen from the float model's outputs), ``"module:function"``, a per-sample callable or a
     :class:`~qdebug.task_metrics.TaskMetric` (:func:`~qdebug.task_metrics.load_metric`; loaded, and so checked, on
@@ -100,6 +110,7 @@ class DebugOptions:
     cluster: ClusterSpec | None = None
     task_metric: MetricSpec | None = None
     task_label_key: str = "label"
+    tuning: CaptureTuning | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -114,13 +125,15 @@ class DebugOptions:
             problems.append(f"distribution must be 'uniform' or 'normal', got {self.distribution!r}")
         if self.capture not in capture_choices():
             problems.append(f"capture must be one of {', '.join(capture_choices())}, got {self.capture!r}")
+        else:  # a former backend name is recorded as the backend it now is
+            object.__setattr__(self, "capture", canonical_backend(self.capture))
         if not self.providers:
             problems.append("at least one execution provider is needed")
         if self.batch is not None and (not isinstance(self.batch, int) or self.batch < 1):
             problems.append(f"batch must be a positive integer, got {self.batch!r}")
         elif self.batch is not None and self.batch > 1 and self.capture == "graph":
             problems.append(
-                f"batch {self.batch} needs a fetching capture (auto, numpy, compiled): graph does not batch"
+                f"batch {self.batch} needs a fetching capture (auto, fetch, compiled): graph does not batch"
             )
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -382,13 +395,15 @@ def _capture(
 ) -> CaptureResult:
     """The capture in this process, or sharded over ``opts.cluster``'s workers (same result)."""
     if opts.cluster is None:
-        return capture(fm, qm, pairing, source, opts.providers, progress, path=opts.capture, batch=opts.batch)
+        return capture(
+            fm, qm, pairing, source, opts.providers, progress, path=opts.capture, batch=opts.batch, tuning=opts.tuning
+        )
     from qdebug.capture.ray_backend import capture_distributed
     from qdebug.cluster import connect
 
     with connect(opts.cluster) as cluster:
         return capture_distributed(
-            fm, qm, pairing, source, cluster, opts.providers, progress, path=opts.capture, batch=opts.batch
+            fm, qm, pairing, source, cluster, opts.providers, progress, opts.capture, opts.batch, opts.tuning
         )
 
 

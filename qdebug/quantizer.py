@@ -443,8 +443,7 @@ def _calibrate_sharded(model_path: Path, ort_cfg: Any, cluster: ClusterSpec) -> 
     on another worker if its worker dies); the shards' minima and maxima merged in shard order: ORT's ranges."""
     from onnxruntime.quantization.calibrate import TensorsData
 
-    from qdebug.capture.ray_backend import MAX_ATTEMPTS, plan_shards
-    from qdebug.cluster import connect
+    from qdebug.cluster import MAX_ATTEMPTS, connect, plan_shards
 
     extra = ort_cfg.extra_options or {}
     keys = {"CalibTensorRangeSymmetric": "symmetric", "CalibMaxIntermediateOutputs": "max_intermediate_outputs"}

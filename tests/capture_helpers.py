@@ -4,11 +4,15 @@ rounding, and a numba warm-up that finishes before the next sample (so ``auto``'
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
-from qdebug.capture import compiled
+from qdebug.capture import CaptureResult, CaptureTuning, compiled, open_run, run_info
+from qdebug.capture.base import CaptureRun, CaptureSums, ModelPair, OpenOptions
 from qdebug.capture.kernels.reference import ReductionPlan
+from qdebug.capture.loop import SampleLoop
+from qdebug.data import DataSource
 from qdebug.metrics import BatchSums
-from qdebug.pairing import ActivationPair, OutputPair, Pairing
+from qdebug.pairing import ActivationPair, OutputPair, Pairing, pair_models
 
 Bounds = tuple[str, float, float] | None
 
@@ -40,3 +44,21 @@ def loaded_warm_up() -> compiled.WarmUp:
     thread.start()
     thread.join()
     return thread
+
+
+def capture_run(
+    backend: str, fm: onnx.ModelProto, qm: onnx.ModelProto, source: DataSource, tuning: CaptureTuning
+) -> tuple[CaptureRun, CaptureResult]:
+    """What :func:`qdebug.capture.capture` does, keeping the run for inspection: ``backend`` opened with ``tuning``
+    (e.g. ``CaptureTuning(cores=1)`` for a run that does not pipeline), every sample of ``source`` reduced through
+    the one sample loop, the run closed."""
+    pairing = pair_models(fm, qm)
+    pair = ModelPair(fm, qm, pairing, ("CPUExecutionProvider",))
+    run, reason = open_run(backend, pair, OpenOptions(samples=len(source), tuning=tuning))
+    sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
+    loop = SampleLoop(run, pair, tuning)
+    try:
+        loop.reduce_all(enumerate(iter(source)), sums)
+    finally:
+        loop.close()
+    return run, CaptureResult.of(sums, pairing, backend, run_info(run, reason))

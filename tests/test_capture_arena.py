@@ -13,7 +13,7 @@ import pytest
 
 from qdebug.capture import compiled
 from qdebug.capture.arena import ALIGN, carve, estimate_bytes, touched
-from qdebug.capture.fetch import NumpyRun
+from qdebug.capture.fetch import FetchRun
 from qdebug.capture.segmented import exposed_bytes
 from qdebug.data import open_data
 from qdebug.pairing import input_specs, pair_models
@@ -48,7 +48,7 @@ def test_the_estimate_is_one_samples_real_exposed_size(tiny_float: Path, tiny_qu
     sample = next(iter(open_data(None, input_specs(fm), num_samples=1, seed=1)))
     shapes = {k: tuple(v.shape) for k, v in sample.items()}
     for dequant in (False, True):
-        run = NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], dequant_whole=dequant)
+        run = FetchRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], dequant_whole=dequant)
         weight = exposed_bytes(fm, run.plan, shapes)
         assert weight is not None and bool(run.q_specs) is dequant
         f_vals = run.f_sess.run(run.plan.float_names, sample)
@@ -72,7 +72,7 @@ def test_the_second_set_is_carved_from_the_buffer_touched_during_sample_0(
     rows = {}
     for pipelined in (False, True):
         options = {"reducer": compiled.reduce_sample_compiled, "dequant_whole": True, "input_shapes": shapes}
-        run = NumpyRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, **options)
+        run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, **options)
         assert (run._arena_bytes > 0) is pipelined  # a run that does not pipeline needs no second set
         got = []
         for i, s in enumerate(samples):

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from qdebug.capture import AUTO, CAPTURE_PATHS, capture, capture_choices, fetch
+from qdebug.capture import AUTO, CAPTURE_PATHS, CaptureTuning, capture, capture_choices, fetch
 from qdebug.capture.auto import AutoRun, estimate_setup
 from qdebug.capture.base import CaptureSums, SampleSums
 from qdebug.data import open_data
@@ -29,7 +29,7 @@ def _samples(fm: onnx.ModelProto, n: int) -> list[dict[str, np.ndarray]]:
 
 def _clock(steps: list[float]) -> Callable[[], float]:
     """A clock that advances by ``steps[i]`` between its (2i)-th and (2i+1)-th reading: one step per timed
-    section, in AutoRun's order (numpy set-up, numpy samples 0-3, merged set-up, merged probe)."""
+    section, in AutoRun's order (fetch set-up, fetch samples 0-3, merged set-up, merged probe)."""
     now = 0.0
     times: Iterator[float] = iter(steps)
 
@@ -44,9 +44,12 @@ def _clock(steps: list[float]) -> Callable[[], float]:
     return read
 
 
-def _run(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, steps: list[float]) -> tuple[AutoRun, CaptureSums]:
+def _run(
+    fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, steps: list[float], tuning: CaptureTuning | None = None
+) -> tuple[AutoRun, CaptureSums]:
     pairing = pair_models(fm, qm)
-    run = AutoRun(fm, qm, pairing, ["CPUExecutionProvider"], n, clock=_clock(steps), batch=1)  # the unbatched choice
+    # batch=1: the unbatched choice
+    run = AutoRun(fm, qm, pairing, ["CPUExecutionProvider"], n, clock=_clock(steps), batch=1, tuning=tuning)
     n_quant = sum(1 for a in pairing.activations if a.quantized)
     sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
     for i, s in enumerate(_samples(fm, n)):
@@ -58,7 +61,12 @@ def _run(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, steps: list[float]) -
 
 def test_auto_is_the_default_and_a_choice(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     assert DebugOptions().capture == AUTO
-    assert CAPTURE_PATHS[0] == AUTO and set(CAPTURE_PATHS) == set(capture_choices()) >= {"auto", "graph", "numpy"}
+    assert CAPTURE_PATHS[0] == AUTO and set(CAPTURE_PATHS) == set(capture_choices()) >= {
+        "auto",
+        "graph",
+        "fetch",
+        "numpy",
+    }
     rep = debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=12))
     info = rep.meta.capture
     assert info is not None and info.requested == "auto" and info.backend in ("graph", "compiled")
@@ -81,13 +89,13 @@ def test_numpy_is_measured_after_its_first_sample(tiny_float: Path, tiny_quant: 
     assert run.final().backend == "graph" and "measured 100 ms/sample vs compiled 200 ms/sample" in run.final().reason
 
 
-def test_a_slow_probe_goes_back_to_numpy(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+def test_a_slow_probe_goes_back_to_the_fetch_run(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     run, _ = _run(fm, qm, 12, [0.001, 1.0, 1.0, 1.0, 1.0, 0.01, 2.0])
     # the fetch-and-reduce run, reduced by the C kernel from the first sample (conftest builds it)
     choice = run.final()
     assert choice.backend == "compiled" and "merged graph measured 2000 ms/sample vs compiled" in choice.reason
-    assert run.graph is None and run.current is run.numpy  # the merged session is dropped
+    assert run.graph is None and run.current is run.fetch  # the merged session is dropped
 
 
 def test_an_expensive_setup_is_not_even_tried(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
@@ -101,11 +109,11 @@ def test_an_expensive_setup_is_not_even_tried(tiny_float: Path, tiny_quant: Call
     assert "sample 0's time" in run.final().reason and len(run.totals) == 1
 
 
-def test_every_choice_gives_the_numpy_sums(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+def test_every_choice_gives_the_fetch_sums(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     source = open_data(None, input_specs(fm), num_samples=12, seed=3)
-    ref = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
-    probe = [1.0, 1.0, 1.0, 1.0]  # numpy samples 0-3
+    ref = capture(fm, qm, pair_models(fm, qm), source, path="fetch")
+    probe = [1.0, 1.0, 1.0, 1.0]  # fetch samples 0-3
     for steps in ([0.001, *probe, 0.01, 0.1], [0.001, *probe, 0.01, 2.0], [10.0, 0.001, 0.001, 0.001, 0.001]):
         _, sums = _run(fm, qm, 12, steps)
         np.testing.assert_allclose(sums.rows(), ref.per_sample, rtol=1e-6)
@@ -125,14 +133,17 @@ def test_setup_estimate_grows_faster_than_the_node_count() -> None:
     assert estimate_setup(1.0, [], 10) == float("inf")
 
 
-@pytest.mark.parametrize("flag", ["numpy", "graph", "compiled"])
+@pytest.mark.parametrize(
+    ("flag", "name"), [("fetch", "fetch"), ("numpy", "fetch"), ("graph", "graph"), ("compiled", "compiled")]
+)
 def test_the_override_is_obeyed(
-    flag: str, tiny_float: Path, tiny_quant: Callable[[str], Path], run_cli: Callable[..., object]
+    flag: str, name: str, tiny_float: Path, tiny_quant: Callable[[str], Path], run_cli: Callable[..., object]
 ) -> None:
+    """Each backend, and ``numpy``, the fetch backend's former name (old flags keep working, recorded as ``fetch``)."""
     rep = debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=3, capture=flag))
-    assert rep.meta.capture is not None and (rep.meta.capture.requested, rep.meta.capture.backend) == (flag, flag)
+    assert rep.meta.capture is not None and (rep.meta.capture.requested, rep.meta.capture.backend) == (name, name)
     res = run_cli("debug", "-f", tiny_float, "-q", tiny_quant("u8"), "--samples", "3", "--capture", flag)
-    assert res.code == 0 and f"capture: {flag} backend" in res.stdout + res.out  # type: ignore[attr-defined]
+    assert res.code == 0 and f"capture: {name} backend" in res.stdout + res.out  # type: ignore[attr-defined]
     assert "auto:" not in res.stdout + res.out  # type: ignore[attr-defined]
 
 
@@ -145,8 +156,8 @@ def test_the_cli_says_what_auto_chose_and_why(
 
 
 def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The numpy run's I/O binding (reused output arrays) on every model size, with input shapes that change
-    between samples (a dynamic batch: 2, 2, 3, 3, 2), against the same run without it."""
+    """The fetch run's I/O binding (reused output arrays) on every model size, with input shapes that change
+    between samples (a dynamic batch: 2, 2, 3, 3, 2), against the same run without it (binding made a no-op)."""
     import builders
     from conftest import save
 
@@ -171,9 +182,9 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
             return iter({"x": x} for x in xs)
 
     pairing = pair_models(fm, qm)
-    monkeypatch.setattr(fetch, "BIND_BYTES", 1 << 62)  # every run plain: the reference
-    plain = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
-    monkeypatch.setattr(fetch, "BIND_BYTES", 0)
+    with monkeypatch.context() as m:
+        m.setattr(fetch.BoundFetch, "_bind", lambda self, values, key: None)  # every run plain: the reference
+        plain = capture(fm, qm, pairing, Source(), path="fetch")  # type: ignore[arg-type]
     bound_runs: list[fetch.BoundFetch] = []
     real_init = fetch.BoundFetch.__init__
 
@@ -182,45 +193,41 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
         bound_runs.append(self)
 
     monkeypatch.setattr(fetch.BoundFetch, "__init__", spy)
-    bound = capture(fm, qm, pairing, Source(), path="numpy")  # type: ignore[arg-type]
+    bound = capture(fm, qm, pairing, Source(), path="fetch")  # type: ignore[arg-type]
     assert bound_runs and all(b.binding is not None for b in bound_runs)  # the binding was really used
     np.testing.assert_array_equal(bound.per_sample, plain.per_sample)
     assert bound.cumulative == plain.cumulative and bound.local == plain.local and bound.outputs == plain.outputs
 
 
-def test_large_tensors_keep_numpy_without_building_the_graph(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+def test_large_tensors_keep_the_fetch_run_without_building_the_graph(
+    tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
-    from qdebug.capture import auto
-
-    monkeypatch.setattr(auto, "GRAPH_MAX_MEAN_ELEMENTS", 1)  # every tiny tensor counts as "large"
+    tuning = CaptureTuning(graph_max_mean_elements=1)  # every tiny tensor counts as "large"
     fm, qm = _models(tiny_float, tiny_quant("u8"))
-    run, _ = _run(fm, qm, 12, [0.001, 1.0, 1.0, 1.0, 1.0])
+    run, _ = _run(fm, qm, 12, [0.001, 1.0, 1.0, 1.0, 1.0], tuning)
     assert run.final().backend == "compiled" and "elements on average" in run.final().reason
     assert run.graph is None and len(run.totals) == 1  # decided on sample 0
 
 
 def test_samples_read_ahead_before_the_choice_are_announced_once_it_is_made(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+    tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
     """The capture loop announces each sample once, when it reads it: those read while ``auto`` was undecided are
-    held and handed to the numpy run when the choice is made, so the pipeline starts at sample 1's reduction."""
-    from qdebug.capture import auto
-
-    monkeypatch.setattr(auto, "GRAPH_MAX_MEAN_ELEMENTS", 1)  # the merged graph is ruled out by sample 0
+    held and handed to the fetch run when the choice is made, so the pipeline starts at sample 1's reduction."""
+    tuning = CaptureTuning(graph_max_mean_elements=1)  # the merged graph is ruled out by sample 0
     fm, qm = _models(tiny_float, tiny_quant("u8"))
-    n = auto.MIN_REMAINING + 4
+    n = tuning.min_remaining + 4
     samples = _samples(fm, n)
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n, batch=1)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n, batch=1, tuning=tuning)
     run.prefetch(1, samples[1])  # the loop reads two ahead of sample 0 (its lookahead while undecided is 1)
     run.prefetch(2, samples[2])
-    assert run.choice is None and run.numpy._queued == []
+    assert run.choice is None and run.fetch._queued == []
     run.reduce(0, samples[0])
     assert run.choice is not None and "elements on average" in run.choice.reason  # decided on sample 0
-    assert [i for i, _ in run.numpy._queued] == [1, 2] and run.held == []
+    assert [i for i, _ in run.fetch._queued] == [1, 2] and run.held == []
     run.reduce(1, samples[1])
-    if run.numpy.pipelining:  # two cores or more: sample 2 is inferred on the worker while sample 1 is reduced
-        assert run.numpy._pending is not None and run.numpy._pending[0] == {2}
+    if run.fetch.pipelining:  # two cores or more: sample 2 is inferred on the worker while sample 1 is reduced
+        assert run.fetch._pending is not None and run.fetch._pending[0] == {2}
     pairing = pair_models(fm, qm)
     sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
     for i in range(2, n):
@@ -255,18 +262,18 @@ def _reduce_the_rest(
 def test_a_run_too_short_to_weigh_is_decided_before_sample_0(
     tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
-    """With fewer than ``MIN_REMAINING`` samples after sample 0 nothing is weighed, so ``auto`` decides before any
-    sample: the samples the loop reads ahead go to the numpy run at once, and sample 1 is inferred on the worker
-    while sample 0 is reduced (ppocr-cls at N = 8: it ran after, on the main thread). The same sums."""
+    """With fewer than ``min_remaining`` samples after sample 0 nothing is weighed, so ``auto`` decides before any
+    sample: the samples the loop reads ahead go to the fetch run at once, and sample 1 is inferred on the worker
+    while sample 0 is reduced (not after it, on the main thread). The same sums."""
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     samples = _samples(fm, 5)
     run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5, batch=1)
     assert run.choice is not None and "too few to pay" in run.choice.reason
     run.prefetch(1, samples[1])
-    assert [i for i, _ in run.numpy._queued] == [1] and run.held == []
+    assert [i for i, _ in run.fetch._queued] == [1] and run.held == []
     res = [run.reduce(0, samples[0])]
-    if run.numpy.pipelining:  # two cores or more
-        assert run.numpy._pending is not None and run.numpy._pending[0] == {1}
+    if run.fetch.pipelining:  # two cores or more
+        assert run.fetch._pending is not None and run.fetch._pending[0] == {1}
     rows = _reduce_the_rest(run, fm, qm, samples, res)
     _, alone = _run(fm, qm, 5, [0.001] * 5)  # never announced: the same sums
     np.testing.assert_array_equal(rows, alone.rows())
@@ -274,25 +281,24 @@ def test_a_run_too_short_to_weigh_is_decided_before_sample_0(
 
 @pytest.mark.parametrize("small", [True, False])
 def test_a_run_that_will_not_batch_prepares_its_next_outputs_during_sample_0(
-    small: bool, tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+    small: bool, tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
     """``auto`` decides batching once sample 0's size is known, before reducing it: 4 samples left are fewer than a
     full batch, so the run goes one sample per call and, pipelining, makes sample 2's bound outputs on the worker
-    while sample 0 is reduced — when a sample's tensors are small (``PREP_BYTES``). The same sums as the unbatched
+    while sample 0 is reduced — when a sample's tensors are small (``prep_bytes``). The same sums as the unbatched
     run either way."""
 
-    if not small:
-        monkeypatch.setattr(fetch, "PREP_BYTES", 0)
+    tuning = CaptureTuning() if small else CaptureTuning(prep_bytes=0)
     fm, qm = _models(tiny_float, tiny_quant("u8"))
     samples = _samples(fm, 5)
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 5, tuning=tuning)
     assert run.batch_planned
     res = [run.reduce(0, samples[0])]
-    assert run.numpy.batch_limit == 1 and "fewer than a full batch" in (run.numpy.batch_reason or "")
-    if run.numpy.pipelining and small:
-        assert run.numpy._prep is not None and run.numpy._prep[0] == 0
+    assert run.fetch.batch_limit == 1 and "fewer than a full batch" in (run.fetch.batch_reason or "")
+    if run.fetch.pipelining and small:
+        assert run.fetch._prep is not None and run.fetch._prep[0] == 0
     else:
-        assert run.numpy._prep is None
+        assert run.fetch._prep is None
     rows = _reduce_the_rest(run, fm, qm, samples, res)
     _, alone = _run(fm, qm, 5, [0.001] * 5)
     np.testing.assert_array_equal(rows, alone.rows())

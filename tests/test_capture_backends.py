@@ -50,7 +50,7 @@ def _reference(fm: onnx.ModelProto, qm: onnx.ModelProto, samples: list[dict[str,
 
 
 @pytest.mark.parametrize("name", ["u8", "u16_qnn", "s8_per_channel"])
-@pytest.mark.parametrize("backend", ["graph", "numpy", "compiled"])
+@pytest.mark.parametrize("backend", ["graph", "fetch", "compiled"])
 def test_every_backend_matches_the_reduction_definition(
     tiny_float: Path, tiny_quant: Callable[[str], Path], name: str, backend: str
 ) -> None:
@@ -82,7 +82,7 @@ def test_a_nan_sample_falls_back_and_the_report_says_why(tmp_path: Path) -> None
     rep = debug(save(f, tmp_path / "f.onnx"), save(q, tmp_path / "q.onnx"), {name: x}, DebugOptions(capture="graph"))
     info = rep.meta.capture
     assert info is not None and info.requested == "graph"
-    assert info.fallback_samples >= 1 and info.fallback_backend == "numpy"
+    assert info.fallback_samples >= 1 and info.fallback_backend == "fetch"
     assert any("NaN/Inf" in reason for reason, _ in info.fallback_reasons)
     assert sum(n for _, n in info.fallback_reasons) == info.fallback_samples
     again = DebugReport.from_json(rep.to_json())
@@ -100,7 +100,7 @@ def test_a_pair_the_merge_cannot_express_runs_numpy_with_the_reason(tmp_path: Pa
     quantize(builders.tiny_convnet(), None, QuantConfig(num_samples=4), qpath)
     rep = debug(fm, qpath, None, DebugOptions(num_samples=2, capture="graph"))
     info = rep.meta.capture
-    assert info is not None and info.requested == "graph" and info.backend == "numpy"
+    assert info is not None and info.requested == "graph" and info.backend == "fetch"
     assert info.reason is not None and "local functions" in info.reason
     # auto, unbatched (a batched run never tries the merged graph): 12 tiny samples cannot repay even a session of
     # both models' nodes, so the merged graph is not even built (which is what would find the local functions)
@@ -128,8 +128,10 @@ def test_shards_merge_into_the_single_run(tiny_float: Path, tiny_quant: Callable
 
 
 def test_backends_are_registered_and_checked() -> None:
-    assert backend_names()[:2] == ("graph", "numpy")
-    assert get_backend("numpy").name == "numpy"
+    assert backend_names()[:2] == ("graph", "fetch")
+    assert get_backend("fetch").name == "fetch"
+    assert get_backend("numpy").name == "fetch"  # the former name still opens it
+    assert DebugOptions(capture="numpy").capture == "fetch"
     with pytest.raises(ConfigError, match="capture must be one of"):
         DebugOptions(capture="gpu")
     assert isinstance(Fallback("x"), Fallback)
@@ -175,29 +177,21 @@ def test_version_1_reports_are_still_read(tiny_float: Path, tiny_quant: Callable
     assert old.activations[0].cumulative_sqnr_db == rep.activations[0].cumulative_sqnr_db
 
 
-def test_the_pipelined_numpy_run_equals_the_sequential_one(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_pipelined_fetch_run_equals_the_sequential_one(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     """Overlapping the next sample's inference with this one's reduction changes no number: the same arrays are
-    reduced in the same order (bit-identical sums, per-sample rows included)."""
-    from qdebug.capture import fetch
+    reduced in the same order (bit-identical sums, per-sample rows included; one core: not pipelined)."""
+    from capture_helpers import capture_run
+
+    from qdebug.capture import CaptureTuning
+    from qdebug.capture.fetch import FetchRun
 
     fm, qm = _pair(tiny_float, tiny_quant("u8"))
     source = open_data(None, input_specs(fm), num_samples=9, seed=2)
     runs = {}
-    real = fetch.NumpyRun
     for pipelined in (False, True):
-        made: list[fetch.NumpyRun] = []
-
-        def make(
-            *args: object, pipelined: bool = pipelined, made: list = made, real: type = real, **kw: object
-        ) -> object:
-            made.append(real(*args, pipeline=pipelined, **kw))  # type: ignore[arg-type]
-            return made[-1]
-
-        monkeypatch.setattr(fetch, "NumpyRun", make)
-        runs[pipelined] = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
-        assert made[0].pipelining is pipelined and made[0]._pool is None  # the worker is stopped at the end
+        made, runs[pipelined] = capture_run("fetch", fm, qm, source, CaptureTuning(cores=2 if pipelined else 1))
+        assert isinstance(made, FetchRun)
+        assert made.pipelining is pipelined and made._pool is None  # the worker is stopped at the end
     a, b = runs[False], runs[True]
     assert a.cumulative == b.cumulative and a.local == b.local and a.outputs == b.outputs
     np.testing.assert_array_equal(a.per_sample, b.per_sample)
@@ -219,4 +213,4 @@ def test_a_bad_sample_met_by_the_worker_is_the_same_one_line_error(tiny_float: P
 
     quantize(tiny_float, None, None, q, check=False)
     with pytest.raises(DataError, match=r"b\.npz|sample 4|shape"):
-        debug(tiny_float, q, folder, DebugOptions(capture="numpy"))
+        debug(tiny_float, q, folder, DebugOptions(capture="fetch"))

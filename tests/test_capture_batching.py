@@ -27,7 +27,7 @@ from qdebug.quantizer import quantize
 def _capture(fp: Path, qp: Path, n: int, batch: int) -> CaptureResult:
     fm, qm = onnx.load(str(fp)), onnx.load(str(qp))
     source = open_data(None, input_specs(fm), num_samples=n, seed=3)
-    return capture(fm, qm, pair_models(fm, qm), source, path="numpy", batch=batch)
+    return capture(fm, qm, pair_models(fm, qm), source, path="fetch", batch=batch)
 
 
 def _close(a: CaptureResult, b: CaptureResult, rtol: float) -> None:
@@ -119,7 +119,7 @@ def test_a_bad_sample_is_the_same_one_line_error_when_batching(tiny_float: Path,
     errors = []
     for batch in (1, 4):
         with pytest.raises(DataError) as info:
-            debug(tiny_float, tiny_quant("u8"), folder, DebugOptions(capture="numpy", batch=batch))
+            debug(tiny_float, tiny_quant("u8"), folder, DebugOptions(capture="fetch", batch=batch))
         errors.append(str(info.value))
     assert errors[0] == errors[1] and "b.npz" in errors[0]
 

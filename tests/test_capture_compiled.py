@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from capture_helpers import Bounds, assert_same_sums, plan_of
+from capture_helpers import Bounds, assert_same_sums, capture_run, plan_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qdebug.capture import capture, compiled
+from qdebug.capture import CaptureTuning, capture, compiled
 from qdebug.capture.auto import AutoRun
 from qdebug.capture.base import SampleSums
 from qdebug.capture.kernels import c_kernel
@@ -107,18 +107,20 @@ def test_random_tensors_give_the_reference_sums(sizes: list[int], seed: int, mt:
 def test_the_compiled_backend_matches_the_numpy_one(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     source = open_data(None, input_specs(fm), num_samples=5, seed=2)
-    ref = capture(fm, qm, pair_models(fm, qm), source, path="numpy")
+    ref = capture(fm, qm, pair_models(fm, qm), source, path="fetch")
     got = capture(fm, qm, pair_models(fm, qm), source, path="compiled")
     assert got.path == "compiled" and got.fallback_samples == 0
     np.testing.assert_allclose(got.per_sample, ref.per_sample, rtol=1e-5)
     assert [s.count for s in got.cumulative] == [s.count for s in ref.cumulative]
 
 
-def _auto(fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, wait: bool = True) -> AutoRun:
+def _auto(
+    fm: onnx.ModelProto, qm: onnx.ModelProto, n: int, tuning: CaptureTuning | None = None, wait: bool = True
+) -> AutoRun:
     """An auto run over ``n`` samples; ``wait``: let numba's background load finish as soon as it starts (after
-    sample 3, the last numpy sample ``auto`` weighs it on), so that the switch happens at sample 4 and the test is
+    sample 3, the last fetch sample ``auto`` weighs it on), so that the switch happens at sample 4 and the test is
     deterministic."""
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n, batch=1)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], n, batch=1, tuning=tuning)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=n, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
         if wait and run.warm_up is not None:
@@ -132,25 +134,22 @@ def test_auto_switches_when_the_reduction_would_cost_more_than_the_start_up(
 ) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     monkeypatch.setattr(compiled, "ready", lambda: False)  # as before the first build, or with numba
-    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)  # any run pays it back
-    run = _auto(fm, qm, 6)
+    run = _auto(fm, qm, 6, CaptureTuning(compiled_startup_s=-1.0))  # any run pays it back
     assert run.final().backend == "compiled" and "the compiled pass saves est." in run.final().reason
     assert f"from sample 4, once the {compiled.implementation()} kernel had loaded" in run.final().reason
-    assert run.numpy.reducer is compiled.reduce_sample_compiled and run.graph is None
-    monkeypatch.setattr(compiled, "STARTUP_S", 1e9)  # never pays: the numpy choice, no word about numba
-    run = _auto(fm, qm, 6)
-    assert run.final().backend == "numpy" and "qdebug[fast]" not in run.final().reason
+    assert run.fetch.reducer is compiled.reduce_sample_compiled and run.graph is None
+    run = _auto(fm, qm, 6, CaptureTuning(compiled_startup_s=1e9))  # never pays: the fetch choice, no word of numba
+    assert run.final().backend == "fetch" and "qdebug[fast]" not in run.final().reason
 
 
 def test_without_numba_auto_says_what_it_would_save(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
     monkeypatch.setattr(compiled, "ready", lambda: False)
     monkeypatch.setattr(compiled, "available", lambda: False)
-    run = _auto(fm, qm, 6)
-    assert run.final().backend == "numpy" and "pip install 'qdebug[fast]'" in run.final().reason
+    run = _auto(fm, qm, 6, CaptureTuning(compiled_startup_s=-1.0))
+    assert run.final().backend == "fetch" and "pip install 'qdebug[fast]'" in run.final().reason
 
 
 def test_numba_is_imported_only_when_the_compiled_reduction_runs() -> None:
@@ -159,35 +158,34 @@ def test_numba_is_imported_only_when_the_compiled_reduction_runs() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_a_numba_that_cannot_load_keeps_numpy_with_the_reason(
+def test_a_numba_that_cannot_load_keeps_the_fetch_run_with_the_reason(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken() -> None:
         raise ImportError("Numba needs NumPy 2.3 or less\nsecond line")
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
     monkeypatch.setattr(compiled, "ready", lambda: False)
     monkeypatch.setattr(compiled, "warm_up", broken)  # runs on the background thread once samples 1-3 say it pays
-    run = _auto(fm, qm, 6)
-    assert run.final().backend == "numpy" and run.numpy.reducer is not compiled.reduce_sample_compiled
+    run = _auto(fm, qm, 6, CaptureTuning(compiled_startup_s=-1.0))
+    assert run.final().backend == "fetch" and run.fetch.reducer is not compiled.reduce_sample_compiled
     assert "could not load (ImportError: Numba needs NumPy 2.3 or less)" in run.final().reason
 
 
-def test_numpy_reduces_until_numba_has_loaded(
+def test_the_fetch_run_reduces_until_numba_has_loaded(
     tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loaded = threading.Event()
-    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
     monkeypatch.setattr(compiled, "ready", lambda: False)
     monkeypatch.setattr(compiled, "warm_up", loaded.wait)  # the kernel "loads" only when the test says so
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6, batch=1)
+    tuning = CaptureTuning(compiled_startup_s=-1.0)
+    run = AutoRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], 6, batch=1, tuning=tuning)
     for i, s in enumerate(open_data(None, input_specs(fm), num_samples=6, seed=3)):
         assert isinstance(run.reduce(i, s), SampleSums)
-    assert run.numpy.reducer is not compiled.reduce_sample_compiled  # never waited for numba
+    assert run.fetch.reducer is not compiled.reduce_sample_compiled  # never waited for numba
     choice = run.final()
-    assert choice.backend == "numpy" and "the data ran out before the compiled kernel had loaded" in choice.reason
+    assert choice.backend == "fetch" and "the data ran out before the compiled kernel had loaded" in choice.reason
     loaded.set()
     run.close()
 
@@ -195,14 +193,15 @@ def test_numpy_reduces_until_numba_has_loaded(
 def test_a_pipelined_run_weighs_the_reduction_above_the_inference_and_the_cores_it_frees() -> None:
     from qdebug.capture.auto import _saving_per_sample
 
-    alone = compiled.SAVING * 0.010
-    assert _saving_per_sample(0.010, 0.004, pipelined=False) == pytest.approx(alone)
+    saving = CaptureTuning().compiled_saving
+    alone = saving * 0.010
+    assert _saving_per_sample(0.010, 0.004, False, saving) == pytest.approx(alone)
     # fetch-bound after the switch: the part above the inference, averaged with the reduction's own saving
-    both = (compiled.SAVING * 0.0058 + 0.0058 - 0.0035) / 2
-    assert _saving_per_sample(0.0058, 0.0035, pipelined=True) == pytest.approx(both)
+    both = (saving * 0.0058 + 0.0058 - 0.0035) / 2
+    assert _saving_per_sample(0.0058, 0.0035, True, saving) == pytest.approx(both)
     # inference-bound already: only the freed cores count, half the reduction's own saving
-    assert _saving_per_sample(0.003, 0.010, pipelined=True) == pytest.approx(compiled.SAVING * 0.003 / 2)
-    assert _saving_per_sample(0.010, 0.001, pipelined=True) == pytest.approx(alone)
+    assert _saving_per_sample(0.003, 0.010, True, saving) == pytest.approx(saving * 0.003 / 2)
+    assert _saving_per_sample(0.010, 0.001, True, saving) == pytest.approx(alone)
 
 
 def test_without_numba_the_compiled_backend_names_the_extra(
@@ -269,26 +268,19 @@ def test_call_tables_repoint_only_to_arrays_of_the_same_kind() -> None:
 
 
 def test_a_pipelined_compiled_run_on_bound_outputs_equals_the_sequential_one(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+    tiny_float: Path, tiny_quant: Callable[[str], Path]
 ) -> None:
     """With outputs bound (two sets, by sample parity, when pipelined) and call tables reused, the sums are
-    bit-identical to the sequential run's."""
-    from qdebug.capture import fetch
+    bit-identical to the sequential run's (one core: not pipelined; two: pipelined)."""
+    from qdebug.capture.fetch import FetchRun
 
-    monkeypatch.setattr(fetch, "BIND_BYTES", 0)  # the tiny model's outputs are bound like a real model's
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     source = open_data(None, input_specs(fm), num_samples=9, seed=2)
-    runs, real = {}, fetch.NumpyRun
+    runs = {}
     for pipelined in (False, True):
-        made: list[fetch.NumpyRun] = []
-
-        def make(*args: object, pipelined: bool = pipelined, made: list = made, **kw: object) -> object:
-            made.append(real(*args, **{**kw, "pipeline": pipelined}))  # type: ignore[arg-type]
-            return made[-1]
-
-        monkeypatch.setattr(fetch, "NumpyRun", make)
-        runs[pipelined] = capture(fm, qm, pair_models(fm, qm), source, path="compiled")
-        run = made[0]
+        made, runs[pipelined] = capture_run("compiled", fm, qm, source, CaptureTuning(cores=2 if pipelined else 1))
+        assert isinstance(made, FetchRun)
+        run = made
         assert run.pipelining is pipelined and run.fetches[0][0].binding is not None
         assert (run.fetches[1][0].binding is not None) is pipelined  # the second set only when pipelined
         assert run._whole_reducer.keeps(run.plan) == (2 if pipelined else 1)  # type: ignore[attr-defined]
@@ -308,7 +300,7 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     run only after; when not (``auto`` announces samples once it has decided), the worker makes sample 2's set while
     sample 0 is reduced and sample 1's takes sample 0's arrays. Always the same sums as a run that never batched,
     sample by sample, and the two sets never share an array."""
-    from qdebug.capture.fetch import NumpyRun
+    from qdebug.capture.fetch import FetchRun
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     pairing = pair_models(fm, qm)
@@ -317,11 +309,11 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     rows = {}
     for pipelined, batch, early in ((False, 1, True), (False, 8, True), (True, 8, True), (True, 8, False)):
         options = {"reducer": compiled.reduce_sample_compiled, "batch_kernel": kernel, "dequant_whole": True}
-        run = NumpyRun(
+        run = FetchRun(
             fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, batch=batch, dequant=True, **options
         )
 
-        def no_batching(run: NumpyRun = run) -> None:
+        def no_batching(run: FetchRun = run) -> None:
             run.batch_limit = 1
 
         got = []

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from qdebug.capture import fetch
+from qdebug.capture import CaptureTuning, fetch
 from qdebug.capture.constants import Fold, constant_tensors, constant_values, fold
 from qdebug.config import QuantConfig
 from qdebug.debugger import DebugOptions, debug
@@ -147,20 +147,20 @@ def _numbers(report: Any) -> dict[str, Any]:
     return d
 
 
-@pytest.mark.parametrize("capture", ["numpy", "compiled"])
+@pytest.mark.parametrize("capture", ["fetch", "compiled"])
 def test_report_is_the_same_with_constants_reduced_once(
     pair: tuple[Path, Path], capture: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Activations of constants alone are reduced once and given to every sample: the report is the one of a run
-    that fetches and reduces them every sample (with the numpy reduction, bit for bit)."""
-    runs: list[fetch.NumpyRun] = []
-    init = fetch.NumpyRun.__init__
+    that fetches and reduces them every sample (with the reference reduction, bit for bit)."""
+    runs: list[fetch.FetchRun] = []
+    init = fetch.FetchRun.__init__
 
-    def spy(self: fetch.NumpyRun, *a: Any, **k: Any) -> None:
+    def spy(self: fetch.FetchRun, *a: Any, **k: Any) -> None:
         init(self, *a, **k)
         runs.append(self)
 
-    monkeypatch.setattr(fetch.NumpyRun, "__init__", spy)
+    monkeypatch.setattr(fetch.FetchRun, "__init__", spy)
     opts = DebugOptions(num_samples=6, capture=capture)
     once = debug(*pair, None, opts)
     run = runs[-1]
@@ -170,7 +170,7 @@ def test_report_is_the_same_with_constants_reduced_once(
     _unfolded(monkeypatch)
     every = debug(*pair, None, opts)
     assert runs[-1].constants is None
-    if capture == "numpy":
+    if capture == "fetch":
         assert _numbers(once) == _numbers(every)
     else:  # the constants are reduced by the numpy reference, the rest by the compiled kernel in both runs
         for a, b in zip(once.activations, every.activations, strict=True):
@@ -182,22 +182,21 @@ def test_report_is_the_same_with_constants_reduced_once(
 
 def test_batched_run_completes_every_sample(pair: tuple[Path, Path]) -> None:
     """A batched run's samples get the constants' sums too (the batch reduces the other activations only)."""
-    unbatched = debug(*pair, None, DebugOptions(num_samples=8, capture="numpy"))
-    batched = debug(*pair, None, DebugOptions(num_samples=8, capture="numpy", batch=4))
+    unbatched = debug(*pair, None, DebugOptions(num_samples=8, capture="fetch"))
+    batched = debug(*pair, None, DebugOptions(num_samples=8, capture="fetch", batch=4))
     assert batched.meta.capture is not None and batched.meta.capture.batch == 4
     for a, b in zip(unbatched.activations, batched.activations, strict=True):
         assert a.cumulative_sqnr_db == pytest.approx(b.cumulative_sqnr_db, rel=1e-5)
     np.testing.assert_allclose(unbatched.per_sample.values, batched.per_sample.values, rtol=1e-5)
 
 
-def test_a_large_fold_is_not_made(pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Folding costs its values' bytes once and saves computing them every call: above ``FOLD_MAX_BYTES`` (here 0)
+def test_a_large_fold_is_not_made(pair: tuple[Path, Path]) -> None:
+    """Folding costs its values' bytes once and saves computing them every call: above ``fold_max_bytes`` (here 0)
     the models run as they are, the report says so, and the numbers are the same."""
-    folded = debug(*pair, None, DebugOptions(num_samples=4, capture="numpy"))
+    folded = debug(*pair, None, DebugOptions(num_samples=4, capture="fetch"))
     note = folded.meta.capture.segment_note if folded.meta.capture else None
     assert note and "nodes of constants alone run once" in note and "not folded" not in note
-    monkeypatch.setattr(fetch, "FOLD_MAX_BYTES", 0)
-    kept = debug(*pair, None, DebugOptions(num_samples=4, capture="numpy"))
+    kept = debug(*pair, None, DebugOptions(num_samples=4, capture="fetch", tuning=CaptureTuning(fold_max_bytes=0)))
     note = kept.meta.capture.segment_note if kept.meta.capture else None
     assert note and "not folded: est. 1 MB (> 0 MB)" in note and "run once" not in note
     assert _numbers(folded) == _numbers(kept)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug.capture import capture, compiled, dequant, segmented
+from qdebug.capture import CaptureTuning, capture, compiled, dequant, segmented
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.data import open_data
 from qdebug.ort import make_session
@@ -133,23 +133,19 @@ def test_the_reference_reducer_reads_computed_posts(tiny_float: Path, tiny_quant
             np.testing.assert_allclose(getattr(got, part).noise, getattr(want, part).noise, rtol=0, atol=0)
 
 
-def _segmented(
-    fm: onnx.ModelProto, qm: onnx.ModelProto, monkeypatch: pytest.MonkeyPatch, path: str
-) -> tuple[object, object]:
-    for name in ("SEGMENT_ABOVE", "PIPELINED_ABOVE"):
-        monkeypatch.setattr(segmented, name, 0)
-    monkeypatch.setattr(segmented, "SEGMENT_BYTES", 4096)
+def _segmented(fm: onnx.ModelProto, qm: onnx.ModelProto, path: str) -> tuple[object, object]:
+    tuning = CaptureTuning(segment_above=0, pipelined_above=0, segment_bytes=4096)
     source = open_data(None, input_specs(fm), num_samples=4, seed=3)
-    return capture(fm, qm, pair_models(fm, qm), source, path=path), source
+    return capture(fm, qm, pair_models(fm, qm), source, path=path, tuning=tuning), source
 
 
 @pytest.mark.parametrize("name", ["u8", "u16_qnn", "s8_per_channel"])
-def test_a_segmented_run_exposing_integers_gives_the_numpy_runs_report(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], name: str, monkeypatch: pytest.MonkeyPatch
+def test_a_segmented_run_exposing_integers_gives_the_fetch_runs_report(
+    tiny_float: Path, tiny_quant: Callable[[str], Path], name: str
 ) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant(name)))
-    fast, _ = _segmented(fm, qm, monkeypatch, "compiled")
-    ref, _ = _segmented(fm, qm, monkeypatch, "numpy")  # floats exposed, numpy reduction
+    fast, _ = _segmented(fm, qm, "compiled")
+    ref, _ = _segmented(fm, qm, "fetch")  # floats exposed, the reference reduction
     assert "post-Q/DQ tensors computed from their integers" in (fast.segment_note or "")  # type: ignore[attr-defined]
     assert "integers" not in (ref.segment_note or "")  # type: ignore[attr-defined]
     np.testing.assert_allclose(fast.per_sample, ref.per_sample, rtol=1e-5)  # type: ignore[attr-defined]
@@ -176,13 +172,13 @@ def test_a_whole_run_exposing_integers_gives_the_numpy_runs_report(
 ) -> None:
     """Not segmented, one sample per call and batched: the compiled run exposes the integers (the batch kernel
     reads them too) and gives the floats-and-numpy run's sums; model outputs stay exposed as floats."""
-    from qdebug.capture.fetch import NumpyRun
+    from qdebug.capture.fetch import FetchRun
     from qdebug.capture.kernels import c_kernel
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant(name)))
     pairing = pair_models(fm, qm)
     source = open_data(None, input_specs(fm), num_samples=6, seed=4)
-    ref = capture(fm, qm, pairing, source, path="numpy", batch=1)
+    ref = capture(fm, qm, pairing, source, path="fetch", batch=1)
     one = capture(fm, qm, pairing, source, path="compiled", batch=1)
     assert one.segments == 1 and "post-Q/DQ tensors computed from their integers" in (one.segment_note or "")
     np.testing.assert_allclose(one.per_sample, ref.per_sample, rtol=1e-5)
@@ -197,7 +193,7 @@ def test_a_whole_run_exposing_integers_gives_the_numpy_runs_report(
     batched = capture(fm, qm, pairing, source, path="compiled", batch=3)
     assert batched.batch == 3 and calls, batched.batch_reason  # the batches' integers went to the kernel
     np.testing.assert_allclose(batched.per_sample, ref.per_sample, rtol=1e-5)
-    run = NumpyRun(fm, qm, pairing, ["CPUExecutionProvider"], dequant_whole=True)
+    run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], dequant_whole=True)
     outputs = {o.quant_name for o in pairing.outputs} | {o.name for o in qm.graph.output}
     assert run.q_specs and not set(run.q_specs) & outputs and not set(run.q_specs) & set(run.q_names)
     run.close()

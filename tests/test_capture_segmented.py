@@ -5,6 +5,7 @@ cut into several segments (the corpus's ViT-S and u2netp are cut at the defaults
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -19,8 +20,9 @@ from conftest import save
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qdebug.capture import CaptureResult, capture, fetch, segmented
+from qdebug.capture import CaptureResult, CaptureTuning, capture, segmented
 from qdebug.capture.kernels.reference import ReductionPlan
+from qdebug.capture.tuning import SegmentRule
 from qdebug.config import QuantConfig
 from qdebug.data import open_data
 from qdebug.pairing import input_specs, pair_models
@@ -39,15 +41,24 @@ def transformer_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[onnx.Mod
     return onnx.load(str(REPO / "sample_models" / "digits_transformer.onnx")), onnx.load(str(q))
 
 
+def _segmenting(budget: int | None, tuning: CaptureTuning | None = None) -> CaptureTuning:
+    """``tuning`` with segmenting forced at ``budget`` exposed bytes per segment (``None``: never segmented)."""
+    above = 0 if budget is not None else 1 << 62
+    return dataclasses.replace(
+        tuning or CaptureTuning(), segment_above=above, pipelined_above=above, segment_bytes=budget or 1
+    )
+
+
 def _run(
-    fm: onnx.ModelProto, qm: onnx.ModelProto, monkeypatch: pytest.MonkeyPatch, budget: int | None, path: str = "numpy"
+    fm: onnx.ModelProto,
+    qm: onnx.ModelProto,
+    budget: int | None,
+    path: str = "fetch",
+    tuning: CaptureTuning | None = None,
 ) -> CaptureResult:
     """``capture`` with segmenting forced at ``budget`` exposed bytes per segment (``None``: never segmented)."""
-    for name in ("SEGMENT_ABOVE", "PIPELINED_ABOVE"):
-        monkeypatch.setattr(segmented, name, 0 if budget is not None else 1 << 62)
-    monkeypatch.setattr(segmented, "SEGMENT_BYTES", budget or 1)
     source = open_data(None, input_specs(fm), num_samples=5, seed=3)
-    return capture(fm, qm, pair_models(fm, qm), source, path=path)
+    return capture(fm, qm, pair_models(fm, qm), source, path=path, tuning=_segmenting(budget, tuning))
 
 
 def _assert_identical(a: CaptureResult, b: CaptureResult) -> None:
@@ -58,12 +69,10 @@ def _assert_identical(a: CaptureResult, b: CaptureResult) -> None:
 
 
 @pytest.mark.parametrize("name", ["u8", "u16_qnn", "s8_per_channel"])
-def test_segments_give_the_whole_runs_sums(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_segments_give_the_whole_runs_sums(tiny_float: Path, tiny_quant: Callable[[str], Path], name: str) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant(name)))
-    whole = _run(fm, qm, monkeypatch, None)
-    cut = _run(fm, qm, monkeypatch, 2048)
+    whole = _run(fm, qm, None)
+    cut = _run(fm, qm, 2048)
     assert whole.segments == 1 and "segments" not in (whole.segment_note or "")  # it may say what was folded
     assert cut.segments >= 3 and "segments: one sample's tensors would take" in (cut.segment_note or "")
     _assert_identical(cut, whole)
@@ -71,63 +80,43 @@ def test_segments_give_the_whole_runs_sums(
 
 @pytest.mark.parametrize("cores", [1, 2])
 def test_the_transformer_cut_everywhere_gives_the_same_sums(
-    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch, cores: int
+    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], cores: int
 ) -> None:
     """One byte per segment: every float node is its own segment, so residuals and attention inputs cross many cuts
     and every weight's DequantizeLinear must follow its consumer. With two cores the next segment is inferred on a
     worker thread while this one is reduced; with one, in turn."""
-
-    monkeypatch.setattr(fetch, "usable_cores", lambda: cores)
     fm, qm = transformer_pair
-    whole = _run(fm, qm, monkeypatch, None)
-    cut = _run(fm, qm, monkeypatch, 1)
+    whole = _run(fm, qm, None, tuning=CaptureTuning(cores=cores))
+    cut = _run(fm, qm, 1, tuning=CaptureTuning(cores=cores))
     assert cut.segments > 50
-    _assert_identical(cut, whole)
-
-
-def test_both_halves_of_a_segment_inferred_at_once_give_the_same_sums(
-    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The A/B knob of benchmarks/profile_segments.py (``-sides``): float and quantized halves on two threads."""
-    fm, qm = transformer_pair
-    whole = _run(fm, qm, monkeypatch, None)
-    monkeypatch.setattr(segmented, "SIDES_IN_PARALLEL", True)
-    cut = _run(fm, qm, monkeypatch, 4096)
-    assert cut.segments > 3
     _assert_identical(cut, whole)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(budget=st.integers(min_value=1, max_value=400_000))
-def test_any_budget_gives_the_same_sums(
-    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch, budget: int
-) -> None:
+def test_any_budget_gives_the_same_sums(transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], budget: int) -> None:
     fm, qm = transformer_pair
-    with monkeypatch.context() as m:
-        whole = _run(fm, qm, m, None)
-    with monkeypatch.context() as m:
-        cut = _run(fm, qm, m, budget)
+    whole = _run(fm, qm, None)
+    cut = _run(fm, qm, budget)
     _assert_identical(cut, whole)
 
 
-def test_the_compiled_reduction_runs_segmented_too(
-    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_compiled_reduction_runs_segmented_too(transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto]) -> None:
     fm, qm = transformer_pair
-    whole = _run(fm, qm, monkeypatch, None, path="compiled")
-    cut = _run(fm, qm, monkeypatch, 4096, path="compiled")
+    whole = _run(fm, qm, None, path="compiled")
+    cut = _run(fm, qm, 4096, path="compiled")
     assert cut.path == "compiled" and cut.segments > 3
     _assert_identical(cut, whole)
 
 
-def test_auto_segments_its_numpy_run_and_the_report_says_so(
-    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
+def test_auto_segments_its_fetch_run_and_the_report_says_so(
+    transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto],
 ) -> None:
     from qdebug.debugger import capture_info
 
     fm, qm = transformer_pair
-    cut = _run(fm, qm, monkeypatch, 8192, path="auto")
-    assert cut.path in ("numpy", "compiled") and cut.segments > 3
+    cut = _run(fm, qm, 8192, path="auto")
+    assert cut.path in ("fetch", "compiled") and cut.segments > 3
     info = capture_info(cut)
     assert info.segments == cut.segments
     assert f"each sample in {cut.segments} segments" in (capture_line(info) or "")
@@ -140,7 +129,7 @@ def test_auto_reduces_a_segmented_run_with_the_compiled_pass_at_any_n(
     transformer_pair: tuple[onnx.ModelProto, onnx.ModelProto], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Segmented samples are large: ``auto`` reduces with the compiled pass from the start (not only when many
-    samples are left), so the reduction — and the process's memory — does not depend on N; the sums are the numpy
+    samples are left), so the reduction — and the process's memory — does not depend on N; the sums are the fetch
     run's."""
     from capture_helpers import loaded_warm_up
 
@@ -148,17 +137,17 @@ def test_auto_reduces_a_segmented_run_with_the_compiled_pass_at_any_n(
 
     monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)  # numba loaded by the next sample
     fm, qm = transformer_pair
-    cut = _run(fm, qm, monkeypatch, 8192, path="auto")  # 5 samples: numpy alone would keep such a short run
+    cut = _run(fm, qm, 8192, path="auto")  # 5 samples: the fetch run alone would keep such a short run
     assert cut.path == "compiled" and cut.segments > 3, cut.fallback_reason
     why = str(cut.fallback_reason)
     assert "segments: the one-pass kernel" in why and "from the first sample" in why
-    ref = _run(fm, qm, monkeypatch, 8192, path="numpy")
+    ref = _run(fm, qm, 8192, path="fetch")
     np.testing.assert_allclose(cut.per_sample, ref.per_sample, rtol=1e-5)
 
 
 def test_small_samples_are_not_segmented_at_the_defaults(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    cap = capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=2, seed=0), path="numpy")
+    cap = capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=2, seed=0), path="fetch")
     assert cap.segments == 1 and "segments" not in (cap.segment_note or "")
 
 
@@ -168,7 +157,7 @@ def test_a_segment_that_cannot_load_goes_back_to_the_whole_model(
     """An op ORT refuses once cut out (here: made unknown in segment 1) only costs the memory bound, with the
     reason; the sums are the whole run's."""
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-    whole = _run(fm, qm, monkeypatch, None)
+    whole = _run(fm, qm, None)
     real = segmented._part_model
 
     def broken(model: onnx.ModelProto, part: object, types: object, j: int) -> onnx.ModelProto:
@@ -178,7 +167,7 @@ def test_a_segment_that_cannot_load_goes_back_to_the_whole_model(
         return out
 
     monkeypatch.setattr(segmented, "_part_model", broken)
-    cap = _run(fm, qm, monkeypatch, 2048)
+    cap = _run(fm, qm, 2048)
     assert cap.segments == 1 and (cap.segment_note or "").startswith("not segmented: a segment could not be loaded")
     _assert_identical(cap, whole)
 
@@ -193,9 +182,7 @@ def _dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def test_later_samples_of_other_shapes_run_through_the_same_segments(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_later_samples_of_other_shapes_run_through_the_same_segments(tmp_path: Path) -> None:
     """Segments are cut at the first sample's shapes; a longer sample runs through them unchanged (the cut's inputs
     carry no shape)."""
     from qdebug.data import NpzFolderData
@@ -210,11 +197,9 @@ def test_later_samples_of_other_shapes_run_through_the_same_segments(
         np.savez(tmp_path / "data" / f"{i}.npz", x=rng.standard_normal((2, 1, n)).astype(np.float32))
     results = []
     for above in (1 << 62, 0):
-        monkeypatch.setattr(segmented, "SEGMENT_ABOVE", above)
-        monkeypatch.setattr(segmented, "PIPELINED_ABOVE", above)
-        monkeypatch.setattr(segmented, "SEGMENT_BYTES", 512)
+        tuning = CaptureTuning(segment_above=above, pipelined_above=above, segment_bytes=512)
         source = NpzFolderData(tmp_path / "data", input_specs(fm))
-        results.append(capture(fm, qm, pair_models(fm, qm), source, path="numpy"))
+        results.append(capture(fm, qm, pair_models(fm, qm), source, path="fetch", tuning=tuning))
     assert results[0].segments == 1 and results[1].segments >= 3
     _assert_identical(results[1], results[0])
 
@@ -240,13 +225,14 @@ def test_control_flow_is_not_segmented(tiny_float: Path, tiny_quant: Callable[[s
 def _child_peak(model: Path, quant: Path, segment: bool) -> dict[str, float]:
     code = f"""
 import json, onnx
-from qdebug.capture import capture, segmented
+from qdebug.capture import CaptureTuning, capture
 from qdebug.data import open_data
 from qdebug.pairing import input_specs, pair_models
-segmented.SEGMENT_ABOVE = segmented.PIPELINED_ABOVE = {(64 << 20) if segment else (1 << 62)}
-segmented.SEGMENT_BYTES = 64 << 20
+above = {(64 << 20) if segment else (1 << 62)}
+tuning = CaptureTuning(segment_above=above, pipelined_above=above, segment_bytes=64 << 20)
 fm, qm = onnx.load({str(model)!r}), onnx.load({str(quant)!r})
-cap = capture(fm, qm, pair_models(fm, qm), open_data(None, input_specs(fm), num_samples=3, seed=0), path="numpy")
+source = open_data(None, input_specs(fm), num_samples=3, seed=0)
+cap = capture(fm, qm, pair_models(fm, qm), source, path="fetch", tuning=tuning)
 hwm = [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 print(json.dumps({{"peak": hwm, "segments": cap.segments, "cum": [s.noise for s in cap.cumulative]}}))
 """
@@ -275,10 +261,10 @@ def test_two_cores_segment_what_the_whole_run_cannot_pipeline() -> None:
     """On two or more cores the threshold is the whole run's own pipelining limit: a sample too large to overlap
     with the next is overlapped segment by segment (faster and smaller on PP-OCRv4 rec/det and YOLOv8n,
     docs/benchmarks.md); on one core only memory decides."""
-    from qdebug.capture.fetch import PIPELINE_BYTES
-
-    assert segmented.threshold(True) == segmented.PIPELINED_ABOVE == PIPELINE_BYTES
-    assert segmented.threshold(False) == segmented.SEGMENT_ABOVE > PIPELINE_BYTES
+    t = CaptureTuning()
+    assert t.threshold(True) == t.pipelined_above == t.pipeline_bytes == SegmentRule.for_cores(2).above
+    assert t.threshold(False) == t.segment_above > t.pipeline_bytes
+    assert SegmentRule.for_cores(1).above == t.segment_above
 
 
 def test_auto_times_fewer_intra_op_threads_on_a_long_segmented_run(
@@ -288,13 +274,11 @@ def test_auto_times_fewer_intra_op_threads_on_a_long_segmented_run(
     one thread, timed, kept or given back — the report says which, with the numbers — and the sums do not change."""
     from capture_helpers import loaded_warm_up
 
-    from qdebug.capture import auto, compiled, threads
+    from qdebug.capture import compiled
 
     monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)
-    monkeypatch.setattr(threads, "MIN_REMAINING", 3)
-    monkeypatch.setattr(threads, "SAMPLES", 1)
-    monkeypatch.setattr(auto, "usable_cores", lambda: 2)  # two cores, pipelined, whatever runs the test
-    monkeypatch.setattr(fetch, "usable_cores", lambda: 2)
+    # two cores, pipelined, whatever runs the test; a trial of one sample each, on a short run
+    tuning = CaptureTuning(trial_min_remaining=3, trial_samples=1, cores=2)
     made: list[int | None] = []
     plain = segmented.make_session
 
@@ -304,12 +288,12 @@ def test_auto_times_fewer_intra_op_threads_on_a_long_segmented_run(
 
     monkeypatch.setattr(segmented, "make_session", counting)
     fm, qm = transformer_pair
-    cut = _run(fm, qm, monkeypatch, 8192, path="auto")
+    cut = _run(fm, qm, 8192, path="auto", tuning=tuning)
     reason = str(cut.fallback_reason)
     assert cut.path == "compiled" and cut.segments > 3, reason
     assert "segment inference on 1 intra-op thread" in reason or "default threads kept: 1 thread(s) measured" in reason
     assert 1 in made  # the sessions were made again with one thread
-    ref = _run(fm, qm, monkeypatch, 8192, path="numpy")
+    ref = _run(fm, qm, 8192, path="fetch", tuning=tuning)
     np.testing.assert_allclose(cut.per_sample, ref.per_sample, rtol=1e-5)
 
 
@@ -332,6 +316,5 @@ def test_sizes_onnx_cannot_infer_come_from_one_run_of_a_small_model(
 
     monkeypatch.setattr(segmented, "_symbolic", no_symbolic)
     assert segmented.exposed_bytes(fm, plan, shapes) == want
-    monkeypatch.setattr(segmented, "PROBE_MODEL_BYTES", 0)  # every model is large: the symbolic inference
     monkeypatch.setattr(segmented, "_symbolic", real_symbolic)
-    assert segmented.exposed_bytes(fm, plan, shapes) == want
+    assert segmented.exposed_bytes(fm, plan, shapes, probe_bytes=0) == want  # every model is large: symbolic

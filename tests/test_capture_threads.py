@@ -1,9 +1,10 @@
 """The thread trial's decisions (:mod:`qdebug.capture.threads`), fed known sample times: the run that uses it is
 tested in tests/test_capture_segmented.py. And a pipelined whole-model run's intra-op threads
-(:data:`~qdebug.capture.fetch.SMALL_CALL_ELEMENTS`), on a real tiny model in ONNX Runtime."""
+(:attr:`~qdebug.capture.tuning.CaptureTuning.small_call_elements`), on a real tiny model in ONNX Runtime."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -13,8 +14,8 @@ from typing import Any
 import onnx
 import pytest
 
-from qdebug.capture import fetch, threads
-from qdebug.capture.fetch import NumpyRun
+from qdebug.capture import CaptureTuning, threads
+from qdebug.capture.fetch import FetchRun
 from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.segmented import exposed_bytes, mean_elements
 from qdebug.capture.threads import ThreadTrial
@@ -33,10 +34,10 @@ class Fetch:
 
 
 def _feed(trial: ThreadTrial, default: float, fewer: float) -> None:
-    for _ in range(threads.SAMPLES):
+    for _ in range(trial.tuning.trial_samples):
         trial.record(default)
     trial.record(99.0)  # the sample that makes the sessions again: not timed
-    for _ in range(threads.SAMPLES):
+    for _ in range(trial.tuning.trial_samples):
         trial.record(fewer)
 
 
@@ -57,7 +58,7 @@ def test_the_default_comes_back_otherwise(fewer: float) -> None:
     assert trial.note is not None and "default threads kept" in trial.note
 
 
-@pytest.mark.parametrize(("cores", "remaining"), [(1, 1000), (2, threads.MIN_REMAINING - 1)])
+@pytest.mark.parametrize(("cores", "remaining"), [(1, 1000), (2, CaptureTuning().trial_min_remaining - 1)])
 def test_no_trial_on_one_core_or_a_short_run(cores: int, remaining: int) -> None:
     fetch = Fetch()
     trial = ThreadTrial(fetch, cores=cores, remaining=remaining)
@@ -68,12 +69,15 @@ def test_no_trial_on_one_core_or_a_short_run(cores: int, remaining: int) -> None
 # -- a pipelined whole-model run's threads: decided from the first sample's input shapes, before any sample runs --
 
 
-def _whole_run(tiny_float: Path, quant: Path, monkeypatch: pytest.MonkeyPatch, cores: int = 2, **kw: Any) -> NumpyRun:
+def _whole_run(
+    tiny_float: Path, quant: Path, cores: int = 2, tuning: CaptureTuning | None = None, **kw: Any
+) -> FetchRun:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(quant))
-    monkeypatch.setattr(fetch, "usable_cores", lambda: cores)
-    shapes = _shapes(fm)
+    tuning = dataclasses.replace(tuning or CaptureTuning(), cores=cores)
     kw.setdefault("pipeline", True)
-    return NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], input_shapes=shapes, **kw)
+    return FetchRun(
+        fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], input_shapes=_shapes(fm), tuning=tuning, **kw
+    )
 
 
 def _shapes(fm: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
@@ -86,34 +90,28 @@ def _intra_op(sess: Any) -> int:
     return int(sess.get_session_options().intra_op_num_threads)
 
 
-def test_small_tensors_leave_a_core_to_the_reduction(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run = _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, cores=2)
+def test_small_tensors_leave_a_core_to_the_reduction(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    run = _whole_run(tiny_float, tiny_quant("u8"), cores=2)
     assert run.threads == 1 and _intra_op(run.f_sess) == 1 and _intra_op(run.q_sess) == 1
     assert run.thread_note is not None and "a core left to the reduction" in run.thread_note
-    run4 = _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, cores=4)
+    run4 = _whole_run(tiny_float, tiny_quant("u8"), cores=4)
     assert run4.threads == 3 and _intra_op(run4.f_sess) == 3
 
 
 @pytest.mark.parametrize("case", ["large", "sequential", "one core", "no shapes"])
-def test_otherwise_ort_keeps_its_threads(
-    case: str, tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if case == "large":
-        monkeypatch.setattr(fetch, "SMALL_CALL_ELEMENTS", 1)  # every tiny tensor counts as large
+def test_otherwise_ort_keeps_its_threads(case: str, tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    # large: every tiny tensor counts as large
+    tuning = CaptureTuning(small_call_elements=1) if case == "large" else None
     kw: dict[str, Any] = {"pipeline": case != "sequential"}
-    run = _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, cores=1 if case == "one core" else 2, **kw)
+    run = _whole_run(tiny_float, tiny_quant("u8"), cores=1 if case == "one core" else 2, tuning=tuning, **kw)
     if case == "no shapes":
         fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-        run = NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], pipeline=True)
+        run = FetchRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], pipeline=True)
     assert run.threads is None and run.thread_note is None
     assert _intra_op(run.f_sess) == 0 and _intra_op(run.q_sess) == 0  # 0: ORT's default, one per core
 
 
-def test_a_run_that_will_batch_is_judged_by_its_calls(
-    tiny_float: Path, tiny_quant: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_run_that_will_batch_is_judged_by_its_calls(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
     fm = onnx.load(str(tiny_float))
     shapes = _shapes(fm)
     plan = ReductionPlan.of(pair_models(fm, onnx.load(str(tiny_quant("u8")))))
@@ -121,33 +119,31 @@ def test_a_run_that_will_batch_is_judged_by_its_calls(
     assert weight is not None
     per_sample = mean_elements(weight, plan)
     # small per sample, large per call of 8 samples
-    monkeypatch.setattr(fetch, "SMALL_CALL_ELEMENTS", int(per_sample * 2))
-    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8).threads is None
-    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=1).threads == 1
+    tuning = CaptureTuning(small_call_elements=int(per_sample * 2))
+    assert _whole_run(tiny_float, tiny_quant("u8"), tuning=tuning, batch=8).threads is None
+    assert _whole_run(tiny_float, tiny_quant("u8"), tuning=tuning, batch=1).threads == 1
     # fewer than min_batch would fit: auto runs one sample per call, judged per sample
-    monkeypatch.setattr(fetch, "BATCH_BYTES", 3 * sum(weight.values()))
-    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=4).threads == 1
-    assert _whole_run(tiny_float, tiny_quant("u8"), monkeypatch, batch=8, min_batch=2).threads is None
+    tuning = dataclasses.replace(tuning, batch_bytes=3 * sum(weight.values()))
+    assert _whole_run(tiny_float, tiny_quant("u8"), tuning=tuning, batch=8, min_batch=4).threads == 1
+    assert _whole_run(tiny_float, tiny_quant("u8"), tuning=tuning, batch=8, min_batch=2).threads is None
 
 
-def test_submit_started_returns_once_the_worker_has_begun(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_submit_started_returns_once_the_worker_has_begun() -> None:
     """The caller goes on once the worker is inside the task — not when it ends, not after the bound — so the
     worker's first Python never waits for the GIL behind the caller's; a worker still busy with an earlier task is
-    waited for at most ``STARTED_WAIT_S``, without blocking."""
+    waited for at most the bound, without blocking."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(threads, "STARTED_WAIT_S", 60.0)  # returning on the bound would take a minute
     go = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         t0 = time.monotonic()
-        future = threads.submit_started(pool, lambda: go.wait(60) and 7)
+        future = threads.submit_started(pool, 60.0, lambda: go.wait(60) and 7)  # returning on the bound: a minute
         assert time.monotonic() - t0 < 30 and not future.done()  # returned on "began", the task still runs
         go.set()
         assert future.result() == 7
-        monkeypatch.setattr(threads, "STARTED_WAIT_S", 0.01)
         release = threading.Event()
         busy = pool.submit(release.wait, 60)
-        later = threads.submit_started(pool, lambda: 8)  # returns although the worker has not begun it
+        later = threads.submit_started(pool, 0.01, lambda: 8)  # returns although the worker has not begun it
         assert not later.done() and not busy.done()
         release.set()
         assert later.result() == 8

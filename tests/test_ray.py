@@ -9,6 +9,7 @@ it through the dev extras)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import onnx
 import pytest
 from conftest import SAMPLE_MODELS, assert_one_line_error, save
 
-from qdebug.capture import CaptureResult, capture, fetch
+from qdebug.capture import CaptureResult, CaptureTuning, capture
 from qdebug.cluster import Cluster, ClusterSpec, connect
 from qdebug.config import QuantConfig
 from qdebug.data import open_data, range_reader
@@ -129,8 +130,8 @@ def _captures(f: Path, q: Path, data: Path, cluster: Cluster, progress: Any = No
     fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
     pairing = pair_models(fm, qm)
     source = open_data(data, input_specs(fm))
-    one = capture(fm, qm, pairing, source, path="numpy")
-    many = capture_distributed(fm, qm, pairing, source, cluster, progress=progress, path="numpy")
+    one = capture(fm, qm, pairing, source, path="fetch")
+    many = capture_distributed(fm, qm, pairing, source, cluster, progress=progress, path="fetch")
     return one, many
 
 
@@ -138,15 +139,15 @@ def test_distributed_capture_equals_one_process(digits: tuple[Path, Path, Path],
     seen: list[tuple[int, int]] = []
     one, many = _captures(*digits, cluster, progress=lambda done, total: seen.append((done, total)))
     assert_same_capture(one, many)
-    assert many.path == "numpy" and "on 2 Ray worker(s)" in (many.fallback_reason or "")
+    assert many.path == "fetch" and "on 2 Ray worker(s)" in (many.fallback_reason or "")
     assert seen and seen[-1] == (64, 64) and all(t == 64 and 0 <= d <= 64 for d, t in seen)
 
 
 def test_debug_report_on_workers_equals_one_process(digits: tuple[Path, Path, Path], ray_module: Any) -> None:
     """Through ``debug()`` (``DebugOptions.cluster``), synthetic data regenerated on the workers from the seed."""
     f, q, _ = digits
-    one = debug(f, q, None, DebugOptions(num_samples=12, capture="numpy"))
-    many = debug(f, q, None, DebugOptions(num_samples=12, capture="numpy", cluster=ClusterSpec(workers=2)))
+    one = debug(f, q, None, DebugOptions(num_samples=12, capture="fetch"))
+    many = debug(f, q, None, DebugOptions(num_samples=12, capture="fetch", cluster=ClusterSpec(workers=2)))
     assert ray_module.is_initialized()  # a Ray qdebug did not start is left running
     assert [a.tensor_name for a in many.activations] == [a.tensor_name for a in one.activations]
     for a, b in zip(one.activations, many.activations, strict=True):
@@ -232,15 +233,11 @@ def transformer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return SAMPLE_MODELS / "digits_transformer.onnx", q
 
 
-def _force_segments(monkeypatch: pytest.MonkeyPatch, two_cores: int, one_core: int, budget: int) -> None:
+def _force_segments(two_cores: int, one_core: int, budget: int) -> CaptureTuning:
     """The thresholds of ``tests/test_capture_segmented.py`` (one sample's bytes above which a run on two or more
-    cores / on one core is segmented, bytes per segment), set on the driver: the job carries them to the workers."""
-    from qdebug.capture import segmented
-
-    monkeypatch.setattr(segmented, "PIPELINED_ABOVE", two_cores)
-    monkeypatch.setattr(segmented, "SEGMENT_ABOVE", one_core)
-    monkeypatch.setattr(segmented, "SEGMENT_BYTES", budget)
-    monkeypatch.setattr(fetch, "usable_cores", lambda: 2)  # the local run pipelines, on any machine
+    cores / on one core is segmented, bytes per segment), given to the driver: the job carries them to the workers;
+    two cores: the local run pipelines, on any machine."""
+    return CaptureTuning(pipelined_above=two_cores, segment_above=one_core, segment_bytes=budget, cores=2)
 
 
 def _eight_samples(model: str, f: Path, tmp_path: Path) -> Any:
@@ -268,7 +265,6 @@ def test_workers_segment_as_one_process_does_with_the_same_sums(
     transformer: tuple[Path, Path],
     cluster: Cluster,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Segmenting forced (every threshold 0, small segments): the workers cut each sample as one process does,
     say so in the same fields, and every sum equals the single process's, and the unsegmented run's, bit for bit."""
@@ -279,41 +275,39 @@ def test_workers_segment_as_one_process_does_with_the_same_sums(
     f, q = digits[:2] if model == "digits_cnn" else transformer
     fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
     pairing, source = pair_models(fm, qm), _eight_samples(model, f, tmp_path)
-    whole = capture(fm, qm, pairing, source, path="numpy")
-    _force_segments(monkeypatch, 0, 0, 4096)
-    one = capture(fm, qm, pairing, source, path="numpy")
-    many = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")
+    whole = capture(fm, qm, pairing, source, path="fetch")
+    tuning = _force_segments(0, 0, 4096)
+    one = capture(fm, qm, pairing, source, path="fetch", tuning=tuning)
+    many = capture_distributed(fm, qm, pairing, source, cluster, path="fetch", tuning=tuning)
     assert whole.segments == 1 and one.segments > 3
     assert (many.segments, many.segment_note) == (one.segments, one.segment_note)
     assert "segments: one sample's tensors would take" in (many.segment_note or "")
     assert f"each sample in {many.segments} segments" in (capture_line(capture_info(many)) or "")
-    assert many.path == "numpy" and "8 shard(s) on 2 Ray worker(s)" in (many.fallback_reason or "")
+    assert many.path == "fetch" and "8 shard(s) on 2 Ray worker(s)" in (many.fallback_reason or "")
     assert_identical(one, many)
     assert_identical(whole, many)
 
 
-def test_a_worker_follows_the_one_core_rule(
-    digits: tuple[Path, Path, Path], cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker has one core (``WORKER_CPUS``) whatever the machine's: segmented above the one-core threshold, not
+def test_a_worker_follows_the_one_core_rule(digits: tuple[Path, Path, Path], cluster: Cluster, tmp_path: Path) -> None:
+    """A worker has one core (``worker_cpus``) whatever the machine's: segmented above the one-core threshold, not
     the pipelined one. Here the two-core threshold is 0 and the one-core one out of reach: one process segments,
     the workers do not — and their sums are the same."""
-    from qdebug.capture import segmented
-    from qdebug.capture.ray_backend import WORKER_CPUS, _job, capture_distributed
+    from qdebug.capture.ray_backend import _job, capture_distributed
+    from qdebug.capture.tuning import SegmentRule
 
     f, q, _ = digits
     fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
     pairing, source = pair_models(fm, qm), _eight_samples("digits_cnn", f, tmp_path)
-    _force_segments(monkeypatch, 0, 1 << 62, 4096)
-    job = _job(fm, qm, pairing, ("CPUExecutionProvider",), "numpy", 4, range_reader(source))
-    assert WORKER_CPUS == 1 and job["segment_rule"] == segmented.SegmentRule(False, 1 << 62, 4096)
-    one = capture(fm, qm, pairing, source, path="numpy")
-    many = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")
+    tuning = _force_segments(0, 1 << 62, 4096)
+    job = _job(fm, qm, pairing, ("CPUExecutionProvider",), "fetch", 4, range_reader(source), None, tuning)
+    assert tuning.worker_cpus == 1 and job["segment_rule"] == SegmentRule(False, 1 << 62, 4096)
+    one = capture(fm, qm, pairing, source, path="fetch", tuning=tuning)
+    many = capture_distributed(fm, qm, pairing, source, cluster, path="fetch", tuning=tuning)
     assert one.segments > 3 and "(more than 0 MB)" in (one.segment_note or "")
     assert many.segments == 1 and "segments" not in (many.segment_note or "")  # it may say what was folded
     assert_identical(one, many)
-    monkeypatch.setattr(segmented, "SEGMENT_ABOVE", 0)  # and above the one-core threshold, they do
-    cut = capture_distributed(fm, qm, pairing, source, cluster, path="numpy")
+    tuning = dataclasses.replace(tuning, segment_above=0)  # and above the one-core threshold, they do
+    cut = capture_distributed(fm, qm, pairing, source, cluster, path="fetch", tuning=tuning)
     assert cut.segments == one.segments
     assert_identical(one, cut)
 
@@ -327,21 +321,21 @@ def test_a_worker_runs_every_shard_on_one_thread(
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from qdebug.capture.fetch import NumpyRun
+    from qdebug.capture.fetch import FetchRun
     from qdebug.capture.ray_backend import CaptureWorker, _job
 
     f, q, data = digits
     fm, qm = load_model(f, "float model"), load_model(q, "quantized model")
     source = open_data(data, input_specs(fm))
-    job = _job(fm, qm, pair_models(fm, qm), ("CPUExecutionProvider",), "numpy", 8, range_reader(source))
+    job = _job(fm, qm, pair_models(fm, qm), ("CPUExecutionProvider",), "fetch", 8, range_reader(source))
     threads: set[int] = set()
-    real = NumpyRun.reduce
+    real = FetchRun.reduce
 
-    def spy(self: NumpyRun, index: int, sample: Any) -> Any:
+    def spy(self: FetchRun, index: int, sample: Any) -> Any:
         threads.add(threading.get_ident())
         return real(self, index, sample)
 
-    monkeypatch.setattr(NumpyRun, "reduce", spy)
+    monkeypatch.setattr(FetchRun, "reduce", spy)
     worker, callers = CaptureWorker(job), [ThreadPoolExecutor(1), ThreadPoolExecutor(1)]
     try:
         results = [callers[k % 2].submit(worker.shard, 2 * k, 2 * k + 2).result() for k in range(4)]
@@ -412,7 +406,7 @@ def test_greedy_search_on_workers_takes_the_sequential_steps(
     goal = SearchGoal(output_sqnr_db=90.0, max_steps=1, candidates_per_step=2, strategy="greedy")
     results = []
     for k, cluster in enumerate((None, ClusterSpec(workers=2))):
-        opts = DebugOptions(num_samples=8, capture="numpy", cluster=cluster)
+        opts = DebugOptions(num_samples=8, capture="fetch", cluster=cluster)
         calib = SAMPLE_MODELS / "digits_calib.npz"
         with MixedPrecisionSession(f, calib, debug_data=data, debug_options=opts, workdir=tmp_path / str(k)) as s:
             results.append(s.search(goal))

@@ -49,61 +49,26 @@ import numpy as np
 import onnx
 
 from qdebug.capture import compiled
-from qdebug.capture.base import CaptureRun, Fallback, SampleSums, UnsupportedPairError
-from qdebug.capture.fetch import NumpyRun, usable_cores
+from qdebug.capture.base import (
+    FALLBACK_BACKEND,
+    CaptureRun,
+    Fallback,
+    ModelPair,
+    OpenOptions,
+    RunInfo,
+    SampleSums,
+    UnsupportedPairError,
+)
+from qdebug.capture.fetch import FetchRun, usable_cores
 from qdebug.capture.merged import GraphRun, merged_model
-from qdebug.capture.segmented import SegmentRule
 from qdebug.capture.threads import ThreadTrial
+from qdebug.capture.tuning import CaptureTuning, SegmentRule
 from qdebug.pairing import Pairing
 
-__all__ = [
-    "AUTO",
-    "AUTO_BATCH",
-    "AUTO_MIN_BATCH",
-    "GRAPH_MAX_MEAN_ELEMENTS",
-    "MERGED_NODES_PER_PAIR",
-    "MIN_REMAINING",
-    "PAYBACK_SHARE",
-    "SETUP_KNEE_NODES",
-    "AutoRun",
-    "Choice",
-    "estimate_setup",
-]
+__all__ = ["AUTO", "AutoBackend", "AutoRun", "Choice", "estimate_setup"]
 
 #: The ``capture`` value that chooses the backend per run (the default of ``DebugOptions`` and ``--capture``).
 AUTO = "auto"
-
-#: Samples per inference call ``auto`` runs when the model batches and the user did not say (``batch=None``):
-#: the batch is also cut to :data:`~qdebug.capture.batching.BATCH_BYTES` of tensors. Measured on Silero VAD
-#: (docs/benchmarks.md): per-sample inference 0.42x the floor at 8, 0.28x at 16, 0.20x at 32.
-AUTO_BATCH = 32
-
-#: ``auto`` batches only when at least this many samples fit in a batch: at 2 (ppocr-cls, 34 MB per sample) a batch
-#: was 34 % slower per sample than one sample per call (17.6 vs 13.1 ms, compiled, ``bench_batching.py``), and at 3
-#: (ppocr-cls exposing integers, 25 MB per sample) 14.8 vs 13.5 ms with 100 MB more memory; MiniLM at 3 was 1.8x
-#: faster, at 4-5 2.0-2.5x (docs/benchmarks.md). ``--batch N`` is obeyed whatever fits.
-AUTO_MIN_BATCH = 4
-
-#: The merged graph is not tried when the paired tensors average more elements than this: its in-graph float64
-#: reductions then cost more per sample than numpy's fetch-and-reduce (measured on the corpus: YOLOv8n, 50k
-#: elements per tensor, 386 vs 268 ms; PP-OCRv4 rec, 120k, 758 vs 497 ms), so its set-up can never pay back.
-#: The bundled models it wins on average a few hundred elements.
-GRAPH_MAX_MEAN_ELEMENTS = 16384
-
-#: Samples after sample 0 that numpy reduces before ``auto`` decides (the fastest of them counts): sample 0's
-#: first-run allocations make it a poor measure on its own.
-COMPILED_PROBE = 3
-
-#: With fewer samples left after sample 0, ``numpy`` keeps the run without measuring anything else: the probe
-#: sample and the merged session's set-up cannot be won back (on the bundled models, where the merged graph is
-#: fastest, 8 samples take 80 ms with numpy and 88 ms with it), and small runs — CI checks, tests — get a
-#: reason without timings, so their output is reproducible.
-MIN_REMAINING = 8
-
-#: The merged graph is tried only if its estimated set-up is below this share of the numpy path's remaining time:
-#: it would have to be that much faster per sample just to pay its set-up back. The bundled models' merged graph
-#: runs at 0.5-0.7x numpy per sample (docs/benchmarks.md), so 0.25 leaves it the cases it can win.
-PAYBACK_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -114,37 +79,27 @@ class Choice:
     reason: str
 
 
-#: Nodes the merged graph adds per paired activation, at least (its in-graph reductions; measured on the corpus:
-#: 18.5 on Silero VAD, 24-26 on ppocr-cls, MiniLM, the CRNN and YOLOv8n). With both models' nodes, a lower bound
-#: of the merged graph's size that needs no building it (ppocr-cls: 89 ms, MiniLM: 0.64 s).
-MERGED_NODES_PER_PAIR = 18
-
-#: Node count at which ONNX Runtime's quadratic set-up term equals its linear one. Fitted on merged YOLOv8n graphs
-#: of 1.4k-8.9k nodes (0.16-4.7 s; t = a·n + c·n², a = 3.7e-5 s, c = 5.5e-8 s): a/c ≈ 700. A ratio, so it carries
-#: over to a faster or slower machine.
-SETUP_KNEE_NODES = 700
-
-
-def estimate_setup(measured_s: float, measured_nodes: Sequence[int], nodes: int) -> float:
+def estimate_setup(measured_s: float, measured_nodes: Sequence[int], nodes: int, knee: int = 700) -> float:
     """Session set-up time of a graph of ``nodes`` nodes, from sessions of ``measured_nodes`` nodes that took
-    ``measured_s`` together to create, with set-up ∝ n·(1 + n / :data:`SETUP_KNEE_NODES`) (linear for small graphs,
-    quadratic for large ones). The measured time also holds the models' copying and weights, so this errs high
-    — towards ``numpy``, the backend that needs no second session."""
-    cost = [n * (1 + n / SETUP_KNEE_NODES) for n in measured_nodes]
-    return measured_s * nodes * (1 + nodes / SETUP_KNEE_NODES) / sum(cost) if sum(cost) else float("inf")
+    ``measured_s`` together to create, with set-up ∝ n·(1 + n / ``knee``) (linear for small graphs, quadratic for
+    large ones; :attr:`~qdebug.capture.tuning.CaptureTuning.setup_knee_nodes`). The measured time also holds the
+    models' copying and weights, so this errs high — towards ``fetch``, the backend that needs no second session."""
+    cost = [n * (1 + n / knee) for n in measured_nodes]
+    return measured_s * nodes * (1 + nodes / knee) / sum(cost) if sum(cost) else float("inf")
 
 
-def _saving_per_sample(reduce_s: float, infer_s: float, pipelined: bool) -> float:
+def _saving_per_sample(reduce_s: float, infer_s: float, pipelined: bool, saving: float) -> float:
     """Seconds per sample the compiled reduction saves, from numpy's measured reduction and inference times.
 
     Not pipelined, a sample costs inference + reduction, and the compiled pass removes
-    :data:`~qdebug.capture.compiled.SAVING` of the reduction. Pipelined, it costs about the longer of the two
+    ``saving`` of the reduction (:attr:`~qdebug.capture.tuning.CaptureTuning.compiled_saving`). Pipelined, it costs
+    about the longer of the two
     (the next sample's inference runs beside this one's reduction), so only the part of the reduction above the
     inference is saved outright (on Silero VAD the fetch, 3.5 ms, bounds a sample once the reduction drops below
     it: a 5.8 ms numpy reduction saves 2.3 ms, not 4.1) — but the CPU it frees also goes to the inference's threads,
     so the estimate is the mean of the two.
     """
-    alone = compiled.SAVING * reduce_s
+    alone = saving * reduce_s
     if not pipelined:
         return alone
     # Pipelined, the two threads also compete for the cores (ONNX Runtime's intra-op threads beside the reduction):
@@ -152,7 +107,7 @@ def _saving_per_sample(reduce_s: float, infer_s: float, pipelined: bool) -> floa
     # numpy compiled): YOLOv8n, N = 64, 19 ms/sample saved where "above the inference" predicted 14 and "alone" 69;
     # ppocr-cls, N = 256 (bench_batching.py), 10 ms where they predicted 17 and 21. Neither bounds it; the mean errs
     # towards switching, whose cost is bounded by numba's start-up.
-    beside = max(0.0, max(infer_s, reduce_s) - max(infer_s, (1 - compiled.SAVING) * reduce_s))
+    beside = max(0.0, max(infer_s, reduce_s) - max(infer_s, (1 - saving) * reduce_s))
     return (alone + beside) / 2
 
 
@@ -174,15 +129,17 @@ class AutoRun:
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
         segment_rule: SegmentRule | None = None,
         batch: int | None = None,
+        tuning: CaptureTuning | None = None,
     ) -> None:
         self.models, self.pairing, self.providers = (float_model, quant_model), pairing, tuple(providers)
+        self.tuning = tune = tuning or CaptureTuning()
         self.samples, self.clock = samples, clock
         self.warm_up: compiled.WarmUp | None = None  # numba loading while numpy keeps reducing (_try_compiled)
         self.switched_at: int | None = None  # the first sample the compiled reduction reduced
         self.trial: ThreadTrial | None = None  # a segmented run's intra-op threads, measured (_start_trial)
         t0 = clock()
-        limit = (AUTO_BATCH if samples > 2 else 1) if batch is None else batch
-        self.numpy = NumpyRun(
+        limit = (tune.auto_batch if samples > 2 else 1) if batch is None else batch
+        self.fetch = FetchRun(
             float_model,
             quant_model,
             pairing,
@@ -192,9 +149,10 @@ class AutoRun:
             segment_rule=segment_rule,
             dequant=compiled.available(),  # a segmented run reduces with the compiled pass (_compiled_from_start)
             dequant_whole=compiled.ready(),  # so does every run once the C kernel is built (_kernel_from_start)
-            min_batch=AUTO_MIN_BATCH if batch is None else 2,  # fewer per call: auto runs one sample per call
+            tuning=tune,
+            min_batch=tune.auto_min_batch if batch is None else 2,  # fewer per call: auto runs one sample per call
         )
-        self.numpy_setup = clock() - t0
+        self.fetch_setup = clock() - t0
         self.graph: GraphRun | None = None
         self.totals: list[float] = []  # per numpy sample until decided: the whole call, the reduction, the inference
         self.reduce_times: list[float] = []
@@ -206,9 +164,9 @@ class AutoRun:
         self.batch_asked = batch is not None and batch > 1
         self.batch_planned = self._batches()  # decided after sample 0, once one sample's size is known
         self.kernel_ready = self._kernel_from_start()
-        if self.numpy.segmented is not None and samples > 1 and compiled.available():
+        if self.fetch.segmented is not None and samples > 1 and compiled.available():
             self._compiled_from_start()
-        if self.choice is None and samples - 1 < MIN_REMAINING:
+        if self.choice is None and samples - 1 < tune.min_remaining:
             # decided before sample 0, not after it: sample 1 is then announced to the numpy run at once and
             # inferred on the worker while sample 0 is reduced (ppocr-cls at N = 8: it ran after, on this thread)
             self._keep_numpy(f"{samples} sample(s): too few to pay for a second session")
@@ -223,7 +181,7 @@ class AutoRun:
             kernel = compiled.kernel()
         except Exception:  # a library that does not load after all (its error types vary): weighed as before
             return False
-        self.numpy.reducer, self.numpy.batch_kernel = compiled.reduce_sample_compiled, kernel
+        self.fetch.reducer, self.fetch.batch_kernel = compiled.reduce_sample_compiled, kernel
         self.switched_at, self.compiled_weighed = 0, True
         return True
 
@@ -233,25 +191,25 @@ class AutoRun:
         faster than numpy whatever the number of samples, and a first build or numba's import (0.5-1.3 s) overlaps
         the first sample's segment sessions being made. The same reduction at every N: the process's memory does
         not step up by numba's ~105 MB at some N and not others."""
-        assert self.numpy.segmented is not None
+        assert self.fetch.segmented is not None
         if not self.kernel_ready:
             self.warm_up = compiled.start_warm_up()
         self.compiled_weighed = True
         self.choice = Choice(
             "compiled",
-            f"one sample runs in {self.numpy.segment_count} segments: the one-pass kernel reduces such large "
+            f"one sample runs in {self.fetch.segment_count} segments: the one-pass kernel reduces such large "
             "tensors faster than numpy at any number of samples",
         )
 
     def _batches(self) -> bool:
         """Whether the numpy run will batch: asked for, one sample is not cut into segments, and every input has an
         axis to stack samples on (the first batch still checks that ONNX Runtime runs it and that the values hold)."""
-        run = self.numpy
+        run = self.fetch
         return run.batch_limit > 1 and run.segmented is None and run.stackable
 
     def final(self) -> Choice:
         """The choice, also when the data ran out before it was made (or before numba had loaded)."""
-        note = self.trial.note if self.trial is not None else self.numpy.thread_note
+        note = self.trial.note if self.trial is not None else self.fetch.thread_note
         threads = f"; {note}" if note else ""
         if self.kernel_ready and (self.choice is None or self.choice.backend != "graph"):
             reason = self.choice.reason if self.choice else "the data ran out before the merged graph could be weighed"
@@ -259,31 +217,33 @@ class AutoRun:
             return Choice("compiled", f"{reason}; the compiled {impl} kernel reduced from the first sample{threads}")
         if self.choice is not None and self.choice.backend == "compiled":
             if self.switched_at is None:
-                return Choice("numpy", f"{self.choice.reason}; the data ran out before the compiled kernel had loaded")
+                return Choice(
+                    FALLBACK_BACKEND, f"{self.choice.reason}; the data ran out before the compiled kernel had loaded"
+                )
             return Choice(
                 "compiled",
                 f"{self.choice.reason}; from sample {self.switched_at}, once the {compiled.implementation()} kernel "
                 f"had loaded{threads}",
             )
-        return self.choice or Choice("numpy", "the data ran out before the backends could be compared")
+        return self.choice or Choice(FALLBACK_BACKEND, "the data ran out before the backends could be compared")
 
     @property
     def current(self) -> CaptureRun:
         """The run that reduces the next sample once the choice is made."""
-        return self.graph if self.choice is not None and self.choice.backend == "graph" and self.graph else self.numpy
+        return self.graph if self.choice is not None and self.choice.backend == "graph" and self.graph else self.fetch
 
     @property
     def lookahead(self) -> int:
         """Samples to announce ahead: the numpy run's once it is the choice, else one."""
-        return self.numpy.lookahead if self.choice is not None and self.current is self.numpy else 1
+        return self.fetch.lookahead if self.choice is not None and self.current is self.fetch else 1
 
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
         """Announce the next sample to the numpy run once it is the choice (never while the backends are timed:
         held until then, see :meth:`_release`)."""
         if self.choice is None:
             self.held.append((index, sample))  # the loop holds these samples anyway: no extra memory
-        elif self.current is self.numpy:
-            self.numpy.prefetch(index, sample)
+        elif self.current is self.fetch:
+            self.fetch.prefetch(index, sample)
 
     def _release(self, index: int) -> None:
         """Once the choice is made, announce to the numpy run the samples read ahead while it was not: the loop
@@ -291,16 +251,32 @@ class AutoRun:
         thread (ppocr-cls at N = 8: samples 1 and 2 on this thread, 40 ms, instead of sample 2 inferred beside
         sample 1's reduction)."""
         held, self.held = self.held, []
-        if self.choice is not None and self.current is self.numpy:
+        if self.choice is not None and self.current is self.fetch:
             for i, sample in held:
                 if i > index:
-                    self.numpy.prefetch(i, sample)
+                    self.fetch.prefetch(i, sample)
 
     def close(self) -> None:
-        """Stop the numpy run's worker thread (and wait for numba's warm-up, which cannot be interrupted)."""
-        self.numpy.close()
+        """Stop the fetch run's worker thread (and wait for numba's warm-up, which cannot be interrupted)."""
+        self.fetch.close()
         if self.warm_up is not None:
             self.warm_up.join()
+
+    @property
+    def fallback(self) -> CaptureRun:
+        """The fetch run, always open: it also redoes the merged graph's fallback samples."""
+        return self.fetch
+
+    def info(self) -> RunInfo:
+        """The backend :meth:`final` names and, when the fetch run kept the samples, its batching and segments
+        (a batch reason only when batching was asked for or planned: otherwise there is nothing to explain)."""
+        choice = self.final()
+        if choice.backend == "graph":
+            return RunInfo(choice.backend, choice.reason)
+        size, why = self.fetch.batching()
+        if not self.batch_asked and not self.batch_planned:
+            why = None
+        return RunInfo(choice.backend, choice.reason, size, why, self.fetch.segment_count, self.fetch.segment_note)
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
         """Samples 0-:data:`COMPILED_PROBE` on numpy (timed), then the compiled reduction or the merged graph if
@@ -311,11 +287,11 @@ class AutoRun:
             if self.trial is not None or self._start_trial(index):
                 return self._timed_for_trial(index, sample)
             res: SampleSums | Fallback
-            if index == 0 and self.current is self.numpy:
+            if index == 0 and self.current is self.fetch:
                 res = self._numpy_sample_0(index, sample)[0]
             else:
                 res = self.current.reduce(index, sample)
-            if self.choice.backend == "numpy" and self.current is self.numpy and not self.compiled_weighed:
+            if self.choice.backend == FALLBACK_BACKEND and self.current is self.fetch and not self.compiled_weighed:
                 self._measure_numpy(0.0, index)  # a run decided early (few samples) still weighs compiled
             return res
         if self.graph is not None:
@@ -324,7 +300,7 @@ class AutoRun:
             return res
         self.held = [(i, s) for i, s in self.held if i > index]  # the samples reduced so far are not announced
         t0 = self.clock()
-        sums, batched = self._numpy_sample_0(index, sample) if index == 0 else (self.numpy.reduce(index, sample), False)
+        sums, batched = self._numpy_sample_0(index, sample) if index == 0 else (self.fetch.reduce(index, sample), False)
         self._measure_numpy(self.clock() - t0, index)
         if batched:
             self._release(index)
@@ -332,7 +308,7 @@ class AutoRun:
         mean = float(sums.elements.mean()) if sums.elements.size else 0.0
         if index == 0:
             self._ruled_out_at_sample_0(mean)
-        elif len(self.totals) > COMPILED_PROBE:
+        elif len(self.totals) > self.tuning.compiled_probe:
             self._decide(index, mean)
         if self.choice is not None:
             self._release(index)
@@ -341,9 +317,9 @@ class AutoRun:
     def _numpy_sample_0(self, index: int, sample: Mapping[str, np.ndarray]) -> tuple[SampleSums, bool]:
         """Sample 0 on the numpy run, and whether the run batches from here: decided once the sample's size is known,
         before its reduction — a run that will not batch then infers its next sample, or makes its next set of bound
-        outputs, on the idle core meanwhile (:meth:`NumpyRun.reduce`)."""
+        outputs, on the idle core meanwhile (:meth:`FetchRun.reduce`)."""
         batched: list[bool] = []
-        res = self.numpy.reduce(index, sample, lambda: batched.append(self._batch_after_sample_0()))
+        res = self.fetch.reduce(index, sample, lambda: batched.append(self._batch_after_sample_0()))
         if not batched:  # a segmented run: its size is not one sample's tensors
             batched.append(self._batch_after_sample_0())
         return res, batched[0]
@@ -351,18 +327,18 @@ class AutoRun:
     def _start_trial(self, index: int) -> bool:
         """From the second sample the compiled pass reduces of a pipelined segmented run: time the segments'
         inference with ORT's default threads and with one fewer (:class:`~qdebug.capture.threads.ThreadTrial`)."""
-        fetch = self.numpy.segmented
+        fetch = self.fetch.segmented
         if self.switched_at is None or index <= self.switched_at or fetch is None or not fetch.pipelined:
             return False
-        self.trial = ThreadTrial(fetch, usable_cores(), self.samples - index)
+        self.trial = ThreadTrial(fetch, usable_cores(self.tuning), self.samples - index, self.tuning)
         return True
 
     def _timed_for_trial(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
         """One sample of the segmented run, its wall time given to the thread trial while it is on."""
         assert self.trial is not None
         t0 = self.clock()
-        res = self.numpy.reduce(index, sample)
-        if self.trial.active and self.numpy.segmented is not None:
+        res = self.fetch.reduce(index, sample)
+        if self.trial.active and self.fetch.segmented is not None:
             self.trial.record(self.clock() - t0)
         return res
 
@@ -374,26 +350,26 @@ class AutoRun:
         not repaid (``bench_batching.py --specs auto:1 auto:auto``: Silero VAD, 27 fit, at N = 8 / 16 / 32 took
         2.17 / 1.66 / 1.39 ms per sample one by one and 3.47 / 1.83 / 1.20 batched; MiniLM, 5 fit, at N = 8 30.4
         vs 27.1) — else one sample per call from here."""
-        fit, left = self.numpy.batch_size, self.samples - 1
-        if self.batch_planned and not self.batch_asked and fit >= AUTO_MIN_BATCH and left < fit:
-            self.numpy.batch_reason = (
+        fit, left = self.fetch.batch_size, self.samples - 1
+        if self.batch_planned and not self.batch_asked and fit >= self.tuning.auto_min_batch and left < fit:
+            self.fetch.batch_reason = (
                 f"{left} sample(s) after the first, fewer than a full batch of {fit}: one partial batch's first call "
                 "and check would not be repaid"
             )
-        elif self.batch_planned and fit >= (2 if self.batch_asked else AUTO_MIN_BATCH):
+        elif self.batch_planned and fit >= (2 if self.batch_asked else self.tuning.auto_min_batch):
             why = "" if self.batch_asked else "the model's inputs have a batch axis, "
             self._keep_numpy(f"{why}batches of up to {fit} samples per inference call")
             return True
         if not self.batch_asked:
-            self.numpy.batch_limit = 1
+            self.fetch.batch_limit = 1
         return False
 
     def _measure_numpy(self, total_s: float, index: int) -> None:
         """Record numpy's times for this sample: the whole call, its reduction, its inference."""
         self.totals.append(total_s)
-        self.reduce_times.append(self.numpy.reduce_seconds or 0.0)
-        self.infer_times.append(self.numpy.infer_seconds or 0.0)
-        if self.choice is not None and len(self.totals) > COMPILED_PROBE:
+        self.reduce_times.append(self.fetch.reduce_seconds or 0.0)
+        self.infer_times.append(self.fetch.infer_seconds or 0.0)
+        if self.choice is not None and len(self.totals) > self.tuning.compiled_probe:
             self.compiled_weighed = True
             self._try_compiled(index)
 
@@ -402,9 +378,9 @@ class AutoRun:
         self.compiled_weighed = True
         if not self.kernel_ready and self._try_compiled(index):
             return
-        if mean_elements > GRAPH_MAX_MEAN_ELEMENTS:
+        if mean_elements > self.tuning.graph_max_mean_elements:
             self._keep_numpy(
-                f"tensors of {mean_elements:,.0f} elements on average (> {GRAPH_MAX_MEAN_ELEMENTS:,}): "
+                f"tensors of {mean_elements:,.0f} elements on average (> {self.tuning.graph_max_mean_elements:,}): "
                 f"the merged graph's in-graph reductions are slower per sample than {self.run_name}'s"
             )
         else:
@@ -414,15 +390,18 @@ class AutoRun:
     def run_name(self) -> str:
         """What the fetch-and-reduce run is called in reasons: ``compiled`` when its kernel reduces from the first
         sample, else ``numpy``."""
-        return "compiled" if self.kernel_ready else "numpy"
+        return "compiled" if self.kernel_ready else FALLBACK_BACKEND
 
     def _keep_numpy(self, why: str) -> None:
         """The fetch-and-reduce run keeps the rest of the samples (numpy's reduction, or the kernel's when ready)."""
         why = f"{why}; {self.missing_fast}" if self.missing_fast else why
-        self.choice, self.graph = Choice("numpy", why), None  # drop the merged session: its memory goes with it
+        self.choice, self.graph = (
+            Choice(FALLBACK_BACKEND, why),
+            None,
+        )  # drop the merged session: its memory goes with it
 
     @property
-    def numpy_per_sample(self) -> float:
+    def fetch_per_sample(self) -> float:
         """numpy's steady per-sample time: the fastest call after sample 0 (whose first-run costs make it a poor
         measure: Silero VAD's reduction read 47 ms there, 6 ms after), sample 0 if it is the only one."""
         return min(self.totals[1:] or self.totals)
@@ -434,8 +413,8 @@ class AutoRun:
         at the first sample after (:meth:`_switch`). Without numba, the reason says what it would save."""
         reduce_s, infer_s = min(self.reduce_times[1:]), min(self.infer_times[1:])
         remaining = self.samples - index - 1
-        saving = remaining * _saving_per_sample(reduce_s, infer_s, self.numpy.pipelining)
-        startup = compiled.startup_s()
+        saving = remaining * _saving_per_sample(reduce_s, infer_s, self.fetch.pipelining, self.tuning.compiled_saving)
+        startup = compiled.startup_s(self.tuning.compiled_startup_s)
         if saving <= startup:
             return False
         if not compiled.available():  # said in the reason: the user can install it
@@ -463,8 +442,8 @@ class AutoRun:
         if error is not None:
             self._keep_numpy(f"{self.choice.reason}; but the compiled reduction could not load ({error})")
             return
-        self.numpy.reducer = compiled.reduce_sample_compiled
-        self.numpy.batch_kernel = compiled.kernel()
+        self.fetch.reducer = compiled.reduce_sample_compiled
+        self.fetch.batch_kernel = compiled.kernel()
         self.switched_at = index
 
     def _graph_cannot_pay(self, remaining: int, per: float, which: str = "") -> bool:
@@ -472,12 +451,13 @@ class AutoRun:
         its smallest: a session of both models' nodes plus :data:`MERGED_NODES_PER_PAIR` per pair, which needs no
         building it (ppocr-cls: 89 ms, MiniLM: 0.64 s). ``which`` says where ``per`` comes from."""
         nodes = [len(m.graph.node) for m in self.models]
-        fewest = sum(nodes) + MERGED_NODES_PER_PAIR * len(self.pairing.activations)
-        least = estimate_setup(self.numpy_setup, nodes, fewest)
-        if least <= PAYBACK_SHARE * remaining * per:
+        tune = self.tuning
+        fewest = sum(nodes) + tune.merged_nodes_per_pair * len(self.pairing.activations)
+        least = estimate_setup(self.fetch_setup, nodes, fewest, tune.setup_knee_nodes)
+        if least <= tune.payback_share * remaining * per:
             return False
         self._keep_numpy(
-            f"merged graph set-up est. over {_ms(least)} (over {fewest} nodes) > {PAYBACK_SHARE:.0%} of "
+            f"merged graph set-up est. over {_ms(least)} (over {fewest} nodes) > {tune.payback_share:.0%} of "
             f"{self.run_name}'s remaining {_ms(remaining * per)} ({remaining} samples x {_ms(per)}{which})"
         )
         return True
@@ -489,14 +469,14 @@ class AutoRun:
         instead of timing :data:`COMPILED_PROBE` more samples one by one (ppocr-cls: ~30 ms at N = 64)."""
         if not self.kernel_ready:
             return
-        if mean_elements > GRAPH_MAX_MEAN_ELEMENTS:
+        if mean_elements > self.tuning.graph_max_mean_elements:
             self._decide(0, mean_elements)
         else:
             self._graph_cannot_pay(self.samples - 1, self.totals[0], ", sample 0's time")
 
     def _open_graph(self, index: int) -> None:
         """Estimate the merged graph's set-up; create its session only if it can pay itself back."""
-        remaining, per = self.samples - index - 1, self.numpy_per_sample
+        remaining, per = self.samples - index - 1, self.fetch_per_sample
         if self._graph_cannot_pay(remaining, per):
             return
         nodes = [len(m.graph.node) for m in self.models]
@@ -505,11 +485,12 @@ class AutoRun:
         except UnsupportedPairError as exc:
             self._keep_numpy(f"the merged graph cannot express this pair: {exc}")
             return
-        est = estimate_setup(self.numpy_setup, nodes, len(model.graph.node))
-        budget = PAYBACK_SHARE * remaining * per
+        tune = self.tuning
+        est = estimate_setup(self.fetch_setup, nodes, len(model.graph.node), tune.setup_knee_nodes)
+        budget = tune.payback_share * remaining * per
         if est > budget:
             self._keep_numpy(
-                f"merged graph set-up est. {est:.1f} s ({len(model.graph.node)} nodes) > {PAYBACK_SHARE:.0%} of "
+                f"merged graph set-up est. {est:.1f} s ({len(model.graph.node)} nodes) > {tune.payback_share:.0%} of "
                 f"{self.run_name}'s remaining {remaining * per:.1f} s ({remaining} samples x {_ms(per)})"
             )
             return
@@ -528,7 +509,7 @@ class AutoRun:
         t0 = self.clock()
         res = self.graph.reduce(index, sample)
         took = self.clock() - t0
-        per = self.numpy_per_sample
+        per = self.fetch_per_sample
         setup = f"set-up {self.graph_setup:.2f} s, est. {self.graph_estimate:.2f} s"
         if isinstance(res, Fallback):
             self._keep_numpy(f"the merged graph could not reduce its probe sample ({res.reason}; {setup})")
@@ -537,3 +518,21 @@ class AutoRun:
         else:
             self._keep_numpy(f"merged graph measured {_ms(took)}/sample vs {self.run_name} {_ms(per)}/sample ({setup})")
         return res
+
+
+class AutoBackend:
+    """The ``auto`` choice as a backend: its run measures the others on the first samples (not registered: it is
+    no backend of its own, and ``--capture`` lists it first)."""
+
+    name = AUTO
+
+    def open(self, pair: ModelPair, options: OpenOptions) -> AutoRun:
+        """An :class:`AutoRun` for ``options.samples`` samples."""
+        return AutoRun(
+            *pair,
+            options.samples,
+            input_shapes=options.input_shapes,
+            segment_rule=options.segment_rule,
+            batch=options.batch,
+            tuning=options.tuning,
+        )

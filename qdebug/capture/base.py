@@ -11,28 +11,41 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import onnx
 
+from qdebug.capture.tuning import CaptureTuning, SegmentRule
 from qdebug.errors import ConfigError
 from qdebug.metrics import BatchSums, ErrorSums
 from qdebug.pairing import Pairing
 
 __all__ = [
+    "BACKEND_ALIASES",
+    "FALLBACK_BACKEND",
     "CaptureBackend",
     "CaptureRun",
     "CaptureSums",
     "Fallback",
+    "ModelPair",
+    "OpenOptions",
     "PairSums",
+    "RunInfo",
     "SampleSums",
     "UnsupportedPairError",
     "backend_names",
+    "canonical_backend",
     "get_backend",
     "register_backend",
 ]
+
+#: The backend that redoes what another cannot (it reduces any pair ORT can run, by the reference definition).
+FALLBACK_BACKEND = "fetch"
+
+#: Former backend names still accepted (``--capture``, ``DebugOptions.capture``), so old flags keep working.
+BACKEND_ALIASES = {"numpy": "fetch"}
 
 
 class UnsupportedPairError(Exception):
@@ -60,11 +73,77 @@ class SampleSums:
     elements: npt.NDArray[np.int64]
 
 
+class ModelPair(NamedTuple):
+    """What a backend opens a run for: the two models, their pairing and the execution providers."""
+
+    float_model: onnx.ModelProto
+    quant_model: onnx.ModelProto
+    pairing: Pairing
+    providers: Sequence[str]
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    """What every backend's ``open`` is told about the run, whether or not it uses it.
+
+    ``samples``: how many the run is expected to reduce (``auto`` weighs its choices on it); ``input_shapes``: the
+    first sample's (a fetch run segments a model too large for one sample by them and ``segment_rule``, default:
+    this process's cores); ``batch``: at most that many samples per inference call (``None``: ``auto`` decides,
+    the others run one per call); ``tuning``: the thresholds of every choice."""
+
+    samples: int = 1
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    segment_rule: SegmentRule | None = None
+    batch: int | None = None
+    tuning: CaptureTuning = field(default_factory=CaptureTuning)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """How a run captured its samples, for the report's ``meta.capture``: the backend that ran and why, the most
+    samples one inference call took and why batching stopped or never started (``None``: it held, or was never
+    meant to), how many segments each sample ran in and how it was fetched."""
+
+    backend: str
+    reason: str | None = None
+    batch: int = 1
+    batch_reason: str | None = None
+    segments: int = 1
+    segment_note: str | None = None
+
+
 class CaptureRun(Protocol):
-    """A backend opened for one model pair (holds its sessions)."""
+    """A backend opened for one model pair (holds its sessions).
+
+    The capture loop (:mod:`qdebug.capture.loop`) reads samples ahead — :attr:`lookahead` of them past the current
+    one — and announces each to :meth:`prefetch`, so that a run can infer them early or together; a run that does
+    neither has ``lookahead`` 0 and a ``prefetch`` that does nothing."""
+
+    @property
+    def lookahead(self) -> int:
+        """How many samples past the current one the loop should read and announce (asked before each sample)."""
+        ...
+
+    def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
+        """Announce sample ``index``, which comes after the one :meth:`reduce` gets next."""
+        ...
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
         """Sample ``index``'s sums, or a :class:`Fallback`; bad data raises a one-line :class:`QDebugError`."""
+        ...
+
+    @property
+    def fallback(self) -> CaptureRun | None:
+        """An open run of the fallback backend this run already holds (``auto``'s fetch run), which redoes its
+        :class:`Fallback` samples; ``None``: the loop opens one when it first needs it."""
+        ...
+
+    def info(self) -> RunInfo:
+        """How the samples reduced so far were captured."""
+        ...
+
+    def close(self) -> None:
+        """Stop the run's threads (a pending inference finishes first); the run is not used after."""
         ...
 
 
@@ -75,9 +154,7 @@ class CaptureBackend(Protocol):
     def name(self) -> str:
         """The registry name (``DebugOptions.capture``, ``--capture``)."""
 
-    def open(
-        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
-    ) -> CaptureRun:
+    def open(self, pair: ModelPair, options: OpenOptions) -> CaptureRun:
         """A run for this pair; :class:`UnsupportedPairError` when the backend cannot capture it at all."""
         ...
 
@@ -194,8 +271,14 @@ def backend_names() -> tuple[str, ...]:
     return tuple(_BACKENDS)
 
 
+def canonical_backend(name: str) -> str:
+    """``name``, or the backend a former name (:data:`BACKEND_ALIASES`) now is."""
+    return BACKEND_ALIASES.get(name, name)
+
+
 def get_backend(name: str) -> CaptureBackend:
-    """The backend registered as ``name``."""
+    """The backend registered as ``name`` (or a former name of it)."""
+    name = canonical_backend(name)
     if name not in _BACKENDS:
         raise ConfigError(f"capture must be one of {', '.join(_BACKENDS)}, got {name!r}")
     return _BACKENDS[name]()

@@ -20,7 +20,9 @@ Whether a model batches is *checked*, never assumed, on the run's first batch:
   into another axis in a different order (a time-major LSTM layout, a hard-coded ``Reshape``).
 
 Any failure stops batching for the rest of the run with the reason, which the report records
-(``meta.capture.batch_reason``); the samples concerned are run one at a time as without ``--batch``.
+(``meta.capture.batch_reason``); the samples concerned are run one at a time as without ``--batch``. A batch holds
+at most :attr:`~qdebug.capture.tuning.CaptureTuning.batch_bytes` of exposed tensors (both models): the batch size
+is cut to fit, so peak memory stays bounded whatever ``--batch`` says.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import numpy as np
 import onnx
 
 __all__ = [
-    "BATCH_BYTES",
     "SPLIT_TOLERANCE",
     "batch_axes",
     "batch_views",
@@ -43,9 +44,6 @@ __all__ = [
     "stack",
 ]
 
-#: A batch holds at most this many exposed bytes (both models): the batch size is cut to fit, so peak memory stays
-#: bounded whatever ``--batch`` says (two batches are alive while the next one is inferred).
-BATCH_BYTES = 96 << 20
 #: A tensor of a sample computed in a batch may differ from the same sample computed alone by this much of its
 #: energy (``‖batched − alone‖² ≤ tol·‖alone‖²``): rounding differs by ~1e-12 of the energy, a sample taken from
 #: the wrong place in the batch by ~1.

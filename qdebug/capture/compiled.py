@@ -32,10 +32,9 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import onnx
 
 from qdebug._lazy import require
-from qdebug.capture.base import SampleSums
+from qdebug.capture.base import ModelPair, OpenOptions, SampleSums
 from qdebug.capture.dequant import Dequantized
 from qdebug.capture.kernels import c_kernel
 from qdebug.capture.kernels.reference import (
@@ -46,14 +45,11 @@ from qdebug.capture.kernels.reference import (
     local_pre,
     reduce_sample,
 )
-from qdebug.capture.segmented import SegmentRule
 from qdebug.errors import MissingExtraError
 from qdebug.metrics import BatchSums, reduce_pairs, value_ranges
-from qdebug.pairing import ActivationPair, Pairing
+from qdebug.pairing import ActivationPair
 
 __all__ = [
-    "SAVING",
-    "STARTUP_S",
     "CachedReducer",
     "CompiledBackend",
     "CompiledReducer",
@@ -65,17 +61,6 @@ __all__ = [
     "reduce_sample_compiled",
     "startup_s",
 ]
-
-#: The compiled reduction's start-up when the C kernel is not built yet: its first build (0.7-0.9 s, once per
-#: machine), or numba's import plus loading its cached kernel, per process (0.46-0.49 s measured on the quiet
-#: 2-core benchmark machine, 0.9-1.3 s under load; the first use on a machine also compiles, ~3-5 s, once). It is
-#: paid on a background thread while numpy goes on reducing, so the price is CPU, not a stall: 1.0 s. (At 1.5 s,
-#: ppocr-cls at N = 64 — est. 1.3 s saved — stayed on numpy at 4.2-5.3x the floor per sample, vs 2.4-2.7x compiled.)
-STARTUP_S = 1.0
-
-#: Share of the numpy reduction's time the compiled pass saves (it takes 0.24-0.28 of it on Silero VAD and
-#: ppocr-cls, benchmarks/profile_reduce.py): a conservative 0.7.
-SAVING = 0.7
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 LANES_PLUS_ONE = 17  # a warm-up tensor that runs the kernel's lanes and its tail
@@ -100,10 +85,10 @@ def ready() -> bool:
     return c_kernel.built() is not None
 
 
-def startup_s() -> float:
-    """What loading the compiled reduction costs this process: nothing once the C kernel is built, else
-    :data:`STARTUP_S` (the first build, or numba's import)."""
-    return 0.0 if ready() else STARTUP_S
+def startup_s(unbuilt: float) -> float:
+    """What loading the compiled reduction costs this process: nothing once the C kernel is built, else ``unbuilt``
+    (:attr:`~qdebug.capture.tuning.CaptureTuning.compiled_startup_s`: the first build, or numba's import)."""
+    return 0.0 if ready() else unbuilt
 
 
 def implementation() -> str:
@@ -394,35 +379,24 @@ def _redo(
 
 
 class CompiledBackend:
-    """The numpy backend's fetch with the compiled reduction (``--capture compiled``; needs the ``fast`` extra)."""
+    """The fetch run with the compiled reduction (``--capture compiled``; the C kernel, else the ``fast`` extra)."""
 
     name = "compiled"
 
-    def open(
-        self,
-        float_model: onnx.ModelProto,
-        quant_model: onnx.ModelProto,
-        pairing: Pairing,
-        providers: Sequence[str],
-        input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-        segment_rule: SegmentRule | None = None,
-        batch: int = 1,
-    ) -> Any:
-        """A :class:`~qdebug.capture.fetch.NumpyRun` that reduces with :func:`reduce_sample_compiled`
-        (``segment_rule``: see the numpy run)."""
-        from qdebug.capture.fetch import NumpyRun
+    def open(self, pair: ModelPair, options: OpenOptions) -> Any:
+        """A :class:`~qdebug.capture.fetch.FetchRun` that reduces with :func:`reduce_sample_compiled`."""
+        from qdebug.capture.fetch import FetchRun
 
         kernel = _load()  # the missing extra is reported before any session is built
-        return NumpyRun(
-            float_model,
-            quant_model,
-            pairing,
-            providers,
+        return FetchRun(
+            *pair,
             reducer=reduce_sample_compiled,
             batch_kernel=kernel,
-            batch=batch,
-            input_shapes=input_shapes,
-            segment_rule=segment_rule,
+            batch=options.batch or 1,
+            input_shapes=options.input_shapes,
+            segment_rule=options.segment_rule,
             dequant=True,
             dequant_whole=True,
+            tuning=options.tuning,
+            name=self.name,
         )

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from qdebug.capture.tuning import CaptureTuning
 from qdebug.ort import make_session
 from qdebug.pairing import Pairing
 
@@ -99,26 +100,25 @@ def find_specs(quant_model: onnx.ModelProto, pairing: Pairing) -> dict[str, Dequ
     return specs
 
 
-#: Values checked per 16-bit (type, scale, zero point): all 65,536 of each of a model's ~300 activations would be
-#: ~120 MB of check tensors; these, spread evenly and with both ends, test the same formula.
-WIDE_CHECKS = 4096
-
-
-def _all_values(dtype: np.dtype[Any]) -> np.ndarray:
-    """Every value of an 8-bit type (:data:`WIDE_CHECKS` of a 16-bit one, both ends included), then a few again: a
-    length that is not a multiple of any vector width, so ORT's vectorised body and its scalar tail both run."""
+def _all_values(dtype: np.dtype[Any], checks: int) -> np.ndarray:
+    """Every value of an 8-bit type (``checks`` of a 16-bit one, spread evenly, both ends included: all 65,536 for
+    every activation would be large check tensors for the same formula), then a few again: a length that is not a
+    multiple of any vector width, so ORT's vectorised body and its scalar tail both run."""
     info = np.iinfo(dtype)
     lo, hi = int(info.min), int(info.max)
-    values = np.arange(lo, hi + 1, dtype=np.int64) if hi - lo < WIDE_CHECKS else np.linspace(lo, hi, WIDE_CHECKS)
+    values = np.arange(lo, hi + 1, dtype=np.int64) if hi - lo < checks else np.linspace(lo, hi, checks)
     values = values.round().astype(np.int64).astype(dtype)
     return np.concatenate([values, values[:13]])
 
 
 def verified(
-    specs: Mapping[str, DequantSpec], quant_model: onnx.ModelProto, providers: Sequence[str]
+    specs: Mapping[str, DequantSpec],
+    quant_model: onnx.ModelProto,
+    providers: Sequence[str],
+    checks: int = CaptureTuning.wide_checks,
 ) -> dict[str, DequantSpec]:
-    """The specs whose recomputation ONNX Runtime confirms bit for bit on every 8-bit value (:data:`WIDE_CHECKS`
-    16-bit ones; one small session of one DequantizeLinear per distinct type, scale and zero point); none when that
+    """The specs whose recomputation ONNX Runtime confirms bit for bit on every 8-bit value (``checks`` 16-bit
+    ones; one small session of one DequantizeLinear per distinct type, scale and zero point); none when that
     session cannot be made."""
     groups: dict[tuple[str, int, int, str], DequantSpec] = {}
     for spec in specs.values():
@@ -127,7 +127,7 @@ def verified(
         return {}
     nodes, inputs, outputs, inits, feed = [], [], [], [], {}
     for g, spec in enumerate(groups.values()):
-        x = _all_values(spec.dtype)
+        x = _all_values(spec.dtype, checks)
         feed[f"x{g}"] = x
         elem = onnx.helper.np_dtype_to_tensor_dtype(spec.dtype)
         inputs.append(onnx.helper.make_tensor_value_info(f"x{g}", elem, [len(x)]))

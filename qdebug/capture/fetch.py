@@ -21,9 +21,8 @@ import numpy as np
 import onnx
 
 from qdebug.capture.arena import carve, estimate_bytes, touched
-from qdebug.capture.base import SampleSums
+from qdebug.capture.base import FALLBACK_BACKEND, ModelPair, OpenOptions, RunInfo, SampleSums
 from qdebug.capture.batching import (
-    BATCH_BYTES,
     InputKey,
     Shapes,
     batch_axes,
@@ -40,63 +39,26 @@ from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.capture.segmented import (
     SegmentedFetch,
     SegmentPlan,
-    SegmentRule,
     exposed_bytes,
     mean_elements,
     plan_segments,
 )
 from qdebug.capture.threads import submit_started
+from qdebug.capture.tuning import CaptureTuning, SegmentRule
 from qdebug.errors import DataError, ModelError
 from qdebug.ort import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.pairing import Pairing, input_specs
 
-__all__ = [
-    "BIND_BYTES",
-    "PIPELINE_BYTES",
-    "PREP_BYTES",
-    "SMALL_CALL_ELEMENTS",
-    "BoundFetch",
-    "NumpyBackend",
-    "NumpyRun",
-]
-
-#: Below this many output bytes per sample a plain run is used instead of bound outputs. 0: every run binds. It was
-#: 4 MB while the compiled pass rebuilt its call for every sample; now that it reuses the call for arrays that stay
-#: the same (bound ones), binding wins on Silero VAD's 3.5 MB too: 1.3 vs 2.8 ms/sample pipelined, 1.8 vs 2.8 not.
-BIND_BYTES = 0
-#: Up to this many exposed bytes per sample (both models) the next sample's inference runs while this one is
-#: reduced: two samples' tensors are alive at once, so larger ones (PP-OCRv4 rec: ~350 MB) are not pipelined and
-#: peak memory stays one sample's tensors.
-PIPELINE_BYTES = 160 << 20
-#: A pipelined whole-model run whose inference calls handle tensors of at most this many elements on average (one
-#: sample's, times the samples per call when it will batch) gives its sessions one intra-op thread fewer than the
-#: cores: the reduction keeps a core, and ORT's threads, woken from sleep for every node (no spinning next to the
-#: reduction), cost more than they save on such small tensors. Per sample at N = 64, default threads vs one
-#: (docs/benchmarks.md): ppocr-cls (13,003 elements on average) 8.9 vs 8.0 ms, Silero VAD unbatched (6,610) 2.3
-#: vs 2.2; above it, ddddocr-crnn (82,002) 50 vs 69, YOLOv8n unsegmented (50,086) 64 vs 77, MiniLM batched by 5
-#: (17,879 a sample) 13.5 vs 15.0.
-SMALL_CALL_ELEMENTS = 16384
-#: Up to this many exposed bytes per sample (estimated before sample 0 for the first, measured on it for the second),
-#: a pipelined run's worker populates a buffer for its second set of bound outputs while sample 0 is inferred
-#: (:mod:`qdebug.capture.arena`), and makes that set while sample 0 is reduced when sample 1 is not on the worker
-#: (:meth:`NumpyRun._prepare_set`): ppocr-cls (24 MB) 11.8 -> 7.5-8.4 ms/sample at N = 8 with both. Above, a sample
-#: is slow enough that those first costs do not show, and the new set beside sample 0's reduction raised the peak:
-#: ddddocr-crnn 606 -> 645 MB, per sample unchanged (50 ms).
-PREP_BYTES = 32 << 20
-
-#: A whole-model run folds a model's constant-only nodes (:func:`~qdebug.capture.constants.fold`) only when their
-#: values take at most this many bytes (estimated before anything runs): folding costs those
-#: bytes in memory and time once and saves computing them on every inference call, which pays at once for small
-#: ones (Silero VAD's 1.2 MB: each call ~0.3 ms shorter for ~40 ms more to open) but not for a model's dequantized
-#: weights (MiniLM's 69 MB: +0.25 s to open, +100 MB peak, 18 ms saved per call of 5 samples; ddddocr-crnn's 54 MB:
-#: +0.26 s, 5.6 ms per call). A bound that depended on the number of samples would make the memory depend on it.
-FOLD_MAX_BYTES = 4 << 20
+__all__ = ["BoundFetch", "FetchBackend", "FetchRun", "usable_cores"]
 
 
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, and inside a Ray task or actor the CPUs Ray reserved for
-    it (Ray does not pin workers to cores, but it puts one worker per reserved CPU on a node: a search's debug task
+def usable_cores(tuning: CaptureTuning | None = None) -> int:
+    """The cores a run may use: ``tuning.cores`` when set, else this process's CPU affinity, and inside a Ray task or
+    actor the CPUs Ray reserved for it (Ray does not pin workers to cores, but it puts one worker per reserved CPU on
+    a node: a search's debug task
     with ``num_cpus=1`` that used both cores would take its neighbour's)."""
+    if tuning is not None and tuning.cores is not None:
+        return tuning.cores
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     ray = sys.modules.get("ray")  # only when Ray is already loaded: never imported for this
     # only inside a started Ray: get_runtime_context() starts a local Ray cluster in a process that imported Ray
@@ -149,12 +111,8 @@ class BoundFetch:
     def _bind(self, values: list[np.ndarray], key: tuple[tuple[str, tuple[int, ...], str], ...]) -> None:
         """Bind every output to the array ORT just returned (numeric, contiguous, non-empty ones only)."""
         self.binding, self.key, self.values = None, None, []
-        if (
-            not self.usable
-            or sum(v.nbytes for v in values) < BIND_BYTES
-            or not all(v.dtype.kind in "fiub" and v.flags.c_contiguous and v.size for v in values)
-        ):  # below BIND_BYTES (a test's plain reference), strings or empty tensors: keep the plain run
-            return
+        if not self.usable or not all(v.dtype.kind in "fiub" and v.flags.c_contiguous and v.size for v in values):
+            return  # strings or empty tensors: keep the plain run
         binding = self.sess.io_binding()
         for name, v in zip(self.names, values, strict=True):
             if name not in self.inputs:
@@ -187,11 +145,11 @@ class Batch:
 Ready = Values | tuple[Batch, int]  # a sample's tensors, or its place in a batch
 
 
-class NumpyRun:
+class FetchRun:
     """Two sessions whose outputs include every tensor of the :class:`ReductionPlan`.
 
     **Pipelined** (``pipeline``; default: with two or more cores): once the first sample has shown that the
-    tensors fit in :data:`PIPELINE_BYTES`, the capture loop's :meth:`prefetch` starts the next samples' inference
+    tensors fit in ``tuning.pipeline_bytes``, the capture loop's :meth:`prefetch` starts the next samples' inference
     on a worker thread while this thread reduces the current ones — ONNX Runtime and numpy each keep a core busy
     instead of taking turns. The sessions' idle threads then sleep instead of spinning, so the reduction is not
     slowed by ORT's busy-waiting. The sums are those of the sequential run (same arrays, same order). Its second
@@ -201,7 +159,7 @@ class NumpyRun:
 
     **Batched** (``batch`` > 1, :mod:`qdebug.capture.batching`): up to ``batch`` announced samples of the same
     input shapes run as one inference call (fewer if their tensors would exceed
-    :data:`~qdebug.capture.batching.BATCH_BYTES`), checked on the first batch; :attr:`batch_reason` says why
+    ``tuning.batch_bytes``), checked on the first batch; :attr:`batch_reason` says why
     batching stopped, :attr:`batch_used` the largest batch that ran.
 
     **Segmented** (:mod:`qdebug.capture.segmented`) when one sample of ``input_shapes`` would expose more than the
@@ -210,7 +168,7 @@ class NumpyRun:
 
     **Threads**: a pipelined whole-model run whose inference calls handle small tensors (estimated from
     ``input_shapes``; a call holds the samples that would fit a batch when at least ``min_batch`` do) gives its
-    sessions one intra-op thread fewer than the cores (:data:`SMALL_CALL_ELEMENTS`, :attr:`thread_note`).
+    sessions one intra-op thread fewer than the cores (``tuning.small_call_elements``, :attr:`thread_note`).
     """
 
     def __init__(
@@ -228,14 +186,18 @@ class NumpyRun:
         dequant: bool = False,
         dequant_whole: bool = False,
         min_batch: int = 2,
+        tuning: CaptureTuning | None = None,
+        name: str = FALLBACK_BACKEND,
     ) -> None:
+        self.tuning = tuning = tuning or CaptureTuning()
+        self.name = name  # the backend this run is, for the report (fetch, or compiled)
         self.plan = ReductionPlan.of(pairing)
         self.reducer = reducer  # the numpy reference, or the compiled pass (qdebug.capture.compiled)
         self.batch_kernel = batch_kernel  # with the compiled pass: its kernel module, for a batch's large tensors
         self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
         self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
         if pipeline is None:
-            pipeline = segment_rule.pipelined if segment_rule is not None else usable_cores() >= 2
+            pipeline = segment_rule.pipelined if segment_rule is not None else usable_cores(tuning) >= 2
         self.pipeline_allowed = pipeline
         self.batch_limit, self.batch_used = batch, 1
         self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
@@ -247,14 +209,14 @@ class NumpyRun:
         #: one sample's tensors do not fit at once: run and reduce the models segment by segment (segmented.py)
         self.segmented: SegmentedFetch | None = None
         self.segment_note: str | None = None  # how the run was segmented, or why it could not be
-        rule = segment_rule or SegmentRule.for_cores(2 if pipeline else 1)
+        rule = segment_rule or SegmentRule.for_cores(2 if pipeline else 1, tuning)
         cut, weight = self._plan_cut(input_shapes, rule, dequant) if input_shapes else (None, None)
         self.segment_count = 1
         #: one sample's estimated exposed bytes (:func:`~qdebug.capture.arena.estimate_bytes`) when its worker
         #: touches a buffer that size during sample 0's inference for the second set of bound outputs (0: not)
         self._arena_bytes = 0
         self._arenas: list[Future[np.ndarray]] = []  # that buffer, until a set takes it (``pop()``: one set only)
-        #: a whole-model run's intra-op threads (``None``: ORT's default) and why (:data:`SMALL_CALL_ELEMENTS`)
+        #: a whole-model run's intra-op threads (``None``: ORT's default) and why (``small_call_elements``)
         self.threads: int | None = None
         self.thread_note: str | None = None
         #: post-Q/DQ tensors a whole-model run computes from their integers (``dequant_whole``), and what the
@@ -264,11 +226,11 @@ class NumpyRun:
         #: many nodes of its models compute constants from constants, folded once (:mod:`.constants`)
         self.constants: ConstantSums | None = None
         self.folded_nodes = 0
-        self.unfolded_bytes = 0  # est. bytes of constants left to compute every call (above FOLD_MAX_BYTES)
+        self.unfolded_bytes = 0  # est. bytes of constants left to compute every call (above ``fold_max_bytes``)
         if cut is None:
             self._split_constants(pairing)
         if cut is None and dequant_whole:
-            self.q_specs = _whole_run_specs(quant_model, self.plan.pairing, providers)
+            self.q_specs = _whole_run_specs(quant_model, self.plan.pairing, providers, tuning.wide_checks)
         swapped = (self.q_specs[n].ints if n in self.q_specs else n for n in self.plan.quant_names)
         self.q_names = list(dict.fromkeys(swapped))  # two post tensors may share one QuantizeLinear's integers
         if cut is not None:
@@ -308,7 +270,7 @@ class NumpyRun:
     def _open_segmented(self, cut: SegmentPlan, rule: SegmentRule, batch: int) -> None:
         """Pipelined by segment instead (the next segment inferred while this one is reduced), not by sample: two
         samples' tensors are what segmenting avoids."""
-        fetch = SegmentedFetch(cut, self.models, self.providers, pipelined=self.pipeline_allowed)
+        fetch = SegmentedFetch(cut, self.models, self.providers, self.tuning, pipelined=self.pipeline_allowed)
         self.segmented, self.segment_count = fetch, cut.count
         self.segment_note = (
             f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
@@ -322,7 +284,7 @@ class NumpyRun:
     def _open_whole_run(self, weight: Mapping[str, int] | None, min_batch: int) -> None:
         """The whole models' sessions, their threads, and the buffer for a second set of bound outputs: one
         sample's estimated size (:mod:`qdebug.capture.arena`) when the run will pipeline one sample per call —
-        not when it is expected to batch (a batch's outputs are new arrays) or a sample is above ``PREP_BYTES``."""
+        not when it is expected to batch (a batch's outputs are new arrays) or a sample is above ``prep_bytes``."""
         self.threads, self.thread_note = self._whole_threads(weight, min_batch)
         self._open_whole()
         notes = [f"{len(self.q_specs)} post-Q/DQ tensors computed from their integers"] if self.q_specs else []
@@ -330,14 +292,16 @@ class NumpyRun:
             notes.append(f"{self.folded_nodes} nodes of constants alone run once, not every sample")
         if self.unfolded_bytes:
             mb = self.unfolded_bytes / (1 << 20)
-            notes.append(f"nodes of constants alone not folded: est. {mb:.0f} MB (> {FOLD_MAX_BYTES >> 20} MB)")
+            notes.append(
+                f"nodes of constants alone not folded: est. {mb:.0f} MB (> {self.tuning.fold_max_bytes >> 20} MB)"
+            )
         if self.constants is not None:
             notes.append(f"{self.constants.count} activations of constants alone reduced once")
         self.segment_note = "; ".join(notes) or None
         est = estimate_bytes(self.plan, weight, self.q_specs) if self.pipeline_allowed and weight else None
-        if est is None or not 0 < est <= PREP_BYTES:
+        if est is None or not 0 < est <= self.tuning.prep_bytes:
             return
-        fit = min(self.batch_limit, BATCH_BYTES // est)
+        fit = min(self.batch_limit, self.tuning.batch_bytes // est)
         if not (self.stackable and fit >= min_batch):
             self._arena_bytes = est
 
@@ -347,12 +311,12 @@ class NumpyRun:
         """The segments for samples of input ``shapes`` (``None``: the whole models) and one sample's estimated
         exposed bytes per float tensor (:func:`~qdebug.capture.segmented.exposed_bytes`; ``None``: unknown)."""
         (float_model, quant_model), plan = self.models, self.plan
-        weight = exposed_bytes(float_model, plan, shapes)
+        weight = exposed_bytes(float_model, plan, shapes, self.tuning.probe_model_bytes)
         specs = find_specs(quant_model, plan.pairing) if dequant else None
         args = (float_model, quant_model, plan, shapes, rule.above, rule.budget)
         cut = plan_segments(*args, specs, weight)
         if cut is not None and cut.dequant:  # checked only when used; a spec ORT does not confirm is exposed
-            good = verified(cut.dequant, quant_model, self.providers)
+            good = verified(cut.dequant, quant_model, self.providers, self.tuning.wide_checks)
             if len(good) < len(cut.dequant):
                 cut = plan_segments(*args, good, weight)
         return cut, weight
@@ -372,22 +336,22 @@ class NumpyRun:
 
     def _whole_threads(self, weight: Mapping[str, int] | None, min_batch: int) -> tuple[int | None, str | None]:
         """The whole-model sessions' intra-op threads and why: one fewer than the cores when the run pipelines and
-        its inference calls handle small tensors (:data:`SMALL_CALL_ELEMENTS`, estimated from the first sample's
+        its inference calls handle small tensors (``small_call_elements``, estimated from the first sample's
         input shapes: the sessions are made before any sample runs), else ORT's default (``None``, no note)."""
-        cores = usable_cores()
+        cores = usable_cores(self.tuning)
         if not self.pipeline_allowed or weight is None or cores < 2:
             return None, None
         mean = mean_elements(weight, self.plan)
         per_call = 1
         if self.batch_limit >= min_batch and self.stackable:
-            fit = min(self.batch_limit, BATCH_BYTES // max(1, sum(weight.values())))
+            fit = min(self.batch_limit, self.tuning.batch_bytes // max(1, sum(weight.values())))
             per_call = fit if fit >= min_batch else 1  # what it would batch; fewer: auto runs one per call
-        if mean * per_call > SMALL_CALL_ELEMENTS:
+        if mean * per_call > self.tuning.small_call_elements:
             return None, None
         calls = f"{per_call} samples per call x " if per_call > 1 else ""
         return cores - 1, (
             f"inference on {cores - 1} intra-op thread(s), a core left to the reduction: calls of est. {calls}"
-            f"{mean:,.0f} elements per tensor on average (<= {SMALL_CALL_ELEMENTS:,})"
+            f"{mean:,.0f} elements per tensor on average (<= {self.tuning.small_call_elements:,})"
         )
 
     def _open_whole(self) -> None:
@@ -410,9 +374,9 @@ class NumpyRun:
         (:func:`~qdebug.capture.constants.fold`: a QDQ model's weights are otherwise dequantized every call) and
         its batch axis free when the run may batch; changed in place, one copy of the model at a time."""
         model = expose_outputs(self.models[which], names)
-        done = fold(model, self.providers, FOLD_MAX_BYTES)
+        done = fold(model, self.providers, self.tuning.fold_max_bytes)
         self.folded_nodes += done.nodes
-        if done.estimated_bytes > FOLD_MAX_BYTES:
+        if done.estimated_bytes > self.tuning.fold_max_bytes:
             self.unfolded_bytes += done.estimated_bytes
         return relax_batch_dim(model, copy=False) if self.batch_limit > 1 else model
 
@@ -421,7 +385,7 @@ class NumpyRun:
         """How many samples the next inference call may take (1 until the first sample's size is known)."""
         if self.batch_limit <= 1 or self.batch_reason is not None or not self.sample_bytes:
             return 1
-        return max(1, min(self.batch_limit, BATCH_BYTES // self.sample_bytes))
+        return max(1, min(self.batch_limit, self.tuning.batch_bytes // self.sample_bytes))
 
     @property
     def lookahead(self) -> int:
@@ -444,7 +408,7 @@ class NumpyRun:
         return (
             self.pipeline_allowed
             and self.sample_bytes is not None
-            and self.sample_bytes * self.batch_size <= PIPELINE_BYTES
+            and self.sample_bytes * self.batch_size <= self.tuning.pipeline_bytes
         )
 
     def batching(self) -> tuple[int, str | None]:
@@ -452,9 +416,10 @@ class NumpyRun:
         not used: the reason; not asked for: ``None``)."""
         if self.batch_limit <= 1 or self.batch_reason is not None or self.batch_used > 1:
             return self.batch_used, self.batch_reason
-        if self.sample_bytes and 2 * self.sample_bytes > BATCH_BYTES:
+        room = self.tuning.batch_bytes
+        if self.sample_bytes and 2 * self.sample_bytes > room:
             mb = self.sample_bytes / (1 << 20)
-            return 1, f"one sample's tensors take {mb:.0f} MB: two do not fit in {BATCH_BYTES >> 20} MB"
+            return 1, f"one sample's tensors take {mb:.0f} MB: two do not fit in {room >> 20} MB"
         return 1, "no two consecutive samples had the same input shapes"
 
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
@@ -473,6 +438,15 @@ class NumpyRun:
         self._arenas.clear()
         if self.segmented is not None:
             self.segmented.close()
+
+    @property
+    def fallback(self) -> None:
+        """None: a fetch run reduces every sample itself (or raises)."""
+        return None
+
+    def info(self) -> RunInfo:
+        """This backend, its batching and its segments."""
+        return RunInfo(self.name, None, *self.batching(), self.segment_count, self.segment_note)
 
     def reduce(
         self, index: int, sample: Mapping[str, np.ndarray], sized: Callable[[], None] | None = None
@@ -523,7 +497,7 @@ class NumpyRun:
             return
         if self._pending is not None:  # sample index + 1 is on the worker: index + 2 takes sample index's arrays
             return
-        if (self.sample_bytes or 0) > PREP_BYTES:
+        if (self.sample_bytes or 0) > self.tuning.prep_bytes:
             return
         which = index % 2
         if any(f.binding is not None for f in self.fetches[which]):
@@ -656,8 +630,8 @@ class NumpyRun:
             self._prime(self.fetches[which], index, sample)
             self._bind_plain_early(current)
         idle = self._prep is None or self._prep[1].done()  # else the worker is making a set: do not wait for it
-        submit = submit_started if idle else ThreadPoolExecutor.submit
-        self._pending = (frozenset(i for i, _ in group), submit(self._worker(), self._infer_group, group))
+        wait = self.tuning.started_wait_s if idle else 0.0
+        self._pending = (frozenset(i for i, _ in group), submit_started(self._worker(), wait, self._infer_group, group))
 
     def _infer(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """Both models' values for one sample (fresh arrays when they are kept past the next call, see
@@ -829,39 +803,27 @@ def _tensors(
 
 
 def _whole_run_specs(
-    quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
+    quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str], checks: int
 ) -> dict[str, DequantSpec]:
     """The post-Q/DQ tensors a whole-model run can compute from their integers (:mod:`qdebug.capture.dequant`):
     every one ONNX Runtime confirms, except those that are model outputs (ORT writes those anyway)."""
     outputs = {o.quant_name for o in pairing.outputs} | {o.name for o in quant_model.graph.output}
     specs = {post: spec for post, spec in find_specs(quant_model, pairing).items() if post not in outputs}
-    return verified(specs, quant_model, providers) if specs else {}
+    return verified(specs, quant_model, providers, checks) if specs else {}
 
 
-class NumpyBackend:
-    """Fetch every paired tensor and reduce it in numpy."""
+class FetchBackend:
+    """Fetch every paired tensor and reduce it by the reference definition."""
 
-    name = "numpy"
+    name = FALLBACK_BACKEND
 
-    def open(
-        self,
-        float_model: onnx.ModelProto,
-        quant_model: onnx.ModelProto,
-        pairing: Pairing,
-        providers: Sequence[str],
-        input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-        segment_rule: SegmentRule | None = None,
-        batch: int = 1,
-    ) -> NumpyRun:
+    def open(self, pair: ModelPair, options: OpenOptions) -> FetchRun:
         """Two augmented sessions (a model ORT cannot load is a :class:`~qdebug.errors.ModelError`), or segments
-        when one sample of ``input_shapes`` would expose too much at once (by ``segment_rule``: see
-        :class:`NumpyRun`; ``batch``: at most that many samples per inference call)."""
-        return NumpyRun(
-            float_model,
-            quant_model,
-            pairing,
-            providers,
-            batch=batch,
-            input_shapes=input_shapes,
-            segment_rule=segment_rule,
+        when one sample of ``options.input_shapes`` would expose too much at once (see :class:`FetchRun`)."""
+        return FetchRun(
+            *pair,
+            batch=options.batch or 1,
+            input_shapes=options.input_shapes,
+            segment_rule=options.segment_rule,
+            tuning=options.tuning,
         )

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from qdebug.capture.base import Fallback, SampleSums, UnsupportedPairError
+from qdebug.capture.base import Fallback, ModelPair, OpenOptions, RunInfo, SampleSums, UnsupportedPairError
 from qdebug.capture.kernels import ingraph
 from qdebug.errors import ModelError
 from qdebug.metrics import BatchSums
@@ -52,11 +52,26 @@ class GraphRun:
         self.errors = ort_errors()
         self.quant_idx = np.array([j for j, a in enumerate(pairing.activations) if a.quantized], dtype=np.intp)
 
+    #: one sample at a time, nothing inferred ahead
+    lookahead = 0
+    #: its fallback samples are redone by a fetch run the loop opens
+    fallback = None
+
+    def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
+        """Nothing: the merged graph runs each sample when it is reduced."""
+
+    def close(self) -> None:
+        """Nothing to stop: no thread of its own."""
+
+    def info(self) -> RunInfo:
+        """The merged graph: one sample per call, never segmented."""
+        return RunInfo("graph")
+
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
-        """Reduce one sample in-graph, or say why the numpy backend must."""
+        """Reduce one sample in-graph, or say why the fetch backend must."""
         try:
             out = dict(zip(self.names, self.sess.run(self.names, sample), strict=True))  # type: ignore[attr-defined]
-        except self.errors as exc:  # the numpy backend reruns it and raises the precise error, if any
+        except self.errors as exc:  # the fetch backend reruns it and raises the precise error, if any
             return Fallback(f"ONNX Runtime failed on the merged graph: {type(exc).__name__}")
         problem = self._problem(out)
         return Fallback(problem) if problem else self._sums(out)
@@ -134,9 +149,8 @@ class GraphBackend:
 
     name = "graph"
 
-    def open(
-        self, float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str]
-    ) -> GraphRun:
-        """The merged session; :class:`UnsupportedPairError` for a pair the merge cannot express."""
-        model, layout = merged_model(float_model, quant_model, pairing)
-        return GraphRun(model, layout, pairing, providers)
+    def open(self, pair: ModelPair, options: OpenOptions) -> GraphRun:
+        """The merged session (no option applies to it); :class:`UnsupportedPairError` for a pair the merge cannot
+        express."""
+        model, layout = merged_model(pair.float_model, pair.quant_model, pair.pairing)
+        return GraphRun(model, layout, pair.pairing, pair.providers)

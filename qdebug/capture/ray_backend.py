@@ -1,6 +1,7 @@
 """Distributed capture on a Ray cluster: the samples are split into shards (index ranges), each worker (a Ray
 actor holding the two ONNX Runtime sessions for the life of the job) reduces its shards with any registered
-backend (``auto``, ``graph``, ``numpy``: the same per-sample reduction as one process), and the driver merges the
+backend (``auto``, ``graph``, ``fetch``: the same per-sample reduction as one process) through the same sample loop
+(:mod:`qdebug.capture.loop`), and the driver merges the
 shards' :class:`~qdebug.capture.base.CaptureSums` in shard order.
 
 * **What travels**: the models and a :class:`~qdebug.data.RangeReader` once per worker (each worker reads only its
@@ -10,20 +11,24 @@ shards' :class:`~qdebug.capture.base.CaptureSums` in shard order.
   sample order and the shards merged in index order, so the report equals the single-process one (counts, minima,
   maxima and per-sample rows exactly, sums up to floating-point association, ~1e-16 relative).
 * **Faults**: a worker that dies loses only its shard in flight, which is queued again (first) and taken by
-  another worker (the dead one is replaced); a shard is tried at most :data:`MAX_ATTEMPTS` times. A shard's result
+  another worker (the dead one is replaced); a shard is tried at most :data:`~qdebug.cluster.MAX_ATTEMPTS` times.
+  A shard's result
   is merged only when it is complete, so no sample is lost or counted twice. An error *of the data or the models*
   (a :class:`~qdebug.errors.QDebugError` in a worker) is not retried: it is raised here as the same one-line error
   one process gives.
 * **Progress**: one callback over all workers (samples done / total), polled from the workers while they run.
 * **One sample's memory**: a worker opens its run on its first sample, as one process does, and that sample's input
-  shapes decide whether the numpy run is segmented (:mod:`qdebug.capture.segmented`) — by the rule of the one core
-  a worker has (:data:`WORKER_CPUS`), made on the driver and shipped with the job. The report's
+  shapes decide whether the fetch run is segmented (:mod:`qdebug.capture.segmented`) — by the rule of the cores a
+  worker has (:attr:`~qdebug.capture.tuning.CaptureTuning.worker_cpus`: Ray places as many workers on a node as it
+  has CPUs, so a worker that overlapped inference and reduction on a second thread would take its neighbour's core),
+  made on the driver and shipped with the job. The report's
   ``meta.capture.segments`` / ``segment_note`` say so as in one process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import uuid
@@ -36,47 +41,16 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.capture import (
-    AUTO,
-    FALLBACK_BACKEND,
-    CaptureResult,
-    ProgressFn,
-    batching_of,
-    open_run,
-    segmenting_of,
-)
-from qdebug.capture.auto import AutoRun
-from qdebug.capture.base import CaptureRun, CaptureSums, Fallback, SampleSums, get_backend
-from qdebug.capture.segmented import SegmentRule
-from qdebug.cluster import Cluster
+from qdebug.capture import AUTO, FALLBACK_BACKEND, CaptureResult, ProgressFn, canonical_backend, open_run, run_info
+from qdebug.capture.base import CaptureSums, ModelPair, OpenOptions, RunInfo
+from qdebug.capture.loop import SampleLoop
+from qdebug.capture.tuning import CaptureTuning, SegmentRule
+from qdebug.cluster import MAX_ATTEMPTS, Cluster, plan_shards
 from qdebug.data import DataSource, RangeReader, Sample, range_reader
 from qdebug.errors import ClusterError, DataError, ModelError, QDebugError
 from qdebug.pairing import Pairing
 
-__all__ = ["MAX_ATTEMPTS", "WORKER_CPUS", "CaptureWorker", "ShardResult", "capture_distributed", "plan_shards"]
-
-#: Tries of one shard (the first included) before the job fails: a worker that dies on every try of the same
-#: shard (out of memory on a huge sample, say) is not a passing fault.
-MAX_ATTEMPTS = 3
-#: Shards per worker: enough that a fast worker takes over a slow one's share and a lost shard is a small loss,
-#: few enough that the per-shard round trip (milliseconds) stays negligible.
-SHARDS_PER_WORKER = 4
-#: Seconds between two progress polls of the workers.
-POLL_S = 0.5
-#: CPUs Ray reserves for each worker, and so the cores its run may use: Ray places as many workers on a node as it
-#: has CPUs, so a worker that overlapped inference and reduction on a second thread would take its neighbour's
-#: core (one core gains nothing from pipelining: docs/benchmarks.md). Its run therefore follows the one-core rule
-#: (:meth:`SegmentRule.for_cores`): not pipelined, segmented above ``SEGMENT_ABOVE`` (512 MB) — not the 160 MB of
-#: two cores, which exists to overlap segments, a speed reason a one-core worker does not have — whatever
-#: ``os.sched_getaffinity`` says (Ray does not pin workers to cores).
-WORKER_CPUS = 1
-
-
-def plan_shards(samples: int, workers: int) -> list[tuple[int, int]]:
-    """Contiguous index ranges ``[start, stop)`` covering ``range(samples)``, about :data:`SHARDS_PER_WORKER` per
-    worker."""
-    size = max(1, math.ceil(samples / (workers * SHARDS_PER_WORKER)))
-    return [(s, min(s + size, samples)) for s in range(0, samples, size)]
+__all__ = ["CaptureWorker", "ShardResult", "capture_distributed"]
 
 
 @dataclass(frozen=True)
@@ -108,11 +82,8 @@ class ShardResult:
     """What a worker returns for one shard: its sums and the backend its run settled on, or its failure."""
 
     sums: CaptureSums | None
-    backend: str | None = None
-    reason: str | None = None
+    info: RunInfo | None = None  # how the worker's run captured its samples
     failure: Failure | None = None
-    batch: tuple[int, str | None] = (1, None)  # the most samples one inference call took, why not more
-    segments: tuple[int, str | None] = (1, None)  # segments each sample ran in, and why (or why not)
 
 
 class CaptureWorker:
@@ -120,23 +91,25 @@ class CaptureWorker:
     actor by :func:`capture_distributed`; a plain object otherwise (the tests use it directly too)."""
 
     def __init__(self, job: Mapping[str, Any]) -> None:
-        self.float_model = onnx.load_from_string(job["float_model"])
-        self.quant_model = onnx.load_from_string(job["quant_model"])
-        self.pairing: Pairing = job["pairing"]
-        self.providers: tuple[str, ...] = tuple(job["providers"])
+        pairing: Pairing = job["pairing"]
+        self.pair = ModelPair(
+            onnx.load_from_string(job["float_model"]),
+            onnx.load_from_string(job["quant_model"]),
+            pairing,
+            tuple(job["providers"]),
+        )
         self.path: str = job["path"]
         self.batch: int | None = job.get("batch")
         self.expected: int = job["expected"]
         self.reader: RangeReader = job["reader"]
         self.segment_rule: SegmentRule = job["segment_rule"]
-        self.run: CaptureRun | None = None
-        self.fallback: CaptureRun | None = None
-        self.backend: str = self.path
-        self.reason: str | None = None
+        self.tuning: CaptureTuning = job["tuning"]
+        self.loop: SampleLoop | None = None
+        self.reason: str | None = None  # why the requested backend could not open, if it could not
         self.done = 0  # samples of the current shard reduced so far (polled for progress)
         # Every shard runs on this one thread. Ray runs an actor's calls on its own threads (two here: the progress
         # polls), a shard on either; glibc gives each thread its own heap arena, and one sample's tensors left in
-        # two arenas between heap trims made ViT-S's worker peak 942 MB instead of 739 (in-process, 1-sample shards).
+        # two arenas between heap trims raised a worker's peak by a sample's tensors.
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="qdebug-shard")
 
     def pid(self) -> int:
@@ -147,81 +120,53 @@ class CaptureWorker:
         """Samples of the shard in flight reduced so far."""
         return self.done
 
-    def _pair(self) -> tuple[onnx.ModelProto, onnx.ModelProto, Pairing, Sequence[str]]:
-        return self.float_model, self.quant_model, self.pairing, self.providers
-
-    def _open(self, first: Sample | None) -> CaptureRun:
+    def _open(self, first: Sample | None) -> SampleLoop:
         """The requested backend's run, opened once per worker on its first sample as one process opens it
         (:func:`qdebug.capture.open_run`): that sample's input shapes decide segmenting, by the job's rule."""
-        if self.run is None:
+        if self.loop is None:
             shapes = {k: tuple(np.shape(v)) for k, v in first.items()} if first is not None else None
-            self.run, self.backend, self.reason = open_run(
-                self.path, *self._pair(), self.expected, self.batch, shapes, self.segment_rule
-            )
-            if isinstance(self.run, AutoRun):  # auto's numpy run is already open: it redoes the fallbacks too
-                self.fallback = self.run.numpy
-        return self.run
-
-    def _reduce(self, run: CaptureRun, index: int, sample: Sample, sums: CaptureSums) -> SampleSums:
-        res = run.reduce(index, sample)
-        if isinstance(res, Fallback):
-            sums.fallbacks[res.reason] += 1
-            self.fallback = self.fallback or get_backend(FALLBACK_BACKEND).open(*self._pair())
-            res = self.fallback.reduce(index, sample)
-            assert isinstance(res, SampleSums), "the fallback backend reduces every sample or raises"
-        return res
+            options = OpenOptions(self.expected, shapes, self.segment_rule, self.batch, self.tuning)
+            run, self.reason = open_run(self.path, self.pair, options)
+            self.loop = SampleLoop(run, self.pair, self.tuning)
+        return self.loop
 
     def shard(self, start: int, stop: int) -> ShardResult:
         """Reduce samples ``[start, stop)`` into fresh sums (on the worker's shard thread)."""
         return self._thread.submit(self._shard, start, stop).result()
 
     def _shard(self, start: int, stop: int) -> ShardResult:
-        """:meth:`shard`; samples are read ahead as far as the run's ``lookahead`` asks and announced to its
-        ``prefetch`` (pipelining, batching), as one process does."""
+        """:meth:`shard`, through the one sample loop (:class:`~qdebug.capture.loop.SampleLoop`)."""
         self.done = 0
-        pairing = self.pairing
+        pairing = self.pair.pairing
         n_quant = sum(1 for a in pairing.activations if a.quantized)
         sums = CaptureSums(len(pairing.activations), n_quant, len(pairing.outputs))
+
+        def done(_: int) -> None:
+            self.done += 1
+
         try:
             samples: Iterator[tuple[int, Sample]] = self.reader.read(start, stop)
-            ahead: deque[tuple[int, Sample]] = deque()
-            first = next(samples, None)
-            if first is not None:
-                ahead.append(first)
-            run = self._open(first[1] if first is not None else None)  # read first: its shapes size a sample
-            prefetch = getattr(run, "prefetch", None)
-            while ahead:
-                index, sample = ahead.popleft()
-                want = 1 + (getattr(run, "lookahead", 1) if prefetch is not None else 0)
-                while len(ahead) < want and (item := next(samples, None)) is not None:
-                    ahead.append(item)
-                    if prefetch is not None:  # every sample read now comes after the current one
-                        prefetch(*item)
-                sums.add(index, self._reduce(run, index, sample, sums))
-                self.done += 1
+            first = next(samples, None)  # read before the run opens: its shapes size a sample
+            loop = self._open(first[1] if first is not None else None)
+            loop.reduce_all(itertools.chain([first] if first is not None else [], samples), sums, done)
         except QDebugError as exc:
             return ShardResult(None, failure=Failure.of(exc))
-        if isinstance(self.run, AutoRun):
-            self.backend, self.reason = self.run.final().backend, self.run.final().reason
-        batching = batching_of(self.run, self.backend) if self.run is not None else (1, None)
-        segments = segmenting_of(self.run, self.backend) if self.run is not None else (1, None)
-        return ShardResult(sums, self.backend, self.reason, batch=batching, segments=segments)
+        return ShardResult(sums, run_info(loop.run, self.reason))
 
     def close(self) -> None:
         """Stop a pipelining run's thread, and the shard thread."""
-        for r in (self.run, self.fallback):
-            close = getattr(r, "close", None)
-            if close is not None:
-                close()
+        if self.loop is not None:
+            self.loop.close()
         self._thread.shutdown(wait=True)
 
 
 class _Pool:
     """The job's actors: started, replaced when one dies (at most once per shard try), killed at the end."""
 
-    def __init__(self, cluster: Cluster, job_ref: Any) -> None:
+    def __init__(self, cluster: Cluster, job_ref: Any, job_tuning: CaptureTuning) -> None:
         self.ray = cluster.ray
-        self.actor_class = self.ray.remote(num_cpus=WORKER_CPUS, max_concurrency=2, max_restarts=0)(CaptureWorker)
+        cpus = job_tuning.worker_cpus
+        self.actor_class = self.ray.remote(num_cpus=cpus, max_concurrency=2, max_restarts=0)(CaptureWorker)
         self.job_ref = job_ref
         self.prefix = f"qdebug-capture-{uuid.uuid4().hex[:8]}"  # named: `ray list actors` says whose they are
         self.all: list[Any] = []
@@ -252,7 +197,9 @@ def _job(
     expected: int,
     reader: RangeReader,
     batch: int | None = None,
+    tuning: CaptureTuning | None = None,
 ) -> dict[str, Any]:
+    tuning = tuning or CaptureTuning()
     return {
         "float_model": float_model.SerializeToString(),
         "quant_model": quant_model.SerializeToString(),
@@ -262,16 +209,19 @@ def _job(
         "expected": expected,
         "reader": reader,
         "batch": batch,
-        # the driver's rule (its constants as they are now), for the one core a worker has
-        "segment_rule": SegmentRule.for_cores(WORKER_CPUS),
+        # the driver's rule, for the cores a worker has
+        "segment_rule": SegmentRule.for_cores(tuning.worker_cpus, tuning),
+        "tuning": tuning,
     }
 
 
 class _Scheduler:
     """Hands shards to idle workers, collects results, retries the shards of workers that died."""
 
-    def __init__(self, pool: _Pool, shards: list[tuple[int, int]], progress: ProgressFn | None, total: int) -> None:
-        self.pool, self.ray, self.shards = pool, pool.ray, shards
+    def __init__(
+        self, pool: _Pool, shards: list[tuple[int, int]], progress: ProgressFn | None, total: int, poll_s: float
+    ) -> None:
+        self.pool, self.ray, self.shards, self.poll_s = pool, pool.ray, shards, poll_s
         self.queue: deque[int] = deque(range(len(shards)))
         self.attempts: Counter[int] = Counter()
         self.inflight: dict[Any, tuple[Any, int]] = {}
@@ -285,7 +235,7 @@ class _Scheduler:
                 actor, s = self.pool.idle.popleft(), self.queue.popleft()
                 self.attempts[s] += 1
                 self.inflight[actor.shard.remote(*self.shards[s])] = (actor, s)
-            ready, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=POLL_S)
+            ready, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=self.poll_s)
             for ref in ready:
                 self._collect(ref)
             self._report()
@@ -316,7 +266,7 @@ class _Scheduler:
         polls = [actor.progress.remote() for actor, _ in self.inflight.values()]
         # a worker that just died or is still starting is counted by the next poll
         with contextlib.suppress(self.ray.exceptions.RayError):
-            done += sum(self.ray.get(polls, timeout=POLL_S))
+            done += sum(self.ray.get(polls, timeout=self.poll_s))
         if done != self.reported:
             self.reported = done
             self.progress(done, self.total)
@@ -324,9 +274,10 @@ class _Scheduler:
 
 def _choice(results: Mapping[int, ShardResult], workers: int, retried: int) -> tuple[str, str | None]:
     """The backend that ran (the most common among the workers) and why, with the distribution of the job."""
-    backends = Counter(r.backend for r in results.values() if r.backend)
+    infos = [r.info for r in results.values() if r.info is not None]
+    backends = Counter(i.backend for i in infos if i.backend)
     used = backends.most_common(1)[0][0] if backends else FALLBACK_BACKEND
-    reasons = list(dict.fromkeys(r.reason for r in results.values() if r.reason))
+    reasons = list(dict.fromkeys(i.reason for i in infos if i.reason))
     parts = [f"{len(results)} shard(s) on {workers} Ray worker(s)"]
     if len(backends) > 1:
         parts.append(", ".join(f"{b} on {n} shard(s)" for b, n in sorted(backends.items())))
@@ -340,7 +291,7 @@ def _choice(results: Mapping[int, ShardResult], workers: int, retried: int) -> t
 def _segmenting(results: Mapping[int, ShardResult]) -> tuple[int, str | None]:
     """The most segments a worker ran each sample in, and why; each worker decides on its own first sample, so they
     differ only if those samples' shapes did (then: on how many shards)."""
-    segs = [results[s].segments for s in sorted(results)]
+    segs = [(i.segments, i.segment_note) for s in sorted(results) if (i := results[s].info) is not None]
     count = max((c for c, _ in segs), default=1)
     note = next((why for c, why in segs if c == count and why), None)
     others = sum(1 for c, _ in segs if c != count)
@@ -359,15 +310,17 @@ def capture_distributed(
     progress: ProgressFn | None = None,
     path: str = AUTO,
     batch: int | None = None,
+    tuning: CaptureTuning | None = None,
 ) -> CaptureResult:
     """:func:`qdebug.capture.capture` on ``cluster``'s workers (see the module doc); the same result."""
+    tuning = tuning or CaptureTuning()
     n_total = len(data)
     reader = range_reader(data)
-    shards = plan_shards(n_total, cluster.workers)
+    shards = plan_shards(n_total, cluster.workers, tuning.shards_per_worker)
     expected = math.ceil(n_total / cluster.workers)
-    job_ref = cluster.ray.put(_job(float_model, quant_model, pairing, providers, path, expected, reader, batch))
-    pool = _Pool(cluster, job_ref)
-    scheduler = _Scheduler(pool, shards, progress, n_total)
+    job = _job(float_model, quant_model, pairing, providers, path, expected, reader, batch, tuning)
+    pool = _Pool(cluster, cluster.ray.put(job), tuning)
+    scheduler = _Scheduler(pool, shards, progress, n_total, tuning.poll_s)
     try:
         results = scheduler.run()
     except DataError as exc:  # a worker sees one sample: name where it came from, as one process does
@@ -383,6 +336,9 @@ def capture_distributed(
     if total.samples != n_total:  # every shard merged exactly once: anything else is a bug, never a silent loss
         raise ClusterError(f"{total.samples} of {n_total} samples came back from the workers")
     used, reason = _choice(results, cluster.workers, scheduler.retried)
-    sizes = [r.batch for r in results.values()]
-    batching = (max(b for b, _ in sizes), next((why for _, why in sizes if why), None))
-    return CaptureResult.of(total, pairing, path, used, reason, batching, _segmenting(results))
+    sizes = [(i.batch, i.batch_reason) for r in results.values() if (i := r.info) is not None]
+    batch_used = max((b for b, _ in sizes), default=1)
+    why = next((why for _, why in sizes if why), None)
+    segments, note = _segmenting(results)
+    info = RunInfo(used, reason, batch_used, why, segments, note)
+    return CaptureResult.of(total, pairing, canonical_backend(path), info)

@@ -3,9 +3,10 @@
 Exposing every paired tensor keeps all of them alive until the run returns: one sample of ViT-S takes 1.0 GB
 (float model 349 MB, QDQ model 698 MB) and one of u2netp 1.25 GB, so the peak passes 1.7 GB however the reduction
 is done. When one sample's exposed tensors — estimated by shape inference (ONNX's, or where it leaves gaps ONNX
-Runtime's symbolic one) at the first sample's input shapes — exceed :data:`SEGMENT_ABOVE`, both models are cut
+Runtime's symbolic one) at the first sample's input shapes — exceed a threshold
+(:class:`~qdebug.capture.tuning.SegmentRule`), both models are cut
 into consecutive **segments** along the
-float model's topological order, about :data:`SEGMENT_BYTES` of exposed tensors each. Each segment is its own ORT
+float model's topological order, about the rule's budget of exposed tensors each. Each segment is its own ORT
 session exposing only its own tensors; a sample runs segment after segment, the tensors that cross a cut are handed
 to the next segments as inputs, and each segment's pairs are reduced (by the run's reducer: numpy or compiled) as
 soon as their tensors exist, then dropped. On two or more cores the next segment is inferred on a worker thread
@@ -40,53 +41,21 @@ from qdebug.capture.base import SampleSums
 from qdebug.capture.dequant import Dequantized, DequantSpec
 from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.threads import submit_started
+from qdebug.capture.tuning import CaptureTuning
 from qdebug.errors import DataError, ModelError
 from qdebug.metrics import BatchSums
 from qdebug.ort import make_session, ort_message
 from qdebug.pairing import Pairing, light_model, topological_nodes
 
-__all__ = [
-    "PIPELINED_ABOVE",
-    "SEGMENT_ABOVE",
-    "SEGMENT_BYTES",
-    "SegmentRule",
-    "SegmentedFetch",
-    "exposed_bytes",
-    "mean_elements",
-    "plan_segments",
-    "tensor_elements",
-    "threshold",
-]
+__all__ = ["SegmentedFetch", "exposed_bytes", "mean_elements", "plan_segments", "tensor_elements"]
 
-#: One sample's exposed tensors (both models) above which the capture is segmented to bound memory (one core).
-SEGMENT_ABOVE = 512 << 20
-#: With two or more cores, the threshold is the whole-model run's own pipelining limit (``PIPELINE_BYTES``): a
-#: sample too large to overlap with the next one is overlapped segment by segment instead. Measured on the corpus
-#: (8 samples, same run): PP-OCRv4 rec 0.29 -> 0.24 s/sample and 832 -> 453 MB, det 0.25 -> 0.22 s and 716 ->
-#: 380 MB, YOLOv8n 0.15-0.18 -> 0.12-0.14 s and 411 -> 340 MB; one core gains nothing from it (rec 0.29 -> 0.32 s).
-PIPELINED_ABOVE = 160 << 20
-#: Exposed bytes per segment. Two segments are alive at once when pipelined. 32 MB: a segment's tensors are still
-#: in the caches when the reduction reads them — N = 64, ms/sample at 16 / 32 / 64 / 128 MB: PP-OCRv4 rec
-#: 132 / 132 / 135-141 / 147, det 120 / 116 / 125, YOLOv8n 76 / 73 / 77, ViT-S 400 / 388 / 390, u2netp - / 839 /
-#: 844 (peaks 30-50 MB lower than at 64 MB); 128 MB took ViT-S and u2netp to 930-1210 MB.
-SEGMENT_BYTES = 32 << 20
-#: Experimental (A/B in benchmarks/profile_segments.py): a segment's float and quantized halves inferred at once on
-#: two threads, each session with one intra-op thread, instead of one after the other with ORT's per-core threads.
-SIDES_IN_PARALLEL = False
-#: Every this many samples freed heap pages are returned to the system (:class:`_Heap`).
-TRIM_EVERY = 4
-#: Float models up to this size (serialized) get the sizes ONNX's shape inference leaves unknown from one run of
-#: ONNX Runtime on zeros of the sample's shapes (:func:`_probed`) instead of ORT's symbolic inference, whose import
-#: of sympy alone costs 0.25-0.45 s: on Silero VAD (1.3 MB) 0.04 s instead of 0.47 s, a quarter of its whole
-#: debug pass at N = 64. Larger models can take longer to run once than to infer (u2netp, 4.6 MB: 0.40 vs 0.31 s).
-PROBE_MODEL_BYTES = 2 << 20
 #: Initializers up to this many elements keep their values in the shape-inference copy (shape tensors for Reshape,
 #: Expand, Slice...); larger ones are replaced by typed inputs, so the copy costs no weight memory.
 _KEEP_VALUES = 4096
 
 _Vals = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]  # values by name: float model, QDQ model
 _Out = tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]  # one segment's outputs per model, its seconds
-Reducer = Any  # Callable[[ReductionPlan, Mapping, Mapping], SampleSums]; Any avoids importing numpy_backend
+Reducer = Any  # Callable[[ReductionPlan, Mapping, Mapping], SampleSums]; Any avoids importing fetch
 
 
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -113,7 +82,8 @@ def _probed(
 ) -> dict[str, int] | None:
     """Bytes of ``names`` from one run of ONNX Runtime on zeros of ``shapes``, each tensor's ``Shape`` an extra
     output (its element size from ``items``, else 4), or ``None`` if ORT cannot make or run that model (see
-    :data:`PROBE_MODEL_BYTES` for when this replaces the symbolic inference)."""
+    :attr:`~qdebug.capture.tuning.CaptureTuning.probe_model_bytes` for when this replaces the symbolic
+    inference)."""
     g = model.graph
     fed = [i for i in g.input if i.name not in {t.name for t in g.initializer}]
     if not all(i.name in shapes and i.type.HasField("tensor_type") for i in fed):
@@ -189,7 +159,10 @@ def mean_elements(weight: Mapping[str, int], plan: ReductionPlan) -> float:
 
 
 def exposed_bytes(
-    float_model: onnx.ModelProto, plan: ReductionPlan, shapes: Mapping[str, tuple[int, ...]]
+    float_model: onnx.ModelProto,
+    plan: ReductionPlan,
+    shapes: Mapping[str, tuple[int, ...]],
+    probe_bytes: int = CaptureTuning.probe_model_bytes,
 ) -> dict[str, int] | None:
     """Exposed bytes per float tensor of the plan (its float value plus its QDQ model's pre- and post-Q/DQ values),
     from shape inference at ``shapes``; ``None`` when more than a tenth of them have no static size (the model's
@@ -206,7 +179,7 @@ def exposed_bytes(
     if len(known) < 0.9 * len(mult):
         unknown = [t for t in mult if t not in known]
         probed: Mapping[str, int | None] | None = None
-        if float_model.ByteSize() <= PROBE_MODEL_BYTES:
+        if float_model.ByteSize() <= probe_bytes:
             probed = _probed(float_model, shapes, unknown, _item_sizes(inferred) if inferred is not None else {})
         if probed is None:
             symbolic = _symbolic(light)
@@ -310,15 +283,15 @@ def _part_model(model: onnx.ModelProto, part: _Part, types: Mapping[str, onnx.Ty
 
 
 class _Heap:
-    """Gives freed heap memory back to the system every :data:`TRIM_EVERY` samples.
+    """Gives freed heap memory back to the system every ``every`` samples.
 
     Without an arena, the segments' tensors come from glibc's heap, where blocks of different sizes freed in a
     different order each sample fragment it: u2netp's peak crept from 703 to 1193-1324 MB over 64 samples.
     ``malloc_trim`` returns the free pages, but after every sample it costs their page faults again (+14 % process
     CPU per sample, peak 861 MB); every 4th sample: +4 %, peak 939 MB (every 8th: 1018 MB). Not glibc: no-op."""
 
-    def __init__(self) -> None:
-        self.samples = 0
+    def __init__(self, every: int) -> None:
+        self.samples, self.every = 0, every
         self.trims = 0
         try:
             import ctypes
@@ -330,7 +303,7 @@ class _Heap:
     def check(self) -> None:
         """Called after each sample."""
         self.samples += 1
-        if self._trim is not None and self.samples % TRIM_EVERY == 0:
+        if self._trim is not None and self.samples % self.every == 0:
             self._trim(0)
             self.trims += 1
 
@@ -361,47 +334,21 @@ class SegmentPlan:
         return len(self.float_parts)
 
 
-def threshold(pipelined: bool) -> int:
-    """One sample's exposed bytes above which a run is segmented (:data:`SEGMENT_ABOVE`, or on two or more cores
-    :data:`PIPELINED_ABOVE` when lower)."""
-    return min(SEGMENT_ABOVE, PIPELINED_ABOVE) if pipelined else SEGMENT_ABOVE
-
-
-@dataclass(frozen=True)
-class SegmentRule:
-    """How a numpy run on some number of cores treats one sample: ``pipelined`` (two or more cores: inference
-    overlaps the reduction, the next sample's or, segmented, the next segment's), segmented above ``above`` exposed
-    bytes per sample, in segments of about ``budget`` bytes. A value, so a run in another process (a Ray worker,
-    :mod:`qdebug.capture.ray_backend`) applies the rule its driver made."""
-
-    pipelined: bool
-    above: int
-    budget: int
-
-    @classmethod
-    def for_cores(cls, cores: int) -> SegmentRule:
-        """The rule of a run that may use ``cores`` cores, from the module's constants as they are now."""
-        pipelined = cores >= 2
-        return cls(pipelined, threshold(pipelined), SEGMENT_BYTES)
-
-
 def plan_segments(
     float_model: onnx.ModelProto,
     quant_model: onnx.ModelProto,
     plan: ReductionPlan,
     shapes: Mapping[str, tuple[int, ...]],
-    above: int | None = None,
-    budget: int | None = None,
+    above: int,
+    budget: int,
     dequant: Mapping[str, DequantSpec] | None = None,
     weight: Mapping[str, int] | None = None,
 ) -> SegmentPlan | None:
     """The segments for samples of input ``shapes``, or ``None`` when one sample's tensors fit in ``above`` bytes
-    (default :data:`SEGMENT_ABOVE`), cannot be estimated, or a model has control flow; ``budget`` is the exposed
-    bytes per segment (default :data:`SEGMENT_BYTES`). Of the post-Q/DQ tensors ``dequant`` can compute, those
+    cannot be estimated, or a model has control flow; ``budget`` is the exposed bytes per segment. Of the post-Q/DQ
+    tensors ``dequant`` can compute, those
     that do not cross a cut are not exposed: their integers are (:attr:`SegmentPlan.dequant`). ``weight``:
     :func:`exposed_bytes` at ``shapes`` when the caller has it already."""
-    above = SEGMENT_ABOVE if above is None else above
-    budget = SEGMENT_BYTES if budget is None else budget
     if weight is None:
         weight = exposed_bytes(float_model, plan, shapes)
     if weight is None or sum(weight.values()) <= above or _has_subgraphs(float_model) or _has_subgraphs(quant_model):
@@ -485,6 +432,7 @@ class SegmentedFetch:
         segments: SegmentPlan,
         models: tuple[onnx.ModelProto, onnx.ModelProto],
         providers: Sequence[str],
+        tuning: CaptureTuning,
         pipelined: bool = False,
     ):
         self.segments, self.models, self.providers = segments, models, tuple(providers)
@@ -495,11 +443,11 @@ class SegmentedFetch:
         self._last_use = self._last_uses()
         self.ran = False  # a whole sample has run (a segment that fails to load after that is an error)
         self.load_failure: str | None = None  # why a segment's session could not be made
-        self._heap = _Heap()
+        self._heap = _Heap(tuning.trim_every)
+        self.wait_s = tuning.started_wait_s
         self.pipelined = pipelined
         self.threads: int | None = None  # the segment sessions' intra-op threads (None: ORT's default, one per core)
         self._pool: ThreadPoolExecutor | None = None
-        self._side_pool: ThreadPoolExecutor | None = None
 
     def _last_uses(self) -> tuple[dict[str, int], dict[str, int]]:
         """Per model, the last segment after which each value is still needed (as an input or by a pair)."""
@@ -524,9 +472,8 @@ class SegmentedFetch:
         model = _part_model(self.models[side], part, types, j)
         role = ("float model", "quantized model")[side]
         try:
-            threads = 1 if SIDES_IN_PARALLEL else self.threads
             return make_session(
-                model, self.providers, role=f"{role} (segment {j})", arena="shared", spin=False, threads=threads
+                model, self.providers, role=f"{role} (segment {j})", arena="shared", spin=False, threads=self.threads
             )
         except ModelError as exc:
             self.load_failure = str(exc)
@@ -559,15 +506,8 @@ class SegmentedFetch:
     def _infer(self, j: int, inputs: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], index: int) -> _Out:
         """Segment ``j`` of both models (on the worker thread when pipelined): outputs, and the seconds it took."""
         t0 = time.perf_counter()
-        if SIDES_IN_PARALLEL:
-            if self._side_pool is None:
-                self._side_pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-segment-q")
-            fq = self._side_pool.submit(self._run, 1, j, inputs[1], index)
-            f = self._run(0, j, inputs[0], index)
-            q = fq.result()
-        else:
-            f = self._run(0, j, inputs[0], index)
-            q = self._run(1, j, inputs[1], index)
+        f = self._run(0, j, inputs[0], index)
+        q = self._run(1, j, inputs[1], index)
         return f, q, time.perf_counter() - t0
 
     def _inputs(self, j: int, vals: _Vals) -> _Vals:
@@ -580,7 +520,7 @@ class SegmentedFetch:
 
         Pipelined (:attr:`pipelined`), segment ``j + 1`` is inferred on a worker thread while segment ``j`` is
         reduced: its inputs are taken before, so the two threads share no mutable state, and two segments' tensors
-        are alive at once (~2 × :data:`SEGMENT_BYTES`)."""
+        are alive at once (~2 × the rule's budget)."""
         vals: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = (dict(sample), dict(sample))
         sums: list[SampleSums] = []
         reduce_s = infer_s = 0.0
@@ -594,7 +534,9 @@ class SegmentedFetch:
             vals[1].update(q)
             infer_s += took
             if pending is not None and j + 1 < k:  # started before this thread builds segment j's call table
-                pending = submit_started(self._worker(), self._infer, j + 1, self._inputs(j + 1, vals), index)
+                pending = submit_started(
+                    self._worker(), self.wait_s, self._infer, j + 1, self._inputs(j + 1, vals), index
+                )
             t0 = time.perf_counter()
             quant = Dequantized(vals[1], self.segments.dequant) if self.segments.dequant else vals[1]
             sums.append(reducer(plan, vals[0], quant))
@@ -623,9 +565,6 @@ class SegmentedFetch:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self._side_pool is not None:
-            self._side_pool.shutdown(wait=True, cancel_futures=True)
-            self._side_pool = None
 
     def _assemble(self, sums: Sequence[SampleSums]) -> SampleSums:
         s = self.segments

@@ -8,8 +8,8 @@ N = 64: PP-OCRv4 rec 189 -> 175 ms/sample with one thread, det about even, YOLOv
 
 So :class:`ThreadTrial` measures both on the run's own samples once the compiled reduction is running: a few
 samples with the default, the segment sessions rebuilt with one thread fewer than the cores, a few samples with that,
-and it keeps the fewer threads only if they are faster by :data:`MARGIN`, else goes back. A run too short to repay
-two rebuilds (fewer than :data:`MIN_REMAINING` samples left) keeps the default without trying.
+and it keeps the fewer threads only if they are faster by ``trial_margin``, else goes back. A run too short to repay
+two rebuilds (fewer than ``trial_min_remaining`` samples left) keeps the default without trying.
 """
 
 from __future__ import annotations
@@ -21,22 +21,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["MARGIN", "MIN_REMAINING", "SAMPLES", "STARTED_WAIT_S", "ThreadTrial", "submit_started"]
+from qdebug.capture.tuning import CaptureTuning
+
+__all__ = ["ThreadTrial", "submit_started"]
 
 _T = TypeVar("_T")
 
-#: :func:`submit_started` waits at most this long for the worker to begin (it may still be finishing an earlier
-#: task, e.g. populating a buffer: ~7 ms); past it, nothing is wrong, only the hand-over is not ensured.
-STARTED_WAIT_S = 0.05
 
-
-def submit_started(pool: ThreadPoolExecutor, fn: Callable[..., _T], *args: Any) -> Future[_T]:
-    """``pool.submit(fn, *args)``, returning once the worker has begun ``fn`` (or after :data:`STARTED_WAIT_S`).
+def submit_started(pool: ThreadPoolExecutor, wait_s: float, fn: Callable[..., _T], *args: Any) -> Future[_T]:
+    """``pool.submit(fn, *args)``, returning once the worker has begun ``fn`` or after ``wait_s`` (the worker may
+    still be finishing an earlier task; past it nothing is wrong, only the hand-over is not ensured; 0: no wait).
 
     The worker's few lines of Python before ONNX Runtime lets go of the GIL need the GIL; if the caller goes straight
     on to Python of its own (building a call table: 1-6 ms), the worker waits for it up to the interpreter's switch
     interval, 5 ms. Waiting here hands the GIL over at once: the worker runs until ORT releases it, then the caller
     goes on (ppocr-cls: samples 1 and 2 began 4.5-5 ms late without it)."""
+    if wait_s <= 0:
+        return pool.submit(fn, *args)
     began = threading.Event()
 
     def run() -> _T:
@@ -44,19 +45,8 @@ def submit_started(pool: ThreadPoolExecutor, fn: Callable[..., _T], *args: Any) 
         return fn(*args)
 
     future = pool.submit(run)
-    began.wait(STARTED_WAIT_S)
+    began.wait(wait_s)
     return future
-
-
-#: Samples timed with each thread count (the median is compared: single samples move by ±10 % on the machine; with 4
-#: each, ViT-S once kept one thread at 484 vs 526 ms that measured 9 % slower over whole runs).
-SAMPLES = 6
-#: Samples that must be left when the trial would start: two rebuilds of every segment session (~0.1-0.5 s) and a
-#: few slower samples are then a few percent of the run at most.
-MIN_REMAINING = 40
-#: The fewer threads are kept only when their median sample is at least this much faster (above the noise of a
-#: median of :data:`SAMPLES`).
-MARGIN = 0.08
 
 
 class Rethreadable(Protocol):
@@ -72,13 +62,14 @@ class ThreadTrial:
     fetch: Rethreadable
     cores: int
     remaining: int  # samples left when the trial is created
+    tuning: CaptureTuning = field(default_factory=CaptureTuning)
     default: list[float] = field(default_factory=list)
     fewer: list[float] = field(default_factory=list)
     phase: str = "default"  # "default" -> "rebuild" -> "fewer" -> "done"
     note: str | None = None  # what was measured and kept, for the report
 
     def __post_init__(self) -> None:
-        if self.cores < 2 or self.remaining < MIN_REMAINING:
+        if self.cores < 2 or self.remaining < self.tuning.trial_min_remaining:
             self.phase = "done"
 
     @property
@@ -90,21 +81,21 @@ class ThreadTrial:
         """One sample's wall time under the current thread count."""
         if self.phase == "default":
             self.default.append(seconds)
-            if len(self.default) == SAMPLES:
+            if len(self.default) == self.tuning.trial_samples:
                 self.fetch.set_threads(self.cores - 1)
                 self.phase = "rebuild"  # the next sample also makes the sessions: not timed
         elif self.phase == "rebuild":
             self.phase = "fewer"
         elif self.phase == "fewer":
             self.fewer.append(seconds)
-            if len(self.fewer) == SAMPLES:
+            if len(self.fewer) == self.tuning.trial_samples:
                 self._decide()
 
     def _decide(self) -> None:
         base, alt = statistics.median(self.default), statistics.median(self.fewer)
-        both = f"{alt * 1e3:.0f} vs {base * 1e3:.0f} ms/sample ({SAMPLES} samples each)"
+        both = f"{alt * 1e3:.0f} vs {base * 1e3:.0f} ms/sample ({self.tuning.trial_samples} samples each)"
         threads = self.cores - 1
-        if alt < (1 - MARGIN) * base:
+        if alt < (1 - self.tuning.trial_margin) * base:
             self.note = f"segment inference on {threads} intra-op thread(s), a core left to the reduction: {both}"
         else:
             self.fetch.set_threads(None)

@@ -453,8 +453,7 @@ def _debug_on_cluster(
 ) -> list[DebugReport]:
     """``debug()`` of each quantized model as a Ray task (retried by Ray on another worker if its worker dies), the
     reports in the order of ``qs``; a qdebug error in a task is raised here as it was raised there."""
-    from qdebug.capture.ray_backend import MAX_ATTEMPTS
-    from qdebug.cluster import connect
+    from qdebug.cluster import MAX_ATTEMPTS, connect
     from qdebug.errors import QDebugError
 
     with connect(spec) as cluster:
