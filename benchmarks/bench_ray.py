@@ -48,7 +48,8 @@ def worker_alone(fp: Path, qp: Path, data: Path, capture: str, size: int) -> tup
     """Seconds for one :class:`CaptureWorker` (what each Ray actor runs) to open its sessions and reduce every
     sample in this process, without Ray; and the bytes of a shard's result as it travels back (pickled: sums and
     per-sample rows only) of 1 and of ``size`` samples."""
-    from qdebug.capture.ray_backend import CaptureWorker, _job, plan_shards
+    from qdebug.capture.ray_backend import CaptureWorker, _job
+    from qdebug.cluster import plan_shards
     from qdebug.data import open_data, range_reader
     from qdebug.pairing import input_specs, load_model, pair_models
 
@@ -84,7 +85,7 @@ def start_ray(ray: Any, cpus: int) -> float:
 def extrapolation(per_worker: float, efficiency: float, fixed: float, per_sample: float) -> list[str]:
     """Markdown rows: 10^5 samples on 16 nodes, from the measured per-worker rate, the 2-worker efficiency and the
     bytes a shard sends back (a fixed part and a per-sample part); shards as ``plan_shards`` makes them."""
-    from qdebug.capture.ray_backend import plan_shards
+    from qdebug.cluster import plan_shards
 
     rows = [
         "| nodes × workers | workers | samples/s (est.) | time for 10⁵ samples | shards | bytes back (total) |",
@@ -107,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # long: one linear script, 
     p.add_argument("--model", default="minilm-l3")
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--capture", default="numpy")
+    p.add_argument("--capture", default="fetch")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--work", default="/tmp/qdebug-bench")
     p.add_argument("--markdown")
@@ -116,8 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # long: one linear script, 
     import bench_realmodels as br
     import ray
 
-    from qdebug.capture.ray_backend import SHARDS_PER_WORKER
-    from qdebug.cluster import ClusterSpec
+    from qdebug.cluster import SHARDS_PER_WORKER, ClusterSpec
 
     fp, qp, big = br.prepare(args.model, Path(args.work), args.samples)
     data = br.split(big, args.samples, Path(args.work) / f"ray-{args.model}-{args.samples}")

@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/qdebug-bench"))
     p.add_argument("--n", type=int, default=8, help="the data folder n<N> bench_realmodels.py wrote")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--capture", default="numpy")
+    p.add_argument("--capture", default="fetch")
     args = p.parse_args(argv)
 
     import bench_ray

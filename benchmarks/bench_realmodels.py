@@ -9,7 +9,7 @@ For each corpus model and number of samples N, each method runs in a **fresh chi
 ``numpy`` / ``compiled`` / ``graph`` / ``auto``
     ``qdebug.debug(float, quant, data, DebugOptions(capture=...))``; ``auto`` also reports what it chose and why;
 ``batch8``
-    ``DebugOptions(capture="numpy", batch=8)``: up to 8 samples per inference call, with the batch that ran and
+    ``DebugOptions(capture="fetch", batch=8)``: up to 8 samples per inference call, with the batch that ran and
     why batching stopped, if it did;
 ``whole``
     ``numpy`` with segmenting off (:mod:`qdebug.capture.segmented`): every tensor of a sample exposed at once, as
@@ -97,12 +97,12 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         ends = []
         t0 = time.perf_counter()
-        if method == "whole":  # the numpy run never segmented: what segmenting changes, in the same run
-            from qdebug.capture import segmented
-
-            segmented.SEGMENT_ABOVE = segmented.PIPELINED_ABOVE = 1 << 62
         if method in ("batch8", "whole"):
-            opts = DebugOptions(capture="numpy", batch=8 if method == "batch8" else 1)
+            from qdebug.capture import CaptureTuning
+
+            # whole: the fetch run never segmented, what segmenting changes in the same run
+            never = CaptureTuning(segment_above=1 << 62, pipelined_above=1 << 62) if method == "whole" else None
+            opts = DebugOptions(capture="fetch", batch=8 if method == "batch8" else 1, tuning=never)
         else:
             opts = DebugOptions(capture=method)
         rep = debug(fp, qp, folder, opts, progress=lambda i, n: ends.append(time.perf_counter()))

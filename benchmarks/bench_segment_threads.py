@@ -38,10 +38,9 @@ MODES = ("default", "one", "auto")
 
 def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
     """One debug pass in this process with the segment sessions' threads fixed (``default``, ``one``) or tried."""
-    from qdebug.capture import segmented, threads
+    from qdebug.capture import CaptureTuning, segmented
 
-    if mode != "auto":
-        threads.MIN_REMAINING = 1 << 30  # no trial
+    tuning = CaptureTuning() if mode == "auto" else CaptureTuning(trial_min_remaining=1 << 30)  # else no trial
     if mode == "one":
         plain = segmented.make_session
 
@@ -49,7 +48,8 @@ def child(model: str, n: int, mode: str, work: Path) -> dict[str, Any]:
             return plain(*args, **{**kwargs, "threads": 1})
 
         segmented.make_session = one_thread  # type: ignore[assignment]
-    rep, times = timed_debug(model, n, work, "auto", skip=2)  # the first samples make sessions and load numba
+    # the first samples make sessions and load numba
+    rep, times = timed_debug(model, n, work, "auto", skip=2, tuning=tuning)
     cap = rep.meta.capture
     last = ((cap.reason or "") if cap else "").rsplit("; ", 1)[-1]
     return {**times, "segments": cap.segments if cap else 1, "note": last if "thread" in last else ""}

@@ -54,9 +54,11 @@ def each_run(script: str, a: argparse.Namespace, modes: Sequence[str]) -> Iterat
                 yield model, mode, run_child(script, a.work, model, a.samples, mode)
 
 
-def timed_debug(model: str, n: int, work: Path, capture: str, skip: int = 0) -> tuple[Any, dict[str, float]]:
+def timed_debug(
+    model: str, n: int, work: Path, capture: str, skip: int = 0, tuning: Any = None
+) -> tuple[Any, dict[str, float]]:
     """``qdebug.debugger`` on a corpus model in this process: the report, and its wall time, per-sample time after the
-    first ``skip`` + 1 samples, and the process's peak RSS so far."""
+    first ``skip`` + 1 samples, and the process's peak RSS so far (``tuning``: a ``CaptureTuning``, else defaults)."""
     from bench_realmodels import prepare
 
     from qdebug.debugger import DebugOptions, debug
@@ -68,7 +70,7 @@ def timed_debug(model: str, n: int, work: Path, capture: str, skip: int = 0) -> 
         fp,
         qp,
         folder,
-        DebugOptions(capture=capture, num_samples=n),
+        DebugOptions(capture=capture, num_samples=n, tuning=tuning),
         progress=lambda i, k: ends.append(time.perf_counter()),
     )
     status = Path("/proc/self/status").read_text().splitlines()

@@ -1,17 +1,15 @@
-"""Segmented capture A/B on a corpus model (issue 12): the whole-model numpy run against segments of a given size,
+"""Segmented capture A/B on a corpus model (issue 12): the whole-model fetch run against segments of a given size,
 pipelined or not, each in a fresh process, interleaved over rounds.
 
-Modes: ``whole`` (segmenting off), ``<MB>-pipe`` / ``<MB>-seq`` (segmenting forced above ``PIPELINED_ABOVE`` =
-160 MB with segments of ``<MB>`` MB, the next segment inferred on a worker thread or not); a ``-sides`` suffix
-(``64-pipe-sides``) infers each segment's float and quantized halves at once on two threads, one intra-op thread
-each (``segmented.SIDES_IN_PARALLEL``). Prints, per run, the
+Modes: ``whole`` (segmenting off), ``<MB>-pipe`` / ``<MB>-seq`` (segmenting forced above 160 MB with segments of
+``<MB>`` MB, the next segment inferred on a worker thread or, as on one core, not). Prints, per run, the
 steady per-sample wall time (end of sample 0 to the end), the process CPU time per sample (all threads) and the peak
 RSS (``VmHWM``). Uses the quantized model and data folders ``bench_realmodels.py --work W`` prepared.
 
 Usage::
 
     .venv/bin/python benchmarks/profile_segments.py --model ppocrv4-rec --work /tmp/bpipe --n 8 \\
-        [--modes whole 64-pipe 64-seq] [--method numpy|compiled] [--rounds 2]
+        [--modes whole 64-pipe 64-seq] [--method fetch|compiled] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -30,27 +28,21 @@ REPO = Path(__file__).resolve().parent.parent
 
 def child(model: str, work: Path, n: int, mode: str, method: str) -> dict[str, Any]:
     """One debug run in this process."""
-    import qdebug.capture.segmented as sg
+    from qdebug.capture import CaptureTuning
     from qdebug.debugger import DebugOptions, debug
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     from realmodels import registry
 
     if mode == "whole":
-        sg.SEGMENT_ABOVE = sg.PIPELINED_ABOVE = 1 << 62
+        tuning = CaptureTuning(segment_above=1 << 62, pipelined_above=1 << 62)
     else:
         size, kind = mode.split("-")[:2]
-        sg.SIDES_IN_PARALLEL = mode.endswith("-sides")
-        sg.SEGMENT_ABOVE = sg.PIPELINED_ABOVE = 160 << 20
-        sg.SEGMENT_BYTES = int(size) << 20
-        if kind == "seq":
-            real = sg.SegmentedFetch.__init__
-
-            def init(self: Any, *a: Any, **k: Any) -> None:
-                k["pipelined"] = False
-                real(self, *a, **k)
-
-            sg.SegmentedFetch.__init__ = init  # type: ignore[method-assign]
+        # seq: one core's run, whose segments are not pipelined (the threshold is the same: both are set)
+        cores = 1 if kind == "seq" else None
+        tuning = CaptureTuning(
+            segment_above=160 << 20, pipelined_above=160 << 20, segment_bytes=int(size) << 20, cores=cores
+        )
     fp = registry.cache_dir() / model / f"{model}.onnx"
     ends: list[float] = []
     cpu: list[float] = []
@@ -61,7 +53,11 @@ def child(model: str, work: Path, n: int, mode: str, method: str) -> dict[str, A
         cpu.append(u.ru_utime + u.ru_stime)
 
     rep = debug(
-        fp, work / f"{model}.qdq.onnx", work / "data" / model / f"n{n}", DebugOptions(capture=method), progress=progress
+        fp,
+        work / f"{model}.qdq.onnx",
+        work / "data" / model / f"n{n}",
+        DebugOptions(capture=method, tuning=tuning),
+        progress=progress,
     )
     with open("/proc/self/status") as fh:
         hwm = next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM"))
@@ -81,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/qdebug-bench"))
     p.add_argument("--n", type=int, default=8, help="the data folder n<N> bench_realmodels.py wrote")
     p.add_argument("--modes", nargs="+", default=["whole", "64-pipe", "64-seq"])
-    p.add_argument("--method", default="numpy", choices=["numpy", "compiled"])
+    p.add_argument("--method", default="fetch", choices=["fetch", "numpy", "compiled"])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
