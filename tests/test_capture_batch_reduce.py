@@ -2,12 +2,15 @@
 reference definition gives it alone — small tensors (one numpy pass for the whole batch), large ones, the batch on
 axis 0 or inside (a recurrent state ``[2, n, 128]``), tensors the batch does not change (shared), NaN/Inf,
 float32 overflow, empty and float64 tensors, clips of fused and measured-through activations — with the numpy
-path and with the compiled batch kernel (numba is part of ``make test``'s install: these fail, not skip, without
-it); and ``auto`` batches a model whose inputs have a batch axis, to the unbatched report's values."""
+path (any chunk size) and with each compiled batch kernel, C and numba (both part of ``make test``'s install: these
+fail, not skip, without them); and ``auto`` batches a model whose inputs have a batch axis, to the unbatched
+report's values."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,8 +22,10 @@ from onnx import TensorProto, helper
 
 from qdebug.capture import compiled
 from qdebug.capture.batching import batch_views
-from qdebug.capture.kernels.batched import BatchTensors, reduce_batch
+from qdebug.capture.kernels import c_kernel
+from qdebug.capture.kernels.batched import CHUNK_ELEMENTS, BatchTensors, reduce_batch
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
+from qdebug.capture.tuning import CaptureTuning
 from qdebug.debugger import DebugOptions, debug
 from qdebug.metrics import SMALL_TENSOR
 
@@ -42,11 +47,14 @@ def _batch(per_sample: list[dict[str, np.ndarray]], axes: dict[str, int | None])
     return BatchTensors(dict(zip(names, views, strict=True)), dict(zip(names, alone, strict=True)), n), names
 
 
-def _check(plan: ReductionPlan, samples: list[tuple[dict, dict]], axes: dict[str, int | None], kernel: object) -> None:
+def _check(
+    plan: ReductionPlan, samples: list[tuple[dict, dict]], axes: dict[str, int | None], kernel: object,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> None:  # fmt: skip
     """Every sample's batch sums equal the reference's on that sample alone."""
     fb, _ = _batch([f for f, _ in samples], axes)
     qb, _ = _batch([q for _, q in samples], axes)
-    got = reduce_batch(plan, fb, qb, kernel)
+    got = reduce_batch(plan, fb, qb, kernel, chunk_elements=chunk_elements)
     for i, (f, q) in enumerate(samples):
         want = reduce_sample(plan, f, q)
         for kind in ("cumulative", "local", "outputs"):
@@ -101,10 +109,24 @@ def _samples(n: int, seed: int = 0) -> tuple[list[tuple[dict, dict]], dict[str, 
     return samples, axes
 
 
-@pytest.mark.parametrize("use_kernel", [False, True], ids=["numpy", "compiled"])
-def test_every_case_gives_each_sample_the_reference_sums(use_kernel: bool) -> None:
+def _kernel(which: str) -> Any:
+    """The batch kernel ``which`` names (``numpy``: none)."""
+    if which == "numpy":
+        return None
+    return c_kernel.load() if which == "c" else importlib.import_module("qdebug.capture.kernels.numba_kernel")
+
+
+@pytest.mark.parametrize("which", ["numpy", "c", "numba"])
+def test_every_case_gives_each_sample_the_reference_sums(which: str) -> None:
     samples, axes = _samples(4)
-    _check(plan_of(SPECS), samples, axes, compiled.kernel() if use_kernel else None)
+    _check(plan_of(SPECS), samples, axes, _kernel(which))
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 100, 1 << 12])
+def test_any_chunk_size_gives_the_reference_sums(chunk_elements: int) -> None:
+    """The chunk of samples one numpy call reduces bounds the temporary copies, not what is summed."""
+    samples, axes = _samples(4)
+    _check(plan_of(SPECS), samples, axes, None, chunk_elements)
 
 
 @settings(max_examples=25, deadline=None)
@@ -112,16 +134,16 @@ def test_every_case_gives_each_sample_the_reference_sums(use_kernel: bool) -> No
     n=st.integers(1, 5),
     size=st.integers(1, 3 * SMALL_TENSOR // 2),
     seed=st.integers(0, 2**16),
-    use_kernel=st.booleans(),
+    which=st.sampled_from(["numpy", "c", "numba"]),
 )
-def test_fuzzed_batches_match_the_reference(n: int, size: int, seed: int, use_kernel: bool) -> None:
+def test_fuzzed_batches_match_the_reference(n: int, size: int, seed: int, which: str) -> None:
     rng = np.random.default_rng(seed)
     samples = []
     for _ in range(n):
         r, p, x = _triple(rng, (1, size))
         samples.append(({"t0": r, "out": r}, {"t0_pre": p, "t0_post": x, "out_q": x}))
     axes: dict[str, int | None] = dict.fromkeys(["t0", "out", "t0_pre", "t0_post", "out_q"], 0)
-    _check(plan_of([(True, RELU, None)]), samples, axes, compiled.kernel() if use_kernel else None)
+    _check(plan_of([(True, RELU, None)]), samples, axes, _kernel(which))
 
 
 def _batchable_pair(tmp_path: Path) -> tuple[Path, Path]:
@@ -172,23 +194,21 @@ def test_auto_batches_a_batchable_model_to_the_unbatched_values(tmp_path: Path) 
 def test_auto_weighs_the_compiled_kernel_on_batches_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batched ``auto`` run still switches to the compiled reduction when it pays (forced here: no start-up
     cost), and its batches are then reduced by the batch kernel, to the same values."""
-    monkeypatch.setattr(compiled, "STARTUP_S", -1.0)
-
     monkeypatch.setattr(compiled, "start_warm_up", loaded_warm_up)  # numba loaded by the next sample
     fp, qp = _batchable_pair(tmp_path)
     rng = np.random.default_rng(2)
     data = tmp_path / "d.npz"
     np.savez(data, x=rng.standard_normal((64, 1, 16)).astype(np.float32))
     one = debug(fp, qp, data, DebugOptions(batch=1, capture="numpy"))
-    auto = debug(fp, qp, data, DebugOptions())
+    auto = debug(fp, qp, data, DebugOptions(tuning=CaptureTuning(compiled_startup_s=-1.0)))
     cap = auto.meta.capture
     assert cap is not None and cap.batch > 1 and cap.backend == "compiled", cap
     np.testing.assert_allclose(one.per_sample.values, auto.per_sample.values, atol=1e-5)
 
 
-def test_auto_does_not_batch_when_only_two_samples_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_does_not_batch_when_only_two_samples_fit(tmp_path: Path) -> None:
     """Two samples per call measured slower than one on ppocr-cls: ``auto`` needs room for three; asked for, two."""
-    from qdebug.capture import batching, fetch
+    from qdebug.capture import fetch
 
     fp, qp = _batchable_pair(tmp_path)
     data = tmp_path / "d.npz"
@@ -196,14 +216,12 @@ def test_auto_does_not_batch_when_only_two_samples_fit(tmp_path: Path, monkeypat
     from qdebug.pairing import pair_models
 
     fm, qm = onnx.load(str(fp)), onnx.load(str(qp))
-    probe = fetch.NumpyRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"])
+    probe = fetch.FetchRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"])
     probe.reduce(0, {"x": np.ones((1, 16), np.float32)})
     assert probe.sample_bytes is not None
-    room_for_two = 2 * probe.sample_bytes + 1
-    monkeypatch.setattr(batching, "BATCH_BYTES", room_for_two)
-    monkeypatch.setattr(fetch, "BATCH_BYTES", room_for_two)
-    auto = debug(fp, qp, data, DebugOptions()).meta.capture
-    asked = debug(fp, qp, data, DebugOptions(batch=4)).meta.capture
+    tuning = CaptureTuning(batch_bytes=2 * probe.sample_bytes + 1)  # room for two
+    auto = debug(fp, qp, data, DebugOptions(tuning=tuning)).meta.capture
+    asked = debug(fp, qp, data, DebugOptions(batch=4, tuning=tuning)).meta.capture
     assert auto is not None and auto.batch == 1 and "batches of up to" not in str(auto.reason)
     assert asked is not None and asked.batch == 2
 

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from conftest import SAMPLE_MODELS, TINY_CONFIGS, TINY_R1_CONVERT, save
 
-from qdebug.capture import capture
+from qdebug.capture import FALLBACK_BACKEND, capture
 from qdebug.capture.kernels import ingraph as reduce_graph
 from qdebug.config import QuantConfig
 from qdebug.data import open_data
@@ -93,6 +93,7 @@ def _capture(f: Path | onnx.ModelProto, q: Path | onnx.ModelProto, data: object 
     fm = f if isinstance(f, onnx.ModelProto) else onnx.load(str(f))
     qm = q if isinstance(q, onnx.ModelProto) else onnx.load(str(q))
     source = open_data(data, input_specs(fm), num_samples=n, seed=0)  # type: ignore[arg-type]
+    kw.setdefault("path", "graph")  # the in-graph path these tests are about (capture's default is auto)
     return capture(fm, qm, pair_models(fm, qm), source, **kw)  # type: ignore[arg-type]
 
 
@@ -142,7 +143,7 @@ def test_nonfinite_samples_fall_back_exactly(tmp_path: Path) -> None:
     assert b.activation("logx").nonfinite_float == a.activation("logx").nonfinite_float > 0
     cap = _capture(fp, qp, {"x": x}, n=3)
     assert (cap.path, cap.fallback_samples) == ("graph", 2)
-    assert _capture(fp, qp, {"x": x}, n=3, path="numpy").path == "numpy"
+    assert _capture(fp, qp, {"x": x}, n=3, path="numpy").path == FALLBACK_BACKEND
 
 
 def test_fused_clip_and_relu_agree(tmp_path: Path, tiny_float: Path) -> None:
@@ -210,7 +211,7 @@ def test_merged_graph_rejected_by_ort_falls_back(
 
     monkeypatch.setattr(reduce_graph, "build", broken)
     cap = _capture(tiny_float, tiny_quant("u8"))
-    assert cap.path == "numpy" and "rejects" in (cap.fallback_reason or "")
+    assert cap.path == FALLBACK_BACKEND and "rejects" in (cap.fallback_reason or "")
     assert debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=2)).meta.num_samples == 2
 
 
