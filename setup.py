@@ -45,7 +45,7 @@ setup(
     package_dir={"qdebug_widgets": "widgets"},
     # The host kernels and harness that run Deeploy's generated C (qdebug.targets.deeploy_host).
     # ... and the vendored plotly.js bundle the HTML report inlines (qdebug/render/vendor/README.md).
-    # ... and the compiled reduction's C source, built on the user's machine on first use (qdebug.capture.kernels.c_kernel).
+    # ... and the compiled reduction's C source, built on first use (qdebug.capture.kernels.c_kernel).
     package_data={
         "qdebug.targets": ["deeploy_host/*.c", "deeploy_host/*.h"],
         "qdebug.capture.kernels": ["_reduce.c"],

@@ -73,7 +73,7 @@ class RecompileResult:
 
 def _options(t: Target, options: Any, snap_scales: bool, snap_grid: str) -> BuildOptions:
     """The build options of a recompile: given ones, or the fields a target's own options object (e.g.
-    :class:`~qdebug.targets.qnn.QnnOptions`) shares with :class:`BuildOptions`."""
+    :class:`~qdebug.targets.qnn_options.QnnOptions`) shares with :class:`BuildOptions`."""
     if isinstance(options, BuildOptions):
         return options
     precision = next(p.name for p in t.precisions.values() if p.quantized)
