@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from qdebug.data import Sample
-from qdebug.metrics import blocked_dot, sqnr_from_energies
+from qdebug.metrics import energies, sqnr_from_energies
 from qdebug.ort import make_session
 
 #: Float outputs kept in memory for re-use across candidates, at most this many bytes; beyond it the float model
@@ -134,9 +134,7 @@ class OutputProbe:
                 if not np.issubdtype(f.dtype, np.floating) or f.shape != q.shape:
                     floating.discard(name)
                     continue
-                f64 = f.astype(np.float64).ravel()
-                d = f64 - q.astype(np.float64).ravel()
-                s, n = blocked_dot(f64, f64), blocked_dot(d, d)
+                s, n = energies(f, q)
                 signal[name] += s
                 noise[name] += n
                 db = sqnr_from_energies(s, n)[0]
