@@ -212,3 +212,29 @@ def test_an_unknown_or_unavailable_kernel_says_so(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
         _fail_or_skip("no numba")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        Spec(size=300, clip="both"),
+        Spec(size=2049, ints=np.uint8),
+        Spec(size=40, special=np.nan, where=1),
+        Spec(size=40, special=np.inf, where=0),
+    ],
+    ids=repr,
+)
+def test_the_c_reducer_gives_the_compiled_backends_bits(spec: Spec) -> None:
+    """The C kernel's reducer turns rows into sums, and hands NaN/Inf to the reference, exactly as the ``compiled``
+    backend does: the same bits (so that backend can reduce through it)."""
+    from qdebug.capture import compiled
+
+    plan, samples = make_case(spec)
+    got = _reducer("c").reduce(plan, samples)
+    for (f, q), g in zip(samples, got, strict=True):
+        want = compiled.reduce_sample_compiled(plan, f, q)
+        for kind in ("cumulative", "local", "outputs"):
+            for name in ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test"):
+                np.testing.assert_array_equal(getattr(getattr(want, kind), name), getattr(getattr(g, kind), name))
+        np.testing.assert_array_equal(want.float_min, g.float_min)
+        np.testing.assert_array_equal(want.float_max, g.float_max)

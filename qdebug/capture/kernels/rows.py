@@ -5,7 +5,7 @@ take (other float types, mixed types, empty tensors)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,33 +20,31 @@ from qdebug.pairing import ActivationPair
 __all__ = ["KernelReducer", "rows_to_sums"]
 
 
-def _slots(kernel: Any) -> tuple[int, int, int, int]:
-    return kernel.CUM_SIGNAL, kernel.LOC_SIGNAL, kernel.REF_MIN, kernel.SLOTS
-
-
 def rows_to_sums(
     kernel: Any, plan: ReductionPlan, rows: np.ndarray, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]
 ) -> SampleSums:
-    """One sample's sums from a compiled kernel's rows (one per activation, the kernel's slots); an activation
-    whose sums or range are not finite is the reference's, which counts NaN/Inf exactly; outputs by the
-    reference."""
-    cum_at, loc_at, min_at, _ = _slots(kernel)
+    """One sample's sums from a compiled kernel's rows (one per activation, the kernel's slots), each comparison
+    whose sums are not finite, and each range that is not, replaced by the reference's (which counts NaN/Inf
+    exactly); outputs by the reference. The same policy as the ``compiled`` backend's
+    (:mod:`qdebug.capture.compiled`), so the two give the same bits."""
     acts = plan.pairing.activations
     sizes = np.array([f[a.tensor_name].size for a in acts], dtype=np.int64)
     quant = [j for j, a in enumerate(acts) if a.quantized]
-    cum, loc = _batch(rows[:, cum_at : cum_at + 3], sizes), _batch(rows[quant, loc_at : loc_at + 3], sizes[quant])
-    lo, hi = rows[:, min_at].copy(), rows[:, min_at + 1].copy()
-    ordinal = {j: k for k, j in enumerate(quant)}
-    for j, a in enumerate(acts):
-        checked = [rows[j, cum_at : cum_at + 2], rows[j, min_at : min_at + 2]]
-        checked += [rows[j, loc_at : loc_at + 2]] if a.quantized else []
-        if all(np.isfinite(c).all() for c in checked):
-            continue
-        post = clip_to(q[a.post_qdq], a.measured_through)
-        _put(cum, j, reduce_pairs([clip_to(f[a.tensor_name], a.measured_through)], [post]))
-        if a.quantized:
-            _put(loc, ordinal[j], reduce_pairs([local_pre(a, q)], [post]))
-        lo[j], hi[j] = _finite_range(f[a.tensor_name])
+    cum, loc = _batch(rows, sizes, kernel.CUM_SIGNAL), _batch(rows[quant], sizes[quant], kernel.LOC_SIGNAL)
+    lo, hi = rows[:, kernel.REF_MIN].copy(), rows[:, kernel.REF_MAX].copy()
+    redo: tuple[tuple[BatchSums, list[int], Callable[[ActivationPair], np.ndarray]], ...] = (
+        (cum, list(range(len(acts))), lambda a: clip_to(f[a.tensor_name], a.measured_through)),
+        (loc, quant, lambda a: local_pre(a, q)),
+    )
+    for sums, idx, ref_of in redo:
+        for pos in np.flatnonzero(~np.isfinite(sums.signal + sums.noise)).tolist():
+            a = acts[idx[pos]]
+            one = reduce_pairs([ref_of(a)], [clip_to(q[a.post_qdq], a.measured_through)])
+            for name in _FIELDS:
+                getattr(sums, name)[pos] = getattr(one, name)[0]
+    odd = np.flatnonzero(~(np.isfinite(lo) & np.isfinite(hi))).tolist()  # empty, all-NaN or ±Inf
+    if odd:
+        lo[odd], hi[odd] = value_ranges([f[acts[j].tensor_name] for j in odd])
     outs = plan.pairing.outputs
     return SampleSums(
         cumulative=cum,
@@ -54,23 +52,18 @@ def rows_to_sums(
         outputs=reduce_pairs([f[o.output_name] for o in outs], [q[o.quant_name] for o in outs]),
         float_min=lo,
         float_max=hi,
-        elements=sizes,
+        elements=sizes.copy(),
     )
 
 
-def _batch(sums: np.ndarray, sizes: np.ndarray) -> BatchSums:
+_FIELDS = ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test")
+
+
+def _batch(rows: np.ndarray, sizes: np.ndarray, at: int) -> BatchSums:
+    """Kernel rows (signal, noise, max at ``at``) as :class:`BatchSums` with no non-finite values counted yet."""
+    signal, noise, max_abs = (rows[:, at + i].copy() for i in range(3))
     zeros = np.zeros(len(sizes), dtype=np.int64)
-    return BatchSums(sums[:, 0].copy(), sums[:, 1].copy(), sizes.copy(), sums[:, 2].copy(), zeros, zeros.copy())
-
-
-def _put(into: BatchSums, k: int, one: BatchSums) -> None:
-    for name in ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test"):
-        getattr(into, name)[k] = getattr(one, name)[0]
-
-
-def _finite_range(x: np.ndarray) -> tuple[float, float]:
-    lo, hi = value_ranges([x])
-    return float(lo[0]), float(hi[0])
+    return BatchSums(signal, noise, sizes.copy(), max_abs, zeros, zeros.copy())
 
 
 class KernelReducer:
