@@ -74,8 +74,8 @@ def profile(model: str, work: Path, n: int, repeats: int) -> dict[str, float]:
     import onnx
     from bench_realmodels import prepare
 
+    from qdebug.capture.bound import BoundFetch
     from qdebug.capture.compiled import reduce_sample_compiled
-    from qdebug.capture.fetch import BoundFetch
     from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
     from qdebug.data import open_data
     from qdebug.ort import expose_outputs

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from qdebug.capture import AUTO, CAPTURE_PATHS, CaptureTuning, capture, capture_choices, fetch
+from qdebug.capture import AUTO, CAPTURE_PATHS, CaptureTuning, capture, capture_choices
 from qdebug.capture.auto import AutoRun, estimate_setup
 from qdebug.capture.base import CaptureSums, SampleSums
 from qdebug.data import open_data
@@ -161,7 +161,7 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
     import builders
     from conftest import save
 
-    from qdebug.capture import fetch
+    from qdebug.capture.bound import BoundFetch
     from qdebug.config import QuantConfig
     from qdebug.quantizer import quantize
 
@@ -183,16 +183,16 @@ def test_bound_outputs_give_the_plain_runs_sums(tmp_path: Path, monkeypatch: pyt
 
     pairing = pair_models(fm, qm)
     with monkeypatch.context() as m:
-        m.setattr(fetch.BoundFetch, "_bind", lambda self, values, key: None)  # every run plain: the reference
+        m.setattr(BoundFetch, "_bind", lambda self, values, key: None)  # every run plain: the reference
         plain = capture(fm, qm, pairing, Source(), path="fetch")  # type: ignore[arg-type]
-    bound_runs: list[fetch.BoundFetch] = []
-    real_init = fetch.BoundFetch.__init__
+    bound_runs: list[BoundFetch] = []
+    real_init = BoundFetch.__init__
 
-    def spy(self: fetch.BoundFetch, *args: object) -> None:
+    def spy(self: BoundFetch, *args: object) -> None:
         real_init(self, *args)  # type: ignore[arg-type]
         bound_runs.append(self)
 
-    monkeypatch.setattr(fetch.BoundFetch, "__init__", spy)
+    monkeypatch.setattr(BoundFetch, "__init__", spy)
     bound = capture(fm, qm, pairing, Source(), path="fetch")  # type: ignore[arg-type]
     assert bound_runs and all(b.binding is not None for b in bound_runs)  # the binding was really used
     np.testing.assert_array_equal(bound.per_sample, plain.per_sample)

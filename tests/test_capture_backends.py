@@ -214,3 +214,18 @@ def test_a_bad_sample_met_by_the_worker_is_the_same_one_line_error(tiny_float: P
     quantize(tiny_float, None, None, q, check=False)
     with pytest.raises(DataError, match=r"b\.npz|sample 4|shape"):
         debug(tiny_float, q, folder, DebugOptions(capture="fetch"))
+
+
+def test_the_tuning_defaults_are_the_kernels_defaults() -> None:
+    """The kernels' tuning parameters default to what :class:`CaptureTuning` passes them, so a capture and a direct
+    call of a kernel reduce alike."""
+    import inspect
+
+    from qdebug.capture import CaptureTuning
+    from qdebug.capture.kernels import batched, ingraph
+
+    t = CaptureTuning()
+    assert inspect.signature(batched.reduce_batch).parameters["chunk_elements"].default == t.chunk_elements
+    build = inspect.signature(ingraph.build).parameters
+    assert build["concat_fan_in"].default == t.concat_fan_in
+    assert build["max_merged_bytes"].default == t.max_merged_bytes

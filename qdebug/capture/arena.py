@@ -1,13 +1,11 @@
 """A set of bound output arrays carved out of one buffer whose pages were touched ahead of time, on the idle core.
 
-A pipelined run infers into two sets of bound outputs (:class:`~qdebug.capture.fetch.NumpyRun`); sample 0's
-plain run gives the first, the second is new memory. Touching new memory is what costs, not using it: on the
-benchmark machine (a Firecracker VM), ppocr-cls's 1,316 exposed tensors (24 MB) took 33.8 ms to infer into new
-arrays on the worker and 7.5 ms into used ones, and touching 24 MB in 1,316 arrays took 31-37 ms. That cost fell
-after the timed samples had started. The run knows one sample's exposed bytes before it runs any sample, from shape
+A pipelined run infers into two sets of bound outputs (:mod:`qdebug.capture.output_sets`); sample 0's plain run
+gives the first, the second is new memory. Touching new memory is what costs, not using it, and that cost would fall
+in the first timed samples. The run knows one sample's exposed bytes before it runs any sample, from shape
 inference (:func:`estimate_bytes`), so its worker touches one buffer of that size while sample 0 is inferred on the
-main thread (ppocr-cls: inference on one thread, the other core idle), and the second set's arrays are views into
-it (:func:`carve`), already touched.
+main thread (the other core is idle then), and the second set's arrays are views into it (:func:`carve`), already
+touched.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ def estimate_bytes(plan: ReductionPlan, weight: Mapping[str, int], q_specs: Mapp
     (:func:`~qdebug.capture.segmented.exposed_bytes`'s ``weight``): the float tensors, the quantized model's
     pre-Q/DQ values, and its post-Q/DQ values or, where the run computes them (``q_specs``), their integers.
     ``None`` when a tensor of the plan has no estimate. Exact when every shape is static; ``weight`` counts a tensor
-    without a static size at the mean size (ppocr-cls: five tensors of its head, 1.8 MB over its 24 MB), which only
-    leaves the end of the buffer unused."""
+    without a static size at the mean size, which only leaves the end of the buffer unused."""
     elements = tensor_elements(weight, plan)
     f_bytes: dict[str, float] = {}
     q_bytes: dict[str, float] = {}  # keyed apart: a pre-Q/DQ tensor may have its float tensor's name
@@ -64,10 +61,9 @@ def estimate_bytes(plan: ReductionPlan, weight: Mapping[str, int], q_specs: Mapp
 def touched(nbytes: int) -> np.ndarray:
     """A new zeroed buffer of ``nbytes`` whose pages are all in memory already.
 
-    On Linux the kernel maps them in one call (``MAP_POPULATE``; CPython lets go of the GIL around it): 6-7 ms for
-    25 MB on the benchmark machine, every time. Touching an ``np.empty`` buffer instead took 4-67 ms for the same
-    25 MB, depending on whether the kernel found huge pages for it or tried to make some (numpy asks for them above
-    4 MB). Elsewhere: an ``np.empty`` buffer, touched by ``copyto``."""
+    On Linux the kernel maps them in one call (``MAP_POPULATE``; CPython lets go of the GIL around it), which takes
+    the same time every time, where touching an ``np.empty`` buffer varies with whether the kernel finds huge pages
+    for it. Elsewhere: an ``np.empty`` buffer, touched by ``copyto``."""
     flags = getattr(mmap, "MAP_POPULATE", 0)
     if flags and nbytes > 0:
         mapped = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)

@@ -1,41 +1,41 @@
 """The ``auto`` capture choice: the backend is picked from costs measured on the run's own first samples.
 
-Neither backend wins everywhere (docs/benchmarks.md, "real models"). The merged graph (``graph``) saves the
-per-tensor fetch and numpy arithmetic, which dominates on small models with many small tensors, but ONNX Runtime's
-session set-up grows with the *square* of the node count (≈ 5.5e-8 s per node² on the 2-core benchmark machine), and
-on models with large activations its in-graph float64 reductions cost more per sample than numpy's. So:
+Neither backend wins everywhere (docs/benchmarks.md). The merged graph (``graph``) saves the per-tensor fetch and
+numpy arithmetic, which dominates on small models with many small tensors, but ONNX Runtime's session set-up grows
+with the *square* of the node count, and on models with large activations its in-graph float64 reductions cost
+more per sample than a fetch-and-reduce. Every threshold below is a field of
+:class:`~qdebug.capture.tuning.CaptureTuning`. So:
 
-0. a model whose inputs all have a batch axis is **batched** when sample 0 shows that at least
-   :data:`AUTO_MIN_BATCH` samples fit in a batch (up to :data:`AUTO_BATCH`; ``batch`` overrides) and the samples
-   after it fill at least one such batch: ``numpy`` keeps
-   the run (a batch pays the per-call costs the merged graph avoids once per batch), and the compiled reduction is
-   still weighed as in 2; a **segmented** run (one sample too large to expose at once) reduces with the compiled
-   pass from the start, numba loading beside the first sample, exposes the quantized integers instead of post-Q/DQ
-   floats where it can (:mod:`qdebug.capture.dequant`), and, pipelined with enough samples left, times its
-   segments' inference with ONNX Runtime's default threads and with one fewer and keeps the faster
-   (:mod:`qdebug.capture.threads`). Otherwise:
-1. samples 0 to :data:`COMPILED_PROBE` run on ``numpy`` (always opened: it is also every backend's fallback), each
-   timed, with its reduction and inference apart; the fastest after sample 0 is numpy's per-sample cost (sample
-   0's first-run allocations make it a poor measure alone). With fewer than :data:`MIN_REMAINING` samples after
-   sample 0, ``numpy`` keeps the run at once; so it does when the C kernel reduces from the first sample (nothing
-   to weigh in 2) and sample 0 already rules the merged graph out as 3 would — tensors too large, or a set-up
-   that even sample 0's time, an over-estimate, would not repay — and the run pipelines from sample 1;
-2. if what the compiled reduction (numba, the ``fast`` extra) would save over the remaining samples exceeds its
-   start-up (:data:`qdebug.capture.compiled.STARTUP_S`; :func:`_saving_per_sample`), numba loads on a background
-   thread while numpy goes on reducing, and the numpy run switches to that one-pass reduction (``compiled``) at
-   the first sample after — no new session, nothing else to measure. Without numba (or if it fails to load) the
-   reason says what it would have saved; a run kept on numpy early is weighed the same way once it has the samples;
-3. else, if the paired tensors average more than :data:`GRAPH_MAX_MEAN_ELEMENTS` elements, ``numpy`` keeps the run
+0. a model whose inputs all have a batch axis is **batched** when sample 0 shows that at least ``auto_min_batch``
+   samples fit in a batch (up to ``auto_batch``; ``batch`` overrides) and the samples after it fill at least one
+   such batch: ``fetch`` keeps the run (a batch pays the per-call costs the merged graph avoids once per batch),
+   and the compiled reduction is still weighed as in 2; a **segmented** run (one sample too large to expose at
+   once) reduces with the compiled pass from the start, the kernel loading beside the first sample, exposes the
+   quantized integers instead of post-Q/DQ floats where it can (:mod:`qdebug.capture.dequant`), and, pipelined
+   with enough samples left, times its segments' inference with ONNX Runtime's default threads and with one fewer
+   and keeps the faster (:mod:`qdebug.capture.threads`). Otherwise:
+1. samples 0 to ``compiled_probe`` run on ``fetch`` (always opened: it is also every backend's fallback), each
+   timed, with its reduction and inference apart; the fastest after sample 0 is its per-sample cost (sample 0's
+   first-run allocations make it a poor measure alone). With fewer than ``min_remaining`` samples after sample 0,
+   ``fetch`` keeps the run at once; so it does when the C kernel reduces from the first sample (nothing to weigh
+   in 2) and sample 0 already rules the merged graph out as 3 would — tensors too large, or a set-up that even
+   sample 0's time, an over-estimate, would not repay — and the run pipelines from sample 1;
+2. if what the compiled reduction would save over the remaining samples exceeds its start-up
+   (``compiled_startup_s``; :func:`_saving_per_sample`), the kernel loads on a background thread while numpy goes
+   on reducing, and the fetch run switches to that one-pass reduction (``compiled``) at the first sample after —
+   no new session, nothing else to measure. Without it (or if it fails to load) the reason says what it would have
+   saved; a run kept on ``fetch`` early is weighed the same way once it has the samples;
+3. else, if the paired tensors average more than ``graph_max_mean_elements`` elements, ``fetch`` keeps the run
    (the merged graph is slower per sample there); so it does if even the smallest merged graph — both models'
-   nodes plus :data:`MERGED_NODES_PER_PAIR` per pair — could not repay its estimated set-up; otherwise the merged
-   model is *built* (no session: a protobuf, 0.02-0.6 s on the corpus) and its set-up is **estimated** from the numpy
-   sessions' measured set-up scaled by the node counts (:func:`estimate_setup`); if that estimate exceeds
-   :data:`PAYBACK_SHARE` of the numpy path's remaining time, ``numpy`` keeps the run;
+   nodes plus ``merged_nodes_per_pair`` per pair — could not repay its estimated set-up; otherwise the merged
+   model is *built* (no session: a protobuf) and its set-up is **estimated** from the fetch sessions' measured
+   set-up scaled by the node counts (:func:`estimate_setup`); if that estimate exceeds ``payback_share`` of the
+   fetch run's remaining time, ``fetch`` keeps the run;
 4. otherwise the merged session is created and the next sample runs on it, timed: the faster per sample keeps the
    run (the probe is a first run of its session, so it includes ONNX Runtime's first-run allocations).
 
 Every sample is reduced exactly once, by one backend or the other; sums merge exactly, so the result is the
-same whichever backend reduced which sample. :attr:`AutoRun.choice` records the backend and the reason, with
+same whichever backend reduced which sample. :meth:`AutoRun.info` records the backend and the reason, with
 the numbers, and goes into the report's ``meta.capture``.
 """
 
@@ -93,20 +93,14 @@ def _saving_per_sample(reduce_s: float, infer_s: float, pipelined: bool, saving:
 
     Not pipelined, a sample costs inference + reduction, and the compiled pass removes
     ``saving`` of the reduction (:attr:`~qdebug.capture.tuning.CaptureTuning.compiled_saving`). Pipelined, it costs
-    about the longer of the two
-    (the next sample's inference runs beside this one's reduction), so only the part of the reduction above the
-    inference is saved outright (on Silero VAD the fetch, 3.5 ms, bounds a sample once the reduction drops below
-    it: a 5.8 ms numpy reduction saves 2.3 ms, not 4.1) — but the CPU it frees also goes to the inference's threads,
-    so the estimate is the mean of the two.
+    about the longer of the two (the next sample's inference runs beside this one's reduction), so only the part
+    of the reduction above the inference is saved outright — but the CPU it frees also goes to the inference's
+    threads, so the estimate is the mean of the two.
     """
     alone = saving * reduce_s
     if not pipelined:
         return alone
-    # Pipelined, the two threads also compete for the cores (ONNX Runtime's intra-op threads beside the reduction):
-    # the CPU a cheaper reduction frees partly speeds the inference up too. Measured (bench_realmodels.py --methods
-    # numpy compiled): YOLOv8n, N = 64, 19 ms/sample saved where "above the inference" predicted 14 and "alone" 69;
-    # ppocr-cls, N = 256 (bench_batching.py), 10 ms where they predicted 17 and 21. Neither bounds it; the mean errs
-    # towards switching, whose cost is bounded by numba's start-up.
+    # neither bound holds on measured runs; the mean errs towards switching, whose cost is bounded by the start-up
     beside = max(0.0, max(infer_s, reduce_s) - max(infer_s, (1 - saving) * reduce_s))
     return (alone + beside) / 2
 
@@ -154,7 +148,7 @@ class AutoRun:
         )
         self.fetch_setup = clock() - t0
         self.graph: GraphRun | None = None
-        self.totals: list[float] = []  # per numpy sample until decided: the whole call, the reduction, the inference
+        self.totals: list[float] = []  # per fetch sample until decided: the whole call, the reduction, the inference
         self.reduce_times: list[float] = []
         self.infer_times: list[float] = []
         self.compiled_weighed = False  # whether the compiled reduction has been weighed (once per run)
@@ -167,9 +161,9 @@ class AutoRun:
         if self.fetch.segmented is not None and samples > 1 and compiled.available():
             self._compiled_from_start()
         if self.choice is None and samples - 1 < tune.min_remaining:
-            # decided before sample 0, not after it: sample 1 is then announced to the numpy run at once and
-            # inferred on the worker while sample 0 is reduced (ppocr-cls at N = 8: it ran after, on this thread)
-            self._keep_numpy(f"{samples} sample(s): too few to pay for a second session")
+            # decided before sample 0, so that sample 1 is announced to the fetch run at once and inferred on the
+            # worker while sample 0 is reduced
+            self._keep_fetch(f"{samples} sample(s): too few to pay for a second session")
 
     def _kernel_from_start(self) -> bool:
         """Reduce with the compiled pass from sample 0 when it costs nothing to load (the C kernel is built,
@@ -187,10 +181,9 @@ class AutoRun:
 
     def _compiled_from_start(self) -> None:
         """A segmented run reduces with the compiled pass from the first sample after its kernel has loaded (at once
-        when the C kernel is built): its samples expose hundreds of MB, which the one-pass kernel reduces 1.5-2x
-        faster than numpy whatever the number of samples, and a first build or numba's import (0.5-1.3 s) overlaps
-        the first sample's segment sessions being made. The same reduction at every N: the process's memory does
-        not step up by numba's ~105 MB at some N and not others."""
+        when the C kernel is built): the one-pass kernel reduces such large samples faster than numpy whatever the
+        number of samples, and its loading overlaps the first sample's segment sessions being made. The same
+        reduction at every N, so the process's memory does not step up with numba at some N and not others."""
         assert self.fetch.segmented is not None
         if not self.kernel_ready:
             self.warm_up = compiled.start_warm_up()
@@ -202,7 +195,7 @@ class AutoRun:
         )
 
     def _batches(self) -> bool:
-        """Whether the numpy run will batch: asked for, one sample is not cut into segments, and every input has an
+        """Whether the fetch run will batch: asked for, one sample is not cut into segments, and every input has an
         axis to stack samples on (the first batch still checks that ONNX Runtime runs it and that the values hold)."""
         run = self.fetch
         return run.batch_limit > 1 and run.segmented is None and run.stackable
@@ -234,11 +227,11 @@ class AutoRun:
 
     @property
     def lookahead(self) -> int:
-        """Samples to announce ahead: the numpy run's once it is the choice, else one."""
+        """Samples to announce ahead: the fetch run's once it is the choice, else one."""
         return self.fetch.lookahead if self.choice is not None and self.current is self.fetch else 1
 
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
-        """Announce the next sample to the numpy run once it is the choice (never while the backends are timed:
+        """Announce the next sample to the fetch run once it is the choice (never while the backends are timed:
         held until then, see :meth:`_release`)."""
         if self.choice is None:
             self.held.append((index, sample))  # the loop holds these samples anyway: no extra memory
@@ -246,10 +239,9 @@ class AutoRun:
             self.fetch.prefetch(index, sample)
 
     def _release(self, index: int) -> None:
-        """Once the choice is made, announce to the numpy run the samples read ahead while it was not: the loop
+        """Once the choice is made, announce to the fetch run the samples read ahead while it was not: the loop
         announces each sample once, so without this the samples already read would run one at a time on this
-        thread (ppocr-cls at N = 8: samples 1 and 2 on this thread, 40 ms, instead of sample 2 inferred beside
-        sample 1's reduction)."""
+        thread instead of beside the previous sample's reduction."""
         held, self.held = self.held, []
         if self.choice is not None and self.current is self.fetch:
             for i, sample in held:
@@ -279,8 +271,8 @@ class AutoRun:
         return RunInfo(choice.backend, choice.reason, size, why, self.fetch.segment_count, self.fetch.segment_note)
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
-        """Samples 0-:data:`COMPILED_PROBE` on numpy (timed), then the compiled reduction or the merged graph if
-        either pays (the graph only after winning a timed probe sample), else numpy (see the module doc)."""
+        """Samples 0-``compiled_probe`` on the fetch run (timed), then the compiled reduction or the merged graph if
+        either pays (the graph only after winning a timed probe sample), else the fetch run (see the module doc)."""
         if self.choice is not None:
             if self.warm_up is not None and not self.warm_up.is_alive():
                 self._switch(index)
@@ -288,11 +280,11 @@ class AutoRun:
                 return self._timed_for_trial(index, sample)
             res: SampleSums | Fallback
             if index == 0 and self.current is self.fetch:
-                res = self._numpy_sample_0(index, sample)[0]
+                res = self._fetch_sample_0(index, sample)[0]
             else:
                 res = self.current.reduce(index, sample)
             if self.choice.backend == FALLBACK_BACKEND and self.current is self.fetch and not self.compiled_weighed:
-                self._measure_numpy(0.0, index)  # a run decided early (few samples) still weighs compiled
+                self._measure_fetch(0.0, index)  # a run decided early (few samples) still weighs compiled
             return res
         if self.graph is not None:
             res = self._probe(index, sample)
@@ -300,8 +292,8 @@ class AutoRun:
             return res
         self.held = [(i, s) for i, s in self.held if i > index]  # the samples reduced so far are not announced
         t0 = self.clock()
-        sums, batched = self._numpy_sample_0(index, sample) if index == 0 else (self.fetch.reduce(index, sample), False)
-        self._measure_numpy(self.clock() - t0, index)
+        sums, batched = self._fetch_sample_0(index, sample) if index == 0 else (self.fetch.reduce(index, sample), False)
+        self._measure_fetch(self.clock() - t0, index)
         if batched:
             self._release(index)
             return sums
@@ -314,8 +306,8 @@ class AutoRun:
             self._release(index)
         return sums
 
-    def _numpy_sample_0(self, index: int, sample: Mapping[str, np.ndarray]) -> tuple[SampleSums, bool]:
-        """Sample 0 on the numpy run, and whether the run batches from here: decided once the sample's size is known,
+    def _fetch_sample_0(self, index: int, sample: Mapping[str, np.ndarray]) -> tuple[SampleSums, bool]:
+        """Sample 0 on the fetch run, and whether the run batches from here: decided once the sample's size is known,
         before its reduction — a run that will not batch then infers its next sample, or makes its next set of bound
         outputs, on the idle core meanwhile (:meth:`FetchRun.reduce`)."""
         batched: list[bool] = []
@@ -343,13 +335,11 @@ class AutoRun:
         return res
 
     def _batch_after_sample_0(self) -> bool:
-        """Once sample 0 has shown how many samples fit in a batch: batch (numpy keeps the run; the merged graph's
+        """Once sample 0 has shown how many samples fit in a batch: batch (``fetch`` keeps the run; the merged graph's
         one advantage, small tensors' per-call costs, is what a batch pays once per batch) if enough do — two when
-        the user asked, :data:`AUTO_MIN_BATCH` when ``auto`` decides, and then only if a full batch of samples is
-        left: fewer run as one partial batch, whose first call at new shapes and check against a sample alone are
-        not repaid (``bench_batching.py --specs auto:1 auto:auto``: Silero VAD, 27 fit, at N = 8 / 16 / 32 took
-        2.17 / 1.66 / 1.39 ms per sample one by one and 3.47 / 1.83 / 1.20 batched; MiniLM, 5 fit, at N = 8 30.4
-        vs 27.1) — else one sample per call from here."""
+        the user asked, ``auto_min_batch`` when ``auto`` decides, and then only if a full batch of samples is left:
+        fewer run as one partial batch, whose first call at new shapes and check against a sample alone are not
+        repaid — else one sample per call from here."""
         fit, left = self.fetch.batch_size, self.samples - 1
         if self.batch_planned and not self.batch_asked and fit >= self.tuning.auto_min_batch and left < fit:
             self.fetch.batch_reason = (
@@ -358,14 +348,14 @@ class AutoRun:
             )
         elif self.batch_planned and fit >= (2 if self.batch_asked else self.tuning.auto_min_batch):
             why = "" if self.batch_asked else "the model's inputs have a batch axis, "
-            self._keep_numpy(f"{why}batches of up to {fit} samples per inference call")
+            self._keep_fetch(f"{why}batches of up to {fit} samples per inference call")
             return True
         if not self.batch_asked:
             self.fetch.batch_limit = 1
         return False
 
-    def _measure_numpy(self, total_s: float, index: int) -> None:
-        """Record numpy's times for this sample: the whole call, its reduction, its inference."""
+    def _measure_fetch(self, total_s: float, index: int) -> None:
+        """Record the fetch run's times for this sample: the whole call, its reduction, its inference."""
         self.totals.append(total_s)
         self.reduce_times.append(self.fetch.reduce_seconds or 0.0)
         self.infer_times.append(self.fetch.infer_seconds or 0.0)
@@ -374,12 +364,12 @@ class AutoRun:
             self._try_compiled(index)
 
     def _decide(self, index: int, mean_elements: float) -> None:
-        """After numpy's probe samples: the compiled reduction if it pays, else the merged graph's chance."""
+        """After the fetch run's probe samples: the compiled reduction if it pays, else the merged graph's chance."""
         self.compiled_weighed = True
         if not self.kernel_ready and self._try_compiled(index):
             return
         if mean_elements > self.tuning.graph_max_mean_elements:
-            self._keep_numpy(
+            self._keep_fetch(
                 f"tensors of {mean_elements:,.0f} elements on average (> {self.tuning.graph_max_mean_elements:,}): "
                 f"the merged graph's in-graph reductions are slower per sample than {self.run_name}'s"
             )
@@ -389,10 +379,10 @@ class AutoRun:
     @property
     def run_name(self) -> str:
         """What the fetch-and-reduce run is called in reasons: ``compiled`` when its kernel reduces from the first
-        sample, else ``numpy``."""
+        sample, else ``fetch``."""
         return "compiled" if self.kernel_ready else FALLBACK_BACKEND
 
-    def _keep_numpy(self, why: str) -> None:
+    def _keep_fetch(self, why: str) -> None:
         """The fetch-and-reduce run keeps the rest of the samples (numpy's reduction, or the kernel's when ready)."""
         why = f"{why}; {self.missing_fast}" if self.missing_fast else why
         self.choice, self.graph = (
@@ -402,13 +392,13 @@ class AutoRun:
 
     @property
     def fetch_per_sample(self) -> float:
-        """numpy's steady per-sample time: the fastest call after sample 0 (whose first-run costs make it a poor
-        measure: Silero VAD's reduction read 47 ms there, 6 ms after), sample 0 if it is the only one."""
+        """The fetch run's steady per-sample time: the fastest call after sample 0 (whose first-run costs make it a
+        poor measure), sample 0 if it is the only one."""
         return min(self.totals[1:] or self.totals)
 
     def _try_compiled(self, index: int) -> bool:
         """Start switching to the compiled reduction if what it saves on the remaining samples
-        (:func:`_saving_per_sample`, from the fastest numpy samples after sample 0) exceeds numba's start-up. It
+        (:func:`_saving_per_sample`, from the fastest fetch samples after sample 0) exceeds numba's start-up. It
         needs no new session: numba loads on a background thread while numpy goes on reducing, and the run switches
         at the first sample after (:meth:`_switch`). Without numba, the reason says what it would save."""
         reduce_s, infer_s = min(self.reduce_times[1:]), min(self.infer_times[1:])
@@ -420,7 +410,7 @@ class AutoRun:
         if not compiled.available():  # said in the reason: the user can install it
             self.missing_fast = f"a compiled reduction would save est. {saving:.1f} s: pip install 'qdebug[fast]'"
             if self.choice is not None:
-                self._keep_numpy(self.choice.reason)
+                self._keep_fetch(self.choice.reason)
             return False
         self.warm_up = compiled.start_warm_up()
         self.choice, self.graph = (
@@ -440,7 +430,7 @@ class AutoRun:
         assert self.warm_up is not None and self.choice is not None
         error, self.warm_up = self.warm_up.error, None
         if error is not None:
-            self._keep_numpy(f"{self.choice.reason}; but the compiled reduction could not load ({error})")
+            self._keep_fetch(f"{self.choice.reason}; but the compiled reduction could not load ({error})")
             return
         self.fetch.reducer = compiled.reduce_sample_compiled
         self.fetch.batch_kernel = compiled.kernel()
@@ -448,15 +438,15 @@ class AutoRun:
 
     def _graph_cannot_pay(self, remaining: int, per: float, which: str = "") -> bool:
         """Keep the fetch-and-reduce run, with the reason, if the merged graph's set-up could not pay back even at
-        its smallest: a session of both models' nodes plus :data:`MERGED_NODES_PER_PAIR` per pair, which needs no
-        building it (ppocr-cls: 89 ms, MiniLM: 0.64 s). ``which`` says where ``per`` comes from."""
+        its smallest: a session of both models' nodes plus ``merged_nodes_per_pair`` per pair, which needs no
+        building it. ``which`` says where ``per`` comes from."""
         nodes = [len(m.graph.node) for m in self.models]
         tune = self.tuning
         fewest = sum(nodes) + tune.merged_nodes_per_pair * len(self.pairing.activations)
         least = estimate_setup(self.fetch_setup, nodes, fewest, tune.setup_knee_nodes)
         if least <= tune.payback_share * remaining * per:
             return False
-        self._keep_numpy(
+        self._keep_fetch(
             f"merged graph set-up est. over {_ms(least)} (over {fewest} nodes) > {tune.payback_share:.0%} of "
             f"{self.run_name}'s remaining {_ms(remaining * per)} ({remaining} samples x {_ms(per)}{which})"
         )
@@ -466,7 +456,7 @@ class AutoRun:
         """With the compiled kernel reducing from sample 0 there is nothing else to weigh: if sample 0 already shows
         that the merged graph cannot win — tensors too large for it, or a set-up that even sample 0's time (an
         over-estimate: first-run costs) would not pay back — decide now, and the run pipelines from sample 1
-        instead of timing :data:`COMPILED_PROBE` more samples one by one (ppocr-cls: ~30 ms at N = 64)."""
+        instead of timing ``compiled_probe`` more samples one by one."""
         if not self.kernel_ready:
             return
         if mean_elements > self.tuning.graph_max_mean_elements:
@@ -481,15 +471,15 @@ class AutoRun:
             return
         nodes = [len(m.graph.node) for m in self.models]
         try:
-            model, layout = merged_model(*self.models, self.pairing)
+            model, layout = merged_model(*self.models, self.pairing, self.tuning)
         except UnsupportedPairError as exc:
-            self._keep_numpy(f"the merged graph cannot express this pair: {exc}")
+            self._keep_fetch(f"the merged graph cannot express this pair: {exc}")
             return
         tune = self.tuning
         est = estimate_setup(self.fetch_setup, nodes, len(model.graph.node), tune.setup_knee_nodes)
         budget = tune.payback_share * remaining * per
         if est > budget:
-            self._keep_numpy(
+            self._keep_fetch(
                 f"merged graph set-up est. {est:.1f} s ({len(model.graph.node)} nodes) > {tune.payback_share:.0%} of "
                 f"{self.run_name}'s remaining {remaining * per:.1f} s ({remaining} samples x {_ms(per)})"
             )
@@ -498,13 +488,14 @@ class AutoRun:
         try:
             self.graph = GraphRun(model, layout, self.pairing, self.providers)
         except UnsupportedPairError as exc:
-            self._keep_numpy(str(exc))
+            self._keep_fetch(str(exc))
             return
         self.graph_setup = self.clock() - t0
         self.graph_estimate = est
 
     def _probe(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums | Fallback:
-        """One sample on the merged graph, timed against numpy's steady per-sample time; the faster keeps the run."""
+        """One sample on the merged graph, timed against the fetch run's steady per-sample time: the faster keeps
+        the run."""
         assert self.graph is not None
         t0 = self.clock()
         res = self.graph.reduce(index, sample)
@@ -512,11 +503,11 @@ class AutoRun:
         per = self.fetch_per_sample
         setup = f"set-up {self.graph_setup:.2f} s, est. {self.graph_estimate:.2f} s"
         if isinstance(res, Fallback):
-            self._keep_numpy(f"the merged graph could not reduce its probe sample ({res.reason}; {setup})")
+            self._keep_fetch(f"the merged graph could not reduce its probe sample ({res.reason}; {setup})")
         elif took < per:
             self.choice = Choice("graph", f"measured {_ms(took)}/sample vs {self.run_name} {_ms(per)}/sample ({setup})")
         else:
-            self._keep_numpy(f"merged graph measured {_ms(took)}/sample vs {self.run_name} {_ms(per)}/sample ({setup})")
+            self._keep_fetch(f"merged graph measured {_ms(took)}/sample vs {self.run_name} {_ms(per)}/sample ({setup})")
         return res
 
 

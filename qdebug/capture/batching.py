@@ -4,7 +4,7 @@ Samples whose inputs have the same shapes are stacked along their batch axis and
 tensor is then cut back into one view per sample, and each sample is reduced on its own by the reference definition
 (:func:`~qdebug.capture.kernels.reference.reduce_sample`), so pairing, counts, ranges and per-sample SQNR stay those of
 that sample. What a batch can change is floating-point rounding: ONNX Runtime's kernels may sum in another order
-for a larger batch (measured on MiniLM: 4 of 355 tensors differ, by at most 3e-6 absolute), so a batched report
+for a larger batch (a few tensors, in the last bits), so a batched report
 agrees with an unbatched one to rounding, not bit for bit (docs/benchmarks.md).
 
 Whether a model batches is *checked*, never assumed, on the run's first batch:

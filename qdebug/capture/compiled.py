@@ -1,21 +1,19 @@
-"""The ``compiled`` reduction: the numpy backend's fetch, with each sample reduced by one compiled pass per
-activation instead of :func:`~qdebug.capture.kernels.reference.reduce_sample`'s 6-8 numpy passes and allocations per
-tensor.
+"""The ``compiled`` reduction: the ``fetch`` backend's run, with each sample reduced by one compiled pass per
+activation instead of :func:`~qdebug.capture.kernels.reference.reduce_sample`'s several numpy passes and
+allocations per tensor.
 
 Same definition, same sums to float64 rounding (the kernel accumulates every product in float64; the numpy
-reference multiplies in float32 and accumulates 8k-element blocks in float64: they agree to ~1e-7 relative,
-tested), same non-finite counts. Where the reduction dominates a sample — models that do little arithmetic per
-exposed element, such as Silero VAD and PP-OCR's classifier — it cuts the reduction 1.5-4× (docs/benchmarks.md).
+reference multiplies in float32 and accumulates blocks in float64: they agree to ~1e-7 relative, tested), same
+non-finite counts. It pays where the reduction dominates a sample: models that do little arithmetic per exposed
+element (docs/benchmarks.md).
 
 Two implementations of the same kernels, one chosen per process (:func:`implementation`):
 
 * **C** (:mod:`qdebug.capture.kernels.c_kernel`), built with the machine's C compiler the first time it is needed
-  (about a
-  second, once per machine) and then loaded in a millisecond, adding no measurable memory: :func:`ready` once built,
-  and ``auto`` reduces with it from the first sample;
-* **numba** (:mod:`qdebug.capture.kernels.numba_kernel`, the ``fast`` extra) where there is no C compiler: its import
-  and cache
-  load cost 0.3-1.3 s and ~105 MB per process, so ``auto`` switches to it only when the numpy reduction of the
+  (once per machine) and then loaded in a millisecond: :func:`ready` once built, and ``auto`` reduces with it from
+  the first sample;
+* **numba** (:mod:`qdebug.capture.kernels.numba_kernel`, the ``fast`` extra) where there is no C compiler: its
+  import costs time and memory in every process, so ``auto`` switches to it only when the numpy reduction of the
   remaining samples is expected to cost more than that (:mod:`qdebug.capture.auto`).
 
 Tensors that are not float32/float64 (float16 models) are reduced by the numpy reference.
@@ -155,9 +153,8 @@ class CompiledReducer:
     single run that reuses its kernel call tables from sample to sample.
 
     An activation whose sums come out non-finite (NaN/Inf in a tensor) or whose range is not finite is redone by
-    the reference, which counts the non-finite values exactly. (Splitting a large sample's activations over two
-    threads — the kernel releases the GIL — was measured and dropped: 0-10 % on PP-OCRv4 rec/det and YOLOv8n, whose
-    reductions are bound by memory, not arithmetic.)
+    the reference, which counts the non-finite values exactly. Activations are reduced on one thread: large
+    samples' reductions are bound by memory, not arithmetic.
     """
 
     def __call__(self, plan: ReductionPlan, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]) -> SampleSums:
@@ -176,13 +173,13 @@ class CachedReducer(CompiledReducer):
     """A :class:`CompiledReducer` that keeps each plan's last two kernel call tables (a pipelined run alternates
     two sets of bound outputs) and the arrays they point into: a sample whose tensors are mostly those arrays —
     ONNX Runtime wrote into them again — only re-points the few that are new (the sample's own inputs), instead of
-    a few microseconds of Python per activation (ppocr-cls: ~2.5 of a sample's ~6 ms reduction).
+    a few microseconds of Python per activation.
 
     It keeps those arrays alive until they are replaced, so it is for runs whose tensors stay alive anyway (a
     whole-model run's bound outputs), not for segments (each one's tensors are let go when it is reduced)."""
 
     #: Samples in a row with no kept table usable after which a plan's tables are no longer kept: a run's first
-    #: samples fill both sets of bound outputs one plain run at a time (ppocr-cls: 3 samples), a session that keeps
+    #: samples fill both sets of bound outputs one plain run at a time, and a session that keeps
     #: returning new arrays (binding failed) would otherwise have two samples' tensors held alive for nothing.
     MISSES = 4
 
@@ -310,8 +307,8 @@ def _finish(
     )
 
 
-#: The stateless compiled reducer (a run's :class:`NumpyRun` uses its :meth:`~CompiledReducer.cached` one for the
-#: whole-model path).
+#: The stateless compiled reducer (a :class:`~qdebug.capture.fetch.FetchRun` uses its
+#: :meth:`~CompiledReducer.cached` one for the whole-model path).
 reduce_sample_compiled = CompiledReducer()
 
 

@@ -1,11 +1,11 @@
 """Tensors computed from constants alone: computed once for a run, not on every sample.
 
 A QDQ model run with graph optimizations off (what exact Q/DQ semantics need) dequantizes every weight on every
-call, and a model may compute more from its constants alone: Silero VAD builds its STFT basis (60 of the 185
-tensors a sample exposes, 4.8 of its 4.9 MB), MiniLM dequantizes a 30,522 x 384 embedding table (22 of its 26 ms
-per quantized call). A whole-model capture run therefore
+call, and a model may compute more from its constants alone (a signal basis, a dequantized embedding table), which
+can be most of a sample's exposed bytes or of a quantized call's time. A whole-model capture run therefore
 
-* **folds** each model (:func:`fold`) when what it adds is small (``numpy_backend.FOLD_MAX_BYTES``): the nodes that
+* **folds** each model (:func:`fold`) when what it adds is small
+  (:attr:`~qdebug.capture.tuning.CaptureTuning.fold_max_bytes`): the nodes that
   read only constants are run once, by ONNX Runtime with the same kernels and options, and replaced by their values
   as initializers. The tensors the rest of the graph computes from them are the same, bit for bit (a test checks
   every tensor of the test models; see :func:`_overridable` for why that needs care);

@@ -2,8 +2,8 @@
 
 A quantized activation's post-Q/DQ tensor is ``DequantizeLinear(q)`` of the integer tensor ``q`` its QuantizeLinear
 wrote. Exposing ``q`` (1-2 bytes per element) instead of the float32 result (4 bytes) moves a quarter to a half of
-the bytes, and lets ONNX Runtime recycle the float buffer: PP-OCRv4 rec's quantized model ran 74 -> 48 ms per sample
-against a 38 ms plain inference, ViT-S's 224 -> 172 ms against 156 (benchmarks/bench_dequant.py). The reduction then
+the bytes, and lets ONNX Runtime recycle the float buffer, which shortens the quantized model's inference
+(benchmarks/bench_dequant.py). The reduction then
 computes the post values itself, which is exact: ``DequantizeLinear`` is ``float32(int32(q) - zero_point) * scale``
 in float32, one rounding, and the kernel forms the exact float64 product of the two float32 factors and rounds it to
 float32 once, the same IEEE result.
@@ -11,8 +11,8 @@ float32 once, the same IEEE result.
 Only what is certain is recomputed (:func:`find_specs`): a per-tensor DequantizeLinear (ONNX's or com.microsoft's)
 with constant float32 scale and 8- or 16-bit integer zero point, no blocks, whose input is an activation. Before a
 run uses them, :func:`verified` has this ONNX Runtime dequantize **every** integer value of each 8-bit (type, scale,
-zero point), and 4,096 spread over each 16-bit one, and keeps only those whose every result matches bit for bit;
-anything else keeps its float tensor exposed.
+zero point), and ``wide_checks`` spread over each 16-bit one, and keeps only those whose every result matches bit
+for bit; anything else keeps its float tensor exposed.
 
 :class:`Dequantized` is the quantized model's values as the reducers see them: a post-Q/DQ tensor that was not
 fetched is computed on first access (numpy; the reference reducer), while the compiled reducer reads the integers
@@ -33,7 +33,7 @@ from qdebug.capture.tuning import CaptureTuning
 from qdebug.ort import make_session
 from qdebug.pairing import Pairing
 
-__all__ = ["DequantSpec", "Dequantized", "dequantize", "find_specs", "verified"]
+__all__ = ["DequantSpec", "Dequantized", "dequantize", "find_specs", "verified", "whole_run_specs"]
 
 _INTS = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)}
 _DOMAINS = ("", "ai.onnx", "com.microsoft")
@@ -194,3 +194,13 @@ class Dequantized(Mapping[str, np.ndarray]):
         """A tensor's shape without computing it."""
         found = self.ints(name)
         return tuple(found[0].shape) if found is not None else tuple(self[name].shape)
+
+
+def whole_run_specs(
+    quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str], checks: int
+) -> dict[str, DequantSpec]:
+    """The post-Q/DQ tensors a whole-model run can compute from their integers (:mod:`qdebug.capture.dequant`):
+    every one ONNX Runtime confirms, except those that are model outputs (ORT writes those anyway)."""
+    outputs = {o.quant_name for o in pairing.outputs} | {o.name for o in quant_model.graph.output}
+    specs = {post: spec for post, spec in find_specs(quant_model, pairing).items() if post not in outputs}
+    return verified(specs, quant_model, providers, checks) if specs else {}

@@ -1,11 +1,9 @@
-"""The ``numpy`` capture backend: every paired tensor is exposed as an extra output of its model (ONNX Runtime
-activation augmentation, optimizations off), fetched, and reduced by
-:func:`~qdebug.capture.kernels.reference.reduce_sample`
-— the reference definition itself. Robust on any model ORT can run; it moves every tensor out of ORT.
-
-From the second sample of one input shape on, ONNX Runtime writes the outputs into the previous sample's arrays
-(I/O binding) instead of allocating and copying hundreds of fresh ones: a real model exposes hundreds of MB per
-sample, and fresh pages cost the kernel's zeroing and faults every time (PP-OCRv4 rec: 382 -> 326 ms per sample).
+"""The ``fetch`` capture backend (formerly ``numpy``): every paired tensor is exposed as an extra output of its
+model (ONNX Runtime activation augmentation, optimizations off), fetched, and reduced by the run's reducer — the
+reference definition (:func:`~qdebug.capture.kernels.reference.reduce_sample`) or the compiled pass. Robust on any
+model ORT can run; it moves every tensor out of ORT, into bound arrays (:mod:`qdebug.capture.bound`) alternated
+by sample parity when pipelined (:mod:`qdebug.capture.output_sets`), in batches (:mod:`qdebug.capture.batching`)
+or segments (:mod:`qdebug.capture.segmented`) as the pair and the machine allow.
 """
 
 from __future__ import annotations
@@ -14,13 +12,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import onnx
 
-from qdebug.capture.arena import carve, estimate_bytes, touched
+from qdebug.capture.arena import estimate_bytes, touched
 from qdebug.capture.base import FALLBACK_BACKEND, ModelPair, OpenOptions, RunInfo, SampleSums
 from qdebug.capture.batching import (
     InputKey,
@@ -32,10 +30,12 @@ from qdebug.capture.batching import (
     relax_batch_dim,
     stack,
 )
+from qdebug.capture.bound import Batch, BoundFetch, Ready, Reducer, Values, batch_tensors
 from qdebug.capture.constants import ConstantSums, constant_tensors, constant_values, fold, split
-from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified
-from qdebug.capture.kernels.batched import BatchTensors, reduce_batch
+from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified, whole_run_specs
+from qdebug.capture.kernels.batched import reduce_batch
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
+from qdebug.capture.output_sets import OutputSets
 from qdebug.capture.segmented import (
     SegmentedFetch,
     SegmentPlan,
@@ -49,14 +49,13 @@ from qdebug.errors import DataError, ModelError
 from qdebug.ort import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.pairing import Pairing, input_specs
 
-__all__ = ["BoundFetch", "FetchBackend", "FetchRun", "usable_cores"]
+__all__ = ["FetchBackend", "FetchRun", "usable_cores"]
 
 
 def usable_cores(tuning: CaptureTuning | None = None) -> int:
     """The cores a run may use: ``tuning.cores`` when set, else this process's CPU affinity, and inside a Ray task or
-    actor the CPUs Ray reserved for it (Ray does not pin workers to cores, but it puts one worker per reserved CPU on
-    a node: a search's debug task
-    with ``num_cpus=1`` that used both cores would take its neighbour's)."""
+    actor the CPUs Ray reserved for it (Ray does not pin workers to cores but puts one worker per reserved CPU on a
+    node, so a task that used more would take its neighbour's)."""
     if tuning is not None and tuning.cores is not None:
         return tuning.cores
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -73,79 +72,7 @@ def usable_cores(tuning: CaptureTuning | None = None) -> int:
     return n
 
 
-class BoundFetch:
-    """Runs one session for ``names`` and returns their values, reusing the previous sample's output arrays when
-    the input shapes are the same. The arrays are overwritten by the next :meth:`run`: use them before."""
-
-    def __init__(self, sess: Any, names: Sequence[str]) -> None:
-        self.sess, self.names = sess, list(names)
-        self.inputs = {i.name for i in sess.get_inputs()}
-        self.errors = ort_errors()
-        self.key: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
-        self.binding: Any = None
-        self.values: list[np.ndarray] = []
-        self.usable = True  # False once a bound run failed where a plain one worked: stop trying
-
-    def run(self, sample: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """The values of :attr:`names` for ``sample`` (ORT's exceptions propagate from the plain run)."""
-        key = input_key(sample)
-        if self.binding is not None and key == self.key:
-            try:
-                for k, v in sample.items():
-                    self.binding.bind_cpu_input(k, v)
-                self.sess.run_with_iobinding(self.binding)
-                # a graph input exposed as an output is the sample's own array
-                return [sample[n] if n in self.inputs else v for n, v in zip(self.names, self.values, strict=True)]
-            except self.errors:  # e.g. a data-dependent shape changed: the plain run says what is wrong, if anything
-                self.usable = False
-        values = list(self.sess.run(self.names, dict(sample)))
-        self._bind(values, key)
-        return values
-
-    def adopt(self, values: Sequence[np.ndarray], key: InputKey) -> None:
-        """Bind to ``values`` — arrays of :attr:`names` for samples of input shapes ``key`` (:func:`input_key`) that
-        nobody needs any more — so that the next run of such a sample is already a bound one (no plain run first)."""
-        if self.binding is None and self.usable:
-            self._bind(list(values), key)
-
-    def _bind(self, values: list[np.ndarray], key: tuple[tuple[str, tuple[int, ...], str], ...]) -> None:
-        """Bind every output to the array ORT just returned (numeric, contiguous, non-empty ones only)."""
-        self.binding, self.key, self.values = None, None, []
-        if not self.usable or not all(v.dtype.kind in "fiub" and v.flags.c_contiguous and v.size for v in values):
-            return  # strings or empty tensors: keep the plain run
-        binding = self.sess.io_binding()
-        for name, v in zip(self.names, values, strict=True):
-            if name not in self.inputs:
-                binding.bind_output(name, "cpu", 0, v.dtype, list(v.shape), v.ctypes.data)
-        self.binding, self.key, self.values = binding, key, values
-
-
-Values = tuple[list[np.ndarray], list[np.ndarray]]  # one sample's float and quantized tensors, in plan order
-Reducer = Callable[[ReductionPlan, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], SampleSums]
-
-
-class Batch:
-    """One batched inference call's tensors (:class:`~qdebug.capture.kernels.batched.BatchTensors` of both models) until
-    the first of its samples is reduced; then every sample's sums (the batch is reduced at once, and its tensors are
-    let go: they would otherwise stay alive beside the next batch until its last sample is taken)."""
-
-    def __init__(self, indices: Sequence[int], f: BatchTensors, q: BatchTensors) -> None:
-        self.indices = list(indices)
-        self.tensors: tuple[BatchTensors, BatchTensors] | None = (f, q)
-        self.sums: list[SampleSums] | None = None
-
-    def values(self, k: int, names: tuple[Sequence[str], Sequence[str]]) -> Values:
-        """Its ``k``-th sample's tensors of ``names`` (the float and the quantized model's exposed names, in fetch
-        order; views, before the batch is reduced)."""
-        assert self.tensors is not None
-        f, q = self.tensors
-        return [f.sample(n, k) for n in names[0]], [q.sample(n, k) for n in names[1]]
-
-
-Ready = Values | tuple[Batch, int]  # a sample's tensors, or its place in a batch
-
-
-class FetchRun:
+class FetchRun(OutputSets):
     """Two sessions whose outputs include every tensor of the :class:`ReductionPlan`.
 
     **Pipelined** (``pipeline``; default: with two or more cores): once the first sample has shown that the
@@ -215,7 +142,7 @@ class FetchRun:
         #: one sample's estimated exposed bytes (:func:`~qdebug.capture.arena.estimate_bytes`) when its worker
         #: touches a buffer that size during sample 0's inference for the second set of bound outputs (0: not)
         self._arena_bytes = 0
-        self._arenas: list[Future[np.ndarray]] = []  # that buffer, until a set takes it (``pop()``: one set only)
+        self._arenas = []  # that buffer, until a set takes it (``pop()``: one set only)
         #: a whole-model run's intra-op threads (``None``: ORT's default) and why (``small_call_elements``)
         self.threads: int | None = None
         self.thread_note: str | None = None
@@ -230,7 +157,7 @@ class FetchRun:
         if cut is None:
             self._split_constants(pairing)
         if cut is None and dequant_whole:
-            self.q_specs = _whole_run_specs(quant_model, self.plan.pairing, providers, tuning.wide_checks)
+            self.q_specs = whole_run_specs(quant_model, self.plan.pairing, providers, tuning.wide_checks)
         swapped = (self.q_specs[n].ints if n in self.q_specs else n for n in self.plan.quant_names)
         self.q_names = list(dict.fromkeys(swapped))  # two post tensors may share one QuantizeLinear's integers
         if cut is not None:
@@ -242,14 +169,8 @@ class FetchRun:
         self._pool: ThreadPoolExecutor | None = None
         self._queued: list[tuple[int, Mapping[str, np.ndarray]]] = []
         self._ready: dict[int, Ready] = {}
-        self._pending: tuple[frozenset[int], Future[dict[int, Ready]]] | None = None
-        #: the last plain (fresh) single-sample inference's input key and values: what a set of bound outputs that
-        #: has not run yet is bound to (:meth:`_prime`)
-        self._plain: tuple[int, InputKey, list[np.ndarray], list[np.ndarray]] | None = None
-        self._adopted = False  # whether a set of bound outputs has taken the arrays of :attr:`_plain`
-        self._reduced = -1  # the last sample whose reduction has ended (one sample per call)
-        #: a set of bound outputs being made on the worker (its index in :attr:`fetches`), :meth:`_prepare_set`
-        self._prep: tuple[int, Future[None]] | None = None
+        self._pending = None
+        self._plain, self._adopted, self._reduced, self._prep = None, False, -1, None  # see OutputSets
 
     def _split_constants(self, pairing: Pairing) -> None:
         """Take the activations computed from constants alone out of the run's plan and reduce them once, from
@@ -486,50 +407,6 @@ class FetchRun:
         self._reduced = index
         return sums
 
-    def _prepare_set(self, index: int) -> None:
-        """Sample ``index`` ran plain and the run pipelines one sample per call from here: make the arrays of the
-        set of bound outputs that sample ``index`` + 2 will use, and bind them, on the worker thread while this
-        thread reduces sample ``index`` — the core is idle then, and their page faults and bindings (ppocr-cls:
-        24 MB and 1,316 outputs, ~20 ms) were sample 1's, in every sample's way. Sample ``index`` + 1 takes
-        sample ``index``'s own arrays once it is reduced (:meth:`_prime`)."""
-        plain = self._plain
-        if self.fresh or not self.pipelining or plain is None or plain[0] != index or self._prep is not None:
-            return
-        if self._pending is not None:  # sample index + 1 is on the worker: index + 2 takes sample index's arrays
-            return
-        if (self.sample_bytes or 0) > self.tuning.prep_bytes:
-            return
-        which = index % 2
-        if any(f.binding is not None for f in self.fetches[which]):
-            return
-        self._prep = (which, self._worker().submit(self._fill_set, self.fetches[which], plain))
-
-    def _fill_set(self, fetches: tuple[BoundFetch, BoundFetch], plain: tuple[int, InputKey, Any, Any]) -> None:
-        """New arrays of the plain run's shapes, bound: views of the buffer populated during sample 0 when there is
-        one, else new ones touched here (zeroed: ``copyto`` lets go of the GIL)."""
-        _, key, f_vals, q_vals = plain
-        f_new, q_new, was_touched = self._new_set(f_vals, q_vals)
-        for fetch, arrays in zip(fetches, (f_new, q_new), strict=True):
-            if not was_touched:
-                for a in arrays:
-                    np.copyto(a, 0)
-            fetch.adopt(arrays, key)
-
-    def _new_set(
-        self, f_vals: Sequence[np.ndarray], q_vals: Sequence[np.ndarray]
-    ) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
-        """New arrays like a sample's values for a set of bound outputs, and whether they are touched already: views
-        into the buffer the worker touched during sample 0 (:mod:`qdebug.capture.arena`) the first time, if they fit,
-        else ``empty_like``. Called on either thread: ``pop()`` hands the buffer to one set only."""
-        try:
-            buffer = self._arenas.pop().result()
-        except IndexError:
-            buffer = None
-        carved = carve(buffer, [*f_vals, *q_vals]) if buffer is not None else None
-        if carved is None:
-            return [np.empty_like(v) for v in f_vals], [np.empty_like(v) for v in q_vals], False
-        return carved[: len(f_vals)], carved[len(f_vals) :], True
-
     def _worker(self) -> ThreadPoolExecutor:
         """The one worker thread that infers ahead (made on first use)."""
         if self._pool is None:
@@ -544,7 +421,8 @@ class FetchRun:
             assert batch.tensors is not None
             t0 = time.perf_counter()
             if self.reducer is reduce_sample or self.batch_kernel is not None:
-                batch.sums = reduce_batch(self.plan, *batch.tensors, self.batch_kernel)
+                chunk = self.tuning.chunk_elements
+                batch.sums = reduce_batch(self.plan, *batch.tensors, self.batch_kernel, chunk_elements=chunk)
             else:
                 names = (self.plan.float_names, self.q_names)
                 batch.sums = [self._reduce_values(batch.values(k, names)) for k in range(len(batch.indices))]
@@ -624,9 +502,8 @@ class FetchRun:
         group = self._group(*self._queued.pop(0))
         (index, sample), which = group[0], group[0][0] % 2
         if len(group) == 1 and not self.fresh and (self._prep is None or self._prep[0] != which):
-            # its set of bound outputs is bound here first: binding is Python under the GIL, which this thread's
-            # call-table building would otherwise hold while the worker waits to bind (ppocr-cls: sample 1's
-            # inference began 4 ms late); bound, the worker's inference runs beside this thread without it
+            # bound here first: binding is Python under the GIL, which this thread's call-table building would
+            # otherwise hold while the worker waits to bind
             self._prime(self.fetches[which], index, sample)
             self._bind_plain_early(current)
         idle = self._prep is None or self._prep[1].done()  # else the worker is making a set: do not wait for it
@@ -667,69 +544,6 @@ class FetchRun:
             self._plain, self._adopted = (index, input_key(sample), f_vals, q_vals), False
         return f_vals, q_vals
 
-    def _prime(self, fetches: tuple[BoundFetch, BoundFetch], index: int, sample: Mapping[str, np.ndarray]) -> None:
-        """A set of bound outputs about to run for the first time: bound at once — its first run is then a bound
-        one, a plain run and a re-binding saved (ppocr-cls: the first three samples took 36-42 ms, steady 8.5) — to
-        the arrays of the last plain run when that sample has been reduced (the compiled pass's call table of that
-        sample then still fits; on the worker thread, a reduction that ends meanwhile is not seen: new arrays), else
-        to new arrays of their shapes; with no plain run (one sample per call from the start: the other set bound
-        itself on sample 0), to views of the touched buffer (:meth:`_new_set`) shaped like the other set's."""
-        key = input_key(sample)
-        if all(f.binding is not None for f in fetches):
-            self._drop_spares()
-            return
-        plain = self._plain
-        if plain is not None and plain[1] == key:
-            done, _, f_vals, q_vals = plain
-            if self._adopted or self._reduced < done:
-                f_vals, q_vals, _ = self._new_set(f_vals, q_vals)
-            else:
-                self._adopted = True
-        elif plain is None and self._arenas and (like := self._bound_like(key)) is not None:
-            f_vals, q_vals, fits = self._new_set(*like)
-            if not fits:  # did not fit: its first run is a plain one, which binds it
-                return
-        else:
-            return
-        for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
-            fetch.adopt(values, key)
-        self._drop_spares()
-
-    def _bind_plain_early(self, current: int) -> None:
-        """Bind the set sample ``current`` + 2 will use to sample ``current``'s own arrays (its plain run's) now,
-        while the worker infers sample ``current`` + 1: binding only records where the arrays are, and the worker
-        writes into them only once sample ``current`` is reduced — sample ``current`` + 2 is submitted after. Done
-        later, these bindings (ppocr-cls: 4 ms) fell between the worker's first two samples."""
-        plain, fetches = self._plain, self.fetches[current % 2]
-        if self.fresh or plain is None or plain[0] != current or self._adopted:
-            return
-        if any(f.binding is not None for f in fetches):
-            return
-        _, key, f_vals, q_vals = plain
-        for fetch, values in zip(fetches, (f_vals, q_vals), strict=True):
-            fetch.adopt(values, key)
-        self._adopted = True
-        self._drop_spares()
-
-    def _bound_like(self, key: InputKey) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
-        """The arrays of a set of bound outputs bound for samples of input shapes ``key``, if one is."""
-        for f, q in self.fetches:
-            if f.binding is not None and q.binding is not None and f.key == key and q.key == key:
-                return f.values, q.values
-        return None
-
-    def _drop_spares(self) -> None:
-        """Once every set of bound outputs is bound: sample 0's plain arrays and an unused buffer are not kept for
-        nothing."""
-        if self._all_bound():
-            self._plain = None
-            self._arenas.clear()
-
-    def _all_bound(self) -> bool:
-        """Whether every set of bound outputs the run uses (both when pipelining, else the first) is bound."""
-        sets = self.fetches if self.pipelining else self.fetches[:1]
-        return all(f.binding is not None for pair in sets for f in pair)
-
     def _infer_group(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Ready]:
         """Each sample's values, from one batched inference when the group has several samples and batching
         holds (checked on the first batch), else one inference per sample."""
@@ -767,8 +581,8 @@ class FetchRun:
             return None
         batch = Batch(
             [i for i, _ in group],
-            _tensors(self.plan.float_names, f_views, f_shapes, n),
-            _tensors(self.q_names, q_views, q_shapes, n, self.q_specs),
+            batch_tensors(self.plan.float_names, f_views, f_shapes, n),
+            batch_tensors(self.q_names, q_views, q_shapes, n, self.q_specs),
         )
         if not self.verified:  # once per run: the first batched sample against itself alone
             f1, q1 = self._infer(*group[0])
@@ -783,33 +597,6 @@ class FetchRun:
             self.verified = True
         self._plain = None  # batching: the sets of bound outputs are not used
         return batch
-
-
-def _tensors(
-    names: Sequence[str],
-    views: Sequence[np.ndarray],
-    shapes: Shapes,
-    n: int,
-    specs: Mapping[str, DequantSpec] | None = None,
-) -> BatchTensors:
-    """A model's batch views and one-sample shapes, by name; with ``specs``, the post-Q/DQ tensors they compute
-    from exposed integers too (on first access; the compiled batch kernel reads the integers)."""
-    by_name: Mapping[str, np.ndarray] = dict(zip(names, views, strict=True))
-    alone = dict(zip(names, shapes, strict=True))
-    if specs:
-        by_name = Dequantized(by_name, specs)
-        alone |= {post: alone[spec.ints] for post, spec in specs.items() if spec.ints in alone}
-    return BatchTensors(by_name, alone, n)
-
-
-def _whole_run_specs(
-    quant_model: onnx.ModelProto, pairing: Pairing, providers: Sequence[str], checks: int
-) -> dict[str, DequantSpec]:
-    """The post-Q/DQ tensors a whole-model run can compute from their integers (:mod:`qdebug.capture.dequant`):
-    every one ONNX Runtime confirms, except those that are model outputs (ORT writes those anyway)."""
-    outputs = {o.quant_name for o in pairing.outputs} | {o.name for o in quant_model.graph.output}
-    specs = {post: spec for post, spec in find_specs(quant_model, pairing).items() if post not in outputs}
-    return verified(specs, quant_model, providers, checks) if specs else {}
 
 
 class FetchBackend:

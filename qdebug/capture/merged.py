@@ -16,6 +16,7 @@ import onnx
 
 from qdebug.capture.base import Fallback, ModelPair, OpenOptions, RunInfo, SampleSums, UnsupportedPairError
 from qdebug.capture.kernels import ingraph
+from qdebug.capture.tuning import CaptureTuning
 from qdebug.errors import ModelError
 from qdebug.metrics import BatchSums
 from qdebug.ort import make_session, ort_errors
@@ -28,11 +29,18 @@ _SUMS = ("cum_sig", "cum_noise", "cum_max", "f_min", "f_max", "loc_sig", "loc_no
 
 
 def merged_model(
-    float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing
+    float_model: onnx.ModelProto, quant_model: onnx.ModelProto, pairing: Pairing, tuning: CaptureTuning | None = None
 ) -> tuple[onnx.ModelProto, ingraph.Layout]:
     """The merged reduction model (cheap: no session yet); :class:`UnsupportedPairError` if it cannot be built."""
+    tuning = tuning or CaptureTuning()
     try:
-        return ingraph.build(float_model, quant_model, pairing)
+        return ingraph.build(
+            float_model,
+            quant_model,
+            pairing,
+            concat_fan_in=tuning.concat_fan_in,
+            max_merged_bytes=tuning.max_merged_bytes,
+        )
     except ingraph.UnsupportedGraphError as exc:
         raise UnsupportedPairError(str(exc)) from exc
 
@@ -150,7 +158,7 @@ class GraphBackend:
     name = "graph"
 
     def open(self, pair: ModelPair, options: OpenOptions) -> GraphRun:
-        """The merged session (no option applies to it); :class:`UnsupportedPairError` for a pair the merge cannot
-        express."""
-        model, layout = merged_model(pair.float_model, pair.quant_model, pair.pairing)
+        """The merged session (of the options, only the tuning applies to it); :class:`UnsupportedPairError` for a
+        pair the merge cannot express."""
+        model, layout = merged_model(pair.float_model, pair.quant_model, pair.pairing, options.tuning)
         return GraphRun(model, layout, pair.pairing, pair.providers)

@@ -1,12 +1,10 @@
 """Segmented fetch: one sample's memory bounded on models whose exposed tensors do not fit at once.
 
-Exposing every paired tensor keeps all of them alive until the run returns: one sample of ViT-S takes 1.0 GB
-(float model 349 MB, QDQ model 698 MB) and one of u2netp 1.25 GB, so the peak passes 1.7 GB however the reduction
-is done. When one sample's exposed tensors — estimated by shape inference (ONNX's, or where it leaves gaps ONNX
-Runtime's symbolic one) at the first sample's input shapes — exceed a threshold
-(:class:`~qdebug.capture.tuning.SegmentRule`), both models are cut
-into consecutive **segments** along the
-float model's topological order, about the rule's budget of exposed tensors each. Each segment is its own ORT
+Exposing every paired tensor keeps all of them alive until the run returns, so on a large model one sample's tensors
+set the peak however the reduction is done. When one sample's exposed tensors — estimated by shape inference
+(ONNX's, or where it leaves gaps ONNX Runtime's symbolic one) at the first sample's input shapes — exceed a
+threshold (:class:`~qdebug.capture.tuning.SegmentRule`), both models are cut into consecutive **segments** along
+the float model's topological order, about the rule's budget of exposed tensors each. Each segment is its own ORT
 session exposing only its own tensors; a sample runs segment after segment, the tensors that cross a cut are handed
 to the next segments as inputs, and each segment's pairs are reduced (by the run's reducer: numpy or compiled) as
 soon as their tensors exist, then dropped. On two or more cores the next segment is inferred on a worker thread
@@ -17,9 +15,9 @@ a cut changes no arithmetic), and a pair is reduced from the same arrays.
 The segment sessions share **one ORT memory arena** (:func:`~qdebug.ort.shared_arena`): an arena keeps
 every tensor it ever held, so with one arena per session each segment would keep its own peak and the segments' sum
 would be the whole model's again; without any arena every tensor of every segment is fresh memory from the kernel on
-every sample (u2netp: 983k page faults in 12 samples against 159k shared, and a peak of 1219 against 969 MB). One
-shared arena holds about one segment's working set and is reused by every segment and sample. They do not spin
-either: idle intra-op threads of 2 × segments sessions busy-waiting made ViT-S 40 % slower per sample.
+every sample (page faults, and a higher peak). One shared arena holds about one segment's working set and is reused
+by every segment and sample. They do not spin either: the idle intra-op threads of 2 × segments sessions
+busy-waiting would take the reduction's core.
 
 Models with control flow (``If``/``Loop``/``Scan`` subgraphs read outer tensors implicitly) are not segmented.
 """
@@ -62,8 +60,8 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """``model`` through ONNX Runtime's symbolic shape inference, or ``None`` if it fails.
 
     It follows shape arithmetic (Shape -> Gather -> Cast -> Concat -> Reshape, as in every exported ViT) that
-    ONNX's own data propagation gives up on (ViT-S: 654 of 662 paired tensors unknown vs 7 of 1485), but it is pure
-    Python and slower (ppocr-cls: 0.49 s, then a failed assertion), so it runs only where ONNX's leaves gaps."""
+    ONNX's own data propagation gives up on, but it is pure Python and slower (and may fail), so it runs only where
+    ONNX's leaves gaps."""
     return symbolic_shapes(model)
 
 
@@ -286,9 +284,9 @@ class _Heap:
     """Gives freed heap memory back to the system every ``every`` samples.
 
     Without an arena, the segments' tensors come from glibc's heap, where blocks of different sizes freed in a
-    different order each sample fragment it: u2netp's peak crept from 703 to 1193-1324 MB over 64 samples.
-    ``malloc_trim`` returns the free pages, but after every sample it costs their page faults again (+14 % process
-    CPU per sample, peak 861 MB); every 4th sample: +4 %, peak 939 MB (every 8th: 1018 MB). Not glibc: no-op."""
+    different order each sample fragment it, so the peak creeps up sample after sample. ``malloc_trim`` returns the
+    free pages, but after every sample it would cost their page faults again: every few samples balances the two
+    (:attr:`~qdebug.capture.tuning.CaptureTuning.trim_every`). Not glibc: no-op."""
 
     def __init__(self, every: int) -> None:
         self.samples, self.every = 0, every

@@ -3,8 +3,7 @@
 A pipelined segmented run (:mod:`qdebug.capture.segmented`) infers the next segment on a worker thread while the
 main thread reduces this one. With ONNX Runtime's default — one intra-op thread per core — the two compete: three
 busy threads on two cores. Whether leaving the reduction a core of its own wins depends on which side is longer,
-and neither is known before the run (on the 2-core benchmark machine, ``benchmarks/bench_segment_threads.py`` at
-N = 64: PP-OCRv4 rec 189 -> 175 ms/sample with one thread, det about even, YOLOv8n, ViT-S and u2netp 9-37 % slower).
+and neither is known before the run (it goes either way on the corpus: ``benchmarks/bench_segment_threads.py``).
 
 So :class:`ThreadTrial` measures both on the run's own samples once the compiled reduction is running: a few
 samples with the default, the segment sessions rebuilt with one thread fewer than the cores, a few samples with that,
@@ -33,9 +32,9 @@ def submit_started(pool: ThreadPoolExecutor, wait_s: float, fn: Callable[..., _T
     still be finishing an earlier task; past it nothing is wrong, only the hand-over is not ensured; 0: no wait).
 
     The worker's few lines of Python before ONNX Runtime lets go of the GIL need the GIL; if the caller goes straight
-    on to Python of its own (building a call table: 1-6 ms), the worker waits for it up to the interpreter's switch
-    interval, 5 ms. Waiting here hands the GIL over at once: the worker runs until ORT releases it, then the caller
-    goes on (ppocr-cls: samples 1 and 2 began 4.5-5 ms late without it)."""
+    on to Python of its own (building a call table), the worker waits for it up to the interpreter's switch
+    interval. Waiting here hands the GIL over at once: the worker runs until ORT releases it, then the caller
+    goes on."""
     if wait_s <= 0:
         return pool.submit(fn, *args)
     began = threading.Event()

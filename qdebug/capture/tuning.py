@@ -104,6 +104,14 @@ class CaptureTuning:
     #: CPUs Ray reserves for each worker, and so the cores its run may use (Ray does not pin workers to cores)
     worker_cpus: int = 1
 
+    # -- the reduction kernels (qdebug.capture.kernels: their keyword parameters, same defaults) --
+    #: elements of one tensor a batch reduces per numpy call (the size of its temporary copies)
+    chunk_elements: int = 1 << 18
+    #: the widest Concat node the merged graph uses (wider ones become trees)
+    concat_fan_in: int = 16
+    #: a merged model larger than this is left to the fetch run (protobuf's 2 GiB limit on one serialized model)
+    max_merged_bytes: int = 1_500_000_000
+
     # -- the machine --
     #: the cores a run may use (``None``: this process's, :func:`qdebug.capture.fetch.usable_cores`)
     cores: int | None = None
