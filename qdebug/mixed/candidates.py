@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from qdebug.mixed.suggest import SIXTEEN_BIT_NOISE_FACTOR, analyse
+from qdebug.mixed.suggest import analyse, gain_from_share
 from qdebug.pairing import GraphIndex
 from qdebug.report import DebugReport, encode_number
 
@@ -140,11 +140,6 @@ def _out_share(local: float | None, out_db: float | None) -> float:
     return float(min(1.0, 10.0 ** ((out_db - local) / 10.0)))
 
 
-def _gain_from_share(share: float) -> float:
-    share = min(max(share, 0.0), 1.0)
-    return -10.0 * math.log10(1.0 - share + share / SIXTEEN_BIT_NOISE_FACTOR)
-
-
 def candidates(model: onnx.ModelProto, report: DebugReport, *, groups: bool = True) -> tuple[Candidate, ...]:
     """Every promotion candidate of ``report`` (its quantized 8-bit activations), groups first merged, ranked by
     estimated output gain (ties: graph order). ``model`` is the float model (its graph gives the groups)."""
@@ -165,7 +160,7 @@ def candidates(model: onnx.ModelProto, report: DebugReport, *, groups: bool = Tr
             grouped.update(tensors)
             share = sum(_out_share(by_name[t].local_sqnr_db, out_db) for t in tensors)
             topo = min(by_name[t].topo_index for t in tensors)
-            cands.append(Candidate(f"{kind}@{tensors[-1]}", kind, tensors, _gain_from_share(share), topo))
+            cands.append(Candidate(f"{kind}@{tensors[-1]}", kind, tensors, gain_from_share(share), topo))
     for t in sorted(promotable - grouped, key=lambda t: by_name[t].topo_index):
         cands.append(Candidate(t, CandidateKind.TENSOR, (t,), est.get(t, 0.0), by_name[t].topo_index))
     cands.sort(key=lambda c: (-c.estimated_output_gain_db, c.topo_index))
@@ -456,7 +451,7 @@ def _merged(block: Sequence[Candidate]) -> Candidate:
     if len(block) == 1:
         return block[0]
     tensors = tuple(dict.fromkeys(t for c in block for t in c.tensors))
-    est = _gain_from_share(sum(1.0 - 10.0 ** (-c.estimated_output_gain_db / 10.0) for c in block))
+    est = gain_from_share(sum(1.0 - 10.0 ** (-c.estimated_output_gain_db / 10.0) for c in block))
     return Candidate(f"block {block[0].name} … {block[-1].name} ({len(block)})", CandidateKind.BLOCK, tensors, est,
                      min(c.topo_index for c in block))  # fmt: skip
 

@@ -26,7 +26,7 @@ from qdebug.metrics import sqnr_from_energies
 from qdebug.mixed.gains import DiagnosisGain, DiagnosisGains, rank_by_measured
 from qdebug.mixed.remedies import Remedy, RemedyResult, measure_remedies, method_ranges, sentinel_remedies
 from qdebug.mixed.remedies import RemedyKind as MixedKind
-from qdebug.mixed.suggest import SIXTEEN_BIT_NOISE_FACTOR, analyse, noise_budget
+from qdebug.mixed.suggest import analyse, gain_from_share, noise_budget
 from qdebug.pairing import GraphIndex, input_specs
 from qdebug.report import DebugReport
 from qdebug.sentinel import find_sentinels
@@ -36,17 +36,12 @@ __all__ = ["measure_diagnostics", "predicted_per_channel_gain", "predicted_promo
 _OUT_AXIS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0, "MatMul": -1}
 
 
-def _gain_from_share(share: float) -> float:
-    share = min(max(share, 0.0), 1.0)
-    return 0.0 - 10.0 * math.log10(1.0 - share + share / SIXTEEN_BIT_NOISE_FACTOR) + 0.0  # no "-0.00"
-
-
 def predicted_promotion_gain(report: DebugReport, tensors: Sequence[str], ceiling_db: float | None = None) -> float:
     """The calibrated predicted gain at the worst output of promoting ``tensors`` together: their output-noise
     shares (:func:`~qdebug.mixed.suggest.analyse`) added, bounded by the headroom to ``ceiling_db``."""
     est = {s.tensor_name: s.estimated_output_gain_db for s in analyse(report, ceiling_db)}
     share = sum(1.0 - 10.0 ** (-est.get(t, 0.0) / 10.0) for t in tensors)
-    gain = _gain_from_share(share)
+    gain = gain_from_share(share)
     out = report.min_output_sqnr_db
     if ceiling_db is not None and out is not None and math.isfinite(out):
         gain = min(gain, max(0.0, ceiling_db - out))

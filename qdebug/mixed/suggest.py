@@ -89,7 +89,8 @@ class Suggestion:
         return d
 
 
-def _gain(share: float) -> float:
+def gain_from_share(share: float) -> float:
+    """The output gain in dB of taking a ``share`` of the output noise power from 8 to 16 bits."""
     share = min(max(share, 0.0), 1.0)
     return 0.0 - 10.0 * math.log10(1.0 - share + share / SIXTEEN_BIT_NOISE_FACTOR) + 0.0  # no "-0.00"
 
@@ -153,7 +154,7 @@ def classify(
     share = min(1.0, 10.0 ** ((cum - local) / 10.0))
     drop = input_db - cum if math.isfinite(input_db) else None
     dropped = drop is None or drop >= min_drop_db
-    gain = _gain(share)
+    gain = gain_from_share(share)
     out_share, raw_share = 0.0, 0.0
     if _finite(output_sqnr_db):
         assert output_sqnr_db is not None
@@ -161,7 +162,7 @@ def classify(
     if budget > 0:
         out_share = min(out_share, 10.0 ** (-local / 10.0) / budget)
     requant = requantizing_consumers(a, consumers or [])
-    out_gain = 0.0 if requant else _gain(out_share)
+    out_gain = 0.0 if requant else gain_from_share(out_share)
     if ceiling_db is not None and _finite(output_sqnr_db):
         assert output_sqnr_db is not None
         out_gain = min(out_gain, max(0.0, ceiling_db - output_sqnr_db))
