@@ -89,7 +89,7 @@ def test_a_nan_sample_falls_back_and_the_report_says_why(tmp_path: Path) -> None
     assert again.meta.capture == info
 
 
-def test_a_pair_the_merge_cannot_express_runs_numpy_with_the_reason(tmp_path: Path) -> None:
+def test_a_pair_the_merge_cannot_express_runs_fetch_with_the_reason(tmp_path: Path) -> None:
     fm = builders.tiny_convnet()
     fn = onnx.FunctionProto(name="f", domain="local")
     fm.functions.append(fn)  # local functions: the merged graph refuses them

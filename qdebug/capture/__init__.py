@@ -79,7 +79,7 @@ __all__ = [
     "run_info",
 ]
 
-register_backend("graph", GraphBackend)  # the first registered after auto
+register_backend("graph", GraphBackend)
 register_backend(FALLBACK_BACKEND, FetchBackend)
 register_backend("compiled", CompiledBackend)  # numba (the ``fast`` extra) is imported only when it runs
 

@@ -262,12 +262,12 @@ _BACKENDS: dict[str, Callable[[], CaptureBackend]] = {}
 
 
 def register_backend(name: str, factory: Callable[[], CaptureBackend]) -> None:
-    """Register a capture backend (the first registered is the default of ``--capture``)."""
+    """Register a capture backend (``--capture`` offers them after ``auto``, the default, in this order)."""
     _BACKENDS[name] = factory
 
 
 def backend_names() -> tuple[str, ...]:
-    """Registered backend names, the default first."""
+    """Registered backend names, in registration order."""
     return tuple(_BACKENDS)
 
 

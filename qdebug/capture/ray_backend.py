@@ -1,8 +1,8 @@
 """Distributed capture on a Ray cluster: the samples are split into shards (index ranges), each worker (a Ray
 actor holding the two ONNX Runtime sessions for the life of the job) reduces its shards with any registered
 backend (``auto``, ``graph``, ``fetch``: the same per-sample reduction as one process) through the same sample loop
-(:mod:`qdebug.capture.loop`), and the driver merges the
-shards' :class:`~qdebug.capture.base.CaptureSums` in shard order.
+(:mod:`qdebug.capture.loop`), and the driver merges the shards' :class:`~qdebug.capture.base.CaptureSums` in shard
+order.
 
 * **What travels**: the models and a :class:`~qdebug.data.RangeReader` once per worker (each worker reads only its
   own samples: ``.npz`` files reopened there, synthetic samples regenerated from the seed); per shard, its sums
@@ -12,17 +12,16 @@ shards' :class:`~qdebug.capture.base.CaptureSums` in shard order.
   maxima and per-sample rows exactly, sums up to floating-point association, ~1e-16 relative).
 * **Faults**: a worker that dies loses only its shard in flight, which is queued again (first) and taken by
   another worker (the dead one is replaced); a shard is tried at most :data:`~qdebug.cluster.MAX_ATTEMPTS` times.
-  A shard's result
-  is merged only when it is complete, so no sample is lost or counted twice. An error *of the data or the models*
-  (a :class:`~qdebug.errors.QDebugError` in a worker) is not retried: it is raised here as the same one-line error
-  one process gives.
+  A shard's result is merged only when it is complete, so no sample is lost or counted twice. An error *of the data
+  or the models* (a :class:`~qdebug.errors.QDebugError` in a worker) is not retried: it is raised here as the same
+  one-line error one process gives.
 * **Progress**: one callback over all workers (samples done / total), polled from the workers while they run.
 * **One sample's memory**: a worker opens its run on its first sample, as one process does, and that sample's input
   shapes decide whether the fetch run is segmented (:mod:`qdebug.capture.segmented`) — by the rule of the cores a
   worker has (:attr:`~qdebug.capture.tuning.CaptureTuning.worker_cpus`: Ray places as many workers on a node as it
   has CPUs, so a worker that overlapped inference and reduction on a second thread would take its neighbour's core),
-  made on the driver and shipped with the job. The report's
-  ``meta.capture.segments`` / ``segment_note`` say so as in one process.
+  made on the driver and shipped with the job. The report's ``meta.capture.segments`` / ``segment_note`` say so as
+  in one process.
 """
 
 from __future__ import annotations
