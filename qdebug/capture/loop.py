@@ -53,7 +53,8 @@ class SampleLoop:
 
         def top_up() -> None:
             nonlocal first
-            while len(ahead) < 1 + run.lookahead:
+            want = 1 + run.lookahead  # asked once per sample, as a run's answer changes only when it reduces
+            while len(ahead) < want:
                 item = next(samples, None)
                 if item is None:
                     return
