@@ -3,7 +3,8 @@ model (ONNX Runtime activation augmentation, optimizations off), fetched, and re
 reference definition (:func:`~qdebug.capture.kernels.reference.reduce_sample`) or the compiled pass. Robust on any
 model ORT can run; it moves every tensor out of ORT, into bound arrays (:mod:`qdebug.capture.bound`) alternated
 by sample parity when pipelined (:mod:`qdebug.capture.output_sets`), in batches (:mod:`qdebug.capture.batching`)
-or segments (:mod:`qdebug.capture.segmented`) as the pair and the machine allow.
+or segments (:mod:`qdebug.capture.segmented`) as the pair and the machine allow. (About 600 lines: the run's
+queue of announced samples, its worker and its batch check share one sample's state, so they stay one class.)
 """
 
 from __future__ import annotations
