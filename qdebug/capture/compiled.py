@@ -25,7 +25,7 @@ import functools
 import importlib
 import importlib.util
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -39,13 +39,10 @@ from qdebug.capture.kernels.reference import (
     ReductionPlan,
     bounds_or_inf,
     check_shapes,
-    clip_to,
-    local_pre,
     reduce_sample,
 )
+from qdebug.capture.kernels.rows import rows_to_sums
 from qdebug.errors import MissingExtraError
-from qdebug.metrics import BatchSums, reduce_pairs, value_ranges
-from qdebug.pairing import ActivationPair
 
 __all__ = [
     "CachedReducer",
@@ -291,20 +288,7 @@ def _finish(
         k.run(prepared.table, rows)
     else:
         _call_kernel(k, prepared.calls, rows)
-    sizes, quant = prepared.sizes, prepared.quant
-    cum = _batch(rows, sizes, k.CUM_SIGNAL)
-    loc = _batch(rows[quant], sizes[quant], k.LOC_SIGNAL)
-    lo, hi = rows[:, k.REF_MIN].copy(), rows[:, k.REF_MAX].copy()
-    _redo(plan, f, q, cum, loc, quant, lo, hi)
-    outs = plan.pairing.outputs
-    return SampleSums(
-        cumulative=cum,
-        local=loc,
-        outputs=reduce_pairs([f[o.output_name] for o in outs], [q[o.quant_name] for o in outs]),
-        float_min=lo,
-        float_max=hi,
-        elements=sizes.copy(),
-    )
+    return rows_to_sums(k, plan, rows, f, q, (prepared.sizes, prepared.quant))
 
 
 #: The stateless compiled reducer (a :class:`~qdebug.capture.fetch.FetchRun` uses its
@@ -339,40 +323,6 @@ def _post(q: Mapping[str, np.ndarray], name: str, ints: Mapping[str, Any]) -> np
     if found is None:
         return q[name]
     return np.broadcast_to(np.float32(0), found[0].shape)
-
-
-def _batch(rows: np.ndarray, sizes: np.ndarray, at: int) -> BatchSums:
-    """Kernel rows (signal, noise, max at ``at``) as :class:`BatchSums` with no non-finite values counted yet."""
-    signal, noise, max_abs = (rows[:, at + i].copy() for i in range(3))
-    zeros = np.zeros(len(sizes), dtype=np.int64)
-    return BatchSums(signal, noise, sizes.copy(), max_abs, zeros, zeros.copy())
-
-
-def _redo(
-    plan: ReductionPlan,
-    f: Mapping[str, np.ndarray],
-    q: Mapping[str, np.ndarray],
-    cum: BatchSums,
-    loc: BatchSums,
-    quant: list[int],
-    lo: np.ndarray,
-    hi: np.ndarray,
-) -> None:
-    """Replace, in place, the sums and ranges the kernel could not give exactly by the reference's."""
-    acts = plan.pairing.activations
-    reference: tuple[tuple[BatchSums, list[int], Callable[[ActivationPair], np.ndarray]], ...] = (
-        (cum, list(range(len(acts))), lambda a: clip_to(f[a.tensor_name], a.measured_through)),
-        (loc, quant, lambda a: local_pre(a, q)),
-    )
-    for sums, idx, ref_of in reference:
-        for pos in np.flatnonzero(~np.isfinite(sums.signal + sums.noise)).tolist():
-            a = acts[idx[pos]]
-            one = reduce_pairs([ref_of(a)], [clip_to(q[a.post_qdq], a.measured_through)])
-            for name in ("signal", "noise", "count", "max_abs", "nonfinite_reference", "nonfinite_test"):
-                getattr(sums, name)[pos] = getattr(one, name)[0]
-    odd = np.flatnonzero(~(np.isfinite(lo) & np.isfinite(hi))).tolist()  # empty, all-NaN or ±Inf
-    if odd:
-        lo[odd], hi[odd] = value_ranges([f[acts[j].tensor_name] for j in odd])
 
 
 class CompiledBackend:

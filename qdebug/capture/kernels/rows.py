@@ -21,15 +21,24 @@ __all__ = ["KernelReducer", "rows_to_sums"]
 
 
 def rows_to_sums(
-    kernel: Any, plan: ReductionPlan, rows: np.ndarray, f: Mapping[str, np.ndarray], q: Mapping[str, np.ndarray]
+    kernel: Any,
+    plan: ReductionPlan,
+    rows: np.ndarray,
+    f: Mapping[str, np.ndarray],
+    q: Mapping[str, np.ndarray],
+    layout: tuple[np.ndarray, list[int]] | None = None,
 ) -> SampleSums:
     """One sample's sums from a compiled kernel's rows (one per activation, the kernel's slots), each comparison
     whose sums are not finite, and each range that is not, replaced by the reference's (which counts NaN/Inf
     exactly); outputs by the reference. The same policy as the ``compiled`` backend's
     (:mod:`qdebug.capture.compiled`), so the two give the same bits."""
     acts = plan.pairing.activations
-    sizes = np.array([f[a.tensor_name].size for a in acts], dtype=np.int64)
-    quant = [j for j, a in enumerate(acts) if a.quantized]
+    if layout is None:  # a run that reduces every sample alike passes its element counts and quantized indices once
+        layout = (
+            np.array([f[a.tensor_name].size for a in acts], dtype=np.int64),
+            [j for j, a in enumerate(acts) if a.quantized],
+        )
+    sizes, quant = layout
     cum, loc = _batch(rows, sizes, kernel.CUM_SIGNAL), _batch(rows[quant], sizes[quant], kernel.LOC_SIGNAL)
     lo, hi = rows[:, kernel.REF_MIN].copy(), rows[:, kernel.REF_MAX].copy()
     redo: tuple[tuple[BatchSums, list[int], Callable[[ActivationPair], np.ndarray]], ...] = (
