@@ -270,3 +270,13 @@ def test_quantize_dynamic_batch_with_input_shape(tmp_path: Path, run_cli) -> Non
     assert json.loads(r.out)["meta"]["num_samples"] == 2
     r = run_cli("quantize", "-f", f, "-o", q, "--samples", "4", "--input-shape", "x:2,3,6,6")
     assert_one_line_error(r, 5, "'x'", "[2, 3, 6, 6]")
+
+
+def test_capture_former_name_is_accepted_not_shown(pair: tuple[Path, Path], run_cli) -> None:
+    """``--capture numpy`` (the fetch backend's former name) still runs, recorded as ``fetch``; help lists ``fetch``."""
+    f, q = pair
+    r = run_cli("debug", "-f", f, "-q", q, "--samples", "2", "--capture", "numpy", "--json")
+    assert r.code == 0, r.stderr
+    assert json.loads(r.out)["meta"]["capture"]["backend"] == "fetch"
+    shown = run_cli("debug", "--help").stdout
+    assert "{auto,graph,fetch,compiled}" in shown and "numpy" not in shown

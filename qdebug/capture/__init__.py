@@ -83,8 +83,9 @@ register_backend("graph", GraphBackend)
 register_backend(FALLBACK_BACKEND, FetchBackend)
 register_backend("compiled", CompiledBackend)  # numba (the ``fast`` extra) is imported only when it runs
 
-#: The ``--capture`` choices, the default first: ``auto``, the registered backends at import time, former names.
-CAPTURE_PATHS = (AUTO, *backend_names(), *BACKEND_ALIASES)
+#: The ``--capture`` choices shown, the default first: ``auto`` and the registered backends at import time (a former
+#: name in :data:`~qdebug.capture.base.BACKEND_ALIASES` is accepted too, not shown).
+CAPTURE_PATHS = (AUTO, *backend_names())
 
 
 def capture_choices() -> tuple[str, ...]:

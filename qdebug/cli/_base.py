@@ -280,8 +280,10 @@ def add_region(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]) -> None:
-    """The models and debug data of ``debug`` and ``suggest``."""
+def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: tuple[Sequence[str], Sequence[str]]) -> None:
+    """The models and debug data of ``debug`` and ``suggest``; ``capture_backends``: the ``--capture`` names shown
+    (the default first) and those accepted."""
+    shown, accepted = capture_backends
     add_float_model(p)
     add_quant_model(p)
     g = p.add_mutually_exclusive_group()
@@ -292,11 +294,10 @@ def add_debug_inputs(p: argparse.ArgumentParser, capture_backends: Sequence[str]
     p.add_argument("--distribution", choices=["uniform", "normal"], default="uniform")
     p.add_argument(
         "--capture",
-        choices=list(capture_backends),
-        default=capture_backends[0],
-        help="how tensors are captured and reduced: "
-        + ", ".join(capture_backends)
-        + f" (default {capture_backends[0]}; docs/metrics.md)",
+        choices=list(accepted),
+        default=shown[0],
+        metavar="{" + ",".join(shown) + "}",
+        help="how tensors are captured and reduced: " + ", ".join(shown) + f" (default {shown[0]}; docs/metrics.md)",
     )
     p.add_argument(
         "--batch",

@@ -29,11 +29,12 @@ from qdebug.render.text import fmt_db, print_report, use_color
 DEBUG_REQUIRED = {"float_model": "--float-model/-f", "quant_model": "--quant-model/-q"}
 
 
-def capture_backends() -> tuple[str, ...]:
-    """The capture backends ``--capture`` offers (the default first)."""
-    from qdebug.capture import CAPTURE_PATHS
+def capture_backends() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The capture backends ``--capture`` shows (the default first), and every name it accepts (former names of a
+    backend included)."""
+    from qdebug.capture import CAPTURE_PATHS, capture_choices
 
-    return tuple(CAPTURE_PATHS)
+    return tuple(CAPTURE_PATHS), capture_choices()
 
 
 def debug_inputs(args: argparse.Namespace) -> dict[str, str | None]:
