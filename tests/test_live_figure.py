@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from widgets import live_figure as lf
-from widgets.app import _figure
+from widgets.app_figure import figure as _figure
 
 
 def test_figures_carry_a_shim_and_share_one_bundle() -> None:

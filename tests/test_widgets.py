@@ -496,7 +496,7 @@ def test_figures_carry_no_nan_to_the_front_end() -> None:
 
     import plotly.graph_objects as go
 
-    from widgets.app import _json_safe
+    from widgets.app_figure import json_safe as _json_safe
 
     fig = go.Figure(go.Heatmap(z=[[1.0, float("nan")], [float("inf"), 2.0]], customdata=[[float("-inf")]]))
     json.dumps(_json_safe(fig), allow_nan=False, default=lambda o: o.tolist())

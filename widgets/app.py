@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 
 from .app_base import METRICS, SORT_KEYS
-from .app_figure import figure, json_safe
 from .app_netron import NetronOptIn
 from .app_promote import PromoteFlow
 from .app_search import SearchFlow
@@ -35,9 +34,6 @@ from .resize import WindowResize
 
 if TYPE_CHECKING:
     from .session import QuantDebugger
-
-#: The app's figures as live widgets, under the names the figure tests draw them through.
-_figure, _json_safe = figure, json_safe
 
 TAB_TITLES = ("Tensors", "Heatmap", "Samples", "Graph", "Search", "Fix", "Before/after")
 
