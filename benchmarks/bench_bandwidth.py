@@ -1,5 +1,5 @@
 """This machine's memory bandwidth as numpy sees it: the yardstick for the exposed-bytes argument in
-docs/benchmarks.md ("Why the PP-OCR models and ViT-S stay above 1.5×").
+docs/benchmarks.md ("Real models against the exact-QDQ floor": why PP-OCRv4 rec and ViT-S stay closest to the line).
 
 Copies a float32 array far larger than the caches (``np.copyto``: one read and one write of every byte) and a
 sum over it (one read), best of ``--rounds``; prints GB/s of bytes moved.

@@ -30,7 +30,7 @@ the corpus's ``calib.npz`` (not timed).
 Usage::
 
     .venv/bin/python benchmarks/bench_realmodels.py [--models a b] [--samples 8 64]
-        [--methods floor numpy compiled graph auto batch8] [--work /tmp/qdebug-bench] [--markdown docs/benchmarks.md]
+        [--methods floor numpy compiled graph auto batch8] [--work /tmp/qdebug-bench] [--markdown out/realmodels.md]
         [--json out.json] [--timeout 600]
 """
 
