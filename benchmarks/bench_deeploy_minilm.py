@@ -40,12 +40,12 @@ from bench_deeploy_transformer import _session, _sqnr, local_stats  # noqa: E402
 from qdebug import quantize  # noqa: E402
 from qdebug.config import QuantConfig  # noqa: E402
 from qdebug.data import open_data  # noqa: E402
-from qdebug.pairing import input_specs  # noqa: E402
+from qdebug.model_io import input_specs  # noqa: E402
 from qdebug.region import Region, extract_region, probe, region_data  # noqa: E402
 from qdebug.targets import deeploy_export as de  # noqa: E402
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy  # noqa: E402
 from qdebug.targets.deeploy_transformer import zero_centre_operands  # noqa: E402
-from qdebug.targets.qnn_fixes import fix_static_shapes  # noqa: E402
+from qdebug.targets.model_fixes import fix_static_shapes  # noqa: E402
 
 CORPUS = Path.home() / ".cache" / "qdebug" / "realmodels" / "minilm-l3"
 P = "/model/model.0/auto_model/"

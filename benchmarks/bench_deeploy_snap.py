@@ -38,7 +38,7 @@ from qdebug import quantize  # noqa: E402
 from qdebug.config import QuantConfig  # noqa: E402
 from qdebug.targets import deeploy_export as de  # noqa: E402
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy  # noqa: E402
-from qdebug.targets.qnn_fixes import fold_batchnorm  # noqa: E402
+from qdebug.targets.model_fixes import fold_batchnorm  # noqa: E402
 
 SAMPLES = ROOT / "sample_models"
 
@@ -89,7 +89,7 @@ def local_mismatches(qdq: onnx.ModelProto, data: dict[str, np.ndarray], n: int) 
     import onnxruntime as ort
     from onnx import helper
 
-    from qdebug.pairing import is_q
+    from qdebug.model_io import is_q
 
     probe = onnx.ModelProto()
     probe.CopyFrom(qdq)

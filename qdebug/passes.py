@@ -101,7 +101,7 @@ def run_passes(
     (default: :attr:`PassReport.summary`).
 
     Every rewrite pipeline runs through this: QAT canonicalisation, the QNN/Deeploy compatibility fixes
-    (:func:`qdebug.targets.qnn_fixes.apply_qnn_fixes`) and the Deeploy export, whose passes share one mutable
+    (:func:`qdebug.targets.model_fixes.apply_qnn_fixes`) and the Deeploy export, whose passes share one mutable
     graph state and are adapted to this signature (:func:`qdebug.targets.deeploy_export.export`)."""
     reports: list[PassReport] = []
     current = model

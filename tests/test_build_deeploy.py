@@ -211,7 +211,7 @@ def test_deeploy_takes_int8_only(run_cli: Callable[..., CliResult], tmp_path: Pa
 def test_recompile_for_deeploy_names_every_16_bit_tensor(deeploy: Path, tmp_path: Path) -> None:  # noqa: F811
     from qdebug.debugger import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
-    from qdebug.targets.qnn_fixes import fold_batchnorm
+    from qdebug.targets.model_fixes import fold_batchnorm
 
     folded, _ = fold_batchnorm(onnx.load(str(CNN)))  # Deeploy has no BatchNorm
     float_path = tmp_path / "cnn.float.onnx"
@@ -240,7 +240,8 @@ def test_recompile_for_deeploy_names_every_16_bit_tensor(deeploy: Path, tmp_path
     plan = session.promote(wanted)
     evaluation = session.evaluate(plan, name="promoted")
     qdq = onnx.load(str(evaluation.quantization.model_path))
-    from qdebug.pairing import constant_values, decode_constant, is_q
+    from qdebug.graph_index import constant_values, decode_constant
+    from qdebug.model_io import is_q
 
     consts = {k: decode_constant(v) for k, v in constant_values(qdq).items()}
     sixteen = sorted({n.output[0] for n in qdq.graph.node if is_q(n) and consts[n.input[2]].dtype.itemsize == 2})
@@ -260,7 +261,7 @@ def test_session_recompile_for_deeploy_snaps_an_int8_model_and_names_16_bit_tens
 ) -> None:
     from qdebug.debugger import DebugOptions
     from qdebug.mixed.session import MixedPrecisionSession
-    from qdebug.targets.qnn_fixes import fold_batchnorm
+    from qdebug.targets.model_fixes import fold_batchnorm
 
     folded, _ = fold_batchnorm(onnx.load(str(CNN)))
     float_path = tmp_path / "cnn.float.onnx"
@@ -285,7 +286,8 @@ def test_session_recompile_for_deeploy_snaps_an_int8_model_and_names_16_bit_tens
     evaluation = session.evaluate(plan, name="promoted")
     promoted = session.recompile(evaluation, target="deeploy")
     assert not promoted.ok and promoted.compile.target == "deeploy"
-    from qdebug.pairing import constant_values, decode_constant, is_q
+    from qdebug.graph_index import constant_values, decode_constant
+    from qdebug.model_io import is_q
 
     qdq = onnx.load(str(evaluation.quantization.model_path))
     consts = {k: decode_constant(v) for k, v in constant_values(qdq).items()}

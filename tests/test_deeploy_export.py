@@ -18,7 +18,7 @@ from qdebug import quantize
 from qdebug.config import QuantConfig
 from qdebug.errors import DataError, TargetError
 from qdebug.targets import deeploy_export as de
-from qdebug.targets.qnn_fixes import fold_batchnorm
+from qdebug.targets.model_fixes import fold_batchnorm
 
 DEEPLOY = QuantConfig(activation_type="int8", weight_type="int8", target="deeploy", num_samples=16)
 

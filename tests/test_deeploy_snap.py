@@ -19,7 +19,7 @@ from qdebug import quantize
 from qdebug.config import QuantConfig
 from qdebug.targets import deeploy_export as de
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
-from qdebug.targets.qnn_fixes import fold_batchnorm
+from qdebug.targets.model_fixes import fold_batchnorm
 
 
 def _values(model: onnx.ModelProto) -> dict[str, np.ndarray]:

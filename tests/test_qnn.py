@@ -25,14 +25,15 @@ from qdebug.config import QuantConfig
 from qdebug.data import Limited, NpzData, SyntheticData
 from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError, InputFileError, MissingExtraError, ModelError
-from qdebug.pairing import input_specs, load_model, pair_models
+from qdebug.model_io import input_specs, load_model
+from qdebug.pairing import pair_models
 from qdebug.quantizer import quantize
 from qdebug.report import TargetAccuracy
 from qdebug.targets import available_targets, get_target
+from qdebug.targets.model_fixes import fold_batchnorm
 from qdebug.targets.qnn_accuracy import htp_accuracy
 from qdebug.targets.qnn_bisect import bisect_divergence
 from qdebug.targets.qnn_compile import compile_qnn
-from qdebug.targets.qnn_fixes import fold_batchnorm
 from qdebug.targets.qnn_log import parse_compile_log
 from qdebug.targets.qnn_options import SOC_MODELS, QnnOptions, qnn_available
 from qdebug.targets.qnn_session import qnn_session, run_compiled

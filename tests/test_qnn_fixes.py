@@ -1,4 +1,4 @@
-"""The QNN compatibility fixes (qdebug.targets.qnn_fixes): each on a purpose-built model, first as a graph rewrite
+"""The QNN compatibility fixes (qdebug.targets.model_fixes): each on a purpose-built model, first as a graph rewrite
 (numbers unchanged, input model untouched), then before/after on the real QNN compiler (onnxruntime-qnn, no mocks).
 
 Tests that need onnxruntime-qnn fail under CI=true when it is missing and are skipped (with the reason) elsewhere.
@@ -16,10 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig, TensorOverride
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.pairing import input_specs
+from qdebug.model_io import input_specs
 from qdebug.passes import run_passes
 from qdebug.targets.base import CompileReport
-from qdebug.targets.qnn_fixes import (
+from qdebug.targets.model_fixes import (
     FIX_NAMES,
     MODEL_FIXES,
     apply_qnn_fixes,
@@ -426,7 +426,7 @@ def range_model() -> onnx.ModelProto:
 def test_static_shapes_fold_the_shape_arithmetic() -> None:
     import onnxruntime as ort
 
-    from qdebug.targets.qnn_fixes import fix_static_shapes
+    from qdebug.targets.model_fixes import fix_static_shapes
 
     m = range_model()
     fixed, rep = fix_static_shapes(m, {"x": [3, 4]})

@@ -33,9 +33,9 @@ def test_shapes_where_it_can_and_nothing_left_where_it_cannot(tmp_path: Path, mo
 def test_the_callers_leave_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both places qdebug runs the tool: sizing a sample for segmenting, and the QNN fixes' shape pass."""
     from qdebug.capture import segmented
-    from qdebug.targets import qnn_fixes
+    from qdebug.targets import model_fixes
 
     monkeypatch.chdir(tmp_path)
     assert segmented._symbolic(_model("Mystery", domain="custom")) is None  # type: ignore[arg-type]
-    assert qnn_fixes._symbolic_infer(_model("Mystery", domain="custom")) is None  # type: ignore[arg-type]
+    assert model_fixes._symbolic_infer(_model("Mystery", domain="custom")) is None  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []

@@ -22,7 +22,7 @@ import onnx
 from qdebug.data import DataSource
 from qdebug.errors import DataError, TargetError
 from qdebug.io import atomic_save_model
-from qdebug.pairing import load_model
+from qdebug.model_io import load_model
 from qdebug.targets.base import (
     Availability,
     BuildOptions,
@@ -390,7 +390,7 @@ class DeeployTarget(TargetBase):
     ) -> Prepared:
         """Static shapes (Deeploy's buffers are static) and BatchNorm folding (it has no BatchNormalization)."""
         from qdebug.passes import run_passes
-        from qdebug.targets.qnn_fixes import fix_passes
+        from qdebug.targets.model_fixes import fix_passes
 
         given, source = shapes_for(model, shapes)
         m, reports = run_passes(model, fix_passes(DEEPLOY_FIXES, input_shapes=given, skip=options.skip_fixes))

@@ -17,10 +17,10 @@ import onnx
 
 from qdebug.errors import MissingExtraError
 from qdebug.io import atomic_save_model
-from qdebug.pairing import input_specs, load_model
+from qdebug.model_io import input_specs, load_model
 from qdebug.passes import PassReport
 from qdebug.targets.base import BuildOptions, ShapeSource
-from qdebug.targets.qnn_fixes import fix_static_shapes
+from qdebug.targets.model_fixes import fix_static_shapes
 
 if TYPE_CHECKING:
     from qdebug.config import QuantConfig

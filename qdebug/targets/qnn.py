@@ -24,7 +24,7 @@ import onnx
 from qdebug._lazy import require
 from qdebug.errors import TargetError
 from qdebug.io import temp_dir
-from qdebug.pairing import load_model
+from qdebug.model_io import load_model
 from qdebug.passes import PassReport
 from qdebug.report import TargetAccuracy
 from qdebug.targets.base import (
@@ -43,9 +43,9 @@ from qdebug.targets.base import (
     register_target,
     shapes_for,
 )
+from qdebug.targets.model_fixes import FIX_NAMES, apply_qnn_fixes
 from qdebug.targets.qnn_accuracy import compiled_top1, fp16_accuracy, htp_accuracy
 from qdebug.targets.qnn_compile import COMPILE_FAILED, compile_qnn, has_16bit_weights
-from qdebug.targets.qnn_fixes import FIX_NAMES, apply_qnn_fixes
 from qdebug.targets.qnn_options import DEFAULT_HTP_ARCH, SOC_MODELS, V73_SOC, QnnOptions, qnn_available, qnn_options
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class QnnTarget(TargetBase):
     def prepare(
         self, model: onnx.ModelProto, config: QuantConfig | None, options: BuildOptions, shapes: ShapeSource
     ) -> Prepared:
-        """The QNN compatibility fixes (:mod:`qdebug.targets.qnn_fixes`), before quantizing: calibration, the Q/DQ
+        """The QNN compatibility fixes (:mod:`qdebug.targets.model_fixes`), before quantizing: calibration, the Q/DQ
         placement and the overrides must all see the graph QNN will compile (fixing shapes after quantizing left
         ~1,100 CPU nodes on a detector)."""
         _usable()

@@ -1,4 +1,7 @@
-"""QNN HTP compatibility rewrites, applied to the *float* model (or its config) before quantizing and compiling.
+"""Compatibility rewrites of the *float* model (or its config), applied before quantizing and compiling.
+
+Written for the QNN HTP, they are generic graph fixes: the Deeploy target runs some of them too, which is why this
+module belongs to neither backend.
 
 Each rule is a small named function that returns what it produced plus a :class:`~qdebug.passes.PassReport`
 saying what it changed; :func:`apply_qnn_fixes` runs them in order (the graph rewrites through the one pass runner,
@@ -40,7 +43,8 @@ import onnx
 
 from qdebug.config import QuantConfig, TensorOverride, make_overrides
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.pairing import GraphIndex, InputSpec, constants_to_initializers, input_specs, topological_nodes
+from qdebug.graph_index import GraphIndex, constants_to_initializers, topological_nodes
+from qdebug.model_io import InputSpec, input_specs
 from qdebug.passes import Pass, PassReport, run_passes
 
 __all__ = [
