@@ -93,7 +93,7 @@ def _materialise(float_model: Any, n: int, seed: int) -> dict[str, Any]:
     import numpy as np
 
     from qdebug.data import SyntheticData
-    from qdebug.pairing import input_specs
+    from qdebug.model_io import input_specs
 
     source = SyntheticData(input_specs(float_model), n, seed=seed)
     samples = [source.sample(i) for i in range(n)]
@@ -302,7 +302,7 @@ def prepare_model(name: str, work: Path) -> Model | None:
 
     from qdebug import QuantConfig, quantize
     from qdebug.data import NpzData
-    from qdebug.pairing import input_specs
+    from qdebug.model_io import input_specs
 
     cfg = QuantConfig(
         activation_type="uint8",

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from qdebug import quantize  # noqa: E402
 from qdebug.config import QuantConfig  # noqa: E402
-from qdebug.pairing import is_q  # noqa: E402
+from qdebug.model_io import is_q  # noqa: E402
 from qdebug.targets import deeploy_export as de  # noqa: E402
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy  # noqa: E402
 from qdebug.targets.deeploy_transformer import zero_centre_operands  # noqa: E402

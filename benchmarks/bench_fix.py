@@ -110,8 +110,8 @@ def sixteen_bit_share(qdq_model: Path, sample: Mapping[str, np.ndarray]) -> floa
     import onnx
     from onnx import TensorProto
 
+    from qdebug.graph_index import constant_values, decode_constant
     from qdebug.ort import expose_outputs, make_session
-    from qdebug.pairing import constant_values, decode_constant
 
     model = onnx.load(str(qdq_model))
     consts = constant_values(model)
@@ -171,7 +171,7 @@ def _entropy_cache(float_model: Path, cfg: Any, data: Mapping[str, np.ndarray], 
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
 
     from qdebug.data import as_ort_reader, open_data
-    from qdebug.pairing import input_specs
+    from qdebug.model_io import input_specs
     from qdebug.quantizer import quantizer_view
 
     view = quantizer_view(float_model, cfg.weight_type, [cfg.activation_type], per_channel=True)

@@ -31,7 +31,7 @@ def floor(model: str, n: int, work: Path, threads: int | None) -> tuple[float, f
     from bench_realmodels import prepare
 
     from qdebug.data import open_data
-    from qdebug.pairing import input_specs
+    from qdebug.model_io import input_specs
 
     fp, qp, folder = prepare(model, work, n)
     samples = [dict(s) for s in open_data(str(folder), input_specs(onnx.load(str(fp))), num_samples=n)]

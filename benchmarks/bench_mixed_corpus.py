@@ -159,7 +159,7 @@ def _fixed_for(folder: Path, name: str, work: Path, target: str) -> Path:
     ``work``; searched with the same CPU recipe as the model as given, so the two rows differ by the fixes only."""
     from qdebug.io import atomic_save_model
     from qdebug.mixed.target_fixes import apply_target_fixes
-    from qdebug.pairing import load_model
+    from qdebug.model_io import load_model
 
     model, _, fixes = apply_target_fixes(
         load_model(folder / f"{name}.onnx", "model"), target, None, folder / "calib.npz"

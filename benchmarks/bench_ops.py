@@ -66,8 +66,8 @@ def _best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 def _floor(paths: Sequence[Path], data: Path) -> float:
     """Sessions (optimizations off) created from ``paths``, every sample of ``data`` through each."""
+    from qdebug.model_io import load_model
     from qdebug.ort import make_session
-    from qdebug.pairing import load_model
 
     sessions = [make_session(load_model(p), ["CPUExecutionProvider"]) for p in paths]
     with np.load(data) as z:

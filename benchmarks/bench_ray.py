@@ -51,7 +51,8 @@ def worker_alone(fp: Path, qp: Path, data: Path, capture: str, size: int) -> tup
     from qdebug.capture.ray_backend import CaptureWorker, _job
     from qdebug.cluster import plan_shards
     from qdebug.data import open_data, range_reader
-    from qdebug.pairing import input_specs, load_model, pair_models
+    from qdebug.model_io import input_specs, load_model
+    from qdebug.pairing import pair_models
 
     fm, qm = load_model(fp, "float model"), load_model(qp, "quantized model")
     source = open_data(data, input_specs(fm))

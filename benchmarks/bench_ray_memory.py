@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from qdebug.capture.ray_backend import capture_distributed
     from qdebug.cluster import Cluster
     from qdebug.data import open_data
-    from qdebug.pairing import input_specs, load_model, pair_models
+    from qdebug.model_io import input_specs, load_model
+    from qdebug.pairing import pair_models
 
     fp = registry.cache_dir() / args.model / f"{args.model}.onnx"
     fm, qm = load_model(fp, "float model"), load_model(args.work / f"{args.model}.qdq.onnx", "quantized model")

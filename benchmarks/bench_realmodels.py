@@ -66,8 +66,8 @@ def _hwm_mb() -> float:
 
 def _floor(float_path: str, quant_path: str, data: Any) -> tuple[float, list[float]]:
     """Both sessions, optimizations off, every sample through both; (set-up s, end time of every sample)."""
+    from qdebug.model_io import load_model
     from qdebug.ort import make_session
-    from qdebug.pairing import load_model
 
     t0 = time.perf_counter()
     fs = make_session(load_model(float_path, "float model"), ["CPUExecutionProvider"])
@@ -85,7 +85,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement in this (fresh) process."""
     from qdebug.data import NpzFolderData
     from qdebug.debugger import DebugOptions, debug
-    from qdebug.pairing import input_specs, load_model
+    from qdebug.model_io import input_specs, load_model
 
     fp, qp, folder, method = spec["float"], spec["quant"], spec["data"], spec["method"]
     out: dict[str, Any] = {"method": method, "n": spec["n"]}

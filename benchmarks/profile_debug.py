@@ -49,8 +49,9 @@ import qdebug
 import qdebug.capture as qcapture
 from qdebug.data import Sample, SyntheticData
 from qdebug.metrics import reduce_pair
+from qdebug.model_io import input_specs
 from qdebug.ort import expose_outputs
-from qdebug.pairing import input_specs, pair_models
+from qdebug.pairing import pair_models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_debug import prepare_model

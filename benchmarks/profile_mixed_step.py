@@ -145,8 +145,9 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
 def _float_side(s: Any) -> float:
     """Seconds of the float model's part of a debug pass, alone: its session with every paired tensor exposed, and
     the debug samples run through it (what a step could reuse, the float model never changing)."""
+    from qdebug.model_io import load_model
     from qdebug.ort import expose_outputs, make_session
-    from qdebug.pairing import load_model, pair_models
+    from qdebug.pairing import pair_models
 
     pairing = pair_models(s.float_proto, load_model(s.base.quantization.model_path, "QDQ model"))
     names = list(dict.fromkeys([*(a.tensor_name for a in pairing.activations),

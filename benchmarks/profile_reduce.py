@@ -78,8 +78,9 @@ def profile(model: str, work: Path, n: int, repeats: int) -> dict[str, float]:
     from qdebug.capture.compiled import reduce_sample_compiled
     from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
     from qdebug.data import open_data
+    from qdebug.model_io import input_specs
     from qdebug.ort import expose_outputs
-    from qdebug.pairing import input_specs, pair_models
+    from qdebug.pairing import pair_models
 
     fp, qp, big = prepare(model, work, n)
     fm, qm = onnx.load(str(fp)), onnx.load(str(qp))

@@ -37,8 +37,8 @@ from qdebug.config import QuantConfig
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError, TargetError
 from qdebug.io import atomic_save_model, atomic_write_text, input_problem, load_json, new_temp_dir, output_lock
+from qdebug.model_io import ModelKind, file_sha256, input_specs, load_model, model_kind
 from qdebug.ort import make_session
-from qdebug.pairing import ModelKind, file_sha256, input_specs, load_model, model_kind
 from qdebug.passes import PassReport
 from qdebug.quantizer import QuantizeResult
 from qdebug.report import DebugReport, TargetAccuracy, encode_number

@@ -24,7 +24,7 @@ import numpy as np
 
 from qdebug.errors import ConfigError, DataError, InputFileError
 from qdebug.io import check_input, open_input
-from qdebug.pairing import InputSpec
+from qdebug.model_io import InputSpec
 
 Sample = dict[str, np.ndarray]
 

@@ -28,6 +28,7 @@ from qdebug.capture import (
 from qdebug.cluster import ClusterSpec
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, ModelError
+from qdebug.graph_index import GraphIndex
 from qdebug.metrics import (
     FROM_STATS,
     METRICS,
@@ -40,19 +41,9 @@ from qdebug.metrics import (
     channel_sqnr,
     sqnr_from_energies,
 )
-from qdebug.pairing import (
-    ActivationPair,
-    GraphIndex,
-    OutputPair,
-    Pairing,
-    WeightPair,
-    file_sha256,
-    input_specs,
-    load_model,
-    pair_models,
-    qdq_parameter_problems,
-    weight_arrays,
-)
+from qdebug.model_io import file_sha256, input_specs, load_model
+from qdebug.pairing import ActivationPair, OutputPair, Pairing, WeightPair, pair_models, weight_arrays
+from qdebug.qdq_values import qdq_parameter_problems
 from qdebug.report import (
     ActivationResult,
     CaptureInfo,

@@ -32,9 +32,11 @@ import onnx
 
 from qdebug.data import DataSource, open_data
 from qdebug.errors import InputFileError
+from qdebug.graph_index import GraphIndex
 from qdebug.io import atomic_write_text
+from qdebug.model_io import input_specs
 from qdebug.ort import expose_outputs, make_session
-from qdebug.pairing import GraphIndex, input_specs, qdq_parameter_issues
+from qdebug.qdq_values import qdq_parameter_issues
 from qdebug.report import ActivationResult, DebugReport, WeightResult, decode_number, encode_number
 from qdebug.sentinel import MaskedSqnr, Sentinel, clamp_value, find_sentinels, masked_sqnr
 
@@ -778,7 +780,7 @@ def diagnose_models(
 ) -> Diagnostics:
     """Every check: :func:`collect_stats` over the first ``max_samples`` samples of ``data`` (``max_samples=0``:
     no statistics pass; ``synthetic``: see :func:`collect_stats`), then :func:`diagnose` with both models."""
-    from qdebug.pairing import load_model
+    from qdebug.model_io import load_model
 
     f = float_model if isinstance(float_model, onnx.ModelProto) else load_model(float_model, "float model")
     q = quant_model if isinstance(quant_model, onnx.ModelProto) else load_model(quant_model, "quantized model")

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 
 from qdebug.data import NpzData, read_labels
-from qdebug.pairing import input_specs, load_model
+from qdebug.model_io import input_specs, load_model
 
 __all__ = ["check_eval_set", "num_classes", "top1_accuracy"]
 

@@ -1,5 +1,6 @@
-"""ONNX graph helpers: loading with clear errors, model kinds, input specs, topological order,
-constants, and the float↔quant pairing that walks QuantizeLinear→DequantizeLinear chains.
+"""The float↔quant pairing that walks QuantizeLinear→DequantizeLinear chains (:func:`pair_models`), and each weight
+pair's two arrays (:func:`weight_arrays`). Loading a model is :mod:`qdebug.model_io`, its index
+:mod:`qdebug.graph_index`, quantized values in numpy :mod:`qdebug.qdq_values`.
 
 Pairing is structural: an activation is quantized where a QuantizeLinear (default or
 ``com.microsoft`` domain, any bit width) reads a float tensor and a DequantizeLinear reads the Q's
@@ -13,327 +14,20 @@ are closest to), never a name suffix.
 
 from __future__ import annotations
 
-import hashlib
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from qdebug.errors import InputFileError, ModelError
-from qdebug.io import open_input
+from qdebug.errors import ModelError
+from qdebug.graph_index import GraphIndex, decode_constant, light_model
+from qdebug.model_io import ModelKind, file_sha256, input_specs, is_dq, is_q, load_model, model_kind  # noqa: F401  # re-exported: docs/overrides.md imports them from here
+from qdebug.qdq_values import dequantized_weight, int_attr, quant_type_name
 
-QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
-QOPERATOR_OPS = frozenset(
-    {
-        "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSigmoid",
-        "QLinearLeakyRelu", "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool",
-        "QLinearSoftmax", "QAttention", "QLinearWhere", "QEmbedLayerNormalization", "QLinearReduceMean",
-        "QLinearConvTranspose",
-    }
-)  # fmt: skip
-DYNAMIC_QUANT_OPS = frozenset(
-    {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul",
-     "DynamicQuantizeLSTM", "MatMulIntegerToFloat"}
-)  # fmt: skip
 FLOAT_DTYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                           onnx.TensorProto.BFLOAT16})  # fmt: skip
-_INT_TYPE_NAMES = {
-    np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8", np.dtype(np.uint16): "uint16",
-    np.dtype(np.int16): "int16", np.dtype(np.int32): "int32", np.dtype(np.uint32): "uint32",
-}  # fmt: skip
-
-
-class ModelKind(StrEnum):
-    """What quantization, if any, a model carries."""
-
-    FLOAT = "float"
-    QDQ = "qdq"
-    QOPERATOR = "qoperator"
-    DYNAMIC = "dynamic"
-
-
-def is_q(node: onnx.NodeProto) -> bool:
-    """A QuantizeLinear of either domain."""
-    return node.op_type == "QuantizeLinear" and node.domain in QDQ_DOMAINS
-
-
-def is_dq(node: onnx.NodeProto) -> bool:
-    """A DequantizeLinear of either domain."""
-    return node.op_type == "DequantizeLinear" and node.domain in QDQ_DOMAINS
-
-
-def file_sha256(path: str | Path) -> str:
-    """Checksum of a file, streamed."""
-    h = hashlib.sha256()
-    with open_input(path) as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
-    """Load an ONNX file (with its external data) or raise :class:`InputFileError` naming it.
-
-    The file is only read, never rewritten.
-    """
-    p = Path(path)
-    # by name, as onnx.load would: a .json/.txtpb name is a text format
-    fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
-    with open_input(p, role) as fh:  # a FIFO, device, folder, link loop or overlong name: one line, never a hang
-        data = fh.read()
-    try:
-        model = onnx.load_model_from_string(data, format=fmt)
-    except Exception as exc:  # protobuf raises several unrelated types on garbage
-        raise InputFileError(f"{role} {p}: not a valid ONNX file ({type(exc).__name__}: {exc})") from exc
-    if model.ir_version <= 0 or not model.opset_import or len(model.graph.node) == 0:
-        raise InputFileError(f"{role} {p}: not a valid ONNX model (no IR version, opset or nodes)")
-    bad_text = _non_utf8_field(model, "model")
-    if bad_text is not None:
-        raise InputFileError(f"{role} {p}: not a valid ONNX model ({bad_text} is not UTF-8 text)")
-    if not model.graph.output:  # ORT loads it, then every command fails later and unclearly (or "succeeds")
-        raise ModelError(f"{role} {p}: the graph has no outputs; nothing can be computed or compared")
-    if any(_is_external(t) for t in _all_tensors(model)):
-        try:
-            onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
-        except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # a missing file is the latter
-            raise InputFileError(f"{role} {p}: cannot read its external data: {exc}") from exc
-    return model
-
-
-def _non_utf8_field(msg: Any, where: str) -> str | None:
-    """The first string field (name, input, op type, ...) that is not UTF-8, as a path like
-    ``model.graph.node[2].name``, else ``None``. ONNX's protos are proto2, so the parser accepts such bytes and hands
-    them over as ``bytes`` where every reader expects ``str`` (a crash far from the file). Tensor data are not
-    visited (only string and message fields are read)."""
-    for fd in msg.DESCRIPTOR.fields:
-        if fd.type == fd.TYPE_STRING:
-            value = getattr(msg, fd.name)
-            values = [value] if isinstance(value, str | bytes) else value
-            if any(isinstance(v, bytes) for v in values):
-                return f"{where}.{fd.name}"
-        elif fd.type == fd.TYPE_MESSAGE:
-            value = getattr(msg, fd.name)
-            single = hasattr(value, "DESCRIPTOR")  # a message, not a repeated container of them
-            items = ([value] if msg.HasField(fd.name) else []) if single else list(value)
-            for i, item in enumerate(items):
-                found = _non_utf8_field(item, f"{where}.{fd.name}" + ("" if single else f"[{i}]"))
-                if found is not None:
-                    return found
-    return None
-
-
-def _is_external(t: onnx.TensorProto) -> bool:
-    return t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
-
-
-def _all_tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                yield a.t
-
-
-def model_kind(model: onnx.ModelProto) -> ModelKind:
-    """Classify a model by the quantization operators it contains."""
-    ops = {n.op_type for n in model.graph.node}
-    if ops & QOPERATOR_OPS:
-        return ModelKind.QOPERATOR
-    if ops & DYNAMIC_QUANT_OPS:
-        return ModelKind.DYNAMIC
-    if any(is_q(n) or is_dq(n) for n in model.graph.node):
-        return ModelKind.QDQ
-    return ModelKind.FLOAT
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One graph input: name, shape (int for static dims, str/None for dynamic ones) and dtype."""
-
-    name: str
-    shape: tuple[int | str | None, ...]
-    dtype: np.dtype[Any]
-
-    @property
-    def is_static(self) -> bool:
-        """True when every dimension is a fixed positive integer."""
-        return all(isinstance(d, int) and d > 0 for d in self.shape)
-
-
-def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    """The model's real inputs (graph inputs that are not initializers)."""
-    inits = {i.name for i in model.graph.initializer}
-    specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dims: list[int | str | None] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value") and d.dim_value > 0:
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(d.dim_param)
-            else:
-                dims.append(None)
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
-        specs.append(InputSpec(vi.name, tuple(dims), dtype))
-    return specs
-
-
-def topological_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Nodes in a topological order (the stored order when it already is one)."""
-    nodes = list(graph.node)
-    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    ok = True
-    seen = set(available)
-    for n in nodes:
-        if any(i not in seen for i in n.input):
-            ok = False
-            break
-        seen.update(n.output)
-    if ok:
-        return nodes
-    # Kahn's algorithm, stable with respect to the stored order.
-    producers = {o: idx for idx, n in enumerate(nodes) for o in n.output}
-    deps = [{producers[i] for i in n.input if i in producers and i not in available} for n in nodes]
-    done: set[int] = set()
-    order: list[onnx.NodeProto] = []
-    while len(order) < len(nodes):
-        progressed = False
-        for idx, n in enumerate(nodes):
-            if idx not in done and deps[idx] <= done:
-                done.add(idx)
-                order.append(n)
-                progressed = True
-        if not progressed:
-            raise ModelError(f"graph {graph.name!r} has a cycle or reads tensors nothing produces")
-    return order
-
-
-def constant_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto | onnx.NodeProto]:
-    """Where each constant tensor lives: initializers and ``Constant`` node outputs (decoded lazily)."""
-    out: dict[str, onnx.TensorProto | onnx.NodeProto] = {i.name: i for i in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.domain in QDQ_DOMAINS:
-            out[n.output[0]] = n
-    return out
-
-
-def decode_constant(c: onnx.TensorProto | onnx.NodeProto) -> np.ndarray:
-    """Decode an initializer or a ``Constant`` node's value to numpy (a tensor that cannot be decoded — an
-    undefined or unknown element type, data that do not fit its shape — is a :class:`ModelError` naming it)."""
-    if isinstance(c, onnx.TensorProto):
-        return _to_array(c, c.name)
-    for a in c.attribute:
-        if a.name == "value":
-            return _to_array(a.t, c.output[0] if c.output else c.name)
-        if a.name == "value_float":
-            return np.array(a.f, dtype=np.float32)
-        if a.name == "value_floats":
-            return np.array(list(a.floats), dtype=np.float32)
-        if a.name == "value_int":
-            return np.array(a.i, dtype=np.int64)
-        if a.name == "value_ints":
-            return np.array(list(a.ints), dtype=np.int64)
-    raise ModelError(f"Constant node {c.name or c.output[0]!r} has no supported value attribute")
-
-
-def constants_to_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """The model with its top-level ``Constant`` nodes turned into initializers of the same name (the input is
-    never modified), and the names moved.
-
-    ONNX Runtime's QDQ quantizer treats a ``Constant`` node's output as an activation: a Conv weight exported that
-    way (paddle2onnx writes every constant so) gets a calibrated per-tensor activation Q/DQ instead of the weight
-    type, and Resize's ``scales`` get rounded (2.0 comes back as 1.99 and the model no longer runs). As initializers
-    they are weights, as ORT's own ``quant_pre_process`` would make them. String and sparse constants stay nodes.
-    """
-    movable = [
-        n
-        for n in model.graph.node
-        if n.op_type == "Constant"
-        and n.domain in QDQ_DOMAINS
-        and len(n.output) == 1
-        and any(a.name in _DENSE_CONSTANT_ATTRS for a in n.attribute)
-        and not any(a.name == "value" and a.t.data_type == onnx.TensorProto.STRING for a in n.attribute)
-    ]
-    if not movable:
-        return model, []
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    moved = {n.output[0] for n in movable}
-    kept = [n for n in m.graph.node if not (n.op_type == "Constant" and n.output and n.output[0] in moved)]
-    by_name = {n.output[0]: n for n in movable}
-    tensors = []
-    for name in [n.output[0] for n in movable]:
-        value = next((a.t for a in by_name[name].attribute if a.name == "value"), None)
-        if value is not None:  # the tensor as it is (its exact type and bytes)
-            t = onnx.TensorProto()
-            t.CopyFrom(value)
-            t.name = name
-        else:
-            t = numpy_helper.from_array(decode_constant(by_name[name]), name)
-        tensors.append(t)
-    del m.graph.node[:]
-    m.graph.node.extend(kept)
-    m.graph.initializer.extend(tensors)
-    if m.ir_version < 4:  # before IR 4 every initializer must also be a graph input
-        m.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in tensors)
-    return m, sorted(moved)
-
-
-_DENSE_CONSTANT_ATTRS = frozenset({"value", "value_float", "value_floats", "value_int", "value_ints"})
-
-
-def _to_array(t: onnx.TensorProto, name: str) -> np.ndarray:
-    try:
-        return numpy_helper.to_array(t)
-    except (TypeError, ValueError, KeyError) as exc:  # onnx raises these on an unknown type or a size mismatch
-        raise ModelError(f"constant {name!r} cannot be decoded: {exc}") from exc
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
-    for a in node.attribute:
-        if a.name == name:
-            return int(a.i)
-    return default
-
-
-def dequantize(
-    q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int = 1, block_size: int = 0
-) -> np.ndarray:
-    """DequantizeLinear in float64: (q − zp)·scale, widened *before* the subtraction.
-
-    Handles per-tensor, per-axis and blocked parameters and 0-d tensors (which numpy would
-    otherwise return as scalars that break ``len()``).
-    """
-    qf = np.asarray(q).astype(np.float64)
-    s = np.asarray(scale).astype(np.float64)
-    z = np.zeros_like(s) if zero_point is None else np.asarray(zero_point).astype(np.float64)
-    # A non-finite scale (e.g. a calibrated range of ±inf) gives NaN/Inf values, which the caller
-    # reports as a status; it must not surface as a numpy RuntimeWarning (an error under -W error).
-    with np.errstate(invalid="ignore", over="ignore"):
-        if s.size == 1:  # per-tensor, whatever the rank of the stored scale
-            return np.asarray((qf - z.reshape(())) * s.reshape(()), dtype=np.float64)
-        ax = axis if axis >= 0 else axis + qf.ndim
-        if block_size > 0:
-            s = np.repeat(s, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
-            z = np.repeat(z, block_size, axis=ax).take(range(qf.shape[ax]), axis=ax)
-            return (qf - z) * s
-        shape = [1] * qf.ndim
-        shape[ax] = s.size
-        return (qf - z.reshape(shape)) * s.reshape(shape)
-
-
-def quant_type_name(dtype: np.dtype[Any]) -> str:
-    """``uint8``/``int16``/… for an integer numpy dtype."""
-    return _INT_TYPE_NAMES.get(np.dtype(dtype), str(np.dtype(dtype)))
 
 
 @dataclass(frozen=True)
@@ -415,7 +109,7 @@ def _params(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto | onnx.Node
     if zp is not None:
         qtype = quant_type_name(zp.dtype)
     else:
-        out_dtype = _attr(node, "output_dtype", 0)
+        out_dtype = int_attr(node, "output_dtype", 0)
         qtype = quant_type_name(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(out_dtype))) if out_dtype else "uint8"
     per_tensor = scale is not None and scale.size == 1
     return QuantParams(
@@ -423,7 +117,7 @@ def _params(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto | onnx.Node
         domain=node.domain or "ai.onnx",
         scale=float(scale.reshape(-1)[0]) if per_tensor and scale is not None else None,
         zero_point=int(zp.reshape(-1)[0]) if per_tensor and zp is not None else (0 if per_tensor else None),
-        axis=None if per_tensor else _attr(node, "axis", 1),
+        axis=None if per_tensor else int_attr(node, "axis", 1),
         channels=1 if scale is None else int(scale.size),
     )
 
@@ -471,35 +165,6 @@ def _activation_bounds(
     if len(fnode.input) > 2 and fnode.input[2] in f_consts:
         hi = float(decode_constant(f_consts[fnode.input[2]]))
     return ("Clip", lo, hi)
-
-
-def light_model(
-    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, keep_values: int = 4096
-) -> onnx.ModelProto:
-    """The model for shape and type inference: initializers of more than ``keep_values`` values become typed graph
-    inputs (inference serializes the whole model: MiniLM's 69 MB took 0.26 s for its types alone), inputs named in
-    ``shapes`` are pinned to them. Small initializers stay: ONNX's data propagation reads them (Reshape's shape)."""
-    g = model.graph
-    light = onnx.helper.make_graph([], g.name, [], list(g.output))
-    light.node.extend(g.node)
-    for i in g.input:
-        vi = onnx.ValueInfoProto()
-        vi.CopyFrom(i)
-        if shapes is not None and i.name in shapes and vi.type.HasField("tensor_type"):
-            dims = vi.type.tensor_type.shape
-            dims.ClearField("dim")
-            for d in shapes[i.name]:
-                dims.dim.add().dim_value = int(d)
-        light.input.append(vi)
-    inputs = {i.name for i in g.input}
-    for t in g.initializer:
-        if int(np.prod(t.dims)) <= keep_values:
-            light.initializer.append(t)
-        elif t.name not in inputs:
-            light.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    out = onnx.helper.make_model(light, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    out.functions.extend(model.functions)
-    return out
 
 
 def _float_value_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -796,7 +461,7 @@ def _twins(
     taken = {id(t) for t in twins.values()}
     floats: dict[str, Any] = {}
     for c, cands in open_:
-        deq = {k: _dequantized(weights[i].dq, s.q).reshape(-1) for k, i in enumerate(c.input) if i in weights}
+        deq = {k: dequantized_weight(weights[i].dq, s.q).reshape(-1) for k, i in enumerate(c.input) if i in weights}
         best = min(
             cands, key=lambda n: (_distance(s, deq, n, floats), id(n) in taken, s.f.position.get(n.output[0], -1))
         )
@@ -928,148 +593,12 @@ def pair_models(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> P
     )
 
 
-#: Ops whose output holds exactly the values of their first input, rearranged (same min/max/histogram): a
-#: calibrated range or a promotion crosses them unchanged in either direction.
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
-
-
-class GraphIndex:
-    """The one index of a model snapshot, built once: nodes in topological order, each tensor's producer (and its
-    position) and consumers, constant values (initializers and Constant nodes), Q/DQ nodes, graph inputs and
-    outputs. Every pass and analysis reads these maps instead of building its own."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        g = model.graph
-        self.model = model
-        self.consts = constant_values(model)
-        self.nodes = topological_nodes(g)
-        self.position = {o: idx for idx, n in enumerate(self.nodes) for o in n.output if o}
-        self.producer = {o: n for n in self.nodes for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for n in self.nodes:
-            for i in n.input:
-                self.consumers[i].append(n)
-        self.qdq_nodes = {(n.name or n.output[0]): n for n in self.nodes if is_dq(n) or is_q(n)}
-        initializers = {t.name for t in g.initializer}
-        self.inputs = tuple(i.name for i in g.input if i.name not in initializers)
-        self.outputs = tuple(o.name for o in g.output)
-
-    def value(self, name: str) -> np.ndarray:
-        """Decoded value of a constant tensor."""
-        return decode_constant(self.consts[name])
-
-    def consumers_of(self, name: str) -> list[onnx.NodeProto]:
-        """The nodes reading ``name`` (in topological order; empty for a tensor nothing reads)."""
-        return self.consumers.get(name, [])
-
-    def distinct_consumers(self, name: str) -> list[onnx.NodeProto]:
-        """The nodes reading ``name``, each once (a node reading it in two slots is listed once)."""
-        # By identity: NodeProto equality compares contents, and two distinct nodes may be equal.
-        return list({id(n): n for n in self.consumers_of(name)}.values())
-
-    def sole_consumer(self, name: str) -> onnx.NodeProto | None:
-        """The one node reading ``name``, if exactly one does (and it is not a graph output)."""
-        users = self.consumers_of(name)
-        return users[0] if len(users) == 1 and name not in self.outputs else None
-
-    def set_input(self, node: onnx.NodeProto, slot: int, name: str) -> None:
-        """Make ``node`` (one of this index's nodes) read ``name`` in input ``slot``, keeping the consumer lists
-        right. Why: a rewrite that redirects inputs one by one (the Deeploy scale snapping gives a scale tensor its
-        own copy) asks "who else reads this?" after earlier redirects; rebuilding the index each time is quadratic."""
-        old = node.input[slot]
-        if old == name:
-            return
-        users = self.consumers.get(old, [])
-        for k, u in enumerate(users):
-            if u is node:
-                del users[k]
-                break
-        node.input[slot] = name
-        self.consumers[name].append(node)
-
-    def activations(self) -> list[str]:
-        """Graph inputs, then every non-constant node output, in topological order."""
-        return [*self.inputs, *(o for n in self.nodes if n.op_type != "Constant" for o in n.output if o)]
-
-
 def weight_arrays(pair: WeightPair, float_index: GraphIndex, quant_index: GraphIndex) -> tuple[np.ndarray, np.ndarray]:
     """(float weight, dequantized weight) as float64 arrays of the same shape."""
     ref = float_index.value(pair.weight_name).astype(np.float64)
-    test = _dequantized(quant_index.qdq_nodes[pair.dq_node], quant_index)
+    test = dequantized_weight(quant_index.qdq_nodes[pair.dq_node], quant_index)
     if ref.shape != test.shape:
         if ref.size != test.size:
             raise ModelError(f"weight {pair.weight_name!r}: float shape {ref.shape} vs quantized shape {test.shape}")
         test = test.reshape(ref.shape)
     return ref, test
-
-
-def _dequantized(dq: onnx.NodeProto, quant_index: GraphIndex) -> np.ndarray:
-    """The float64 values a weight DequantizeLinear computes from its constant."""
-    q_in = dq.input[0]
-    if q_in in quant_index.consts:
-        q_val = quant_index.value(q_in)
-    else:  # Q applied in-graph to a float constant: quantize it here exactly as QuantizeLinear does
-        qnode = quant_index.producer[q_in]
-        q_val = quantize_array(
-            quant_index.value(qnode.input[0]),
-            quant_index.value(qnode.input[1]),
-            quant_index.value(qnode.input[2]) if len(qnode.input) > 2 and qnode.input[2] else None,
-            _attr(qnode, "axis", 1),
-        )
-    scale = quant_index.value(dq.input[1])
-    zp = quant_index.value(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
-    return dequantize(q_val, scale, zp, _attr(dq, "axis", 1), _attr(dq, "block_size", 0))
-
-
-def quantize_array(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int = 1) -> np.ndarray:
-    """QuantizeLinear in numpy (round half to even, saturate), for in-graph weight quantization."""
-    xf = np.asarray(x, dtype=np.float64)
-    s = np.asarray(scale, dtype=np.float64)
-    z = np.zeros((), dtype=np.uint8) if zero_point is None else np.asarray(zero_point)
-    info = np.iinfo(z.dtype)
-    if s.size > 1 and xf.ndim:
-        shape = [1] * xf.ndim
-        shape[axis if axis >= 0 else axis + xf.ndim] = s.size
-        s = s.reshape(shape)
-        zf = z.astype(np.float64).reshape(shape)
-    else:
-        s = s.reshape(())
-        zf = z.astype(np.float64).reshape(())
-    return np.clip(np.rint(xf / s) + zf, info.min, info.max).astype(z.dtype)
-
-
-def _qparam_problem(node: onnx.NodeProto, consts: Mapping[str, onnx.TensorProto | onnx.NodeProto]) -> str | None:
-    """What cannot be right about one Q/DQ node's constant scale / zero point (``None``: nothing)."""
-    if len(node.input) < 2 or node.input[1] not in consts:
-        return None
-    scale = np.asarray(decode_constant(consts[node.input[1]]), dtype=np.float64)
-    bad = [f"{v:g}" for v in scale.reshape(-1) if not (np.isfinite(v) and v > 0)]
-    if bad:
-        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-        return f"scale {', '.join(bad[:3])}{more}: a scale must be finite and positive"
-    if len(node.input) > 2 and node.input[2] in consts:
-        zp = np.asarray(decode_constant(consts[node.input[2]]))
-        if zp.size not in (1, scale.size):
-            return f"zero point has {zp.size} values for {scale.size} scale(s)"
-    return None
-
-
-def qdq_parameter_issues(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
-    """``(tensor, problem, node op)`` for each tensor whose Q/DQ parameters cannot be right (scale 0, negative,
-    NaN or inf; a zero point that does not match its scale), named by the float tensor the Q/DQ pair quantizes."""
-    index = GraphIndex(model)
-    seen: dict[str, tuple[str, str, str]] = {}
-    for node in index.nodes:
-        if (is_q(node) or is_dq(node)) and (problem := _qparam_problem(node, index.consts)) is not None:
-            # Named by the float tensor the Q/DQ pair quantizes (a weight DQ: its constant).
-            q = node if is_q(node) else index.producer.get(node.input[0])
-            tensor = q.input[0] if q is not None and is_q(q) else node.input[0]
-            where = f"{problem} ({node.op_type} {node.name or node.output[0]!r})"
-            seen.setdefault(tensor, (tensor, where, node.op_type))
-    return list(seen.values())
-
-
-def qdq_parameter_problems(model: onnx.ModelProto) -> list[str]:
-    """One warning per tensor whose Q/DQ parameters cannot be right (scale 0, negative, NaN or inf; a zero point
-    that does not match its scale), naming the tensor. Such a model still runs; its numbers are meaningless."""
-    return [f"{tensor}: {problem}" for tensor, problem, _ in qdq_parameter_issues(model)]

@@ -21,9 +21,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.errors import ConfigError, ModelError
+from qdebug.graph_index import GraphIndex, decode_constant
 from qdebug.io import atomic_save_model, refuse_overwrite_input
-from qdebug.pairing import GraphIndex, decode_constant, is_dq, is_q, load_model, quantize_array
+from qdebug.model_io import is_dq, is_q, load_model
 from qdebug.passes import Pass, PassReport, run_passes
+from qdebug.qdq_values import quantize_array
 
 __all__ = [
     "PASSES",
@@ -90,7 +92,7 @@ class CanonicalizeResult:
 
 # --------------------------------------------------------------------------- graph helpers
 class _Ctx:
-    """A model snapshot's :class:`~qdebug.pairing.GraphIndex` maps, plus a node-list rewriter."""
+    """A model snapshot's :class:`~qdebug.graph_index.GraphIndex` maps, plus a node-list rewriter."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         # A private copy: passes rewire node inputs in place and must never touch the caller's model.

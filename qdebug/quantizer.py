@@ -31,20 +31,12 @@ from qdebug.cluster import ClusterSpec
 from qdebug.config import DEFAULT_SYNTHETIC_SAMPLES, QUANT_TYPES, QuantConfig, normalize_quant_type
 from qdebug.data import DataSource, Sample, as_ort_reader, open_data, range_reader
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError
+from qdebug.graph_index import VIEW_OPS, constants_to_initializers
 from qdebug.io import atomic_path, atomic_write_bytes, refuse_overwrite_input, temp_dir
 from qdebug.metrics import energies, sqnr_from_energies
+from qdebug.model_io import ModelKind, input_specs, is_dq, is_q, load_model, model_kind
 from qdebug.ort import make_session, ort_errors, ort_log_severity, ort_message
 from qdebug.ort_index import indexed_quantizer
-from qdebug.pairing import (
-    VIEW_OPS,
-    ModelKind,
-    constants_to_initializers,
-    input_specs,
-    is_dq,
-    is_q,
-    load_model,
-    model_kind,
-)
 from qdebug.quantize_choice import (
     CHOICE_MARGIN_DB,
     RecipeChoice,
@@ -202,7 +194,7 @@ def quantizer_view(
     ``<name>_intermediate``). Calibration, the mixed-precision fixer and the overrides check all read this one view
     (the added nodes named by :func:`_name_new_nodes`), so every name they use is one ORT will find.
 
-    Constant nodes become initializers first (:func:`qdebug.pairing.constants_to_initializers`, as :func:`quantize`
+    Constant nodes become initializers first (:func:`qdebug.graph_index.constants_to_initializers`, as :func:`quantize`
     does), so the view has the weights ORT will quantize as weights. ``per_channel`` also raises an opset below 13
     to 13: per-channel Q/DQ need its ``axis`` attribute, and ORT's quantizer would otherwise write a model ONNX
     Runtime cannot load (u2netp, opset 11)."""
@@ -471,7 +463,7 @@ def _nonfinite_consumers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[
     """Nodes that read a constant holding NaN/±inf (e.g. a ``-inf`` fed into ``Max``): quantizing such a constant
     gives it an infinite scale and wrecks every tensor after it, so these nodes stay in float. Returns the model
     (a copy whose such nodes all have names, since ORT excludes nodes by name), their names and what was done."""
-    from qdebug.pairing import GraphIndex, decode_constant
+    from qdebug.graph_index import GraphIndex, decode_constant
 
     index = GraphIndex(model)
     bad = {n for n, c in index.consts.items() if not np.isfinite(decode_constant(c).astype(np.float64)).all()}

@@ -34,9 +34,11 @@ from onnx import numpy_helper
 
 from qdebug.data import open_data
 from qdebug.errors import ConfigError, ModelError
+from qdebug.graph_index import VIEW_OPS, GraphIndex, constant_values, decode_constant
 from qdebug.metrics import sqnr_from_energies
+from qdebug.model_io import input_specs
 from qdebug.ort import expose_outputs, make_session
-from qdebug.pairing import VIEW_OPS, GraphIndex, constant_values, decode_constant, input_specs, pair_models
+from qdebug.pairing import pair_models
 from qdebug.passes import PassReport
 from qdebug.report import decode_number, encode_number
 

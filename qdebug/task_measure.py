@@ -14,8 +14,8 @@ import onnx
 from qdebug.data import DataSource, open_data, read_labels
 from qdebug.errors import DataError, ModelError
 from qdebug.io import open_input
+from qdebug.model_io import input_specs, load_model
 from qdebug.ort import make_session, ort_errors, ort_message
-from qdebug.pairing import input_specs, load_model
 from qdebug.task_metrics import MetricSpec, State, TaskMetric, TaskScore, load_metric
 
 __all__ = ["labels_for", "measure_task", "task_state"]

@@ -11,8 +11,9 @@ import numpy as np
 import onnx
 
 from qdebug.data import DataSource
+from qdebug.graph_index import GraphIndex
 from qdebug.ort import expose_outputs, make_session
-from qdebug.pairing import GraphIndex, pair_models, weight_arrays
+from qdebug.pairing import pair_models, weight_arrays
 
 __all__ = ["TensorValues", "WeightValues", "tensor_values", "weight_owners", "weight_values"]
 

@@ -16,7 +16,8 @@ from qdebug.capture.arena import ALIGN, carve, estimate_bytes, touched
 from qdebug.capture.fetch import FetchRun
 from qdebug.capture.segmented import exposed_bytes
 from qdebug.data import open_data
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 
 
 def _root(a: np.ndarray) -> object:

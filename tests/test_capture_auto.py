@@ -16,7 +16,8 @@ from qdebug.capture.auto import AutoRun, estimate_setup
 from qdebug.capture.base import CaptureSums, SampleSums
 from qdebug.data import open_data
 from qdebug.debugger import DebugOptions, debug
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 
 
 def _models(tiny_float: Path, quant: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:

@@ -25,8 +25,9 @@ from qdebug.data import open_data
 from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError
 from qdebug.metrics import ErrorSums, register_streaming_metric
+from qdebug.model_io import input_specs
 from qdebug.ort import expose_outputs, make_session
-from qdebug.pairing import input_specs, pair_models
+from qdebug.pairing import pair_models
 from qdebug.report import DebugReport
 
 

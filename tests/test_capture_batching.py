@@ -20,7 +20,8 @@ from qdebug.cli import main
 from qdebug.data import open_data
 from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError, DataError
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 from qdebug.quantizer import quantize
 
 

@@ -27,7 +27,8 @@ from qdebug.capture.kernels import c_kernel
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.data import open_data
 from qdebug.metrics import BatchSums
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 
 
 def _compare(plan: ReductionPlan, f: dict[str, np.ndarray], q: dict[str, np.ndarray]) -> SampleSums:

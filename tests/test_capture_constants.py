@@ -14,8 +14,8 @@ from qdebug.capture import CaptureTuning, fetch
 from qdebug.capture.constants import Fold, constant_tensors, constant_values, fold
 from qdebug.config import QuantConfig
 from qdebug.debugger import DebugOptions, debug
+from qdebug.model_io import load_model
 from qdebug.ort import expose_outputs, make_session
-from qdebug.pairing import load_model
 from qdebug.quantizer import quantize
 from tests import builders
 from tests.conftest import save

@@ -17,8 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.capture import CaptureTuning, capture, compiled, dequant, segmented
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.data import open_data
+from qdebug.model_io import input_specs
 from qdebug.ort import make_session
-from qdebug.pairing import input_specs, pair_models
+from qdebug.pairing import pair_models
 
 INTS = [np.int8, np.uint8, np.int16, np.uint16]
 

@@ -18,7 +18,8 @@ from qdebug.config import QuantConfig
 from qdebug.data import open_data
 from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 

@@ -25,7 +25,8 @@ from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.tuning import SegmentRule
 from qdebug.config import QuantConfig
 from qdebug.data import open_data
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 from qdebug.quantizer import quantize
 from qdebug.render.text import capture_line
 

@@ -20,7 +20,8 @@ from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.segmented import exposed_bytes, mean_elements
 from qdebug.capture.threads import ThreadTrial
 from qdebug.data import open_data
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 
 
 class Fetch:

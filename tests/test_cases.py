@@ -262,7 +262,7 @@ def test_neg_inf_constant_into_max_is_localised(tmp_path: Path) -> None:
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     from qdebug.data import as_ort_reader, open_data
-    from qdebug.pairing import input_specs
+    from qdebug.model_io import input_specs
 
     model = builders.max_with_neg_inf()
     fp = save(model, tmp_path / "f.onnx")
@@ -391,7 +391,7 @@ def test_constant_node_weights_are_quantized_as_weights(tmp_path: Path) -> None:
     """ORT's quantizer treats a Constant node's output as an activation (a calibrated uint8 Q/DQ computed at run
     time instead of the weight type); quantize moves them to initializers first and says so. The user's model is
     not modified, and the QDQ model's weights are stored quantized, of the weight type."""
-    from qdebug.pairing import constants_to_initializers
+    from qdebug.graph_index import constants_to_initializers
 
     f = _constant_weight_convnet()
     moved_model, moved = constants_to_initializers(f)

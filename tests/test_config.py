@@ -18,7 +18,7 @@ from qdebug.config import (
 )
 from qdebug.data import SyntheticData, as_ort_reader
 from qdebug.errors import ConfigError, InputFileError
-from qdebug.pairing import input_specs
+from qdebug.model_io import input_specs
 from qdebug.targets.base import to_ort_config
 
 OVERRIDES = {

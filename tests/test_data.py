@@ -26,7 +26,7 @@ from qdebug.data import (
 )
 from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import DataError
-from qdebug.pairing import InputSpec
+from qdebug.model_io import InputSpec
 
 SPEC = InputSpec("x", (1, 1, 6, 6), np.dtype(np.float32))
 DYN = InputSpec("x", ("N", 1, 6, 6), np.dtype(np.float32))

@@ -158,8 +158,8 @@ def test_per_channel_prediction_from_the_weight_values() -> None:
     from diag_models import per_channel_weight
 
     from qdebug.debugger import DebugOptions
+    from qdebug.graph_index import GraphIndex
     from qdebug.mixed.diagnosis import predicted_per_channel_gain
-    from qdebug.pairing import GraphIndex
 
     f, q = per_channel_weight()  # one output channel 1000x the others on one int8 scale: its noise is the output's
     report = debug(f, q, None, DebugOptions(num_samples=4))

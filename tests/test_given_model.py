@@ -18,7 +18,7 @@ from qdebug.debugger import DebugOptions
 from qdebug.errors import ModelError
 from qdebug.mixed.given import range_of, read_recipe
 from qdebug.mixed.session import MixedPrecisionSession
-from qdebug.pairing import is_q
+from qdebug.model_io import is_q
 from qdebug.quantizer import quantize
 
 FLOAT = SAMPLE_MODELS / "digits_cnn.onnx"

@@ -6,7 +6,7 @@ import builders
 import numpy as np
 import onnx
 
-from qdebug.pairing import GraphIndex
+from qdebug.graph_index import GraphIndex
 from qdebug.passes import PassReport, run_passes
 
 

@@ -24,7 +24,7 @@ from qdebug import io
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_INPUT_FILE, EXIT_USAGE, InputFileError
 from qdebug.mixed.overrides import OverridesFile
-from qdebug.pairing import file_sha256, load_model
+from qdebug.model_io import file_sha256, load_model
 from qdebug.report import DebugReport
 
 REPO = Path(__file__).resolve().parents[1]

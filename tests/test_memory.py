@@ -17,7 +17,8 @@ from conftest import save
 from qdebug.capture import capture
 from qdebug.config import QuantConfig
 from qdebug.data import SyntheticData
-from qdebug.pairing import input_specs, pair_models
+from qdebug.model_io import input_specs
+from qdebug.pairing import pair_models
 from qdebug.quantizer import quantize
 
 MIB = 1 << 20

@@ -587,7 +587,7 @@ def test_promotion_reaches_the_tensors_an_opset_conversion_adds(tmp_path: Path, 
     raises the opset (``probs_intermediate``, reshaped into ``probs``); the plan's overrides name that view's tensors
     and nodes, pass the CLI's overrides check against the user's model, and quantize to a uint16 Softmax."""
     from qdebug.mixed.overrides import OverridesFile
-    from qdebug.pairing import file_sha256
+    from qdebug.model_io import file_sha256
 
     model = tmp_path / "att.onnx"
     onnx.save(builders.opset12_attention(), model)

@@ -23,7 +23,7 @@ from qdebug.mixed.candidates import candidates
 from qdebug.mixed.holdout import HoldoutCheck, check_holdout
 from qdebug.mixed.search import SCHEMA_VERSION, SearchGoal, evaluation_bound
 from qdebug.mixed.session import MixedPrecisionSession
-from qdebug.pairing import input_specs, load_model
+from qdebug.model_io import input_specs, load_model
 
 CNN = SAMPLE_MODELS / "digits_cnn.onnx"
 CALIB = SAMPLE_MODELS / "digits_calib.npz"

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.config import QuantConfig
 from qdebug.debugger import DebugOptions
 from qdebug.errors import EXIT_OK, EXIT_USAGE
+from qdebug.graph_index import GraphIndex
 from qdebug.mixed.candidates import CandidateKind, _attention_groups, _layernorm_groups, candidates
 from qdebug.mixed.overrides import OverridesFile
 from qdebug.mixed.remedies import (
@@ -29,7 +30,6 @@ from qdebug.mixed.remedies import (
 )
 from qdebug.mixed.search import STRATEGIES, SearchGoal
 from qdebug.mixed.session import MixedPrecisionSession
-from qdebug.pairing import GraphIndex
 
 
 def _block(seed: int = 0) -> onnx.ModelProto:

@@ -214,7 +214,7 @@ def test_search_without_the_target_fixes_keeps_the_model_as_given(tmp_path: Path
 
 
 def given_sha(path: Path) -> str:
-    from qdebug.pairing import file_sha256
+    from qdebug.model_io import file_sha256
 
     return file_sha256(path)
 
@@ -231,7 +231,7 @@ def test_overrides_of_a_fused_gelu_need_the_record_to_build(tmp_path: Path, run_
     from qdebug.debugger import DebugOptions
     from qdebug.mixed.overrides import OverridesFile
     from qdebug.mixed.session import MixedPrecisionSession
-    from qdebug.pairing import file_sha256
+    from qdebug.model_io import file_sha256
 
     model = tmp_path / "m.onnx"
     onnx.save(ln_gelu_block(), str(model))

@@ -250,7 +250,7 @@ def test_a_non_finite_constant_stays_out_of_quantization(run_cli, tmp_path: Path
     import onnx
 
     from qdebug.debugger import DebugOptions, debug
-    from qdebug.pairing import qdq_parameter_problems
+    from qdebug.qdq_values import qdq_parameter_problems
 
     m = builders.max_with_neg_inf()
     for n in m.graph.node:

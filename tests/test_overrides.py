@@ -33,7 +33,7 @@ from qdebug.mixed.overrides import (
     OverridesFile,
     check_against_model,
 )
-from qdebug.pairing import file_sha256, input_specs
+from qdebug.model_io import file_sha256, input_specs
 from qdebug.quantizer import quantize
 
 BASE = QuantConfig(activation_type="uint8", weight_type="uint8", target="qnn", num_samples=8)

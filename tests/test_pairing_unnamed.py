@@ -16,7 +16,8 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from qdebug.config import QuantConfig
 from qdebug.debugger import DebugOptions, debug
-from qdebug.pairing import GraphIndex, pair_models, weight_arrays
+from qdebug.graph_index import GraphIndex
+from qdebug.pairing import pair_models, weight_arrays
 from qdebug.quantizer import quantize
 
 SIDE = 12

@@ -248,7 +248,7 @@ def test_accepted_nonsense_holdout_by_content_not_path(run_cli, d: Path) -> None
 def test_seen_holdout_counts_shared_samples() -> None:
     """Some held-out samples shared: counted (a warning in the CLI), not refused."""
     from qdebug.mixed.holdout import seen_holdout
-    from qdebug.pairing import input_specs
+    from qdebug.model_io import input_specs
 
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)

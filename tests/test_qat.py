@@ -20,7 +20,7 @@ from qdebug import qat
 from qdebug.data import open_data
 from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import ConfigError, InputFileError
-from qdebug.pairing import input_specs
+from qdebug.model_io import input_specs
 
 RTOL = 1e-5  # of the output range: only float rounding may differ
 

@@ -24,8 +24,8 @@ from qdebug.build import BuildManifest, BuildOptions, build
 from qdebug.config import QuantConfig
 from qdebug.errors import ConfigError
 from qdebug.mixed.overrides import OverridesFile
+from qdebug.model_io import is_dq, is_q
 from qdebug.ort import make_session
-from qdebug.pairing import is_dq, is_q
 from qdebug.quantizer import quantize
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy
 from qdebug.targets.base import BisectMode

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig
 from qdebug.data import SyntheticData, open_data
-from qdebug.pairing import input_specs
+from qdebug.model_io import input_specs
 from qdebug.quantize_choice import CHOICE_MARGIN_DB, check_samples
 from qdebug.quantizer import QuantizeResult, quantize
 

@@ -28,7 +28,8 @@ from qdebug.data import open_data, range_reader
 from qdebug.debugger import DebugOptions, debug
 from qdebug.errors import EXIT_DATA, ClusterError, ConfigError, MissingExtraError
 from qdebug.metrics import ErrorSums
-from qdebug.pairing import input_specs, load_model, pair_models
+from qdebug.model_io import input_specs, load_model
+from qdebug.pairing import pair_models
 from qdebug.quantizer import quantize
 
 # Ray's own modules warn about their deprecated internals at import and start-up, and its process handles warn when

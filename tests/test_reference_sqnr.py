@@ -22,7 +22,7 @@ from onnx import numpy_helper
 from qdebug.config import QuantConfig
 from qdebug.data import SyntheticData
 from qdebug.debugger import DebugOptions, debug
-from qdebug.pairing import input_specs
+from qdebug.model_io import input_specs
 from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 

@@ -10,7 +10,7 @@ import onnx
 from test_qnn_fixes import conv_bn_net, dynamic_convnet
 
 from qdebug.config import QuantConfig
-from qdebug.pairing import input_specs, load_model
+from qdebug.model_io import input_specs, load_model
 from qdebug.quantizer import quantize
 from qdebug.targets.base import BuildOptions
 from qdebug.targets.prepare import fix_pair_shapes, prepare_models

@@ -13,7 +13,9 @@ import onnx
 from onnx import numpy_helper
 
 from qdebug.debugger import WeightCache, debug
-from qdebug.pairing import GraphIndex, load_model, pair_models
+from qdebug.graph_index import GraphIndex
+from qdebug.model_io import load_model
+from qdebug.pairing import pair_models
 from qdebug.report import DebugReport
 
 

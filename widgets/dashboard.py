@@ -487,7 +487,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         --target`` applies too, so the search tab searches the model ``qdebug build`` will quantize, and its results
         say so)."""
         from qdebug.mixed.target_fixes import TargetFixes
-        from qdebug.pairing import file_sha256
+        from qdebug.model_io import file_sha256
         from qdebug.targets.base import BuildOptions
         from qdebug.targets.prepare import prepare_models
 

@@ -83,7 +83,7 @@ class InspectorPanel(w.VBox):  # type: ignore[misc]
         self._show_weights(debugger, a.producer_node, name, owners or {})
 
     def _show_weights(self, debugger: QuantDebugger, node: str, name: str, owners: Mapping[str, str]) -> None:
-        from qdebug.pairing import load_model
+        from qdebug.model_io import load_model
         from qdebug.render import inspector as ri
         from qdebug.tensor_values import weight_values
 

@@ -17,7 +17,8 @@ from qdebug.config import QuantConfig
 from qdebug.debugger import DebugOptions
 from qdebug.errors import ConfigError
 from qdebug.mixed.session import DataLike, Evaluation, MixedPrecisionSession
-from qdebug.pairing import file_sha256, load_model, pair_models
+from qdebug.model_io import file_sha256, load_model
+from qdebug.pairing import pair_models
 from qdebug.render.fmt import fmt_db_text
 from qdebug.tensor_values import TensorValues
 
@@ -368,7 +369,7 @@ class QuantDebugger:
         """One tensor's values on one sample in the float and the quantized model, fetched now for that tensor
         only (:func:`qdebug.tensor_values.tensor_values`)."""
         from qdebug.data import open_data
-        from qdebug.pairing import input_specs
+        from qdebug.model_io import input_specs
         from qdebug.tensor_values import tensor_values
 
         qpath = self.quant_model_path

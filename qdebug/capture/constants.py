@@ -30,8 +30,9 @@ import onnx
 from onnx import numpy_helper
 
 from qdebug.capture.base import SampleSums
+from qdebug.graph_index import topological_nodes
 from qdebug.metrics import BatchSums
-from qdebug.pairing import ActivationPair, Pairing, topological_nodes
+from qdebug.pairing import ActivationPair, Pairing
 
 __all__ = ["ConstantSums", "Fold", "constant_tensors", "constant_values", "fold", "split"]
 

@@ -47,8 +47,9 @@ from qdebug.capture.segmented import (
 from qdebug.capture.threads import submit_started
 from qdebug.capture.tuning import CaptureTuning, SegmentRule
 from qdebug.errors import DataError, ModelError
+from qdebug.model_io import input_specs
 from qdebug.ort import expose_outputs, make_session, ort_errors, ort_message
-from qdebug.pairing import Pairing, input_specs
+from qdebug.pairing import Pairing
 
 __all__ = ["FetchBackend", "FetchRun", "usable_cores"]
 

@@ -41,9 +41,10 @@ from qdebug.capture.kernels.reference import ReductionPlan
 from qdebug.capture.threads import submit_started
 from qdebug.capture.tuning import CaptureTuning
 from qdebug.errors import DataError, ModelError
+from qdebug.graph_index import light_model, topological_nodes
 from qdebug.metrics import BatchSums
 from qdebug.ort import make_session, ort_message
-from qdebug.pairing import Pairing, light_model, topological_nodes
+from qdebug.pairing import Pairing
 
 __all__ = ["SegmentedFetch", "exposed_bytes", "mean_elements", "plan_segments", "tensor_elements"]
 

@@ -141,7 +141,7 @@ class Build(Tool):
         label-reading step will see it (:func:`qdebug.build.check_eval_data`), --stats-samples only with --html."""
         from qdebug.config import QuantConfig
         from qdebug.mixed.overrides import OverridesFile
-        from qdebug.pairing import load_model
+        from qdebug.model_io import load_model
 
         options = checks.run(build_options, args) if _check_target_options(args, checks) else None
         checks.unused([Unused("label_key", "--label-key", args.eval is not None, "without --eval (it names the label "

@@ -174,7 +174,7 @@ def _print_check(result: Any, out: TextIO) -> None:
 def _load_overrides(path: str, float_model: str) -> Any:
     """The overrides file, checked against the float model; its warnings go to stderr even when it fails."""
     from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
-    from qdebug.pairing import file_sha256, load_model
+    from qdebug.model_io import file_sha256, load_model
 
     ofile = OverridesFile.load(path)
     model = load_model(float_model, "float model")

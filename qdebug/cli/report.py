@@ -150,7 +150,8 @@ def check_report_models(report: Any, args: argparse.Namespace) -> None:
     was quantized (quantized model). Else one line naming the report and the model, instead of ONNX Runtime's
     "graph output does not exist" or diagnostics of tensors that are not there."""
     from qdebug.errors import ModelError
-    from qdebug.pairing import file_sha256, load_model, pair_models
+    from qdebug.model_io import file_sha256, load_model
+    from qdebug.pairing import pair_models
 
     meta = report.meta
 

@@ -332,7 +332,7 @@ def _check_combinations(args: argparse.Namespace, checks: Checks) -> None:
 def _check_files(args: argparse.Namespace, checks: Checks) -> None:
     """The config, the evaluation set as top-1 will read it, the held-out data as samples the search never sees."""
     from qdebug.config import QuantConfig
-    from qdebug.pairing import input_specs, load_model
+    from qdebug.model_io import input_specs, load_model
 
     if checks.readable("--config", args.config):
         checks.run(QuantConfig.load, args.config)
@@ -551,7 +551,7 @@ def _print_holdout(check: Any, out: TextIO) -> None:
 
 def _write(args: argparse.Namespace, base: Any, result: Any, path: Any) -> None:
     from qdebug.mixed.overrides import OverridesFile
-    from qdebug.pairing import file_sha256
+    from qdebug.model_io import file_sha256
 
     plan = result.plan
     fixes = result.target_fixes

@@ -129,7 +129,7 @@ def _plan(args: argparse.Namespace, report: Any) -> Any:
 def _with_groups(float_model: str, report: Any, chosen: list[str]) -> list[str]:
     """``chosen`` with every group (LayerNorm, attention core) one of them belongs to, in full."""
     from qdebug.mixed.candidates import candidates
-    from qdebug.pairing import load_model
+    from qdebug.model_io import load_model
 
     groups = [c.tensors for c in candidates(load_model(float_model, "float model"), report) if len(c.tensors) > 1]
     out: list[str] = []
@@ -165,7 +165,7 @@ def _print_suggestions(shown: Any, plan: Any, out: TextIO) -> None:
 
 def _write_overrides(args: argparse.Namespace, plan: Any) -> None:
     from qdebug.mixed.overrides import OverridesFile
-    from qdebug.pairing import file_sha256
+    from qdebug.model_io import file_sha256
 
     OverridesFile.from_config(
         plan.config, model_sha256=file_sha256(args.float_model), requested=plan.requested, note="qdebug suggest"

@@ -47,7 +47,7 @@ from qdebug.fix.space import (
     with_sixteen_bit,
 )
 from qdebug.mixed.promote import activation_tensors
-from qdebug.pairing import input_specs, load_model
+from qdebug.model_io import input_specs, load_model
 from qdebug.quantizer import quantize
 
 ProgressFn = Callable[[int, int, str], None]

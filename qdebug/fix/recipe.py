@@ -14,7 +14,7 @@ from qdebug.fix.result import FixResult
 def recipe_json(result: FixResult, float_model: str | Path) -> str:
     """The chosen point's recipe as JSON text, checked against ``float_model``."""
     from qdebug.mixed.overrides import OverridesFile, check_against_model
-    from qdebug.pairing import file_sha256, load_model
+    from qdebug.model_io import file_sha256, load_model
 
     chosen = result.trial(result.chosen)
     if chosen.library_recipe is not None:

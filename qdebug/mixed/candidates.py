@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from qdebug.graph_index import GraphIndex
 from qdebug.mixed.suggest import analyse, gain_from_share
-from qdebug.pairing import GraphIndex
 from qdebug.report import DebugReport, encode_number
 
 if TYPE_CHECKING:

@@ -22,12 +22,13 @@ from qdebug.config import QuantConfig
 from qdebug.data import open_data
 from qdebug.diagnose import Diagnostic, Diagnostics, RemedyKind, report_ranges
 from qdebug.errors import ConfigError, QDebugError
+from qdebug.graph_index import GraphIndex
 from qdebug.metrics import sqnr_from_energies
 from qdebug.mixed.gains import DiagnosisGain, DiagnosisGains, rank_by_measured
 from qdebug.mixed.remedies import Remedy, RemedyResult, measure_remedies, method_ranges, sentinel_remedies
 from qdebug.mixed.remedies import RemedyKind as MixedKind
 from qdebug.mixed.suggest import analyse, gain_from_share, noise_budget
-from qdebug.pairing import GraphIndex, input_specs
+from qdebug.model_io import input_specs
 from qdebug.report import DebugReport
 from qdebug.sentinel import find_sentinels
 

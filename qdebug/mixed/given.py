@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 from qdebug.config import QuantConfig
 from qdebug.errors import ModelError
-from qdebug.pairing import is_dq, is_q, load_model
+from qdebug.model_io import is_dq, is_q, load_model
 
 #: ONNX element type → qdebug's quantization type name (the ones a QuantConfig can hold).
 _TYPES: dict[int, str] = {

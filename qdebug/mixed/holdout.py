@@ -32,7 +32,7 @@ from qdebug.mixed.points import HeldOutPoint, HoldoutCheck, SearchGoal, SearchPo
 if TYPE_CHECKING:
     from qdebug.data import Sample
     from qdebug.mixed.evaluation import Evaluation
-    from qdebug.pairing import InputSpec
+    from qdebug.model_io import InputSpec
 
 __all__ = ["HeldOutPoint", "HoldoutCheck", "SeenHoldout", "check_holdout", "seen_holdout"]
 

@@ -31,8 +31,8 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError
+from qdebug.graph_index import GraphIndex
 from qdebug.io import parse_json, read_input_text
-from qdebug.pairing import GraphIndex
 from qdebug.targets.base import get_target, target_names
 
 if TYPE_CHECKING:

@@ -27,8 +27,9 @@ from qdebug.config import (
     normalize_quant_type,
 )
 from qdebug.errors import ConfigError
+from qdebug.graph_index import VIEW_OPS, GraphIndex
 from qdebug.mixed.overrides import OverridesFile
-from qdebug.pairing import VIEW_OPS, GraphIndex, load_model
+from qdebug.model_io import load_model
 from qdebug.quantizer import quantizer_view
 from qdebug.targets.base import get_target
 

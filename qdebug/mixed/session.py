@@ -32,7 +32,7 @@ from qdebug.mixed.given import GivenRecipe, overlay_ranges, read_recipe
 from qdebug.mixed.promote import PromotionPlan, promote
 from qdebug.mixed.search import SearchGoal, SearchResult, search
 from qdebug.mixed.suggest import Suggestion, suggest
-from qdebug.pairing import file_sha256, load_model
+from qdebug.model_io import file_sha256, load_model
 from qdebug.quantizer import QuantizeResult, count_quantized_nodes, quantize
 from qdebug.report import DebugReport
 from qdebug.targets.recompile import RecompileResult, recompile
@@ -332,7 +332,7 @@ class MixedPrecisionSession:
         ``None``). ``samples=None`` without ``data``: no held-out check. A data set too short raises
         :class:`~qdebug.errors.DataError` naming it."""
         from qdebug.data import SYNTHETIC_SAMPLES, Window, open_data
-        from qdebug.pairing import input_specs
+        from qdebug.model_io import input_specs
 
         opts = self.debug_options
         if samples is not None and samples < 1:
@@ -422,7 +422,7 @@ class MixedPrecisionSession:
         """The debug samples as the target-side check reads them (the first ``num_samples`` of the debug set; ``None``:
         as many as a debug pass uses)."""
         from qdebug.data import open_data
-        from qdebug.pairing import input_specs
+        from qdebug.model_io import input_specs
 
         o = self.debug_options
         n = o.num_samples if num_samples is None else min(num_samples, o.num_samples or num_samples)

@@ -27,8 +27,8 @@ from qdebug._venv import run_worker, tail
 from qdebug.config import normalize_quant_type
 from qdebug.errors import ConfigError, DataError, ModelError, PtqError, QDebugError
 from qdebug.io import atomic_path, refuse_overwrite_input, temp_dir
+from qdebug.model_io import ModelKind, is_q, load_model, model_kind
 from qdebug.ort import make_session
-from qdebug.pairing import ModelKind, is_q, load_model, model_kind
 from qdebug.ptq.env import TELEMETRY_OFF, PtqLibrary, ensure_ptq_env
 from qdebug.ptq.recipes import PtqRecipe, get_recipe
 

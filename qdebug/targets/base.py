@@ -675,7 +675,7 @@ def shapes_for(model: onnx.ModelProto, source: ShapeSource) -> tuple[dict[str, l
     """Shapes for the static-shape fix: ``--input-shape`` first, then the first data sample, then the documented
     defaults; and where they came from (for the fix's report)."""
     from qdebug.data import open_data, resolve_shapes
-    from qdebug.pairing import input_specs
+    from qdebug.model_io import input_specs
 
     specs = input_specs(model)
     shapes = {k: list(v) for k, v in (source.given or {}).items()}

@@ -15,8 +15,8 @@ import numpy as np
 
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ModelError
+from qdebug.model_io import input_specs, load_model
 from qdebug.ort import ort_message
-from qdebug.pairing import input_specs, load_model
 from qdebug.targets.base import (
     INT8_WEIGHTS,
     UINT8,

@@ -45,8 +45,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug._signals import signals_held
 from qdebug.errors import DataError, TargetError
+from qdebug.graph_index import GraphIndex, topological_nodes
 from qdebug.io import new_temp_dir
-from qdebug.pairing import GraphIndex, ModelKind, is_dq, is_q, model_kind, topological_nodes
+from qdebug.model_io import ModelKind, is_dq, is_q, model_kind
 from qdebug.passes import Pass, PassReport, run_passes
 from qdebug.targets import deeploy_transformer as dt
 from qdebug.targets.deeploy_graph import Activation, GraphState, StatePass, _activation
@@ -1247,7 +1248,7 @@ def export(
     ``out_dir`` appears whole or not at all: it is built in a temp folder next to it and renamed. An existing
     ``out_dir`` is replaced only if it holds nothing but a previous export's three files.
     """
-    from qdebug.pairing import load_model
+    from qdebug.model_io import load_model
 
     src = qdq_model if isinstance(qdq_model, onnx.ModelProto) else load_model(qdq_model, "QDQ model")
     model = onnx.ModelProto()

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from qdebug.pairing import GraphIndex
+from qdebug.graph_index import GraphIndex
 
 __all__ = ["Activation", "GraphState", "StatePass"]
 

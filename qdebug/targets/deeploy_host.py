@@ -210,7 +210,8 @@ def _split_outputs(raw: bytes, outs: Sequence[DeeployBuffer], n: int) -> list[di
 # --------------------------------------------------------------------------------------- the comparison
 def _q_params(qdq: onnx.ModelProto) -> tuple[dict[str, tuple[float, int]], dict[str, tuple[float, int]]]:
     """(graph input → its QuantizeLinear's (scale, zero point), graph output → its DequantizeLinear's)."""
-    from qdebug.pairing import constant_values, decode_constant, is_dq, is_q
+    from qdebug.graph_index import constant_values, decode_constant
+    from qdebug.model_io import is_dq, is_q
 
     consts = constant_values(qdq)
 
@@ -332,7 +333,7 @@ def check_generated(
 ) -> HostRun:
     """Compile and run the generated code of ``codegen_dir`` on the float ``samples`` and compare its outputs with
     the integer network ``network_dir/network.onnx`` (exact integer evaluation) and with the QDQ model on ORT."""
-    from qdebug.pairing import load_model
+    from qdebug.model_io import load_model
     from qdebug.targets.deeploy_export import evaluate_integer
 
     find_compiler()  # before any work: no compiler is the one failure a user fixes by installing something
@@ -373,7 +374,7 @@ def run_top1(
     """Top-1 of the generated code (``codegen``: the manifest's ``deeploy.codegen.<platform>`` entry, paths relative
     to ``network_dir``'s parent) over a labelled ``.npz``: argmax of the first network output vs the labels."""
     from qdebug.data import open_data, read_labels
-    from qdebug.pairing import input_specs, load_model
+    from qdebug.model_io import input_specs, load_model
 
     qdq = load_model(qdq_model, "QDQ model")
     network = load_model(network_dir / "network.onnx", "Deeploy integer network")

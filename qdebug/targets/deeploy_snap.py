@@ -52,7 +52,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.pairing import GraphIndex, decode_constant, is_dq, is_q
+from qdebug.graph_index import GraphIndex, decode_constant
+from qdebug.model_io import is_dq, is_q
 from qdebug.targets.deeploy_export import _PASS_THROUGH, _accumulator_bound, _attrs, _static_shapes
 from qdebug.targets.deeploy_graph import Activation, _activation
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _MAX_SHIFT

@@ -26,7 +26,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qdebug.errors import TargetError
-from qdebug.pairing import GraphIndex, is_dq, is_q
+from qdebug.graph_index import GraphIndex
+from qdebug.model_io import is_dq, is_q
 from qdebug.targets.deeploy_graph import Activation, GraphState
 from qdebug.targets.deeploy_rq import _choose_requant, _requant_node, _rqs
 

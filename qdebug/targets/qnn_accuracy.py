@@ -22,21 +22,13 @@ import onnx
 
 from qdebug.data import DataSource, Sample
 from qdebug.errors import ConfigError, DataError, ModelError, TargetError
+from qdebug.graph_index import constant_values, decode_constant
 from qdebug.io import temp_dir
 from qdebug.metrics import ErrorSums, reduce_pair, reduce_pairs, sqnr_from_energies
+from qdebug.model_io import input_specs, is_dq, is_q, load_model
 from qdebug.ort import expose_outputs, make_session
-from qdebug.pairing import (
-    Pairing,
-    constant_values,
-    decode_constant,
-    dequantize,
-    input_specs,
-    is_dq,
-    is_q,
-    load_model,
-    pair_models,
-    quant_type_name,
-)
+from qdebug.pairing import Pairing, pair_models
+from qdebug.qdq_values import dequantize, quant_type_name
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
 from qdebug.targets.base import CompileReport
 from qdebug.targets.divergence import (

@@ -25,8 +25,9 @@ from qdebug.data import DataSource
 from qdebug.errors import DataError, TargetError
 from qdebug.io import temp_dir
 from qdebug.metrics import reduce_pairs
+from qdebug.model_io import load_model
 from qdebug.ort import expose_outputs, make_session
-from qdebug.pairing import load_model, pair_models
+from qdebug.pairing import pair_models
 from qdebug.report import decode_number, encode_number
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, excess_ratio
 from qdebug.targets.qnn_compile import compile_qnn

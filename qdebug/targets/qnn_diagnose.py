@@ -36,8 +36,10 @@ import onnx
 from onnx import numpy_helper
 
 from qdebug.errors import ConfigError, QDebugError
+from qdebug.graph_index import constant_values, decode_constant
 from qdebug.io import temp_dir
-from qdebug.pairing import constant_values, decode_constant, dequantize, is_dq, is_q, load_model
+from qdebug.model_io import is_dq, is_q, load_model
+from qdebug.qdq_values import dequantize
 from qdebug.report import TargetAccuracy, decode_number, encode_number
 from qdebug.targets.base import BisectMode, Compiled, CompileJob, Diagnosis, register_target
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, sqnr_drop_db, upstream_compared

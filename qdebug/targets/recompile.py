@@ -12,7 +12,7 @@ from typing import Any
 
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ModelError, TargetError
-from qdebug.pairing import ModelKind, input_specs, load_model, model_kind
+from qdebug.model_io import ModelKind, input_specs, load_model, model_kind
 from qdebug.report import TargetAccuracy
 from qdebug.targets.base import (
     BuildOptions,

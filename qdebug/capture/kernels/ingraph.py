@@ -50,8 +50,9 @@ from qdebug.capture.kernels.base import Samples, register_reducer
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.errors import ModelError
 from qdebug.metrics import SMALL_TENSOR, BatchSums
+from qdebug.model_io import _all_tensors, _is_external
 from qdebug.ort import make_session, ort_errors
-from qdebug.pairing import Pairing, _all_tensors, _is_external
+from qdebug.pairing import Pairing
 
 OUTPUTS = ("sums64", "stats32", "sizes", "shapes_a", "shapes_b", "check32", "small_a", "small_b", "small_p")
 
