@@ -230,7 +230,7 @@ class PrefixRun:
 
 def prefix_to_goal(session: Any, order: Sequence[str], goal_db: float, tag: str) -> PrefixRun:
     """The prefix search's schedule (1, 2, 4, … then bisection) on an arbitrary ranking."""
-    from qdebug.mixed.search import smallest_passing_prefix
+    from qdebug.mixed.search_base import smallest_passing_prefix
     from qdebug.mixed.session import sixteen_bit_cost
 
     t0 = time.perf_counter()

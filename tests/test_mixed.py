@@ -568,7 +568,7 @@ def test_requantize_calibrates_again_when_the_cache_lacks_a_tensor(tmp_path: Pat
 def test_search_candidates_cover_every_quantized_tensor(session: MixedPrecisionSession) -> None:
     """The last prefix of the search is every 8-bit tensor, views with no rounding of their own included (on the
     OCR transformer, Transpose/Slice left in 8 bits after promoted MatMuls kept "everything" far from all-16-bit)."""
-    from qdebug.mixed.search import _candidates
+    from qdebug.mixed.search_ranked import _candidates
 
     base = session.base.report
     order = _candidates(session.base, (), 1 << 30)
@@ -611,7 +611,7 @@ def test_quantizer_view_is_made_once_per_model_and_each_caller_gets_its_own_copy
     on MiniLM): it is memoized by the model's bytes and what decides ORT's opset, and handed out as copies."""
     from onnxruntime.quantization import QuantType
 
-    qz = importlib.import_module("qdebug.quantizer")  # the module: the package exports its function by that name
+    qz = importlib.import_module("qdebug.ort_view")
 
     model = builders.tiny_convnet()  # opset below 21: 16-bit Q/DQ raise it
     path = tmp_path / "m.onnx"

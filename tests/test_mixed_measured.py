@@ -235,7 +235,7 @@ def test_suggest_groups_expands_a_member_to_its_group(block_session: MixedPrecis
 
 
 def test_smallest_passing_prefix_from_any_start_finds_the_threshold() -> None:
-    from qdebug.mixed.search import smallest_passing_prefix
+    from qdebug.mixed.search_base import smallest_passing_prefix
 
     n_max = 37
     bound = 2 * math.ceil(math.log2(n_max)) + 2

@@ -13,7 +13,8 @@ import pytest
 from conftest import TINY_CONFIGS
 from test_qnn_fixes import require_qnn
 
-from qdebug.mixed.search import DEFAULT_MAX_EVALUATIONS, SearchResult
+from qdebug.mixed.search import SearchResult
+from qdebug.mixed.search_measured import DEFAULT_MAX_EVALUATIONS
 from qdebug.mixed.target_cost import TargetCost
 from qdebug.render.search_table import front_columns, point_rows
 from widgets.app import DebuggerApp

@@ -19,13 +19,8 @@ from typing import TypedDict
 import ipywidgets as w
 
 from qdebug.errors import ConfigError
-from qdebug.mixed.search import (
-    BUDGET_STRATEGIES,
-    DEFAULT_MAX_EVALUATIONS,
-    DEFAULT_MEASURE_TOP,
-    USER_MAX_STEPS,
-    SearchGoal,
-)
+from qdebug.mixed.search import BUDGET_STRATEGIES, USER_MAX_STEPS, SearchGoal
+from qdebug.mixed.search_measured import DEFAULT_MAX_EVALUATIONS, DEFAULT_MEASURE_TOP
 
 __all__ = ["Budgets", "SearchBudgets", "whole_number"]
 

@@ -323,7 +323,7 @@ def measure_sensitivity(
 ) -> tuple[Sensitivity, list[tuple[Measured, Any]]]:
     """Promote each of the ``top`` best-estimated candidates alone and measure it (calibration reused).
 
-    ``session`` is a :class:`~qdebug.mixed.search.SearchSession` (typed ``Any``: the search module sits above this
+    ``session`` is a :class:`~qdebug.mixed.search_base.SearchSession` (typed ``Any``: the search module sits above this
     one).
 
     Returns the :class:`Sensitivity` and, for the search, each measurement with its evaluation. A candidate the

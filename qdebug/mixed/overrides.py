@@ -10,30 +10,39 @@ ORT's in-memory dict (``QuantType`` members, ``recv_nodes`` sets) exists only at
 Validation never stops at the first problem: loading a file reports every problem it finds in one
 :class:`OverridesError`, and :func:`check_against_model` does the same for the model-dependent rules.
 See ``docs/overrides.md``.
+
+The rules themselves live in :mod:`qdebug.mixed.overrides_rules`; this module holds the file and the check against a
+model that gathers their problems.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdebug.config import (
-    QUANT_TYPES,
-    ConvertOverride,
-    Overrides,
-    QuantConfig,
-    TensorOverride,
-    make_overrides,
-    normalize_quant_type,
-)
+from qdebug.config import Overrides, QuantConfig
 from qdebug.errors import ConfigError
 from qdebug.graph_index import GraphIndex
 from qdebug.io import parse_json, read_input_text
-from qdebug.targets.base import get_target, target_names
+from qdebug.mixed.overrides_rules import (
+    OVERRIDES_SCHEMA_VERSION,
+    TARGET_FIXES_SCHEMA_VERSION,
+    TOP_KEYS,
+    channel_problems,
+    config_problems,
+    elem_types,
+    entry_json,
+    entry_problems,
+    file_problems,
+    listing,
+    parse_overrides,
+    read_target_fixes,
+    target_fixes_problems,
+    to_plain,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -45,34 +54,6 @@ __all__ = [
     "OverridesFile",
     "check_against_model",
 ]
-
-OVERRIDES_SCHEMA_VERSION = 1
-#: A file made for the float model *after* a target's compatibility fixes (``target_fixes``: written by ``qdebug
-#: search --target``) is schema 2: a reader that does not know the key must refuse it rather than check its tensors
-#: against the unfixed model. Every other file stays schema 1 (byte for byte what it was).
-TARGET_FIXES_SCHEMA_VERSION = 2
-
-_TOP_KEYS = (
-    "schema_version", "model_sha256", "base_config", "requested", "note", "target_fixes", "tensor_quant_overrides",
-)  # fmt: skip
-_ENTRY_KEYS = tuple(f.name for f in fields(TensorOverride))
-_CONVERT_KEYS = tuple(f.name for f in fields(ConvertOverride))
-# Keys ORT's quantizer reads inside "convert" (qdq_quantizer.calc_quant_params + recv_nodes); those that
-# ConvertOverride cannot hold yet are reported as unsupported rather than unknown.
-_ORT_CONVERT_KEYS = ("quant_type", "symmetric", "scale", "zero_point", "rmin", "rmax", "recv_nodes")
-_KIND = {
-    "quant_type": "type",
-    "scale": "real",
-    "rmin": "real",
-    "rmax": "real",
-    "zero_point": "int",
-    "axis": "int",
-    "symmetric": "bool",
-    "reduce_range": "bool",
-}
-_QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767)}
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_MAX_LISTED = 20
 
 
 class OverridesError(ConfigError):
@@ -91,239 +72,6 @@ class OverridesError(ConfigError):
         super().__init__(
             f"{head}invalid tensor overrides ({n} problem{'s' if n != 1 else ''}): " + "; ".join(self.problems)
         )
-
-
-# --------------------------------------------------------------------------------------------- parsing
-def _plain(value: Any) -> Any:
-    """ORT/numpy values → JSON-like Python values (QuantType → its name, numpy scalars → int/float, sets → lists)."""
-    import enum
-
-    if isinstance(value, enum.Enum):
-        return value.name
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, set | frozenset):
-        return sorted(_plain(v) for v in value) if all(isinstance(v, str) for v in value) else list(value)
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if hasattr(value, "dtype") and hasattr(value, "item") and getattr(value, "size", 1) == 1:
-        # numpy scalar or 1-element array (ORT needs float32 scale/rmin/rmax): float32 values come back as their
-        # shortest decimal, so 0.1 → float32 → 0.1 round-trips instead of becoming 0.10000000149.
-        if getattr(value.dtype, "kind", "") == "f" and value.dtype.itemsize == 4:
-            return float(str(value.reshape(())[()]))
-        return value.item()
-    return value
-
-
-def _quant_type(value: Any, label: str) -> tuple[str | None, str | None]:
-    """(canonical name, problem)."""
-    if not isinstance(value, str):
-        return None, f"{label}: quant_type must be a type name such as 'QUInt16', got {value!r}"
-    try:
-        return normalize_quant_type(value), None
-    except ConfigError:
-        supported = ", ".join(QUANT_TYPES.values())
-        if value in ("QInt4", "QUInt4"):
-            return None, f"{label}: 4-bit quant_type {value!r} is not supported by qdebug (supported: {supported})"
-        return None, f"{label}: unknown quant_type {value!r} (supported: {supported})"
-
-
-def _value(key: str, value: Any, label: str) -> tuple[Any, str | None]:
-    """Type-check one override value; returns (value, problem). Range rules are TensorOverride.problems()."""
-    kind = _KIND[key]
-    if kind == "type":
-        return _quant_type(value, label)
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value, None
-        return None, f"{label}: {key} must be true or false, got {value!r}"
-    if kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
-        return None, f"{label}: {key} must be an integer, got {value!r}"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value), None
-    return None, f"{label}: {key} must be a number, got {value!r}"
-
-
-def _parse_convert(raw: Any, label: str) -> tuple[ConvertOverride | None, list[str]]:
-    where = f"{label}: convert"
-    if not isinstance(raw, Mapping):
-        return None, [f"{where} must be an object, got {type(raw).__name__}"]
-    problems: list[str] = []
-    unsupported = sorted(k for k in raw if k in _ORT_CONVERT_KEYS and k not in _CONVERT_KEYS)
-    unknown = sorted(str(k) for k in raw if k not in _ORT_CONVERT_KEYS and k not in _CONVERT_KEYS)
-    if unsupported:
-        problems.append(f"{where}: key(s) {unsupported} are valid in ORT but not supported by qdebug yet")
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {unknown}; allowed: {list(_CONVERT_KEYS)}")
-    qtype: str | None = None
-    if "quant_type" not in raw:
-        problems.append(f"{where} must give a quant_type")
-    else:
-        qtype, p = _quant_type(raw["quant_type"], where)
-        problems += [p] if p else []
-    recv: tuple[str, ...] | None = None
-    if "recv_nodes" in raw:
-        nodes = raw["recv_nodes"]
-        if not isinstance(nodes, list | tuple | set | frozenset) or not all(isinstance(n, str) and n for n in nodes):
-            problems.append(f"{where}: recv_nodes must be a list of node names, got {nodes!r}")
-        elif not nodes:
-            problems.append(f"{where}: recv_nodes is empty (omit it to convert for every consumer)")
-        else:
-            recv = tuple(set(nodes))
-    if problems or qtype is None:
-        return None, problems
-    return ConvertOverride(quant_type=qtype, recv_nodes=recv), []
-
-
-def _parse_entry(raw: Any, label: str) -> tuple[TensorOverride | None, list[str]]:
-    if isinstance(raw, TensorOverride):
-        return raw, []
-    if not isinstance(raw, Mapping):
-        return None, [f"{label}: an override must be an object, got {type(raw).__name__}"]
-    problems: list[str] = []
-    unknown = sorted(str(k) for k in raw if k not in _ENTRY_KEYS)
-    if unknown:
-        problems.append(f"{label}: unknown key(s) {unknown}; allowed: {list(_ENTRY_KEYS)}")
-    kw: dict[str, Any] = {}
-    for key in _ENTRY_KEYS:
-        if key not in raw:
-            continue
-        if key == "convert":
-            conv, ps = _parse_convert(raw[key], label)
-            problems += ps
-            kw[key] = conv
-        else:
-            kw[key], p = _value(key, raw[key], label)
-            problems += [p] if p else []
-    if problems:
-        return None, problems
-    return TensorOverride(**kw), []
-
-
-def _parse_overrides(raw: Any) -> tuple[Overrides, list[str], set[str]]:
-    """(the overrides that parsed, every problem, tensors with a parse problem)."""
-    if not isinstance(raw, Mapping):
-        return (
-            (),
-            [f"tensor_quant_overrides must be an object {{tensor: [override, ...]}}, got {type(raw).__name__}"],
-            set(),
-        )
-    problems: list[str] = []
-    broken: set[str] = set()
-    parsed: dict[str, tuple[TensorOverride, ...]] = {}
-    for name, entries in raw.items():
-        if not isinstance(name, str) or not name:
-            problems.append(f"tensor name {name!r} must be a non-empty string")
-            continue
-        if not isinstance(entries, list | tuple):
-            problems.append(f"{name}: overrides must be a list of objects, got {type(entries).__name__}")
-            broken.add(name)
-            continue
-        if not entries:
-            problems.append(f"{name}: empty override list")
-            broken.add(name)
-            continue
-        out: list[TensorOverride] = []
-        for i, e in enumerate(entries):
-            entry, ps = _parse_entry(e, name if len(entries) == 1 else f"{name}[{i}]")
-            problems += ps
-            if entry is not None:
-                out.append(entry)
-        if len(out) == len(entries):
-            parsed[name] = tuple(out)
-        else:
-            broken.add(name)
-    return make_overrides(parsed), problems, broken
-
-
-# ---------------------------------------------------------------------------------- model-free rules
-def _rule_problems(overrides: Overrides) -> list[str]:
-    """Rules on the typed overrides that need neither a model nor a config."""
-    problems: list[str] = []
-    seen: set[str] = set()
-    for name, entries in overrides:
-        if name in seen:
-            problems.append(f"{name}: overridden twice")
-        seen.add(name)
-        if not entries:
-            problems.append(f"{name}: empty override list")
-            continue
-        for i, e in enumerate(entries):
-            label = name if len(entries) == 1 else f"{name}[{i}]"
-            problems += e.problems(label)
-            if e.zero_point is not None and e.quant_type is not None:
-                lo, hi = _QRANGE[e.quant_type]
-                if not lo <= e.zero_point <= hi:
-                    problems.append(f"{label}: zero_point {e.zero_point} is outside {e.quant_type} [{lo}, {hi}]")
-            if e.convert is not None:
-                if e.quant_type is not None and e.convert.quant_type == e.quant_type:
-                    problems.append(f"{label}: convert quant_type must differ from the tensor's own ({e.quant_type})")
-                if e.axis is not None or e.reduce_range is not None:
-                    problems.append(
-                        f"{label}: convert (activations) cannot be combined with axis/reduce_range (weights)"
-                    )
-        if len(entries) > 1:  # per-channel: ORT requires these to agree across channels
-            first = entries[0]
-            if first.axis is None:
-                problems.append(f"{name}: per-channel overrides ({len(entries)} entries) need 'axis' in the first")
-            for key in ("quant_type", "axis", "symmetric", "reduce_range"):
-                if any(getattr(e, key) not in (None, getattr(first, key)) for e in entries[1:]):
-                    problems.append(f"{name}: channels disagree on {key}")
-            if len({e.scale is None for e in entries}) > 1:
-                problems.append(f"{name}: scale/zero_point must be given for every channel or none")
-    return problems
-
-
-def _config_problems(overrides: Overrides, config: QuantConfig) -> list[str]:
-    """Rules that depend on the config the overrides are applied to."""
-    problems: list[str] = []
-    for name, entries in overrides:
-        if not entries:
-            continue  # reported by _rule_problems
-        e = entries[0]
-        if e.convert is not None and e.quant_type is None and e.convert.quant_type == config.activation_type:
-            problems.append(
-                f"{name}: convert quant_type {e.convert.quant_type} equals the default activation type; "
-                "nothing to convert"
-            )
-        types = {x.quant_type for x in entries if x.quant_type} | {x.convert.quant_type for x in entries if x.convert}
-        allowed = _target_types(config.target) or types
-        if types - allowed:
-            takes = f"{min(allowed)} only" if len(allowed) == 1 else str(sorted(allowed))
-            problems.append(f"{name}: target {config.target!r} takes {takes}, overridden to {sorted(types)}")
-    return problems
-
-
-def _target_types(target: str) -> frozenset[str]:
-    """Every type a target runs (activations or weights; an override may name either); empty if unknown."""
-    if target not in target_names():
-        return frozenset()
-    t = get_target(target)
-    return t.activation_types | getattr(t, "weight_types", frozenset())
-
-
-def _file_problems(overrides: Overrides, sha: str | None, base: QuantConfig | None) -> list[str]:
-    """Every rule of a parsed file that does not need the model."""
-    problems = _rule_problems(overrides)
-    if sha is not None and not _SHA256.fullmatch(str(sha)):
-        problems.append(f"model_sha256 must be 64 lowercase hex digits, got {sha!r}")
-    if base is not None:
-        if base.tensor_overrides:
-            problems.append("base_config must not carry tensor_overrides (they belong in tensor_quant_overrides)")
-        problems += _config_problems(overrides, base)
-    return problems
-
-
-# --------------------------------------------------------------------------------------- the file
-def _entry_json(e: TensorOverride) -> dict[str, Any]:
-    d = e.to_dict()
-    if "quant_type" in d:
-        d["quant_type"] = QUANT_TYPES[d["quant_type"]]
-    if "convert" in d:
-        d["convert"]["quant_type"] = QUANT_TYPES[d["convert"]["quant_type"]]
-    return d
 
 
 @dataclass(frozen=True)
@@ -348,7 +96,7 @@ class OverridesFile:
     def __post_init__(self) -> None:
         parse_problems: list[str] = []
         if isinstance(self.overrides, Mapping):  # dict entries go through the file parser: all problems at once
-            overrides, parse_problems, _ = _parse_overrides(self.overrides)
+            overrides, parse_problems, _ = parse_overrides(self.overrides)
         else:
             overrides = tuple((name, tuple(entries)) for name, entries in sorted(self.overrides, key=lambda t: t[0]))
         object.__setattr__(self, "overrides", overrides)
@@ -361,13 +109,13 @@ class OverridesFile:
 
     def problems(self) -> list[str]:
         """Every model-independent rule these overrides break (empty when valid)."""
-        p = _file_problems(self.overrides, self.model_sha256, self.base_config)
+        p = file_problems(self.overrides, self.model_sha256, self.base_config)
         if not all(isinstance(r, str) and r for r in self.requested):
             p.append(f"requested must be a list of tensor names, got {list(self.requested)!r}")
         if not isinstance(self.note, str):
             p.append(f"note must be a string, got {self.note!r}")
         if self.target_fixes is not None:
-            p += _target_fixes_problems({"target": self.target_fixes[0], "fixes": list(self.target_fixes[1])})
+            p += target_fixes_problems({"target": self.target_fixes[0], "fixes": list(self.target_fixes[1])})
         return p
 
     # ------------------------------------------------------------------------ construction helpers
@@ -414,7 +162,7 @@ class OverridesFile:
             d["note"] = self.note
         if self.target_fixes is not None:
             d["target_fixes"] = {"target": self.target_fixes[0], "fixes": list(self.target_fixes[1])}
-        d["tensor_quant_overrides"] = {name: [_entry_json(e) for e in entries] for name, entries in self.overrides}
+        d["tensor_quant_overrides"] = {name: [entry_json(e) for e in entries] for name, entries in self.overrides}
         return d
 
     @classmethod
@@ -423,9 +171,9 @@ class OverridesFile:
         if not isinstance(d, Mapping):
             raise OverridesError([f"an overrides file must be a JSON object, got {type(d).__name__}"])
         problems: list[str] = []
-        unknown = sorted(str(k) for k in d if k not in _TOP_KEYS)
+        unknown = sorted(str(k) for k in d if k not in TOP_KEYS)
         if unknown:
-            problems.append(f"unknown top-level key(s) {unknown}; allowed: {list(_TOP_KEYS)}")
+            problems.append(f"unknown top-level key(s) {unknown}; allowed: {list(TOP_KEYS)}")
         version = d.get("schema_version")
         if "schema_version" not in d:
             problems.append(f"missing schema_version (expected {OVERRIDES_SCHEMA_VERSION})")
@@ -434,7 +182,7 @@ class OverridesFile:
                 f"schema_version {version!r} is not supported (expected {OVERRIDES_SCHEMA_VERSION}, or "
                 f"{TARGET_FIXES_SCHEMA_VERSION} with target_fixes)"
             )
-        fixes = _read_target_fixes(d, version, problems)
+        fixes = read_target_fixes(d, version, problems)
         sha = d.get("model_sha256")
         if sha is not None and not isinstance(sha, str):
             problems.append(f"model_sha256 must be a string or null, got {sha!r}")
@@ -462,10 +210,10 @@ class OverridesFile:
             overrides: Overrides = ()
             broken: set[str] = set()
         else:
-            overrides, ps, broken = _parse_overrides(d["tensor_quant_overrides"])
+            overrides, ps, broken = parse_overrides(d["tensor_quant_overrides"])
             problems += ps
         # Semantic rules run on what parsed, skipping tensors that already have a parse problem.
-        problems += _file_problems(tuple((n, es) for n, es in overrides if n not in broken), sha, base)
+        problems += file_problems(tuple((n, es) for n, es in overrides if n not in broken), sha, base)
         if problems:
             raise OverridesError(problems)
         return cls(overrides, sha, base, tuple(requested), note, fixes)
@@ -526,7 +274,7 @@ class OverridesFile:
             "base_config": None,
             "requested": list(requested),
             "note": note,
-            "tensor_quant_overrides": _plain(overrides),
+            "tensor_quant_overrides": to_plain(overrides),
         }
         if base_config is not None:
             d["base_config"] = base_config.to_dict()
@@ -566,58 +314,11 @@ class OverridesFile:
         if config.tensor_overrides and config.tensor_overrides != self.overrides:
             mine, theirs = dict(self.overrides), dict(config.tensor_overrides)
             differ = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
-            raise ConfigError(f"the config already has different tensor overrides for {_listing(differ)}")
-        problems = _config_problems(self.overrides, config)
+            raise ConfigError(f"the config already has different tensor overrides for {listing(differ)}")
+        problems = config_problems(self.overrides, config)
         if problems:
             raise OverridesError(problems)
         return config.replace(tensor_overrides=self.overrides)
-
-
-# ------------------------------------------------------------------------------------- model rules
-def _listing(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    return shown + (f" and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else "")
-
-
-def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every typed tensor (shape inference is best-effort)."""
-    import onnx
-
-    try:
-        g = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
-    except Exception:  # inference fails on some custom ops / >2 GB models: fall back to declared types
-        g = model.graph
-    types = {t.name: t.data_type for t in g.initializer}
-    for vi in [*g.input, *g.value_info, *g.output]:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
-    return types
-
-
-def _target_fixes_problems(raw: Any) -> list[str]:
-    """What is wrong with a ``target_fixes`` entry (``{"target": name, "fixes": [name, ...]}``)."""
-    if not isinstance(raw, Mapping) or set(raw) != {"target", "fixes"}:
-        return [f"target_fixes must be an object with 'target' and 'fixes', got {raw!r}"]
-    target, fixes = raw["target"], raw["fixes"]
-    ok = isinstance(target, str) and target and isinstance(fixes, list | tuple)
-    if not ok or not all(isinstance(f, str) and f for f in fixes):
-        return [f"target_fixes needs a target name and a list of fix names, got {dict(raw)!r}"]
-    return []
-
-
-def _read_target_fixes(d: Mapping[str, Any], version: Any, problems: list[str]) -> tuple[str, tuple[str, ...]] | None:
-    """The ``target_fixes`` entry of a file (schema 2 only; schema 2 without it is a problem too)."""
-    raw = d.get("target_fixes")
-    if raw is None:
-        if version == TARGET_FIXES_SCHEMA_VERSION:
-            problems.append(f"schema_version {TARGET_FIXES_SCHEMA_VERSION} needs target_fixes")
-        return None
-    if version != TARGET_FIXES_SCHEMA_VERSION:
-        problems.append(f"target_fixes needs schema_version {TARGET_FIXES_SCHEMA_VERSION}, got {version!r}")
-        return None
-    ps = _target_fixes_problems(raw)
-    problems += ps
-    return None if ps else (str(raw["target"]), tuple(str(f) for f in raw["fixes"]))
 
 
 def _identity_problems(
@@ -631,58 +332,18 @@ def _identity_problems(
             f"this model's is {model_sha256[:12]}…)"
         )
         if unknown:
-            msg += f"; overridden tensors not in this model: {_listing(unknown)}"
+            msg += f"; overridden tensors not in this model: {listing(unknown)}"
         else:
             msg += "; every overridden tensor exists in this model"
         warnings.append(msg)
     if unknown:
         problems.append(
             f"{len(unknown)} overridden tensor(s) are not tensors of the model "
-            f"(graph input, node output or initializer): {_listing(unknown)}"
+            f"(graph input, node output or initializer): {listing(unknown)}"
         )
     missing_req = [t for t in ofile.requested if t not in known]
     if missing_req:
-        warnings.append(f"requested tensor(s) not in the model: {_listing(missing_req)}")
-
-
-def _entry_problems(name: str, entries: tuple[TensorOverride, ...], weight: Any, consumers: list[str]) -> list[str]:
-    """Keys that do not fit the tensor's kind (weight or activation) and ``recv_nodes`` that do not read it."""
-    problems = []
-    for i, e in enumerate(entries):
-        label = name if len(entries) == 1 else f"{name}[{i}]"
-        if weight is not None and e.convert is not None:
-            problems.append(f"{label}: is a weight (initializer); 'convert' applies only to activations")
-        if weight is None and e.reduce_range is not None:
-            problems.append(f"{label}: is an activation; 'reduce_range' applies only to weights")
-        if e.convert is not None and e.convert.recv_nodes is not None:
-            bad = [r for r in e.convert.recv_nodes if r not in consumers]
-            if bad:
-                real = sorted(c for c in consumers if c)
-                problems.append(
-                    f"{label}: recv_nodes {bad} do not consume this tensor (its consumers: {real or 'none'})"
-                )
-    return problems
-
-
-def _channel_problems(name: str, entries: tuple[TensorOverride, ...], weight: Any) -> list[str]:
-    """Per-channel overrides: only on weights, with an axis in range and one entry per channel."""
-    first = entries[0]
-    if weight is None:
-        if first.axis is not None or len(entries) > 1:
-            return [f"{name}: is an activation; per-channel overrides (axis) apply only to weights"]
-        return []
-    if first.axis is None:
-        return []
-    rank = len(weight.dims)
-    axis = first.axis + rank if first.axis < 0 else first.axis
-    if not 0 <= axis < rank:
-        return [f"{name}: axis {first.axis} is out of range for a rank-{rank} weight"]
-    if len(entries) > 1 and len(entries) != weight.dims[axis]:
-        return [
-            f"{name}: {len(entries)} channel overrides but the weight has {weight.dims[axis]} "
-            f"channels along axis {first.axis}"
-        ]
-    return []
+        warnings.append(f"requested tensor(s) not in the model: {listing(missing_req)}")
 
 
 def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha256: str) -> list[str]:
@@ -695,7 +356,7 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
     """
     import onnx
 
-    from qdebug.quantizer import quantizer_view
+    from qdebug.ort_view import quantizer_view
 
     # The overrides name tensors and nodes of the model ORT quantizes: its Constant nodes made initializers, and its
     # opset raised first for 16-bit types.
@@ -707,7 +368,7 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
     warnings: list[str] = []
     problems: list[str] = []
     _identity_problems(ofile, known, model_sha256, warnings, problems)
-    types = _elem_types(model)
+    types = elem_types(model)
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     for name, entries in ofile.overrides:
         if name not in known:
@@ -716,8 +377,8 @@ def check_against_model(ofile: OverridesFile, model: onnx.ModelProto, model_sha2
             dtype = onnx.TensorProto.DataType.Name(types[name])
             warnings.append(f"{name}: is {dtype}, not float; ORT does not quantize it, so its override has no effect")
         consumers = [n.name for n in ix.distinct_consumers(name)]
-        problems += _entry_problems(name, entries, inits.get(name), consumers)
-        problems += _channel_problems(name, entries, inits.get(name))
+        problems += entry_problems(name, entries, inits.get(name), consumers)
+        problems += channel_problems(name, entries, inits.get(name))
     if problems and ofile.target_fixes is not None:
         target, fixes = ofile.target_fixes
         problems.append(
