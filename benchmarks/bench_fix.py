@@ -172,7 +172,7 @@ def _entropy_cache(float_model: Path, cfg: Any, data: Mapping[str, np.ndarray], 
 
     from qdebug.data import as_ort_reader, open_data
     from qdebug.model_io import input_specs
-    from qdebug.quantizer import quantizer_view
+    from qdebug.ort_view import quantizer_view
 
     view = quantizer_view(float_model, cfg.weight_type, [cfg.activation_type], per_channel=True)
     model_path = float_model

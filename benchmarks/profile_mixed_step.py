@@ -50,17 +50,17 @@ LABELS = {"cold": "no memos, ORT's scans", "warm": "memos, ORT's scans", "indexe
 
 
 @contextlib.contextmanager
-def _ort_scans(qz: Any, mode: str) -> Iterator[None]:
+def _ort_scans(phases: Any, mode: str) -> Iterator[None]:
     """ORT's own scans in ``quantize_static`` (the index swapped for a no-op) unless ``mode`` is ``indexed``."""
     if mode == "indexed":
         yield
         return
-    saved = qz.indexed_quantizer
-    qz.indexed_quantizer = lambda: contextlib.nullcontext(False)
+    saved = phases.indexed_quantizer
+    phases.indexed_quantizer = lambda: contextlib.nullcontext(False)
     try:
         yield
     finally:
-        qz.indexed_quantizer = saved
+        phases.indexed_quantizer = saved
 
 
 def _timed(fn: Any, *a: Any, **kw: Any) -> tuple[Any, float]:
@@ -79,16 +79,18 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
     folder = corpus_dir() / name
     cfg = QuantConfig(num_samples=args.calib_samples, weight_type="int8")
     qz = importlib.import_module("qdebug.quantizer")  # the module: the package exports its function by that name
+    views = importlib.import_module("qdebug.ort_view")
+    phases = importlib.import_module("qdebug.ort_phases")
 
     kept: tuple[dict[Any, Any], set[str]] = ({}, set())
 
     def forget() -> None:
-        qz._VIEWS.clear()
+        views._VIEWS.clear()
         qz._LOADABLE.clear()
 
     def restore() -> None:  # the memos as a search's later steps find them
-        qz._VIEWS.clear()
-        qz._VIEWS.update(kept[0])
+        views._VIEWS.clear()
+        views._VIEWS.update(kept[0])
         qz._LOADABLE.clear()
         qz._LOADABLE.update(kept[1])
 
@@ -101,7 +103,7 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
         cands = candidates(s.float_proto, base.report)
         tensors = [t for c in cands[: args.promote] for t in c.tensors]
         s.requantize(s.promote(tensors).config, name="warmup")  # one step first: the memos a search's later steps see
-        kept = (dict(qz._VIEWS), set(qz._LOADABLE))
+        kept = (dict(views._VIEWS), set(qz._LOADABLE))
         prof = None
         for r in range(args.repeats):
             for mode in MODES:
@@ -118,7 +120,7 @@ def profile_model(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
                 if args.profile and r == 0 and mode == "indexed":
                     prof = cProfile.Profile()
                     prof.enable()
-                with _ort_scans(qz, mode):
+                with _ort_scans(phases, mode):
                     q = s.requantize(plan.config, name=f"p{r}{mode}")
                 if prof is not None and r == 0 and mode == "indexed":
                     prof.disable()

@@ -28,7 +28,7 @@ from qdebug.config import QuantConfig
 from qdebug.mixed.promote import promote
 from qdebug.quantizer import quantize
 
-qz = importlib.import_module("qdebug.quantizer")  # the module (the package exports its function by that name)
+phases = importlib.import_module("qdebug.ort_phases")  # the module whose quantize_static uses the index
 
 CALIB = SAMPLE_MODELS / "digits_calib.npz"
 ORT_FIND = quant_utils.find_by_name
@@ -46,7 +46,7 @@ def _requantized(model: Path, config: QuantConfig, cache: str, out: Path, monkey
     """The bytes of the re-quantization of ``model`` with the index (``out``) and without it (returned)."""
     indexed = quantize(model, CALIB, config, out, calibration_cache=cache, check=False)
     with monkeypatch.context() as m:
-        m.setattr(qz, "indexed_quantizer", _ort_scans)
+        m.setattr(phases, "indexed_quantizer", _ort_scans)
         plain = quantize(model, CALIB, config, out.with_name("plain.qdq.onnx"), calibration_cache=cache, check=False)
     assert indexed.model_path != plain.model_path
     return Path(plain.model_path).read_bytes()

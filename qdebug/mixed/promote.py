@@ -30,7 +30,7 @@ from qdebug.errors import ConfigError
 from qdebug.graph_index import VIEW_OPS, GraphIndex
 from qdebug.mixed.overrides import OverridesFile
 from qdebug.model_io import load_model
-from qdebug.quantizer import quantizer_view
+from qdebug.ort_view import quantizer_view
 from qdebug.targets.base import get_target
 
 #: Activation types each target can run (QNN HTP: unsigned 8/16-bit activations; Deeploy: int8 only).

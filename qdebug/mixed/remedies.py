@@ -274,7 +274,7 @@ def remedy_overrides(result: RemedyResult, session: Any) -> Any:
     cfg = result.remedy.config
     overrides = cfg.tensor_overrides
     if overrides:
-        from qdebug.quantizer import quantizer_view
+        from qdebug.ort_view import quantizer_view
 
         types = [cfg.activation_type, *{e.quant_type for _, es in overrides for e in es if e.quant_type}]
         model = quantizer_view(session.float_proto, cfg.weight_type, types, cfg.ort_overrides()) or session.float_proto
