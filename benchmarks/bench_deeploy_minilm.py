@@ -44,7 +44,7 @@ from qdebug.model_io import input_specs  # noqa: E402
 from qdebug.region import Region, extract_region, probe, region_data  # noqa: E402
 from qdebug.targets import deeploy_export as de  # noqa: E402
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy  # noqa: E402
-from qdebug.targets.deeploy_transformer import zero_centre_operands  # noqa: E402
+from qdebug.targets.deeploy_zero_centre import zero_centre_operands  # noqa: E402
 from qdebug.targets.model_fixes import fix_static_shapes  # noqa: E402
 
 CORPUS = Path.home() / ".cache" / "qdebug" / "realmodels" / "minilm-l3"

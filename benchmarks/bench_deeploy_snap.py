@@ -36,7 +36,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from qdebug import quantize  # noqa: E402
 from qdebug.config import QuantConfig  # noqa: E402
+from qdebug.targets import deeploy_evaluate as dv  # noqa: E402
 from qdebug.targets import deeploy_export as de  # noqa: E402
+from qdebug.targets import deeploy_passes as dp  # noqa: E402
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy  # noqa: E402
 from qdebug.targets.model_fixes import fold_batchnorm  # noqa: E402
 
@@ -102,18 +104,18 @@ def local_mismatches(qdq: onnx.ModelProto, data: dict[str, np.ndarray], n: int) 
     net = onnx.ModelProto()
     net.CopyFrom(qdq)
     st = de.GraphState(net)
-    for name, fn in de.PASSES:
-        if name not in de.OPTIONAL_PASSES:
+    for name, fn in dp.PASSES:
+        if name not in dp.OPTIONAL_PASSES:
             fn(st)
     consts = {i.name: onnx.numpy_helper.to_array(i).astype(np.int64) for i in st.graph.initializer}
     producer = {nd.output[0]: nd for nd in st.graph.node}
     # The evaluator with a hook after every node: count, then replace the value by ORT's.
-    src = inspect.getsource(de._run).replace("def _run(", "def _run_hook(")
+    src = inspect.getsource(dv._run).replace("def _run(", "def _run_hook(")
     src = src.replace(
         "        vals[node.output[0]] = np.asarray(y, dtype=np.int64)",
         "        vals[node.output[0]] = np.asarray(y, dtype=np.int64)\n        HOOK(node.output[0], vals)",
     )
-    ns: dict[str, Any] = dict(vars(de))
+    ns: dict[str, Any] = dict(vars(dv))
     exec(src, ns)  # the library's own evaluator, instrumented
     (inp, act), *_ = st.inputs.items()
     counts: dict[str, list[int]] = {}
@@ -133,7 +135,7 @@ def local_mismatches(qdq: onnx.ModelProto, data: dict[str, np.ndarray], n: int) 
             c[1] += diff.size
             if diff.any():
                 rq = producer[t]
-                div = int(de._tensor_attr(de._attrs(rq)["div"]))
+                div = int(dv._tensor_attr(dv._attrs(rq)["div"]))
                 num = np.broadcast_to(vals[rq.input[0]] * consts[rq.input[1]] + consts[rq.input[2]], diff.shape)
                 halves.extend(abs(float(f) - 0.5) for f in (num[diff] % div) / div)
             vals[t] = r - st.acts[t].offset

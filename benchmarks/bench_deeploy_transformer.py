@@ -38,9 +38,10 @@ sys.path.insert(0, str(ROOT))
 from qdebug import quantize  # noqa: E402
 from qdebug.config import QuantConfig  # noqa: E402
 from qdebug.model_io import is_q  # noqa: E402
+from qdebug.targets import deeploy_evaluate as dv  # noqa: E402
 from qdebug.targets import deeploy_export as de  # noqa: E402
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy  # noqa: E402
-from qdebug.targets.deeploy_transformer import zero_centre_operands  # noqa: E402
+from qdebug.targets.deeploy_zero_centre import zero_centre_operands  # noqa: E402
 
 MODEL = ROOT / "sample_models" / "digits_transformer.onnx"
 CALIB = ROOT / "sample_models" / "digits_calib.npz"
@@ -103,7 +104,7 @@ def local_stats(
         ref = dict(zip(names, sess.run(None, x), strict=True))
         vals = {n: ref[q].astype(np.int64) + (128 if elem.get(n) == u8 else 0) for n, q in in_q.items()}
         for nd, sub in subs:
-            y = de._run(sub, {t: vals[t] for t in nd.input if t in vals})[nd.output[0]]
+            y = dv._run(sub, {t: vals[t] for t in nd.input if t in vals})[nd.output[0]]
             t = out_q.get(nd.output[0], nd.output[0])
             if t in ref:
                 r = ref[t].astype(np.int64) + (128 if elem.get(nd.output[0]) == u8 else 0)

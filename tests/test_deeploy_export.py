@@ -17,7 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug import quantize
 from qdebug.config import QuantConfig
 from qdebug.errors import DataError, TargetError
+from qdebug.targets import deeploy_evaluate as dv
 from qdebug.targets import deeploy_export as de
+from qdebug.targets import deeploy_passes as dp
 from qdebug.targets.model_fixes import fold_batchnorm
 
 DEEPLOY = QuantConfig(activation_type="int8", weight_type="int8", target="deeploy", num_samples=16)
@@ -88,7 +90,7 @@ def run_passes(model: onnx.ModelProto, upto: str) -> de.GraphState:
     m.CopyFrom(model)
     state = de.GraphState(m)
     for name, fn in de.PASSES:
-        if name in de.OPTIONAL_PASSES:
+        if name in dp.OPTIONAL_PASSES:
             continue
         fn(state)
         if name == upto:
@@ -119,14 +121,14 @@ def test_pass_registry_lists_every_pass_in_order() -> None:
 
 def test_check_supported_rejects_a_float_model() -> None:
     with pytest.raises(TargetError, match="not a QDQ model"):
-        de.check_supported(de.GraphState(residual_convnet()))
+        dp.check_supported(de.GraphState(residual_convnet()))
 
 
 def test_check_supported_names_the_first_unsupported_node() -> None:
     model, _ = qdq_linear("MatMul", x_zp=0)
     model.graph.node.insert(3, helper.make_node("Tanh", ["x_DequantizeLinear_Output"], ["th"], name="my_tanh"))
     with pytest.raises(TargetError, match="Tanh node 'my_tanh'"):
-        de.check_supported(de.GraphState(model))
+        dp.check_supported(de.GraphState(model))
 
 
 def test_check_supported_names_a_16_bit_tensor() -> None:
@@ -135,7 +137,7 @@ def test_check_supported_names_a_16_bit_tensor() -> None:
         if init.name == "y_zero_point":
             init.CopyFrom(scalar("y_zero_point", 3, np.int16))
     with pytest.raises(TargetError, match="tensor 'y_q' is quantized to int16"):
-        de.check_supported(de.GraphState(model))
+        dp.check_supported(de.GraphState(model))
 
 
 def test_fold_weight_quantization_keeps_the_int8_values() -> None:
@@ -226,7 +228,7 @@ def test_explicit_attributes_writes_what_deeploy_parses() -> None:
         [helper.make_node("Gemm", ["a", "b"], ["c"], name="g")], [value_info("a", [1, 2])], [value_info("c", [1, 2])]
     )
     gs = de.GraphState(gemm_model)
-    de.explicit_attributes(gs)
+    dp.explicit_attributes(gs)
     attrs = {a.name: helper.get_attribute_value(a) for a in gs.graph.node[0].attribute}
     assert attrs["alpha"] == 1.0 and attrs["beta"] == 1.0 and isinstance(attrs["alpha"], float)
 
@@ -247,7 +249,7 @@ def test_annotate_shapes_gives_every_tensor_a_shape() -> None:
         for t in node.output:
             assert len(info[t].type.tensor_type.shape.dim) > 0
     assert info["y"].type.tensor_type.elem_type == TensorProto.INT8
-    de.check_integer_only(state)
+    dp.check_integer_only(state)
 
 
 # --------------------------------------------------------------------------- the integer evaluator
@@ -255,9 +257,9 @@ def test_annotate_shapes_gives_every_tensor_a_shape() -> None:
 
 def test_requant_shift_matches_deeploys_formula() -> None:
     x = np.array([3, -3, 1000, -1000, 5])
-    y = de.requant_shift(x, np.array(1), np.array(0), 2, 256, True)
+    y = dv.requant_shift(x, np.array(1), np.array(0), 2, 256, True)
     np.testing.assert_array_equal(y, [2, -1, 127, -128, 3])  # floor((x + 1) / 2), clipped
-    np.testing.assert_array_equal(de.requant_shift(x, np.array(1), np.array(0), 2, 256, False), [2, 0, 255, 0, 3])
+    np.testing.assert_array_equal(dv.requant_shift(x, np.array(1), np.array(0), 2, 256, False), [2, 0, 255, 0, 3])
 
 
 def test_integer_conv_matches_onnxruntime() -> None:
@@ -268,7 +270,7 @@ def test_integer_conv_matches_onnxruntime() -> None:
     node = helper.make_node("Conv", ["x", "w"], ["y"], name="c", **attrs)
     m = _model([node], [value_info("x", [1, 4, 7, 7])], [value_info("y", None)], [numpy_helper.from_array(w, "w")])
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = de._conv(x.astype(np.int64), w.astype(np.int64), attrs)
+    got = dv._conv(x.astype(np.int64), w.astype(np.int64), attrs)
     np.testing.assert_array_equal(got, ref.astype(np.int64))
 
 
@@ -312,7 +314,7 @@ def test_export_runs_its_passes_through_the_one_runner(conv_qdq: Path, tmp_path:
     before = model.SerializeToString()
     res = de.export(model, tmp_path / "a", num_samples=2, verbose=False)
     assert model.SerializeToString() == before  # the caller's model is never rewritten
-    assert [p.name for p in res.passes] == [n for n in de.pass_names() if n not in de.OPTIONAL_PASSES]
+    assert [p.name for p in res.passes] == [n for n in de.pass_names() if n not in dp.OPTIONAL_PASSES]
     assert all(p.seconds is not None and p.rewrites >= 0 for p in res.passes)
     # Each pass starts from the graph the previous one left.
     assert all(a.nodes_after == b.nodes_before for a, b in zip(res.passes, res.passes[1:], strict=False))

@@ -17,7 +17,10 @@ from test_deeploy_export import DEEPLOY, residual_convnet
 
 from qdebug import quantize
 from qdebug.config import QuantConfig
+from qdebug.targets import deeploy_evaluate as dv
 from qdebug.targets import deeploy_export as de
+from qdebug.targets import deeploy_fold as df
+from qdebug.targets import deeploy_graph as dg
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
 from qdebug.targets.model_fixes import fold_batchnorm
 
@@ -89,8 +92,8 @@ def test_every_ratio_becomes_odd_mul_over_2k_inside_the_budget(shared: onnx.Mode
         bias = new[_node(snapped, f"{b}_DequantizeLinear").input[0]].astype(np.int64)
         w_int = new[f"{w}_quantized"]
         axis = 0
-        acc_max = de._accumulator_bound(w_int, axis, de._activation(float(s_in), zps[t_in]), bias)
-        zp_res = de._activation(float(s_out), zps[t_out]).residual_zp
+        acc_max = df._accumulator_bound(w_int, axis, dg._activation(float(s_in), zps[t_in]), bias)
+        zp_res = dg._activation(float(s_out), zps[t_out]).residual_zp
         assert snap.mul_max * acc_max.max() + (abs(zp_res) + 1) * 2.0**snap.shift < 2**31
     if "w1_scale" in {n.input[1] for n in shared.graph.node if n.name == "wg_DequantizeLinear"}:
         # conv1 and the Gemm shared one weight scale initializer: each now has its own value.
@@ -147,7 +150,7 @@ def test_tie_free_grid_keeps_every_exact_value_away_from_a_half(shared: onnx.Mod
         if src is None or src.name not in ("conv1", "conv2", "gemm"):  # not the GAP's depthwise Conv
             continue
         k = by_node[src.name].shift
-        div = int(de._tensor_attr(de._attrs(rq)["div"]))
+        div = int(dv._tensor_attr(dg._attrs(rq)["div"]))
         mul, add = consts[rq.input[1]].reshape(-1), consts[rq.input[2]].reshape(-1)
         c = consts[src.input[2]].reshape(-1) if len(src.input) > 2 else np.zeros_like(mul)  # Gemm keeps its bias
         for ch in range(mul.size):

@@ -21,7 +21,8 @@ from qdebug.config import QuantConfig
 from qdebug.errors import TargetError
 from qdebug.targets import deeploy_env as denv
 from qdebug.targets import deeploy_export as de
-from qdebug.targets import deeploy_transformer as dt
+from qdebug.targets import deeploy_kernels as dk
+from qdebug.targets import deeploy_zero_centre as dz
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy
 
 DEEPLOY = QuantConfig(activation_type="int8", weight_type="int8", target="deeploy", num_samples=32)
@@ -114,7 +115,7 @@ def _export(
     float_path = tmp_path / f"{family}.onnx"
     onnx.save(family_model(family), str(float_path))
     qdq = onnx.load(str(quantize(float_path, data, DEEPLOY, tmp_path / f"{family}.qdq.onnx").model_path))
-    centred, changed = dt.zero_centre_operands(qdq)
+    centred, changed = dz.zero_centre_operands(qdq)
     snapped, _ = snap_scales_for_deeploy(centred)
     res = de.export(snapped, tmp_path / "out", data=data, num_samples=32, verbose=False, **kw)
     return res, onnx.load(str(tmp_path / "out" / "network.onnx")), changed
@@ -173,7 +174,7 @@ def test_zero_centring_moves_a_whole_reshape_transpose_chain(tmp_path: Path) -> 
     qdq = onnx.load(str(quantize(family_model("attention"), data, DEEPLOY, tmp_path / "a.qdq.onnx").model_path))
     before = onnx.ModelProto()
     before.CopyFrom(qdq)
-    centred, changed = dt.zero_centre_operands(qdq)
+    centred, changed = dz.zero_centre_operands(qdq)
     assert qdq == before  # the input model is untouched
     consts = {i.name: numpy_helper.to_array(i) for i in centred.graph.initializer}
     # k and its Transpose share one quantization: both Q nodes now have zero point 0 and the same scale.
@@ -181,7 +182,7 @@ def test_zero_centring_moves_a_whole_reshape_transpose_chain(tmp_path: Path) -> 
     k_q = [q for t, q in qs.items() if t.startswith("k_") or t.startswith("kt_")]
     assert len(k_q) == 2 and all(int(consts[q.input[2]]) == 0 for q in k_q)
     assert len({float(consts[q.input[1]]) for q in k_q}) == 1
-    _, more = dt.zero_centre_operands(centred)
+    _, more = dz.zero_centre_operands(centred)
     assert not more and len(changed) >= 1  # idempotent
 
 
@@ -200,10 +201,10 @@ def test_kernels_follow_deeploys_c_arithmetic() -> None:
             num = (v - mean) * int(w[j])
             y = (int(num / std) + int(b[j])) >> log2d
             want[r, j] = (y + 128) % 256 - 128
-    np.testing.assert_array_equal(dt._ilayernorm(x, w, b, log2d), want)
-    g = dt._rqgelu(np.arange(-128, 128), b=-60, one=5000, mul=300, add=0, shift=20)
+    np.testing.assert_array_equal(dk._ilayernorm(x, w, b, log2d), want)
+    g = dk._rqgelu(np.arange(-128, 128), b=-60, one=5000, mul=300, add=0, shift=20)
     assert g[128] == 0 and g[-1] > 0 and g.min() >= -128  # gelu(0) = 0, gelu(x) > 0 for x > 0
-    sm = dt._isoftmax(np.array([[0, 0, 0, 0], [100, 0, 0, 0]]), a=400, b=36, c=1442840, log2=18, n_levels=256)
+    sm = dk._isoftmax(np.array([[0, 0, 0, 0], [100, 0, 0, 0]]), a=400, b=36, c=1442840, log2=18, n_levels=256)
     assert sm[0].tolist() == [63, 63, 63, 63] and 230 < sm[1, 0] < 245  # e^-3.85 ≈ 0.021: 1/(1 + 3·0.021) of 255 ≈ 240
 
 

@@ -84,9 +84,9 @@ def snap_for_deeploy(src: Path, dest: Path, enabled: bool, say: ProgressFn, grid
 
 def zero_centre_for_deeploy(src: Path, dest: Path, say: ProgressFn) -> tuple[Path, list[str]]:
     """Requantize to zero point 0 the operands of a MatMul of two activations and of a GELU (Deeploy's integer
-    kernels take no zero point there; :func:`qdebug.targets.deeploy_transformer.zero_centre_operands`) into
+    kernels take no zero point there; :func:`qdebug.targets.deeploy_zero_centre.zero_centre_operands`) into
     ``dest``; returns the model to continue from and what changed (nothing for a CNN: ``src`` is returned)."""
-    from qdebug.targets.deeploy_transformer import zero_centre_operands
+    from qdebug.targets.deeploy_zero_centre import zero_centre_operands
 
     model, changed = zero_centre_operands(load_model(src, "QDQ model"))
     if not changed:

@@ -1,19 +1,22 @@
 """The state the Deeploy export's passes share: how an integer activation encodes real values (:class:`Activation`)
 and the model being rewritten with what earlier passes learnt (:class:`GraphState`).
 
-Both the export's passes (:mod:`qdebug.targets.deeploy_export`) and the transformer ops'
-(:mod:`qdebug.targets.deeploy_transformer`) read and write it, so it sits below both.
+Both the export's passes (:mod:`qdebug.targets.deeploy_passes`, :mod:`qdebug.targets.deeploy_fold`) and the
+transformer ops' (:mod:`qdebug.targets.deeploy_transformer`) read and write it, so it sits below both, with the
+small node readers they all share (``_attrs``, ``_label``, ``_qparams``, ``_replace_input``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
+from qdebug.errors import TargetError
 from qdebug.graph_index import GraphIndex
 
 __all__ = ["Activation", "GraphState", "StatePass"]
@@ -112,3 +115,30 @@ class GraphState:
 
 #: An export pass: rewrites ``state.model`` in place, records what it learnt in ``state``, returns its change count.
 StatePass = Callable[[GraphState], int]
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} node {node.name or node.output[0]!r}"
+
+
+def _qparams(node: onnx.NodeProto, consts: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) of a Q/DQ node; ORT always puts them in initializers or Constant nodes."""
+    if node.input[1] not in consts:
+        raise TargetError(f"{_label(node)}: its scale {node.input[1]!r} is not a constant")
+    scale = np.asarray(consts[node.input[1]], dtype=np.float64)
+    zp = np.asarray(consts[node.input[2]]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.int8)
+    return scale, zp
+
+
+def _replace_input(graph: onnx.GraphProto, old: str, new: str) -> None:
+    for n in graph.node:
+        for i, t in enumerate(n.input):
+            if t == old:
+                n.input[i] = new
+    for o in graph.output:
+        if o.name == old:
+            o.name = new

@@ -334,7 +334,7 @@ def check_generated(
     """Compile and run the generated code of ``codegen_dir`` on the float ``samples`` and compare its outputs with
     the integer network ``network_dir/network.onnx`` (exact integer evaluation) and with the QDQ model on ORT."""
     from qdebug.model_io import load_model
-    from qdebug.targets.deeploy_export import evaluate_integer
+    from qdebug.targets.deeploy_evaluate import evaluate_integer
 
     find_compiler()  # before any work: no compiler is the one failure a user fixes by installing something
     network = load_model(Path(network_dir) / "network.onnx", "Deeploy integer network")

@@ -1,4 +1,4 @@
-"""RequantShift construction shared by the Deeploy export modules (deeploy_export, deeploy_transformer).
+"""RequantShift construction shared by the Deeploy export modules (deeploy_fold, deeploy_passes, deeploy_transformer).
 
 Deeploy's ``RequantShift(x, mul, add)``: ``y = clip(floor((x·mul + add + div/2) / div), lo, hi)``, ``div = 2^k``,
 computed in int32 (docs/deeploy.md). Kept apart so that the op modules share it without importing each other.

@@ -54,8 +54,8 @@ from onnx import numpy_helper
 
 from qdebug.graph_index import GraphIndex, decode_constant
 from qdebug.model_io import is_dq, is_q
-from qdebug.targets.deeploy_export import _PASS_THROUGH, _accumulator_bound, _attrs, _static_shapes
-from qdebug.targets.deeploy_graph import Activation, _activation
+from qdebug.targets.deeploy_fold import _PASS_THROUGH, _accumulator_bound, _static_shapes
+from qdebug.targets.deeploy_graph import Activation, _activation, _attrs
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _MAX_SHIFT
 
 __all__ = ["GRIDS", "SNAPPED_OPS", "TIE_FREE_SHIFT", "SnapReport", "SnappedScale", "snap_scales_for_deeploy"]

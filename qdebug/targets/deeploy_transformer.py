@@ -1,24 +1,26 @@
 """Transformer ops in Deeploy's integer network: the integer forms Deeploy 0.2.1 implements, and their semantics.
 
-:mod:`qdebug.targets.deeploy_export` calls these handlers from its ``fold_dequant_quant_to_requantshift`` pass.
-Each turns one quantized float op (or, for GELU, the Div→Erf→Add→Mul→Mul chain PyTorch exports) into the
-Deeploy node(s) of the same meaning, and :func:`evaluate_node` computes those nodes the way Deeploy's Generic
-kernels define them (integer arithmetic, C truncation and wrap-around included), so the export's own
-bit-exactness check measures what the generated code computes. docs/deeploy.md, "Transformer ops", lists every
+:mod:`qdebug.targets.deeploy_fold` calls these handlers from the export's ``fold_dequant_quant_to_requantshift``
+pass. Each turns one quantized float op (or, for GELU, the Div→Erf→Add→Mul→Mul chain PyTorch exports, found by
+:mod:`qdebug.targets.deeploy_gelu`) into the Deeploy node(s) of the same meaning, and
+:func:`qdebug.targets.deeploy_kernels.evaluate_node` computes those nodes the way Deeploy's Generic kernels define
+them (integer arithmetic, C truncation and wrap-around included), so the export's own bit-exactness check measures
+what the generated code computes. docs/deeploy.md, "Transformer ops", lists every
 emitted node, its attributes and its arithmetic.
 
 Exact forms (to the int32 precision of a RequantShift multiplier): Transpose/Reshape/Concat (same scale), MatMul
 of two activations, Mul/Div by a scalar constant, Add of a constant, ReduceMean (a MatMul with ones).
 Approximations defined by Deeploy's kernels (I-BERT style): ``iLayerNorm``, ``iSoftmax``, ``RequantizediGELU``.
 
-Deeploy's integer MatMul and GELU have no input zero point: :func:`zero_centre_operands` requantizes the QDQ
-model's operands of those ops to zero point 0 beforehand (a change of the QDQ model, like scale snapping).
+Deeploy's integer MatMul and GELU have no input zero point:
+:func:`qdebug.targets.deeploy_zero_centre.zero_centre_operands` requantizes the QDQ model's operands of those ops to
+zero point 0 beforehand (a change of the QDQ model, like scale snapping).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,295 +28,26 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qdebug.errors import TargetError
-from qdebug.graph_index import GraphIndex
-from qdebug.model_io import is_dq, is_q
 from qdebug.targets.deeploy_graph import Activation, GraphState
 from qdebug.targets.deeploy_rq import _choose_requant, _requant_node, _rqs
 
 __all__ = [
     "TRANSFORMER_OPS",
-    "evaluate_node",
-    "gelu_chains",
     "int8_operands",
     "integer_transformer_node",
-    "zero_centre_operands",
 ]
 
 #: Float ops this module gives an integer form (Erf/Mul/Div/Add only inside the patterns below).
 TRANSFORMER_OPS = frozenset(
     {"LayerNormalization", "Softmax", "Erf", "Tanh", "Pow", "Gelu", "Mul", "Div", "Transpose", "Concat", "ReduceMean"}
 )
-#: Ops exported only as members of a GELU chain (:func:`gelu_chains`).
+#: Ops exported only as members of a GELU chain (:func:`qdebug.targets.deeploy_gelu.gelu_chains`).
 GELU_ONLY_OPS = frozenset({"Erf", "Tanh", "Pow"})
-#: Shape-only ops whose Q repeats the input's quantization.
-SHAPE_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 _INT32 = 2**31
 # I-BERT's second-order approximations (Kim et al., 2021), as Deeploy's kernels evaluate them.
 _ERF_A, _ERF_B = 0.2888, 1.769  # erf(t) ≈ sign(t)·(−a·(min(|t|, b) − b)² + 1)
 _EXP_A, _EXP_B, _EXP_C = 0.3585, 1.353, 0.344  # exp(p) ≈ a·(p + b)² + c on (−ln 2, 0]
 _SOFTMAX_K = 2**22  # common scale of the iSoftmax polynomial: y·255 and Σy stay inside uint32
-
-
-# --------------------------------------------------------------------------- QDQ-model preparation
-
-
-def _qparam_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-
-
-def _shape_components(ix: GraphIndex) -> dict[str, str]:
-    """Quantized tensor (a Q output) → the root of its group: tensors joined by shape-only ops share one
-    quantization, so a change of one must move them all."""
-    parent: dict[str, str] = {}
-
-    def find(t: str) -> str:
-        while parent.get(t, t) != t:
-            t = parent[t]
-        return t
-
-    for node in ix.nodes:
-        if node.op_type not in SHAPE_OPS or not node.input:
-            continue
-        dq = ix.producer.get(node.input[0])
-        users = ix.consumers_of(node.output[0])
-        if dq is None or not is_dq(dq) or len(users) != 1 or not is_q(users[0]):
-            continue
-        a, b = find(dq.input[0]), find(users[0].output[0])
-        if a != b:
-            parent[b] = a
-    return {t: find(t) for t in parent} | {v: find(v) for v in parent.values()}
-
-
-#: The finest GELU input scale RequantizediGELU can take: its ``b = −round(1.769·√2 / s)`` is an int8.
-GELU_MIN_SCALE = _ERF_B * math.sqrt(2) / 128
-
-
-def _needs_zero_centre(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Q outputs that feed a MatMul of two activations or a GELU (Deeploy's kernels take no zero point), each
-    with the smallest scale it may have (GELU_MIN_SCALE for a GELU input, else 0)."""
-    want: dict[str, float] = {}
-
-    def act_source(t: str) -> str | None:
-        dq = ix.producer.get(t)
-        if dq is not None and is_dq(dq) and dq.input[0] not in consts:
-            return str(dq.input[0])
-        return None
-
-    for node in ix.nodes:
-        if node.op_type == "MatMul":
-            srcs = [act_source(t) for t in node.input[:2]]
-            if all(srcs):
-                want.update({s: want.get(s, 0.0) for s in srcs if s})
-        elif node.op_type in ("Erf", "Gelu", "Tanh"):
-            chain = (
-                None
-                if node.op_type == "Gelu"
-                else (_erf_gelu if node.op_type == "Erf" else _tanh_gelu)(ix, node, consts)
-            )
-            x = node.input[0] if node.op_type == "Gelu" else chain[2] if chain is not None else None
-            src = act_source(x) if x is not None else None
-            if src:
-                want[src] = GELU_MIN_SCALE
-    return want
-
-
-def zero_centre_operands(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy of the QDQ ``model`` in which every operand of a MatMul of two activations and every GELU input
-    is quantized with zero point 0 (or −128, stored shifted, for a non-negative tensor); and what changed. A GELU
-    input finer than :data:`GELU_MIN_SCALE` (0.0195) is coarsened to it, the finest scale RequantizediGELU takes.
-
-    Why: Deeploy's integer MatMul multiplies the stored integers (plus a fixed 128 offset for unsigned
-    buffers) and its GELU takes the sign of the stored integer, so a zero point in between cannot be folded
-    (for a weight it goes into the bias; for two activations it would need row and column sums). The new
-    symmetric scale covers the calibrated range: ``s' = max(|s·(−128 − zp)|, |s·(127 − zp)|) / 127``. Tensors
-    joined by Reshape/Transpose share the change. The input model is not modified.
-    """
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    ix = GraphIndex(out)
-    consts = _qparam_values(out)
-    consts.update({k: ix.value(k) for k in ix.consts})
-    groups = _shape_components(ix)
-    targets = _needs_zero_centre(ix, consts)
-    roots: dict[str, tuple[float, int, int]] = {}
-    for t, least in targets.items():
-        q = ix.producer.get(t)
-        if q is None or not is_q(q):
-            continue
-        scale = float(np.asarray(consts[q.input[1]]).reshape(-1)[0])
-        zp = int(np.asarray(consts[q.input[2]]).reshape(-1)[0]) if len(q.input) > 2 else 0
-        if zp in (0, -128) and scale >= least:
-            continue
-        # A non-negative tensor (zero point −128) is stored shifted and keeps its zero point.
-        new = max(abs(scale * (-128 - zp)), abs(scale * (127 - zp))) / 127.0 if zp != -128 else scale
-        roots[groups.get(t, t)] = (max(new, least), zp, -128 if zp == -128 else 0)
-    changed: list[str] = []
-    for root, (new_scale, zp, new_zp) in sorted(roots.items()):
-        s_name, z_name = f"{root}_zero_centred_scale", f"{root}_zero_centred_zero_point"
-        out.graph.initializer.extend(
-            [
-                numpy_helper.from_array(np.array(new_scale, np.float32), s_name),
-                numpy_helper.from_array(np.array(new_zp, np.int8), z_name),
-            ]
-        )
-        members = {t for t, r in groups.items() if r == root} | {root}
-        for node in out.graph.node:
-            tensor = node.output[0] if is_q(node) else node.input[0] if is_dq(node) else None
-            if tensor in members:
-                node.input[1] = s_name
-                if len(node.input) > 2:
-                    node.input[2] = z_name
-                else:
-                    node.input.append(z_name)
-        changed.append(f"{root}: zero point {zp} → {new_zp}, scale → {new_scale:.6g}")
-    return out, changed
-
-
-# --------------------------------------------------------------------------- GELU pattern
-
-
-def _after_qdq(ix: GraphIndex, node: onnx.NodeProto) -> onnx.NodeProto | None:
-    """The one op that reads ``node``'s output through a Q → DQ pair, else None."""
-    users = ix.consumers_of(node.output[0])
-    if len(users) != 1 or not is_q(users[0]):
-        return None
-    dqs = ix.consumers_of(users[0].output[0])
-    ops = [c for d in dqs if is_dq(d) for c in ix.consumers_of(d.output[0])]
-    return ops[0] if len(ops) == 1 else None
-
-
-def _const_value(ix: GraphIndex, t: str, consts: Mapping[str, np.ndarray]) -> float | None:
-    """The real scalar behind ``t`` (a DQ of a constant, or a float constant), else None."""
-    p = ix.producer.get(t)
-    if p is not None and is_dq(p) and p.input[0] in consts:
-        q = np.asarray(consts[p.input[0]], np.float64)
-        s = float(np.asarray(consts[p.input[1]]).reshape(-1)[0])
-        z = float(np.asarray(consts[p.input[2]]).reshape(-1)[0]) if len(p.input) > 2 else 0.0
-        v = s * (q - z)
-    elif t in consts:
-        v = np.asarray(consts[t], np.float64)
-    else:
-        return None
-    return float(v.reshape(-1)[0]) if v.size == 1 else None
-
-
-def _gelu_head(ix: GraphIndex, erf: onnx.NodeProto, consts: Mapping[str, np.ndarray]) -> onnx.NodeProto | None:
-    """The Div(x, √2) in front of an Erf (through Q/DQ), else None."""
-    dq = ix.producer.get(erf.input[0])
-    q = ix.producer.get(dq.input[0]) if dq is not None and is_dq(dq) else None
-    div = ix.producer.get(q.input[0]) if q is not None and is_q(q) else None
-    if div is None or div.op_type != "Div":
-        return None
-    c = _const_value(ix, div.input[1], consts)
-    return div if c is not None and abs(c - math.sqrt(2)) < 2e-2 else None
-
-
-def gelu_chains(ix: GraphIndex, consts: Mapping[str, np.ndarray]) -> dict[str, tuple[onnx.NodeProto, set[str], str]]:
-    """PyTorch's GELU written out as ops with Q/DQ between them: the exact form ``Mul(Mul(x, Add(Erf(Div(x, √2)),
-    1)), 0.5)`` and the tanh form (:func:`_tanh_gelu`). Head (the chain's first node in graph order) name → (the
-    last Mul, names of every node of the chain, the DQ output that feeds x)."""
-    out: dict[str, tuple[onnx.NodeProto, set[str], str]] = {}
-    order = {n.name: i for i, n in enumerate(ix.nodes)}
-    for erf in ix.nodes:
-        found = _erf_gelu(ix, erf, consts) if erf.op_type == "Erf" else None
-        if erf.op_type == "Tanh":
-            found = _tanh_gelu(ix, erf, consts)
-        if found is not None:
-            half, members, x = found
-            out[min(members, key=order.__getitem__)] = (half, members, x)
-    return out
-
-
-def _near(v: float | None, want: float, rel: float = 2e-2) -> bool:
-    return v is not None and abs(v - want) <= rel * abs(want)
-
-
-def _has_const(ix: GraphIndex, node: onnx.NodeProto, consts: Mapping[str, np.ndarray], want: float) -> str | None:
-    """The other input of a two-input ``node`` one of whose inputs is the constant ``want``, else None."""
-    vals = [_const_value(ix, t, consts) for t in node.input]
-    hit = [i for i, v in enumerate(vals) if _near(v, want)]
-    return str(node.input[1 - hit[0]]) if len(node.input) == 2 and hit else None
-
-
-def _tail(
-    ix: GraphIndex, head: onnx.NodeProto, consts: Mapping[str, np.ndarray], x_src: str
-) -> list[onnx.NodeProto] | None:
-    """The shared end of both GELU forms after Erf/Tanh: ``Mul(Mul(x, Add(·, 1)), 0.5)`` (through Q/DQ)."""
-    add = _after_qdq(ix, head)
-    mul = _after_qdq(ix, add) if add is not None and add.op_type == "Add" else None
-    half = _after_qdq(ix, mul) if mul is not None and mul.op_type == "Mul" else None
-    if add is None or mul is None or half is None or half.op_type != "Mul" or _has_const(ix, add, consts, 1.0) is None:
-        return None
-    if x_src not in {_dq_source(ix, t) for t in mul.input} or _has_const(ix, half, consts, 0.5) is None:
-        return None
-    return [add, mul, half]
-
-
-def _dq_source(ix: GraphIndex, t: str) -> str | None:
-    """The quantized tensor (a Q output) behind the DQ output ``t``."""
-    dq = ix.producer.get(t)
-    return str(dq.input[0]) if dq is not None and is_dq(dq) else None
-
-
-def _op_before(ix: GraphIndex, t: str) -> onnx.NodeProto | None:
-    """The op whose output reaches ``t`` through one Q → DQ pair."""
-    src = _dq_source(ix, t)
-    q = ix.producer.get(src) if src is not None else None
-    return ix.producer.get(q.input[0]) if q is not None and is_q(q) else None
-
-
-def _erf_gelu(
-    ix: GraphIndex, erf: onnx.NodeProto, consts: Mapping[str, np.ndarray]
-) -> tuple[onnx.NodeProto, set[str], str] | None:
-    div = _gelu_head(ix, erf, consts)
-    x_src = _dq_source(ix, div.input[0]) if div is not None else None
-    tail = _tail(ix, erf, consts, x_src) if div is not None and x_src is not None else None
-    if div is None or tail is None:
-        return None
-    return tail[-1], {div.name, erf.name, *(n.name for n in tail)}, str(div.input[0])
-
-
-def _cube_of(
-    ix: GraphIndex, node: onnx.NodeProto | None, consts: Mapping[str, np.ndarray]
-) -> tuple[str, set[str]] | None:
-    """``x³`` as ``Pow(x, 3)``, ``Mul(x, Mul(x, x))`` or ``Mul(Mul(x, x), x)`` (Q/DQ between): (x's quantized
-    source, the nodes)."""
-    if node is None:
-        return None
-    if node.op_type == "Pow" and _near(_const_value(ix, node.input[1], consts), 3.0, 1e-6):
-        src = _dq_source(ix, node.input[0])
-        return (src, {node.name}) if src else None
-    if node.op_type != "Mul" or len(node.input) != 2:
-        return None
-    for i in (0, 1):
-        sq = _op_before(ix, node.input[1 - i])
-        src = _dq_source(ix, node.input[i])
-        if sq is not None and sq.op_type == "Mul" and src and {_dq_source(ix, t) for t in sq.input} == {src}:
-            return src, {node.name, sq.name}
-    return None
-
-
-def _tanh_gelu(
-    ix: GraphIndex, tanh: onnx.NodeProto, consts: Mapping[str, np.ndarray]
-) -> tuple[onnx.NodeProto, set[str], str] | None:
-    """``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` as PyTorch's ``gelu(approximate="tanh")`` exports it
-    (any operand order, ``Pow(x, 3)`` or two Muls for the cube), Q/DQ between the ops."""
-    beta = _op_before(ix, tanh.input[0])
-    inner = _has_const(ix, beta, consts, math.sqrt(2 / math.pi)) if beta is not None and beta.op_type == "Mul" else None
-    add = _op_before(ix, inner) if inner is not None else None
-    if add is None or add.op_type != "Add" or len(add.input) != 2:
-        return None
-    for i in (0, 1):
-        x_src, kmul = _dq_source(ix, add.input[i]), _op_before(ix, add.input[1 - i])
-        cubed = _has_const(ix, kmul, consts, 0.044715) if kmul is not None and kmul.op_type == "Mul" else None
-        cube = _cube_of(ix, _op_before(ix, cubed), consts) if cubed is not None else None
-        if x_src is None or cube is None or cube[0] != x_src:
-            continue
-        tail = _tail(ix, tanh, consts, x_src)
-        if tail is not None and beta is not None and kmul is not None:  # (both are, once cube was found)
-            members = {beta.name, add.name, kmul.name, tanh.name, *cube[1], *(n.name for n in tail)}
-            return tail[-1], members, str(add.input[i])
-    return None
 
 
 # --------------------------------------------------------------------------- export handlers
@@ -727,75 +460,6 @@ def integer_transformer_node(
 def integer_gelu_chain(
     state: GraphState, head: onnx.NodeProto, x_name: str, out: str, out_act: Activation
 ) -> list[onnx.NodeProto]:
-    """The integer form of a matched GELU chain (:func:`gelu_chains`), from its Div's input to its last Q."""
+    """The integer form of a matched GELU chain (:func:`~qdebug.targets.deeploy_gelu.gelu_chains`), from its Div's
+    input to its last Q."""
     return _integer_gelu(state, head, x_name, out, out_act)
-
-
-# --------------------------------------------------------------------------- Deeploy's kernels, in numpy
-
-
-def _c_div(a: np.ndarray, b: np.ndarray | int) -> np.ndarray:
-    """C integer division (truncation toward zero)."""
-    q = np.abs(a) // np.abs(b)
-    return np.asarray(np.where((np.sign(a) * np.sign(b)) < 0, -q, q))
-
-
-def _ilayernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, log2d: int) -> np.ndarray:
-    """Deeploy's Generic ``Layernorm_s8_s8`` on the stored integers of each last-axis row."""
-    d = x.shape[-1]
-    mean = _c_div(x.sum(axis=-1, keepdims=True), d)
-    diff = x - mean
-    var = (diff * diff).sum(axis=-1, keepdims=True) // d + 1
-    std = np.vectorize(math.isqrt)(var).astype(np.int64)
-    y = (_c_div(diff * w.reshape(-1), std) + b.reshape(-1)) >> log2d
-    return np.asarray(((y + 128) % 256) - 128)  # the kernel's (int8) cast wraps
-
-
-def _irmsnorm(x: np.ndarray, w: np.ndarray, log2d: int) -> np.ndarray:
-    """Deeploy's Generic ``iRMSnorm_s8_s8``: ``clip((trunc(x·w / std)) >> L)``, ``std = floor(√(Σx²/D + 1))``."""
-    d = x.shape[-1]
-    std = np.vectorize(math.isqrt)((x * x).sum(axis=-1, keepdims=True) // d + 1).astype(np.int64)
-    return np.asarray(np.clip(_c_div(x * w.reshape(-1), std) >> log2d, -128, 127))
-
-
-def _isoftmax(x: np.ndarray, a: int, b: int, c: int, log2: int, n_levels: int) -> np.ndarray:
-    """Deeploy's Generic ``Softmax_s8_s8`` on the last axis; returns the unsigned value ``out + n/2``."""
-    xt = x - x.max(axis=-1, keepdims=True)
-    z = np.clip((_c_div(-xt, log2) + 128) % 256 - 128, 0, 31)  # the kernel casts to int8 before clamping
-    p = xt + z * log2
-    y = ((a * (p + b) ** 2 + c) >> z) & 0xFFFFFFFF
-    total = y.sum(axis=-1, keepdims=True) & 0xFFFFFFFF
-    return np.asarray(((y * (n_levels - 1)) & 0xFFFFFFFF) // total)
-
-
-def _rqgelu(x: np.ndarray, b: int, one: int, mul: int, add: int, shift: int) -> np.ndarray:
-    """Deeploy's Generic ``RQGELU_s8_s8``: I-BERT erf, ``y = x·((one + L) >> 1)``, then round(y·mul/2^shift)."""
-    sign = np.sign(x)
-    q = np.minimum(np.abs(x), -b)
-    big_l = sign * (one - (q + b) ** 2)
-    y = x * ((one + big_l) >> 1)
-    r = (y * mul + add + (1 << (shift - 1))) >> shift
-    return np.asarray(np.clip(r, -128, 127))
-
-
-def _attr_int(a: Any) -> int:
-    return int(np.asarray(numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else a).reshape(-1)[0])
-
-
-def evaluate_node(node: onnx.NodeProto, x: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray | None:
-    """One node of this module's integer forms, on int64 stored values; None if it is not one of them."""
-    op = node.op_type
-    if op == "Transpose":
-        return np.transpose(x[0], a.get("perm"))
-    if op == "Concat":
-        return np.concatenate(x, axis=int(a["axis"]))
-    if op == "iLayerNorm":
-        return _ilayernorm(x[0], x[1], x[2], int(math.log2(_attr_int(a["D"]))))
-    if op == "iRMSNorm":
-        return _irmsnorm(x[0], x[1], int(math.log2(float(a["D"]))))
-    if op == "iSoftmax":
-        ks = ("coeffA", "coeffB", "coeffC", "log2", "n_levels")
-        return _isoftmax(x[0], *(_attr_int(a[k]) for k in ks))
-    if op == "RequantizediGELU":
-        return _rqgelu(x[0], int(a["b"]), int(a["one"]), int(x[1][0]), int(x[2][0]), int(x[3][0]))
-    return None
