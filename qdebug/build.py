@@ -14,17 +14,20 @@ names every input with its sha256, the config, the fixes, the quantization and c
 timings; paths in it are relative to it.
 
 :func:`~qdebug.targets.recompile.recompile` (re-exported here) compiles an already-quantized model.
+
+What the build reads and checks before any work is :mod:`qdebug.build_inputs`; the manifest and the result
+:mod:`qdebug.build_manifest`. This module's ``__all__`` is the build API and re-exports their public names (docs/qnn.md
+imports :class:`BuildManifest` from here).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +36,24 @@ import onnx
 
 from qdebug._signals import signals_held
 from qdebug._version import __version__
+from qdebug.build_inputs import (
+    BuildJob,
+    DataLike,
+    check_eval_data,
+    check_overrides_after_fixes,
+    prepare_out,
+    read_inputs,
+    resolve_config,
+)
+from qdebug.build_manifest import MANIFEST_SCHEMA_VERSION, BuildManifest, BuildResult, InputFile, OutputSqnr, TopOne
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError, TargetError
-from qdebug.io import atomic_save_model, atomic_write_text, input_problem, load_json, new_temp_dir, output_lock
-from qdebug.model_io import ModelKind, file_sha256, input_specs, load_model, model_kind
-from qdebug.ort import make_session
+from qdebug.io import atomic_save_model, atomic_write_text, new_temp_dir, output_lock
+from qdebug.model_io import file_sha256, input_specs, load_model
 from qdebug.passes import PassReport
 from qdebug.quantizer import QuantizeResult
-from qdebug.report import DebugReport, TargetAccuracy, encode_number
+from qdebug.report import DebugReport, TargetAccuracy
 from qdebug.targets.base import (
     BuildOptions,
     Compiled,
@@ -50,9 +62,7 @@ from qdebug.targets.base import (
     Prepared,
     ProgressFn,
     ShapeSource,
-    Target,
     compile_problems,
-    get_target,
 )
 from qdebug.targets.recompile import RecompileResult, recompile
 
@@ -76,30 +86,6 @@ __all__ = [
     "resolve_config",
 ]
 
-#: 2: the target's own entries (e.g. ``deeploy``, ``onnxruntime_qnn_version``) appear only for that target
-#: (version 1 wrote both, ``null`` when unused); version-1 manifests are still read.
-MANIFEST_SCHEMA_VERSION = 3  # 3: the target check's divergence fields
-_MANIFEST_KEYS = frozenset(
-    {
-        "schema_version",
-        "qdebug_version",
-        "onnxruntime_version",
-        "device",
-        "precision",
-        "soc",
-        "inputs",
-        "config",
-        "fixes",
-        "quantization",
-        "compile",
-        "accuracy",
-        "timings",
-        "files",
-        "warnings",
-    }
-)
-DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
-
 
 class BuildError(TargetError):
     """The target failed (exit code 7); carries what is known so far (fixes, the compile report) for the CLI."""
@@ -110,226 +96,6 @@ class BuildError(TargetError):
         super().__init__(message)
         self.compile_report = compile_report
         self.fixes = tuple(fixes)
-
-
-def resolve_config(
-    device: str,
-    precision: str,
-    config: QuantConfig | None = None,
-    overrides: OverridesFile | None = None,
-) -> QuantConfig | None:
-    """The :class:`QuantConfig` for ``device`` × ``precision`` on top of ``config`` and an overrides file.
-
-    Settings the config (or the overrides file's ``base_config``) set explicitly and ``precision`` contradicts are
-    a :class:`~qdebug.errors.ConfigError` (:meth:`QuantConfig.merged`). ``None`` for a precision that quantizes
-    nothing (e.g. QNN fp16; a config or overrides given with it is an error: it would be silently ignored).
-    """
-    t = get_target(device)
-    spec = t.precisions.get(precision)
-    if spec is None:
-        raise ConfigError(f"precision {precision!r} is not supported on device {device!r}{t.precision_hint(precision)}")
-    if spec.config is None:
-        if config is not None or overrides is not None:
-            raise ConfigError(f"precision {precision} quantizes nothing: --config and --overrides do not apply")
-        return None
-    base = overrides.resolve_base(config) if overrides is not None else config or QuantConfig()
-    cfg = base.merged(target=device, **spec.config)
-    if overrides is not None:
-        cfg = overrides.apply_to(cfg)
-    return cfg
-
-
-def check_eval_data(model: onnx.ModelProto, eval_data: str | Path | None, options: BuildOptions) -> None:
-    """Before any work, what every step of a build that reads ``eval_data``'s labels will ask: top-1 of the float,
-    the QDQ and the target's compiled model — on every target, QNN's simulator run and Deeploy's host run included —
-    reads them through :func:`qdebug.data.read_labels`, minutes after the start. Asked here of the float ``model``
-    (the region's end tensor scores a region): its inputs, one class index per sample, below its number of classes.
-    A problem raises what top-1 would raise, naming the file and the label array."""
-    if eval_data is None:
-        return
-    from qdebug.evaluate import check_eval_set
-    from qdebug.io import check_input
-
-    check_input(eval_data, "evaluation data")
-    scores = options.extract_outputs[0] if options.extract_outputs else None
-    check_eval_set(model, eval_data, options.label_key, scores=scores)
-
-
-# ---------------------------------------------------------------------------------------------- results
-@dataclass(frozen=True)
-class InputFile:
-    """One input of the build: its role, where it was read from, and its sha256 (a folder: over its files)."""
-
-    role: str
-    path: str
-    sha256: str
-
-
-@dataclass(frozen=True)
-class OutputSqnr:
-    """A model output's SQNR (dB) of some model against the float model, with the reason when undefined."""
-
-    output_name: str
-    sqnr_db: float | None
-    status: str
-
-
-@dataclass(frozen=True)
-class TopOne:
-    """Top-1 accuracy on the labelled evaluation set (``None`` for a model that was not built)."""
-
-    num_samples: int
-    float_model: float
-    qdq_model: float | None
-    compiled_model: float | None
-
-
-@dataclass(frozen=True)
-class BuildManifest:
-    """What ``manifest.json`` holds. File paths are relative to the output folder."""
-
-    qdebug_version: str
-    onnxruntime_version: str
-    device: str
-    precision: str
-    soc: str | None
-    inputs: tuple[InputFile, ...]
-    config: QuantConfig | None
-    fixes: tuple[PassReport, ...]
-    quantization: QuantizeResult | None
-    compile: CompileReport
-    num_debug_samples: int
-    cpu_qdq_vs_float: tuple[OutputSqnr, ...]
-    target_accuracy: TargetAccuracy | None
-    top1: TopOne | None
-    timings: Mapping[str, float]
-    files: Mapping[str, str]
-    warnings: tuple[str, ...] = ()
-    #: the target's own top-level entries (:attr:`qdebug.targets.base.Compiled.manifest`), e.g. QNN's
-    #: ``onnxruntime_qnn_version`` or Deeploy's ``deeploy`` section (export, snapping, code generation per platform;
-    #: paths relative to the output folder)
-    target_details: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with ``schema_version`` (+inf SQNR as the string ``"inf"``)."""
-        return {
-            "schema_version": MANIFEST_SCHEMA_VERSION,
-            "qdebug_version": self.qdebug_version,
-            "onnxruntime_version": self.onnxruntime_version,
-            "device": self.device,
-            "precision": self.precision,
-            "soc": self.soc,
-            "inputs": [vars(i).copy() for i in self.inputs],
-            "config": None if self.config is None else self.config.to_dict(),
-            "fixes": [f.to_dict() for f in self.fixes],
-            "quantization": None if self.quantization is None else self.quantization.to_dict(),
-            "compile": self.compile.to_dict(),
-            "accuracy": {
-                "num_debug_samples": self.num_debug_samples,
-                "cpu_qdq_vs_float": [
-                    {"output_name": o.output_name, "sqnr_db": encode_number(o.sqnr_db), "status": o.status}
-                    for o in self.cpu_qdq_vs_float
-                ],
-                "target": None if self.target_accuracy is None else self.target_accuracy.to_dict(),
-                "top1": None if self.top1 is None else vars(self.top1).copy(),
-            },
-            "timings": dict(self.timings),
-            "files": dict(self.files),
-            "warnings": list(self.warnings),
-            **json.loads(json.dumps(dict(self.target_details))),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> BuildManifest:
-        """Inverse of :meth:`to_dict`; refuses other schema versions."""
-        from qdebug.errors import InputFileError
-        from qdebug.report import decode_number
-
-        if d.get("schema_version") not in (1, 2, MANIFEST_SCHEMA_VERSION):
-            raise InputFileError(f"build manifest schema_version {d.get('schema_version')!r} is not supported")
-        acc = d["accuracy"]
-        details = {k: v for k, v in d.items() if k not in _MANIFEST_KEYS and v is not None}  # v1 wrote nulls
-        return cls(
-            qdebug_version=d["qdebug_version"],
-            onnxruntime_version=d["onnxruntime_version"],
-            device=d["device"],
-            precision=d["precision"],
-            soc=d.get("soc"),
-            inputs=tuple(InputFile(**i) for i in d["inputs"]),
-            config=None if d["config"] is None else QuantConfig.from_dict(d["config"]),
-            fixes=tuple(PassReport.from_dict(f) for f in d["fixes"]),
-            quantization=None if d["quantization"] is None else QuantizeResult.from_dict(d["quantization"]),
-            compile=CompileReport.from_dict(d["compile"]),
-            num_debug_samples=acc["num_debug_samples"],
-            cpu_qdq_vs_float=tuple(
-                OutputSqnr(o["output_name"], decode_number(o["sqnr_db"]), o["status"]) for o in acc["cpu_qdq_vs_float"]
-            ),
-            target_accuracy=None if acc["target"] is None else TargetAccuracy.from_dict(acc["target"]),
-            top1=None if acc["top1"] is None else TopOne(**acc["top1"]),
-            timings=dict(d["timings"]),
-            files=dict(d["files"]),
-            warnings=tuple(d.get("warnings", ())),
-            target_details=details,
-        )
-
-    def to_json(self) -> str:
-        """Strict JSON text."""
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-
-    @classmethod
-    def load(cls, path: str | Path) -> BuildManifest:
-        """Read ``manifest.json``."""
-        from qdebug.errors import InputFileError
-
-        try:
-            return cls.from_dict(load_json(path, "build manifest"))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise InputFileError(f"{path}: not a qdebug build manifest ({exc})") from exc
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """What :func:`build` wrote into ``out_dir`` (``manifest``) and the in-memory debug report."""
-
-    out_dir: Path
-    manifest: BuildManifest
-    report: DebugReport | None
-
-    def path(self, role: str) -> Path:
-        """Absolute path of an output file by role (``float_model``, ``qdq_model``, ``compiled_model``, ...)."""
-        return self.out_dir / self.manifest.files[role]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The manifest's dict."""
-        return self.manifest.to_dict()
-
-
-def _data_sha256(path: Path) -> str:
-    if path.is_dir():
-        import hashlib
-
-        h = hashlib.sha256()
-        for f in sorted(path.glob("*.npz")):
-            h.update(f"{f.name}\0{file_sha256(f)}\n".encode())
-        return h.hexdigest()
-    return file_sha256(path)
-
-
-def _is_epcontext(model: onnx.ModelProto) -> bool:
-    return any(n.op_type == "EPContext" for n in model.graph.node)
-
-
-def _check_float_model(model: onnx.ModelProto, path: Path) -> None:
-    if _is_epcontext(model):
-        raise ModelError(f"{path}: is a compiled EPContext model; build takes the float ONNX model it came from")
-    kind = model_kind(model)
-    if kind is not ModelKind.FLOAT:
-        raise ModelError(f"{path}: is already quantized ({kind.value}); build takes the float model")
-
-
-def _prepare_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out}: exists and is not an empty folder; choose a new output folder")
 
 
 def _relative_paths(report: CompileReport, staging: Path) -> CompileReport:
@@ -355,112 +121,7 @@ def _rescue_log(report: CompileReport) -> CompileReport:
     return replace(report, log_path=str(keep), compiled_model=None)
 
 
-def _check_overrides_before_fixes(ofile: OverridesFile, model: onnx.ModelProto, sha256: str, target: str) -> list[str]:
-    """The overrides against the model as given. A file made for the model after *this* target's fixes (``qdebug
-    search --target``: :attr:`OverridesFile.target_fixes`) names tensors and consumers of the fixed model (a fused
-    GELU is one node): only which model file it is for is checked here, the rest after the fixes (:func:`_prepare`)."""
-    from qdebug.mixed.overrides import check_against_model
-
-    if ofile.target_fixes is None or ofile.target_fixes[0] != target:
-        return check_against_model(ofile, model, sha256)
-    if ofile.model_sha256 is not None and ofile.model_sha256 != sha256:
-        return [
-            f"the overrides were made for a different model file (sha256 {ofile.model_sha256[:12]}…, this model's "
-            f"is {sha256[:12]}…); they are checked against this model after the {target} fixes"
-        ]
-    return []
-
-
-def _check_overrides_after_fixes(
-    ofile: OverridesFile, model: onnx.ModelProto, changed: Sequence[str], target: str
-) -> None:
-    """The user's overrides must still name tensors (and consumers) of the *fixed* model."""
-    from qdebug.mixed.overrides import OverridesError, OverridesFile, check_against_model
-
-    try:
-        check_against_model(OverridesFile(ofile.overrides), model, "")
-    except OverridesError as exc:
-        raise ConfigError(
-            f"the overrides no longer fit the model after the {target.upper()} fix(es) {list(changed)}: "
-            + "; ".join(exc.problems)
-            + " (make them for the fixed float model, or pass --skip-fix for the fix that removed the tensors)"
-        ) from exc
-
-
-# ---------------------------------------------------------------------------------------------- build
-@dataclass
-class _Job:
-    """What ``build`` read and checked before any work, and what it learned on the way (for a failure's message)."""
-
-    src: Path
-    out: Path
-    model: onnx.ModelProto
-    options: BuildOptions
-    target: Target
-    cfg: QuantConfig | None
-    ofile: OverridesFile | None
-    data: DataLike
-    eval_data: Path | None
-    debug_data: DataLike
-    say: ProgressFn
-    inputs: list[InputFile] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    fixes: tuple[PassReport, ...] = ()
-    compile_report: CompileReport | None = None
-    region: Any = None  # the :class:`qdebug.region.Region` built, if any
-
-    def timed(self, key: str, t0: float) -> None:
-        self.timings[key] = round(time.perf_counter() - t0, 4)
-
-
-def _read_inputs(
-    src: Path,
-    out: Path,
-    options: BuildOptions,
-    config: Any,
-    overrides: Any,
-    data: DataLike,
-    eval_data: str | Path | None,
-    debug_data: DataLike,
-    say: ProgressFn,
-) -> _Job:
-    """Load and check every input before anything is written (bad input raises here)."""
-    model = load_model(src, "model")
-    _check_float_model(model, src)
-    # ORT must load the model before any step does: its errors would otherwise name the staging copy
-    make_session(model, ["CPUExecutionProvider"], what=str(src))
-    _prepare_out(out)
-    inputs = [InputFile("model", str(src.resolve()), file_sha256(src))]
-    for role, value in (("data", data), ("debug_data", debug_data), ("eval_data", eval_data)):
-        if isinstance(value, str | Path) and input_problem(value, folder=True) is None:  # else open_data says why
-            inputs.append(InputFile(role, str(Path(value).resolve()), _data_sha256(Path(value))))
-    cfg_obj = config
-    if isinstance(config, str | Path):
-        cfg_obj = QuantConfig.load(config)
-        inputs.append(InputFile("config", str(Path(config).resolve()), file_sha256(config)))
-    warnings: list[str] = []
-    ofile = None
-    if overrides is not None:
-        from qdebug.mixed.overrides import OverridesError, OverridesFile
-
-        ofile = overrides if isinstance(overrides, OverridesFile) else OverridesFile.load(overrides)
-        try:
-            warnings += _check_overrides_before_fixes(ofile, model, inputs[0].sha256, options.target.name)
-        except OverridesError as exc:  # the check sees the parsed file only: name it
-            source = None if isinstance(overrides, OverridesFile) else overrides
-            raise OverridesError(exc.problems, source=source, warnings=exc.warnings) from exc
-        if isinstance(overrides, str | Path):
-            inputs.append(InputFile("overrides", str(Path(overrides).resolve()), file_sha256(overrides)))
-    cfg = resolve_config(options.device, options.precision, cfg_obj, ofile)
-    if ofile is not None and cfg is not None:
-        warnings += ofile.drift(cfg)
-    check_eval_data(model, eval_data, options)
-    evals = None if eval_data is None else Path(eval_data)
-    return _Job(src, out, model, options, options.target, cfg, ofile, data, evals, debug_data, say, inputs, warnings)
-
-
-def _prepare(job: _Job, staging: Path) -> tuple[Prepared, Path]:
+def _prepare(job: BuildJob, staging: Path) -> tuple[Prepared, Path]:
     """1. The target's compatibility fixes on the float model (and its config), written to the staging folder."""
     t0 = time.perf_counter()
     if job.target.fix_names:
@@ -470,7 +131,7 @@ def _prepare(job: _Job, staging: Path) -> tuple[Prepared, Path]:
     job.fixes, job.cfg = prepared.fixes, prepared.config
     made_fixed = job.ofile is not None and job.ofile.target_fixes is not None
     if job.ofile is not None and prepared.config is not None and (prepared.changed or made_fixed):
-        _check_overrides_after_fixes(job.ofile, prepared.model, prepared.changed, job.target.name)
+        check_overrides_after_fixes(job.ofile, prepared.model, prepared.changed, job.target.name)
     if made_fixed and job.ofile is not None and job.ofile.target_fixes is not None:
         made_for, fixes = job.ofile.target_fixes
         if set(fixes) != set(prepared.changed) and made_for == job.target.name:
@@ -484,16 +145,16 @@ def _prepare(job: _Job, staging: Path) -> tuple[Prepared, Path]:
     return prepared, float_path
 
 
-def _stem(job: _Job) -> str:
+def _stem(job: BuildJob) -> str:
     return job.src.stem.removesuffix(".float")
 
 
-def _shapes_after(job: _Job) -> Mapping[str, Sequence[int]] | None:
+def _shapes_after(job: BuildJob) -> Mapping[str, Sequence[int]] | None:
     # A target that fixes shapes has made them static already; otherwise --input-shape applies to the data.
     return None if "static_shapes" in job.target.fix_names else job.options.input_shapes
 
 
-def _quantize(job: _Job, prepared: Prepared, float_path: Path, staging: Path) -> tuple[QuantizeResult, Path]:
+def _quantize(job: BuildJob, prepared: Prepared, float_path: Path, staging: Path) -> tuple[QuantizeResult, Path]:
     """2. Quantize the fixed float model (label arrays in the data are ignored, not an error)."""
     from qdebug.quantizer import quantize
 
@@ -517,7 +178,7 @@ def _quantize(job: _Job, prepared: Prepared, float_path: Path, staging: Path) ->
     return quant, qdq_path
 
 
-def _samples(job: _Job, model: onnx.ModelProto) -> DataSource:
+def _samples(job: BuildJob, model: onnx.ModelProto) -> DataSource:
     """The debug samples: ``debug_data``, else ``eval_data``, else the calibration data (synthetic ones use
     another seed than synthetic calibration: they are not the calibration set)."""
     source = next((d for d in (job.debug_data, job.eval_data, job.data) if d is not None), None)
@@ -531,7 +192,7 @@ def _samples(job: _Job, model: onnx.ModelProto) -> DataSource:
     )
 
 
-def _compile(job: _Job, cjob: CompileJob) -> Compiled:
+def _compile(job: BuildJob, cjob: CompileJob) -> Compiled:
     """3. The target's compile; a failure (or, asked for, any fallback) is a :class:`BuildError`."""
     t0 = time.perf_counter()
     compiled = job.target.compile(cjob)
@@ -544,7 +205,7 @@ def _compile(job: _Job, cjob: CompileJob) -> Compiled:
     return compiled
 
 
-def _accuracy(job: _Job, cjob: CompileJob, compiled: Compiled) -> tuple[DebugReport | None, TargetAccuracy | None]:
+def _accuracy(job: BuildJob, cjob: CompileJob, compiled: Compiled) -> tuple[DebugReport | None, TargetAccuracy | None]:
     """4. CPU QDQ vs float (``debug``), then the target-side check."""
     report = None
     if cjob.qdq_model is not None:
@@ -599,7 +260,7 @@ class _Requantizer:
 
 
 def _diagnose(
-    job: _Job, cjob: CompileJob, compiled: Compiled, acc: TargetAccuracy | None, quant: QuantizeResult | None
+    job: BuildJob, cjob: CompileJob, compiled: Compiled, acc: TargetAccuracy | None, quant: QuantizeResult | None
 ) -> Compiled:
     """The target's diagnosis after its check (QNN: bisection and remedies), folded into the compiled result's
     manifest entries and files."""
@@ -615,7 +276,7 @@ def _diagnose(
     return replace(compiled, manifest={**compiled.manifest, **diag.manifest}, files={**compiled.files, **diag.files})
 
 
-def _top1(job: _Job, cjob: CompileJob, compiled: Compiled) -> TopOne | None:
+def _top1(job: BuildJob, cjob: CompileJob, compiled: Compiled) -> TopOne | None:
     """Top-1 of the float, QDQ and compiled models on the labelled evaluation set."""
     if job.eval_data is None:
         return None
@@ -657,7 +318,7 @@ def _relative(path: str | None, staging: Path) -> str | None:
 
 
 def _manifest(
-    job: _Job,
+    job: BuildJob,
     cjob: CompileJob,
     compiled: Compiled,
     quant: QuantizeResult | None,
@@ -696,7 +357,7 @@ def _manifest(
     )
 
 
-def _run(job: _Job, staging: Path) -> tuple[BuildManifest, DebugReport | None]:
+def _run(job: BuildJob, staging: Path) -> tuple[BuildManifest, DebugReport | None]:
     """Every step, in the staging folder."""
     prepared, float_path = _prepare(job, staging)
     quant, qdq_path = (None, None) if prepared.config is None else _quantize(job, prepared, float_path, staging)
@@ -759,15 +420,15 @@ def build(
     """
     t_start = time.perf_counter()
     say = progress or (lambda _msg: None)
-    job = _read_inputs(Path(onnx_model), Path(out_dir), options, config, overrides, data, eval_data, debug_data, say)
+    job = read_inputs(Path(onnx_model), Path(out_dir), options, config, overrides, data, eval_data, debug_data, say)
     job.out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(job.out):  # a second build of the same folder meanwhile fails in one line, not at the rename
-        _prepare_out(job.out)  # again, under the lock: another build may have filled it since
+        prepare_out(job.out)  # again, under the lock: another build may have filled it since
         manifest, report = _staged(job, t_start)
     return BuildResult(out_dir=job.out, manifest=manifest, report=report)
 
 
-def _staged(job: _Job, t_start: float) -> tuple[BuildManifest, DebugReport | None]:
+def _staged(job: BuildJob, t_start: float) -> tuple[BuildManifest, DebugReport | None]:
     """Every step in a new hidden folder next to ``job.out`` (same file system: the final rename is atomic), with the
     mode ``mkdir`` gives (it becomes the output folder), renamed into place at the end; removed on failure."""
     staging: Path | None = None
@@ -794,7 +455,7 @@ def _staged(job: _Job, t_start: float) -> tuple[BuildManifest, DebugReport | Non
     return manifest, report
 
 
-def _extract(job: _Job, staging: Path) -> None:
+def _extract(job: BuildJob, staging: Path) -> None:
     """0. Cut the float model to the region asked for (:mod:`qdebug.region`); the data becomes the region's input
     values, computed by the float model on ONNX Runtime (labels of the evaluation set kept)."""
     from qdebug.region import Region, check_region, extract_region, probe, region_data
@@ -830,7 +491,7 @@ def _extract(job: _Job, staging: Path) -> None:
     job.timed("extract_s", t0)
 
 
-def _unstaged(exc: BaseException, job: _Job, staging: Path) -> QDebugError | None:
+def _unstaged(exc: BaseException, job: BuildJob, staging: Path) -> QDebugError | None:
     """The error with the user's file named instead of its copy in the staging folder (which is gone by now):
     the steps after the fixes read that copy, so their errors name it. ``None`` when there is nothing to rename."""
     text = str(exc)
@@ -843,7 +504,7 @@ def _unstaged(exc: BaseException, job: _Job, staging: Path) -> QDebugError | Non
     return kind(text)
 
 
-def _fail(exc: BaseException, job: _Job, staging: Path) -> None:
+def _fail(exc: BaseException, job: BuildJob, staging: Path) -> None:
     """Remove the staging folder; keep a failed compile's log (outside ``out_dir``) and say what was learned."""
     report = job.compile_report
     if isinstance(exc, TargetError) and report is not None:

@@ -20,15 +20,9 @@ import pytest
 from conftest import SAMPLE_MODELS, CliResult, assert_one_line_error, sha256
 from test_qnn_fixes import dynamic_convnet, erf_only, ln_gelu_block, require_qnn, samples
 
-from qdebug.build import (
-    BuildError,
-    BuildManifest,
-    BuildOptions,
-    RecompileResult,
-    build,
-    recompile,
-    resolve_config,
-)
+from qdebug.build import BuildError, BuildOptions, RecompileResult, build, recompile
+from qdebug.build_inputs import resolve_config
+from qdebug.build_manifest import BuildManifest
 from qdebug.config import QuantConfig
 from qdebug.errors import (
     EXIT_INPUT_FILE,

@@ -13,7 +13,8 @@ from conftest import SAMPLE_MODELS, CliResult, assert_one_line_error
 from test_deeploy_env import deeploy, deeploy_env  # noqa: F401  (fixtures)
 from test_deeploy_host import gcc  # noqa: F401  (fixture)
 
-from qdebug.build import BuildManifest, BuildOptions, recompile
+from qdebug.build import BuildOptions, recompile
+from qdebug.build_manifest import BuildManifest
 from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_USAGE, ConfigError
 from qdebug.targets.deeploy_snap import snap_scales_for_deeploy

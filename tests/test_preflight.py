@@ -380,7 +380,8 @@ def test_fails_late_build_eval_without_labels_is_refused_before_any_work(run_cli
 def test_fails_late_check_eval_data_asks_what_every_target_will(tmp_path: Path, target: str) -> None:
     """The function ``build`` calls before any work, with each target's options (QNN is not compiled: the question
     needs only the float model and the labels)."""
-    from qdebug.build import BuildOptions, check_eval_data
+    from qdebug.build import BuildOptions
+    from qdebug.build_inputs import check_eval_data
     from qdebug.targets.base import get_target
 
     precision = next(iter(get_target(target).precisions))

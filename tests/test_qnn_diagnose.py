@@ -20,7 +20,8 @@ from conftest import CliResult
 from onnx import TensorProto, helper, numpy_helper
 from test_qnn_fixes import require_qnn
 
-from qdebug.build import BuildManifest, BuildOptions, build
+from qdebug.build import BuildOptions, build
+from qdebug.build_manifest import BuildManifest
 from qdebug.config import QuantConfig
 from qdebug.errors import ConfigError
 from qdebug.mixed.overrides import OverridesFile

@@ -425,7 +425,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
 
     def on_run_clicked(self, b: Any = None) -> None:
         """Resolve the form, quantize/debug, and show the debugger; failures become a message, never a traceback."""
-        from qdebug.build import resolve_config
+        from qdebug.build_inputs import resolve_config
         from qdebug.debugger import DebugOptions
 
         from .app import DebuggerApp

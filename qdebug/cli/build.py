@@ -155,7 +155,7 @@ class Build(Tool):
             checks.run(OverridesFile.load, args.overrides)
         model_given = checks.readable("--float-model", args.float_model)
         if options is not None and model_given and checks.readable("--eval", args.eval):
-            from qdebug.build import check_eval_data
+            from qdebug.build_inputs import check_eval_data
 
             model = checks.run(load_model, args.float_model, "float model")
             if model is not None:

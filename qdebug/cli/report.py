@@ -130,7 +130,7 @@ def load_report(path: str) -> Any:
 
 def load_manifest(path: str) -> Any:
     """The build manifest at ``path``, or one line naming it."""
-    from qdebug.build import BuildManifest
+    from qdebug.build_manifest import BuildManifest
 
     return load_kind(BuildManifest.load, path, "qdebug build manifest", "give the manifest.json of a build folder")
 

@@ -42,7 +42,7 @@ from qdebug.render.fmt import fmt_db_text, fmt_task
 from qdebug.report import DebugReport, SqnrKind
 
 if TYPE_CHECKING:
-    from qdebug.build import BuildManifest
+    from qdebug.build_manifest import BuildManifest
     from qdebug.diagnose import Diagnostics
     from qdebug.mixed.suggest import Suggestion
 
