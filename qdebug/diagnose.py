@@ -15,33 +15,43 @@ Three sources, each bounded in memory:
 Every :class:`Diagnostic` names the tensor, gives the evidence (numbers and a sentence) and a :class:`Remedy`
 the mixed-precision engine can apply and measure (a 16-bit promotion or a per-channel weight as
 ``TensorQuantOverrides``, or a calibration change for ``qdebug quantize``).
+
+The records (:class:`Diagnostic`, :class:`Diagnostics`, :class:`Thresholds`) are :mod:`qdebug.findings`, the
+statistics (:class:`TensorStats`, :func:`collect_stats`) :mod:`qdebug.activation_stats`; this module holds the checks
+and :func:`diagnose` / :func:`diagnose_models`, and its ``__all__`` re-exports those names (docs/diagnostics.md refers
+to ``qdebug.diagnose.Thresholds``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from qdebug.data import DataSource, open_data
-from qdebug.errors import InputFileError
+from qdebug.activation_stats import QRANGE, TensorStats, collect_stats, quant_grid
+from qdebug.findings import (
+    DIAGNOSTICS_SCHEMA_VERSION,
+    SEVERITY_ORDER,
+    Diagnostic,
+    DiagnosticKind,
+    Diagnostics,
+    Remedy,
+    RemedyKind,
+    Severity,
+    Thresholds,
+)
 from qdebug.graph_index import GraphIndex
-from qdebug.io import atomic_write_text
-from qdebug.model_io import input_specs
-from qdebug.ort import expose_outputs, make_session
 from qdebug.qdq_values import qdq_parameter_issues
-from qdebug.report import ActivationResult, DebugReport, WeightResult, decode_number, encode_number
+from qdebug.report import ActivationResult, DebugReport, WeightResult
 from qdebug.sentinel import MaskedSqnr, Sentinel, clamp_value, find_sentinels, masked_sqnr
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 __all__ = [
     "DIAGNOSTICS_SCHEMA_VERSION",
@@ -59,10 +69,7 @@ __all__ = [
     "report_ranges",
 ]
 
-DIAGNOSTICS_SCHEMA_VERSION = 1
 
-#: Integer range of each quantization type.
-QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767)}
 #: Ops whose outputs live on a few decades near zero (Softmax, Sigmoid) or that divide by a small statistic
 #: (LayerNorm and its decomposed Pow/Sqrt/Reciprocal): 8 bits there is a known cliff (docs/diagnostics.md).
 CLIFF_OPS = frozenset(
@@ -74,346 +81,8 @@ JOIN_OPS = frozenset({"Concat", "Add", "Sum"})
 WEIGHT_OPS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0, "MatMul": -1}  # op → output-channel axis of the weight
 
 
-class DiagnosticKind(StrEnum):
-    """What is wrong (one value per check; docs/diagnostics.md has an example model for each)."""
-
-    OUTLIER_RANGE = "outlier_range"
-    NEGATIVE_UNSIGNED = "negative_unsigned"
-    WASTED_RANGE = "wasted_range"
-    SCALE_MISMATCH = "scale_mismatch"
-    PER_CHANNEL_WEIGHT = "per_channel_weight"
-    SATURATION = "saturation"
-    PRECISION_CLIFF = "precision_cliff"
-    BAD_QPARAMS = "bad_qparams"
-    SENTINEL = "sentinel"
-
-
-class Severity(StrEnum):
-    """How much it matters: ``error`` (the numbers are meaningless), ``warning`` (costs accuracy), ``info``."""
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-
-class RemedyKind(StrEnum):
-    """The fix to try. ``promote_16bit`` and ``per_channel`` are ``TensorQuantOverrides`` the mixed-precision engine
-    applies and measures (:func:`qdebug.mixed.promote.promote`, the app's Promote button, ``qdebug quantize
-    --overrides``); the others change the whole quantization (``qdebug quantize`` options)."""
-
-    PROMOTE_16BIT = "promote_16bit"
-    PER_CHANNEL = "per_channel"
-    PERCENTILE_CALIBRATION = "percentile_calibration"
-    FIX_QPARAMS = "fix_qparams"
-    #: rewrite a sentinel mask constant to a finite value Softmax maps identically
-    #: (:func:`qdebug.sentinel.clamp_sentinels`)
-    SENTINEL_CLAMP = "sentinel_clamp"
-    #: keep ``nodes`` in float (ORT's ``nodes_to_exclude``, ``QuantConfig.nodes_to_exclude``)
-    FLOAT_FALLBACK = "float_fallback"
-
-
-@dataclass(frozen=True)
-class Remedy:
-    """A fix for one diagnostic: what to do, to which tensors, and the overrides entry that does it."""
-
-    kind: RemedyKind
-    tensors: tuple[str, ...]
-    text: str
-    #: node names the remedy keeps in float (``float_fallback``)
-    nodes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (``nodes`` only when there are some)."""
-        d: dict[str, Any] = {"kind": str(self.kind), "tensors": list(self.tensors), "text": self.text}
-        if self.nodes:
-            d["nodes"] = list(self.nodes)
-        return d
-
-    @classmethod
-    def from_dict(cls, r: Mapping[str, Any]) -> Remedy:
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            RemedyKind(r["kind"]), tuple(r.get("tensors", ())), str(r.get("text", "")), tuple(r.get("nodes", ()))
-        )
-
-    def overrides(self) -> dict[str, list[dict[str, Any]]]:
-        """The ``TensorQuantOverrides`` (JSON form, docs/overrides.md) applying this remedy; ``{}`` for a remedy
-        that is not a per-tensor override."""
-        if self.kind is RemedyKind.PROMOTE_16BIT:
-            return {t: [{"quant_type": "QUInt16"}] for t in self.tensors}
-        if self.kind is RemedyKind.PER_CHANNEL:
-            return {t: [{"axis": 0}] for t in self.tensors}
-        return {}
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """One finding: the tensor, what is wrong, the evidence (a sentence and its numbers) and the remedy."""
-
-    kind: DiagnosticKind
-    severity: Severity
-    tensor: str
-    op: str
-    evidence: str
-    remedy: Remedy
-    values: Mapping[str, float | None] = field(default_factory=dict)
-    #: other remedies for the same cause (a sentinel: keeping its path in float beside the clamp)
-    alternatives: tuple[Remedy, ...] = ()
-
-    @property
-    def remedies(self) -> tuple[Remedy, ...]:
-        """The remedy, then the alternatives: what ``qdebug diagnose --measure`` measures."""
-        return (self.remedy, *self.alternatives)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (``alternatives`` only when there are some)."""
-        d: dict[str, Any] = {
-            "kind": str(self.kind),
-            "severity": str(self.severity),
-            "tensor": self.tensor,
-            "op": self.op,
-            "evidence": self.evidence,
-            "remedy": self.remedy.to_dict(),
-            "values": {k: encode_number(v) for k, v in self.values.items()},
-        }
-        if self.alternatives:
-            d["alternatives"] = [r.to_dict() for r in self.alternatives]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Diagnostic:
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            kind=DiagnosticKind(d["kind"]),
-            severity=Severity(d["severity"]),
-            tensor=str(d["tensor"]),
-            op=str(d.get("op", "")),
-            evidence=str(d["evidence"]),
-            remedy=Remedy.from_dict(d["remedy"]),
-            values={k: decode_number(v) for k, v in d.get("values", {}).items()},
-            alternatives=tuple(Remedy.from_dict(r) for r in d.get("alternatives", ())),
-        )
-
-
-_SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-
-
-@dataclass(frozen=True)
-class Diagnostics:
-    """Every diagnostic of one model pair, most severe first; ``stats_samples`` says how many samples the
-    per-tensor statistics saw (0: report and constants only — the checks that need statistics did not run)."""
-
-    items: tuple[Diagnostic, ...]
-    stats_samples: int = 0
-    checks: tuple[DiagnosticKind, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def of_kind(self, kind: DiagnosticKind | str) -> tuple[Diagnostic, ...]:
-        """The diagnostics of one kind."""
-        k = DiagnosticKind(kind)
-        return tuple(d for d in self.items if d.kind is k)
-
-    def for_tensor(self, name: str) -> tuple[Diagnostic, ...]:
-        """The diagnostics naming ``name``."""
-        return tuple(d for d in self.items if d.tensor == name)
-
-    def overrides(self) -> dict[str, list[dict[str, Any]]]:
-        """The union of every remedy's ``TensorQuantOverrides`` (a tensor keeps its first entry)."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for d in self.items:
-            for t, e in d.remedy.overrides().items():
-                out.setdefault(t, e)
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with ``schema_version``."""
-        return {
-            "schema_version": DIAGNOSTICS_SCHEMA_VERSION,
-            "stats_samples": self.stats_samples,
-            "checks": [str(c) for c in self.checks],
-            "items": [d.to_dict() for d in self.items],
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Diagnostics:
-        """Inverse of :meth:`to_dict`; refuses other schema versions."""
-        if d.get("schema_version") != DIAGNOSTICS_SCHEMA_VERSION:
-            raise InputFileError(f"diagnostics schema_version {d.get('schema_version')!r} is not supported")
-        return cls(
-            items=tuple(Diagnostic.from_dict(x) for x in d.get("items", ())),
-            stats_samples=int(d.get("stats_samples", 0)),
-            checks=tuple(DiagnosticKind(c) for c in d.get("checks", ())),
-        )
-
-    def to_json(self, indent: int | None = 2) -> str:
-        """Strict JSON text."""
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-
-    def save(self, path: str | Path) -> Path:
-        """Write as JSON, atomically."""
-        return atomic_write_text(path, self.to_json())
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """One row per diagnostic: severity, kind, tensor, op, evidence, remedy, remedy_tensors, then the values."""
-        import pandas as pd
-
-        rows = [
-            {
-                "severity": str(d.severity), "kind": str(d.kind), "tensor": d.tensor, "op": d.op,
-                "evidence": d.evidence, "remedy": str(d.remedy.kind), "remedy_tensors": ", ".join(d.remedy.tensors),
-                **{f"value.{k}": v for k, v in d.values.items()},
-            }
-            for d in self.items
-        ]  # fmt: skip
-        return pd.DataFrame(rows, columns=None if rows else ["severity", "kind", "tensor", "op", "evidence", "remedy"])
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When each check fires (docs/diagnostics.md explains each number)."""
-
-    #: max |x| / 99.99th percentile of |x| above this: the range is set by a few outliers
-    outlier_ratio: float = 8.0
-    #: fraction of values outside the grid (clipped) above this: saturation
-    saturation: float = 1e-3
-    #: fraction of the representable range the data leaves unused above this (as bits: log2(1/used) ≥ 1)
-    wasted_fraction: float = 0.5
-    #: ratio of the largest to the smallest input grid range (scale × steps: the scale, across types) above this
-    scale_ratio: float = 16.0
-    #: ratio of the largest to the smallest nonzero output-channel |w| max of a per-tensor weight above this
-    channel_ratio: float = 100.0
-    #: local SQNR (dB) below which a Softmax/LayerNorm/Sigmoid at 8 bits is a precision cliff
-    cliff_local_db: float = 30.0
-    #: fraction of nonzero values a cliff op's grid flushes to zero above this
-    flush_fraction: float = 0.5
-
-
-# ---------------------------------------------------------------------------------------------- statistics
-#: |x| histogram: the top 10 bits of a float32's magnitude, i.e. its 8-bit exponent and 2 mantissa bits — 4 linear
-#: bins per octave over the whole float32 range (bins 0-3: zero and subnormals), read straight from the bits.
-BINS_PER_OCTAVE = 4
-N_BINS = 256 * BINS_PER_OCTAVE
-_SHIFT = 23 - 2  # float32: 23 mantissa bits, keep 2
-
-
-@dataclass
-class TensorStats:
-    """Mergeable per-tensor statistics of the float model's values (a few hundred numbers per tensor, whatever
-    the number of samples): counts, a fixed-bin ``|x|`` histogram (4 bins per octave, :data:`N_BINS`), and
-    against the tensor's grid (when it has one) the values clipped below / above it and those it flushes to zero."""
-
-    count: int = 0
-    negative: int = 0
-    abs_max: float = 0.0
-    hist: np.ndarray = field(default_factory=lambda: np.zeros(N_BINS, dtype=np.int64))
-    clipped_low: int = 0
-    clipped_high: int = 0
-    flushed: int = 0
-
-    def update(self, x: np.ndarray, grid: tuple[float, float, float] | None) -> None:
-        """Add one sample's values; ``grid`` is ``(lowest, highest, step)`` of the tensor's quantization."""
-        v = np.ascontiguousarray(x, dtype=np.float32).ravel()
-        if not np.isfinite(v).all():
-            v = v[np.isfinite(v)]
-        a = np.abs(v)
-        # The histogram bin of |x| is its float32 bit pattern shifted (exponent and 2 mantissa bits): no log.
-        self.hist += np.bincount(a.view(np.int32) >> _SHIFT, minlength=N_BINS)[:N_BINS]
-        self.count += v.size
-        self.negative += int(np.count_nonzero(v < 0))
-        if a.size:
-            self.abs_max = max(self.abs_max, float(a.max()))
-        if grid is not None:
-            lo, hi, step = grid
-            # A grid reaching past float32 (a −FLT_MAX mask's) clips no finite value; compared as float32 it would
-            # overflow.
-            self.clipped_low += int(np.count_nonzero(v < max(lo - step / 2, -_FLT_MAX)))
-            self.clipped_high += int(np.count_nonzero(v > min(hi + step / 2, _FLT_MAX)))
-            self.flushed += int(np.count_nonzero(a < step / 2))
-
-    @property
-    def zeros(self) -> int:
-        """Values that are 0 (or float32 subnormals)."""
-        return int(self.hist[:BINS_PER_OCTAVE].sum())
-
-    @property
-    def nonzero_flushed(self) -> int:
-        """Nonzero values the grid rounds to 0."""
-        return max(0, self.flushed - self.zeros)
-
-    def merge(self, other: TensorStats) -> TensorStats:
-        """The statistics of both sample sets (exact: every field is a count, a sum or a max)."""
-        return TensorStats(
-            self.count + other.count, self.negative + other.negative,
-            max(self.abs_max, other.abs_max), self.hist + other.hist, self.clipped_low + other.clipped_low,
-            self.clipped_high + other.clipped_high, self.flushed + other.flushed,
-        )  # fmt: skip
-
-    def abs_percentile(self, q: float) -> float:
-        """The ``q``-th percentile (0–100) of ``|x|``, to a quarter octave (the upper edge of its bin)."""
-        if self.count == 0:
-            return 0.0
-        k = int(np.searchsorted(np.cumsum(self.hist), q / 100.0 * self.count))
-        if k < BINS_PER_OCTAVE:  # zero (or subnormal)
-            return 0.0
-        octave, j = divmod(k, BINS_PER_OCTAVE)
-        upper = 2.0 ** (octave - 127) * (1 + (j + 1) / BINS_PER_OCTAVE)  # bin k: [2^o (1 + j/4), 2^o (1 + (j+1)/4))
-        return float(min(upper, self.abs_max))
-
-
-_FLT_MAX = float(np.finfo(np.float32).max)
-
-
 def _bits(quant_type: str | None) -> int:
     return 16 if (quant_type or "").endswith("16") else 8
-
-
-def _grid(a: ActivationResult) -> tuple[float, float, float] | None:
-    if not a.quantized or a.scale is None or a.zero_point is None or a.quant_type not in QRANGE:
-        return None
-    if not (math.isfinite(a.scale) and a.scale > 0):
-        return None
-    qmin, qmax = QRANGE[a.quant_type]
-    return (qmin - a.zero_point) * a.scale, (qmax - a.zero_point) * a.scale, a.scale
-
-
-def collect_stats(
-    float_model: onnx.ModelProto,
-    report: DebugReport,
-    data: Any = None,
-    *,
-    max_samples: int = 8,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    synthetic: Mapping[str, Any] | None = None,
-) -> tuple[dict[str, TensorStats], int]:
-    """:class:`TensorStats` of every activation of ``report`` over the first ``max_samples`` samples of ``data``
-    (a data spec as :func:`qdebug.debugger` takes; ``None``: synthetic), one sample in memory at a time.
-
-    ``synthetic`` passes ``seed`` / ``distribution`` / ``ignore`` to :func:`qdebug.data.open_data` (the same samples
-    as the debug run). Returns ``({tensor: stats}, samples seen)``.
-    """
-    acts = [a for a in report.activations]
-    names = [a.tensor_name for a in acts]
-    sess: Any = make_session(expose_outputs(float_model, names), providers, role="float model")
-    fetched = {o.name for o in sess.get_outputs()}
-    acts = [a for a in acts if a.tensor_name in fetched]
-    grids = {a.tensor_name: _grid(a) for a in acts}
-    stats = {a.tensor_name: TensorStats() for a in acts}
-    source: DataSource = open_data(
-        data, input_specs(float_model), num_samples=max_samples, input_shapes=input_shapes, **(synthetic or {})
-    )
-    seen = 0
-    wanted = list(stats)
-    for sample in source:
-        if seen >= max_samples:
-            break
-        feed = {k: v for k, v in sample.items() if k in {i.name for i in sess.get_inputs()}}
-        for name, value in zip(wanted, sess.run(wanted, feed), strict=True):
-            stats[name].update(value, grids[name])
-        seen += 1
-    return stats, seen
 
 
 # ---------------------------------------------------------------------------------------------- the checks
@@ -445,7 +114,7 @@ def _check_qparams_report(a: ActivationResult) -> Diagnostic | None:
 
 def _check_ranges(a: ActivationResult, t: Thresholds) -> list[Diagnostic]:
     """Negative values under an unsigned grid, and a grid much wider than the data (from the report's ranges)."""
-    grid = _grid(a)
+    grid = quant_grid(a)
     if grid is None or a.float_min is None or a.float_max is None:
         return []
     lo, hi, step = grid
@@ -536,7 +205,7 @@ def _check_cliff(a: ActivationResult, st: TensorStats | None, t: Thresholds) -> 
 def _check_stats(a: ActivationResult, st: TensorStats, t: Thresholds) -> list[Diagnostic]:
     """Outlier-dominated range and saturation (from :class:`TensorStats`)."""
     out = []
-    grid = _grid(a)
+    grid = quant_grid(a)
     p = st.abs_percentile(99.99)
     if grid is not None and p > 0 and st.abs_max / p > t.outlier_ratio and not (a.quant_type or "").endswith("16"):
         ratio, bits = st.abs_max / p, _bits(a.quant_type)
@@ -650,7 +319,7 @@ def _check_sentinels(
     out = []
     for s in sentinels:
         a = by_name.get(s.join_output)
-        if a is None or not a.quantized or _grid(a) is None:
+        if a is None or not a.quantized or quant_grid(a) is None:
             continue  # kept in float: nothing shares its grid
         scores = by_name.get(s.scores)
         m = (masked or {}).get(s.join_output)
@@ -754,7 +423,7 @@ def diagnose(
     if quant_model is not None:
         items += _model_qparams(quant_model, {d.tensor for d in items if d.kind is DiagnosticKind.BAD_QPARAMS})
     topo = {a.tensor_name: a.topo_index for a in report.activations}
-    items.sort(key=lambda d: (_SEVERITY_ORDER[d.severity], topo.get(d.tensor, 1 << 30)))
+    items.sort(key=lambda d: (SEVERITY_ORDER[d.severity], topo.get(d.tensor, 1 << 30)))
     return Diagnostics(tuple(items), stats_samples, tuple(k for k in DiagnosticKind if k in checks))
 
 

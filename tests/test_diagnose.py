@@ -12,16 +12,10 @@ import numpy as np
 import pytest
 from diag_models import EXAMPLES
 
+from qdebug.activation_stats import TensorStats
 from qdebug.debugger import DebugOptions, debug
-from qdebug.diagnose import (
-    DiagnosticKind,
-    Diagnostics,
-    RemedyKind,
-    Severity,
-    TensorStats,
-    diagnose,
-    diagnose_models,
-)
+from qdebug.diagnose import diagnose, diagnose_models
+from qdebug.findings import DiagnosticKind, Diagnostics, RemedyKind, Severity
 from qdebug.report import DebugReport
 
 REMEDY = {

@@ -143,7 +143,7 @@ def test_measure_options_need_measure(sentinel_files: dict[str, Path]) -> None:
 
 
 def test_every_remedy_kind_is_measured_before_a_second_of_any() -> None:
-    from qdebug.diagnose import Diagnostic, DiagnosticKind, Diagnostics, Remedy, RemedyKind, Severity
+    from qdebug.findings import Diagnostic, DiagnosticKind, Diagnostics, Remedy, RemedyKind, Severity
     from qdebug.mixed.diagnosis import select_for_measure
 
     def diag(t: str, kind: RemedyKind) -> Diagnostic:

@@ -19,7 +19,8 @@ from conftest import CliResult, assert_one_line_error
 from diag_models import per_channel_weight, scale_mismatch
 
 from qdebug.debugger import DebugOptions, debug
-from qdebug.diagnose import Diagnostics, diagnose_models
+from qdebug.diagnose import diagnose_models
+from qdebug.findings import Diagnostics
 from qdebug.mixed.suggest import suggest
 from qdebug.render.html import CARTESIAN_BUNDLE, HtmlOptions, _cartesian_only, plotly_bundle, report_html
 from qdebug.report import DebugReport, TargetAccuracy, TargetOutputAccuracy

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.config import QuantConfig
 from qdebug.debugger import debug
-from qdebug.diagnose import DiagnosticKind, Diagnostics, RemedyKind, Severity, diagnose_models
+from qdebug.diagnose import diagnose_models
+from qdebug.findings import DiagnosticKind, Diagnostics, RemedyKind, Severity
 from qdebug.mixed.remedies import RemedyKind as MixedRemedyKind
 from qdebug.mixed.remedies import measure_remedies, remedy_overrides, sentinel_remedies
 from qdebug.mixed.session import MixedPrecisionSession

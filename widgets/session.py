@@ -23,7 +23,7 @@ from qdebug.render.fmt import fmt_db_text
 from qdebug.tensor_values import TensorValues
 
 if TYPE_CHECKING:
-    from qdebug.diagnose import Diagnostics
+    from qdebug.findings import Diagnostics
     from qdebug.fix import FixOptions, FixResult
     from qdebug.mixed.promote import PromotionPlan
     from qdebug.mixed.search import SearchGoal, SearchResult

@@ -20,8 +20,9 @@ import numpy as np
 
 from qdebug.config import QuantConfig
 from qdebug.data import open_data
-from qdebug.diagnose import Diagnostic, Diagnostics, RemedyKind, report_ranges
+from qdebug.diagnose import report_ranges
 from qdebug.errors import ConfigError, QDebugError
+from qdebug.findings import Diagnostic, Diagnostics, RemedyKind
 from qdebug.graph_index import GraphIndex
 from qdebug.metrics import sqnr_from_energies
 from qdebug.mixed.gains import DiagnosisGain, DiagnosisGains, rank_by_measured

@@ -43,7 +43,7 @@ from qdebug.report import DebugReport, SqnrKind
 
 if TYPE_CHECKING:
     from qdebug.build_manifest import BuildManifest
-    from qdebug.diagnose import Diagnostics
+    from qdebug.findings import Diagnostics
     from qdebug.mixed.suggest import Suggestion
 
 __all__ = ["HtmlOptions", "plotly_bundle", "report_html", "write_report_html"]
