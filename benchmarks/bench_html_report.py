@@ -49,7 +49,7 @@ OFFLINE = re.compile(r"^(file|data|blob):")
 def floor_page(path: Path) -> Path:
     """The floor: plotly.js inline in a plain ``<script>`` (as plotly's own ``include_plotlyjs=True`` writes it)
     and one empty plot — what any self-contained plotly page pays before drawing anything."""
-    from qdebug.render.html import _plotly_offline
+    from qdebug.render.html_plotly import _plotly_offline
 
     js = _plotly_offline.get_plotlyjs()
     path.write_text(

@@ -137,7 +137,7 @@ class Timings:
 def bench_python(df: Any, repeats: int) -> tuple[list[Timings], dict[str, Any], int, int]:
     """The graph view as the dashboard builds it (qdebug.render.graphview): grouping + the collapsed view's layout
     + its figure (what opens), and the fully expanded view's layout + figure ("expand all")."""
-    from qdebug.render import graphview as gv
+    from qdebug.render import graph_view as gv
     from qdebug.render.figures import graph_edges
 
     d = df.sort_values("topo_index", kind="stable")

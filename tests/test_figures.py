@@ -21,11 +21,11 @@ import qdebug
 from qdebug.mixed.compare import compare
 from qdebug.mixed.search import SearchGoal, SearchPoint, SearchResult
 from qdebug.mixed.suggest import analyse
-from qdebug.render import figures
+from qdebug.render import bands, figures
 from qdebug.render.layout import chain_with_skips, layered_layout
 from qdebug.report import DebugReport
 
-RED_END, GREEN_END = figures.SQNR_COLORSCALE[0][1], figures.SQNR_COLORSCALE[-1][1]
+RED_END, GREEN_END = bands.SQNR_COLORSCALE[0][1], bands.SQNR_COLORSCALE[-1][1]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def transformer_report(tmp_path_factory: pytest.TempPathFactory) -> DebugReport:
 
 def _scale_band(z: float) -> str:
     """Which band of the colour scale a z value falls in (using zmin/zmax, as plotly does)."""
-    frac = (min(max(z, figures.Z_MIN), figures.Z_MAX) - figures.Z_MIN) / (figures.Z_MAX - figures.Z_MIN)
+    frac = (min(max(z, bands.Z_MIN), bands.Z_MAX) - bands.Z_MIN) / (bands.Z_MAX - bands.Z_MIN)
     return "red" if frac < 1 / 3 else ("yellow" if frac <= 2 / 3 else "green")
 
 
@@ -57,17 +57,15 @@ def _degenerate(report: DebugReport) -> DebugReport:
 
 
 def test_colour_anchoring() -> None:
-    assert figures.sqnr_color(10.0).startswith("#") and _scale_band(10.0) == "red"
+    assert bands.sqnr_color(10.0).startswith("#") and _scale_band(10.0) == "red"
     assert _scale_band(50.0) == "green" and _scale_band(30.0) == "yellow"
     # Breakpoints sit at 20 and 40 dB exactly, and the explicit colours agree with the scale's ends.
-    positions = [p for p, _ in figures.SQNR_COLORSCALE]
-    assert (figures.SQNR_LOW - figures.Z_MIN) / (figures.Z_MAX - figures.Z_MIN) in [pytest.approx(p) for p in positions]
-    assert (figures.SQNR_HIGH - figures.Z_MIN) / (figures.Z_MAX - figures.Z_MIN) in [
-        pytest.approx(p) for p in positions
-    ]
-    assert figures.sqnr_color(-5.0) == RED_END and figures.sqnr_color(math.inf) == GREEN_END == figures.sqnr_color(80.0)
-    assert figures.sqnr_color(None) == figures.sqnr_color(math.nan) == figures.GREY
-    red, green = figures.sqnr_color(10.0), figures.sqnr_color(50.0)
+    positions = [p for p, _ in bands.SQNR_COLORSCALE]
+    assert (bands.SQNR_LOW - bands.Z_MIN) / (bands.Z_MAX - bands.Z_MIN) in [pytest.approx(p) for p in positions]
+    assert (bands.SQNR_HIGH - bands.Z_MIN) / (bands.Z_MAX - bands.Z_MIN) in [pytest.approx(p) for p in positions]
+    assert bands.sqnr_color(-5.0) == RED_END and bands.sqnr_color(math.inf) == GREEN_END == bands.sqnr_color(80.0)
+    assert bands.sqnr_color(None) == bands.sqnr_color(math.nan) == bands.GREY
+    red, green = bands.sqnr_color(10.0), bands.sqnr_color(50.0)
     assert int(red[1:3], 16) > int(red[3:5], 16)  # red dominates
     assert int(green[3:5], 16) > int(green[1:3], 16)  # green dominates
 
@@ -81,7 +79,7 @@ def test_layer_heatmap(tiny_report: DebugReport, orientation: str) -> None:
     assert '"zmax":60.0' in fig.to_json()  # serialisable as sent to the browser (NaN cells included)
     main, grey = fig.data
     assert isinstance(main, go.Heatmap) and isinstance(grey, go.Heatmap)
-    assert (main.zmin, main.zmax) == (figures.Z_MIN, figures.Z_MAX)
+    assert (main.zmin, main.zmax) == (bands.Z_MIN, bands.Z_MAX)
     z = np.array(main.z, dtype=float)
     zg = np.array(grey.z, dtype=float)
     text = np.array(main.text, dtype=object)
@@ -92,7 +90,7 @@ def test_layer_heatmap(tiny_report: DebugReport, orientation: str) -> None:
     for j, name in enumerate(df["tensor_name"]):
         assert name in text[0, j]
     # +inf: top of the scale, hover "identical (inf)"; undefined: grey cell with its status.
-    assert z[1, 1] == figures.Z_MAX and "identical (inf)" in text[1, 1]
+    assert z[1, 1] == bands.Z_MAX and "identical (inf)" in text[1, 1]
     assert np.isnan(z[1, 2]) and zg[1, 2] == 1.0 and "undefined" in text[1, 2]
     # The input has no weights: blank, not grey.
     assert np.isnan(z[2, 0]) and np.isnan(zg[2, 0])
@@ -138,7 +136,7 @@ def test_layer_heatmap_transformer(transformer_report: DebugReport) -> None:
     ident = [j for j, s in enumerate(df["local_status"]) if s == "identical"]
     assert ident
     for j in ident:
-        assert fig.data[0].z[0][j] == figures.Z_MAX and "identical (inf)" in fig.data[0].text[0][j]
+        assert fig.data[0].z[0][j] == bands.Z_MAX and "identical (inf)" in fig.data[0].text[0][j]
     weighted = np.isfinite(np.array(fig.data[0].z, dtype=float)[2]).sum()
     assert weighted > 0
 
@@ -150,11 +148,11 @@ def test_samples_heatmap(transformer_report: DebugReport) -> None:
     ps.iloc[2, 5] = 10.0
     fig = figures.samples_heatmap(ps)
     main, grey = fig.data
-    assert isinstance(main, go.Heatmap) and (main.zmin, main.zmax) == (figures.Z_MIN, figures.Z_MAX)
+    assert isinstance(main, go.Heatmap) and (main.zmin, main.zmax) == (bands.Z_MIN, bands.Z_MAX)
     z = np.array(main.z, dtype=float)
     assert z.shape == ps.shape
     assert np.isnan(z[0, 3]) and grey.z[0][3] == 1.0 and "undefined" in main.text[0][3]
-    assert z[1, 4] == figures.Z_MAX and "identical (inf)" in main.text[1][4]
+    assert z[1, 4] == bands.Z_MAX and "identical (inf)" in main.text[1][4]
     assert _scale_band(z[2, 5]) == "red"
     assert ps.columns[7] in main.text[0][7] and "sample 0" in main.text[0][7]
 
@@ -193,11 +191,11 @@ def test_graph_figure(which: str, request: pytest.FixtureRequest) -> None:
     assert len(edges.x) == 3 * expected_edges and list(edges.x[2::3]) == [None] * expected_edges
     assert expected_edges >= len(names) - 1
     # Colours: the anchoring, +inf → top colour, undefined → grey with its status in the hover.
-    assert nodes.marker.color[1] == GREEN_END and nodes.marker.color[2] == figures.GREY
+    assert nodes.marker.color[1] == GREEN_END and nodes.marker.color[2] == bands.GREY
     assert "undefined" in nodes.hovertext[2]
     for j, v in enumerate(df["cumulative_sqnr_db"]):
         if v is not None and math.isfinite(v):
-            assert nodes.marker.color[j] == figures.sqnr_color(v)
+            assert nodes.marker.color[j] == bands.sqnr_color(v)
         assert names[j] in nodes.hovertext[j]
     assert ring.customdata[0] == sel and (ring.x[0], ring.y[0]) == (nodes.x[3], nodes.y[3])
     local = figures.graph_figure(df, metric="local")
@@ -238,7 +236,7 @@ def test_layout_900_nodes() -> None:
     )  # fmt: skip
     fig = figures.graph_figure(df, layout=pos)
     assert len(fig.data[0].x) == 3 * len(edges)
-    assert fig.data[1].marker.color[0] == figures.sqnr_color(10.0) and fig.data[1].mode == "markers"
+    assert fig.data[1].marker.color[0] == bands.sqnr_color(10.0) and fig.data[1].mode == "markers"
 
 
 def test_layout_edge_cases() -> None:
@@ -295,7 +293,7 @@ def test_pareto_figure(form: str) -> None:
     assert "accuracy: 92.00%" in by["steps"].hovertext[2]
     assert list(by["chosen"].customdata) == [2] and by["chosen"].marker.symbol == "star"
     if form != "steps":
-        assert list(by["evaluated"].customdata) == [7] and by["evaluated"].y[0] == figures.Z_MAX
+        assert list(by["evaluated"].customdata) == [7] and by["evaluated"].y[0] == bands.Z_MAX
         assert "accuracy: n/a" in by["evaluated"].hovertext[0]
         assert list(by["Pareto front"].customdata) == [0, 7]  # the same front SearchResult.pareto() and the CLI give
     else:

@@ -12,7 +12,7 @@ import pytest
 from builders import scoped_residual_mlp
 
 import qdebug
-from qdebug.render import graphview as gv
+from qdebug.render import graph_view as gv
 from widgets.app import DebuggerApp
 from widgets.session import QuantDebugger
 

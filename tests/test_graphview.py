@@ -1,4 +1,4 @@
-"""The graph view (qdebug/render/graphview.py), the scaled heatmap and the inspector figures — no browser.
+"""The graph view (qdebug/render/graph_view*.py), the scaled heatmap and the inspector figures — no browser.
 
 The layout is checked against the ONNX graph itself: every edge between two activations of the model must go
 strictly down a rank, in the collapsed view (groups) and in the fully expanded one.
@@ -15,7 +15,7 @@ import pytest
 from builders import scoped_residual_mlp
 
 from qdebug.render import figures
-from qdebug.render import graphview as gv
+from qdebug.render import graph_view as gv
 from qdebug.render import inspector as ri
 from qdebug.render.bands import sqnr_color
 

@@ -70,7 +70,8 @@ def test_gains_of_a_search_result_round_trip() -> None:
 
 
 def test_html_shows_predicted_and_measured_side_by_side() -> None:
-    from qdebug.render.html import _first_fix, report_html
+    from qdebug.render.html import report_html
+    from qdebug.render.html_sections import _first_fix
 
     f, q = scale_mismatch()
     report = debug(f, q, None, DebugOptions(num_samples=4))

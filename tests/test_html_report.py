@@ -22,7 +22,8 @@ from qdebug.debugger import DebugOptions, debug
 from qdebug.diagnose import diagnose_models
 from qdebug.findings import Diagnostics
 from qdebug.mixed.suggest import suggest
-from qdebug.render.html import CARTESIAN_BUNDLE, HtmlOptions, _cartesian_only, plotly_bundle, report_html
+from qdebug.render.html import HtmlOptions, plotly_bundle, report_html
+from qdebug.render.html_plotly import CARTESIAN_BUNDLE, cartesian_only
 from qdebug.report import DebugReport, TargetAccuracy, TargetOutputAccuracy
 
 pytest.importorskip("plotly")
@@ -85,8 +86,8 @@ def test_a_figure_outside_the_cartesian_bundle_gets_the_full_one() -> None:
     import plotly.graph_objects as go
     import plotly.offline
 
-    assert _cartesian_only([("a", "", go.Figure([go.Heatmap(z=[[1]]), go.Scatter(x=[1])]))])
-    assert not _cartesian_only([("a", "", go.Figure(go.Scatter3d(x=[1], y=[1], z=[1])))])
+    assert cartesian_only([("a", "", go.Figure([go.Heatmap(z=[[1]]), go.Scatter(x=[1])]))])
+    assert not cartesian_only([("a", "", go.Figure(go.Scatter3d(x=[1], y=[1], z=[1])))])
     assert gzip.decompress(base64.b64decode(plotly_bundle(False))).decode() == plotly.offline.get_plotlyjs()
 
 
@@ -180,12 +181,12 @@ def test_long_axes_keep_at_most_max_ticks() -> None:
     """Hundreds of tensor-name labels on one axis stall the browser: the page keeps an even subset."""
     import plotly.graph_objects as go
 
-    from qdebug.render.html import MAX_TICKS, _thin_ticks
+    from qdebug.render.html_plotly import MAX_TICKS, thin_ticks
 
     names = [f"t{i}" for i in range(661)]
     fig = go.Figure(go.Heatmap(z=[list(range(661))]))
     fig.update_xaxes(tickmode="array", tickvals=list(range(661)), ticktext=names)
-    thin = _thin_ticks(fig)
+    thin = thin_ticks(fig)
     assert 20 <= len(thin.layout.xaxis.tickvals) <= MAX_TICKS
     assert list(thin.layout.xaxis.ticktext) == [names[v] for v in thin.layout.xaxis.tickvals]
 

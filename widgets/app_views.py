@@ -317,7 +317,7 @@ class TensorViews(AppBase):
         self.suggestions_box.children = rows
 
     def _render_graph(self) -> None:
-        # Grouped, laid out and drawn by qdebug.render.graphview; colours follow the chosen metric (mse too).
+        # Grouped, laid out and drawn by qdebug.render.graph_view; colours follow the chosen metric (mse too).
         rows = self.views().df.sort_values("topo_index", kind="stable").to_dict("records")
         try:
             self.graph_panel.show(rows, self.metric, self.selected)

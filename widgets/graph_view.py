@@ -1,5 +1,5 @@
 """``GraphPanel``: the model graph tab. View state only (expanded groups, the metric, the selected tensor);
-the grouping, layout and figure come from :mod:`qdebug.render.graphview`.
+the grouping, layout and figure come from :mod:`qdebug.render.graph_view`.
 
 A click on a group expands it; a click on a tensor calls ``on_select(name)`` with the tensor under the pointer
 (the node trace's own ``customdata``, never an index into another list); the search box selects the first
@@ -15,7 +15,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from qdebug.render import graphview as gv
+from qdebug.render import graph_view as gv
 
 
 class GraphPanel(w.VBox):  # type: ignore[misc]

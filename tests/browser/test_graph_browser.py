@@ -23,7 +23,7 @@ from widgets.notebook import debugger_notebook
 
 pytestmark = pytest.mark.slow
 
-#: The graph figure's traces, in order: edges, path, nodes, scale, selected (qdebug.render.graphview).
+#: The graph figure's traces, in order: edges, path, nodes, scale, selected (qdebug.render.graph_view).
 NODES = ".qd-graph .scatterlayer .trace:nth-of-type(3) .points path"
 
 
