@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from qdebug.report import ActivationResult, DebugReport, OutputResult, WeightResult
     from qdebug.targets.base import to_ort_config
     from qdebug.task_measure import measure_task
-    from qdebug.task_metrics import TASK_METRICS, TaskMetric, TaskScore, load_metric
+    from qdebug.task_metrics import TASK_METRICS, load_metric
+    from qdebug.task_score import TaskMetric, TaskScore
 
 #: public name -> the module that defines it
 _LAZY = {
@@ -50,7 +51,8 @@ _LAZY = {
     **dict.fromkeys(("QuantizeResult", "quantize"), "qdebug.quantizer"),
     **dict.fromkeys(("ActivationResult", "DebugReport", "OutputResult", "WeightResult"), "qdebug.report"),
     "to_ort_config": "qdebug.targets.base",
-    **dict.fromkeys(("TASK_METRICS", "TaskMetric", "TaskScore", "load_metric"), "qdebug.task_metrics"),
+    **dict.fromkeys(("TASK_METRICS", "load_metric"), "qdebug.task_metrics"),
+    **dict.fromkeys(("TaskMetric", "TaskScore"), "qdebug.task_score"),
     "measure_task": "qdebug.task_measure",
 }
 

@@ -56,7 +56,8 @@ from qdebug.report import (
 )
 from qdebug.task_measure import labels_for, task_state
 from qdebug.task_metrics import AUTO as AUTO_METRIC
-from qdebug.task_metrics import MetricSpec, TaskMetric, TaskScore, load_metric, pick_metric
+from qdebug.task_metrics import MetricSpec, load_metric, pick_metric
+from qdebug.task_score import TaskMetric, TaskScore
 
 ModelLike = str | Path | onnx.ModelProto
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None

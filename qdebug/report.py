@@ -29,7 +29,7 @@ import numpy as np
 from qdebug.errors import InputFileError
 from qdebug.io import atomic_write_text, parse_json, read_input_text
 from qdebug.metrics import SqnrStatus, Summary
-from qdebug.task_metrics import TaskScore
+from qdebug.task_score import TaskScore
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -16,7 +16,8 @@ from qdebug.errors import DataError, ModelError
 from qdebug.io import open_input
 from qdebug.model_io import input_specs, load_model
 from qdebug.ort import make_session, ort_errors, ort_message
-from qdebug.task_metrics import MetricSpec, State, TaskMetric, TaskScore, load_metric
+from qdebug.task_metrics import MetricSpec, load_metric
+from qdebug.task_score import State, TaskMetric, TaskScore
 
 __all__ = ["labels_for", "measure_task", "task_state"]
 

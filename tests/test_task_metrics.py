@@ -25,7 +25,8 @@ from qdebug.errors import EXIT_DATA, EXIT_USAGE, ConfigError, DataError
 from qdebug.quantizer import quantize
 from qdebug.report import DebugReport
 from qdebug.task_measure import measure_task
-from qdebug.task_metrics import TASK_METRICS, TaskMetric, TaskScore, load_metric, merge_states, pick_metric
+from qdebug.task_metrics import TASK_METRICS, load_metric, pick_metric
+from qdebug.task_score import TaskMetric, TaskScore, merge_states
 
 REPO = Path(__file__).resolve().parent.parent
 CNN = REPO / "sample_models" / "digits_cnn.onnx"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from qdebug.render.bands import ANSI, ANSI_RESET, band_of
-from qdebug.task_metrics import TaskScore
+from qdebug.task_score import TaskScore
 
 __all__ = ["fmt_bytes", "fmt_db", "fmt_db_text", "fmt_pct", "fmt_task", "fmt_task_detail"]
 
