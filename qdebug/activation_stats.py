@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,10 +19,6 @@ from qdebug.model_io import input_specs
 from qdebug.ort import expose_outputs, make_session
 from qdebug.report import ActivationResult, DebugReport
 
-if TYPE_CHECKING:
-    pass
-
-
 #: Integer range of each quantization type.
 QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767)}
 
@@ -30,11 +26,7 @@ QRANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16":
 #: |x| histogram: the top 10 bits of a float32's magnitude, i.e. its 8-bit exponent and 2 mantissa bits — 4 linear
 #: bins per octave over the whole float32 range (bins 0-3: zero and subnormals), read straight from the bits.
 BINS_PER_OCTAVE = 4
-
-
 N_BINS = 256 * BINS_PER_OCTAVE
-
-
 _SHIFT = 23 - 2  # float32: 23 mantissa bits, keep 2
 
 

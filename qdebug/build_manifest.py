@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qdebug.config import QuantConfig
 from qdebug.io import load_json
@@ -20,15 +20,9 @@ from qdebug.targets.base import (
     CompileReport,
 )
 
-if TYPE_CHECKING:
-    pass
-
-
 #: 2: the target's own entries (e.g. ``deeploy``, ``onnxruntime_qnn_version``) appear only for that target
 #: (version 1 wrote both, ``null`` when unused); version-1 manifests are still read.
 MANIFEST_SCHEMA_VERSION = 3  # 3: the target check's divergence fields
-
-
 _MANIFEST_KEYS = frozenset(
     {
         "schema_version",

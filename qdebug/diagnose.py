@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -49,9 +49,6 @@ from qdebug.graph_index import GraphIndex
 from qdebug.qdq_values import qdq_parameter_issues
 from qdebug.report import ActivationResult, DebugReport, WeightResult
 from qdebug.sentinel import MaskedSqnr, Sentinel, clamp_value, find_sentinels, masked_sqnr
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "DIAGNOSTICS_SCHEMA_VERSION",

@@ -137,12 +137,8 @@ def quantizer_view(
 #: Views kept (:func:`quantizer_view`): a search needs three at most (the 8-bit base; the 16-bit one of the float
 #: model the fixer reads and of the copy ``quantize`` hands to ORT).
 _VIEWS_KEPT = 3
-
-
 #: Larger models' views are made every time, not kept.
 _VIEW_BYTES = 256 << 20
-
-
 _VIEWS: dict[tuple[str, str, bool, bool], onnx.ModelProto | None] = {}
 
 

@@ -23,24 +23,15 @@ from qdebug.qdq_values import quantize_array
 
 #: The custom domain and op of OpenVINO/NNCF fake quantization (the min/max representation handled).
 FAKEQUANT_DOMAIN = "org.openvinotoolkit"
-
-
 FAKEQUANT_OP = "FakeQuantize"
-
-
 _MSFT = "com.microsoft"
-
 
 # Clip range → zero-point dtype. QuantizeLinear saturates to the full type range, so only full ranges
 # are equivalent to a Clip; a narrow range (e.g. [-127, 127]) is left alone.
 _RANGE_TYPES: tuple[np.dtype[Any], ...] = (
     np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.uint16), np.dtype(np.int32),
 )  # fmt: skip
-
-
 _LEVEL_TYPES: dict[int, np.dtype[Any]] = {256: np.dtype(np.int8), 65536: np.dtype(np.int16)}
-
-
 _ONNX_INT = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.UINT8,
              np.dtype(np.int16): TensorProto.INT16, np.dtype(np.uint16): TensorProto.UINT16,
              np.dtype(np.int32): TensorProto.INT32}  # fmt: skip
