@@ -54,16 +54,8 @@ from qdebug.model_io import file_sha256, input_specs, load_model
 from qdebug.passes import PassReport
 from qdebug.quantizer import QuantizeResult
 from qdebug.report import DebugReport, TargetAccuracy
-from qdebug.targets.base import (
-    BuildOptions,
-    Compiled,
-    CompileJob,
-    CompileReport,
-    Prepared,
-    ProgressFn,
-    ShapeSource,
-    compile_problems,
-)
+from qdebug.targets.base import BuildOptions, Compiled, CompileJob, Prepared, ProgressFn, ShapeSource
+from qdebug.targets.compile_report import CompileReport, compile_problems
 from qdebug.targets.recompile import RecompileResult, recompile
 
 if TYPE_CHECKING:

@@ -24,13 +24,8 @@ from qdebug.io import input_problem
 from qdebug.model_io import ModelKind, file_sha256, load_model, model_kind
 from qdebug.ort import make_session
 from qdebug.passes import PassReport
-from qdebug.targets.base import (
-    BuildOptions,
-    CompileReport,
-    ProgressFn,
-    Target,
-    get_target,
-)
+from qdebug.targets.base import BuildOptions, ProgressFn, Target, get_target
+from qdebug.targets.compile_report import CompileReport
 
 if TYPE_CHECKING:
     from qdebug.mixed.overrides import OverridesFile

@@ -16,9 +16,7 @@ from qdebug.io import load_json
 from qdebug.passes import PassReport
 from qdebug.quantizer import QuantizeResult
 from qdebug.report import DebugReport, TargetAccuracy, encode_number
-from qdebug.targets.base import (
-    CompileReport,
-)
+from qdebug.targets.compile_report import CompileReport
 
 #: 2: the target's own entries (e.g. ``deeploy``, ``onnxruntime_qnn_version``) appear only for that target
 #: (version 1 wrote both, ``null`` when unused); version-1 manifests are still read.

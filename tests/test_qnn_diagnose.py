@@ -31,14 +31,9 @@ from qdebug.quantizer import quantize
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy
 from qdebug.targets.base import BisectMode
 from qdebug.targets.qnn_compile import load_compiled
-from qdebug.targets.qnn_diagnose import (
-    MANIFEST_KEY,
-    LocatedBy,
-    QnnDiagnosis,
-    RemedyKind,
-    bisect_reason,
-    float_region,
-)
+from qdebug.targets.qnn_diagnose import bisect_reason
+from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, LocatedBy, QnnDiagnosis, RemedyKind
+from qdebug.targets.qnn_remedies import float_region
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 CNN, CALIB = SAMPLES / "digits_cnn.onnx", SAMPLES / "digits_calib.npz"

@@ -18,7 +18,7 @@ from qdebug.config import QuantConfig, TensorOverride
 from qdebug.errors import ConfigError, DataError, ModelError
 from qdebug.model_io import input_specs
 from qdebug.passes import run_passes
-from qdebug.targets.base import CompileReport
+from qdebug.targets.compile_report import CompileReport
 from qdebug.targets.model_fixes import (
     FIX_NAMES,
     MODEL_FIXES,

@@ -20,7 +20,6 @@ from qdebug.targets.base import (
     BuildOptions,
     Compiled,
     CompileJob,
-    CompileReport,
     Precision,
     TargetBase,
     available_targets,
@@ -29,6 +28,7 @@ from qdebug.targets.base import (
     target_names,
     unregister_target,
 )
+from qdebug.targets.compile_report import CompileReport
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,6 @@ Built in: ``cpu`` (:mod:`qdebug.targets.cpu`), ``qnn`` (:mod:`qdebug.targets.qnn
 from qdebug.targets.base import (
     Availability,
     BuildOptions,
-    CompileReport,
-    FallbackNode,
-    FixReport,
     Precision,
     Target,
     TargetBase,
@@ -20,6 +17,7 @@ from qdebug.targets.base import (
     target_names,
     unregister_target,
 )
+from qdebug.targets.compile_report import CompileReport, FallbackNode, FixReport
 
 __all__ = [
     "Availability",

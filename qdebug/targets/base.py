@@ -1,14 +1,15 @@
 """The target interface and its registry: every target-specific fact and step lives behind :class:`Target`.
 
+What a compile produced (``CompileReport`` and its failure checks) is :mod:`qdebug.targets.compile_report`'s.
+
 Targets import their backend lazily (``qdebug._lazy.require``), so listing targets never needs the backend;
 ``available()`` says why a target cannot be used here (the UI's target dropdown shows that reason).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from qdebug.errors import ConfigError
 from qdebug.passes import PassReport
 from qdebug.target_registry import config_problems, lookup, register_target, target_names, unregister_target
+from qdebug.targets.compile_report import CompileReport
 
 if TYPE_CHECKING:
     import onnx
@@ -29,11 +31,8 @@ __all__ = [
     "BisectMode",
     "BuildOptions",
     "CompileJob",
-    "CompileReport",
     "Compiled",
     "Diagnosis",
-    "FallbackNode",
-    "FixReport",
     "Precision",
     "Prepared",
     "ProgressFn",
@@ -42,9 +41,7 @@ __all__ = [
     "Target",
     "TargetBase",
     "available_targets",
-    "compile_problems",
     "config_problems",
-    "failed_report",
     "get_target",
     "register_target",
     "shapes_for",
@@ -53,76 +50,6 @@ __all__ = [
     "unregister_target",
     "validate_config",
 ]
-
-SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class FallbackNode:
-    """A group of nodes the backend refused (left on the CPU), with the backend's own reason."""
-
-    op_type: str
-    nodes: int
-    reason: str
-    by_design: bool = False  # e.g. QNN leaves graph-input Q / graph-output DQ on the CPU on purpose
-
-
-#: A compatibility fix is a pass like any other (:mod:`qdebug.passes`); the old name stays for its users.
-FixReport = PassReport
-
-
-@dataclass(frozen=True)
-class CompileReport:
-    """What a compile produced, where the graph ran, and why parts did not go to the accelerator."""
-
-    target: str
-    ok: bool
-    compiled_model: str | None
-    compile_seconds: float
-    accelerator_partitions: int  # e.g. EPContext nodes for QNN
-    accelerator_nodes: int  # nodes of the input graph taken by the accelerator
-    cpu_nodes: int  # nodes left on the CPU, excluding graph-I/O Q/DQ kept there by design
-    graph_io_qdq_on_cpu: int
-    fallback: tuple[FallbackNode, ...] = ()
-    context_bytes: int = 0
-    device: str = ""  # e.g. "SM8650 (HTP v75)"
-    options: Mapping[str, str] = field(default_factory=dict)
-    log_path: str | None = None
-    error: str | None = None
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def single_partition(self) -> bool:
-        """Exactly one accelerator partition and nothing else on the CPU (graph-I/O Q/DQ aside)."""
-        return self.ok and self.accelerator_partitions == 1 and self.cpu_nodes == 0
-
-    def fallback_by_op(self) -> dict[str, int]:
-        """CPU-fallback node counts by op type (by-design graph-I/O Q/DQ excluded)."""
-        out: dict[str, int] = {}
-        for f in self.fallback:
-            if not f.by_design:
-                out[f.op_type] = out.get(f.op_type, 0) + f.nodes
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with ``schema_version``."""
-        d = asdict(self)
-        d["options"] = dict(self.options)
-        d["schema_version"] = SCHEMA_VERSION
-        d["single_partition"] = self.single_partition
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CompileReport:
-        """Inverse of :meth:`to_dict`."""
-        kw = {k: v for k, v in d.items() if k not in ("schema_version", "single_partition")}
-        kw["fallback"] = tuple(FallbackNode(**f) for f in kw.get("fallback", ()))
-        kw["warnings"] = tuple(kw.get("warnings", ()))
-        return cls(**kw)
-
-    def to_json(self) -> str:
-        """JSON text."""
-        return json.dumps(self.to_dict(), indent=2)
 
 
 @dataclass(frozen=True)
@@ -636,39 +563,6 @@ def _ort_call(fn: Callable[..., Any], model: str | Path | onnx.ModelProto, reade
         return fn(str(model) if isinstance(model, Path) else model, reader, **kwargs)
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"ONNX Runtime rejected the quantization config: {exc}") from exc
-
-
-def compile_problems(report: CompileReport, fail_on_fallback: bool = False) -> list[str]:
-    """Why a compile report is a failure: an error, zero nodes on the accelerator, or (asked for) CPU fallback."""
-    name = report.target.upper()
-    if not report.ok:
-        return [f"{name} compile failed: {report.error or 'no reason given'}"]
-    out = []
-    if report.accelerator_partitions == 0 or report.accelerator_nodes == 0:
-        by_op = ", ".join(f"{op} {n}" for op, n in sorted(report.fallback_by_op().items())) or "see the compile log"
-        out.append(f"{name} took no node of the model: everything would run on the CPU ({by_op})")
-    elif fail_on_fallback and report.cpu_nodes > 0:
-        by_op = ", ".join(f"{op} {n}" for op, n in sorted(report.fallback_by_op().items()))
-        out.append(f"--fail-on-fallback: {report.cpu_nodes} node(s) fall back to the CPU ({by_op})")
-    return out
-
-
-def failed_report(target: str, device: str, t0: float, error: str, nodes: int = 0) -> CompileReport:
-    """A :class:`CompileReport` for a compile that failed before producing anything."""
-    import time
-
-    return CompileReport(
-        target=target,
-        ok=False,
-        compiled_model=None,
-        compile_seconds=round(time.perf_counter() - t0, 4),
-        accelerator_partitions=0,
-        accelerator_nodes=nodes,
-        cpu_nodes=0,
-        graph_io_qdq_on_cpu=0,
-        device=device,
-        error=error,
-    )
 
 
 def shapes_for(model: onnx.ModelProto, source: ShapeSource) -> tuple[dict[str, list[int]], str]:

@@ -24,12 +24,11 @@ from qdebug.targets.base import (
     Availability,
     Compiled,
     CompileJob,
-    CompileReport,
     Precision,
     TargetBase,
-    failed_report,
     register_target,
 )
+from qdebug.targets.compile_report import CompileReport, failed_report
 
 __all__ = ["CpuTarget", "first_sample", "validate_cpu"]
 

@@ -28,7 +28,6 @@ from qdebug.targets.base import (
     BuildOptions,
     Compiled,
     CompileJob,
-    CompileReport,
     Precision,
     Prepared,
     ProgressFn,
@@ -37,6 +36,7 @@ from qdebug.targets.base import (
     register_target,
     shapes_for,
 )
+from qdebug.targets.compile_report import CompileReport
 
 if TYPE_CHECKING:
     from qdebug.config import QuantConfig

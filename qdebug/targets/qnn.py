@@ -35,7 +35,6 @@ from qdebug.targets.base import (
     BuildOptions,
     Compiled,
     CompileJob,
-    CompileReport,
     Precision,
     Prepared,
     ShapeSource,
@@ -43,6 +42,7 @@ from qdebug.targets.base import (
     register_target,
     shapes_for,
 )
+from qdebug.targets.compile_report import CompileReport
 from qdebug.targets.model_fixes import FIX_NAMES, apply_qnn_fixes
 from qdebug.targets.qnn_accuracy import compiled_top1, fp16_accuracy, htp_accuracy
 from qdebug.targets.qnn_compile import COMPILE_FAILED, compile_qnn, has_16bit_weights

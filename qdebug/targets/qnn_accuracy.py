@@ -30,7 +30,7 @@ from qdebug.ort import expose_outputs, make_session
 from qdebug.pairing import Pairing, pair_models
 from qdebug.qdq_values import dequantize, quant_type_name
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
-from qdebug.targets.base import CompileReport
+from qdebug.targets.compile_report import CompileReport
 from qdebug.targets.divergence import (
     EXCESS_NOISE_THRESHOLD,
     Divergence,

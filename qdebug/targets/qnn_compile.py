@@ -25,7 +25,7 @@ from qdebug.errors import ConfigError, ModelError
 from qdebug.graph_index import constant_values
 from qdebug.io import refuse_overwrite_input, temp_dir
 from qdebug.model_io import ModelKind, input_specs, is_dq, is_q, load_model, model_kind
-from qdebug.targets.base import CompileReport, FallbackNode
+from qdebug.targets.compile_report import CompileReport, FallbackNode
 from qdebug.targets.qnn_log import parse_compile_log
 from qdebug.targets.qnn_options import DEFAULT_OPTIONS, QNN_EP, SOC_MODELS, QnnOptions
 

@@ -14,15 +14,8 @@ from qdebug.data import DataSource, open_data
 from qdebug.errors import ModelError, TargetError
 from qdebug.model_io import ModelKind, input_specs, load_model, model_kind
 from qdebug.report import TargetAccuracy
-from qdebug.targets.base import (
-    BuildOptions,
-    CompileJob,
-    CompileReport,
-    Target,
-    compile_problems,
-    failed_report,
-    get_target,
-)
+from qdebug.targets.base import BuildOptions, CompileJob, Target, get_target
+from qdebug.targets.compile_report import CompileReport, compile_problems, failed_report
 
 __all__ = ["RECOMPILE_SCHEMA_VERSION", "RecompileResult", "build_options", "recompile"]
 
