@@ -6,7 +6,7 @@ For each cached corpus model (``~/.cache/qdebug/realmodels`` or ``$QDEBUG_CORPUS
 
 * base: the 8-bit model's worst output SQNR, and the seconds of one plain debug pass of it;
 * all-16: every activation in uint16 (the ceiling; measured by the search itself, goal = all-16 − ``--near``);
-* the search (``--strategy``, default ``efficient``: ``qdebug.mixed.search.efficient_search``, blocks demoted from
+* the search (``--strategy``, default ``efficient``: ``qdebug.mixed.search_measured.efficient_search``, blocks demoted from
   all-16 to find where the noise sits, then joint prefixes of the ranking by noise per 16-bit element; ``measured``:
   the top ``--measure-top`` candidates promoted alone, then joint prefixes of the measured ranking);
 * the best point measured within ``--budget`` of the activation elements (10 %): the search's own, and the longest

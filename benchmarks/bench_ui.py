@@ -135,7 +135,7 @@ class Timings:
 
 
 def bench_python(df: Any, repeats: int) -> tuple[list[Timings], dict[str, Any], int, int]:
-    """The graph view as the dashboard builds it (qdebug.render.graphview): grouping + the collapsed view's layout
+    """The graph view as the dashboard builds it (qdebug.render.graph_view): grouping + the collapsed view's layout
     + its figure (what opens), and the fully expanded view's layout + figure ("expand all")."""
     from qdebug.render import graph_view as gv
     from qdebug.render.figures import graph_edges
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, figs, n_tensors, n_edges = bench_python(df, args.repeats)
         notes.append(
             f"plotly {plotly.__version__}; layout: grandalf Sugiyama (qdebug.render.layout), grouping and view: "
-            f"qdebug.render.graphview; collapsed view: {figs['collapsed'][1]} nodes"
+            f"qdebug.render.graph_view; collapsed view: {figs['collapsed'][1]} nodes"
         )
         if args.no_browser:
             notes.append("browser: not measured (--no-browser)")
