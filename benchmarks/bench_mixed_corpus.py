@@ -6,9 +6,9 @@ For each cached corpus model (``~/.cache/qdebug/realmodels`` or ``$QDEBUG_CORPUS
 
 * base: the 8-bit model's worst output SQNR, and the seconds of one plain debug pass of it;
 * all-16: every activation in uint16 (the ceiling; measured by the search itself, goal = all-16 − ``--near``);
-* the search (``--strategy``, default ``efficient``: ``qdebug.mixed.search_measured.efficient_search``, blocks demoted from
-  all-16 to find where the noise sits, then joint prefixes of the ranking by noise per 16-bit element; ``measured``:
-  the top ``--measure-top`` candidates promoted alone, then joint prefixes of the measured ranking);
+* the search (``--strategy``, default ``efficient``: ``qdebug.mixed.search_measured.efficient_search``, blocks
+  demoted from all-16 to find where the noise sits, then joint prefixes of the ranking by noise per 16-bit element;
+  ``measured``: the top ``--measure-top`` candidates promoted alone, then joint prefixes of the measured ranking);
 * the best point measured within ``--budget`` of the activation elements (10 %): the search's own, and the longest
   prefix of its ranking that fits the budget, measured once more (not counted in the search's evaluations);
 * ``--stepwise-greedy WIDTH`` (with ``--greedy-budgets``): the step-by-step measured greedy of
