@@ -1,7 +1,7 @@
-"""What :func:`qdebug.build.build` reads and checks before any work (:func:`read_inputs` → :class:`BuildJob`): the float
-model (not quantized, not compiled, loadable by ONNX Runtime), the output folder, the data's and config's checksums,
-the overrides (against the model as given, and again after the target's fixes), the config for the device ×
-precision (:func:`resolve_config`) and the evaluation data's labels (:func:`check_eval_data`). Bad input raises
+"""What :func:`qdebug.build.build` reads and checks before any work (:func:`read_inputs` → :class:`BuildJob`): the
+float model (not quantized, not compiled, loadable by ONNX Runtime), the output folder, the data's and config's
+checksums, the overrides (against the model as given, and again after the target's fixes), the config for the device
+× precision (:func:`resolve_config`) and the evaluation data's labels (:func:`check_eval_data`). Bad input raises
 here, before anything is written.
 """
 
@@ -109,7 +109,8 @@ def prepare_out(out: Path) -> None:
 def _check_overrides_before_fixes(ofile: OverridesFile, model: onnx.ModelProto, sha256: str, target: str) -> list[str]:
     """The overrides against the model as given. A file made for the model after *this* target's fixes (``qdebug
     search --target``: :attr:`OverridesFile.target_fixes`) names tensors and consumers of the fixed model (a fused
-    GELU is one node): only which model file it is for is checked here, the rest after the fixes (:func:`_prepare`)."""
+    GELU is one node): only which model file it is for is checked here, the rest after the fixes
+    (:func:`check_overrides_after_fixes`)."""
     from qdebug.mixed.overrides import check_against_model
 
     if ofile.target_fixes is None or ofile.target_fixes[0] != target:

@@ -175,7 +175,7 @@ class BuildManifest:
 
 @dataclass(frozen=True)
 class BuildResult:
-    """What :func:`build` wrote into ``out_dir`` (``manifest``) and the in-memory debug report."""
+    """What :func:`~qdebug.build.build` wrote into ``out_dir`` (``manifest``) and the in-memory debug report."""
 
     out_dir: Path
     manifest: BuildManifest

@@ -106,10 +106,10 @@ def quantizer_view(
     ``<name>_intermediate``). Calibration, the mixed-precision fixer and the overrides check all read this one view
     (the added nodes named by :func:`_name_new_nodes`), so every name they use is one ORT will find.
 
-    Constant nodes become initializers first (:func:`qdebug.graph_index.constants_to_initializers`, as :func:`quantize`
-    does), so the view has the weights ORT will quantize as weights. ``per_channel`` also raises an opset below 13
-    to 13: per-channel Q/DQ need its ``axis`` attribute, and ORT's quantizer would otherwise write a model ONNX
-    Runtime cannot load (u2netp, opset 11)."""
+    Constant nodes become initializers first (:func:`qdebug.graph_index.constants_to_initializers`, as
+    :func:`~qdebug.quantizer.quantize` does), so the view has the weights ORT will quantize as weights.
+    ``per_channel`` also raises an opset below 13 to 13: per-channel Q/DQ need its ``axis`` attribute, and ORT's
+    quantizer would otherwise write a model ONNX Runtime cannot load (u2netp, opset 11)."""
     types = [normalize_quant_type(t) for t in activation_types]
     act = next((t for t in types if t.endswith("16")), types[0] if types else "uint8")
     # The view is a function of the model and of what decides ORT's opset (the types, whether an override is 16-bit,

@@ -23,8 +23,22 @@ import onnx
 
 from qdebug.errors import ModelError
 from qdebug.graph_index import GraphIndex, decode_constant, light_model
-from qdebug.model_io import ModelKind, file_sha256, input_specs, is_dq, is_q, load_model, model_kind  # noqa: F401  # re-exported: docs/overrides.md imports them from here
+from qdebug.model_io import ModelKind, file_sha256, input_specs, is_dq, is_q, load_model, model_kind
 from qdebug.qdq_values import dequantized_weight, int_attr, quant_type_name
+
+# file_sha256 and load_model are re-exported: docs/overrides.md imports them from here.
+__all__ = [
+    "FLOAT_DTYPES",
+    "ActivationPair",
+    "OutputPair",
+    "Pairing",
+    "QuantParams",
+    "WeightPair",
+    "file_sha256",
+    "load_model",
+    "pair_models",
+    "weight_arrays",
+]
 
 FLOAT_DTYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                           onnx.TensorProto.BFLOAT16})  # fmt: skip

@@ -1,5 +1,5 @@
-"""The passes :func:`qdebug.qat.canonicalize` runs, each ``(model) -> (model, PassReport)``, and the node-list rewriter
-they share (:class:`_Ctx`: a snapshot's :class:`~qdebug.graph_index.GraphIndex` maps, fresh names, replacements
+"""The passes :func:`qdebug.qat.canonicalize` runs, each ``(model) -> (model, PassReport)``, and the node-list
+rewriter they share (:class:`_Ctx`: a snapshot's :class:`~qdebug.graph_index.GraphIndex` maps, fresh names, replacements
 committed at once). Each rewrites one spelling of quantization into default-domain QuantizeLinear/DequantizeLinear —
 decomposed QCDQ arithmetic, ``com.microsoft`` Q/DQ, OpenVINO ``FakeQuantize`` with stored ranges, in-graph weight
 fake-quantization, no-op DQ→Q pairs, training leftovers — and keeps the model runnable and numerically equivalent (up

@@ -422,7 +422,7 @@ def quantize(
     (``QuantizeResult.choice``): off when the caller's recipe must be followed exactly (a config or overrides file,
     weight flags). ``check=False`` for re-quantizations that must follow their config exactly (the mixed-precision
     search). ``cluster`` shards a MinMax calibration over Ray workers (same ranges; other methods run here:
-    :func:`unmergeable_calibration`, docs/scale.md)."""
+    :func:`~qdebug.ort_phases.unmergeable_calibration`, docs/scale.md)."""
     cfg = config or QuantConfig()  # validated on construction, its target's rules included
     with quiet_ort() as ort_log, temp_dir(prefix="qdebug-quant-") as tmp:
         work = Path(tmp)
