@@ -2,7 +2,8 @@
 (:mod:`qdebug.targets._qnn_worker`, a request and a result as JSON files) with ORT's verbose log on, because node
 placement and QNN's rejection reasons are only visible there and a crash in the QNN libraries must not take the caller
 down; the log is kept next to the compiled model and parsed (:mod:`qdebug.targets.qnn_log`) into a
-:class:`~qdebug.targets.base.CompileReport`. Also what a compiled (EPContext) model holds (:func:`inspect_compiled`).
+:class:`~qdebug.targets.compile_report.CompileReport`. Also what a compiled (EPContext) model holds
+(:func:`inspect_compiled`).
 """
 
 from __future__ import annotations
