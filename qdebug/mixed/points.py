@@ -203,8 +203,8 @@ class TargetCost:
 
     @classmethod
     def from_report(cls, report: Any, accuracy: Any = None, accuracy_error: str | None = None) -> TargetCost:
-        """From a :class:`~qdebug.targets.base.CompileReport` and, if the compiled model ran on the target, its
-        :class:`~qdebug.report.TargetAccuracy` (the worst output of each side)."""
+        """From a :class:`~qdebug.targets.compile_report.CompileReport` and, if the compiled model ran on the target,
+        its :class:`~qdebug.report.TargetAccuracy` (the worst output of each side)."""
         by_op = sorted(report.fallback_by_op().items(), key=lambda x: (-x[1], x[0]))
         tgt = cpu = None
         n, device = 0, ""

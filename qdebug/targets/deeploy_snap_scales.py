@@ -83,7 +83,7 @@ def _add_shift(ratio_max: float, zp: int) -> int:
 class _Scales:
     """The model's constants, and rewrites of scale/bias tensors that respect sharing.
 
-    Every input redirect goes through the model's :class:`~qdebug.pairing.GraphIndex` (``ix.set_input``), so "who
+    Every input redirect goes through the model's :class:`~qdebug.graph_index.GraphIndex` (``ix.set_input``), so "who
     else reads this scale?" stays right after earlier snaps gave some readers their own copy.
     """
 
