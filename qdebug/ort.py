@@ -1,4 +1,6 @@
-"""ONNX Runtime sessions for capture: optimizations off (the QDQ model runs as written) and clear errors."""
+"""The ONNX Runtime facade every part of qdebug that runs a model goes through (capture, the targets, regions,
+tensor values, diagnostics): sessions with optimizations off so a QDQ model runs as written, tensors exposed as
+outputs, ORT's log level, the process-wide CPU arena, and ORT's errors as one-line messages."""
 
 from __future__ import annotations
 
