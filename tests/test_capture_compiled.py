@@ -310,9 +310,7 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     rows = {}
     for pipelined, batch, early in ((False, 1, True), (False, 8, True), (True, 8, True), (True, 8, False)):
         options = {"reducer": compiled.reduce_sample_compiled, "batch_kernel": kernel, "dequant_whole": True}
-        run = FetchRun(
-            fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, batch=batch, dequant=True, **options
-        )
+        run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, batch=batch, **options)
 
         def no_batching(run: FetchRun = run) -> None:
             run.batch_limit = 1

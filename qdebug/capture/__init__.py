@@ -5,7 +5,7 @@ one sample at a time, through a capture backend (:class:`~qdebug.capture.base.Ca
   fastest for this pair and this number of samples, chosen from costs measured on the run's first samples;
 * ``graph`` (:mod:`qdebug.capture.merged`): both models merged into one ONNX Runtime graph that returns each
   sample's sums;
-* ``fetch`` (:mod:`qdebug.capture.fetch`; formerly ``numpy``, still accepted): every paired tensor fetched and
+* ``fetch`` (:mod:`qdebug.capture.compose`; formerly ``numpy``, still accepted): every paired tensor fetched and
   reduced by the reference definition (:mod:`qdebug.capture.kernels.reference`), pipelined, batched or segmented
   as the pair and the machine allow;
 * ``compiled`` (:mod:`qdebug.capture.compiled`): the fetch run, reduced by one compiled pass per activation.
@@ -44,7 +44,7 @@ from qdebug.capture.base import (
     register_backend,
 )
 from qdebug.capture.compiled import CompiledBackend
-from qdebug.capture.fetch import FetchBackend
+from qdebug.capture.compose import FetchBackend
 from qdebug.capture.loop import SampleLoop
 from qdebug.capture.merged import GraphBackend
 from qdebug.capture.tuning import CaptureTuning

@@ -59,7 +59,9 @@ from qdebug.capture.base import (
     SampleSums,
     UnsupportedPairError,
 )
-from qdebug.capture.fetch import FetchRun, usable_cores
+from qdebug.capture.batching import stackable
+from qdebug.capture.compose import FetchingRun, fetch_layout, open_fetch_run
+from qdebug.capture.fetch import usable_cores
 from qdebug.capture.merged import GraphRun, merged_model
 from qdebug.capture.threads import ThreadTrial
 from qdebug.capture.tuning import CaptureTuning, SegmentRule
@@ -133,17 +135,17 @@ class AutoRun:
         self.trial: ThreadTrial | None = None  # a segmented run's intra-op threads, measured (_start_trial)
         t0 = clock()
         limit = (tune.auto_batch if samples > 2 else 1) if batch is None else batch
-        self.fetch = FetchRun(
-            float_model,
-            quant_model,
-            pairing,
-            providers,
+        pair = ModelPair(float_model, quant_model, pairing, providers)
+        options = OpenOptions(samples, input_shapes, segment_rule, batch, tune)
+        # a segmented run reduces with the compiled pass (_compiled_from_start)
+        layout = fetch_layout(pair, options, dequant=compiled.available())
+        self.segmented = layout.cut is not None  # one sample runs in segments (decided here, kept)
+        self.fetch: FetchingRun = open_fetch_run(
+            pair,
+            options,
+            layout,
             batch=limit,
-            input_shapes=input_shapes,
-            segment_rule=segment_rule,
-            dequant=compiled.available(),  # a segmented run reduces with the compiled pass (_compiled_from_start)
             dequant_whole=compiled.ready(),  # so does every run once the C kernel is built (_kernel_from_start)
-            tuning=tune,
             min_batch=tune.auto_min_batch if batch is None else 2,  # fewer per call: auto runs one sample per call
         )
         self.fetch_setup = clock() - t0
@@ -156,9 +158,10 @@ class AutoRun:
         self.choice: Choice | None = None
         self.held: list[tuple[int, Mapping[str, np.ndarray]]] = []  # announced while undecided (:meth:`prefetch`)
         self.batch_asked = batch is not None and batch > 1
-        self.batch_planned = self._batches()  # decided after sample 0, once one sample's size is known
+        # decided after sample 0, once one sample's size is known
+        self.batch_planned = self._batches(limit, stackable(float_model))
         self.kernel_ready = self._kernel_from_start()
-        if self.fetch.segmented is not None and samples > 1 and compiled.available():
+        if self.segmented and samples > 1 and compiled.available():
             self._compiled_from_start()
         if self.choice is None and samples - 1 < tune.min_remaining:
             # decided before sample 0, so that sample 1 is announced to the fetch run at once and inferred on the
@@ -184,7 +187,7 @@ class AutoRun:
         when the C kernel is built): the one-pass kernel reduces such large samples faster than numpy whatever the
         number of samples, and its loading overlaps the first sample's segment sessions being made. The same
         reduction at every N, so the process's memory does not step up with numba at some N and not others."""
-        assert self.fetch.segmented is not None
+        assert self.segmented
         if not self.kernel_ready:
             self.warm_up = compiled.start_warm_up()
         self.compiled_weighed = True
@@ -194,11 +197,11 @@ class AutoRun:
             "tensors faster than numpy at any number of samples",
         )
 
-    def _batches(self) -> bool:
-        """Whether the fetch run will batch: asked for, one sample is not cut into segments, and every input has an
-        axis to stack samples on (the first batch still checks that ONNX Runtime runs it and that the values hold)."""
-        run = self.fetch
-        return run.batch_limit > 1 and run.segmented is None and run.stackable
+    def _batches(self, limit: int, stackable: bool) -> bool:
+        """Whether the fetch run will batch: asked for (up to ``limit`` per call), one sample is not cut into
+        segments, and every input has an axis to stack samples on (``stackable``; the first batch still checks that
+        ONNX Runtime runs it and that the values hold)."""
+        return limit > 1 and not self.segmented and stackable
 
     def final(self) -> Choice:
         """The choice, also when the data ran out before it was made (or before numba had loaded)."""
@@ -319,8 +322,8 @@ class AutoRun:
     def _start_trial(self, index: int) -> bool:
         """From the second sample the compiled pass reduces of a pipelined segmented run: time the segments'
         inference with ORT's default threads and with one fewer (:class:`~qdebug.capture.threads.ThreadTrial`)."""
-        fetch = self.fetch.segmented
-        if self.switched_at is None or index <= self.switched_at or fetch is None or not fetch.pipelined:
+        fetch = self.fetch.rethreadable()
+        if self.switched_at is None or index <= self.switched_at or fetch is None:
             return False
         self.trial = ThreadTrial(fetch, usable_cores(self.tuning), self.samples - index, self.tuning)
         return True
@@ -330,7 +333,7 @@ class AutoRun:
         assert self.trial is not None
         t0 = self.clock()
         res = self.fetch.reduce(index, sample)
-        if self.trial.active and self.fetch.segmented is not None:
+        if self.trial.active and self.fetch.rethreadable() is not None:
             self.trial.record(self.clock() - t0)
         return res
 
@@ -341,8 +344,9 @@ class AutoRun:
         fewer run as one partial batch, whose first call at new shapes and check against a sample alone are not
         repaid — else one sample per call from here."""
         fit, left = self.fetch.batch_size, self.samples - 1
+        reason = None
         if self.batch_planned and not self.batch_asked and fit >= self.tuning.auto_min_batch and left < fit:
-            self.fetch.batch_reason = (
+            reason = (
                 f"{left} sample(s) after the first, fewer than a full batch of {fit}: one partial batch's first call "
                 "and check would not be repaid"
             )
@@ -351,7 +355,7 @@ class AutoRun:
             self._keep_fetch(f"{why}batches of up to {fit} samples per inference call")
             return True
         if not self.batch_asked:
-            self.fetch.batch_limit = 1
+            self.fetch.stop_batching(reason)
         return False
 
     def _measure_fetch(self, total_s: float, index: int) -> None:

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
+from qdebug.model_io import input_specs
+
 __all__ = [
     "SPLIT_TOLERANCE",
     "batch_axes",
@@ -42,6 +44,7 @@ __all__ = [
     "relax_batch_dim",
     "sample_view",
     "stack",
+    "stackable",
 ]
 
 #: A tensor of a sample computed in a batch may differ from the same sample computed alone by this much of its
@@ -72,6 +75,11 @@ def batch_axes(model: onnx.ModelProto) -> dict[str, int]:
                 axes[inp.name] = ax
                 break
     return axes
+
+
+def stackable(model: onnx.ModelProto) -> bool:
+    """Whether every real input of ``model`` has an axis to stack samples on (batching is possible at all)."""
+    return {spec.name for spec in input_specs(model)} <= set(batch_axes(model))
 
 
 def stack(samples: Sequence[Mapping[str, np.ndarray]], axes: Mapping[str, int]) -> dict[str, np.ndarray] | None:

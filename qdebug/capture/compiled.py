@@ -331,19 +331,18 @@ class CompiledBackend:
     name = "compiled"
 
     def open(self, pair: ModelPair, options: OpenOptions) -> Any:
-        """A :class:`~qdebug.capture.fetch.FetchRun` that reduces with :func:`reduce_sample_compiled`."""
-        from qdebug.capture.fetch import FetchRun
+        """A fetch run (:func:`~qdebug.capture.compose.open_fetch_run`) that reduces with
+        :func:`reduce_sample_compiled`."""
+        from qdebug.capture.compose import fetch_layout, open_fetch_run
 
         kernel = _load()  # the missing extra is reported before any session is built
-        return FetchRun(
-            *pair,
+        return open_fetch_run(
+            pair,
+            options,
+            fetch_layout(pair, options, dequant=True),
+            batch=options.batch or 1,
             reducer=reduce_sample_compiled,
             batch_kernel=kernel,
-            batch=options.batch or 1,
-            input_shapes=options.input_shapes,
-            segment_rule=options.segment_rule,
-            dequant=True,
             dequant_whole=True,
-            tuning=options.tuning,
             name=self.name,
         )

@@ -1,10 +1,10 @@
-"""The ``fetch`` capture backend (formerly ``numpy``): every paired tensor is exposed as an extra output of its
-model (ONNX Runtime activation augmentation, optimizations off), fetched, and reduced by the run's reducer — the
-reference definition (:func:`~qdebug.capture.kernels.reference.reduce_sample`) or the compiled pass. Robust on any
-model ORT can run; it moves every tensor out of ORT, into bound arrays (:mod:`qdebug.capture.bound`) alternated
-by sample parity when pipelined (:mod:`qdebug.capture.output_sets`), in batches (:mod:`qdebug.capture.batching`)
-or segments (:mod:`qdebug.capture.segmented`) as the pair and the machine allow. (About 600 lines: the run's
-queue of announced samples, its worker and its batch check share one sample's state, so they stay one class.)
+"""The whole-model fetch run (the ``fetch`` backend's, opened by :mod:`qdebug.capture.compose`): every paired
+tensor is exposed as an extra output of its model (ONNX Runtime activation augmentation, optimizations off),
+fetched, and reduced by the run's reducer — the reference definition
+(:func:`~qdebug.capture.kernels.reference.reduce_sample`) or the compiled pass. Robust on any model ORT can run; it
+moves every tensor out of ORT, into bound arrays (:mod:`qdebug.capture.bound`) alternated by sample parity when
+pipelined (:mod:`qdebug.capture.output_sets`), or in batches (:mod:`qdebug.capture.batching`). A sample too large
+to expose at once runs in segments instead (:mod:`qdebug.capture.segmented_run`, chosen when the run is opened).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from qdebug.capture.arena import estimate_bytes, touched
-from qdebug.capture.base import FALLBACK_BACKEND, ModelPair, OpenOptions, RunInfo, SampleSums
+from qdebug.capture.base import FALLBACK_BACKEND, RunInfo, SampleSums
 from qdebug.capture.batching import (
     InputKey,
     Shapes,
@@ -30,28 +30,22 @@ from qdebug.capture.batching import (
     mismatch,
     relax_batch_dim,
     stack,
+    stackable,
 )
 from qdebug.capture.bound import Batch, BoundFetch, Ready, Reducer, Values, batch_tensors
 from qdebug.capture.constants import ConstantSums, constant_tensors, constant_values, fold, split
-from qdebug.capture.dequant import Dequantized, DequantSpec, find_specs, verified, whole_run_specs
+from qdebug.capture.dequant import Dequantized, DequantSpec, whole_run_specs
 from qdebug.capture.kernels.batched import reduce_batch
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.capture.output_sets import OutputSets
-from qdebug.capture.segmented import (
-    SegmentedFetch,
-    SegmentPlan,
-    exposed_bytes,
-    mean_elements,
-    plan_segments,
-)
+from qdebug.capture.segmented import exposed_bytes, mean_elements
 from qdebug.capture.threads import submit_started
-from qdebug.capture.tuning import CaptureTuning, SegmentRule
+from qdebug.capture.tuning import CaptureTuning
 from qdebug.errors import DataError, ModelError
-from qdebug.model_io import input_specs
 from qdebug.ort import expose_outputs, make_session, ort_errors, ort_message
 from qdebug.pairing import Pairing
 
-__all__ = ["FetchBackend", "FetchRun", "usable_cores"]
+__all__ = ["FetchRun", "usable_cores"]
 
 
 def usable_cores(tuning: CaptureTuning | None = None) -> int:
@@ -91,9 +85,10 @@ class FetchRun(OutputSets):
     ``tuning.batch_bytes``), checked on the first batch; :attr:`batch_reason` says why
     batching stopped, :attr:`batch_used` the largest batch that ran.
 
-    **Segmented** (:mod:`qdebug.capture.segmented`) when one sample of ``input_shapes`` would expose more than the
-    ``segment_rule``'s threshold (default: :meth:`SegmentRule.for_cores` of this process's cores); the rule's
-    ``pipelined`` is also the default of ``pipeline`` (a Ray worker passes its one core's rule).
+    Opened in place of a segmented run whose segment could not load (:mod:`qdebug.capture.segmented_run`), it
+    neither folds constants apart (``split_constants``) nor exposes integers, and says why (``segment_note``).
+    ``weight``: one sample's estimated exposed bytes per float tensor, when the opener has it (else estimated from
+    ``input_shapes``).
 
     **Threads**: a pipelined whole-model run whose inference calls handle small tensors (estimated from
     ``input_shapes``; a call holds the samples that would fit a batch when at least ``min_batch`` do) gives its
@@ -111,12 +106,14 @@ class FetchRun(OutputSets):
         reducer: Reducer = reduce_sample,
         batch_kernel: Any = None,
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-        segment_rule: SegmentRule | None = None,
-        dequant: bool = False,
         dequant_whole: bool = False,
         min_batch: int = 2,
         tuning: CaptureTuning | None = None,
         name: str = FALLBACK_BACKEND,
+        weight: Mapping[str, int] | None = None,
+        split_constants: bool = True,
+        segment_note: str | None = None,
+        batch_reason: str | None = None,
     ) -> None:
         self.tuning = tuning = tuning or CaptureTuning()
         self.name = name  # the backend this run is, for the report (fetch, or compiled)
@@ -126,20 +123,18 @@ class FetchRun(OutputSets):
         self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
         self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
         if pipeline is None:
-            pipeline = segment_rule.pipelined if segment_rule is not None else usable_cores(tuning) >= 2
+            pipeline = usable_cores(tuning) >= 2
         self.pipeline_allowed = pipeline
         self.batch_limit, self.batch_used = batch, 1
-        self.batch_reason: str | None = None  # why batching stopped (None: it holds, or was not asked for)
+        self.batch_reason = batch_reason  # why batching stopped (None: it holds, or was not asked for)
         self.verified = False  # the first batch has been checked against a sample alone
         self.axes = batch_axes(float_model)
         #: every real input of the model has an axis to stack samples on (batching is possible at all)
-        self.stackable = {spec.name for spec in input_specs(float_model)} <= set(self.axes)
+        self.stackable = stackable(float_model)
         self.models, self.providers = (float_model, quant_model), tuple(providers)
-        #: one sample's tensors do not fit at once: run and reduce the models segment by segment (segmented.py)
-        self.segmented: SegmentedFetch | None = None
-        self.segment_note: str | None = None  # how the run was segmented, or why it could not be
-        rule = segment_rule or SegmentRule.for_cores(2 if pipeline else 1, tuning)
-        cut, weight = self._plan_cut(input_shapes, rule, dequant) if input_shapes else (None, None)
+        self.segment_note: str | None = None  # what the run does once instead of every sample, or why not segmented
+        if weight is None and input_shapes:
+            weight = exposed_bytes(float_model, self.plan, input_shapes, tuning.probe_model_bytes)
         self.segment_count = 1
         #: one sample's estimated exposed bytes (:func:`~qdebug.capture.arena.estimate_bytes`) when its worker
         #: touches a buffer that size during sample 0's inference for the second set of bound outputs (0: not)
@@ -156,16 +151,15 @@ class FetchRun(OutputSets):
         self.constants: ConstantSums | None = None
         self.folded_nodes = 0
         self.unfolded_bytes = 0  # est. bytes of constants left to compute every call (above ``fold_max_bytes``)
-        if cut is None:
+        if split_constants:
             self._split_constants(pairing)
-        if cut is None and dequant_whole:
+        if dequant_whole:
             self.q_specs = whole_run_specs(quant_model, self.plan.pairing, providers, tuning.wide_checks)
         swapped = (self.q_specs[n].ints if n in self.q_specs else n for n in self.plan.quant_names)
         self.q_names = list(dict.fromkeys(swapped))  # two post tensors may share one QuantizeLinear's integers
-        if cut is not None:
-            self._open_segmented(cut, rule, batch)
-        else:
-            self._open_whole_run(weight, min_batch)
+        self._open_whole_run(weight, min_batch)
+        if segment_note is not None:  # opened in place of a segmented run: why
+            self.segment_note = segment_note
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
         self.alone: dict[InputKey, tuple[Shapes, Shapes]] = {}  # tensor shapes of one sample, per input shapes
         self._pool: ThreadPoolExecutor | None = None
@@ -190,20 +184,6 @@ class FetchRun(OutputSets):
         self.constants = ConstantSums(pairing, varying, reduce_sample(fixed_plan, f_vals, q_vals))
         self.plan = ReductionPlan.of(varying)
 
-    def _open_segmented(self, cut: SegmentPlan, rule: SegmentRule, batch: int) -> None:
-        """Pipelined by segment instead (the next segment inferred while this one is reduced), not by sample: two
-        samples' tensors are what segmenting avoids."""
-        fetch = SegmentedFetch(cut, self.models, self.providers, self.tuning, pipelined=self.pipeline_allowed)
-        self.segmented, self.segment_count = fetch, cut.count
-        self.segment_note = (
-            f"{cut.count} segments: one sample's tensors would take {cut.exposed_bytes / (1 << 20):.0f} MB "
-            f"at once (more than {rule.above >> 20} MB)"
-        )
-        if cut.dequant:
-            self.segment_note += f"; {len(cut.dequant)} post-Q/DQ tensors computed from their integers"
-        if batch > 1:  # a sample that has to be cut in parts cannot share a call with another one
-            self.batch_reason = f"one sample is run in segments ({self.segment_note})"
-
     def _open_whole_run(self, weight: Mapping[str, int] | None, min_batch: int) -> None:
         """The whole models' sessions, their threads, and the buffer for a second set of bound outputs: one
         sample's estimated size (:mod:`qdebug.capture.arena`) when the run will pipeline one sample per call —
@@ -227,22 +207,6 @@ class FetchRun(OutputSets):
         fit = min(self.batch_limit, self.tuning.batch_bytes // est)
         if not (self.stackable and fit >= min_batch):
             self._arena_bytes = est
-
-    def _plan_cut(
-        self, shapes: Mapping[str, tuple[int, ...]], rule: SegmentRule, dequant: bool
-    ) -> tuple[SegmentPlan | None, dict[str, int] | None]:
-        """The segments for samples of input ``shapes`` (``None``: the whole models) and one sample's estimated
-        exposed bytes per float tensor (:func:`~qdebug.capture.segmented.exposed_bytes`; ``None``: unknown)."""
-        (float_model, quant_model), plan = self.models, self.plan
-        weight = exposed_bytes(float_model, plan, shapes, self.tuning.probe_model_bytes)
-        specs = find_specs(quant_model, plan.pairing) if dequant else None
-        args = (float_model, quant_model, plan, shapes, rule.above, rule.budget)
-        cut = plan_segments(*args, specs, weight)
-        if cut is not None and cut.dequant:  # checked only when used; a spec ORT does not confirm is exposed
-            good = verified(cut.dequant, quant_model, self.providers, self.tuning.wide_checks)
-            if len(good) < len(cut.dequant):
-                cut = plan_segments(*args, good, weight)
-        return cut, weight
 
     @property
     def reducer(self) -> Reducer:
@@ -325,9 +289,7 @@ class FetchRun(OutputSets):
 
     @property
     def pipelining(self) -> bool:
-        """Whether the next samples' inference may run while this one is reduced (segmented: the next segment's)."""
-        if self.segmented is not None:
-            return self.segmented.pipelined
+        """Whether the next samples' inference may run while this one is reduced."""
         return (
             self.pipeline_allowed
             and self.sample_bytes is not None
@@ -345,11 +307,20 @@ class FetchRun(OutputSets):
             return 1, f"one sample's tensors take {mb:.0f} MB: two do not fit in {room >> 20} MB"
         return 1, "no two consecutive samples had the same input shapes"
 
+    def stop_batching(self, reason: str | None = None) -> None:
+        """One sample per call from here (``auto``, once sample 0 shows batching would not pay; ``reason``: why,
+        when that is worth saying)."""
+        if reason is not None:
+            self.batch_reason = reason
+        self.batch_limit = 1
+
+    def rethreadable(self) -> None:
+        """None: a whole-model run's threads are set when its sessions are made (:meth:`_whole_threads`)."""
+        return None
+
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None:
         """Announce a sample after the one :meth:`reduce` gets next: it may join that sample's batch, or, when
         pipelining, the batch inferred on the worker thread while the current one is reduced."""
-        if self.segmented is not None:  # one sample at a time: an announced one would only be kept alive
-            return
         if index not in self._ready and all(index != i for i, _ in self._queued):
             self._queued.append((index, sample))
 
@@ -359,8 +330,6 @@ class FetchRun(OutputSets):
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._arenas.clear()
-        if self.segmented is not None:
-            self.segmented.close()
 
     @property
     def fallback(self) -> None:
@@ -383,8 +352,6 @@ class FetchRun(OutputSets):
         self, index: int, sample: Mapping[str, np.ndarray], sized: Callable[[], None] | None
     ) -> SampleSums:
         """:meth:`reduce` of the plan's activations (those not computed from constants alone)."""
-        if self.segmented is not None:
-            return self._reduce_segmented(index, sample)
         if self._arena_bytes:  # sample 0: its inference runs on this thread, the worker is idle
             self._arenas.append(self._worker().submit(touched, self._arena_bytes))
             self._arena_bytes = 0
@@ -445,26 +412,6 @@ class FetchRun(OutputSets):
         if self.q_specs:  # post-Q/DQ tensors computed from their integers (the compiled pass reads those)
             q = Dequantized(q, self.q_specs)
         return self._whole_reducer(self.plan, f, q)
-
-    def _reduce_segmented(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
-        """Segment by segment; if a segment cannot be made into a session on the first sample (an op that needs
-        what a cut separates), the run goes back to the whole models, and says so."""
-        assert self.segmented is not None
-        t0 = time.perf_counter()
-        try:
-            sums, reduce_s, infer_s = self.segmented.reduce(index, sample, self.reducer)
-        except ModelError as exc:
-            if self.segmented.ran or self.segmented.load_failure is None:
-                raise
-            self.segmented.close()
-            self.segmented, self.segment_count = None, 1
-            self.segment_note = f"not segmented: a segment could not be loaded ({exc})"
-            self._open_whole()
-            return self.reduce(index, sample)
-        # with the segments pipelined, inference ran beside the reduction: auto weighs the part above it
-        self.reduce_seconds = reduce_s
-        self.infer_seconds = infer_s if self.segmented.pipelined else time.perf_counter() - t0 - reduce_s
-        return sums
 
     def _take(self, index: int, sample: Mapping[str, np.ndarray]) -> Ready:
         """The sample's values: already in a batch, being inferred on the worker, or inferred now (with the
@@ -599,20 +546,3 @@ class FetchRun(OutputSets):
             self.verified = True
         self._plain = None  # batching: the sets of bound outputs are not used
         return batch
-
-
-class FetchBackend:
-    """Fetch every paired tensor and reduce it by the reference definition."""
-
-    name = FALLBACK_BACKEND
-
-    def open(self, pair: ModelPair, options: OpenOptions) -> FetchRun:
-        """Two augmented sessions (a model ORT cannot load is a :class:`~qdebug.errors.ModelError`), or segments
-        when one sample of ``options.input_shapes`` would expose too much at once (see :class:`FetchRun`)."""
-        return FetchRun(
-            *pair,
-            batch=options.batch or 1,
-            input_shapes=options.input_shapes,
-            segment_rule=options.segment_rule,
-            tuning=options.tuning,
-        )
