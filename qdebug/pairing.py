@@ -10,6 +10,9 @@ the producer. Weights are DequantizeLinear nodes fed by an integer constant (ini
 node of that name, else the node of the same op reading the same float activations in the same slots
 with float weights of the same size (several such nodes: the one whose weights the dequantized ones
 are closest to), never a name suffix.
+
+Why one module: the activation, weight and output pairings are one walk over the same two graph indices and name
+maps (``_Sides``), and the records it returns are what every caller reads.
 """
 
 from __future__ import annotations

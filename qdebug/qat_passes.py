@@ -4,6 +4,9 @@ committed at once). Each rewrites one spelling of quantization into default-doma
 decomposed QCDQ arithmetic, ``com.microsoft`` Q/DQ, OpenVINO ``FakeQuantize`` with stored ranges, in-graph weight
 fake-quantization, no-op DQ→Q pairs, training leftovers — and keeps the model runnable and numerically equivalent (up
 to float rounding); see docs/qat.md.
+
+Why one module: every pass is a short rewrite through the one ``_Ctx`` rewriter, whose conventions (a snapshot's
+maps, names made fresh, replacements committed at once) they share.
 """
 
 from __future__ import annotations
