@@ -131,7 +131,7 @@ def light_model(
     model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, keep_values: int = 4096
 ) -> onnx.ModelProto:
     """The model for shape and type inference: initializers of more than ``keep_values`` values become typed graph
-    inputs (inference serializes the whole model: MiniLM's 69 MB took 0.26 s for its types alone), inputs named in
+    inputs (inference serializes the whole model, weights included, just to read types), inputs named in
     ``shapes`` are pinned to them. Small initializers stay: ONNX's data propagation reads them (Reshape's shape)."""
     g = model.graph
     light = onnx.helper.make_graph([], g.name, [], list(g.output))

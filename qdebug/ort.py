@@ -103,8 +103,7 @@ def shared_arena() -> bool:
     Why: the segments of a large model (:mod:`qdebug.capture.segmented`) are a dozen sessions run one after the
     other. Each with its own arena, their peaks would add up; arena-less, every tensor of every segment is fresh
     memory from the kernel on every sample, and glibc's heap fragments between segments. Sharing one arena, they
-    reuse the same memory: on u2netp 983k -> 159k page faults in 12 samples and a peak of 1219 -> 969 MB; the time
-    per sample does not change (-8 % to +4 % on five corpus models: fewer system calls, more arena bookkeeping)
+    reuse the same memory: fewer page faults and a lower peak at the same time per sample
     (``benchmarks/bench_segment_arena.py``, docs/benchmarks.md). The arena grows in steps of what is asked
     (``kSameAsRequested``) and is kept for the process's next capture: about one segment's working set."""
     import onnxruntime as ort

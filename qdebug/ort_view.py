@@ -114,7 +114,7 @@ def quantizer_view(
     act = next((t for t in types if t.endswith("16")), types[0] if types else "uint8")
     # The view is a function of the model and of what decides ORT's opset (the types, whether an override is 16-bit,
     # per-channel): every step of a search asks for the same one, and making it (opset conversion, shape inference
-    # twice) cost MiniLM 3 s a step, promote and re-quantize each. Memoized by the model's bytes.
+    # twice) is slow on large models. Memoized by the model's bytes.
     data = Path(model).read_bytes() if isinstance(model, str | Path) else model.SerializeToString()
     weight = normalize_quant_type(weight_type)
     if len(data) > _VIEW_BYTES:  # not kept: memory

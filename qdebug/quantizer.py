@@ -159,7 +159,7 @@ def _load_float(float_model: str | Path | onnx.ModelProto, work: Path) -> tuple[
     if kind is not ModelKind.FLOAT:
         raise ModelError(f"{model_path}: is already quantized ({kind.value}); quantize the float model")
     # ORT must run the model before calibration does (its errors would otherwise name a temporary file). Once per
-    # model content: a search re-quantizes the same float model at every step (MiniLM: 0.8 s a step).
+    # model content: a search re-quantizes the same float model at every step.
     digest = hashlib.sha256(model.SerializeToString()).hexdigest()
     if digest not in _LOADABLE:
         make_session(

@@ -86,7 +86,7 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         for "collapse all" in chromium, measured): in the browser test about one click in four after a window
         resize left the drawing unchanged although the kernel had sent the update (plotly's anywidget front end
         never applied it). A new widget always shows, and costs little since its front end is no longer sent with
-        it (:mod:`widgets.live_figure`: expand all 4.0 s → 1.4 s on PP-OCRv4 rec); the selection ring still moves
+        it (:mod:`widgets.live_figure`); the selection ring still moves
         in place."""
         if not self.names:
             self.box.children = []

@@ -6,8 +6,8 @@ included, ~5 MB of JavaScript). Every new ``FigureWidget`` sends those 5 MB over
 state, and the browser turns them into a new blob module and evaluates all of plotly.js again. The debugger draws
 a new figure for every view change (expand all, a promotion redraws the heatmaps, the graph, the comparison and
 the inspector's figures), and the browser handles the kernel's messages one after the other, so each new figure
-held everything behind it: on PP-OCRv4 rec a promote round trip spent ~37 s after the kernel had finished
-(status "compiled for cpu" → "promoted", measured with ``benchmarks/ui_views.py``).
+held everything behind it, and a promote round trip spent most of its time in the browser after the kernel had
+finished (``benchmarks/ui_views.py``, docs/benchmarks.md).
 
 Here the bundle travels once, in a hidden :class:`PlotlyBundle` widget (one per kernel) whose front end imports
 it and keeps the module on ``globalThis``; each :class:`SharedFigureWidget` carries a few hundred bytes of

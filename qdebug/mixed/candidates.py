@@ -4,8 +4,7 @@
 Why groups: a decomposed LayerNorm (ReduceMean → Sub → Pow → ReduceMean → Add → Sqrt → Div, then the affine
 Mul/Add) or an attention core (MatMul → [scale/mask] → Softmax → MatMul) computes one value through several
 8-bit tensors; promoting one member re-quantizes its neighbours' inputs to 8 bits, so it alone cannot help
-(PP-OCRv4's recogniser: the four variance ReduceMeans promoted alone moved the output 9.60 → 9.72 dB while the
-estimate said ~48 dB). Each group is one candidate.
+however large its estimate. Each group is one candidate.
 
 Why measure: the estimate (:mod:`qdebug.mixed.suggest`) assumes a tensor's relative noise reaches the output
 unchanged, which is wrong in both directions on real models. :func:`measure_sensitivity` promotes each of the top

@@ -1,8 +1,8 @@
 """Does the point a search chose hold on samples it never saw? (issue 14)
 
 A search picks the cheapest point whose worst output SQNR meets the goal *on the debug samples*. With few debug
-samples that choice can fit the samples rather than the model: on the corpus' ppocr-cls, a 3.9 % promotion chosen on 8
-samples (15.61 dB, goal 15.33) gives 14.14 dB on 8 unseen samples against a 14.12 dB base. So when the session has
+samples that choice can fit the samples rather than the model, and on unseen samples gain nothing over the base
+(docs/mixed_precision.md, "On real models"). So when the session has
 held-out samples (``MixedPrecisionSession(holdout_data=…)``, ``qdebug search --holdout-samples K``), the search
 measures base, all-16 and its chosen point again on them (same models, calibration reused), with the goal made
 relative to the held-out all-16 model. When the chosen point misses it there, the next points of the Pareto front that

@@ -1,10 +1,9 @@
 """A target's compatibility fixes applied to the float model *before* a search, so the search measures (and
 compiles) the model that ``qdebug build --target T`` would quantize.
 
-Why: the fixes change what there is to search. On PP-OCR's direction classifier the QNN fixes (its 35 standalone
-BatchNormalization nodes folded, the input fixed to the data's shape) raised the 8-bit base from 10.00 to 18.97 dB
-on the CPU, more than any promotion of the unfixed model gained, and made the HTP agree with the CPU; on MiniLM the
-unfused exact GELU (``Erf``) split the HTP graph at every search point until ``gelu_fusion`` ran. The fixes go
+Why: the fixes change what there is to search. Folding standalone BatchNormalization nodes or fixing the input
+shape can raise the 8-bit base more than any promotion of the unfixed model gains, and an unfused exact GELU
+(``Erf``) splits the HTP graph at every search point until ``gelu_fusion`` runs. The fixes go
 through the :class:`~qdebug.targets.base.Target` interface (:meth:`~qdebug.targets.base.Target.prepare`, the same
 call ``build`` makes): nothing here knows which target does what.
 

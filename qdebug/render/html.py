@@ -7,10 +7,10 @@ layer heatmap, the samples × tensors heatmap, the graph coloured by SQNR, the w
 where the numbers came from. Tables are plain HTML (readable even with scripts off); figures are plotly.
 
 **No network request when opened.** plotly.js is inlined, never fetched from a CDN: the vendored cartesian bundle
-(``vendor/README.md``: 1.4 MB, the 2-D traces the report draws) or, should a figure use another trace type, the
-installed plotly package's full one (4.8 MB; the ``ui`` extra). It is stored gzip-compressed and base64-encoded
-(~0.63 or ~1.9 MB) together with the figures' JSON, and unpacked in the page with the browser's
-``DecompressionStream`` (Chrome 80+, Firefox 113+, Safari 16.4+): the whole file stays around 1 MB on ViT-S.
+(``vendor/README.md``: the 2-D traces the report draws) or, should a figure use another trace type, the
+installed plotly package's full one (the ``ui`` extra). It is stored gzip-compressed and base64-encoded together
+with the figures' JSON, and unpacked in the page with the browser's ``DecompressionStream`` (Chrome 80+, Firefox
+113+, Safari 16.4+), so the file stays small enough to attach to a message (sizes: docs/benchmarks.md).
 
 **Paint first, draw when reached.** The verdict and the tables are plain HTML and paint before any script work;
 plotly.js is unpacked and compiled after that first paint, and each figure is drawn only when it comes near the

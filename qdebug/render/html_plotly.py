@@ -184,7 +184,7 @@ LOADER = """
       body.dataset.qdReady = String(total);
       if (!total) body.dataset.qdRendered = "0";
       // A figure is drawn when it comes near the screen: drawing all of them up front would delay the page by
-      // the time of every figure (~1 s on ViT-S here), most of them far below the fold.
+      // the time of every figure, most of them far below the fold.
       const seen = new IntersectionObserver((entries) => {
         for (const e of entries) if (e.isIntersecting) { seen.unobserve(e.target); draw(e.target.id); }
       }, {rootMargin: "400px 0px"});

@@ -224,7 +224,7 @@ def _integer_add_const(
     state.acts[flat_out] = out_act
     mul_name, add_name = state.unique(f"{out}_rq_mul"), state.unique(f"{out}_rq_add")
     # 1-D constants: Deeploy's RequantShift layer reshapes mul/add to [batch, channels] + shape[1:], so a [1, N]
-    # constant on a [1, N] input would become [1, N, N] (2.4 GB of copies for MiniLM's N = 12,288)
+    # constant on a [1, N] input would become [1, N, N], quadratic in the sequence length
     state.set_const(mul_name, np.full((size,), mul_i, np.int32))
     state.set_const(add_name, add.reshape(size).astype(np.int32))
     rq = _rqs(flat_in, mul_name, add_name, flat_out, state.unique(f"{out}_RequantShift"), 2**k, 256, out_act.signed)
