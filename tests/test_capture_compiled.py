@@ -313,7 +313,7 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
         run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, batch=batch, **options)
 
         def no_batching(run: FetchRun = run) -> None:
-            run.batch_limit = 1
+            run.stop_batching()
 
         got = []
         for i, s in enumerate(samples):

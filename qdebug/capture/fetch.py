@@ -21,28 +21,18 @@ import onnx
 
 from qdebug.capture.arena import estimate_bytes, touched
 from qdebug.capture.base import FALLBACK_BACKEND, RunInfo, SampleSums
-from qdebug.capture.batching import (
-    InputKey,
-    Shapes,
-    batch_axes,
-    batch_views,
-    input_key,
-    mismatch,
-    relax_batch_dim,
-    stack,
-    stackable,
-)
-from qdebug.capture.bound import Batch, BoundFetch, Ready, Reducer, Values, batch_tensors
+from qdebug.capture.batch_run import Batching, reduce_from_batch
+from qdebug.capture.batching import input_key, relax_batch_dim
+from qdebug.capture.bound import Batch, BoundFetch, Ready, Reducer, Values
 from qdebug.capture.constants import ConstantSums, constant_tensors, constant_values, fold, split
 from qdebug.capture.dequant import Dequantized, DequantSpec, whole_run_specs
-from qdebug.capture.kernels.batched import reduce_batch
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.capture.output_sets import OutputSets
 from qdebug.capture.segmented import exposed_bytes, mean_elements
 from qdebug.capture.threads import submit_started
 from qdebug.capture.tuning import CaptureTuning
 from qdebug.errors import DataError, ModelError
-from qdebug.ort import expose_outputs, make_session, ort_errors, ort_message
+from qdebug.ort import expose_outputs, make_session, ort_message
 from qdebug.pairing import Pairing
 
 __all__ = ["FetchRun", "usable_cores"]
@@ -83,7 +73,7 @@ class FetchRun(OutputSets):
     **Batched** (``batch`` > 1, :mod:`qdebug.capture.batching`): up to ``batch`` announced samples of the same
     input shapes run as one inference call (fewer if their tensors would exceed
     ``tuning.batch_bytes``), checked on the first batch; :attr:`batch_reason` says why
-    batching stopped, :attr:`batch_used` the largest batch that ran.
+    batching stopped, :meth:`batching` the largest batch that ran (:mod:`qdebug.capture.batch_run` groups and checks).
 
     Opened in place of a segmented run whose segment could not load (:mod:`qdebug.capture.segmented_run`), it
     neither folds constants apart (``split_constants``) nor exposes integers, and says why (``segment_note``).
@@ -125,12 +115,9 @@ class FetchRun(OutputSets):
         if pipeline is None:
             pipeline = usable_cores(tuning) >= 2
         self.pipeline_allowed = pipeline
-        self.batch_limit, self.batch_used = batch, 1
-        self.batch_reason = batch_reason  # why batching stopped (None: it holds, or was not asked for)
-        self.verified = False  # the first batch has been checked against a sample alone
-        self.axes = batch_axes(float_model)
-        #: every real input of the model has an axis to stack samples on (batching is possible at all)
-        self.stackable = stackable(float_model)
+        #: several samples per inference call (:mod:`qdebug.capture.batch_run`; ``None``: one per call)
+        self.batches = Batching(batch, float_model, tuning, batch_reason) if batch > 1 else None
+        self._unbatched: tuple[int, str | None] = (1, batch_reason)  # batching() without (or after) batching
         self.models, self.providers = (float_model, quant_model), tuple(providers)
         self.segment_note: str | None = None  # what the run does once instead of every sample, or why not segmented
         if weight is None and input_shapes:
@@ -161,7 +148,6 @@ class FetchRun(OutputSets):
         if segment_note is not None:  # opened in place of a segmented run: why
             self.segment_note = segment_note
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
-        self.alone: dict[InputKey, tuple[Shapes, Shapes]] = {}  # tensor shapes of one sample, per input shapes
         self._pool: ThreadPoolExecutor | None = None
         self._queued: list[tuple[int, Mapping[str, np.ndarray]]] = []
         self._ready: dict[int, Ready] = {}
@@ -204,8 +190,7 @@ class FetchRun(OutputSets):
         est = estimate_bytes(self.plan, weight, self.q_specs) if self.pipeline_allowed and weight else None
         if est is None or not 0 < est <= self.tuning.prep_bytes:
             return
-        fit = min(self.batch_limit, self.tuning.batch_bytes // est)
-        if not (self.stackable and fit >= min_batch):
+        if self.batches is None or self.batches.expected(est, min_batch) == 1:
             self._arena_bytes = est
 
     @property
@@ -229,10 +214,8 @@ class FetchRun(OutputSets):
         if not self.pipeline_allowed or weight is None or cores < 2:
             return None, None
         mean = mean_elements(weight, self.plan)
-        per_call = 1
-        if self.batch_limit >= min_batch and self.stackable:
-            fit = min(self.batch_limit, self.tuning.batch_bytes // max(1, sum(weight.values())))
-            per_call = fit if fit >= min_batch else 1  # what it would batch; fewer: auto runs one per call
+        # what it would batch; fewer: auto runs one per call
+        per_call = self.batches.expected(max(1, sum(weight.values())), min_batch) if self.batches else 1
         if mean * per_call > self.tuning.small_call_elements:
             return None, None
         calls = f"{per_call} samples per call x " if per_call > 1 else ""
@@ -265,14 +248,12 @@ class FetchRun(OutputSets):
         self.folded_nodes += done.nodes
         if done.estimated_bytes > self.tuning.fold_max_bytes:
             self.unfolded_bytes += done.estimated_bytes
-        return relax_batch_dim(model, copy=False) if self.batch_limit > 1 else model
+        return relax_batch_dim(model, copy=False) if self.batches is not None else model
 
     @property
     def batch_size(self) -> int:
         """How many samples the next inference call may take (1 until the first sample's size is known)."""
-        if self.batch_limit <= 1 or self.batch_reason is not None or not self.sample_bytes:
-            return 1
-        return max(1, min(self.batch_limit, self.tuning.batch_bytes // self.sample_bytes))
+        return self.batches.size(self.sample_bytes) if self.batches is not None else 1
 
     @property
     def lookahead(self) -> int:
@@ -285,7 +266,7 @@ class FetchRun(OutputSets):
         """Whether each inference returns new arrays (values are kept past the next call), not bound ones: when
         batching (a batch's samples are kept past the next call). A pipelined run keeps at most two samples, the
         one reduced and the one inferred, each in its own set of bound arrays (:attr:`fetches`, by parity)."""
-        return self.batch_limit > 1
+        return self.batches is not None
 
     @property
     def pipelining(self) -> bool:
@@ -299,20 +280,26 @@ class FetchRun(OutputSets):
     def batching(self) -> tuple[int, str | None]:
         """The most samples one inference call took, and why batching stopped or never started (asked for and
         not used: the reason; not asked for: ``None``)."""
-        if self.batch_limit <= 1 or self.batch_reason is not None or self.batch_used > 1:
-            return self.batch_used, self.batch_reason
-        room = self.tuning.batch_bytes
-        if self.sample_bytes and 2 * self.sample_bytes > room:
-            mb = self.sample_bytes / (1 << 20)
-            return 1, f"one sample's tensors take {mb:.0f} MB: two do not fit in {room >> 20} MB"
-        return 1, "no two consecutive samples had the same input shapes"
+        return self.batches.info(self.sample_bytes) if self.batches is not None else self._unbatched
+
+    @property
+    def batch_limit(self) -> int:
+        """At most this many samples per inference call."""
+        return self.batches.limit if self.batches is not None else 1
+
+    @property
+    def batch_reason(self) -> str | None:
+        """Why batching stopped or never started (``None``: it holds, or was not asked for)."""
+        return self.batches.reason if self.batches is not None else self._unbatched[1]
 
     def stop_batching(self, reason: str | None = None) -> None:
         """One sample per call from here (``auto``, once sample 0 shows batching would not pay; ``reason``: why,
         when that is worth saying)."""
-        if reason is not None:
-            self.batch_reason = reason
-        self.batch_limit = 1
+        if self.batches is not None:
+            self._unbatched = (self.batches.used, reason if reason is not None else self.batches.reason)
+        elif reason is not None:
+            self._unbatched = (self._unbatched[0], reason)
+        self.batches = None
 
     def rethreadable(self) -> None:
         """None: a whole-model run's threads are set when its sessions are made (:meth:`_whole_threads`)."""
@@ -358,7 +345,9 @@ class FetchRun(OutputSets):
         item = self._take(index, sample)
         if isinstance(item[0], Batch):
             self._start_next(index)
-            batched = self._reduce_batched(item[0], index)
+            batched, seconds = reduce_from_batch(self, item[0], index)
+            if seconds is not None:
+                self.reduce_seconds = seconds
             self._reduced = index
             return batched
         f_vals, q_vals = item
@@ -371,7 +360,7 @@ class FetchRun(OutputSets):
         self._start_next(index)
         self._prepare_set(index)
         t0 = time.perf_counter()
-        sums = self._reduce_values((f_vals, q_vals))
+        sums = self.reduce_values((f_vals, q_vals))
         self.reduce_seconds = time.perf_counter() - t0
         self._reduced = index
         return sums
@@ -382,30 +371,7 @@ class FetchRun(OutputSets):
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-infer")
         return self._pool
 
-    def _reduce_batched(self, batch: Batch, index: int) -> SampleSums:
-        """Sample ``index``'s sums from its batch, which is reduced whole the first time one of its samples is asked
-        for (:func:`~qdebug.capture.kernels.batched.reduce_batch`: a few numpy calls per tensor for all its samples,
-        the compiled kernel for large tensors when the run reduces with it; another reducer: sample by sample)."""
-        if batch.sums is None:
-            assert batch.tensors is not None
-            t0 = time.perf_counter()
-            if self.reducer is reduce_sample or self.batch_kernel is not None:
-                chunk = self.tuning.chunk_elements
-                batch.sums = reduce_batch(self.plan, *batch.tensors, self.batch_kernel, chunk_elements=chunk)
-            else:
-                names = (self.plan.float_names, self.q_names)
-                batch.sums = [self._reduce_values(batch.values(k, names)) for k in range(len(batch.indices))]
-            batch.tensors = None
-            self.reduce_seconds = (time.perf_counter() - t0) / len(batch.indices)
-        return batch.sums[batch.indices.index(index)]
-
-    def _posts(self, q_values: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """The quantized model's values in plan order, post-Q/DQ tensors computed from their integers."""
-        q = dict(zip(self.q_names, q_values, strict=True))
-        got = Dequantized(q, self.q_specs) if self.q_specs else q
-        return [got[n] for n in self.plan.quant_names]
-
-    def _reduce_values(self, values: Values) -> SampleSums:
+    def reduce_values(self, values: Values) -> SampleSums:
         """One sample's tensors reduced by the run's reducer."""
         f = dict(zip(self.plan.float_names, values[0], strict=True))
         q: Mapping[str, np.ndarray] = dict(zip(self.q_names, values[1], strict=True))
@@ -430,16 +396,8 @@ class FetchRun(OutputSets):
     def _group(self, index: int, sample: Mapping[str, np.ndarray]) -> list[tuple[int, Mapping[str, np.ndarray]]]:
         """``sample`` and the next announced samples of the same input shapes, up to :attr:`batch_size`; taken
         out of the queue. A sample of input shapes not seen alone yet runs alone (its shapes are needed to split)."""
-        group = [(index, sample)]
-        key = input_key(sample)
-        if key not in self.alone:
-            return group
-        while self._queued and len(group) < self.batch_size:
-            i, s = self._queued[0]
-            if i != group[-1][0] + 1 or input_key(s) != key:
-                break
-            group.append(self._queued.pop(0))
-        return group
+        group: list[tuple[int, Mapping[str, np.ndarray]]] = [(index, sample)]
+        return group if self.batches is None else self.batches.group(self._queued, group, self.sample_bytes)
 
     def _start_next(self, current: int) -> None:
         """When pipelining and the worker is idle, start inferring the next announced batch on it."""
@@ -459,7 +417,7 @@ class FetchRun(OutputSets):
         wait = self.tuning.started_wait_s if idle else 0.0
         self._pending = (frozenset(i for i, _ in group), submit_started(self._worker(), wait, self._infer_group, group))
 
-    def _infer(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
+    def infer_alone(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """Both models' values for one sample (fresh arrays when they are kept past the next call, see
         :attr:`fresh`; else the bound ones, overwritten by the next call).
 
@@ -486,9 +444,8 @@ class FetchRun(OutputSets):
                 f"ONNX Runtime cannot run it on sample {index}, which the float model runs on: {ort_message(exc)}",
                 role="quantized model",
             ) from exc
-        self.alone.setdefault(
-            input_key(sample), (tuple(tuple(v.shape) for v in f_vals), tuple(tuple(v.shape) for v in q_vals))
-        )
+        if self.batches is not None:
+            self.batches.saw(sample, f_vals, q_vals)
         if fresh:
             self._plain, self._adopted = (index, input_key(sample), f_vals, q_vals), False
         return f_vals, q_vals
@@ -497,52 +454,13 @@ class FetchRun(OutputSets):
         """Each sample's values, from one batched inference when the group has several samples and batching
         holds (checked on the first batch), else one inference per sample."""
         t0 = time.perf_counter()
-        if len(group) > 1 and self.batch_reason is None:
-            batch = self._infer_batch(group)
+        if len(group) > 1 and self.batches is not None and self.batches.reason is None:
+            batch = self.batches.infer(self, group)
             if batch is not None:
-                self.batch_used = max(self.batch_used, len(group))
+                self._plain = None  # batching: the sets of bound outputs are not used
                 self.infer_seconds = (time.perf_counter() - t0) / len(group)
                 return {i: (batch, k) for k, i in enumerate(batch.indices)}
             t0 = time.perf_counter()
-        values: dict[int, Ready] = {i: self._infer(i, s) for i, s in group}
+        values: dict[int, Ready] = {i: self.infer_alone(i, s) for i, s in group}
         self.infer_seconds = (time.perf_counter() - t0) / len(group)
         return values
-
-    def _infer_batch(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> Batch | None:
-        """The group's values from one batched call, or ``None`` (and :attr:`batch_reason` set) when the model
-        does not batch; a sample the batch fails on is then run alone, which names it if it is bad."""
-        n, errors = len(group), ort_errors()
-        stacked = stack([s for _, s in group], self.axes)
-        if stacked is None:
-            self.batch_reason = "an input has no axis to stack samples on"
-            return None
-        try:
-            f_b = self.f_sess.run(self.plan.float_names, stacked)
-            q_b = self.q_sess.run(self.q_names, stacked)
-        except errors as exc:
-            self.batch_reason = f"ONNX Runtime cannot run {n} samples at once: {ort_message(exc)}"
-            return None
-        f_shapes, q_shapes = self.alone[input_key(group[0][1])]
-        f_views = batch_views(f_b, self.plan.float_names, f_shapes, n)
-        q_views = batch_views(q_b, self.q_names, q_shapes, n)
-        if isinstance(f_views, str) or isinstance(q_views, str):
-            self.batch_reason = f_views if isinstance(f_views, str) else str(q_views)
-            return None
-        batch = Batch(
-            [i for i, _ in group],
-            batch_tensors(self.plan.float_names, f_views, f_shapes, n),
-            batch_tensors(self.q_names, q_views, q_shapes, n, self.q_specs),
-        )
-        if not self.verified:  # once per run: the first batched sample against itself alone
-            f1, q1 = self._infer(*group[0])
-            f0, q0 = batch.values(0, (self.plan.float_names, self.q_names))
-            # integers standing for post-Q/DQ tensors are compared as the floats they stand for: a rounding
-            # difference the float tolerance accepts can move an integer by one
-            q0, q1 = self._posts(q0), self._posts(q1)
-            why = mismatch(f0, f1, self.plan.float_names) or mismatch(q0, q1, self.plan.quant_names)
-            if why is not None:
-                self.batch_reason = f"batching changes the values: {why}"
-                return None
-            self.verified = True
-        self._plain = None  # batching: the sets of bound outputs are not used
-        return batch
