@@ -74,7 +74,8 @@ def test_the_second_set_is_carved_from_the_buffer_touched_during_sample_0(
     for pipelined in (False, True):
         options = {"reducer": compiled.reduce_sample_compiled, "dequant_whole": True, "input_shapes": shapes}
         run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, **options)
-        assert (run._arena_bytes > 0) is pipelined  # a run that does not pipeline needs no second set
+        # a run that does not pipeline needs no second set
+        assert (run.pipeline is not None and run.pipeline.arena_bytes > 0) is pipelined
         got = []
         for i, s in enumerate(samples):
             if i + 1 < len(samples) and (early or i > 0):
@@ -87,6 +88,6 @@ def test_the_second_set_is_carved_from_the_buffer_touched_during_sample_0(
             roots = [{id(_root(a)) for a in f.values + q.values} for f, q in run.fetches]
             carved = [r for r in roots if len(r) == 1]
             assert len(carved) == 1 and not roots[0] & roots[1]  # one set in one buffer; no array shared
-            assert run._arenas == []  # taken, nothing held beside the sets
+            assert run.pipeline is not None and run.pipeline.arenas == []  # taken, nothing held beside the sets
         rows[pipelined] = np.array([[x.cumulative.noise, x.local.noise] for x in got])
     np.testing.assert_array_equal(rows[True], rows[False])

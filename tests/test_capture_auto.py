@@ -224,7 +224,8 @@ def test_samples_read_ahead_before_the_choice_are_announced_once_it_is_made(
     assert [i for i, _ in run.fetch._queued] == [1, 2] and run.held == []
     run.reduce(1, samples[1])
     if run.fetch.pipelining:  # two cores or more: sample 2 is inferred on the worker while sample 1 is reduced
-        assert run.fetch._pending is not None and run.fetch._pending[0] == {2}
+        pending = run.fetch.pipeline.pending
+        assert pending is not None and pending[0] == {2}
     pairing = pair_models(fm, qm)
     sums = CaptureSums(len(pairing.activations), sum(a.quantized for a in pairing.activations), len(pairing.outputs))
     for i in range(2, n):
@@ -270,7 +271,8 @@ def test_a_run_too_short_to_weigh_is_decided_before_sample_0(
     assert [i for i, _ in run.fetch._queued] == [1] and run.held == []
     res = [run.reduce(0, samples[0])]
     if run.fetch.pipelining:  # two cores or more
-        assert run.fetch._pending is not None and run.fetch._pending[0] == {1}
+        pending = run.fetch.pipeline.pending
+        assert pending is not None and pending[0] == {1}
     rows = _reduce_the_rest(run, fm, qm, samples, res)
     _, alone = _run(fm, qm, 5, [0.001] * 5)  # never announced: the same sums
     np.testing.assert_array_equal(rows, alone.rows())
@@ -293,9 +295,11 @@ def test_a_run_that_will_not_batch_prepares_its_next_outputs_during_sample_0(
     res = [run.reduce(0, samples[0])]
     assert run.fetch.batch_limit == 1 and "fewer than a full batch" in (run.fetch.batch_reason or "")
     if run.fetch.pipelining and small:
-        assert run.fetch._prep is not None and run.fetch._prep[0] == 0
+        prep = run.fetch.pipeline.prep
+        assert prep is not None and prep[0] == 0
     else:
-        assert run.fetch._prep is None
+        pipeline = run.fetch.pipeline
+        assert pipeline is None or pipeline.prep is None
     rows = _reduce_the_rest(run, fm, qm, samples, res)
     _, alone = _run(fm, qm, 5, [0.001] * 5)
     np.testing.assert_array_equal(rows, alone.rows())

@@ -321,7 +321,8 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
                 run.prefetch(i + 1, samples[i + 1])
             got.append(run.reduce(i, s, no_batching if i == 0 else None))
             if i == 0 and not early:
-                assert run._prep is not None and run._prep[0] == 0  # sample 2's set, made while sample 0 is reduced
+                prep = run.pipeline.prep if run.pipeline is not None else None
+                assert prep is not None and prep[0] == 0  # sample 2's set, made while sample 0 is reduced
                 run.prefetch(1, samples[1])
             if i == 0 and early and pipelined:  # sample 2's set bound to sample 0's arrays while sample 1 is inferred
                 assert run._adopted and run.fetches[0][0].binding is not None

@@ -13,13 +13,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import onnx
 
-from qdebug.capture.arena import estimate_bytes, touched
+from qdebug.capture.arena import estimate_bytes
 from qdebug.capture.base import FALLBACK_BACKEND, RunInfo, SampleSums
 from qdebug.capture.batch_run import Batching, reduce_from_batch
 from qdebug.capture.batching import input_key, relax_batch_dim
@@ -28,8 +27,8 @@ from qdebug.capture.constants import ConstantSums, constant_tensors, constant_va
 from qdebug.capture.dequant import Dequantized, DequantSpec, whole_run_specs
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
 from qdebug.capture.output_sets import OutputSets
+from qdebug.capture.pipelined import Pipelining
 from qdebug.capture.segmented import exposed_bytes, mean_elements
-from qdebug.capture.threads import submit_started
 from qdebug.capture.tuning import CaptureTuning
 from qdebug.errors import DataError, ModelError
 from qdebug.ort import expose_outputs, make_session, ort_message
@@ -61,7 +60,8 @@ def usable_cores(tuning: CaptureTuning | None = None) -> int:
 class FetchRun(OutputSets):
     """Two sessions whose outputs include every tensor of the :class:`ReductionPlan`.
 
-    **Pipelined** (``pipeline``; default: with two or more cores): once the first sample has shown that the
+    **Pipelined** (``pipeline``; default: with two or more cores; :mod:`qdebug.capture.pipelined`, the strategy
+    this run delegates its worker to): once the first sample has shown that the
     tensors fit in ``tuning.pipeline_bytes``, the capture loop's :meth:`prefetch` starts the next samples' inference
     on a worker thread while this thread reduces the current ones — ONNX Runtime and numpy each keep a core busy
     instead of taking turns. The sessions' idle threads then sleep instead of spinning, so the reduction is not
@@ -114,7 +114,9 @@ class FetchRun(OutputSets):
         self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
         if pipeline is None:
             pipeline = usable_cores(tuning) >= 2
-        self.pipeline_allowed = pipeline
+        #: the next samples inferred on a worker while this one is reduced (:mod:`qdebug.capture.pipelined`;
+        #: ``None``: one thread)
+        self.pipeline = Pipelining(tuning) if pipeline else None
         #: several samples per inference call (:mod:`qdebug.capture.batch_run`; ``None``: one per call)
         self.batches = Batching(batch, float_model, tuning, batch_reason) if batch > 1 else None
         self._unbatched: tuple[int, str | None] = (1, batch_reason)  # batching() without (or after) batching
@@ -123,10 +125,6 @@ class FetchRun(OutputSets):
         if weight is None and input_shapes:
             weight = exposed_bytes(float_model, self.plan, input_shapes, tuning.probe_model_bytes)
         self.segment_count = 1
-        #: one sample's estimated exposed bytes (:func:`~qdebug.capture.arena.estimate_bytes`) when its worker
-        #: touches a buffer that size during sample 0's inference for the second set of bound outputs (0: not)
-        self._arena_bytes = 0
-        self._arenas = []  # that buffer, until a set takes it (``pop()``: one set only)
         #: a whole-model run's intra-op threads (``None``: ORT's default) and why (``small_call_elements``)
         self.threads: int | None = None
         self.thread_note: str | None = None
@@ -148,11 +146,9 @@ class FetchRun(OutputSets):
         if segment_note is not None:  # opened in place of a segmented run: why
             self.segment_note = segment_note
         self.sample_bytes: int | None = None  # exposed bytes of one sample, both models (after the first)
-        self._pool: ThreadPoolExecutor | None = None
         self._queued: list[tuple[int, Mapping[str, np.ndarray]]] = []
         self._ready: dict[int, Ready] = {}
-        self._pending = None
-        self._plain, self._adopted, self._reduced, self._prep = None, False, -1, None  # see OutputSets
+        self._plain, self._adopted, self._reduced = None, False, -1  # see OutputSets
 
     def _split_constants(self, pairing: Pairing) -> None:
         """Take the activations computed from constants alone out of the run's plan and reduce them once, from
@@ -190,8 +186,8 @@ class FetchRun(OutputSets):
         est = estimate_bytes(self.plan, weight, self.q_specs) if self.pipeline_allowed and weight else None
         if est is None or not 0 < est <= self.tuning.prep_bytes:
             return
-        if self.batches is None or self.batches.expected(est, min_batch) == 1:
-            self._arena_bytes = est
+        if self.pipeline is not None and (self.batches is None or self.batches.expected(est, min_batch) == 1):
+            self.pipeline.arena_bytes = est
 
     @property
     def reducer(self) -> Reducer:
@@ -269,13 +265,14 @@ class FetchRun(OutputSets):
         return self.batches is not None
 
     @property
+    def pipeline_allowed(self) -> bool:
+        """Whether the run was opened to pipeline (its sessions then sleep instead of spinning)."""
+        return self.pipeline is not None
+
+    @property
     def pipelining(self) -> bool:
         """Whether the next samples' inference may run while this one is reduced."""
-        return (
-            self.pipeline_allowed
-            and self.sample_bytes is not None
-            and self.sample_bytes * self.batch_size <= self.tuning.pipeline_bytes
-        )
+        return self.pipeline is not None and self.pipeline.active(self.sample_bytes, self.batch_size)
 
     def batching(self) -> tuple[int, str | None]:
         """The most samples one inference call took, and why batching stopped or never started (asked for and
@@ -313,10 +310,8 @@ class FetchRun(OutputSets):
 
     def close(self) -> None:
         """Stop the worker thread (a pending inference finishes first)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        self._arenas.clear()
+        if self.pipeline is not None:
+            self.pipeline.close()
 
     @property
     def fallback(self) -> None:
@@ -339,9 +334,8 @@ class FetchRun(OutputSets):
         self, index: int, sample: Mapping[str, np.ndarray], sized: Callable[[], None] | None
     ) -> SampleSums:
         """:meth:`reduce` of the plan's activations (those not computed from constants alone)."""
-        if self._arena_bytes:  # sample 0: its inference runs on this thread, the worker is idle
-            self._arenas.append(self._worker().submit(touched, self._arena_bytes))
-            self._arena_bytes = 0
+        if self.pipeline is not None:
+            self.pipeline.touch_arena()
         item = self._take(index, sample)
         if isinstance(item[0], Batch):
             self._start_next(index)
@@ -355,8 +349,8 @@ class FetchRun(OutputSets):
             self.sample_bytes = sum(v.nbytes for v in f_vals) + sum(v.nbytes for v in q_vals)
             if sized is not None:
                 sized()
-            if self.fresh:  # batching: no set of bound outputs, nothing to carve
-                self._arenas.clear()
+            if self.fresh and self.pipeline is not None:  # batching: no set of bound outputs, nothing to carve
+                self.pipeline.arenas.clear()
         self._start_next(index)
         self._prepare_set(index)
         t0 = time.perf_counter()
@@ -364,12 +358,6 @@ class FetchRun(OutputSets):
         self.reduce_seconds = time.perf_counter() - t0
         self._reduced = index
         return sums
-
-    def _worker(self) -> ThreadPoolExecutor:
-        """The one worker thread that infers ahead (made on first use)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="qdebug-infer")
-        return self._pool
 
     def reduce_values(self, values: Values) -> SampleSums:
         """One sample's tensors reduced by the run's reducer."""
@@ -383,14 +371,12 @@ class FetchRun(OutputSets):
         """The sample's values: already in a batch, being inferred on the worker, or inferred now (with the
         announced samples that can share its batch)."""
         self._queued = [(i, s) for i, s in self._queued if i > index]
-        pending = self._pending
-        if index not in self._ready and pending is not None and index in pending[0]:
-            self._pending = None
-            self._ready.update(pending[1].result())  # its DataError / ModelError is raised here
+        if self.pipeline is not None:  # the worker may be inferring it
+            self.pipeline.collect(index, self._ready)
         if index in self._ready:
             return self._ready.pop(index)
         group = self._group(index, sample)
-        self._ready.update(self._infer_group(group))
+        self._ready.update(self.infer_group(group))
         return self._ready.pop(index)
 
     def _group(self, index: int, sample: Mapping[str, np.ndarray]) -> list[tuple[int, Mapping[str, np.ndarray]]]:
@@ -401,21 +387,28 @@ class FetchRun(OutputSets):
 
     def _start_next(self, current: int) -> None:
         """When pipelining and the worker is idle, start inferring the next announced batch on it."""
-        if not self.pipelining or self._pending is not None or not self._queued:
-            return
+        if self.pipeline is not None:
+            self.pipeline.start_next(self, current)
+
+    def next_group(self, current: int) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
+        """The next announced group (taken out of the queue) if it follows sample ``current`` and the values
+        already inferred, else ``None``."""
+        if not self._queued:
+            return None
         first, last = self._queued[0][0], max(self._ready, default=current)
         if first != last + 1:
-            return
-        group = self._group(*self._queued.pop(0))
+            return None
+        return self._group(*self._queued.pop(0))
+
+    def prime_next(self, group: list[tuple[int, Mapping[str, np.ndarray]]], current: int) -> None:
+        """Bind the set of bound outputs a group of one sample will be inferred into on the worker, here first:
+        binding is Python under the GIL, which this thread's call-table building would otherwise hold while the
+        worker waits to bind."""
         (index, sample), which = group[0], group[0][0] % 2
-        if len(group) == 1 and not self.fresh and (self._prep is None or self._prep[0] != which):
-            # bound here first: binding is Python under the GIL, which this thread's call-table building would
-            # otherwise hold while the worker waits to bind
+        prep = self.pipeline.prep if self.pipeline is not None else None
+        if len(group) == 1 and not self.fresh and (prep is None or prep[0] != which):
             self._prime(self.fetches[which], index, sample)
             self._bind_plain_early(current)
-        idle = self._prep is None or self._prep[1].done()  # else the worker is making a set: do not wait for it
-        wait = self.tuning.started_wait_s if idle else 0.0
-        self._pending = (frozenset(i for i, _ in group), submit_started(self._worker(), wait, self._infer_group, group))
 
     def infer_alone(self, index: int, sample: Mapping[str, np.ndarray]) -> Values:
         """Both models' values for one sample (fresh arrays when they are kept past the next call, see
@@ -427,8 +420,9 @@ class FetchRun(OutputSets):
         """
         which = index % 2 if self.pipelining else 0
         fresh, (f_fetch, q_fetch) = self.fresh, self.fetches[which]
-        if self._prep is not None and (self._prep[0] == which or self._prep[1].done()):
-            prep, self._prep = self._prep[1], None
+        pipe = self.pipeline
+        if pipe is not None and pipe.prep is not None and (pipe.prep[0] == which or pipe.prep[1].done()):
+            prep, pipe.prep = pipe.prep[1], None
             prep.result()  # its MemoryError, if any, is raised here
             self._drop_spares()
         if not fresh:
@@ -450,7 +444,7 @@ class FetchRun(OutputSets):
             self._plain, self._adopted = (index, input_key(sample), f_vals, q_vals), False
         return f_vals, q_vals
 
-    def _infer_group(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Ready]:
+    def infer_group(self, group: list[tuple[int, Mapping[str, np.ndarray]]]) -> dict[int, Ready]:
         """Each sample's values, from one batched inference when the group has several samples and batching
         holds (checked on the first batch), else one inference per sample."""
         t0 = time.perf_counter()

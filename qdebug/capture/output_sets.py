@@ -9,14 +9,14 @@ run, a re-binding or new pages.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from qdebug.capture.arena import carve
 from qdebug.capture.batching import InputKey, input_key
-from qdebug.capture.bound import BoundFetch, Ready
+from qdebug.capture.bound import BoundFetch
+from qdebug.capture.pipelined import Pipelining
 from qdebug.capture.tuning import CaptureTuning
 
 __all__ = ["OutputSets"]
@@ -26,7 +26,7 @@ Plain = tuple[int, InputKey, list[np.ndarray], list[np.ndarray]]
 
 class OutputSets:
     """How a fetch run's sets of bound outputs (:attr:`fetches`, by sample parity) are made and first bound; the run
-    owns the state below and the worker thread."""
+    owns the state below, its :class:`~qdebug.capture.pipelined.Pipelining` the worker thread and what runs on it."""
 
     tuning: CaptureTuning
     #: two sets (float, quantized session) of bound outputs
@@ -36,11 +36,9 @@ class OutputSets:
     _plain: Plain | None
     _adopted: bool  # whether a set of bound outputs has taken the arrays of :attr:`_plain`
     _reduced: int  # the last sample whose reduction has ended (one sample per call)
-    #: one sample's buffer, populated on the worker during sample 0, until a set takes it
-    _arenas: list[Future[np.ndarray]]
-    #: a set of bound outputs being made on the worker (its index in :attr:`fetches`), :meth:`_prepare_set`
-    _prep: tuple[int, Future[None]] | None
-    _pending: tuple[frozenset[int], Future[dict[int, Ready]]] | None  # the samples being inferred on the worker
+    #: the worker, the set being made on it (:meth:`_prepare_set`) and the buffer it touched during sample 0
+    #: (``None``: the run does not pipeline)
+    pipeline: Pipelining | None
     sample_bytes: int | None
 
     @property
@@ -53,25 +51,24 @@ class OutputSets:
         """Whether the next sample is inferred while this one is reduced."""
         raise NotImplementedError
 
-    def _worker(self) -> ThreadPoolExecutor:
-        raise NotImplementedError
-
     def _prepare_set(self, index: int) -> None:
         """Sample ``index`` ran plain and the run pipelines one sample per call from here: make the arrays of the
         set of bound outputs that sample ``index`` + 2 will use, and bind them, on the worker thread while this
         thread reduces sample ``index`` — the core is idle then, and their page faults and bindings would otherwise
         be sample 1's. Sample ``index`` + 1 takes sample ``index``'s own arrays once it is reduced (:meth:`_prime`)."""
-        plain = self._plain
-        if self.fresh or not self.pipelining or plain is None or plain[0] != index or self._prep is not None:
+        plain, pipe = self._plain, self.pipeline
+        if self.fresh or not self.pipelining or plain is None or plain[0] != index:
             return
-        if self._pending is not None:  # sample index + 1 is on the worker: index + 2 takes sample index's arrays
+        if pipe is None or pipe.prep is not None:
+            return
+        if pipe.pending is not None:  # sample index + 1 is on the worker: index + 2 takes sample index's arrays
             return
         if (self.sample_bytes or 0) > self.tuning.prep_bytes:
             return
         which = index % 2
         if any(f.binding is not None for f in self.fetches[which]):
             return
-        self._prep = (which, self._worker().submit(self._fill_set, self.fetches[which], plain))
+        pipe.prep = (which, pipe.worker().submit(self._fill_set, self.fetches[which], plain))
 
     def _fill_set(self, fetches: tuple[BoundFetch, BoundFetch], plain: tuple[int, InputKey, Any, Any]) -> None:
         """New arrays of the plain run's shapes, bound: views of the buffer populated during sample 0 when there is
@@ -90,10 +87,7 @@ class OutputSets:
         """New arrays like a sample's values for a set of bound outputs, and whether they are touched already: views
         into the buffer the worker touched during sample 0 (:mod:`qdebug.capture.arena`) the first time, if they fit,
         else ``empty_like``. Called on either thread: ``pop()`` hands the buffer to one set only."""
-        try:
-            buffer = self._arenas.pop().result()
-        except IndexError:
-            buffer = None
+        buffer = self.pipeline.take_arena() if self.pipeline is not None else None
         carved = carve(buffer, [*f_vals, *q_vals]) if buffer is not None else None
         if carved is None:
             return [np.empty_like(v) for v in f_vals], [np.empty_like(v) for v in q_vals], False
@@ -117,7 +111,7 @@ class OutputSets:
                 f_vals, q_vals, _ = self._new_set(f_vals, q_vals)
             else:
                 self._adopted = True
-        elif plain is None and self._arenas and (like := self._bound_like(key)) is not None:
+        elif plain is None and self.pipeline and self.pipeline.arenas and (like := self._bound_like(key)) is not None:
             f_vals, q_vals, fits = self._new_set(*like)
             if not fits:  # did not fit: its first run is a plain one, which binds it
                 return
@@ -155,7 +149,8 @@ class OutputSets:
         nothing."""
         if self._all_bound():
             self._plain = None
-            self._arenas.clear()
+            if self.pipeline is not None:
+                self.pipeline.arenas.clear()
 
     def _all_bound(self) -> bool:
         """Whether every set of bound outputs the run uses (both when pipelining, else the first) is bound."""
