@@ -178,7 +178,7 @@ class AutoRun:
             kernel = compiled.kernel()
         except Exception:  # a library that does not load after all (its error types vary): weighed as before
             return False
-        self.fetch.reducer, self.fetch.batch_kernel = compiled.reduce_sample_compiled, kernel
+        self.fetch.use_reducer(compiled.reduce_sample_compiled, kernel)
         self.switched_at, self.compiled_weighed = 0, True
         return True
 
@@ -436,8 +436,7 @@ class AutoRun:
         if error is not None:
             self._keep_fetch(f"{self.choice.reason}; but the compiled reduction could not load ({error})")
             return
-        self.fetch.reducer = compiled.reduce_sample_compiled
-        self.fetch.batch_kernel = compiled.kernel()
+        self.fetch.use_reducer(compiled.reduce_sample_compiled, compiled.kernel())
         self.switched_at = index
 
     def _graph_cannot_pay(self, remaining: int, per: float, which: str = "") -> bool:

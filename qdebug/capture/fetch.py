@@ -298,6 +298,11 @@ class FetchRun(OutputSets):
             self._unbatched = (self._unbatched[0], reason)
         self.batches = None
 
+    def use_reducer(self, reducer: Reducer, batch_kernel: Any) -> None:
+        """Reduce with ``reducer`` from the next sample on (``auto`` switches to the compiled pass; ``batch_kernel``:
+        its kernel module, for a batch's large tensors)."""
+        self.reducer, self.batch_kernel = reducer, batch_kernel
+
     def rethreadable(self) -> None:
         """None: a whole-model run's threads are set when its sessions are made (:meth:`_whole_threads`)."""
         return None

@@ -33,8 +33,6 @@ Reducer = Any  # Callable[[ReductionPlan, Mapping, Mapping], SampleSums] (qdebug
 class WholeRun(Protocol):
     """What a segmented run hands its samples to once a segment could not be loaded: the whole models' fetch run."""
 
-    reducer: Reducer
-    batch_kernel: Any
     reduce_seconds: float | None
     infer_seconds: float | None
 
@@ -47,6 +45,8 @@ class WholeRun(Protocol):
     def prefetch(self, index: int, sample: Mapping[str, np.ndarray]) -> None: ...
 
     def stop_batching(self, reason: str | None = None) -> None: ...
+
+    def use_reducer(self, reducer: Reducer, batch_kernel: Any) -> None: ...
 
     def reduce(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums: ...
 
@@ -140,6 +140,13 @@ class SegmentedRun:
         if self.whole is not None:
             self.whole.stop_batching(reason)
 
+    def use_reducer(self, reducer: Reducer, batch_kernel: Any) -> None:
+        """Reduce with ``reducer`` from the next sample on (``auto`` switches to the compiled pass; ``batch_kernel``:
+        its kernel module), the whole models' run too once it took over."""
+        self.reducer, self.batch_kernel = reducer, batch_kernel
+        if self.whole is not None:
+            self.whole.use_reducer(reducer, batch_kernel)
+
     def rethreadable(self) -> SegmentedFetch | None:
         """The pipelined segments whose intra-op threads a trial may set (:class:`~qdebug.capture.threads.ThreadTrial`),
         while they run."""
@@ -192,6 +199,7 @@ class SegmentedRun:
             self.segmented, self.segment_count = None, 1
             self.segment_note = f"not segmented: a segment could not be loaded ({exc})"
             self.whole = self._whole_factory(self.segment_note)
+            self.whole.use_reducer(self.reducer, self.batch_kernel)  # auto may have switched it
             if self._no_batching:
                 self.whole.stop_batching()
             return self._by_whole(index, sample)
@@ -201,10 +209,8 @@ class SegmentedRun:
         return sums
 
     def _by_whole(self, index: int, sample: Mapping[str, np.ndarray]) -> SampleSums:
-        """A sample on the whole models' run (its reducer kept in step with this run's, which ``auto`` may switch)."""
+        """A sample on the whole models' run."""
         assert self.whole is not None
-        if self.whole.reducer is not self.reducer or self.whole.batch_kernel is not self.batch_kernel:
-            self.whole.reducer, self.whole.batch_kernel = self.reducer, self.batch_kernel
         sums = self.whole.reduce(index, sample)
         self.reduce_seconds, self.infer_seconds = self.whole.reduce_seconds, self.whole.infer_seconds
         return sums
