@@ -135,3 +135,26 @@ def test_pipelining_is_active_only_when_a_call_fits() -> None:
     assert pipelining.pool is not None and pipelining.arena_bytes == 0 and len(pipelining.arenas) == 1
     pipelining.close()
     assert pipelining.pool is None and pipelining.arenas == []
+
+
+def test_a_composed_run_is_freed_as_soon_as_it_is_dropped(tiny_float: Path, tiny_quant: Callable[[str], Path]) -> None:
+    """No reference cycle between a run and its pieces (the segmented run and the factory of its whole-model stand-in,
+    the plain run and its strategies): its sessions and arrays go when the run does, not at the next collection."""
+    import gc
+    import weakref
+
+    pair = _pair(tiny_float, tiny_quant("u8"))
+    samples = _samples(pair.float_model, 3)
+    segmenting = CaptureTuning(cores=2, segment_above=0, pipelined_above=0, segment_bytes=1 << 12)
+    gc.collect()
+    gc.disable()
+    try:
+        for batch, tuning in ((4, CaptureTuning(cores=2)), (1, segmenting)):
+            options = OpenOptions(samples=3, input_shapes=_shapes(samples[0]), batch=batch, tuning=tuning)
+            run = open_fetch_run(pair, options, fetch_layout(pair, options), batch=batch)
+            _reduce(run, samples)
+            ref = weakref.ref(run)
+            del run
+            assert ref() is None
+    finally:
+        gc.enable()

@@ -110,7 +110,7 @@ def open_fetch_run(
             weight=layout.weight,
         )
 
-    def whole(note: str) -> FetchRun:
+    def whole(note: str, batch_reason: str | None) -> FetchRun:
         """The whole models in place of the segments (nothing folded apart, no integers exposed), with the reason
         (opened by the segmented run, once it has failed to load a segment)."""
         return FetchRun(
@@ -123,7 +123,7 @@ def open_fetch_run(
             name=name,
             split_constants=False,
             segment_note=note,
-            batch_reason=segmented.batch_reason,
+            batch_reason=batch_reason,
         )
 
     segmented = SegmentedRun(

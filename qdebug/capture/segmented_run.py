@@ -79,7 +79,8 @@ def segment_cut(
 class SegmentedRun:
     """One sample at a time, segment by segment (:class:`SegmentedFetch`), reduced by the run's reducer; pipelined
     by segment (the next segment inferred while this one is reduced), never by sample: two samples' tensors are what
-    segmenting avoids. ``whole(note)`` opens the whole models' run should a segment not load on the first sample."""
+    segmenting avoids. ``whole(note, batch_reason)`` opens the whole models' run should a segment not load on the first
+    sample (it holds no reference to this run: the run is freed as soon as it is dropped)."""
 
     def __init__(
         self,
@@ -87,7 +88,7 @@ class SegmentedRun:
         models: tuple[onnx.ModelProto, onnx.ModelProto],
         providers: tuple[str, ...],
         rule: SegmentRule,
-        whole: Callable[[str], WholeRun],
+        whole: Callable[[str, str | None], WholeRun],
         pipelined: bool,
         batch: int = 1,
         reducer: Reducer = None,
@@ -198,7 +199,7 @@ class SegmentedRun:
             self.segmented.close()
             self.segmented, self.segment_count = None, 1
             self.segment_note = f"not segmented: a segment could not be loaded ({exc})"
-            self.whole = self._whole_factory(self.segment_note)
+            self.whole = self._whole_factory(self.segment_note, self.batch_reason)
             self.whole.use_reducer(self.reducer, self.batch_kernel)  # auto may have switched it
             if self._no_batching:
                 self.whole.stop_batching()
