@@ -11,9 +11,10 @@ import numpy as np
 import onnx
 import pytest
 
-from qdebug.capture import compiled
+from qdebug.capture import CaptureTuning, compiled
 from qdebug.capture.arena import ALIGN, carve, estimate_bytes, touched
 from qdebug.capture.fetch import FetchRun
+from qdebug.capture.pipelined import Pipelining
 from qdebug.capture.segmented import exposed_bytes
 from qdebug.data import open_data
 from qdebug.model_io import input_specs
@@ -73,7 +74,8 @@ def test_the_second_set_is_carved_from_the_buffer_touched_during_sample_0(
     rows = {}
     for pipelined in (False, True):
         options = {"reducer": compiled.reduce_sample_compiled, "dequant_whole": True, "input_shapes": shapes}
-        run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, **options)
+        pipeline = Pipelining(CaptureTuning()) if pipelined else None
+        run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipeline, **options)
         # a run that does not pipeline needs no second set
         assert (run.pipeline is not None and run.pipeline.arena_bytes > 0) is pipelined
         got = []

@@ -301,7 +301,9 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     run only after; when not (``auto`` announces samples once it has decided), the worker makes sample 2's set while
     sample 0 is reduced and sample 1's takes sample 0's arrays. Always the same sums as a run that never batched,
     sample by sample, and the two sets never share an array."""
+    from qdebug.capture.batch_run import Batching
     from qdebug.capture.fetch import FetchRun
+    from qdebug.capture.pipelined import Pipelining
 
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
     pairing = pair_models(fm, qm)
@@ -310,7 +312,9 @@ def test_sample_0s_arrays_are_bound_only_once_it_is_reduced(
     rows = {}
     for pipelined, batch, early in ((False, 1, True), (False, 8, True), (True, 8, True), (True, 8, False)):
         options = {"reducer": compiled.reduce_sample_compiled, "batch_kernel": kernel, "dequant_whole": True}
-        run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipelined, batch=batch, **options)
+        pipeline = Pipelining(CaptureTuning()) if pipelined else None
+        batching = Batching(batch, fm, CaptureTuning()) if batch > 1 else None
+        run = FetchRun(fm, qm, pairing, ["CPUExecutionProvider"], pipeline=pipeline, batching=batching, **options)
 
         def no_batching(run: FetchRun = run) -> None:
             run.stop_batching()

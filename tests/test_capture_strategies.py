@@ -81,7 +81,7 @@ def test_each_composition_gives_the_plain_runs_sums(
     :mod:`qdebug.capture.batching`); the strategies are there only when chosen."""
     pair = _pair(tiny_float, tiny_quant("u8"))
     samples = _samples(pair.float_model, 7)
-    plain = _reduce(FetchRun(*pair, pipeline=False), samples)
+    plain = _reduce(FetchRun(*pair), samples)
     tuning = CaptureTuning(cores=2 if pipelined else 1)
     options = OpenOptions(samples=7, input_shapes=_shapes(samples[0]), batch=batch, tuning=tuning)
     run = open_fetch_run(pair, options, fetch_layout(pair, options), batch=batch)
@@ -99,7 +99,7 @@ def test_a_segmented_composition_gives_the_plain_runs_sums(tiny_float: Path, tin
     """Segments chosen by the layout: the segmented run, its sums the whole run's, one sample per call."""
     pair = _pair(tiny_float, tiny_quant("u8"))
     samples = _samples(pair.float_model, 4)
-    plain = _reduce(FetchRun(*pair, pipeline=False), samples)
+    plain = _reduce(FetchRun(*pair), samples)
     tuning = dataclasses.replace(CaptureTuning(cores=2), segment_above=0, pipelined_above=0, segment_bytes=1 << 12)
     options = OpenOptions(samples=4, input_shapes=_shapes(samples[0]), batch=4, tuning=tuning)
     run = open_fetch_run(pair, options, fetch_layout(pair, options), batch=4)

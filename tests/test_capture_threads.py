@@ -15,8 +15,10 @@ import onnx
 import pytest
 
 from qdebug.capture import CaptureTuning, threads
+from qdebug.capture.batch_run import Batching
 from qdebug.capture.fetch import FetchRun
 from qdebug.capture.kernels.reference import ReductionPlan
+from qdebug.capture.pipelined import Pipelining
 from qdebug.capture.segmented import exposed_bytes, mean_elements
 from qdebug.capture.threads import ThreadTrial
 from qdebug.data import open_data
@@ -75,7 +77,9 @@ def _whole_run(
 ) -> FetchRun:
     fm, qm = onnx.load(str(tiny_float)), onnx.load(str(quant))
     tuning = dataclasses.replace(tuning or CaptureTuning(), cores=cores)
-    kw.setdefault("pipeline", True)
+    kw["pipeline"] = Pipelining(tuning) if kw.get("pipeline", True) else None
+    batch = kw.pop("batch", 1)
+    kw["batching"] = Batching(batch, fm, tuning) if batch > 1 else None
     return FetchRun(
         fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], input_shapes=_shapes(fm), tuning=tuning, **kw
     )
@@ -107,7 +111,7 @@ def test_otherwise_ort_keeps_its_threads(case: str, tiny_float: Path, tiny_quant
     run = _whole_run(tiny_float, tiny_quant("u8"), cores=1 if case == "one core" else 2, tuning=tuning, **kw)
     if case == "no shapes":
         fm, qm = onnx.load(str(tiny_float)), onnx.load(str(tiny_quant("u8")))
-        run = FetchRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], pipeline=True)
+        run = FetchRun(fm, qm, pair_models(fm, qm), ["CPUExecutionProvider"], pipeline=Pipelining(CaptureTuning()))
     assert run.threads is None and run.thread_note is None
     assert _intra_op(run.f_sess) == 0 and _intra_op(run.q_sess) == 0  # 0: ORT's default, one per core
 

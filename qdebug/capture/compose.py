@@ -15,8 +15,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from qdebug.capture.base import FALLBACK_BACKEND, CaptureRun, ModelPair, OpenOptions, SampleSums
+from qdebug.capture.batch_run import Batching
 from qdebug.capture.fetch import FetchRun, usable_cores
 from qdebug.capture.kernels.reference import ReductionPlan, reduce_sample
+from qdebug.capture.pipelined import Pipelining
 from qdebug.capture.segmented import SegmentPlan
 from qdebug.capture.segmented_run import SegmentedRun, segment_cut
 from qdebug.capture.threads import Rethreadable
@@ -96,11 +98,20 @@ def open_fetch_run(
     """The run ``layout`` calls for: segmented (and, should a segment not load, the whole models in its place),
     else the whole models' :class:`FetchRun` (a model ORT cannot load: :class:`~qdebug.errors.ModelError`)."""
     tuning, cut = options.tuning, layout.cut
+
+    def pipelining() -> Pipelining | None:
+        """The worker that infers ahead, when the layout pipelines (whole models: by sample)."""
+        return Pipelining(tuning) if layout.pipelined else None
+
+    def batching(reason: str | None = None) -> Batching | None:
+        """Several samples per inference call, when more than one is asked for (``reason``: why it cannot)."""
+        return Batching(batch, pair.float_model, tuning, reason) if batch > 1 else None
+
     if cut is None:
         return FetchRun(
             *pair,
-            pipeline=layout.pipelined,
-            batch=batch,
+            pipeline=pipelining(),
+            batching=batching(),
             reducer=reducer,
             batch_kernel=batch_kernel,
             dequant_whole=dequant_whole,
@@ -115,15 +126,14 @@ def open_fetch_run(
         (opened by the segmented run, once it has failed to load a segment)."""
         return FetchRun(
             *pair,
-            pipeline=layout.pipelined,
-            batch=batch,
+            pipeline=pipelining(),
+            batching=batching(batch_reason),
             reducer=reducer,
             batch_kernel=batch_kernel,
             tuning=tuning,
             name=name,
             split_constants=False,
             segment_note=note,
-            batch_reason=batch_reason,
         )
 
     segmented = SegmentedRun(

@@ -60,8 +60,9 @@ def usable_cores(tuning: CaptureTuning | None = None) -> int:
 class FetchRun(OutputSets):
     """Two sessions whose outputs include every tensor of the :class:`ReductionPlan`.
 
-    **Pipelined** (``pipeline``; default: with two or more cores; :mod:`qdebug.capture.pipelined`, the strategy
-    this run delegates its worker to): once the first sample has shown that the
+    **Pipelined** (``pipeline``: the :class:`~qdebug.capture.pipelined.Pipelining` its opener chose — with two or
+    more cores, :mod:`qdebug.capture.compose` — which this run delegates its worker to): once the first sample has
+    shown that the
     tensors fit in ``tuning.pipeline_bytes``, the capture loop's :meth:`prefetch` starts the next samples' inference
     on a worker thread while this thread reduces the current ones — ONNX Runtime and numpy each keep a core busy
     instead of taking turns. The sessions' idle threads then sleep instead of spinning, so the reduction is not
@@ -70,7 +71,8 @@ class FetchRun(OutputSets):
     (:mod:`qdebug.capture.arena`), and the worker is handed the GIL at each submission
     (:func:`~qdebug.capture.threads.submit_started`): neither new pages nor a wait for the GIL fall in a sample.
 
-    **Batched** (``batch`` > 1, :mod:`qdebug.capture.batching`): up to ``batch`` announced samples of the same
+    **Batched** (``batching``: the :class:`~qdebug.capture.batch_run.Batching` its opener chose for ``batch`` > 1,
+    :mod:`qdebug.capture.batching`): up to ``batch`` announced samples of the same
     input shapes run as one inference call (fewer if their tensors would exceed
     ``tuning.batch_bytes``), checked on the first batch; :attr:`batch_reason` says why
     batching stopped, :meth:`batching` the largest batch that ran (:mod:`qdebug.capture.batch_run` groups and checks).
@@ -91,8 +93,8 @@ class FetchRun(OutputSets):
         quant_model: onnx.ModelProto,
         pairing: Pairing,
         providers: Sequence[str],
-        pipeline: bool | None = None,
-        batch: int = 1,
+        pipeline: Pipelining | None = None,
+        batching: Batching | None = None,
         reducer: Reducer = reduce_sample,
         batch_kernel: Any = None,
         input_shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -103,7 +105,6 @@ class FetchRun(OutputSets):
         weight: Mapping[str, int] | None = None,
         split_constants: bool = True,
         segment_note: str | None = None,
-        batch_reason: str | None = None,
     ) -> None:
         self.tuning = tuning = tuning or CaptureTuning()
         self.name = name  # the backend this run is, for the report (fetch, or compiled)
@@ -112,14 +113,12 @@ class FetchRun(OutputSets):
         self.batch_kernel = batch_kernel  # with the compiled pass: its kernel module, for a batch's large tensors
         self.reduce_seconds: float | None = None  # the last sample's reduction alone (auto's cost model)
         self.infer_seconds: float | None = None  # the last unbatched inference, per sample (auto's cost model)
-        if pipeline is None:
-            pipeline = usable_cores(tuning) >= 2
         #: the next samples inferred on a worker while this one is reduced (:mod:`qdebug.capture.pipelined`;
         #: ``None``: one thread)
-        self.pipeline = Pipelining(tuning) if pipeline else None
+        self.pipeline = pipeline
         #: several samples per inference call (:mod:`qdebug.capture.batch_run`; ``None``: one per call)
-        self.batches = Batching(batch, float_model, tuning, batch_reason) if batch > 1 else None
-        self._unbatched: tuple[int, str | None] = (1, batch_reason)  # batching() without (or after) batching
+        self.batches = batching
+        self._unbatched: tuple[int, str | None] = (1, None)  # batching() without (or after) batching
         self.models, self.providers = (float_model, quant_model), tuple(providers)
         self.segment_note: str | None = None  # what the run does once instead of every sample, or why not segmented
         if weight is None and input_shapes:
