@@ -140,6 +140,16 @@ def workers_up(names: set[str]) -> bool:
     return "raylet" in names and any(n.startswith("ray::") and not n.endswith("Agent") for n in names)
 
 
+#: ``python -m qdebug.cli`` with Python's own Ctrl-C, whatever this process passes on: a test runner started in the
+#: background by a non-interactive shell ignores SIGINT, and a child inherits that (as qdebug should: it is the
+#: user's choice), which would make every Ctrl-C test here pass or fail by how the runner was started.
+WITH_CTRL_C = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+    "runpy.run_module('qdebug.cli', run_name='__main__', alter_sys=True)"
+)
+
+
 def watch(
     argv: Sequence[str],
     tmpdir: Path,
@@ -153,7 +163,7 @@ def watch(
     changes = {"TMPDIR": str(tmpdir), **(env or {})}
     environ = {k: v for k, v in {**os.environ, **changes}.items() if v is not None}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "qdebug.cli", *argv],
+        [sys.executable, "-c", WITH_CTRL_C, *argv],
         env=environ,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -147,6 +147,8 @@ def test_import_qdebug_is_light_and_ctrl_c_at_start_up_is_one_line() -> None:
 #: there by chance; there numpy turned the KeyboardInterrupt into an ImportError and a traceback).
 _CTRL_C_INSIDE_NUMPY = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own Ctrl-C, even if the runner ignores SIGINT
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 class Kick:
     def find_spec(self, name, path=None, target=None):
         if name in ("datetime", "_datetime") and "numpy" in sys.modules:
