@@ -80,8 +80,8 @@ def _name_new_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in model.graph.node:
         if not node.name:
             stem = f"{node.output[0]}/{node.op_type}" if node.output else node.op_type
-            # A lazy search: unpacking a million candidate names per node cost 11 s of a 15 s re-quantization on
-            # PP-OCR's classifier (every node the opset converter adds is unnamed).
+            # A lazy search: unpacking every candidate name per node dominated a re-quantization when the opset
+            # converter left many nodes unnamed.
             name, k = stem, 0
             while name in taken:
                 k += 1
