@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent
 #: What the wheel carries of each bundled folder (no generator scripts: they need torch).
 BUNDLED = {
     "sample_models": ("*.onnx", "*.npz", "registry.json", "README.md"),
-    "notebooks": ("*.ipynb", "README.md", "share/voila/templates/qdebug/*"),
+    "notebooks": ("*.ipynb", "README.md", "share/voila/templates/qdebug/*", "share/voila_config/voila.py"),
 }
 
 

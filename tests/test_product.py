@@ -98,6 +98,10 @@ def test_dashboard_runs_offline_with_room_for_uploads_and_no_orphan_kernels(tmp_
     template = VOILA_DATA_DIR / "voila" / "templates" / VOILA_TEMPLATE
     assert {p.name for p in template.iterdir()} >= {"conf.json", "index.html.j2", "page.html"}
     assert "https://" not in (template / "page.html").read_text()
+    # qdebug's voila.py: the page gets its _xsrf cookie, so its close-time kernel shutdown is not refused (403)
+    paths = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--Voila.config_file_paths"]
+    config = Path(paths[0]) / "voila.py"
+    assert config.is_file() and "c.VoilaConfiguration.prelaunch_hook" in config.read_text()
 
 
 def test_dashboard_refuses_a_root_that_is_not_a_folder(tmp_path: Path, run_cli) -> None:

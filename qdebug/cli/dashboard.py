@@ -25,6 +25,8 @@ WEBSOCKET_HEADROOM = 4
 #: A kernel whose page is gone (no connection) is shut down after this many idle seconds: the page's own
 #: "beforeunload" shutdown is the normal path; this catches a crashed tab or a closed laptop lid.
 CULL_IDLE_S = 600
+#: The folder (under the bundled notebooks' ``share``) of qdebug's ``voila.py``, the server configuration.
+VOILA_CONFIG_DIR = "voila_config"
 
 
 #: The environment variable that sets the upload limit (MB).
@@ -94,8 +96,9 @@ def port_problem(ip: str, port: int) -> str | None:
 def voila_command(notebook: Path, port: int, ip: str = "127.0.0.1", *, max_upload_mb: float | None = None,
                   cull_idle_s: int = CULL_IDLE_S) -> list[str]:  # fmt: skip
     """The Voila command line serving ``notebook`` with qdebug's template (no CDN request), a websocket that
-    carries uploads up to the limit, and idle kernels of closed pages culled (run it with :func:`voila_env`)."""
-    from qdebug.samples import VOILA_TEMPLATE
+    carries uploads up to the limit, qdebug's ``voila.py`` (a closed page's kernel shut down at once), and idle
+    kernels of pages that vanished without closing culled (run it with :func:`voila_env`)."""
+    from qdebug.samples import VOILA_DATA_DIR, VOILA_TEMPLATE
 
     limit = upload_limit_mb() if max_upload_mb is None else max_upload_mb
     ws_bytes = int((limit * WEBSOCKET_HEADROOM + 16) * 1e6)
@@ -113,6 +116,11 @@ def voila_command(notebook: Path, port: int, ip: str = "127.0.0.1", *, max_uploa
         f"--MappingKernelManager.cull_idle_timeout={cull_idle_s}",
         f"--MappingKernelManager.cull_interval={max(1, min(60, cull_idle_s // 2))}",
         "--MappingKernelManager.cull_connected=False",
+        # qdebug's voila.py: the page gets the _xsrf cookie its close-time kernel shutdown needs (else a 403)
+        "--Voila.config_file_paths",
+        str(VOILA_DATA_DIR / VOILA_CONFIG_DIR),
+        "--Voila.config_file_paths",
+        str(notebook.parent),  # where Voila looks by default (its working folder): a voila.py beside it still counts
     ]
 
 
