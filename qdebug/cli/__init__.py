@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
+import json
 import signal
 import sys
 import traceback
@@ -14,7 +16,7 @@ from typing import TextIO
 
 from qdebug._signals import deferring
 from qdebug._version import __version__
-from qdebug.cli._base import EPILOG, ArgumentParser, Tool, remove_empty, say
+from qdebug.cli._base import EPILOG, ArgumentParser, Tool, add_global_flags, remove_empty, say
 from qdebug.cli._preflight import given_options
 from qdebug.cli.build import Build
 from qdebug.cli.dashboard import Dashboard
@@ -57,6 +59,7 @@ __all__ = [
     "print_compile_report",
     "print_fixes",
     "print_report",
+    "run_summary",
 ]
 
 
@@ -80,6 +83,7 @@ def build_parser() -> ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         tool.add_arguments(sp)
+        add_global_flags(sp)
         sp.set_defaults(tool=tool, parser=sp)
     return p
 
@@ -102,15 +106,47 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     """Run the tool; when it fails (an error, Ctrl-C or a non-zero exit), remove the folders it created for its
-    outputs that are still empty: a failed command leaves nothing behind."""
+    outputs that are still empty: a failed command leaves nothing behind. The global flags decide where its text
+    goes: ``--quiet`` nowhere, ``--json`` on a command without a document of its own to stderr, with the run's
+    summary (:func:`run_summary`) on ``out``."""
     created = args.tool.new_folders(args)
+    summary = _summarized(args)
+    document = args.json and not summary  # the command prints its own JSON document on out, --quiet or not
+    text: TextIO = out if document else _Discard() if args.quiet else sys.stderr if summary else out
     code = 1
     try:
-        code = int(args.tool.run(args, out))
+        code = int(args.tool.run(args, text))
     finally:
         if code != 0:
             remove_empty(created)
+    if summary:
+        print(json.dumps(run_summary(args, code)), file=out)
     return code
+
+
+def _summarized(args: argparse.Namespace) -> bool:
+    """``--json`` on a command that has no JSON document of its own: it prints the run's summary."""
+    return bool(args.json) and getattr(args, "json_doc", None) is None
+
+
+class _Discard(io.StringIO):
+    """Where ``--quiet`` sends a command's text (not a terminal: nothing is coloured or redrawn for it)."""
+
+    def write(self, s: str) -> int:
+        """Drop ``s``."""
+        return len(s)
+
+
+def run_summary(args: argparse.Namespace, code: int, error: str | None = None) -> dict[str, object]:
+    """What ``--json`` prints for a command that has no JSON document of its own: the command, its exit code, the
+    files it wrote (each output and the files derived from it that exist; none after an error: a failed command
+    writes all of its outputs or none) and the error, if any."""
+    outputs = [] if error is not None else [f for o in args.tool.outputs(args).values() for f in o.files()]
+    written = [str(f) for f in outputs if f.exists()]
+    doc: dict[str, object] = {"schema_version": 1, "command": args.tool.name, "exit_code": code, "outputs": written}
+    if error is not None:
+        doc["error"] = error
+    return doc
 
 
 def _tolerate_file_names() -> None:
@@ -186,19 +222,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 def _main(argv: Sequence[str] | None, out: TextIO | None) -> int:
     _tolerate_file_names()
     out = out or sys.stdout
-    debug = False
+    args: argparse.Namespace | int | None = None
     try:
         args = _parse(argv)
         if isinstance(args, int):
             return args
-        debug = args.debug
         args.tool.guard(args)  # the pre-flight: every input, output and option combination, before any work
         _quiet_ort_logs()
         return _run(args, out)
     except QDebugError as exc:
-        if debug:
+        parsed = args if isinstance(args, argparse.Namespace) else None
+        if parsed is not None and parsed.debug:
             traceback.print_exc()
         say("error", str(exc))
+        if parsed is not None and _summarized(parsed):  # the summary says the error too, as every run's does
+            print(json.dumps(run_summary(parsed, exc.exit_code, str(exc))), file=out)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Terminated included
         if isinstance(exc, Terminated) or _Received.signum == signal.SIGTERM:

@@ -251,9 +251,39 @@ def add_output(p: argparse.ArgumentParser, help: str, *, required: bool = False)
     p.add_argument("--output", "-o", dest="output", default=None, help=help + (" (required)" if required else ""))
 
 
+#: ``--color``'s choices (one of the global flags).
+COLOR_CHOICES = ("auto", "always", "never")
+
+
 def add_json(p: argparse.ArgumentParser, what: str) -> None:
-    """``--json``: machine-readable output instead of tables."""
-    p.add_argument("--json", action="store_true", help=f"print {what} as JSON instead of tables")
+    """Say that this command prints ``what`` as its ``--json`` document (the flag itself is one of the global flags,
+    :func:`add_global_flags`); a command that says nothing prints the run's summary instead (``cli.run_summary``)."""
+    p.set_defaults(json_doc=what)
+
+
+def add_global_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every command takes, defined here once and added by ``build_parser`` after the command's own
+    options: ``--color``, ``--json`` (the command's own document, or the run's summary) and ``--quiet``."""
+    what = p.get_default("json_doc")
+    g = p.add_argument_group("output (every command)")
+    g.add_argument(
+        "--color",
+        choices=COLOR_CHOICES,
+        default="auto",
+        help="colour the tables by SQNR band: auto (on a terminal), always, never",
+    )
+    g.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print {what} as JSON instead of tables"
+        if what
+        else "print a JSON summary of the run on stdout (command, exit code, files written); the text goes to stderr",
+    )
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing on stdout but --json's document (errors and warnings still go to stderr)",
+    )
 
 
 def add_input_shape(p: argparse.ArgumentParser, help: str) -> None:
@@ -390,9 +420,9 @@ class ProgressLine:
     """One progress line on a terminal (samples done / total, rate), rewritten in place; silent elsewhere, so that
     a script's stderr holds only qdebug's one-line messages."""
 
-    def __init__(self, stream: TextIO, label: str = "samples") -> None:
+    def __init__(self, stream: TextIO, label: str = "samples", *, quiet: bool = False) -> None:
         self.stream, self.label = stream, label
-        self.active = stream.isatty()
+        self.active = stream.isatty() and not quiet
         self.t0: float | None = None
         self.shown = False
 

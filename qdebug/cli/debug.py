@@ -123,7 +123,7 @@ def run_debug(args: argparse.Namespace) -> Any:
         return debug(args.float_model, args.quant_model, args.data, opts)
     import sys
 
-    bar = ProgressLine(sys.stderr)  # many samples on many workers: say how far the job is
+    bar = ProgressLine(sys.stderr, quiet=args.quiet)  # many samples on many workers: say how far the job is
     try:
         return debug(args.float_model, args.quant_model, args.data, opts, progress=bar)
     finally:
@@ -144,7 +144,6 @@ class Debug(Tool):
         add_json(parser, "the report")
         parser.add_argument("--top", type=positive_int, default=10, help="rows in each worst-N table")
         parser.add_argument("--fail-below", type=finite_number("dB"), metavar="DB", help=gate_help())
-        parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
         parser.add_argument(
             "--diagnose", action="store_true", help="also print the diagnostics: why, and the fix (docs/diagnostics.md)"
         )
@@ -170,7 +169,6 @@ class Debug(Tool):
             Unused("diagnose", "--diagnose", not args.json, "with --json (it prints the diagnostics with the tables; "
                    "as JSON: qdebug diagnose --json)"),
             Unused("top", "--top", not args.json, "with --json (it sizes the printed tables)"),
-            Unused("color", "--color", not args.json, "with --json (it colours the printed tables)"),
         ])  # fmt: skip
         if args.html:
             checks.run(require_html)

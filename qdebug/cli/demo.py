@@ -36,7 +36,6 @@ class Demo(Tool):
             help="folder for the QDQ model, its calibration ranges and report.json (default: ./qdebug-demo)",
         )
         parser.add_argument("--max-samples", type=positive_int, default=128, help="evaluation samples to debug on")
-        parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
         """The QDQ model (with its ``.calib.json``) and the report, in the output folder."""

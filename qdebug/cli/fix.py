@@ -135,7 +135,7 @@ class Fix(Tool):
             max_pass_equivalents=args.max_passes,
             metric=task_metric(args), label_key=args.label_key,
         )  # fmt: skip
-        bar = _Progress(sys.stderr)
+        bar = _Progress(sys.stderr, quiet=args.quiet)
         with temp_dir(prefix="qdebug-fix-") as work:
             try:
                 result = fix(args.float_model, args.data, opts, quant_model=args.quant_model, workdir=work,

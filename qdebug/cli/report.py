@@ -203,7 +203,6 @@ class Diagnose(Tool):
         add_html(parser)
         add_json(parser, "the diagnostics")
         parser.add_argument("--top", type=positive_int, default=None, help="rows to print (default: all)")
-        parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
         m = parser.add_argument_group("measure the remedies (docs/diagnostics.md#measure)")
         m.add_argument(
             "--measure", action="store_true",
@@ -228,12 +227,11 @@ class Diagnose(Tool):
         return {"--output": Output(args.output), "--html": Output(args.html)}
 
     def preflight(self, args: argparse.Namespace, checks: Checks) -> None:
-        """debug's data options; --top and --color only shape the printed table."""
+        """debug's data options; --top only sizes the printed table."""
         check_debug_args(args, checks)
         check_stats_samples(args, checks, True, "")
         checks.unused([
             Unused("top", "--top", not args.json, "with --json (it sizes the printed table)"),
-            Unused("color", "--color", not args.json, "with --json (it colours the printed table)"),
             Unused("calib", "--calib", args.measure, "without --measure (it calibrates the remedies)"),
             Unused("measure_top", "--measure-top", args.measure, "without --measure"),
         ])  # fmt: skip

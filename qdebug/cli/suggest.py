@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any, ClassVar, TextIO
 
-from qdebug.cli._base import Tool, add_debug_inputs, positive_int
+from qdebug.cli._base import Tool, add_debug_inputs, add_json, positive_int
 from qdebug.cli._preflight import Checks, Output, Unused, check_promotion_type
 from qdebug.cli.debug import DEBUG_REQUIRED, capture_backends, check_debug_args, debug_inputs, run_debug
 from qdebug.errors import EXIT_OK
@@ -59,7 +59,7 @@ class Suggest(Tool):
         )
         parser.add_argument("--config", "-c", help="base QuantConfig JSON (default: inferred from the quantized model)")
         parser.add_argument("--overrides-out", help="write the promotion as overrides JSON here (needs --promote-top)")
-        parser.add_argument("--json", action="store_true", help="print suggestions (and the plan) as JSON")
+        add_json(parser, "the suggestions (and the plan)")
 
     def inputs(self, args: argparse.Namespace) -> dict[str, str | None]:
         """Both models, the data and the base config."""
