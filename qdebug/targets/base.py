@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from qdebug.config import QuantConfig
     from qdebug.report import TargetAccuracy
+    from qdebug.targets.quant_constraints import QuantConstraints
 
 __all__ = [
     "OPTION_FLAGS",
@@ -298,6 +299,9 @@ class Target(Protocol):
         """What in a quantization config this target cannot run (types, symmetry)."""
         ...
 
+    def quant_constraints(self) -> QuantConstraints | None:
+        """What its integer kernels need of the quantization, met by :meth:`ort_config` (or ``None``)."""
+
     def ort_config(self, config: QuantConfig, model: str | Path | onnx.ModelProto, reader: Any) -> Any:
         """ONNX Runtime's ``StaticQuantConfig`` for ``config`` (the target's own ORT recipe)."""
         ...
@@ -486,11 +490,16 @@ class TargetBase:
             )
         return p
 
+    def quant_constraints(self) -> QuantConstraints | None:
+        """None: the config's own symmetry and types are all a target needs by default."""
+        return None
+
     def ort_config(self, config: QuantConfig, model: str | Path | onnx.ModelProto, reader: Any) -> Any:
-        """ORT's generic ``get_qdq_config`` (the CPU execution provider's recipe)."""
+        """ORT's generic ``get_qdq_config`` (the CPU execution provider's recipe), meeting :meth:`quant_constraints`."""
         from onnxruntime.quantization import get_qdq_config
 
         from qdebug.config import ort_quant_options
+        from qdebug.targets.quant_constraints import constrained_overrides
 
         o = ort_quant_options(config)
         return _ort_call(
@@ -503,7 +512,7 @@ class TargetBase:
             activation_symmetric=config.activation_symmetric,
             weight_symmetric=config.weight_symmetric,
             per_channel=config.per_channel,
-            tensor_quant_overrides=o.overrides,
+            tensor_quant_overrides=constrained_overrides(self.quant_constraints(), model, reader, o.overrides),
         )
 
     def prepare(

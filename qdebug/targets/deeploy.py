@@ -37,11 +37,13 @@ from qdebug.targets.base import (
     shapes_for,
 )
 from qdebug.targets.compile_report import CompileReport
+from qdebug.targets.quant_constraints import OpRule, QuantConstraints, RuleWhen, Storage, ZeroPoint
 
 if TYPE_CHECKING:
     from qdebug.config import QuantConfig
 
 __all__ = [
+    "DEEPLOY_CONSTRAINTS",
     "DEEPLOY_FIXES",
     "DEEPLOY_PLATFORMS",
     "DEEPLOY_PRECISION_HINT",
@@ -59,6 +61,22 @@ DEEPLOY_FIXES = ("static_shapes", "batchnorm_folding")
 #: Deeploy platforms a build generates code for: the first must succeed, the others are tried ("where the ops
 #: allow") and a failure there is a warning.
 DEEPLOY_PLATFORMS = ("Generic", "Siracusa")
+
+
+#: What Deeploy 0.2.1's integer kernels need of the quantization (docs/deeploy.md, "Quantizing for Deeploy"): the
+#: quantizer puts each named input on a symmetric grid beforehand, so the export never has to refuse it.
+DEEPLOY_CONSTRAINTS = QuantConstraints(
+    target="deeploy",
+    activation_storage=Storage.EITHER,
+    weight_symmetric=True,
+    power_of_two_scales=False,
+    scales="any ratio, realised as mul/2^k in an int32 RequantShift (snapped after quantizing)",
+    rules=(
+        OpRule("Conv", (0,), ZeroPoint.ZERO, RuleWhen.PADDED, Storage.EITHER,
+               "Deeploy pads a Conv's input with the stored integer 0 (its ExtractPaddingFromConvPass), the real 0 "
+               "only on a symmetric grid or a non-negative tensor stored unsigned"),
+    ),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -362,6 +380,10 @@ class DeeployTarget(TargetBase):
     weight_types = frozenset({"int8"})
     options = frozenset({"skip_fixes", "snap_scales"})
     fix_names = DEEPLOY_FIXES
+
+    def quant_constraints(self) -> QuantConstraints:
+        """Deeploy's integer contract as quantizing can meet it (:data:`DEEPLOY_CONSTRAINTS`)."""
+        return DEEPLOY_CONSTRAINTS
 
     def available(self) -> Availability:
         """Whether Deeploy's own environment exists (it is created on first use, ``make deeploy-env``)."""
