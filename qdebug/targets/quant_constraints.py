@@ -77,7 +77,8 @@ class OpRule:
             return True
         attrs = {a.name: a for a in node.attribute}
         auto = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"
-        return auto not in ("NOTSET", "VALID") or any(int(p) != 0 for p in attrs["pads"].ints if "pads" in attrs)
+        pads = attrs["pads"].ints if "pads" in attrs else []
+        return auto not in ("NOTSET", "VALID") or any(int(p) != 0 for p in pads)
 
 
 @dataclass(frozen=True)
