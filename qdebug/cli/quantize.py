@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any, ClassVar, TextIO
 
 from qdebug.cli._base import (
@@ -70,6 +71,11 @@ class Quantize(Tool):
             help="tensor overrides JSON (ORT TensorQuantOverrides, docs/overrides.md), checked against the model; "
             "its base_config is the config unless --config is given (then both must agree)",
         )
+        parser.add_argument(
+            "--quant-model",
+            help="a QDQ model to patch instead of quantizing the float model: the overrides (a dashboard recipe) "
+            "re-grid its own Q/DQ pairs and every other byte stays (docs/ui.md); needs --overrides",
+        )
         add_quant_config(parser, target_names())
         add_input_shape(parser, "fix a dynamic input shape for synthetic calibration data, NAME:D0,D1,... (repeatable)")
         add_scale_out(parser)  # MinMax calibration sharded over the workers (docs/scale.md)
@@ -89,6 +95,7 @@ class Quantize(Tool):
             "--calib": args.calib,
             "--config": args.config,
             "--overrides": args.overrides,
+            "--quant-model": args.quant_model,
         }
 
     def outputs(self, args: argparse.Namespace) -> dict[str, Output]:
@@ -104,6 +111,8 @@ class Quantize(Tool):
             Unused("synthetic_distribution", "--distribution", synthetic, why),
             Unused("input_shape", "--input-shape", synthetic, why),
         ])  # fmt: skip
+        if args.quant_model is not None and args.overrides is None:
+            checks.add("--quant-model needs --overrides (the recipe to apply to it)")
         if args.num_samples is not None and args.num_samples < 1:
             checks.add(f"--samples must be a positive integer, got {args.num_samples}")
 
@@ -113,6 +122,8 @@ class Quantize(Tool):
         from qdebug.quantizer import quantize
 
         ofile = _load_overrides(args.overrides, args.float_model) if args.overrides else None
+        if args.quant_model is not None:
+            return _patch(args, ofile, out)
         config = QuantConfig.load(args.config) if args.config else None
         base = ofile.resolve_base(config) if ofile is not None else config or QuantConfig()
         cfg = base.merged(**{k: getattr(args, k) for k in CONFIG_FLAGS})
@@ -147,6 +158,28 @@ class Quantize(Tool):
         for w in result.warnings:
             warn(w)
         return EXIT_OK
+
+
+def _patch(args: argparse.Namespace, ofile: Any, out: TextIO) -> int:
+    """``--quant-model``: the overrides applied to that QDQ model's own Q/DQ pairs (:mod:`qdebug.mixed.patch`)."""
+    from qdebug.errors import ConfigError
+    from qdebug.io import atomic_save_model, atomic_write_bytes, read_input_bytes
+    from qdebug.mixed.patch import patch_model
+    from qdebug.model_io import file_sha256, load_model
+
+    sha = file_sha256(args.quant_model)
+    if ofile.quant_model_sha256 is not None and ofile.quant_model_sha256 != sha:
+        raise ConfigError(f"{args.overrides}: made for another quantized model than {args.quant_model}")
+    result = patch_model(load_model(args.quant_model, "quantized model"), ofile.overrides, skip_float=True)
+    if result.patches:
+        atomic_save_model(result.model, args.output)
+    else:  # nothing to change: the given file byte for byte
+        atomic_write_bytes(args.output, read_input_bytes(args.quant_model, "quantized model"))
+    if args.json:
+        print(json.dumps({"model_path": str(args.output), "patches": [p.to_dict() for p in result.patches]}), file=out)
+        return EXIT_OK
+    print(f"wrote {args.output}\n  " + result.describe().replace("\n", "\n  "), file=out)
+    return EXIT_OK
 
 
 def _may_choose_weights(args: argparse.Namespace, config: Any, ofile: Any) -> bool:

@@ -92,6 +92,10 @@ class OverridesFile:
     #: target's compatibility fixes (a search of the fixed model); ``qdebug build --target`` checks them after its own
     #: fixes. ``None``: made for the model as it is.
     target_fixes: tuple[str, tuple[str, ...]] | None = None
+    #: the sha256 of the QDQ model these overrides patch (a promotion of a model the user gave, whose other Q/DQ
+    #: parameters stay its own: ``qdebug quantize --quant-model`` applies them to it, :mod:`qdebug.mixed.patch`);
+    #: ``None``: they are applied by quantizing the float model
+    quant_model_sha256: str | None = None
 
     def __post_init__(self) -> None:
         parse_problems: list[str] = []
@@ -114,6 +118,8 @@ class OverridesFile:
             p.append(f"requested must be a list of tensor names, got {list(self.requested)!r}")
         if not isinstance(self.note, str):
             p.append(f"note must be a string, got {self.note!r}")
+        if self.quant_model_sha256 is not None and not isinstance(self.quant_model_sha256, str):
+            p.append(f"quant_model_sha256 must be a string or null, got {self.quant_model_sha256!r}")
         if self.target_fixes is not None:
             p += target_fixes_problems({"target": self.target_fixes[0], "fixes": list(self.target_fixes[1])})
         return p
@@ -128,8 +134,10 @@ class OverridesFile:
         requested: Iterable[str] = (),
         note: str = "",
         target_fixes: tuple[str, Sequence[str]] | None = None,
+        quant_model_sha256: str | None = None,
     ) -> OverridesFile:
-        """The overrides of ``config`` with the rest of it as ``base_config`` (``target_fixes``: see the field)."""
+        """The overrides of ``config`` with the rest of it as ``base_config`` (``target_fixes``,
+        ``quant_model_sha256``: see the fields)."""
         return cls(
             overrides=config.tensor_overrides,
             model_sha256=model_sha256,
@@ -137,6 +145,7 @@ class OverridesFile:
             requested=tuple(requested),
             note=note,
             target_fixes=None if target_fixes is None else (target_fixes[0], tuple(target_fixes[1])),
+            quant_model_sha256=quant_model_sha256,
         )
 
     @property
@@ -162,6 +171,8 @@ class OverridesFile:
             d["note"] = self.note
         if self.target_fixes is not None:
             d["target_fixes"] = {"target": self.target_fixes[0], "fixes": list(self.target_fixes[1])}
+        if self.quant_model_sha256 is not None:
+            d["quant_model_sha256"] = self.quant_model_sha256
         d["tensor_quant_overrides"] = {name: [entry_json(e) for e in entries] for name, entries in self.overrides}
         return d
 
@@ -214,9 +225,13 @@ class OverridesFile:
             problems += ps
         # Semantic rules run on what parsed, skipping tensors that already have a parse problem.
         problems += file_problems(tuple((n, es) for n, es in overrides if n not in broken), sha, base)
+        qsha = d.get("quant_model_sha256")
+        if qsha is not None and not isinstance(qsha, str):
+            problems.append(f"quant_model_sha256 must be a string or null, got {qsha!r}")
+            qsha = None
         if problems:
             raise OverridesError(problems)
-        return cls(overrides, sha, base, tuple(requested), note, fixes)
+        return cls(overrides, sha, base, tuple(requested), note, fixes, qsha)
 
     def to_json(self) -> str:
         """Strict JSON text (no NaN/Infinity)."""

@@ -37,6 +37,7 @@ TARGET_FIXES_SCHEMA_VERSION = 2
 
 TOP_KEYS = (
     "schema_version", "model_sha256", "base_config", "requested", "note", "target_fixes", "tensor_quant_overrides",
+    "quant_model_sha256",
 )  # fmt: skip
 _ENTRY_KEYS = tuple(f.name for f in fields(TensorOverride))
 _CONVERT_KEYS = tuple(f.name for f in fields(ConvertOverride))

@@ -38,6 +38,7 @@ from qdebug.report import DebugReport
 from qdebug.targets.recompile import RecompileResult, recompile
 
 if TYPE_CHECKING:
+    from qdebug.mixed.patch import PatchResult
     from qdebug.mixed.target_fixes import TargetFixes
 
 DataLike = str | Path | Mapping[str, np.ndarray] | DataSource | None
@@ -108,6 +109,8 @@ class MixedPrecisionSession:
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.workdir), True) if self._own_workdir else None
         self._base: Evaluation | None = None
         self._given_report: DebugReport | None = None
+        #: what the last patch of the given model changed (:meth:`patch_given`; ``None``: no patch yet)
+        self.last_patch: PatchResult | None = None
         #: ``progress(done, total, message)``: every long step says what it is doing (a UI shows it with an ETA)
         self.progress: Callable[[int, int, str], None] | None = None
         self._accuracy: dict[str, float] = {}
@@ -303,9 +306,12 @@ class MixedPrecisionSession:
         return self._requantize(config, name)
 
     def _requantize(self, config: QuantConfig, name: str | None) -> QuantizeResult:
-        """:meth:`requantize` without counting it."""
+        """:meth:`requantize` without counting it; with a given model, a change of its activations' types is a patch
+        of that model (:meth:`patch_given`) and the base's own file when nothing changes."""
         base = self.base
         tag = name or hashlib.sha256(config.to_json().encode()).hexdigest()[:12]
+        if self.given_path is not None and self.patchable(config):
+            return self.patch_given(config, self.workdir / f"{tag}.qdq.onnx")
         return quantize(
             self.float_path,
             self.data,
@@ -314,6 +320,33 @@ class MixedPrecisionSession:
             calibration_cache=base.quantization.calibration_cache,
             check=False,  # a search step follows its config exactly; the debug pass after it measures it
         )
+
+    def patchable(self, config: QuantConfig) -> bool:
+        """Whether ``config`` is the given model's recipe with only tensor overrides: it is then made by patching that
+        model (:mod:`qdebug.mixed.patch`), every other Q/DQ kept (a tensor it keeps in float stays so)."""
+        return self.given_path is not None and config.replace(tensor_overrides=()) == self.base_config
+
+    def patch_given(self, config: QuantConfig, out: Path) -> QuantizeResult:
+        """The given model with ``config``'s activation overrides applied to its own Q/DQ pairs, written to ``out``
+        (the given file copied as is when there are none): :attr:`last_patch` says what changed."""
+        from qdebug.io import atomic_write_bytes
+        from qdebug.mixed.patch import patch_model
+
+        assert self.given_path is not None
+        t0 = time.perf_counter()
+        given = load_model(self.given_path, "quantized model")
+        result = patch_model(given, config.tensor_overrides, skip_float=True)
+        if result.patches:
+            atomic_save_model(result.model, out)
+        else:  # nothing changed: the user's file byte for byte
+            atomic_write_bytes(out, self.given_path.read_bytes())
+        self.last_patch = result
+        quantized, total, qdq = count_quantized_nodes(result.model)
+        base = self.base.quantization
+        return replace(
+            base, model_path=str(out), config=config, nodes_quantized=quantized, nodes_total=total, qdq_nodes=qdq,
+            calibration_seconds=0.0, qdq_seconds=round(time.perf_counter() - t0, 4), warnings=(),
+        )  # fmt: skip
 
     def evaluate(self, config_or_plan: QuantConfig | PromotionPlan, name: str | None = None) -> Evaluation:
         """Re-quantize (no re-calibration), re-debug, and compare with the base."""
