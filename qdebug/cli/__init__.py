@@ -99,6 +99,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     except SystemExit as exc:  # argparse exits on --help / --version / bad usage
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     args.given = given_options(parser, args.parser, argv)  # what the pre-flight's "has no effect" rules ask
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # a command that prints a command line to rerun
     for note in [*(getattr(args, "deprecations", None) or []), *args.tool.notes(args)]:
         say("note", note)
     return args
