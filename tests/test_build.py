@@ -145,6 +145,7 @@ def test_transformer_int8_builds_to_one_partition_and_says_what_it_changed(
         ("batchnorm_folding", False),
         ("gelu_fusion", True),
         ("layernorm_gamma_unsigned", True),
+        ("qnn_compat", False),
     ]
     assert m.config is not None and (m.config.activation_type, m.config.weight_type) == ("uint8", "int8")
     assert m.config.overrides_dict["norm.weight"][0].quant_type == "uint8"

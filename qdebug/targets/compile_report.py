@@ -29,6 +29,13 @@ class FallbackNode:
     nodes: int
     reason: str
     by_design: bool = False  # e.g. QNN leaves graph-input Q / graph-output DQ on the CPU on purpose
+    #: the nodes of the group as the backend named them (QNN: the node unit, e.g. DQ → Einsum → Q)
+    node_names: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FallbackNode:
+        """Inverse of :func:`dataclasses.asdict` (reports written before ``node_names`` existed read too)."""
+        return cls(**{**d, "node_names": tuple(d.get("node_names", ()))})
 
 
 #: A compatibility fix is a pass like any other (:mod:`qdebug.passes`); the old name stays for its users.
@@ -80,7 +87,7 @@ class CompileReport:
     def from_dict(cls, d: Mapping[str, Any]) -> CompileReport:
         """Inverse of :meth:`to_dict`."""
         kw = {k: v for k, v in d.items() if k not in ("schema_version", "single_partition")}
-        kw["fallback"] = tuple(FallbackNode(**f) for f in kw.get("fallback", ()))
+        kw["fallback"] = tuple(FallbackNode.from_dict(f) for f in kw.get("fallback", ()))
         kw["warnings"] = tuple(kw.get("warnings", ()))
         return cls(**kw)
 

@@ -45,6 +45,7 @@ from qdebug.targets.base import (
 from qdebug.targets.compile_report import CompileReport
 from qdebug.targets.model_fixes import FIX_NAMES, apply_qnn_fixes
 from qdebug.targets.qnn_accuracy import compiled_top1, fp16_accuracy, htp_accuracy
+from qdebug.targets.qnn_compat import COMPAT_FIX, CompatReport, StopReason, run_compat_loop
 from qdebug.targets.qnn_compile import COMPILE_FAILED, compile_qnn, has_16bit_weights
 from qdebug.targets.qnn_options import DEFAULT_HTP_ARCH, SOC_MODELS, V73_SOC, QnnOptions, qnn_available, qnn_options
 
@@ -85,7 +86,7 @@ class QnnTarget(TargetBase):
     }
     activation_types = frozenset({"uint8", "uint16"})
     options = frozenset({"soc", "fail_on_fallback", "skip_fixes", "probe_tensors", "bisect", "remedies"})
-    fix_names = FIX_NAMES
+    fix_names = (*FIX_NAMES, COMPAT_FIX)
 
     def sixteen_bit_weights_note(self) -> str:
         """The HTP generations that take 16-bit weights."""
@@ -154,12 +155,19 @@ class QnnTarget(TargetBase):
         _usable()
         qnn_options(options)  # an unknown SoC fails here, before any work
         given, source = shapes_for(model, shapes)
-        fixed = apply_qnn_fixes(model, config, input_shapes=given, skip=options.skip_fixes)
+        skip = tuple(s for s in options.skip_fixes if s != COMPAT_FIX)
+        fixed = apply_qnn_fixes(model, config, input_shapes=given, skip=skip)
         fixes = tuple(
             replace(r, detail=f"{r.detail} (shapes {source})") if r.name == "static_shapes" and r.changed else r
             for r in fixed.reports
         )
-        return Prepared(fixed.model, fixed.config, fixes)
+        # The compatibility loop (qnn_compat): QNN's own rejections, answered by the rewrite catalogue.
+        fixed_model, loop = fixed.model, CompatReport((), StopReason.SKIPPED)
+        if COMPAT_FIX not in options.skip_fixes:
+            cfg = fixed.config
+            ort_config = None if cfg is None else (lambda path, reader: self.ort_config(cfg, path, reader))
+            fixed_model, loop = run_compat_loop(fixed.model, qnn_options(options), ort_config)
+        return Prepared(fixed_model, fixed.config, (*fixes, loop.pass_report()))
 
     def compile(self, job: CompileJob) -> Compiled:
         """EPContext with QNN (in a worker process; its verbose log is the report's source)."""

@@ -325,7 +325,7 @@ def _make_report(
     run: _WorkerRun, *, ctx: Path, input_nodes: int, options: QnnOptions, src: Path, hints: Sequence[str] = ()
 ) -> CompileReport:
     log = parse_compile_log(run.log_text)
-    fallback = [FallbackNode(u.op_type, u.nodes, u.describe(), u.by_design) for u in log.failed]
+    fallback = [FallbackNode(u.op_type, u.nodes, u.describe(), u.by_design, u.node_names) for u in log.failed]
     by_design = sum(f.nodes for f in fallback if f.by_design)
     refused = sum(f.nodes for f in fallback if not f.by_design)
     seconds = float(run.result["seconds"]) if run.result and "seconds" in run.result else run.wall
