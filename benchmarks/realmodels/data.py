@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python benchmarks/realmodels/data.py                      # every model
     .venv/bin/python benchmarks/realmodels/data.py --ci --calib-samples 16 --eval-samples 8
     .venv/bin/python benchmarks/realmodels/data.py --only ppocrv4-rec --seed 3
+    .venv/bin/python benchmarks/realmodels/data.py --set mcu            # the microcontroller-class set
 
 Writes ``<cache>/<model>/calib.npz`` and ``eval.npz`` (atomically), laid out as qdebug reads them: one array per
 graph input, shaped ``(N, *concrete shape)``. Values follow each input's :class:`Distribution` in registry.json:
@@ -16,7 +17,9 @@ graph input, shaped ``(N, *concrete shape)``. Values follow each input's :class:
   pauses over background noise, cut into consecutive chunks that each start with the previous chunk's tail;
 - token ids are uniform over the vocabulary's word pieces between ``[CLS]`` and ``[SEP]``, masks are ones;
 - a ``recurrent`` input (silero's LSTM state) is the model's own output for the previous sample, obtained by
-  running the model over the samples in order in ONNX Runtime (so that model must be cached first).
+  running the model over the samples in order in ONNX Runtime (so that model must be cached first);
+- the microcontroller-class set's features (file bytes, log-mel and fbank spectrograms, openWakeWord's features
+  made by its own feature models) come from ``data_mcu.py``.
 
 Every array depends only on (model, seed, N): calibration uses ``seed``, evaluation ``seed + 1``, so the two
 never share samples. Exit 0 on success, 1 when a model needed for a recurrent input is not cached.
@@ -44,6 +47,7 @@ from benchmarks.realmodels.registry import (
     ImageStyle,
     InputSpec,
     ModelEntry,
+    ModelSet,
     cache_dir,
     calib_path,
     eval_path,
@@ -137,14 +141,18 @@ def _text(rng: np.random.Generator, c: int, h: int, w: int) -> np.ndarray:
 
 
 def _images(dist: Distribution, shape: tuple[int, ...], n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` samples of NCHW-like ``shape`` (channels third from the end), normalised as ``dist`` says."""
-    c, h, w = shape[-3:]
+    """``n`` samples of NCHW-like ``shape`` (channels third from the end, or last when ``channels_last``),
+    normalised as ``dist`` says."""
+    h, w, c = shape[-3:] if dist.channels_last else (shape[-2], shape[-1], shape[-3])
     draw = _text if dist.style is ImageStyle.TEXT else _natural
     count = n * int(np.prod(shape[:-3], dtype=np.int64))
     pixels = np.stack([draw(rng, c, h, w) for _ in range(count)]) * (dist.scale or 1.0)
     mean = np.asarray(dist.mean or (0.0,), dtype=np.float64).reshape(-1, 1, 1)
     std = np.asarray(dist.std or (1.0,), dtype=np.float64).reshape(-1, 1, 1)
-    return ((pixels - mean) / std).reshape((n, *shape))
+    out = (pixels - mean) / std
+    if dist.channels_last:
+        out = out.transpose(0, 2, 3, 1)
+    return out.reshape((n, *shape))
 
 
 # ---- audio ------------------------------------------------------------------------------------------------------
@@ -181,7 +189,8 @@ def _audio(dist: Distribution, shape: tuple[int, ...], n: int, rng: np.random.Ge
     frames = n * int(np.prod(shape[:-1], dtype=np.int64))
     stream = _stream(rng, frames * chunk + context, dist.sample_rate or 16000)
     idx = np.arange(frames)[:, None] * chunk + np.arange(shape[-1])[None, :]
-    return stream[idx].reshape((n, *shape))
+    gain = dist.scale if dist.scale is not None else 1.0  # e.g. 32767: int16 PCM passed as float
+    return (stream[idx] * gain).reshape((n, *shape))
 
 
 # ---- everything else --------------------------------------------------------------------------------------------
@@ -207,9 +216,32 @@ def _draw(spec: InputSpec, n: int, rng: np.random.Generator) -> np.ndarray:
         out = rng.uniform(d.low or 0.0, 1.0 if d.high is None else d.high, size=(n, *shape))
     elif d.kind is DistKind.NORMAL:
         out = rng.normal(d.value or 0.0, 1.0 if d.spread is None else d.spread, size=(n, *shape))
+    elif d.kind in _FEATURES:
+        out = _features(spec, n, rng)
     else:
         raise DataGenError(f"input {spec.name!r}: {d.kind} inputs come from the model (see _rollout)")
     return out.astype(spec.dtype)
+
+
+_FEATURES = frozenset({DistKind.BYTES, DistKind.LOG_MEL, DistKind.FBANK_LFR, DistKind.WAKEWORD})
+
+
+def _features(spec: InputSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The microcontroller-class set's feature inputs (``data_mcu.py``), imported only when one is asked for."""
+    from benchmarks.realmodels import data_mcu
+
+    d, shape = spec.distribution, spec.concrete
+    try:
+        if d.kind is DistKind.BYTES:
+            return data_mcu.file_bytes(d, shape, n, rng)
+        make = {
+            DistKind.LOG_MEL: data_mcu.log_mel,
+            DistKind.FBANK_LFR: data_mcu.fbank_lfr,
+            DistKind.WAKEWORD: data_mcu.wakeword_features,
+        }[d.kind]
+        return make(d, shape, n, rng, _stream)
+    except data_mcu.FeatureError as exc:
+        raise DataGenError(f"input {spec.name!r}: {exc}") from None
 
 
 def _rollout(entry: ModelEntry, arrays: Arrays, n: int) -> None:
@@ -286,6 +318,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--only", nargs="+", metavar="NAME", choices=reg.names(), default=[], help="these models only")
     p.add_argument("--ci", action="store_true", help="the CI subset only")
+    p.add_argument("--set", choices=[str(s) for s in ModelSet], help="this set of models (default: main)")
     p.add_argument("--calib-samples", type=int, default=DEFAULT_CALIB, metavar="N")
     p.add_argument("--eval-samples", type=int, default=DEFAULT_EVAL, metavar="N")
     p.add_argument("--seed", type=int, default=0)
@@ -298,7 +331,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     failed = 0
-    for entry in load_registry().select(args.only, args.ci):
+    reg = load_registry()
+    for entry in reg.select(args.only, args.ci, ModelSet(args.set) if args.set else None):
         try:
             files = write_data(entry, args.calib_samples, args.eval_samples, args.seed)
         except (DataGenError, OSError) as exc:

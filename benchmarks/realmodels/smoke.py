@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from benchmarks.realmodels.data import make_samples
 from benchmarks.realmodels.registry import (
     ModelEntry,
+    ModelSet,
     cache_dir,
     is_cached,
     load_registry,
@@ -157,10 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--only", nargs="+", metavar="NAME", choices=reg.names(), default=[], help="these models only")
     p.add_argument("--ci", action="store_true", help="the CI subset only")
+    p.add_argument("--set", choices=[str(s) for s in ModelSet], help="this set of models (default: main)")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the table as Markdown")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    rows = [smoke_one(e) for e in reg.select(args.only, args.ci)]
+    rows = [smoke_one(e) for e in reg.select(args.only, args.ci, ModelSet(args.set) if args.set else None)]
     wall = time.perf_counter() - t0
     print(text_table(rows))
     good = sum(r.ok == "ok" for r in rows)
