@@ -76,7 +76,10 @@ def load_model(path: str | Path, role: str = "model") -> onnx.ModelProto:
     try:
         model = onnx.load_model_from_string(data, format=fmt)
     except Exception as exc:  # protobuf raises several unrelated types on garbage
-        raise InputFileError(f"{role} {p}: not a valid ONNX file ({type(exc).__name__}: {exc})") from exc
+        # protobuf's own words ("DecodeError: Wire format was corrupt") say nothing to a user; a text format's parse
+        # error names the line, so it is kept
+        why = "its bytes are not an ONNX model: truncated, or another format" if fmt == "protobuf" else str(exc)
+        raise InputFileError(f"{role} {p}: not a valid ONNX file ({why})") from exc
     if model.ir_version <= 0 or not model.opset_import or len(model.graph.node) == 0:
         raise InputFileError(f"{role} {p}: not a valid ONNX model (no IR version, opset or nodes)")
     bad_text = _non_utf8_field(model, "model")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "Pairing",
     "QuantParams",
     "WeightPair",
+    "check_not_swapped",
     "file_sha256",
     "load_model",
     "pair_models",
@@ -197,7 +199,26 @@ def _float_value_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
+#: What every face says when the float and the quantized model were given the other way round.
+SWAPPED_PAIR = (
+    "these look swapped: the model given as the float model is quantized (QDQ) and the one given as the quantized "
+    "model has no QuantizeLinear/DequantizeLinear; give them the other way round"
+)
+
+
+def check_not_swapped(float_model: onnx.ModelProto, quant_model: onnx.ModelProto | str | Path) -> None:
+    """A :class:`ModelError` saying "these look swapped" when the float model is a QDQ model and the quantized one a
+    float model, before any step fails on one of them alone with a misleading reason (the quantized model is read
+    only when the float model is quantized: the usual case costs nothing)."""
+    if model_kind(float_model) is not ModelKind.QDQ:
+        return
+    quant = quant_model if isinstance(quant_model, onnx.ModelProto) else load_model(quant_model, "quantized model")
+    if model_kind(quant) is ModelKind.FLOAT:
+        raise ModelError(SWAPPED_PAIR)
+
+
 def _check_kinds(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> None:
+    check_not_swapped(float_model, quant_model)
     qkind = model_kind(quant_model)
     if qkind is ModelKind.QOPERATOR:
         raise ModelError(

@@ -166,7 +166,7 @@ def _other_inputs(e: Env) -> tuple[Path, Path, None]:
         (_dynamic, ["dynamically quantized"]),
         (_float_as_quant, ["no QuantizeLinear"]),
         (_quant_as_float, ["already quantized"]),
-        (_swapped, ["no QuantizeLinear"]),
+        (_swapped, ["look swapped", "other way round"]),
         (_other_inputs, ["do not correspond"]),
     ],
     ids=lambda v: v.__name__[1:] if callable(v) else "",

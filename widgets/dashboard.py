@@ -29,7 +29,7 @@ from qdebug.config import QuantConfig
 from qdebug.errors import EXIT_USAGE, QDebugError
 from qdebug.samples import SAMPLE_DIR, list_samples
 
-from .status import StepClock, verdict
+from .status import StepClock, user_text, verdict
 
 if TYPE_CHECKING:
     from qdebug.mixed.target_fixes import TargetFixes
@@ -228,6 +228,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.data_upload = w.FileUpload(accept=".npz", multiple=False, description="data (.npz)")
         self.target_picker = w.Dropdown(description="target")
         self.precision_picker = w.Dropdown(description="precision")
+        self.target_note = w.HTML("")
         self.run_button = w.Button(description="Run", button_style="success", icon="play")
         self.message = w.HTML("")
         self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="320px"))
@@ -244,6 +245,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             (self.data_upload, "qd-dash-data-upload"),
             (self.target_picker, "qd-dash-target"),
             (self.precision_picker, "qd-dash-precision"),
+            (self.target_note, "qd-dash-target-note"),
             (self.run_button, "qd-dash-run"),
             (self.message, "qd-dash-message"),
             (self.progress, "qd-dash-progress"),
@@ -302,6 +304,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                 self.data_panel,
                 w.HTML("<b>Target</b>"),
                 w.HBox([self.target_picker, self.precision_picker]),
+                self.target_note,
                 w.HBox([self.run_button, self.progress, self.progress_text]),
                 self.message,
             ]
@@ -312,9 +315,10 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         from .session import QuantDebugger
 
         self.targets_info = QuantDebugger.available_targets()
+        # The menu says only "(unavailable)": a reason cut to fit a menu ("needs the optional package 'o…") says
+        # nothing; the note under the pickers gives it whole.
         self.target_picker.options = [
-            (name if ok else f"{name} (unavailable: {reason[:60]})", name)
-            for name, (ok, reason) in self.targets_info.items()
+            (name if ok else f"{name} (unavailable)", name) for name, (ok, _) in self.targets_info.items()
         ]
         first = next(iter(self.targets_info))
         self.target_picker.value = first
@@ -324,6 +328,13 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         from qdebug.targets.base import get_target
 
         # Only precisions that quantize: the dashboard debugs a QDQ model against its float parent.
+        ok, reason = self.targets_info.get(str(change["new"]), (True, ""))
+        self.target_note.value = (
+            ""
+            if ok
+            else f"<i class='qd-dash-target-why'>{html.escape(str(change['new']))} is unavailable here: "
+            f"{html.escape(reason)}</i>"
+        )
         opts = [p.name for p in get_target(str(change["new"])).precisions.values() if p.quantized]
         self.precision_picker.options = opts
         self.precision_picker.value = opts[0]
@@ -419,6 +430,12 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             f"<span class='qd-dash-progress-text'>{html.escape(self.clock.text(done, total, message))}</span>"
         )
 
+    def _end_progress(self, *, done: bool = False) -> None:
+        """The progress line when the work ends: a full bar (done) or an empty one, never the last step's words."""
+        self.progress.max = 1
+        self.progress.value = 1 if done else 0
+        self.progress_text.value = ""
+
     def _say(self, text: str, kind: str = "info", colour: str | None = None, extra: str = "") -> None:
         colour = colour or {"error": "#c92a2a", "ok": "#2b8a3e"}.get(kind, "#495057")
         self.message.value = f"<div class='qd-dash-{kind} {extra}' style='color:{colour}'>{html.escape(text)}</div>"
@@ -456,16 +473,15 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                 target_fixes=fixes or False,  # recorded on its search results and exported overrides
             )
             app = DebuggerApp(dbg, export_path=run_dir / "overrides.json", target=inputs.target)
-        except QDebugError as exc:
-            self._say(f"Could not debug this model: {exc}", "error")
-            return
-        except Exception as exc:  # a bug: the page still gets a sentence, the traceback goes to a file
-            log = run_dir / "error.log"
-            log.write_text(traceback.format_exc(), encoding="utf-8")
-            self._say(f"Unexpected error ({type(exc).__name__}: {exc}); details in {log}", "error")
+        except Exception as exc:  # a bug too gets a sentence in the page; its traceback goes to the run's error.log
+            if not isinstance(exc, QDebugError):
+                (run_dir / "error.log").write_text(traceback.format_exc(), encoding="utf-8")
+            self._end_progress()
+            self._say(f"Could not debug this model: {user_text(exc, [self.workdir])}", "error")
             return
         finally:
             self.run_button.disabled = False
+        self._end_progress(done=True)
         self.debugger, self.app = dbg, app
         self.app_box.children = [app]
         v = verdict(dbg.report.min_output_sqnr_db)

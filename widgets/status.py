@@ -6,9 +6,11 @@ time left (:class:`StepClock`), and a verdict on an output SQNR instead of a gre
 from __future__ import annotations
 
 import math
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from qdebug.render.bands import SQNR_HIGH, SQNR_LOW
 from qdebug.render.fmt import fmt_db_text
@@ -85,4 +87,32 @@ def verdict(output_db: float | None) -> Verdict:
     return Verdict("good", f"worst output SQNR {shown}: good — above {SQNR_HIGH:g} dB")
 
 
-__all__ = ["StepClock", "Verdict", "verdict"]
+def hide_paths(text: str, folders: Iterable[Path]) -> str:
+    """``text`` with every path inside one of ``folders`` (the page's private folders on the server: uploads, runs)
+    written as its file name only: the user knows the file by the name they uploaded, and the server's temporary
+    folders are none of the page's business."""
+    for folder in folders:
+        for root in dict.fromkeys((str(folder), str(folder.resolve()))):  # /tmp may be a link: both spellings
+            text = re.sub(re.escape(root) + r"(/[^\s:;,()'\"]*)?", _name, text)
+    return text
+
+
+def _name(match: re.Match[str]) -> str:
+    """A matched path inside a page's folder as the page writes it: its file name, or the folder itself."""
+    inside = Path(match.group(1) or "/").name
+    return inside or "this page's folder"
+
+
+def user_text(exc: BaseException, folders: Iterable[Path] = ()) -> str:
+    """An error as the page says it, on one line: a qdebug error's own sentence (it names the file and the fix); any
+    other kind is a bug, said as one with its kind and where its traceback is. Paths inside ``folders`` are written
+    by their file names (:func:`hide_paths`)."""
+    from qdebug.errors import QDebugError
+
+    text = " ".join(str(exc).split())
+    if not isinstance(exc, QDebugError):
+        text = f"Unexpected error ({type(exc).__name__}: {text}); the details are in this page's error.log"
+    return hide_paths(text or type(exc).__name__, list(folders))
+
+
+__all__ = ["StepClock", "Verdict", "hide_paths", "user_text", "verdict"]

@@ -40,6 +40,7 @@ from qdebug.fix.sixteen_bit import debug_pass, goal_of, measure_ceilings, select
 from qdebug.fix.state import MIN_GAIN_DB, FixOptions, FixState, ProgressFn, better, try_config
 from qdebug.mixed.promote import activation_tensors
 from qdebug.model_io import input_specs, load_model
+from qdebug.pairing import check_not_swapped
 
 
 def _split(source: DataSource, opts: FixOptions, notes: list[str]) -> tuple[DataSource, DataSource, DataSource | None]:
@@ -221,6 +222,8 @@ def fix(
     t0 = time.perf_counter()
     float_path = Path(float_model)
     proto = load_model(float_path, "float model")
+    if quant_model is not None:
+        check_not_swapped(proto, quant_model)  # before quantizing a QDQ model as if it were the float one
     metric = None
     if opts.metric is not None:
         from qdebug.task_metrics import load_metric

@@ -33,6 +33,7 @@ from qdebug.mixed.promote import PromotionPlan, promote
 from qdebug.mixed.search import SearchGoal, SearchResult, search
 from qdebug.mixed.suggest import Suggestion, suggest
 from qdebug.model_io import file_sha256, load_model
+from qdebug.pairing import check_not_swapped
 from qdebug.quantizer import QuantizeResult, count_quantized_nodes, quantize
 from qdebug.report import DebugReport
 from qdebug.targets.recompile import RecompileResult, recompile
@@ -89,6 +90,8 @@ class MixedPrecisionSession:
         self.holdout_evaluations = 0  # debug passes on the held-out samples (not counted as search evaluations)
         self.base_config = config or QuantConfig()
         self.given_path = Path(quant_model) if quant_model is not None else None
+        if self.given_path is not None:
+            check_not_swapped(self.float_proto, self.given_path)  # before reading a recipe from a float model
         self.given_recipe = None if self.given_path is None else self._given_recipe(self.base_config.target)
         if self.given_recipe is not None:
             self.base_config = self.given_recipe.config
