@@ -1,0 +1,178 @@
+"""Known numeric behaviours of the QNN HTP that make it differ from ONNX Runtime's CPU QDQ, each found in a QDQ
+model by its pattern and each with an exact rewrite of the QDQ model that the HTP computes like the CPU.
+
+Every behaviour here was isolated on a single-op model on the HTP simulator (``tests/test_htp_numerics.py`` is the
+reproduction; the measurements are in docs/qnn.md, "Known HTP numeric behaviours"):
+
+* :attr:`HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE` — a quantized ``Reciprocal`` whose input grid ends below 1.0
+  (``scale · (qmax − zero_point) < 1``) returns ``x_max / x`` instead of ``1 / x`` on the HTP, at 8 and 16 bits:
+  off by the constant factor ``x_max``. A decomposed LayerNorm (``Sqrt`` → ``Reciprocal`` of a small variance)
+  hits it. ``Div(1, x)`` on the same grids is computed like the CPU: :func:`rewrite_qdq` replaces it so.
+
+:func:`find_behaviours` names the behaviours present in a QDQ model; :func:`rewrite_qdq` applies their rewrites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from qdebug.graph_index import constant_values, decode_constant
+from qdebug.model_io import is_dq
+
+__all__ = ["HtpBehaviour", "HtpFinding", "find_behaviours", "rewrite_qdq"]
+
+#: ONNX integer element types a DequantizeLinear reads → (qmin, qmax).
+_QRANGE: dict[int, tuple[int, int]] = {
+    onnx.TensorProto.UINT8: (0, 255),
+    onnx.TensorProto.INT8: (-128, 127),
+    onnx.TensorProto.UINT16: (0, 65535),
+    onnx.TensorProto.INT16: (-32768, 32767),
+}
+
+
+class HtpBehaviour(StrEnum):
+    """A named way the HTP computes a quantized op differently from ONNX Runtime's CPU QDQ."""
+
+    RECIPROCAL_INPUT_BELOW_ONE = "reciprocal_input_below_one"
+
+    @property
+    def summary(self) -> str:
+        """One line: what differs and what the remedy is."""
+        return _SUMMARY[self]
+
+
+_SUMMARY = {
+    HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE: (
+        "the HTP's quantized Reciprocal returns x_max/x instead of 1/x when its input grid ends below 1.0 "
+        "(x_max = scale·(qmax−zero_point)); remedy: Div(1, x) on the same grids"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class HtpFinding:
+    """One occurrence of a known behaviour: the node of the QDQ model, the tensor it writes, and the numbers."""
+
+    behaviour: HtpBehaviour
+    node: str
+    tensor: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"behaviour": self.behaviour.value, "node": self.node, "tensor": self.tensor, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> HtpFinding:
+        """Inverse of :meth:`to_dict`."""
+        return cls(HtpBehaviour(d["behaviour"]), d["node"], d["tensor"], d.get("detail", ""))
+
+    def describe(self) -> str:
+        """One line for the CLI."""
+        return f"{self.behaviour.value} at {self.node} ({self.detail}): {self.behaviour.summary}"
+
+
+def _grid(dq: onnx.NodeProto, consts: Mapping[str, Any]) -> tuple[float, float, int] | None:
+    """(scale, zero point, element type) of a per-tensor DequantizeLinear with constant parameters, else None."""
+    if len(dq.input) < 2 or dq.input[1] not in consts:
+        return None
+    scale = np.asarray(decode_constant(consts[dq.input[1]]), dtype=np.float64)
+    if scale.size != 1:
+        return None
+    zc = consts.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    if zc is None:
+        return float(scale.reshape(())), 0, onnx.TensorProto.UINT8
+    zp = np.asarray(decode_constant(zc))
+    if zp.size != 1:
+        return None
+    elem = int(zc.data_type) if isinstance(zc, onnx.TensorProto) else int(zc.attribute[0].t.data_type)
+    return float(scale.reshape(())), int(zp.reshape(())), elem
+
+
+def _reciprocal_inputs(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto, onnx.NodeProto, float, int]]:
+    """Every Reciprocal reading a DequantizeLinear: (node, that DQ, its grid's top value, its element type)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consts = constant_values(model)
+    for node in model.graph.node:
+        if node.op_type != "Reciprocal" or node.domain not in ("", "ai.onnx"):
+            continue
+        dq = producer.get(node.input[0])
+        if dq is None or not is_dq(dq):
+            continue
+        grid = _grid(dq, consts)
+        if grid is None or grid[2] not in _QRANGE:
+            continue
+        scale, zp, elem = grid
+        yield node, dq, scale * (_QRANGE[elem][1] - zp), elem
+
+
+def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
+    """The known HTP behaviours present in a QDQ model, in graph order."""
+    out = []
+    for node, _, top, _ in _reciprocal_inputs(model):
+        if top < 1.0:
+            out.append(
+                HtpFinding(
+                    HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE,
+                    node.name or node.output[0],
+                    node.output[0],
+                    f"input grid ends at {top:.4g}",
+                )
+            )
+    return tuple(out)
+
+
+def _one(g: onnx.GraphProto, elem: int, stem: str) -> str:
+    """The initializers of a quantized constant 1.0 (the caller adds its DequantizeLinear) and the DQ's output name:
+    on the divisor's integer type, at the top of its grid so that 1.0 is exact."""
+    qmax = _QRANGE[elem][1]
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(qmax, dtype=np_type), f"{stem}_one_q"),
+            numpy_helper.from_array(np.array(1.0 / qmax, dtype=np.float32), f"{stem}_one_scale"),
+            numpy_helper.from_array(np.array(0, dtype=np_type), f"{stem}_one_zero_point"),
+        ]
+    )
+    return f"{stem}_one"
+
+
+def rewrite_qdq(
+    model: onnx.ModelProto, behaviours: Sequence[HtpFinding] | None = None
+) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """A copy of the QDQ model with the rewrite of each finding (default: every one :func:`find_behaviours`
+    names) and the names of the nodes rewritten. The input model is not modified.
+
+    ``RECIPROCAL_INPUT_BELOW_ONE``: ``Reciprocal(x)`` becomes ``Div(DQ(1), x)``, its constant 1.0 quantized
+    exactly on the divisor's integer type; the output Q/DQ are kept, so the CPU computes the same values.
+    """
+    findings = find_behaviours(model) if behaviours is None else tuple(behaviours)
+    wanted = {f.node for f in findings if f.behaviour is HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE}
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    # the constant's DequantizeLinear in the divisor's domain (ORT writes 16-bit Q/DQ as com.microsoft before opset 21)
+    targets = {node.name or node.output[0]: (elem, dq.domain) for node, dq, _, elem in _reciprocal_inputs(m)}
+    nodes: list[onnx.NodeProto] = []
+    done: list[str] = []
+    for node in m.graph.node:
+        key = node.name or node.output[0]
+        if node.op_type != "Reciprocal" or key not in wanted or key not in targets:
+            nodes.append(node)
+            continue
+        stem = f"{node.output[0]}_htp_div"
+        elem, domain = targets[key]
+        one = _one(m.graph, elem, stem)
+        inputs = [f"{stem}_one_q", f"{stem}_one_scale", f"{stem}_one_zero_point"]
+        nodes.append(helper.make_node("DequantizeLinear", inputs, [one], name=f"{stem}_one_dq", domain=domain))
+        nodes.append(helper.make_node("Div", [one, node.input[0]], list(node.output), name=key))
+        done.append(key)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m, tuple(done)

@@ -1,0 +1,119 @@
+"""The known HTP numeric behaviours (qdebug.targets.htp_numerics), each reproduced on a single-op QDQ model on the
+real HTP simulator: the divergence from ONNX Runtime's CPU QDQ exists, and the rewrite removes at least 80 % of
+the loss (CPU-QDQ vs float minus HTP vs float). The numbers are in docs/qnn.md, "Known HTP numeric behaviours"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_qnn import require_qnn
+
+from qdebug.metrics import sqnr_from_energies
+from qdebug.ort import make_session
+from qdebug.targets.htp_numerics import HtpBehaviour, HtpFinding, find_behaviours, rewrite_qdq
+from qdebug.targets.qnn_compile import compile_qnn
+from qdebug.targets.qnn_session import qnn_session
+
+#: (ONNX type, qmax) of the activation grids tested
+_GRIDS = {"uint8": (TensorProto.UINT8, 255), "uint16": (TensorProto.UINT16, 65535)}
+#: the grids of a decomposed LayerNorm's Reciprocal in the byte classifier magika at uint8 (its 1/sqrt(var + eps))
+_X_TOP, _Y_TOP = 0.1619, 289.4
+
+
+def _reciprocal_qdq(act: str, x_top: float = _X_TOP, y_top: float = _Y_TOP) -> onnx.ModelProto:
+    """x → Q/DQ → Reciprocal → Q/DQ → y, both grids from 0 on ``act``."""
+    elem, qmax = _GRIDS[act]
+    inits = []
+    for name, top in (("x", x_top), ("y", y_top)):
+        inits += [
+            numpy_helper.from_array(np.array(top / qmax, np.float32), f"{name}_scale"),
+            helper.make_tensor(f"{name}_zp", elem, [], [0]),
+        ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zp"], ["x_dq"]),
+        helper.make_node("Reciprocal", ["x_dq"], ["r"], name="recip"),
+        helper.make_node("QuantizeLinear", ["r", "y_scale", "y_zp"], ["r_q"]),
+        helper.make_node("DequantizeLinear", ["r_q", "y_scale", "y_zp"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reciprocal",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def _x() -> np.ndarray:
+    """sqrt of a small variance, as in the LayerNorm: within the input grid, away from 0."""
+    rng = np.random.default_rng(0)
+    return np.sqrt(np.exp(rng.uniform(np.log(3.5e-4), np.log(1.7e-2), size=(1, 256)))).astype(np.float32)
+
+
+def _db(ref: np.ndarray, x: np.ndarray) -> float:
+    ref64, x64 = ref.astype(np.float64), x.astype(np.float64)
+    db, _ = sqnr_from_energies(float(np.sum(ref64**2)), float(np.sum((ref64 - x64) ** 2)))
+    assert db is not None
+    return db
+
+
+def _htp(model: onnx.ModelProto, x: np.ndarray, work: Path) -> np.ndarray:
+    """The model compiled for the HTP (one partition, nothing on the CPU) and run on the simulator."""
+    work.mkdir()
+    path = work / "m.onnx"
+    onnx.save(model, str(path))
+    rep = compile_qnn(path, work)
+    assert rep.ok, rep.error
+    assert rep.accelerator_partitions == 1 and rep.cpu_nodes == 0
+    return np.asarray(qnn_session(rep.compiled_model).run(["y"], {"x": x})[0])
+
+
+def _cpu(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    return np.asarray(make_session(model, ["CPUExecutionProvider"]).run(["y"], {"x": x})[0])
+
+
+def test_the_reciprocal_behaviour_is_found_only_below_one() -> None:
+    found = find_behaviours(_reciprocal_qdq("uint8"))
+    assert [(f.behaviour, f.node, f.tensor) for f in found] == [(HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE, "recip", "r")]
+    assert "0.1619" in found[0].detail
+    assert HtpFinding.from_dict(found[0].to_dict()) == found[0]
+    assert find_behaviours(_reciprocal_qdq("uint16", x_top=1.5, y_top=10.0)) == ()
+
+
+@pytest.mark.parametrize("act", ["uint8", "uint16"])
+def test_the_rewrite_computes_the_same_on_the_cpu_and_leaves_its_input_alone(act: str) -> None:
+    model = _reciprocal_qdq(act)
+    before = model.SerializeToString()
+    fixed, done = rewrite_qdq(model)
+    assert done == ("recip",) and model.SerializeToString() == before
+    assert [n.op_type for n in fixed.graph.node].count("Reciprocal") == 0
+    onnx.checker.check_model(fixed)
+    np.testing.assert_array_equal(_cpu(fixed, _x()), _cpu(model, _x()))
+    assert find_behaviours(fixed) == ()
+
+
+@pytest.mark.parametrize("act", ["uint8", "uint16"])
+def test_reciprocal_with_an_input_grid_below_one_is_off_by_its_top_on_the_htp(act: str, tmp_path: Path) -> None:
+    require_qnn()
+    model, x = _reciprocal_qdq(act), _x()
+    ref = 1.0 / x.astype(np.float64)
+    cpu, htp = _cpu(model, x), _htp(model, x, tmp_path / "base")
+    # the HTP returns x_top / x: the float result times the input grid's top value
+    ratio = np.median(htp / ref)
+    assert abs(ratio - _X_TOP) < 0.05 * _X_TOP, ratio
+    loss = _db(ref, cpu) - _db(ref, htp)
+    assert loss > 25.0, loss
+    fixed, _ = rewrite_qdq(model)
+    htp_fixed = _htp(fixed, x, tmp_path / "fixed")
+    remaining = _db(ref, cpu) - _db(ref, htp_fixed)
+    assert remaining <= 0.2 * loss, (loss, remaining)
+    assert _db(cpu, htp_fixed) > 60.0
