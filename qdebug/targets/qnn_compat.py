@@ -237,7 +237,13 @@ def check_rewrite(
         return f"ORT cannot run it ({ort_message(exc)})", None, False
     worst = 0.0
     for feed in feeds:
-        for name, x, y in zip(names, sb.run(names, dict(feed)), sa.run(names, dict(feed)), strict=True):
+        try:
+            pairs = list(zip(names, sb.run(names, dict(feed)), sa.run(names, dict(feed)), strict=True))
+        except Exception as exc:  # ORT's run errors share no base class
+            from qdebug.ort import ort_message
+
+            return f"ORT cannot run it ({ort_message(exc)})", None, False
+        for name, x, y in pairs:
             d = _compare(np.asarray(x), np.asarray(y))
             if d is None:
                 return f"output {name!r} differs beyond float rounding", None, False

@@ -181,13 +181,14 @@ def einsum_plan(equation: str, shape_a: Sequence[int], shape_b: Sequence[int]) -
     def prod(letters: str) -> int:
         return math.prod(size[c] for c in letters)
 
-    head = (prod(batch),) if batch else ()
+    # Without batch letters MatMul broadcasts the left operand's leading dimensions: they stay unflattened.
+    rows = (prod(batch), prod(left)) if batch else (tuple(size[c] for c in left) or (1,))
     mid = batch + left + right
     return EinsumPlan(
         perm_a=_perm(a, batch + left + contracted),
-        shape_a=(*head, prod(left), prod(contracted)),
+        shape_a=(*rows, prod(contracted)),
         perm_b=_perm(b, batch + contracted + right),
-        shape_b=(*head, prod(contracted), prod(right)),
+        shape_b=(*((prod(batch),) if batch else ()), prod(contracted), prod(right)),
         shape_out=tuple(size[c] for c in mid),
         perm_out=_perm(mid, out),
     )
@@ -234,13 +235,18 @@ class _Emitter:
         self.nodes.append(helper.make_node(op, inputs, [o], name=self.name(f"{what}_node"), **attrs))
         return o
 
-    def operand(self, name: str, perm: tuple[int, ...] | None, shape: tuple[int, ...], what: str) -> str:
-        """The operand transposed and reshaped; a constant one in numpy (exact), a tensor through nodes."""
+    def operand(
+        self, name: str, dims: Sequence[int], perm: tuple[int, ...] | None, shape: tuple[int, ...], what: str
+    ) -> str:
+        """The operand transposed and reshaped; a constant one in numpy (exact), a tensor through nodes (a step
+        that would change nothing is left out)."""
         if name in self.inits and name not in {i.name for i in self.g.input}:
             arr = numpy_helper.to_array(self.inits[name])
             arr = np.ascontiguousarray(arr.transpose(perm) if perm else arr).reshape(shape)
             return self.const(arr, what)
         x = self.node("Transpose", [name], f"{what}_t", perm=list(perm)) if perm else name
+        if tuple(dims[p] for p in perm or range(len(dims))) == shape:
+            return x
         return self.node("Reshape", [x, self.const(np.array(shape, np.int64), f"{what}_shape")], what)
 
 
@@ -268,16 +274,14 @@ def _rewrite_einsum(model: onnx.ModelProto, node: onnx.NodeProto, shapes: Mappin
             )
         else:
             plan = einsum_plan(eq, shapes[node.input[0]], shapes[node.input[1]])
-            a = em.operand(node.input[0], plan.perm_a, plan.shape_a, "a")
-            b = em.operand(node.input[1], plan.perm_b, plan.shape_b, "b")
-            mm = em.node("MatMul", [a, b], "matmul")
+            a = em.operand(node.input[0], shapes[node.input[0]], plan.perm_a, plan.shape_a, "a")
+            b = em.operand(node.input[1], shapes[node.input[1]], plan.perm_b, plan.shape_b, "b")
             final = node.output[0]
-            y = em.node(
-                "Reshape",
-                [mm, em.const(np.array(plan.shape_out, np.int64), "out_shape")],
-                "out",
-                out=None if plan.perm_out else final,
-            )
+            flat = plan.shape_out != (*plan.shape_a[:-1], plan.shape_b[-1])
+            y = em.node("MatMul", [a, b], "matmul", out=None if flat or plan.perm_out else final)
+            if flat:
+                shape = em.const(np.array(plan.shape_out, np.int64), "out_shape")
+                y = em.node("Reshape", [y, shape], "out", out=None if plan.perm_out else final)
             if plan.perm_out:
                 em.node("Transpose", [y], "out_t", out=final, perm=list(plan.perm_out))
     except ValueError as exc:
@@ -303,7 +307,18 @@ def einsum_to_matmul(model: onnx.ModelProto, names: Sequence[str] = ()) -> Rewri
             done.append(label)
         else:
             refused.append(f"{label}: {why}")
+    _drop_unused_initializers(m)
     return RewriteResult(m if done else None, tuple(done), tuple(refused))
+
+
+def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Remove the initializers no node reads any more (a constant operand replaced by its transposed copy)."""
+    g = model.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output} | {i.name for i in g.input}
+    kept = [t for t in g.initializer if t.name in used]
+    if len(kept) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(kept)
 
 
 def _is_op(op_type: str) -> Callable[[FallbackNode, onnx.ModelProto], bool]:
