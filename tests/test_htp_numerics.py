@@ -12,10 +12,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_qnn import require_qnn
 
+from qdebug.build import BuildOptions, build
 from qdebug.metrics import sqnr_from_energies
 from qdebug.ort import make_session
 from qdebug.targets.htp_numerics import HtpBehaviour, HtpFinding, find_behaviours, rewrite_qdq
 from qdebug.targets.qnn_compile import compile_qnn
+from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, QnnDiagnosis, RemedyKind
 from qdebug.targets.qnn_session import qnn_session
 
 #: (ONNX type, qmax) of the activation grids tested
@@ -117,3 +119,52 @@ def test_reciprocal_with_an_input_grid_below_one_is_off_by_its_top_on_the_htp(ac
     remaining = _db(ref, cpu) - _db(ref, htp_fixed)
     assert remaining <= 0.2 * loss, (loss, remaining)
     assert _db(cpu, htp_fixed) > 60.0
+
+
+def _layernorm_float(path: Path) -> Path:
+    """x · 1/sqrt(mean(x²) + eps), the RMS half of a LayerNorm decomposed as exporters write it (Sqrt, then
+    Reciprocal); small inputs put the Reciprocal's input grid below 1.0."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["var"], name="mean", keepdims=1),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="add_eps"),
+        helper.make_node("Sqrt", ["var_eps"], ["std"], name="sqrt"),
+        helper.make_node("Reciprocal", ["std"], ["inv_std"], name="reciprocal"),
+        helper.make_node("Mul", ["x", "inv_std"], ["y"], name="normalise"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 64])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+def test_the_build_names_the_cause_and_chooses_the_rewrite(tmp_path: Path) -> None:
+    require_qnn()
+    rng = np.random.default_rng(0)
+    scales = rng.uniform(0.02, 0.2, size=(16, 1, 1, 1))
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=(rng.standard_normal((16, 1, 4, 64)) * scales).astype(np.float32))
+    opts = BuildOptions("qnn", "uint8", debug_samples=8, bisect="never", remedies=True)
+    m = build(_layernorm_float(tmp_path / "rms.onnx"), tmp_path / "out", opts, data=calib).manifest
+    d = QnnDiagnosis.from_dict(m.target_details[MANIFEST_KEY])
+    assert [(c.behaviour, c.node) for c in d.causes] == [(HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE, "reciprocal")]
+    assert any("known HTP behaviour: reciprocal_input_below_one at reciprocal" in line for line in d.describe())
+    r = d.remedies
+    assert r is not None and r.baseline_db is not None and r.cpu_vs_float_db is not None
+    loss = r.cpu_vs_float_db - r.baseline_db
+    assert loss > 10.0, (r.baseline_db, r.cpu_vs_float_db)
+    best = r.best
+    assert best is not None and best.kind is RemedyKind.HTP_REWRITE and best.target_vs_float_db is not None
+    assert r.cpu_vs_float_db - best.target_vs_float_db <= 0.2 * loss, (best, r.cpu_vs_float_db)
+    assert (tmp_path / "out" / r.files["remedy_compiled_model"]).is_file()

@@ -39,6 +39,7 @@ from qdebug.model_io import load_model
 from qdebug.report import TargetAccuracy
 from qdebug.targets.base import BisectMode, Compiled, CompileJob, Diagnosis, register_target
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, sqnr_drop_db, upstream_compared
+from qdebug.targets.htp_numerics import find_behaviours
 from qdebug.targets.qnn import QnnTarget, compiled_options
 from qdebug.targets.qnn_bisect import bisect_divergence, candidate_tensors
 from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, LocatedBy, QnnDiagnosis
@@ -120,7 +121,9 @@ def diagnose_build(job: CompileJob, compiled: Compiled, acc: TargetAccuracy | No
         htp, cpu = _worst(acc)
         with temp_dir(prefix="qdebug-remedy-") as tmp:
             remedies = try_remedies(_Ctx(job, opts, htp, Path(tmp)), nodes, tensors, cpu)
-    return QnnDiagnosis(by, first, nodes, tensors, reason, bis, acc.first_divergent, remedies, time.perf_counter() - t0)
+    secs = time.perf_counter() - t0
+    causes = find_behaviours(qmodel)
+    return QnnDiagnosis(by, first, nodes, tensors, reason, bis, acc.first_divergent, remedies, secs, causes)
 
 
 class DiagnosingQnnTarget(QnnTarget):

@@ -13,6 +13,7 @@ from typing import Any
 
 from qdebug.errors import QDebugError
 from qdebug.report import decode_number, encode_number
+from qdebug.targets.htp_numerics import HtpFinding
 from qdebug.targets.qnn_bisect import PrefixBisection
 
 __all__ = ["MANIFEST_KEY", "MIN_GAIN_DB", "LocatedBy", "QnnDiagnosis", "Remedies", "RemedyKind", "RemedyTrial"]
@@ -39,6 +40,8 @@ class RemedyKind(StrEnum):
     PER_CHANNEL = "per_channel"
     SOC = "soc"
     FP16_REGION = "fp16_region"
+    #: the QDQ model rewritten around a known HTP behaviour (:mod:`qdebug.targets.htp_numerics`), same grids
+    HTP_REWRITE = "htp_rewrite"
 
 
 def _db(v: Any) -> float | None:
@@ -143,6 +146,8 @@ class QnnDiagnosis:
     probe_first_divergent: str | None = None
     remedies: Remedies | None = None
     seconds: float = 0.0
+    #: the known HTP behaviours present in the QDQ model (:func:`qdebug.targets.htp_numerics.find_behaviours`)
+    causes: tuple[HtpFinding, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with ``schema_version``."""
@@ -157,6 +162,7 @@ class QnnDiagnosis:
             "probe_first_divergent": self.probe_first_divergent,
             "remedies": None if self.remedies is None else self.remedies.to_dict(),
             "seconds": round(self.seconds, 3),
+            "causes": [c.to_dict() for c in self.causes],
         }
 
     @classmethod
@@ -174,6 +180,7 @@ class QnnDiagnosis:
             d.get("probe_first_divergent"),
             None if d.get("remedies") is None else Remedies.from_dict(d["remedies"]),
             float(d.get("seconds", 0.0)),
+            tuple(HtpFinding.from_dict(c) for c in d.get("causes", ())),
         )
 
     def describe(self) -> list[str]:
@@ -200,6 +207,7 @@ def _describe(d: QnnDiagnosis) -> list[str]:
     if d.first_divergent is not None:
         ops = ", ".join(f"{op} {n}" for op, n in d.region_nodes) or "-"
         lines.append(f"divergent region ({d.located_by.value}): {ops}")
+    lines += [f"known HTP behaviour: {c.describe()}" for c in d.causes]
     r = d.remedies
     if r is None:
         return lines

@@ -2,7 +2,8 @@
 
 For a region of the float model (:mod:`qdebug.targets.qnn_diagnose` locates it), :func:`try_remedies` tries its
 activations in 16 bits and per-channel weights (through the build's :class:`~qdebug.targets.base.Requantizer`),
-the same QDQ model on other SoCs, and the region in fp16 (:func:`float_region`); the best one that gains at least
+the same QDQ model on other SoCs, the region in fp16 (:func:`float_region`) and, when the QDQ model holds a known
+HTP behaviour (:mod:`qdebug.targets.htp_numerics`), its rewrite on the same grids; the best one that gains at least
 :data:`~qdebug.targets.qnn_diagnosis_record.MIN_GAIN_DB` in one partition is written next to the build.
 """
 
@@ -27,6 +28,7 @@ from qdebug.model_io import is_dq, is_q, load_model
 from qdebug.qdq_values import dequantize
 from qdebug.report import TargetAccuracy
 from qdebug.targets.base import CompileJob
+from qdebug.targets.htp_numerics import find_behaviours, rewrite_qdq
 from qdebug.targets.qnn_accuracy import htp_accuracy
 from qdebug.targets.qnn_compile import compile_qnn, has_16bit_weights
 from qdebug.targets.qnn_diagnosis_record import MIN_GAIN_DB, Remedies, RemedyKind, RemedyTrial
@@ -266,6 +268,23 @@ def _graph_trials(ctx: _Ctx, nodes: Sequence[str]) -> list[tuple[RemedyTrial, Pa
     return out
 
 
+def _rewrite_trials(ctx: _Ctx) -> list[tuple[RemedyTrial, Path, Path | None, Any]]:
+    """The QDQ model rewritten around the known HTP behaviours it holds (same grids, no re-quantization)."""
+    assert ctx.job.qdq_model is not None
+    qmodel = load_model(ctx.job.qdq_model, "QDQ model")
+    found = find_behaviours(qmodel)
+    if not found:
+        return []
+    fixed, done = rewrite_qdq(qmodel, found)
+    path = ctx.work / "htp_rewrite.qdq.onnx"
+    onnx.save(fixed, str(path))
+    kinds = ", ".join(sorted({f.behaviour.value for f in found}))
+    label = f"{len(done)} node(s) rewritten ({kinds})"
+    ctx.job.progress(f"remedy: {label}")
+    trial, compiled = _measure(ctx, RemedyKind.HTP_REWRITE, label, path, ctx.options)
+    return [(trial, path, compiled, None)]
+
+
 def _choose(trials: Sequence[RemedyTrial]) -> int | None:
     """The trial with the largest gain ≥ :data:`MIN_GAIN_DB` that compiled to one partition without CPU nodes."""
     ok = [
@@ -303,7 +322,7 @@ def _export(
 def try_remedies(ctx: _Ctx, nodes: Sequence[tuple[str, str]], tensors: Sequence[str], cpu_db: float | None) -> Remedies:
     """Every applicable remedy, measured; the best one exported."""
     quant, skipped = _quant_trials(ctx, tensors)
-    every = quant + _graph_trials(ctx, [n for _, n in nodes])
+    every = _rewrite_trials(ctx) + quant + _graph_trials(ctx, [n for _, n in nodes])
     trials = tuple(t for t, *_ in every)
     chosen = _choose(trials)
     files: dict[str, str] = {}
