@@ -61,8 +61,11 @@ class VenvSpec:
     env_var: str  # overrides the location
     checkout_dir: str  # the folder name under the repository when qdebug runs from its source tree
     cache_dir: str  # the folder name under ~/.cache/qdebug otherwise
-    make_target: str  # the command that creates it, for messages
+    make_target: str  # the command that creates it in a source checkout (a Makefile target), for messages
     cost: str = ""  # e.g. "~75 s, ~410 MB", for messages
+    #: what creates it on first use, for messages outside a source checkout (which has no Makefile), e.g.
+    #: "`qdebug build --target deeploy` makes it"
+    first_use: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -72,9 +75,14 @@ def default_venv_dir(spec: VenvSpec) -> Path:
     override = os.environ.get(spec.env_var, "").strip()
     if override:
         return Path(override).expanduser()
-    if (_REPO / "pyproject.toml").is_file() and (_REPO / "qdebug").is_dir():
+    if _in_checkout():
         return _REPO / spec.checkout_dir
     return Path.home() / ".cache" / "qdebug" / spec.cache_dir
+
+
+def _in_checkout() -> bool:
+    """qdebug runs from its source tree (where the Makefile's targets exist), not from an installed wheel."""
+    return (_REPO / "pyproject.toml").is_file() and (_REPO / "qdebug").is_dir()
 
 
 def env_python(env_dir: Path) -> Path:
@@ -176,6 +184,11 @@ def venv_status(spec: VenvSpec, env_dir: str | Path | None = None) -> tuple[bool
         if venv_complete(spec, target):
             return True, f"{spec.stamp} in {target}"
         cost = f", {spec.cost}" if spec.cost else ""
+        if not _in_checkout():  # an installed qdebug: no Makefile to point at; the first use creates it
+            by = f": {spec.first_use}" if spec.first_use else ""
+            if target.exists():
+                return False, f"the {spec.label} environment {target} is incomplete (the next use rebuilds it{by})"
+            return False, f"no {spec.label} environment at {target} yet (created on first use{cost}{by})"
         if target.exists():
             return False, f"the {spec.label} environment {target} is incomplete (`{spec.make_target}` rebuilds it)"
         return False, f"no {spec.label} environment at {target} (create it with `{spec.make_target}`{cost})"

@@ -87,7 +87,7 @@ class Fix(Tool):
         parser.add_argument("--library", action="append", default=None, metavar="RECIPE",
                             help="a PTQ library recipe to measure (repeatable; e.g. nncf-transformer, quark-a8w8: "
                             "docs/ptq.md); default: NNCF's default and transformer recipes when its environment "
-                            "exists (make ptq-env)")  # fmt: skip
+                            "exists (the first --library nncf-... creates it)")  # fmt: skip
         parser.add_argument("--no-library", action="store_true", help="measure no PTQ library recipe")
         add_metric(parser, "also score the task on every candidate and the held-out check")
         add_json(parser, "the fix result")

@@ -69,6 +69,7 @@ _SPECS: dict[PtqLibrary, VenvSpec] = {
         cache_dir=f"ptq-nncf-{NNCF_VERSION}",
         make_target="make ptq-env",
         cost="~30 s, ~450 MB",
+        first_use="`qdebug fix --library nncf-default` makes it",
         env=TELEMETRY_OFF,
     ),
     PtqLibrary.QUARK: VenvSpec(
@@ -86,6 +87,7 @@ _SPECS: dict[PtqLibrary, VenvSpec] = {
         cache_dir=f"ptq-quark-{QUARK_VERSION}",
         make_target="make ptq-env-quark",
         cost="a few minutes, ~1.5 GB",
+        first_use="`qdebug fix --library quark-a8w8` makes it",
         env=TELEMETRY_OFF,
     ),
 }

@@ -59,6 +59,7 @@ _SPEC = VenvSpec(
     cache_dir=f"deeploy-{DEEPLOY_VERSION}",
     make_target="make deeploy-env",
     cost="~75 s, ~410 MB",
+    first_use="`qdebug build --target deeploy` makes it",
 )
 
 
