@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python benchmarks/realmodels/gauntlet.py                    # all cached corpus models
     .venv/bin/python benchmarks/realmodels/gauntlet.py --ci               # the CI subset
     .venv/bin/python benchmarks/realmodels/gauntlet.py --only u2netp --markdown docs/gauntlet.md --json out/g.json
+    .venv/bin/python benchmarks/realmodels/gauntlet.py --set mcu --cells quantize-u8s8 debug build-deeploy-int8
 
 For each model the commands run as a user would type them: ``qdebug`` (the console script beside this
 interpreter, importing the qdebug of this repository) in a subprocess, each with its own fresh output folder under
@@ -19,7 +20,8 @@ requantize          ``quantize --overrides`` with the overrides ``suggest`` wrot
 search              ``search --goal-sqnr`` with a few ``--debug-samples`` and bounded ``--max-steps``
 build-qnn-uint8     ``build --target qnn --precision uint8 --no-remedies`` (divergence located, not repaired)
 build-qnn-uint16    ``build --target qnn --precision uint16 --no-remedies``
-build-deeploy-int8  ``build --target deeploy --precision int8``
+build-deeploy-int8  ``build --target deeploy --precision int8`` (ok only when the generated Generic code ran
+                    bit-exact on the host: ``gauntlet_deeploy.py``)
 ==================  ==============================================================================================
 
 Each cell is classified: **ok** (exit 0; for ``debug`` also a worst output SQNR above 0 dB: a model that
@@ -28,7 +30,8 @@ Each cell is classified: **ok** (exit 0; for ``debug`` also a worst output SQNR 
 traceback, several stderr lines, a timeout, an undocumented code, a debug SQNR at or below 0 dB, or a refusal of
 what an earlier qdebug command wrote: ``debug`` / ``suggest`` / ``requantize`` read only qdebug's own files and the
 corpus' valid data; likewise a refusal of a "quantized model" by a command that was given none) or **blocked**
-(not run because the cell it needs did not produce its file; that cell is the defect or refusal to look at).
+(not run because the cell it needs did not produce its file; that cell is the defect or refusal to look at). For
+the microcontroller-class set (``--set mcu``) a Deeploy refusal must name an op Deeploy itself does not map.
 
 Writes the results as JSON (``--json``, every figure and the last stderr lines of each cell) and Markdown
 (``--markdown``: the command × model table and the details; ``--render JSON`` rewrites it from a saved run without
@@ -61,8 +64,10 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.realmodels import gauntlet_deeploy
 from benchmarks.realmodels.registry import (
     ModelEntry,
+    ModelSet,
     cache_dir,
     calib_path,
     eval_path,
@@ -423,6 +428,7 @@ class ModelFiles:
     calib: Path  # the first --calib-samples samples of calib.npz (a subset written into the work folder)
     eval: Path
     work: Path
+    strict_deeploy: bool = False  # a Deeploy refusal must name an op Deeploy does not map (the MCU set)
 
     def out(self, cell: Cell) -> Path:
         return self.work / str(cell)
@@ -450,7 +456,8 @@ def prepare(entry: ModelEntry, work: Path, settings: Settings) -> ModelFiles:
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     calib = _subset_npz(calib_path(entry), folder / "data" / "calib.npz", settings.calib_samples)
-    return ModelFiles(entry.name, model_path(entry), calib, eval_path(entry), folder)
+    strict = entry.corpus_set is ModelSet.MCU
+    return ModelFiles(entry.name, model_path(entry), calib, eval_path(entry), folder, strict)
 
 
 def command(cell: Cell, f: ModelFiles, s: Settings) -> tuple[list[str], list[Path]]:
@@ -528,8 +535,27 @@ def run_cell(cell: Cell, f: ModelFiles, s: Settings) -> CellResult:
         if problem:
             status, reason = Status.DEFECT, problem
     status, reason = escalate(cell, status, reason)
+    if cell is Cell.BUILD_DEEPLOY_I8:
+        status, reason, figures = judge_deeploy(status, reason, figures, parsed or {}, f.strict_deeploy)
     tail = tuple(_trim(ln) for ln in _stderr_lines(run.stderr)[-8:]) if status is not Status.OK else ()
     return CellResult(f.name, cell, status, run.exit_code, round(run.seconds, 2), reason, tuple(args), figures, tail)
+
+
+def judge_deeploy(
+    status: Status, reason: str, figures: Mapping[str, Any], manifest: Mapping[str, Any], strict: bool
+) -> tuple[Status, str, dict[str, Any]]:
+    """A Deeploy build's status after ``gauntlet_deeploy``'s rules: ok needs the generated code bit-exact on the
+    host; under ``strict`` a refusal must name an op Deeploy itself does not map."""
+    figs = dict(figures)
+    if status is Status.OK:
+        figs.update(gauntlet_deeploy.host_figures(manifest))
+        problem = gauntlet_deeploy.host_problem(figs)
+        return (Status.DEFECT, problem, figs) if problem else (status, reason, figs)
+    if status is Status.REFUSED:
+        figs.update(gauntlet_deeploy.refusal_figures(reason))
+        problem = gauntlet_deeploy.refusal_problem(figs) if strict else None
+        return (Status.DEFECT, f"{problem}: {reason}", figs) if problem else (status, reason, figs)
+    return status, reason, figs
 
 
 def run_model(
@@ -553,9 +579,12 @@ def run_model(
 
 def _brief(r: CellResult) -> str:
     """The key figure of an ok cell, the reason of the others."""
+    f = r.figures
+    if r.status is Status.REFUSED and f.get("refused_op"):
+        maps = {True: "yes", False: "no", None: "unknown"}[f.get("deeploy_maps_op")]
+        return f"{r.reason} [Deeploy maps {f['refused_op']}: {maps}]"
     if r.status is not Status.OK:
         return r.reason
-    f = r.figures
     if r.cell is Cell.DEBUG:
         return f"worst output {f.get('worst_output_sqnr_db', float('nan')):.1f} dB"
     if r.cell is Cell.SEARCH:
@@ -564,7 +593,10 @@ def _brief(r: CellResult) -> str:
     if r.cell in (Cell.BUILD_QNN_U8, Cell.BUILD_QNN_U16, Cell.BUILD_DEEPLOY_I8):
         text = f"partitions {f.get('partitions')}, cpu nodes {f.get('cpu_nodes')}, {f.get('device') or ''}".rstrip(", ")
         target = f.get("worst_target_output_sqnr_db")
-        return text + (f", worst output on the target {target:.1f} dB" if target is not None else "")
+        text += f", worst output on the target {target:.1f} dB" if target is not None else ""
+        if f.get("host_bit_exact"):
+            text += f", Generic code bit-exact on the host ({f.get('host_samples')} samples)"
+        return text
     if r.cell is Cell.SUGGEST:
         return f"promoted {f.get('promoted')}"
     return f"{f.get('nodes_quantized')}/{f.get('nodes_total')} nodes quantized"
@@ -722,6 +754,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--only", nargs="+", metavar="NAME", choices=reg.names(), default=[], help="these models only")
     p.add_argument("--ci", action="store_true", help="the CI subset only")
+    p.add_argument("--set", choices=[str(s) for s in ModelSet], help="this set of models (default: main)")
     p.add_argument("--cells", nargs="+", choices=[str(c) for c in Cell], default=[], help="these commands only")
     p.add_argument("--workdir", type=Path, default=REPO / "out" / "gauntlet", help="output folders (replaced)")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="write the table and details here")
@@ -793,7 +826,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     if args.render:
         return _render(args)
-    entries = load_registry().select(args.only, args.ci)
+    entries = load_registry().select(args.only, args.ci, ModelSet(args.set) if args.set else None)
     missing = [e.name for e in entries if not (is_cached(e) and calib_path(e).is_file() and eval_path(e).is_file())]
     if missing:
         print(f"gauntlet: not cached in {cache_dir()}: {', '.join(missing)} (fetch.py, then data.py)", file=sys.stderr)
