@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qdebug.cancel import run_process
 from qdebug.errors import QDebugError
 
 __all__ = [
@@ -227,13 +228,12 @@ def run_worker(
     A worker past ``timeout_s`` is killed (``subprocess.run`` does) and reported as timed out.
     """
     try:
-        proc = subprocess.run(
+        proc = run_process(  # a cancel (the dashboard's) kills the worker and what it started
             [str(python), str(script), *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            check=False,
             cwd=cwd,
             env=worker_env(env),
         )

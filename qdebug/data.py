@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from qdebug.cancel import check_cancelled
 from qdebug.errors import ConfigError, DataError, InputFileError
 from qdebug.io import check_input, open_input
 from qdebug.model_io import InputSpec
@@ -390,6 +391,7 @@ class OrtReader:
 
     def get_next(self) -> dict[str, Any] | None:
         """Next sample, or ``None`` at the end (ORT's contract)."""
+        check_cancelled()  # ORT's calibration asks for one sample at a time: a Cancel stops it between two
         if self._it is None:
             self._it = self._ranged()
         return next(self._it, None)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
+from qdebug.cancel import check_cancelled
 from qdebug.capture.base import (
     FALLBACK_BACKEND,
     CaptureRun,
@@ -65,6 +66,7 @@ class SampleLoop:
 
         top_up()
         while ahead:
+            check_cancelled()  # the dashboard's Cancel stops a capture between two samples
             index, sample = ahead.popleft()
             top_up()
             try:

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from qdebug._cc import c_compiler
+from qdebug.cancel import run_process
 from qdebug.errors import DataError, TargetError
 from qdebug.io import temp_dir
 from qdebug.targets.deeploy_env import DeeployBuffer
@@ -121,7 +122,7 @@ def compile_generated(codegen_dir: str | Path, work_dir: str | Path) -> HostBuil
     cmd = [*cc, "-std=gnu11", "-O2", "-fwrapv", "-I", str(HOST_DIR), "-I", str(src), str(src / "Network.c"),
            *(str(HOST_DIR / s) for s in _SOURCES), "-o", str(exe), "-lm"]  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, cwd=work)
+    proc = run_process(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=work)  # cancellable
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         missing = sorted(set(_UNDEFINED.findall(proc.stderr)))
@@ -178,9 +179,7 @@ def run_generated(
                     fh.write(_to_buffer(b, sample[b.name], i))
         cmd = [str(build.executable), str(in_path), str(out_path), str(len(samples))]
         try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL
-            )
+            proc = run_process(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:  # run() has killed it
             raise TargetError(f"the compiled Deeploy network did not finish within {timeout_s:g} s") from exc
         if proc.returncode != 0:

@@ -22,6 +22,7 @@ from typing import Any
 import onnx
 
 from qdebug._lazy import require
+from qdebug.cancel import run_process
 from qdebug.errors import ConfigError, ModelError
 from qdebug.graph_index import constant_values
 from qdebug.io import refuse_overwrite_input, temp_dir
@@ -282,14 +283,13 @@ def _run_worker(
     t0 = time.perf_counter()
     with open(log_tmp, "wb") as log_fh:
         try:
-            proc = subprocess.run(
+            proc = run_process(  # a cancel kills the worker; the caller's temp_dir removes its folder
                 [sys.executable, "-m", "qdebug.targets._qnn_worker", str(request_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log_fh,
                 stderr=subprocess.STDOUT,
                 env=_worker_env(),
                 timeout=options.timeout_s,
-                check=False,
             )
             returncode = proc.returncode
         except subprocess.TimeoutExpired:  # run() has killed the worker
