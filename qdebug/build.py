@@ -46,6 +46,7 @@ from qdebug.build_inputs import (
     resolve_config,
 )
 from qdebug.build_manifest import MANIFEST_SCHEMA_VERSION, BuildManifest, BuildResult, InputFile, OutputSqnr, TopOne
+from qdebug.build_progress import BuildProgress
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource, open_data
 from qdebug.errors import ConfigError, DataError, InputFileError, ModelError, QDebugError, TargetError
@@ -54,7 +55,7 @@ from qdebug.model_io import file_sha256, input_specs, load_model
 from qdebug.passes import PassReport
 from qdebug.quantizer import QuantizeResult
 from qdebug.report import DebugReport, TargetAccuracy
-from qdebug.targets.base import BuildOptions, Compiled, CompileJob, Prepared, ProgressFn, ShapeSource
+from qdebug.targets.base import BuildOptions, Compiled, CompileJob, DiagnosisBudget, Prepared, ProgressFn, ShapeSource
 from qdebug.targets.compile_report import CompileReport, compile_problems
 from qdebug.targets.recompile import RecompileResult, recompile
 
@@ -197,8 +198,11 @@ def _compile(job: BuildJob, cjob: CompileJob) -> Compiled:
     return compiled
 
 
-def _accuracy(job: BuildJob, cjob: CompileJob, compiled: Compiled) -> tuple[DebugReport | None, TargetAccuracy | None]:
-    """4. CPU QDQ vs float (``debug``), then the target-side check."""
+def _accuracy(
+    job: BuildJob, cjob: CompileJob, compiled: Compiled, preds: _Predictions | None
+) -> tuple[DebugReport | None, TargetAccuracy | None]:
+    """4. CPU QDQ vs float (``debug``), then the target-side check (its samples counted on the progress lines, each
+    model's outputs to ``preds`` for top-1)."""
     report = None
     if cjob.qdq_model is not None:
         from qdebug.debugger import DebugOptions, debug
@@ -211,7 +215,8 @@ def _accuracy(job: BuildJob, cjob: CompileJob, compiled: Compiled) -> tuple[Debu
         # The target's per-tensor check measures its error in units of these (same samples): reuse, not recompute.
         cjob = replace(cjob, cpu_sqnr_db={a.tensor_name: a.cumulative_sqnr_db for a in report.activations})
     t0 = time.perf_counter()
-    acc = job.target.check(cjob, compiled)
+    checked = replace(cjob, samples=job.say.counted(cjob.samples, "target check"), outputs_sink=preds)
+    acc = job.target.check(checked, compiled)
     if acc is not None:
         job.timed("simulator_s", t0)
         report = None if report is None else report.with_target_accuracy(acc)
@@ -259,8 +264,19 @@ def _diagnose(
     if quant is not None and cjob.float_model is not None and job.cfg is not None:
         rq = _Requantizer(cjob.float_model, Path(quant.calibration_cache), cjob.samples, file_sha256(cjob.float_model))
         cjob = replace(cjob, config=job.cfg, requantizer=rq)
+    left = job.options.time_budget_s
+    trial_s = job.timings.get("compile_s", 0.0) + job.timings.get("simulator_s", 0.0)
+    budget = DiagnosisBudget(
+        asked=job.options.remedies or left is not None,
+        deadline=None if left is None else job.say.start + left,
+        trial_s=trial_s,
+    )
+    cjob = replace(cjob, samples=job.say.counted(cjob.samples, "diagnosis"), budget=budget)
     t0 = time.perf_counter()
     diag = job.target.diagnose(cjob, compiled, acc)
+    job.skipped += list(diag.skipped)
+    for line in diag.skipped:
+        job.say(f"skipped {line}")
     if not diag.manifest and not diag.files:
         return compiled
     job.timed("diagnose_s", t0)
@@ -268,20 +284,52 @@ def _diagnose(
     return replace(compiled, manifest={**compiled.manifest, **diag.manifest}, files={**compiled.files, **diag.files})
 
 
-def _top1(job: BuildJob, cjob: CompileJob, compiled: Compiled) -> TopOne | None:
-    """Top-1 of the float, QDQ and compiled models on the labelled evaluation set."""
+class _Predictions:
+    """Each model's class per sample (argmax of the float model's first output), as the target's check ran them
+    (:attr:`~qdebug.targets.base.CompileJob.outputs_sink`): top-1 without running the evaluation set again."""
+
+    def __init__(self, first_output: str) -> None:
+        self.first = first_output
+        self.classes: dict[str, list[int]] = {}
+
+    def __call__(self, role: str, names: Sequence[str], values: Sequence[Any]) -> None:
+        k = list(names).index(self.first) if self.first in names else 0
+        self.classes.setdefault(role, []).append(int(np.argmax(np.asarray(values[k]).reshape(-1))))
+
+    def top1(self, role: str, labels: np.ndarray) -> float | None:
+        """The fraction right, ``None`` unless the check ran this model on exactly the labelled samples."""
+        got = self.classes.get(role, [])
+        if len(got) != len(labels):
+            return None
+        return float(np.mean(np.asarray(got) == labels.astype(np.int64)))
+
+
+def _predictions(job: BuildJob, model: onnx.ModelProto) -> _Predictions | None:
+    """A listener for the check's outputs when its samples are the evaluation set's (no separate debug data)."""
+    if job.eval_data is None or job.debug_data is not None or not model.graph.output:
+        return None
+    return _Predictions(model.graph.output[0].name)
+
+
+def _top1(job: BuildJob, cjob: CompileJob, compiled: Compiled, preds: _Predictions | None) -> TopOne | None:
+    """Top-1 of the float, QDQ and compiled models on the labelled evaluation set: from the outputs of the target's
+    check when it ran every labelled sample (``preds``), else by running the set."""
     if job.eval_data is None:
         return None
+    from qdebug.data import read_labels
     from qdebug.evaluate import top1_accuracy
 
-    job.say("measuring top-1 accuracy")
     t0 = time.perf_counter()
     assert cjob.float_model is not None
-    f = top1_accuracy(cjob.float_model, job.eval_data, job.options.label_key)
-    q = None if cjob.qdq_model is None else top1_accuracy(cjob.qdq_model, job.eval_data, job.options.label_key)
-    c = job.target.compiled_top1(cjob, compiled, job.eval_data, q)
     model = load_model(cjob.float_model, "float model")
     n = len(open_data(job.eval_data, input_specs(model), ignore=(job.options.label_key,)))
+    labels = read_labels(job.eval_data, job.options.label_key, n)
+    f, q, c = (None, None, None) if preds is None else (preds.top1(r, labels) for r in ("float", "qdq", "compiled"))
+    if c is None or f is None or (q is None and cjob.qdq_model is not None):
+        job.say(f"measuring top-1 accuracy on {n} labelled samples")
+        f = top1_accuracy(cjob.float_model, job.eval_data, job.options.label_key)
+        q = None if cjob.qdq_model is None else top1_accuracy(cjob.qdq_model, job.eval_data, job.options.label_key)
+        c = job.target.compiled_top1(cjob, compiled, job.eval_data, q)
     job.timed("eval_s", t0)
     return TopOne(num_samples=n, float_model=f, qdq_model=q, compiled_model=c)
 
@@ -346,6 +394,7 @@ def _manifest(
         files=files,
         warnings=tuple(job.warnings),
         target_details={**compiled.manifest, **({"region": job.region.to_dict()} if job.region else {})},
+        skipped=tuple(job.skipped),
     )
 
 
@@ -371,9 +420,10 @@ def _run(job: BuildJob, staging: Path) -> tuple[BuildManifest, DebugReport | Non
         after=after,
     )
     compiled = _compile(job, cjob)
-    report, acc = _accuracy(job, cjob, compiled)
+    preds = _predictions(job, prepared.model)
+    report, acc = _accuracy(job, cjob, compiled, preds)
     compiled = _diagnose(job, cjob, compiled, acc, quant)
-    top1 = _top1(job, cjob, compiled)
+    top1 = _top1(job, cjob, compiled, preds)
     files = _files(cjob, compiled, quant, staging)
     if job.region is not None and job.eval_data is not None:  # the region's evaluation inputs (+ labels)
         files["region_eval_data"] = job.eval_data.name
@@ -411,7 +461,7 @@ def build(
     ``out_dir`` must be new or empty and holds a complete build or nothing.
     """
     t_start = time.perf_counter()
-    say = progress or (lambda _msg: None)
+    say = BuildProgress(progress or (lambda _msg: None))
     job = read_inputs(Path(onnx_model), Path(out_dir), options, config, overrides, data, eval_data, debug_data, say)
     job.out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(job.out):  # a second build of the same folder meanwhile fails in one line, not at the rename

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from qdebug.build_manifest import InputFile
+from qdebug.build_progress import BuildProgress
 from qdebug.config import QuantConfig
 from qdebug.data import DataSource
 from qdebug.errors import ConfigError, ModelError
@@ -24,7 +25,7 @@ from qdebug.io import input_problem
 from qdebug.model_io import ModelKind, file_sha256, load_model, model_kind
 from qdebug.ort import make_session
 from qdebug.passes import PassReport
-from qdebug.targets.base import BuildOptions, ProgressFn, Target, get_target
+from qdebug.targets.base import BuildOptions, Target, get_target
 from qdebug.targets.compile_report import CompileReport
 
 if TYPE_CHECKING:
@@ -75,6 +76,18 @@ def check_eval_data(model: onnx.ModelProto, eval_data: str | Path | None, option
     check_input(eval_data, "evaluation data")
     scores = options.extract_outputs[0] if options.extract_outputs else None
     check_eval_set(model, eval_data, options.label_key, scores=scores)
+
+
+def check_data(model: onnx.ModelProto, data: DataLike, options: BuildOptions) -> None:
+    """Before any work, a calibration or debug data file or folder as the steps will open it: readable, the float
+    ``model``'s inputs with their dtypes and shapes (label arrays ignored); a problem raises the
+    :class:`~qdebug.errors.DataError` those steps would raise minutes later, naming the file and the array."""
+    if not isinstance(data, str | Path):
+        return  # arrays or a source in memory: checked where they are opened
+    from qdebug.data import open_data
+    from qdebug.model_io import input_specs
+
+    open_data(data, input_specs(model), ignore=(options.label_key,), input_shapes=options.input_shapes)
 
 
 def _data_sha256(path: Path) -> str:
@@ -153,13 +166,14 @@ class BuildJob:
     data: DataLike
     eval_data: Path | None
     debug_data: DataLike
-    say: ProgressFn
+    say: BuildProgress
     inputs: list[InputFile] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     fixes: tuple[PassReport, ...] = ()
     compile_report: CompileReport | None = None
     region: Any = None  # the :class:`qdebug.region.Region` built, if any
+    skipped: list[str] = field(default_factory=list)  # steps not run and why (:attr:`BuildManifest.skipped`)
 
     def timed(self, key: str, t0: float) -> None:
         self.timings[key] = round(time.perf_counter() - t0, 4)
@@ -174,7 +188,7 @@ def read_inputs(
     data: DataLike,
     eval_data: str | Path | None,
     debug_data: DataLike,
-    say: ProgressFn,
+    say: BuildProgress,
 ) -> BuildJob:
     """Load and check every input before anything is written (bad input raises here)."""
     model = load_model(src, "model")
@@ -207,6 +221,8 @@ def read_inputs(
     if ofile is not None and cfg is not None:
         warnings += ofile.drift(cfg)
     check_eval_data(model, eval_data, options)
+    for value in (data, debug_data):
+        check_data(model, value, options)
     evals = None if eval_data is None else Path(eval_data)
     return BuildJob(
         src, out, model, options, options.target, cfg, ofile, data, evals, debug_data, say, inputs, warnings

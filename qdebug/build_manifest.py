@@ -20,7 +20,7 @@ from qdebug.targets.compile_report import CompileReport
 
 #: 2: the target's own entries (e.g. ``deeploy``, ``onnxruntime_qnn_version``) appear only for that target
 #: (version 1 wrote both, ``null`` when unused); version-1 manifests are still read.
-MANIFEST_SCHEMA_VERSION = 3  # 3: the target check's divergence fields
+MANIFEST_SCHEMA_VERSION = 4  # 3: the target check's divergence fields; 4: ``skipped``
 _MANIFEST_KEYS = frozenset(
     {
         "schema_version",
@@ -38,6 +38,7 @@ _MANIFEST_KEYS = frozenset(
         "timings",
         "files",
         "warnings",
+        "skipped",
     }
 )
 
@@ -95,6 +96,9 @@ class BuildManifest:
     #: ``onnxruntime_qnn_version`` or Deeploy's ``deeploy`` section (export, snapping, code generation per platform;
     #: paths relative to the output folder)
     target_details: Mapping[str, Any] = field(default_factory=dict)
+    #: the steps of the build not run and why, one line each (e.g. the remedies: not asked for, or over the
+    #: ``--time-budget``); the CLI prints them with the command that runs them
+    skipped: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with ``schema_version`` (+inf SQNR as the string ``"inf"``)."""
@@ -122,6 +126,7 @@ class BuildManifest:
             "timings": dict(self.timings),
             "files": dict(self.files),
             "warnings": list(self.warnings),
+            "skipped": list(self.skipped),
             **json.loads(json.dumps(dict(self.target_details))),
         }
 
@@ -131,7 +136,7 @@ class BuildManifest:
         from qdebug.errors import InputFileError
         from qdebug.report import decode_number
 
-        if d.get("schema_version") not in (1, 2, MANIFEST_SCHEMA_VERSION):
+        if d.get("schema_version") not in (1, 2, 3, MANIFEST_SCHEMA_VERSION):
             raise InputFileError(f"build manifest schema_version {d.get('schema_version')!r} is not supported")
         acc = d["accuracy"]
         details = {k: v for k, v in d.items() if k not in _MANIFEST_KEYS and v is not None}  # v1 wrote nulls
@@ -156,6 +161,7 @@ class BuildManifest:
             files=dict(d["files"]),
             warnings=tuple(d.get("warnings", ())),
             target_details=details,
+            skipped=tuple(d.get("skipped", ())),
         )
 
     def to_json(self) -> str:

@@ -68,8 +68,8 @@ def test_bisection_runs_when_the_probe_cannot_be_trusted_and_something_diverges(
         BuildOptions("qnn", "uint8", bisect="sometimes")
     with pytest.raises(ConfigError, match="--bisect applies to --target qnn"):
         BuildOptions("cpu", "uint8", bisect="always")
-    with pytest.raises(ConfigError, match="--no-remedies applies to --target qnn"):
-        BuildOptions("cpu", "uint8", remedies=False)
+    with pytest.raises(ConfigError, match="--remedies applies to --target qnn"):
+        BuildOptions("cpu", "uint8", remedies=True)  # off by default (issue 37): asking for them is the option
 
 
 def _conv_relu_mul(tmp: Path) -> tuple[Path, Path]:
@@ -124,7 +124,9 @@ def bn_kept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildManife
     """The sample CNN with its BatchNorms kept at uint16, built with bisection forced and the remedies on."""
     require_qnn()
     out = tmp_path_factory.mktemp("diag") / "cnn16"
-    opts = BuildOptions("qnn", "uint16", skip_fixes=("batchnorm_folding",), debug_samples=8, bisect="always")
+    opts = BuildOptions(
+        "qnn", "uint16", skip_fixes=("batchnorm_folding",), debug_samples=8, bisect="always", remedies=True
+    )
     res = build(CNN, out, opts, data=CALIB)
     return out, res.manifest
 
@@ -170,7 +172,9 @@ def test_a_quantization_remedy_is_exported_as_overrides(qnn: None, tmp_path: Pat
     # At uint8 with the BatchNorms kept, keeping the region in 16 bits is tried through the mixed-precision
     # overrides; whichever remedy wins, a quantization one comes with an overrides file the build takes back.
     out = tmp_path / "cnn8"
-    opts = BuildOptions("qnn", "uint8", skip_fixes=("batchnorm_folding",), debug_samples=8, bisect="never")
+    opts = BuildOptions(
+        "qnn", "uint8", skip_fixes=("batchnorm_folding",), debug_samples=8, bisect="never", remedies=True
+    )
     m = build(CNN, out, opts, data=CALIB).manifest
     d = QnnDiagnosis.from_dict(m.target_details[MANIFEST_KEY])
     assert d.located_by is LocatedBy.PROBE and d.remedies is not None

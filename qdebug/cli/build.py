@@ -97,12 +97,22 @@ class Build(Tool):
             help="qnn: locate the divergence by compiling prefix subgraphs (auto: when the probe changed the HTP "
             "graph and something diverges; docs/qnn.md)",
         )
-        parser.add_argument(
-            "--no-remedies",
+        rem = parser.add_mutually_exclusive_group()
+        rem.add_argument(
+            "--remedies",
             action="store_true",
-            help="qnn: do not try the remedies (16-bit region, per-channel weights, other SoCs, fp16 region) on a "
-            "located divergence",
+            help="qnn: after the build, locate a divergence (--bisect auto) and try the remedies on it (16-bit "
+            "region, per-channel weights, other SoCs, fp16 region; each a compile and a simulator run); off by "
+            "default: the summary says what was skipped",
         )
+        rem.add_argument(
+            "--time-budget",
+            type=float,
+            metavar="SECONDS",
+            help="qnn: the remedies (and auto bisection) run only while the whole build stays within SECONDS: each "
+            "step is estimated from this build's compile + simulator time and skipped, with a line, if it won't fit",
+        )
+        rem.add_argument("--no-remedies", action="store_true", help="the default (kept for older scripts)")
         parser.add_argument(
             "--no-snap-scales",
             action="store_true",
@@ -170,7 +180,7 @@ class Build(Tool):
             calib = data  # the 0.1 meaning of build --data (see DATA_COMPAT_NOTE, printed by main)
         options = build_options(args)
         existed = Path(args.output).is_dir()  # new or empty (the guard and build check it)
-        progress = None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
+        progress = _progress(args, out)
         try:
             result = build(
                 args.float_model,
@@ -195,6 +205,7 @@ class Build(Tool):
             print(result.manifest.to_json(), file=out, end="")
         else:
             print_build(result, out)
+            _print_skipped(result.manifest.skipped, args, out)
             if args.html:
                 print(f"HTML report written to {args.html}", file=out)
         return EXIT_OK
@@ -206,7 +217,8 @@ class Build(Tool):
 
 #: The options only some targets take: option ``dest`` → the build option of :attr:`Target.options` it sets.
 TARGET_OPTIONS = {"soc": "soc", "fail_on_fallback": "fail_on_fallback", "skip_fix": "skip_fixes",
-                  "no_tensor_probe": "probe_tensors", "bisect": "bisect", "no_remedies": "remedies",
+                  "no_tensor_probe": "probe_tensors", "bisect": "bisect", "remedies": "remedies",
+                  "no_remedies": "remedies", "time_budget": "time_budget_s",
                   "no_snap_scales": "snap_scales", "snap_grid": "snap_scales"}  # fmt: skip
 
 
@@ -245,12 +257,57 @@ def build_options(args: argparse.Namespace) -> Any:
         skip_fixes=tuple(args.skip_fix),
         probe_tensors=not args.no_tensor_probe,
         bisect=args.bisect,
-        remedies=not args.no_remedies,
+        remedies=args.remedies,
+        time_budget_s=args.time_budget,
         snap_scales=not args.no_snap_scales,
         snap_grid=args.snap_grid,
         extract_inputs=parse_tensor_list(args.extract_inputs),
         extract_outputs=parse_tensor_list(args.extract_outputs),
     )
+
+
+def _progress(args: argparse.Namespace, out: TextIO) -> Any:
+    """Where the build's progress lines go: stderr on a terminal; else ``out`` as lines of the text output (a script's
+    stderr holds only the one-line messages); nowhere with ``--quiet``, or ``--json`` off a terminal."""
+    import sys
+
+    if getattr(args, "quiet", False):
+        return None
+    if sys.stderr.isatty():
+        return lambda msg: print(msg, file=sys.stderr, flush=True)
+    return None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
+
+
+def rerun_command(argv: list[str], output: str) -> str:
+    """The command line that runs the build again with the remedies, into ``<output>-remedies`` (this one's folder
+    is taken): ``argv`` without ``--no-remedies``/``--time-budget``/``-o``, plus ``--remedies -o …``."""
+    import shlex
+
+    keep: list[str] = []
+    skip_next = False
+    for a in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        if a in ("--time-budget", "-o", "--output"):
+            skip_next = True
+            continue
+        if a == "--no-remedies" or a.startswith(("--time-budget=", "--output=")) or (a.startswith("-o") and a != "-o"):
+            continue
+        keep.append(a)
+    return shlex.join(["qdebug", *keep, "--remedies", "-o", f"{output.rstrip('/')}-remedies"])
+
+
+def _print_skipped(skipped: Any, args: argparse.Namespace, out: TextIO) -> None:
+    """One line per step the build skipped, then the command that runs them."""
+    import sys
+
+    if not skipped:
+        return
+    for line in skipped:
+        print(f"skipped: {line}", file=out)
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    print(f"to run them: {rerun_command(list(argv), args.output)}", file=out)
 
 
 def _with_html(result: Any, args: argparse.Namespace, existed: bool) -> None:

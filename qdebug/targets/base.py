@@ -4,10 +4,15 @@ What a compile produced (``CompileReport`` and its failure checks) is :mod:`qdeb
 
 Targets import their backend lazily (``qdebug._lazy.require``), so listing targets never needs the backend;
 ``available()`` says why a target cannot be used here (the UI's target dropdown shows that reason).
+
+Why one module: the :class:`Target` protocol and :class:`TargetBase` name every value a step takes or returns
+(``BuildOptions``, ``CompileJob``, ``Compiled``, ``Diagnosis`` and its budget, the precisions): the interface is read
+whole by every target, and split, each half would import the other.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -34,6 +39,8 @@ __all__ = [
     "CompileJob",
     "Compiled",
     "Diagnosis",
+    "DiagnosisBudget",
+    "OutputsSink",
     "Precision",
     "Prepared",
     "ProgressFn",
@@ -97,7 +104,8 @@ OPTION_FLAGS: dict[str, str] = {
     "probe_tensors": "--no-tensor-probe",
     "snap_scales": "--no-snap-scales",
     "bisect": "--bisect",
-    "remedies": "--no-remedies",
+    "remedies": "--remedies",
+    "time_budget_s": "--time-budget",
 }
 
 
@@ -112,6 +120,8 @@ class BisectMode(StrEnum):
 
 SNAP_GRIDS = ("tie_free", "fine")
 ProgressFn = Callable[[str], None]
+#: (model role, the float model's output names, one sample's outputs of that model in their order)
+OutputsSink = Callable[[str, Sequence[str], Sequence[Any]], None]
 
 
 @dataclass(frozen=True)
@@ -139,8 +149,12 @@ class BuildOptions:
     snap_grid: str = "tie_free"
     #: QNN: locate the divergence by prefix compiles (:class:`BisectMode`; a string is parsed)
     bisect: BisectMode = BisectMode.AUTO
-    #: QNN: try the standard remedies on a located divergence (docs/qnn.md)
-    remedies: bool = True
+    #: QNN: try the standard remedies on a located divergence (docs/qnn.md); off unless asked: each costs a compile
+    #: and a simulator run
+    remedies: bool = False
+    #: seconds the whole build may take: the diagnosis (bisection under ``auto``, the remedies) runs within what is
+    #: left after the main build, each step only if its estimated cost fits (``None``: no budget)
+    time_budget_s: float | None = None
     #: build only the region of the float model between these tensors (``--extract-inputs/--extract-outputs``,
     #: :mod:`qdebug.region`); both empty: the whole model
     extract_inputs: tuple[str, ...] = ()
@@ -185,6 +199,9 @@ class BuildOptions:
             p.append(f"unknown fix name(s) {unknown}; known: {known}")
         if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
             p.append(f"timeout_s must be positive, got {self.timeout_s!r}")
+        budget = self.time_budget_s
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or not budget >= 0):
+            p.append(f"time_budget_s must be a number of seconds >= 0, got {budget!r}")
         return p
 
     def _target_problems(self, t: Target) -> list[str]:
@@ -388,6 +405,39 @@ class CompileJob:
     config: QuantConfig | None = None
     #: re-quantizes the float model with another config (``build`` gives one; ``None``: the target cannot)
     requantizer: Requantizer | None = None
+    #: what the diagnosis may spend on extra compiles and simulator runs (``None``: as the options say, no limit)
+    budget: DiagnosisBudget | None = None
+    #: called by :meth:`Target.check` once per sample and model it ran (``"float"``, ``"qdq"``, ``"compiled"``) with
+    #: the float model's output names and that model's outputs in their order, so ``build`` measures top-1 on the
+    #: samples the check ran instead of running them again (``None``: nobody listens)
+    outputs_sink: OutputsSink | None = None
+
+
+@dataclass(frozen=True)
+class DiagnosisBudget:
+    """What ``build`` lets :meth:`Target.diagnose` spend beyond the main build: whether the extra steps were asked
+    for (``--remedies`` or ``--time-budget``), the :func:`time.monotonic` deadline of ``--time-budget`` (``None``:
+    none) and one trial's estimated seconds (the main build's compile plus its simulator run on the same samples)."""
+
+    asked: bool
+    deadline: float | None = None
+    trial_s: float = 0.0
+
+    def refusal(self, what: str, trials: int) -> str | None:
+        """Why ``trials`` trials of ``what`` do not run (``None``: they fit): not asked, or their estimated cost is
+        more than the budget has left."""
+        if not self.asked:
+            return f"{what}: not asked (pass --remedies, or --time-budget SECONDS to run what fits)"
+        if self.deadline is None:
+            return None
+        left = max(0.0, self.deadline - time.monotonic())
+        need = trials * self.trial_s
+        if need > left or left <= 0.0:
+            return (
+                f"{what}: ~{need:.0f} s estimated ({trials} × {self.trial_s:.1f} s, the build's compile + simulator "
+                f"run), {left:.0f} s of the --time-budget left"
+            )
+        return None
 
 
 class Requantizer(Protocol):
@@ -415,6 +465,8 @@ class Diagnosis:
     manifest: Mapping[str, Any] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    #: the steps not run and why, one line each (not asked for, or over the time budget)
+    skipped: tuple[str, ...] = ()
 
 
 def get_target(name: str) -> Target:

@@ -85,7 +85,9 @@ class QnnTarget(TargetBase):
         "fp16": Precision("fp16", None, "the float model in HTP fp16; needs --soc"),
     }
     activation_types = frozenset({"uint8", "uint16"})
-    options = frozenset({"soc", "fail_on_fallback", "skip_fixes", "probe_tensors", "bisect", "remedies"})
+    options = frozenset(
+        {"soc", "fail_on_fallback", "skip_fixes", "probe_tensors", "bisect", "remedies", "time_budget_s"}
+    )
     fix_names = (*FIX_NAMES, COMPAT_FIX)
 
     def sixteen_bit_weights_note(self) -> str:
@@ -219,6 +221,7 @@ class QnnTarget(TargetBase):
                 options=opts,
                 probe_tensors=job.options.probe_tensors,
                 cpu_sqnr_db=job.cpu_sqnr_db or None,
+                outputs_sink=job.outputs_sink,
             )
 
     def compiled_top1(

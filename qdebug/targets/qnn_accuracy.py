@@ -30,6 +30,7 @@ from qdebug.ort import expose_outputs, make_session
 from qdebug.pairing import Pairing, pair_models
 from qdebug.qdq_values import dequantize, quant_type_name
 from qdebug.report import TargetAccuracy, TargetOutputAccuracy, TargetTensorDiff
+from qdebug.targets.base import OutputsSink
 from qdebug.targets.compile_report import CompileReport
 from qdebug.targets.divergence import (
     EXCESS_NOISE_THRESHOLD,
@@ -348,10 +349,15 @@ class _Names:
 
 
 def _measure(
-    sessions: tuple[Any, Any, Any, Any | None], names: _Names, data: DataSource, outs: _OutputSums, tensors: _TensorSums
+    sessions: tuple[Any, Any, Any, Any | None],
+    names: _Names,
+    data: DataSource,
+    sums: tuple[_OutputSums, _TensorSums],
+    sink: OutputsSink | None = None,
 ) -> tuple[int, float]:
-    """Run float (CPU), QDQ (CPU), compiled (HTP) and probe (HTP) on every sample into the sums; (samples, HTP
-    seconds)."""
+    """Run float (CPU), QDQ (CPU), compiled (HTP) and probe (HTP) on every sample into the sums, each model's outputs
+    also to ``sink``; (samples, HTP seconds)."""
+    outs, tensors = sums
     f_sess, c_sess, htp, probe_sess = sessions
     f_names, q_names, t_names = names.outputs, names.quant_outputs, names.probed
     htp_seconds, n = 0.0, 0
@@ -362,6 +368,13 @@ def _measure(
         h_vals = _run(htp, q_names, sample, i, "the compiled model on the HTP", TargetError)
         htp_seconds += time.perf_counter() - t0
         outs.add(f_vals[: len(f_names)], c_vals[: len(q_names)], h_vals)
+        if sink is not None:
+            for role, vals in (
+                ("float", f_vals[: len(f_names)]),
+                ("qdq", c_vals[: len(q_names)]),
+                ("compiled", h_vals),
+            ):
+                sink(role, f_names, vals)
         if probe_sess is not None:
             p_vals = _run(probe_sess, t_names + q_names, sample, i, "the probe model on the HTP", TargetError)
             cpu_t, probe_t = c_vals[len(q_names) :], p_vals[: len(t_names)]
@@ -391,6 +404,7 @@ def htp_accuracy(
     lsb_threshold: int = 1,
     cpu_sqnr_db: Mapping[str, float | None] | None = None,
     excess_threshold: float = EXCESS_NOISE_THRESHOLD,
+    outputs_sink: OutputsSink | None = None,
 ) -> TargetAccuracy:
     """How the compiled model's numbers on the HTP differ from the float and the CPU-QDQ model's.
 
@@ -404,10 +418,9 @@ def htp_accuracy(
     ``excess_threshold``. The quantization error is the debug report's cumulative SQNR per float tensor name
     when ``cpu_sqnr_db`` is given (``build`` passes it), else measured here on the same samples.
     ``first_divergent`` is the first flagged tensor in topological order whose nearest compared inputs are not
-    flagged and whose error reaches a flagged consumer (``divergence_starts`` has every start,
-    ``isolated_starts`` those whose consumers are all unflagged).
-    Tensors carry the float model's names, so they join :attr:`qdebug.report.DebugReport.activations`.
-    ``probe_single_partition`` says whether the probe kept the compiled model's partitioning.
+    flagged and whose error reaches a flagged consumer (``divergence_starts`` has every start, ``isolated_starts``
+    those whose consumers are all unflagged). Tensors carry the float model's names (they join the debug report's
+    activations); ``probe_single_partition``: the probe kept the compiled partitioning; ``outputs_sink``: top-1's.
     """
     _check_thresholds(lsb_threshold, excess_threshold)
     cpath, out = Path(compiled_model), Path(out_dir)
@@ -432,7 +445,7 @@ def htp_accuracy(
     probe_sess = qnn_session(probe.compiled, options) if probe.compiled is not None else None
     outs = _OutputSums(names.outputs)
     tensors = _TensorSums(probe.tensors)
-    n, htp_seconds = _measure((f_sess, c_sess, htp, probe_sess), names, data, outs, tensors)
+    n, htp_seconds = _measure((f_sess, c_sess, htp, probe_sess), names, data, (outs, tensors), outputs_sink)
     if n == 0:
         raise DataError(f"{data.description}: no samples")
     diffs, where = _localise(tensors, graph, cpu_sqnr_db, float(excess_threshold))

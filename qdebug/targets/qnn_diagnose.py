@@ -26,6 +26,7 @@ Rooms: this module locates the region and runs the whole diagnosis; the remedies
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -37,13 +38,14 @@ import onnx
 from qdebug.io import temp_dir
 from qdebug.model_io import load_model
 from qdebug.report import TargetAccuracy
-from qdebug.targets.base import BisectMode, Compiled, CompileJob, Diagnosis, register_target
+from qdebug.targets.base import BisectMode, Compiled, CompileJob, Diagnosis, DiagnosisBudget, register_target
 from qdebug.targets.divergence import EXCESS_NOISE_THRESHOLD, sqnr_drop_db, upstream_compared
 from qdebug.targets.htp_numerics import find_behaviours
 from qdebug.targets.qnn import QnnTarget, compiled_options
 from qdebug.targets.qnn_bisect import bisect_divergence, candidate_tensors
 from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, LocatedBy, QnnDiagnosis
-from qdebug.targets.qnn_remedies import _Ctx, _worst, try_remedies
+from qdebug.targets.qnn_options import QnnOptions
+from qdebug.targets.qnn_remedies import _Ctx, _other_socs, _worst, try_remedies
 
 __all__ = ["DiagnosingQnnTarget", "bisect_reason", "diagnose_build"]
 #: The output loss (CPU-QDQ vs float minus HTP vs float, dB) at which ``--bisect auto`` searches without a probe
@@ -92,7 +94,21 @@ def _region(
 
 def diagnose_build(job: CompileJob, compiled: Compiled, acc: TargetAccuracy | None) -> QnnDiagnosis | None:
     """Locate (bisection or probe) and, if asked, try the remedies; ``None`` when there is nothing to diagnose
-    (fp16, no accuracy)."""
+    (fp16, no accuracy). What did not run (not asked for, or over ``job.budget``) is in :func:`skipped_steps`."""
+    return _diagnose(job, compiled, acc, [])
+
+
+def _budget(job: CompileJob) -> DiagnosisBudget:
+    """The job's budget, else the options' (asked by ``remedies`` or a time budget, no deadline known here)."""
+    if job.budget is not None:
+        return job.budget
+    return DiagnosisBudget(asked=job.options.remedies or job.options.time_budget_s is not None)
+
+
+def _diagnose(
+    job: CompileJob, compiled: Compiled, acc: TargetAccuracy | None, skipped: list[str]
+) -> QnnDiagnosis | None:
+    """:func:`diagnose_build`, appending to ``skipped`` one line per step not run."""
     if acc is None or job.qdq_model is None or job.float_model is None or not acc.outputs:
         return None
     t0 = time.perf_counter()
@@ -101,6 +117,13 @@ def diagnose_build(job: CompileJob, compiled: Compiled, acc: TargetAccuracy | No
     qmodel = load_model(job.qdq_model, "QDQ model")
     candidates = candidate_tensors(fmodel, qmodel)
     reason = bisect_reason(job.options.bisect, acc)
+    budget = _budget(job)
+    if reason is not None and candidates and job.options.bisect is BisectMode.AUTO:
+        # --bisect always is a request; auto's prefix compiles are extra work, run when asked and when they fit
+        refusal = budget.refusal(f"bisection ({reason})", math.ceil(math.log2(max(len(candidates), 2))) + 1)
+        if refusal is not None:
+            skipped.append(refusal)
+            reason = None
     bis = None
     if reason is not None and candidates:
         job.progress(f"locating the divergence by prefix compiles ({reason})")
@@ -116,14 +139,33 @@ def diagnose_build(job: CompileJob, compiled: Compiled, acc: TargetAccuracy | No
             if job.options.bisect is not BisectMode.NEVER
             else "off (--bisect never)"
         )
+        if skipped:
+            reason = "not run (the probe's verdict stands): " + skipped[-1]
     remedies = None
-    if first is not None and job.options.remedies:
-        htp, cpu = _worst(acc)
-        with temp_dir(prefix="qdebug-remedy-") as tmp:
-            remedies = try_remedies(_Ctx(job, opts, htp, Path(tmp)), nodes, tensors, cpu)
+    if first is not None:
+        trials = _trial_count(job, opts, qmodel, nodes)
+        refusal = budget.refusal("remedies", trials)
+        if refusal is not None:
+            skipped.append(refusal)
+        else:
+            each = f", ~{budget.trial_s:.0f} s each (compile + simulator)" if budget.trial_s else ""
+            job.progress(f"trying ~{trials} remedies{each}")
+            htp, cpu = _worst(acc)
+            with temp_dir(prefix="qdebug-remedy-") as tmp:
+                remedies = try_remedies(_Ctx(job, opts, htp, Path(tmp)), nodes, tensors, cpu)
     secs = time.perf_counter() - t0
     causes = find_behaviours(qmodel)
     return QnnDiagnosis(by, first, nodes, tensors, reason, bis, acc.first_divergent, remedies, secs, causes)
+
+
+def _trial_count(job: CompileJob, opts: QnnOptions, qmodel: onnx.ModelProto, nodes: Sequence[Any]) -> int:
+    """About how many remedy trials :func:`try_remedies` runs (each a compile and a simulator run): the two
+    quantization ones that apply, the other SoCs, the fp16 region."""
+    cfg = job.config
+    quant = 0
+    if cfg is not None and job.requantizer is not None:
+        quant = int(not cfg.activation_type.endswith("16")) + int(not cfg.per_channel)
+    return max(1, quant + len(_other_socs(opts, qmodel)) + int(bool(nodes)))
 
 
 class DiagnosingQnnTarget(QnnTarget):
@@ -131,11 +173,12 @@ class DiagnosingQnnTarget(QnnTarget):
 
     def diagnose(self, job: CompileJob, compiled: Compiled, accuracy: TargetAccuracy | None) -> Diagnosis:
         """Bisection when the probe cannot be trusted, then the remedies (docs/qnn.md)."""
-        d = diagnose_build(job, compiled, accuracy)
+        skipped: list[str] = []
+        d = _diagnose(job, compiled, accuracy, skipped)
         if d is None:
             return Diagnosis()
         files = dict(d.remedies.files) if d.remedies is not None else {}
-        return Diagnosis(manifest={MANIFEST_KEY: d.to_dict()}, files=files)
+        return Diagnosis(manifest={MANIFEST_KEY: d.to_dict()}, files=files, skipped=tuple(skipped))
 
     def describe_manifest(self, manifest: Mapping[str, Any]) -> list[str]:
         """The diagnosis, when the build has one."""
