@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import ClassVar, TextIO
+from typing import IO, ClassVar, TextIO
 
 from qdebug.cli._base import Tool
 from qdebug.cli._preflight import Checks
@@ -27,6 +29,18 @@ WEBSOCKET_HEADROOM = 4
 CULL_IDLE_S = 600
 #: The folder (under the bundled notebooks' ``share``) of qdebug's ``voila.py``, the server configuration.
 VOILA_CONFIG_DIR = "voila_config"
+
+
+#: What Voila and its kernel print on stderr that a dashboard user can do nothing about, dropped from it (every other
+#: line passes): the bundled notebook "not trusted" (trust is a per-user signature store; the notebook is qdebug's
+#: own), and ipykernel's "TCP without encryption" (its ports listen on 127.0.0.1 only, in a private runtime folder).
+NOISE = (
+    re.compile(r"WARNING \| Notebook .* is not trusted\s*$"),
+    re.compile(r"WARNING \| Kernel is running over TCP without encryption\."),
+)
+#: A library's DeprecationWarning (``path.py:LINE: DeprecationWarning: ...``, then its indented source line): meant
+#: for its developers — Voila turns traitlets' on, which warns about the dict syntax of Voila's own command line.
+DEPRECATION = re.compile(r"^\S.*\.py:\d+: DeprecationWarning: ")
 
 
 #: The environment variable that sets the upload limit (MB).
@@ -216,8 +230,12 @@ class Dashboard(Tool):
 
 
 def serve(cmd: list[str], env: dict[str, str]) -> int:
-    """Run Voila until it exits (its exit code); Ctrl-C or SIGTERM stop it and its kernels, never an orphan."""
-    proc = subprocess.Popen(cmd, env=env)
+    """Run Voila until it exits (its exit code); Ctrl-C or SIGTERM stop it and its kernels, never an orphan. Its
+    stderr reaches ours without the lines of :data:`NOISE`."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    forward = threading.Thread(target=forward_lines, args=(proc.stderr, sys.stderr), daemon=True)
+    forward.start()
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):  # under qdebug's main its own handler raises (exit 143): keep that one
         signal.signal(signal.SIGTERM, _interrupt)
@@ -233,12 +251,29 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        forward.join(timeout=5)  # a kernel still holding the pipe must not keep qdebug waiting
+
+
+def forward_lines(stream: IO[bytes], to: TextIO) -> None:
+    """Copy ``stream`` to ``to`` line by line until it ends, except the lines :data:`NOISE` matches and the
+    :data:`DEPRECATION` warnings (with their source lines)."""
+    in_warning = False
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        in_warning = bool(DEPRECATION.match(line)) or (in_warning and line[:1] in (" ", "\t"))
+        if not in_warning and not any(p.search(line) for p in NOISE):
+            to.write(line)
+            to.flush()
+    stream.close()
 
 
 __all__ = [
     "DEFAULT_PORT",
+    "DEPRECATION",
+    "NOISE",
     "UPLOAD_ENV",
     "Dashboard",
+    "forward_lines",
     "parse_upload_mb",
     "port_problem",
     "serve",

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,12 +30,17 @@ __all__ = ["qnn_session", "run_compiled"]
 _REGISTER_LOCK = threading.Lock()
 
 
+#: The HTP simulator's banner when it first loads (``# LIBNATIVE: No alternate configuration present ...``): says
+#: nothing a user can act on.
+_BANNER = "# LIBNATIVE:"
+
+
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
-    """Send file descriptor 1 to stderr for a while.
+    """Send what the native libraries write to file descriptor 1 to stderr instead, for a while.
 
     The HTP simulator prints a banner (``# LIBNATIVE: ...``) to stdout when it first loads; it must not
-    end up in a CLI's JSON output.
+    end up in a CLI's JSON output, nor on the terminal: it is dropped, and every other line goes to stderr.
     """
     try:
         sys.stdout.flush()
@@ -42,14 +48,20 @@ def _stdout_to_stderr() -> Iterator[None]:
     except (OSError, ValueError):  # no real stdout (e.g. some embedded interpreters): nothing to protect
         yield
         return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None).fflush(None)  # C stdio buffers of the native libraries
-        os.dup2(saved, 1)
-        os.close(saved)
+    with tempfile.TemporaryFile() as held:  # anonymous: nothing left behind however the session ends
+        try:
+            os.dup2(held.fileno(), 1)
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                ctypes.CDLL(None).fflush(None)  # C stdio buffers of the native libraries
+            os.dup2(saved, 1)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+            kept = [line for line in text.splitlines() if not line.lstrip().startswith(_BANNER)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr)
 
 
 def qnn_session(path: str | Path, options: QnnOptions = DEFAULT_OPTIONS) -> Any:
