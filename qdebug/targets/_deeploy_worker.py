@@ -12,6 +12,7 @@ last line on stdout is ``QDEBUG_DEEPLOY_RESULT <json>``; Deeploy's own log goes 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
@@ -228,7 +229,9 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         # Deeploy needs a shape on every tensor and fails cryptically without one (e.g. in a Conv padding
         # pass); ONNX's own inference fills what it can (it stops at custom ops such as RequantShift, whose
         # shapes the exporter must give). The user's file is not touched.
-        model = onnx.shape_inference.infer_shapes(model)
+        # Pad in the attribute form Deeploy's PadParser reads fails ONNX's inference; the exporter gave every shape.
+        with contextlib.suppress(onnx.shape_inference.InferenceError):
+            model = onnx.shape_inference.infer_shapes(model)
         arrays: list[Any] = []
         if request.get("inputs"):
             with np.load(str(request["inputs"])) as npz:

@@ -21,12 +21,13 @@ from qdebug.model_io import is_dq, is_q
 from qdebug.targets import deeploy_transformer as dt
 from qdebug.targets.deeploy_gelu import gelu_chains
 from qdebug.targets.deeploy_graph import Activation, GraphState, _activation, _attrs, _label, _qparams
+from qdebug.targets.deeploy_movement import MOVEMENT_OPS, integer_movement
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _choose_requant, _node, _requant_node, _rqs
 from qdebug.targets.deeploy_transformer import TRANSFORMER_OPS
 
 __all__ = ["fold_dequant_quant_to_requantshift"]
 
-_PASS_THROUGH = frozenset({"MaxPool", "Reshape", "Flatten", "Transpose"})
+_PASS_THROUGH = MOVEMENT_OPS
 
 
 def _bias_fraction_bits(acc_scale: np.ndarray, bias_scale: np.ndarray) -> int:
@@ -67,12 +68,8 @@ def _integer_node(
     shapes: dict[str, list[int]],
 ) -> list[onnx.NodeProto]:
     """The integer form of one compute node whose output is quantized to ``out``."""
-    if node.op_type in _PASS_THROUGH:
-        src = state.acts.get(ins[0])
-        if src is None or (src.scale, src.zero_point) != (out_act.scale, out_act.zero_point):
-            raise TargetError(f"{_label(node)}: its output is requantized to another scale; not supported")
-        state.acts[out] = src  # keep the input's storage (shifted or not)
-        return [_node(node.op_type, ins, [out], node.name, **_attrs(node))]
+    if node.op_type in _PASS_THROUGH or node.op_type in ("Relu", "Clip"):
+        return integer_movement(state, node, ins, out, out_act, shapes)
     if node.op_type in TRANSFORMER_OPS or node.op_type in ("MatMul", "Add"):
         done = dt.integer_transformer_node(state, node, ins, out, out_act, shapes)
         if done is not None:
@@ -104,7 +101,7 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
     gelus = gelu_chains(ix, {**consts, **state.constants})
     inside = {m for _, members, _ in gelus.values() for m in members}
     for node in ix.nodes:
-        if is_q(node) or is_dq(node) or node.op_type in ("Relu", "Clip") or node.op_type == "Constant":
+        if is_q(node) or is_dq(node) or node.op_type == "Constant" or _absorbed(node, ix):
             continue
         ins = [alias.get(t, t) for t in node.input]
         if node.name in gelus:  # the whole GELU chain becomes one node, from x to the last Mul's Q
@@ -119,7 +116,7 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
         q_node, skipped = _output_q(node, ix)
         out_act = state.acts[q_node.output[0]]
         new_nodes.extend(_integer_node(state, node, ins, q_node.output[0], out_act, shapes))
-        for s in skipped:
+        for s in (*skipped, *([node] if node.op_type in ("Relu", "Clip") else [])):
             _check_absorbed(s, out_act, consts)
         n += 1
     producers_left = {t for nn in new_nodes for t in nn.output}
@@ -133,6 +130,12 @@ def fold_dequant_quant_to_requantshift(state: GraphState) -> int:
         elif o.name not in producers_left and o.name in ix.producer:
             raise TargetError(f"graph output {o.name!r} is not quantized (no trailing QuantizeLinear/DequantizeLinear)")
     return n
+
+
+def _absorbed(node: onnx.NodeProto, ix: GraphIndex) -> bool:
+    """A Relu/Clip after a quantized op's own output (not a dequantized tensor): that op's chain absorbs it."""
+    src = ix.producer.get(node.input[0])
+    return node.op_type in ("Relu", "Clip") and not (src is not None and is_dq(src))
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
@@ -258,7 +261,7 @@ def _integer_linear(
     elif np.any(bias):
         raise TargetError(f"{_label(node)}: MatMul with a bias input is not expected")
     keep = {k2: v for k2, v in attrs.items() if op != "Gemm" or k2 == "transB"}
-    integer = _node(op, new_ins, [acc], node.name, **keep)
+    integer = _node(op, new_ins, [acc], node.name or acc, **keep)  # a unique name: pending_zp is keyed by it
     if in_act.residual_zp != 0:
         state.pending_zp[integer.name] = in_act.residual_zp
     ch_shape = (channels, 1, 1) if op == "Conv" else (channels,)

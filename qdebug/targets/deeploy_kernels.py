@@ -1,7 +1,7 @@
 """Deeploy's Generic kernels of the transformer ops, in numpy: what the generated C code computes.
 
 :func:`evaluate_node` computes the nodes :mod:`qdebug.targets.deeploy_transformer` emits (``iLayerNorm``,
-``iRMSNorm``, ``iSoftmax``, ``RequantizediGELU``, Transpose, Concat) the way Deeploy 0.2.1's Generic kernels
+``iRMSNorm``, ``iSoftmax``, ``RequantizediGELU``, Transpose, Concat, Slice, Pad) the way Deeploy 0.2.1's Generic kernels
 define them (integer arithmetic, C truncation and wrap-around included), so the integer evaluator
 (:mod:`qdebug.targets.deeploy_evaluate`) and the export's bit-exactness check measure what the generated code
 computes.
@@ -67,6 +67,18 @@ def _rqgelu(x: np.ndarray, b: int, one: int, mul: int, add: int, shift: int) -> 
     return np.asarray(np.clip(r, -128, 127))
 
 
+def _moved(op: str, x: list[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    """Slice in the export's normalised form (non-negative, clamped starts/ends, positive steps: the generated
+    code's loops); Pad in the attribute form Deeploy's PadParser reads (``value`` on the stored integers)."""
+    if op == "Slice":
+        index = [slice(None)] * x[0].ndim
+        for s, e, ax, st in zip(*(v.tolist() for v in x[1:5]), strict=True):
+            index[ax] = slice(s, e, st)
+        return x[0][tuple(index)]
+    p, r = list(a["pads"]), x[0].ndim
+    return np.pad(x[0], [(p[i], p[r + i]) for i in range(r)], constant_values=int(a["value"]))
+
+
 def _attr_int(a: Any) -> int:
     return int(np.asarray(numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else a).reshape(-1)[0])
 
@@ -78,6 +90,8 @@ def evaluate_node(node: onnx.NodeProto, x: list[np.ndarray], a: Mapping[str, Any
         return np.transpose(x[0], a.get("perm"))
     if op == "Concat":
         return np.concatenate(x, axis=int(a["axis"]))
+    if op in ("Slice", "Pad"):
+        return _moved(op, x, a)
     if op == "iLayerNorm":
         return _ilayernorm(x[0], x[1], x[2], int(math.log2(_attr_int(a["D"]))))
     if op == "iRMSNorm":

@@ -22,22 +22,40 @@ from qdebug.targets.deeploy_evaluate import _run, _tensor_attr
 from qdebug.targets.deeploy_fold import _PASS_THROUGH, fold_dequant_quant_to_requantshift
 from qdebug.targets.deeploy_gelu import gelu_chains
 from qdebug.targets.deeploy_graph import GraphState, StatePass, _activation, _attrs, _label, _qparams, _replace_input
+from qdebug.targets.deeploy_movement import MOVEMENT_OPS
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node
 from qdebug.targets.deeploy_transformer import TRANSFORMER_OPS
 
-__all__ = ["OPTIONAL_PASSES", "PASSES", "SUPPORTED_OPS", "pass_names"]
+__all__ = ["DEEPLOY_GENERIC_OPS", "OPTIONAL_PASSES", "PASSES", "SUPPORTED_OPS", "pass_names"]
 
 #: Float ops with an integer form here (Relu/Clip only when absorbed by the following Q's clipping).
 SUPPORTED_OPS = frozenset(
-    {"Conv", "Gemm", "MatMul", "Add", "MaxPool", "Reshape", "Flatten", "Relu", "Clip", "GlobalAveragePool"}
-    | TRANSFORMER_OPS
+    {"Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "GlobalAveragePool"} | MOVEMENT_OPS | TRANSFORMER_OPS
 )
+#: The op types Deeploy 0.2.1's Generic platform maps to a layer (its ``GenericMapping``, read in the installed
+#: package; docs/deeploy.md, "Op coverage"), with integer or float kernels alike.
+DEEPLOY_GENERIC_OPS = frozenset(
+    {"Add", "BatchNormalization", "Concat", "Conv", "ConvTranspose", "DebugPrint", "Dequant", "Div", "Flatten",
+     "Gather", "Gelu", "Gemm", "iGELU", "iLayerNorm", "IntegerDiv", "IntegerMean", "iSoftmax", "ITAMax",
+     "ITAPartialMax", "LayerNormalization", "MatMul", "MatMulInteger", "MaxPool", "Mul", "Pad", "Pow", "Quant",
+     "ReduceMean", "ReduceSum", "Relu", "RequantizediGELU", "RequantShift", "Reshape", "RQIntegerDiv", "Slice",
+     "Softmax", "Sqrt", "Squeeze", "Transpose", "Unsqueeze"}
+)  # fmt: skip
 _WHY_UNSUPPORTED = {
     "BatchNormalization": "must be folded into the preceding Conv in the float model before quantizing",
 }
 
 
 # --------------------------------------------------------------------------- the passes
+
+
+def _why_unsupported(op: str) -> str:
+    """Why ``op`` is refused: a fix to make first, no Deeploy mapping at all, or no integer form here yet."""
+    if op in _WHY_UNSUPPORTED:
+        return f"{op} {_WHY_UNSUPPORTED[op]}"
+    if op not in DEEPLOY_GENERIC_OPS:
+        return f"Deeploy 0.2.1 has no Generic mapping for {op}"
+    return f"Deeploy 0.2.1 maps {op} on Generic, but qdebug's export has no integer form for it yet"
 
 
 def check_supported(state: GraphState) -> int:
@@ -77,9 +95,8 @@ def check_supported(state: GraphState) -> int:
                 "GELU (PyTorch's Erf or tanh form)"
             )
         if node.op_type not in SUPPORTED_OPS or node.domain not in ("", "ai.onnx"):
-            why = _WHY_UNSUPPORTED.get(node.op_type, "has no integer form in this export")
             raise TargetError(
-                f"{_label(node)} cannot be exported to Deeploy: {node.op_type} {why} "
+                f"{_label(node)} cannot be exported to Deeploy: {_why_unsupported(node.op_type)} "
                 f"(supported: {', '.join(sorted(SUPPORTED_OPS))})"
             )
     return 0
@@ -427,7 +444,7 @@ def check_integer_only(state: GraphState) -> int:
     """
     g = state.graph
     allowed = {"Conv", "Gemm", "MatMul", "Add", "Mul", "MaxPool", "Reshape", "Flatten", "RequantShift", "Transpose",
-               "Concat", "iLayerNorm", "iRMSNorm", "iSoftmax", "RequantizediGELU"}  # fmt: skip
+               "Concat", "iLayerNorm", "iRMSNorm", "iSoftmax", "RequantizediGELU", "Slice", "Pad"}  # fmt: skip
     for node in g.node:
         if node.op_type not in allowed:
             raise TargetError(f"internal: {_label(node)} is left in the integer graph")
