@@ -151,21 +151,40 @@ def _diagnose(
             each = f", ~{budget.trial_s:.0f} s each (compile + simulator)" if budget.trial_s else ""
             job.progress(f"trying ~{trials} remedies{each}")
             htp, cpu = _worst(acc)
+            counted = replace(job, progress=_Numbered(job.progress, trials, budget.trial_s))
             with temp_dir(prefix="qdebug-remedy-") as tmp:
-                remedies = try_remedies(_Ctx(job, opts, htp, Path(tmp)), nodes, tensors, cpu)
+                remedies = try_remedies(_Ctx(counted, opts, htp, Path(tmp)), nodes, tensors, cpu)
     secs = time.perf_counter() - t0
     causes = find_behaviours(qmodel)
     return QnnDiagnosis(by, first, nodes, tensors, reason, bis, acc.first_divergent, remedies, secs, causes)
 
 
 def _trial_count(job: CompileJob, opts: QnnOptions, qmodel: onnx.ModelProto, nodes: Sequence[Any]) -> int:
-    """About how many remedy trials :func:`try_remedies` runs (each a compile and a simulator run): the two
-    quantization ones that apply, the other SoCs, the fp16 region."""
+    """About how many remedy trials :func:`try_remedies` runs (each a compile and a simulator run): the rewrite of
+    known HTP behaviours, the two quantization ones that apply, the other SoCs, the fp16 region."""
     cfg = job.config
     quant = 0
     if cfg is not None and job.requantizer is not None:
         quant = int(not cfg.activation_type.endswith("16")) + int(not cfg.per_channel)
-    return max(1, quant + len(_other_socs(opts, qmodel)) + int(bool(nodes)))
+    rewrite = int(bool(find_behaviours(qmodel)))
+    return max(1, rewrite + quant + len(_other_socs(opts, qmodel)) + int(bool(nodes)))
+
+
+class _Numbered:
+    """The job's progress with each trial's ``remedy: …`` line numbered ``remedy i/k`` and the time the trials
+    left are estimated to take."""
+
+    def __init__(self, say: Any, total: int, trial_s: float) -> None:
+        self.say, self.total, self.trial_s, self.done = say, total, trial_s, 0
+
+    def __call__(self, message: str) -> None:
+        if not message.startswith("remedy: "):
+            self.say(message)
+            return
+        self.done += 1
+        left = max(self.total - self.done + 1, 1) * self.trial_s
+        eta = f", ETA ~{left:.0f} s" if self.trial_s else ""
+        self.say(f"remedy {self.done}/{max(self.total, self.done)}{eta}: {message.removeprefix('remedy: ')}")
 
 
 class DiagnosingQnnTarget(QnnTarget):
