@@ -55,11 +55,23 @@ class ConvertOverride:
 
     quant_type: str
     recv_nodes: tuple[str, ...] | None = None
+    #: the converted grid's range (ORT's default: the tensor's calibrated range); a recipe that must rebuild the
+    #: same model without the calibration data carries it
+    rmin: float | None = None
+    rmax: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quant_type", normalize_quant_type(self.quant_type))
         if self.recv_nodes is not None:
             object.__setattr__(self, "recv_nodes", tuple(sorted(self.recv_nodes)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, omitting unset fields (``recv_nodes`` a list)."""
+        d: dict[str, Any] = {"quant_type": self.quant_type}
+        if self.recv_nodes is not None:
+            d["recv_nodes"] = list(self.recv_nodes)
+        d.update({k: v for k in ("rmin", "rmax") if (v := getattr(self, k)) is not None})
+        return d
 
 
 @dataclass(frozen=True)
@@ -107,10 +119,7 @@ class TensorOverride:
             if v is None:
                 continue
             if isinstance(v, ConvertOverride):
-                c: dict[str, Any] = {"quant_type": v.quant_type}
-                if v.recv_nodes is not None:
-                    c["recv_nodes"] = list(v.recv_nodes)
-                d[f.name] = c
+                d[f.name] = v.to_dict()
             else:
                 d[f.name] = v
         return d
@@ -128,6 +137,8 @@ class TensorOverride:
             kw["convert"] = ConvertOverride(
                 quant_type=c["quant_type"],
                 recv_nodes=tuple(c["recv_nodes"]) if c.get("recv_nodes") is not None else None,
+                rmin=c.get("rmin"),
+                rmax=c.get("rmax"),
             )
         return cls(**kw)
 
@@ -151,6 +162,7 @@ class TensorOverride:
                 conv: dict[str, Any] = {"quant_type": QuantType[QUANT_TYPES[v["quant_type"]]]}
                 if "recv_nodes" in v:
                     conv["recv_nodes"] = set(v["recv_nodes"])
+                conv.update({k: np.array(v[k], dtype=np.float32) for k in ("rmin", "rmax") if k in v})
                 d[key] = conv
             else:
                 d[key] = v

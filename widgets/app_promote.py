@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
@@ -45,6 +46,9 @@ class PromoteFlow(AppBase):
         )
         self.undo_button = w.Button(description="Undo", icon="undo", layout=button_layout())
         self.export_button = w.Button(description="Export overrides JSON", icon="download", layout=button_layout())
+        self.export_fix_button = w.Button(
+            description="Download fixed model", icon="download", button_style="success", layout=button_layout()
+        )
         self.fix_message = w.HTML("")  # the outcome of Promote / Undo / Export, right under those buttons
         self.compile_view = w.HTML("")  # the last compile for the chosen target (Run compiles too)
         self.plan_view = w.HTML("")
@@ -58,6 +62,7 @@ class PromoteFlow(AppBase):
             (self.promote_button, "qd-promote"),
             (self.undo_button, "qd-undo"),
             (self.export_button, "qd-export"),
+            (self.export_fix_button, "qd-export-fix"),
             (self.target_picker, "qd-target"),
             (self.before_after, "qd-before-after-box"),
             (self.plan_view, "qd-plan-box"),
@@ -68,6 +73,7 @@ class PromoteFlow(AppBase):
         self.promote_button.on_click(self.on_promote_clicked)
         self.undo_button.on_click(self.on_undo_clicked)
         self.export_button.on_click(self.on_export_clicked)
+        self.export_fix_button.on_click(self.on_export_fix_clicked)
         self.target_picker.observe(self._on_target_picker, names="value")
 
     def _promote_column(self) -> w.VBox:
@@ -78,7 +84,13 @@ class PromoteFlow(AppBase):
                 self.suggestions_box,
                 self.promotion_view,
                 w.HBox(
-                    [self.target_picker, self.promote_button, self.undo_button, self.export_button],
+                    [
+                        self.target_picker,
+                        self.promote_button,
+                        self.undo_button,
+                        self.export_button,
+                        self.export_fix_button,
+                    ],
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
                 self.fix_message,
@@ -220,6 +232,8 @@ class PromoteFlow(AppBase):
         ev: Evaluation,
         compiled: RecompileResult | None,
     ) -> str:
+        """The before/after table (before: the variant the step started from, named), then what the step changed
+        (the Q/DQ pairs patched in your model) and its predicted vs measured gain."""
         rows = [("worst output SQNR", db_text(before_db), db_text(ev.output_sqnr_db))]
         if ev.accuracy is not None:
             rows.append(
@@ -233,10 +247,31 @@ class PromoteFlow(AppBase):
             f"<td class='qd-after'>{html.escape(b)}</td></tr>"
             for k, a, b in rows
         )
-        out = f"<table class='qd-before-after'><tr><th></th><th>before</th><th>after</th></tr>{body}</table>"
+        first = len(self.debugger.history) <= 1
+        before_name = self.debugger.baseline if first else "the previous step"
+        out = (
+            f"<table class='qd-before-after'><tr><th></th><th>before: {html.escape(before_name)}</th>"
+            f"<th>after</th></tr>{body}</table>{self._changes_html()}"
+        )
         if compiled is not None:
             out += self._compile_html(compiled)
         return out
+
+    def _changes_html(self) -> str:
+        """What the current step changed, in words: the patched Q/DQ pairs (your model) or the re-quantization (a
+        model qdebug quantized), and the estimate beside the measurement."""
+        dbg = self.debugger
+        patch = dbg.changes
+        if patch is not None:
+            what = patch.describe()
+        else:
+            what = (
+                f"re-quantized from the same calibration ranges as {dbg.baseline}, with "
+                f"{', '.join(dbg.promoted) or 'nothing'} in 16 bits"
+            )
+        gain = dbg.last_gain
+        said = "" if gain is None else f"<p class='qd-step-gain'>this step: {html.escape(gain.text())}</p>"
+        return f"{said}<pre class='qd-changes' style='white-space:pre-wrap'>{html.escape(what)}</pre>"
 
     def on_undo_clicked(self, b: Any = None) -> None:
         """Return to the variant before the last promotion."""
@@ -267,3 +302,25 @@ class PromoteFlow(AppBase):
             f" <span class='qd-export-path'>{html.escape(str(path))}</span>"
         )
         self._say(self.fix_message, f"overrides written to {path}", "ok")
+
+    def on_export_fix_clicked(self, b: Any = None) -> dict[str, Path]:
+        """Write the current variant's QDQ model, its recipe (the CLI rebuilds the same model from it) and, when it
+        was compiled for the chosen target, the compiled files, and offer them as download links."""
+        from .fix_panel import links_html
+
+        folder = self.export_path.parent / "promoted"  # the Fix tab's "fixed" folder holds its own files
+        try:
+            saved = self.debugger.export_fix(folder, self.target)
+        except Exception as exc:
+            self._say(self.fix_message, f"download failed: {type(exc).__name__}: {exc}", "error")
+            return {}
+        how = (
+            "qdebug quantize -f FLOAT --quant-model YOUR.qdq.onnx --overrides RECIPE -o OUT"
+            if self.debugger.quant_model is not None
+            else "qdebug quantize -f FLOAT --overrides RECIPE -o OUT"
+        )
+        self.download.value = (
+            links_html(saved) + f"<p class='qd-rebuild'>rebuild it: <code>{html.escape(how)}</code></p>"
+        )
+        self._say(self.fix_message, f"fixed model and recipe written to {folder}", "ok")
+        return saved

@@ -304,7 +304,7 @@ class TensorViews(AppBase):
         self.suggestion_boxes = {}
         rows = []
         for s in picks:
-            label = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. +{s.estimated_output_gain_db:.1f} dB at output"
+            label = self.debugger.suggestion_text(s)  # the estimate, and what it measured once promoted
             box = w.Checkbox(value=s.tensor_name in self.promotion, indent=False, layout=w.Layout(width="28px"))
             box.add_class("qd-suggestion")
             box.observe(lambda ch, n=s.tensor_name: self._tick(n, bool(ch["new"])), names="value")

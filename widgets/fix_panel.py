@@ -34,8 +34,14 @@ if TYPE_CHECKING:
 LINK_MAX_BYTES = 50_000_000
 
 #: What the saved files are, in the order the links are listed.
-_FILES = (("model", "fixed model"), ("recipe", "recipe JSON"), ("html", "HTML report"), ("result", "measurements"))
-_MIME = {"model": "application/octet-stream", "html": "text/html"}
+_FILES = (
+    ("model", "fixed model"),
+    ("recipe", "recipe JSON"),
+    ("compiled", "compiled model (zip)"),
+    ("html", "HTML report"),
+    ("result", "measurements"),
+)
+_MIME = {"model": "application/octet-stream", "html": "text/html", "compiled": "application/zip"}
 
 
 def one_sentence(exc: BaseException) -> str:

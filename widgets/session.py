@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,8 @@ from qdebug.tensor_values import TensorValues
 if TYPE_CHECKING:
     from qdebug.findings import Diagnostics
     from qdebug.fix import FixOptions, FixResult
+    from qdebug.mixed.overrides import OverridesFile
+    from qdebug.mixed.patch import PatchResult
     from qdebug.mixed.promote import PromotionPlan
     from qdebug.mixed.search import SearchGoal, SearchResult
     from qdebug.mixed.suggest import Suggestion
@@ -39,6 +41,39 @@ ProgressCallback = Callable[[int, int, str], None]
 
 #: Targets every machine has (ORT's CPU provider validates the QDQ model); the others come from the registry.
 CPU_TARGET = "cpu"
+
+
+@dataclass(frozen=True)
+class StepGain:
+    """One applied step: the tensors it added, the worst output before and after it (dB) and what the calibrated
+    estimate predicted for them (:func:`qdebug.mixed.diagnosis.predicted_promotion_gain`)."""
+
+    tensors: tuple[str, ...]
+    before_db: float | None
+    after_db: float | None
+    predicted_db: float
+
+    @property
+    def measured_db(self) -> float | None:
+        """The worst output's change, measured (``None`` when either side is undefined)."""
+        if self.before_db is None or self.after_db is None:
+            return None
+        return self.after_db - self.before_db
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"tensors": list(self.tensors), "before_db": self.before_db, "after_db": self.after_db,
+                "predicted_db": self.predicted_db}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepGain:
+        """Inverse of :meth:`to_dict`."""
+        return cls(tuple(d["tensors"]), d["before_db"], d["after_db"], float(d["predicted_db"]))
+
+    def text(self) -> str:
+        """ "predicted +0.5 dB, measured +1.4 dB" (what the estimate said beside what the promotion did)."""
+        m = self.measured_db
+        return f"predicted {self.predicted_db:+.1f} dB, measured " + ("n/a" if m is None else f"{m:+.1f} dB")
 
 
 class QuantDebugger:
@@ -102,6 +137,10 @@ class QuantDebugger:
         self._given: DebugReport | None = None
         self._history: list[Evaluation] = []
         self._plans: list[PromotionPlan] = []
+        self._patches: list[PatchResult | None] = []  # per applied step: what it changed in the given model
+        self._gains: list[StepGain] = []  # per applied step: predicted and measured
+        #: every measured step by tensor, kept through undo (a suggestion shown again says what it measured)
+        self.measured: dict[str, StepGain] = {}
         self._tensor_cache: dict[tuple[str, int, str], TensorValues] = {}
         self.report  # noqa: B018 — quantize and debug now, so the object is ready when the view shows it
 
@@ -167,6 +206,34 @@ class QuantDebugger:
         return Path(self._base_eval().quantization.model_path)
 
     @property
+    def changes(self) -> PatchResult | None:
+        """What the current variant changed in the QDQ model you gave (``None``: no step applied, or the float
+        model was quantized by qdebug)."""
+        return self._patches[-1] if self._patches else None
+
+    @property
+    def last_gain(self) -> StepGain | None:
+        """The current step's predicted and measured gain (``None``: no step applied)."""
+        return self._gains[-1] if self._gains else None
+
+    def suggestion_text(self, s: Suggestion) -> str:
+        """A suggestion's line: the calibrated estimate, and once a promotion of it was measured, what it measured."""
+        text = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. {s.estimated_output_gain_db:+.1f} dB at output"
+        done = self.measured.get(s.tensor_name)
+        if done is not None:
+            others = f" with {len(done.tensors) - 1} other(s)" if len(done.tensors) > 1 else ""
+            m = done.measured_db
+            text += f"; measured {'n/a' if m is None else f'{m:+.1f} dB'}{others} (predicted {done.predicted_db:+.1f})"
+        return text
+
+    @property
+    def baseline(self) -> str:
+        """What "before" is: the QDQ model you gave, else qdebug's quantization of the float model."""
+        if self.quant_model is not None:
+            return f"your model ({self.quant_model.name})"
+        return "qdebug's quantization of your float model"
+
+    @property
     def promoted(self) -> tuple[str, ...]:
         """The tensors the current config overrides."""
         return tuple(name for name, _ in self.config.tensor_overrides)
@@ -199,9 +266,19 @@ class QuantDebugger:
     def apply(self, plan: PromotionPlan) -> Evaluation:
         """Re-quantize with ``plan`` (no re-calibration), re-debug, compare with the base; becomes current. The
         session reports each step (calibrating once, re-quantizing, debugging sample k/N)."""
+        from qdebug.mixed.diagnosis import predicted_promotion_gain
+
+        before = self.report
+        added = tuple(t for t in plan.requested if t not in self._requested())
+        predicted = predicted_promotion_gain(before, added)
+        self.session.last_patch = None
         ev = self.session.evaluate(plan, name=f"step{len(self._history) + 1}")
         self._history.append(ev)
         self._plans.append(plan)
+        self._patches.append(self.session.last_patch)
+        gain = StepGain(added, before.min_output_sqnr_db, ev.report.min_output_sqnr_db, predicted)
+        self._gains.append(gain)
+        self.measured.update(dict.fromkeys(added, gain))
         self._tensor_cache.clear()
         self._step(1, 1, f"applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
         return ev
@@ -211,6 +288,8 @@ class QuantDebugger:
         if not self._history:
             return None
         self._plans.pop()
+        self._patches.pop()
+        self._gains.pop()
         self._tensor_cache.clear()
         return self._history.pop()
 
@@ -219,6 +298,8 @@ class QuantDebugger:
         n = len(self._history)
         self._history.clear()
         self._plans.clear()
+        self._patches.clear()
+        self._gains.clear()
         self._tensor_cache.clear()
         return n
 
@@ -349,6 +430,71 @@ class QuantDebugger:
             measured_gains=self.measured_gains(),
         )  # fmt: skip
 
+    def recipe(self) -> OverridesFile:
+        """The current variant's recipe: what the CLI rebuilds the same model from (:mod:`qdebug.mixed.recipe`) — for
+        your QDQ model, its patch (``qdebug quantize --quant-model``); else the overrides with every calibration
+        range (``qdebug quantize --overrides``)."""
+        from qdebug.mixed.recipe import patch_recipe, ranges_recipe
+
+        sha, fixes = self.session.overrides_origin()
+        kw: dict[str, Any] = {"model_sha256": sha, "requested": self._requested(), "target_fixes": fixes}
+        if self.quant_model is not None:
+            patch = self.changes
+            note = "qdebug dashboard: apply with qdebug quantize -f FLOAT --quant-model YOUR.qdq.onnx --overrides THIS"
+            return patch_recipe(
+                () if patch is None else patch.patches, self.config, quant_model_sha256=file_sha256(self.quant_model),
+                note=note, **kw,
+            )  # fmt: skip
+        cache = (self.current or self._base_eval()).quantization.calibration_cache
+        note = (
+            "qdebug dashboard: apply with qdebug quantize -f FLOAT --overrides THIS (the ranges are the calibration's)"
+        )
+        return ranges_recipe(self.session.float_proto, self.config, cache, note=note, **kw)
+
+    def export_fix(self, folder: str | Path, target: str | None = None) -> dict[str, Path]:
+        """Write the current variant's QDQ model, its recipe (:meth:`recipe`) and, when the current variant was
+        compiled for ``target`` here (:meth:`recompile`), the compiled files zipped, into ``folder``, all or none, named
+        ``<stem>.fixed.qdq.onnx``, ``<stem>.recipe.json``, ``<stem>.<target>.zip``. Returns ``{"model", "recipe"
+        [, "compiled"]}`` → path."""
+        from qdebug.io import atomic_write_bytes
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = self.float_model.name.removesuffix(".onnx")
+        recipe = self.recipe()
+        written: dict[str, Path] = {}
+        try:
+            written["model"] = atomic_write_bytes(out / f"{stem}.fixed.qdq.onnx", self.quant_model_path.read_bytes())
+            written["recipe"] = recipe.save(out / f"{stem}.recipe.json")
+            compiled = None if target is None else self._compiled_zip(out, stem, target)
+            if compiled is not None:
+                written["compiled"] = compiled
+        except BaseException:
+            for p in written.values():
+                p.unlink(missing_ok=True)
+            raise
+        return written
+
+    def _compiled_zip(self, out: Path, stem: str, target: str) -> Path | None:
+        """The last compile of the current variant (EPContext model, Deeploy's C code, ...) zipped, if one is here."""
+        import io
+        import zipfile
+
+        from qdebug.io import atomic_write_bytes
+
+        ev = self.current
+        name = "given" if ev is None else ev.name
+        where = self.workdir if ev is None else self.workdir / "mixed"
+        folder = where / f"{name}.{target}"
+        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+            return None
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            for p in sorted(folder.rglob("*")):
+                if p.is_file():
+                    z.write(p, p.relative_to(folder).as_posix())
+        return atomic_write_bytes(out / f"{stem}.{target}.zip", buf.getvalue())
+
     def export_overrides(self, path: str | Path) -> Path:
         """Write the current config's overrides as an overrides JSON (loadable by ``OverridesFile.load``)."""
         from qdebug.mixed.overrides import OverridesFile
@@ -418,4 +564,4 @@ class QuantDebugger:
         return file_sha256(self.quant_model_path)
 
 
-__all__ = ["CPU_TARGET", "ProgressCallback", "QuantDebugger", "TensorValues"]
+__all__ = ["CPU_TARGET", "ProgressCallback", "QuantDebugger", "StepGain", "TensorValues"]

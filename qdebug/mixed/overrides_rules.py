@@ -138,9 +138,15 @@ def _parse_convert(raw: Any, label: str) -> tuple[ConvertOverride | None, list[s
             problems.append(f"{where}: recv_nodes is empty (omit it to convert for every consumer)")
         else:
             recv = tuple(set(nodes))
+    bounds: dict[str, float | None] = {}
+    for k in ("rmin", "rmax"):
+        bounds[k], p = (None, None) if k not in raw else _value(k, raw[k], where)
+        problems += [p] if p else []
+    if (bounds["rmin"] is None) != (bounds["rmax"] is None):
+        problems.append(f"{where}: rmin and rmax must be given together")
     if problems or qtype is None:
         return None, problems
-    return ConvertOverride(quant_type=qtype, recv_nodes=recv), []
+    return ConvertOverride(quant_type=qtype, recv_nodes=recv, rmin=bounds["rmin"], rmax=bounds["rmax"]), []
 
 
 def _parse_entry(raw: Any, label: str) -> tuple[TensorOverride | None, list[str]]:

@@ -315,6 +315,8 @@ def patch_model(model: onnx.ModelProto, overrides: Overrides, *, skip_float: boo
         if entry.convert is not None:
             c = entry.convert.quant_type
             conv = before if c == before.quant_type else widened(before, c)
+            if entry.convert.rmin is not None and entry.convert.rmax is not None:
+                conv = _from_range(entry.convert.rmin, entry.convert.rmax, c)
             done, nodes = _convert(g, tensor, dqs, conv, entry.convert.recv_nodes)
             converted = tuple(done)
             if nodes:

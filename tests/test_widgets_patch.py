@@ -1,0 +1,116 @@
+"""The promotion panel on a QDQ model the user gave (issue 38), from Python without a browser: "before" is the
+user's model and names it, a promotion is a patch of it and the panel says which Q/DQ pairs changed and what the
+estimate predicted beside what was measured; **Download fixed model** writes the model and a recipe the CLI
+rebuilds the same model from (a patch recipe for a given model; the calibration ranges for one qdebug quantized)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import SAMPLE_MODELS
+
+from qdebug.config import QuantConfig
+from qdebug.debugger import DebugOptions
+from qdebug.model_io import file_sha256
+from qdebug.quantizer import quantize
+from widgets.app import DebuggerApp
+from widgets.app_base import db_text
+from widgets.session import QuantDebugger
+
+FLOAT = SAMPLE_MODELS / "digits_cnn.onnx"
+CALIB = SAMPLE_MODELS / "digits_calib.npz"
+OPTIONS = DebugOptions(num_samples=8)
+
+
+def _outputs(path: Path) -> list[np.ndarray]:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [sess.run(None, {"input": x})[0] for x in np.load(CALIB)["input"][:6]]
+
+
+@pytest.fixture(scope="module")
+def given_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DebuggerApp, Path]]:
+    work = tmp_path_factory.mktemp("given-panel")
+    cfg = QuantConfig(weight_type="int8", per_channel=True, num_samples=32)
+    user = Path(quantize(FLOAT, CALIB, cfg, work / "user.qdq.onnx", check=False).model_path)
+    dbg = QuantDebugger(FLOAT, user, data=CALIB, debug_options=OPTIONS, workdir=work / "session")
+    yield DebuggerApp(dbg, export_path=work / "run" / "overrides.json"), user
+    dbg.close()
+
+
+def test_promotion_of_your_model_is_like_for_like_and_says_what_changed(
+    given_app: tuple[DebuggerApp, Path], tmp_path: Path, run_cli
+) -> None:
+    app, user = given_app
+    dbg = app.debugger
+    theirs = dbg.report.min_output_sqnr_db
+    first = dbg.suggestions(top=1)[0]
+    texts = [c.children[1].value for c in app.suggestions_box.children]
+    assert texts and all("est. +" in t and "dB at output" in t for t in texts)
+    assert not any("+48.2" in t for t in texts)  # calibrated, not the saturated 8-bit × 6 dB
+    app.promotion = [first.tensor_name]  # ticked, then Promote
+    app.on_promote_clicked()
+    assert len(dbg.history) == 1, app.fix_message.value
+    shown = app.before_after.value
+    assert f"before: your model ({user.name})" in shown
+    before_cell = re.search(r"<td class='qd-before'>(.*?)</td>", shown)
+    assert before_cell is not None and before_cell.group(1) == db_text(theirs)  # the user's model itself
+    assert "re-gridded in your model; every other Q/DQ is unchanged" in shown
+    assert html_unescape(shown).count(f"{first.tensor_name}: uint8 (scale") == 1
+    gain = dbg.last_gain
+    assert gain is not None and gain.before_db == theirs and gain.tensors == (first.tensor_name,)
+    assert f"this step: predicted {gain.predicted_db:+.1f} dB, measured" in shown
+    # the download: the model as measured and a recipe the CLI applies to the user's model
+    saved = app.on_export_fix_clicked()
+    assert set(saved) == {"model", "recipe"}
+    assert saved["model"].read_bytes() == dbg.quant_model_path.read_bytes()
+    links = app.download.value
+    assert "download fixed model" in links and "download recipe JSON" in links and "--quant-model" in links
+    doc = json.loads(saved["recipe"].read_text())
+    assert doc["quant_model_sha256"] == file_sha256(user)
+    assert doc["tensor_quant_overrides"][first.tensor_name][0]["scale"] > 0  # the exact grid used
+    out = tmp_path / "rebuilt.qdq.onnx"
+    r = run_cli("quantize", "-f", FLOAT, "--quant-model", user, "--overrides", saved["recipe"], "-o", out)
+    assert r.code == 0, r.stderr
+    for a, b in zip(_outputs(out), _outputs(saved["model"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # undone, the suggestion is listed again with what it measured beside what was predicted
+    app.on_undo_clicked()
+    again = next(c.children[1].value for c in app.suggestions_box.children if first.tensor_name in c.children[1].value)
+    assert f"measured {gain.measured_db:+.1f} dB (predicted {gain.predicted_db:+.1f})" in html_unescape(again)
+
+
+def html_unescape(text: str) -> str:
+    import html
+
+    return html.unescape(text)
+
+
+def test_download_of_a_model_qdebug_quantized_carries_its_ranges(tmp_path: Path, run_cli) -> None:
+    dbg = QuantDebugger(FLOAT, data=CALIB, debug_options=OPTIONS, workdir=tmp_path / "session")
+    try:
+        app = DebuggerApp(dbg, export_path=tmp_path / "run" / "overrides.json")
+        top = dbg.suggestions(top=1)[0].tensor_name
+        app.promotion = [top]
+        app.on_promote_clicked()
+        assert len(dbg.history) == 1, app.fix_message.value
+        assert "re-quantized from the same calibration ranges" in app.before_after.value
+        saved = app.on_export_fix_clicked()
+        doc = json.loads(saved["recipe"].read_text())
+        assert "quant_model_sha256" not in doc
+        entries = doc["tensor_quant_overrides"]
+        assert entries[top][0]["quant_type"] == "QUInt16" and "rmin" in entries[top][0]
+        assert sum("rmin" in es[0] for es in entries.values()) > 10  # every calibrated tensor's range
+        out = tmp_path / "rebuilt.qdq.onnx"
+        # synthetic calibration data: the ranges come from the recipe, so the model is the same
+        r = run_cli("quantize", "-f", FLOAT, "--overrides", saved["recipe"], "-o", out, "--no-output-check")
+        assert r.code == 0, r.stderr
+        for a, b in zip(_outputs(out), _outputs(saved["model"]), strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        dbg.close()
