@@ -198,7 +198,7 @@ def _slaney_hz(mel: np.ndarray) -> np.ndarray:
 
 def slaney_filters(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
     """librosa.filters.mel(sr, n_fft, n_mels) with its defaults (fmin 0, fmax sr/2, Slaney scale and norm)."""
-    fft_hz = np.linspace(0.0, sr / 2.0, 1 + n_fft // 2)
+    fft_hz = np.fft.rfftfreq(n_fft, 1.0 / sr)  # librosa.fft_frequencies: an odd n_fft stops short of sr/2
     pts = _slaney_hz(np.linspace(_slaney_mel(np.array(0.0)), _slaney_mel(np.array(sr / 2.0)), n_mels + 2))
     fdiff = np.diff(pts)
     ramps = pts[:, None] - fft_hz[None, :]
