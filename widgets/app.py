@@ -44,7 +44,8 @@ class DebuggerApp(TensorViews, PromoteFlow, SearchFlow, NetronOptIn):
     View state lives in traitlets (``selected``, ``promotion``, ``metric``, ``threshold``, ``sort_key``,
     ``descending``, ``filter_text``, ``only_low``, ``page``, ``target``, ``status``); the session owns the data
     and the computation. ``export_path`` is where "Export overrides JSON" writes; the Fix tab saves its files in
-    the folder ``fixed`` beside it.
+    the folder ``fixed`` beside it. ``background``: promote, search and compile run on a thread with a Cancel next
+    to their button (the dashboard); off, each is over when its handler returns.
     """
 
     def __init__(
@@ -53,9 +54,12 @@ class DebuggerApp(TensorViews, PromoteFlow, SearchFlow, NetronOptIn):
         *,
         export_path: str | Path | None = None,
         target: str | None = None,
+        background: bool = False,
         **kwargs: Any,
     ) -> None:
         self.debugger = debugger
+        self.background = background
+        self.busy_listeners = []
         self.export_path = Path(export_path) if export_path is not None else debugger.workdir / "overrides.json"
         self._make_status_widgets()
         self._make_table_widgets()
@@ -133,6 +137,7 @@ class DebuggerApp(TensorViews, PromoteFlow, SearchFlow, NetronOptIn):
         ):
             b.disabled = busy
         self.fix_panel.set_busy(busy)  # Fix and Save fixed model too (and Fix disables the rest through here)
+        super().set_busy(busy)  # and what listens (the dashboard's Run)
 
     def show(self) -> DebuggerApp:
         """The root widget (display it in a notebook or Voila)."""

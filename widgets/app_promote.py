@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 import traitlets as tr
 
-from .app_base import AppBase, button_layout, db_text, pct_text
+from .app_base import AppBase, JobBar, button_layout, db_text, pct_text
 from .app_figure import figure
 from .status import verdict
 
@@ -50,6 +50,7 @@ class PromoteFlow(AppBase):
             description="Download fixed model", icon="download", button_style="success", layout=button_layout()
         )
         self.fix_message = w.HTML("")  # the outcome of Promote / Undo / Export, right under those buttons
+        self.promote_job = JobBar("qd-promote-job")  # a promote's or compile's progress and Cancel, under the buttons
         self.compile_view = w.HTML("")  # the last compile for the chosen target (Run compiles too)
         self.plan_view = w.HTML("")
         self.before_after = w.HTML("")
@@ -93,6 +94,7 @@ class PromoteFlow(AppBase):
                     ],
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
+                self.promote_job,
                 self.fix_message,
                 self.target_note,
                 self.compile_view,
@@ -136,24 +138,31 @@ class PromoteFlow(AppBase):
             return
         self._apply(lambda: self.debugger.promote(tensors), f"the promotion of {', '.join(tensors)}")
 
-    def _apply(self, make_plan: Callable[[], PromotionPlan], what: str) -> Evaluation | None:
-        """Plan, re-quantize, re-debug and compile with the buttons disabled; a failure is said next to the button
-        and in the Before/after tab (where the user looks for the result), and the current variant stays."""
+    def _apply(self, make_plan: Callable[[], PromotionPlan], what: str) -> None:
+        """Plan, re-quantize, re-debug and compile as a job (:meth:`run_job`: the buttons disabled, progress and
+        Cancel under them); a failure is said next to the button and in the Before/after tab (where the user looks
+        for the result), and the current variant stays."""
         before = self.debugger.report
         before_ev = self.debugger.current
-        self.set_busy(True)
-        try:
+
+        def work() -> tuple[PromotionPlan, Evaluation, RecompileResult | None, str]:
             self._busy(f"planning {what}")
             plan = make_plan()
             self.last_plan_text = plan.describe()
             self.plan_view.value = f"<pre class='qd-plan'>{html.escape(self.last_plan_text)}</pre>"
             ev = self.debugger.apply(plan)
-            compiled, note = self._recompile()
-        except Exception as exc:
-            self._failed(what, exc)
-            return None
-        finally:
-            self.set_busy(False)
+            return (plan, ev, *self._recompile())
+
+        def done(result: tuple[PromotionPlan, Evaluation, RecompileResult | None, str]) -> None:
+            self._promoted(before, before_ev, *result)
+
+        self.run_job(self.promote_job, self.fix_message, what, work, done, lambda exc: self._failed(what, exc))
+
+    def _promoted(
+        self, before: Any, before_ev: Evaluation | None, plan: PromotionPlan, ev: Evaluation,
+        compiled: RecompileResult | None, note: str,
+    ) -> None:  # fmt: skip
+        """Show a promotion that went through: the table, the before/after, the comparison, the message."""
         self.promotion = []
         self.refresh()
         self.before_after.value = self._before_after_html(before.min_output_sqnr_db, before_ev, ev, compiled)
@@ -168,7 +177,6 @@ class PromoteFlow(AppBase):
             + (f"; {note}" if compiled is None else f"; {self.target}: {'ok' if compiled.ok else 'failed'}"),
             colour=v.colour,
         )
-        return ev
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """Say that ``what`` failed, and why, where the user will look: next to the button, in the status line
@@ -184,20 +192,25 @@ class PromoteFlow(AppBase):
         )
         self.comparison_box.children = [box]
 
-    def compile_current(self) -> RecompileResult | None:
-        """Compile the current variant for the chosen target (Run does it too, as ``qdebug build`` would) and show
-        the compile report under the target picker."""
-        self.set_busy(True)
-        try:
-            compiled, note = self._recompile()
-        finally:
-            self.set_busy(False)
-        if compiled is None:
-            self.compile_view.value = f"<p class='qd-compile-note'>{html.escape(note)}</p>"
-        else:
-            self.compile_view.value = self._compile_html(compiled)
-            self.status = f"compiled for {self.target}: {'ok' if compiled.ok else 'FAILED (see below the target)'}"
-        return compiled
+    def compile_current(self) -> None:
+        """Compile the current variant for the chosen target (Run does it too, as ``qdebug build`` would) as a job
+        with its progress and Cancel, and show the compile report under the target picker."""
+
+        def done(result: tuple[RecompileResult | None, str]) -> None:
+            compiled, note = result
+            if compiled is None:
+                self.compile_view.value = f"<p class='qd-compile-note'>{html.escape(note)}</p>"
+            else:
+                self.compile_view.value = self._compile_html(compiled)
+                ok = "ok" if compiled.ok else "FAILED (see below the target)"
+                self.status = f"compiled for {self.target}: {ok}"
+
+        def failed(exc: BaseException) -> None:
+            self._say(self.compile_view, f"compile for {self.target} failed: {type(exc).__name__}: {exc}", "error")
+
+        self.run_job(
+            self.promote_job, self.compile_view, f"the compile for {self.target}", self._recompile, done, failed
+        )
 
     def _recompile(self) -> tuple[RecompileResult | None, str]:
         ok, reason = self.targets_info.get(self.target, (False, "unknown target"))

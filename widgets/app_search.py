@@ -10,7 +10,7 @@ import ipywidgets as w
 
 from qdebug.errors import ConfigError, DataError
 
-from .app_base import AppBase, button_layout, count_text, db_text
+from .app_base import AppBase, JobBar, button_layout, count_text, db_text
 from .app_figure import figure, on_click
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class SearchFlow(AppBase):
             "Empty: no check.",
         )  # fmt: skip
         self.search_summary = w.HTML("")
+        self.search_job = JobBar("qd-search-job")  # the search's progress and Cancel, under its button
         # After the search: compile the front for the fix panel's target (what `qdebug search --compile-points front`
         # does), each point also run on the target over a few debug samples; the front table shows both.
         self.compile_front_box = w.Checkbox(description="compile the front for the target", value=False, indent=False)
@@ -73,6 +74,7 @@ class SearchFlow(AppBase):
                 w.HBox([self.goal_db, self.goal_drop, self.strategy_picker, self.search_button]),
                 self.budgets.box,
                 w.HBox([self.holdout_box, self.compile_front_box, self.target_samples]),
+                self.search_job,
                 self.search_summary,
                 self.pareto_box,
                 self.front_view,
@@ -89,18 +91,19 @@ class SearchFlow(AppBase):
         except (ConfigError, DataError) as exc:  # a goal, budget or sample count it cannot use: said, nothing starts
             self._say(self.search_summary, f"search not started: {exc}", "error")
             return
-        self.set_busy(True)
-        try:
+
+        def work() -> tuple[SearchResult, str]:
             self._busy("searching promotions (each point is re-quantized and measured)")
             res = self.debugger.search(goal)
-            note = ""
-            if self.compile_front_box.value:
-                res, note = self._compile_front(res)
-        except Exception as exc:
+            return self._compile_front(res) if self.compile_front_box.value else (res, "")
+
+        def failed(exc: BaseException) -> None:
             self._say(self.search_summary, f"search failed: {type(exc).__name__}: {exc}", "error")
-            return
-        finally:
-            self.set_busy(False)
+
+        self.run_job(self.search_job, self.search_summary, "the search", work, lambda r: self._searched(*r), failed)
+
+    def _searched(self, res: SearchResult, note: str) -> None:
+        """Show a finished search: its curve, its summary and its front."""
         self.last_search = res
         fig = figure("pareto_figure", res, css="qd-pareto")
         on_click(fig, self._on_pareto_click)

@@ -68,6 +68,16 @@ class RunInputs:
     precision: str
 
 
+def _in_kernel() -> bool:
+    """Whether this runs in a live Jupyter kernel (Voila's, a notebook's): its page can send a Cancel while a job
+    runs only if the job leaves the kernel free."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
 def _safe_name(name: str) -> str:
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name).lstrip(".")
     return base or "upload"
@@ -168,6 +178,9 @@ class Dashboard(w.VBox):  # type: ignore[misc]
     gets its own folder for uploads and outputs: ``workdir`` itself when given, else a new folder inside
     ``$QDEBUG_DASHBOARD_WORKDIR`` or the system's temporary folder, removed by :meth:`close` — which runs when the
     page's kernel shuts down (Voila shuts it down when the page closes). ``samples_dir`` the bundled samples.
+    ``background``: the debugger's promote, search and compile run on a thread with their progress and a Cancel
+    beside their button, Run disabled meanwhile (default: in a live kernel, as under Voila; a script's or a test's
+    clicks then return when the work is done).
     """
 
     def __init__(
@@ -177,6 +190,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         workdir: str | Path | None = None,
         samples_dir: Path = SAMPLE_DIR,
         debug_samples: int = DEBUG_SAMPLES,
+        background: bool | None = None,
         **kwargs: Any,
     ) -> None:
         # ``make dashboard`` passes these through the environment: Voila starts the kernel in notebooks/.
@@ -192,6 +206,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.workdir = Path(workdir)
         self.clock = StepClock()
         self.debug_samples = debug_samples
+        self.background = _in_kernel() if background is None else background
         self.runs = 0
         self.app: Any = None
         self.debugger: Any = None
@@ -430,6 +445,10 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             f"<span class='qd-dash-progress-text'>{html.escape(self.clock.text(done, total, message))}</span>"
         )
 
+    def _app_busy(self, busy: bool) -> None:
+        """While the debugger runs a job (promote, search, compile), Run cannot start another session."""
+        self.run_button.disabled = busy
+
     def _end_progress(self, *, done: bool = False) -> None:
         """The progress line when the work ends: a full bar (done) or an empty one, never the last step's words."""
         self.progress.max = 1
@@ -448,6 +467,8 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         from .app import DebuggerApp
         from .session import QuantDebugger
 
+        if self.app is not None and self.app.job_running:  # Run is disabled meanwhile; a late click does nothing
+            return
         self.runs += 1
         run_dir = self.workdir / f"run{self.runs}"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -472,7 +493,10 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                 progress=self._progress,
                 target_fixes=fixes or False,  # recorded on its search results and exported overrides
             )
-            app = DebuggerApp(dbg, export_path=run_dir / "overrides.json", target=inputs.target)
+            app = DebuggerApp(
+                dbg, export_path=run_dir / "overrides.json", target=inputs.target, background=self.background
+            )
+            app.busy_listeners.append(self._app_busy)
         except Exception as exc:  # a bug too gets a sentence in the page; its traceback goes to the run's error.log
             if not isinstance(exc, QDebugError):
                 (run_dir / "error.log").write_text(traceback.format_exc(), encoding="utf-8")
