@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from qdebug.config import QUANT_TYPES, normalize_quant_type
 from qdebug.graph_index import constants_to_initializers
 from qdebug.io import temp_dir
 from qdebug.ort import ort_log_severity
+
+#: ORT's per-channel check on a 1-D weight (BatchNormalization's or LayerNormalization's scale, axis 1 asked): it
+#: quantizes that weight per tensor instead, said once per norm of every such model; the report measures it as usual.
+_RANK1_AXIS = re.compile(r"Axis -?\d+ is out-of-range for weight '.*' with rank 1$")
 
 
 class _DropOrtAdvice(logging.Filter):
@@ -36,6 +41,8 @@ class _DropOrtAdvice(logging.Filter):
             self.float_biases.append(msg.split("'")[1])
         elif "pre-process" in msg or "Automatically update the model to opset" in msg:
             pass  # advice the user cannot act on here: qdebug documents that 16-bit types raise the opset to 21
+        elif _RANK1_AXIS.match(msg):
+            pass  # a norm's 1-D scale under per-channel weights, quantized per tensor
         elif record.levelno >= logging.WARNING:
             self.other.append(msg.splitlines()[0] if msg else msg)
         else:

@@ -87,3 +87,23 @@ def test_the_cli_prints_no_library_warning(tmp_path: Path) -> None:
         assert proc.returncode == 0, (argv, proc.stderr)
         noise = [line for line in proc.stderr.splitlines() if "Warning" in line or "warn(" in line]
         assert not noise, (argv, noise)
+
+
+def test_quantizing_the_samples_says_nothing_on_stderr(tmp_path: Path, run_cli) -> None:
+    """ORT's per-channel check on a norm's 1-D scale ("Axis 1 is out-of-range for weight ... with rank 1") is not
+    relayed as a warning; another warning of ORT's quantizer still is."""
+    import logging
+
+    from qdebug.ort_view import quiet_ort
+    from qdebug.samples import get_sample
+
+    for name in ("digits_cnn", "digits_transformer"):
+        sample = get_sample(name)
+        r = run_cli("quantize", "-f", sample.path, "--calib", sample.calibration, "-o", tmp_path / f"{name}.onnx")
+        assert r.code == 0 and r.stderr == "", (name, r.stderr)
+    with quiet_ort() as held:
+        logging.warning("Axis 1 is out-of-range for weight 'ln.weight' with rank 1")
+        logging.warning("Axis 1 is out-of-range for weight 'conv.weight' with rank 4")
+    assert held.notes() == [
+        "ONNX Runtime's quantizer warned: Axis 1 is out-of-range for weight 'conv.weight' with rank 4"
+    ]
