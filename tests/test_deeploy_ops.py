@@ -47,9 +47,10 @@ def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], out_shape
 
 
 def movement_net() -> onnx.ModelProto:
-    """x → Conv (signed c1) → {Pad → Conv, Relu → Pad → Conv} → Concat → Slice → Relu → GAP → Squeeze →
-    Unsqueeze → Flatten → Gemm: Pad on a signed and on an unsigned grid, Concat of two grids, a Slice with a
-    negative start and an INT64_MAX end that ORT requantizes (its Relu fused), both reshape forms."""
+    """x → Conv (signed c1) → {Pad → Conv, Relu → Pad → Conv, c1} → Concat → Slice → Relu → GAP → Squeeze →
+    Unsqueeze → Flatten → Gemm: Pad on a signed and on an unsigned grid, a three-input Concat of several grids,
+    a Slice with a negative start and an INT64_MAX end that ORT requantizes (its Relu fused), both reshape
+    forms."""
     rng = np.random.default_rng(0)
     pads = [0, 0, 1, 1, 0, 0, 1, 1]
     nodes = [
@@ -59,7 +60,7 @@ def movement_net() -> onnx.ModelProto:
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("Pad", ["r1", "pads"], ["p2"], name="pad_unsigned", mode="constant"),
         helper.make_node("Conv", ["p2", "w3", "b3"], ["c3"], name="conv3", kernel_shape=[3, 3]),
-        helper.make_node("Concat", ["c2", "c3"], ["cat"], name="concat", axis=1),
+        helper.make_node("Concat", ["c2", "c3", "c1"], ["cat"], name="concat", axis=1),
         helper.make_node("Slice", ["cat", "st", "en", "ax"], ["s"], name="slice"),
         helper.make_node("Relu", ["s"], ["sr"], name="relu2"),
         helper.make_node("GlobalAveragePool", ["sr"], ["g"], name="gap"),
@@ -70,7 +71,7 @@ def movement_net() -> onnx.ModelProto:
     ]
     inits = [
         _w(rng, "w1", (4, 3, 3, 3)), _w(rng, "b1", (4,)), _w(rng, "w2", (4, 4, 3, 3)), _w(rng, "b2", (4,)),
-        _w(rng, "w3", (4, 4, 3, 3)), _w(rng, "b3", (4,)), _w(rng, "w4", (5, 8)), _w(rng, "b4", (5,)),
+        _w(rng, "w3", (4, 4, 3, 3)), _w(rng, "b3", (4,)), _w(rng, "w4", (5, 12)), _w(rng, "b4", (5,)),
         _i64("pads", pads), _i64("st", [-5, 1]), _i64("en", [_INT64_MAX, 5]), _i64("ax", [2, -1]),
         _i64("sq", [2, 3]), _i64("uq", [1]),
     ]  # fmt: skip
@@ -101,8 +102,8 @@ def test_the_movement_ops_build_and_run_bit_exact_on_the_host(
     generic = d["codegen"]["Generic"]
     assert generic["ok"] and generic["integer_only"] is True, generic
     ops = [n.op_type for n in onnx.load(str(out / generic["network"])).graph.node]
-    assert ops.count("Pad") == 2 and ops.count("Slice") == 1 and ops.count("Concat") == 1, ops
-    assert "Squeeze" not in ops and "Unsqueeze" not in ops and ops.count("Reshape") == 2, ops  # Deeploy's own form
+    assert ops.count("Pad") == 2 and ops.count("Slice") == 1 and ops.count("Concat") == 2, ops  # two inputs each
+    assert "Squeeze" not in ops and "Unsqueeze" not in ops and ops.count("Reshape") == 3, ops  # + the Concat chain view
     run = d["run"]["Generic"]
     assert run["ran"] and run["bit_exact"] and run["num_samples"] == 32, run
     assert run["equal_fraction_vs_integer_onnx"] == 1.0 and run["max_diff_vs_integer_onnx"] == 0, run

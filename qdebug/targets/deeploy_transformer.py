@@ -415,7 +415,8 @@ def _integer_concat(
     state: GraphState, node: onnx.NodeProto, ins: list[str], out: str, out_act: Activation, shapes: Any
 ) -> list[onnx.NodeProto]:
     """Concat on the integers; an input quantized differently from the output is first requantized to the
-    output's grid (one RequantShift, ``M = s_in / s_out``)."""
+    output's grid (one RequantShift, ``M = s_in / s_out``); more than two inputs become a chain of two-input
+    Concats (Deeploy's template takes two)."""
     nodes: list[onnx.NodeProto] = []
     moved: list[str] = []
     done: dict[str, str] = {}  # an input listed twice is requantized once
@@ -430,7 +431,22 @@ def _integer_concat(
                                       shapes[orig]))  # fmt: skip
         moved.append(dst)
     attrs = {at.name: helper.get_attribute_value(at) for at in node.attribute}
-    return [*nodes, helper.make_node("Concat", moved, [out], name=node.name, **attrs)]
+    # Deeploy's Concat template takes two inputs: a longer Concat becomes a chain of them, each part read through
+    # a Reshape (free in Deeploy), since the template declares a C variable per input and output name.
+    part_shape = list(shapes[node.input[0]])
+    axis = int(attrs["axis"]) % len(part_shape)
+    for orig in node.input[1:-1]:
+        part, view, shape_name = (state.unique(f"{out}_{p}") for p in ("part", "part_view", "part_shape"))
+        part_shape[axis] += shapes[orig][axis]
+        state.acts[part] = state.acts[view] = out_act
+        state.set_const(shape_name, np.array(part_shape, np.int64))
+        base = node.name or out
+        nodes += [
+            helper.make_node("Concat", moved[:2], [part], name=state.unique(f"{base}_part"), **attrs),
+            helper.make_node("Reshape", [part, shape_name], [view], name=state.unique(f"{base}_view")),
+        ]
+        moved = [view, *moved[2:]]
+    return [*nodes, helper.make_node("Concat", moved, [out], name=node.name or out, **attrs)]
 
 
 def integer_transformer_node(
