@@ -8,6 +8,12 @@ reproduction; the measurements are in docs/qnn.md, "Known HTP numeric behaviours
   (``scale · (qmax − zero_point) < 1``) returns ``x_max / x`` instead of ``1 / x`` on the HTP, at 8 and 16 bits:
   off by the constant factor ``x_max``. A decomposed LayerNorm (``Sqrt`` → ``Reciprocal`` of a small variance)
   hits it. ``Div(1, x)`` on the same grids is computed like the CPU: :func:`rewrite_qdq` replaces it so.
+* :attr:`HtpBehaviour.CONV_SILU_16BIT` — a Conv whose 16-bit output feeds ``x · Sigmoid(x)`` (SiLU, as YOLOv8
+  exports it): for some output sizes (9×9, 10×10, 12×12 among those tried) the HTP writes whole blocks of the SiLU's
+  output wrong (pairs of rows); the same Conv followed by Sigmoid alone, Tanh·x or Relu·x, and the SiLU without
+  the Conv, are right.
+  Putting the Sigmoid's output on an 8-bit grid (``[0, 1]`` in 255 steps: a 16→8 boundary) avoids it at the
+  cost of that grid's rounding.
 
 :func:`find_behaviours` names the behaviours present in a QDQ model; :func:`rewrite_qdq` applies their rewrites.
 """
@@ -35,12 +41,14 @@ _QRANGE: dict[int, tuple[int, int]] = {
     onnx.TensorProto.UINT16: (0, 65535),
     onnx.TensorProto.INT16: (-32768, 32767),
 }
+_SIXTEEN = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
 
 
 class HtpBehaviour(StrEnum):
     """A named way the HTP computes a quantized op differently from ONNX Runtime's CPU QDQ."""
 
     RECIPROCAL_INPUT_BELOW_ONE = "reciprocal_input_below_one"
+    CONV_SILU_16BIT = "conv_silu_16bit"
 
     @property
     def summary(self) -> str:
@@ -52,6 +60,10 @@ _SUMMARY = {
     HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE: (
         "the HTP's quantized Reciprocal returns x_max/x instead of 1/x when its input grid ends below 1.0 "
         "(x_max = scale·(qmax−zero_point)); remedy: Div(1, x) on the same grids"
+    ),
+    HtpBehaviour.CONV_SILU_16BIT: (
+        "the HTP computes a Conv followed by x·Sigmoid(x) at 16 bits wrong in whole blocks of rows for some output "
+        "sizes; remedy: the Sigmoid's output on an 8-bit grid"
     ),
 }
 
@@ -80,7 +92,7 @@ class HtpFinding:
 
 
 def _grid(dq: onnx.NodeProto, consts: Mapping[str, Any]) -> tuple[float, float, int] | None:
-    """(scale, zero point, element type) of a per-tensor DequantizeLinear with constant parameters, else None."""
+    """(scale, zero point, element type) of a per-tensor Q or DQ node with constant parameters, else None."""
     if len(dq.input) < 2 or dq.input[1] not in consts:
         return None
     scale = np.asarray(decode_constant(consts[dq.input[1]]), dtype=np.float64)
@@ -113,6 +125,42 @@ def _reciprocal_inputs(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto,
         yield node, dq, scale * (_QRANGE[elem][1] - zp), elem
 
 
+def _traces_to(name: str, target: str, producer: Mapping[str, onnx.NodeProto]) -> bool:
+    """Whether ``name`` is ``target`` seen through a DequantizeLinear ← QuantizeLinear pair."""
+    dq = producer.get(name)
+    if dq is None or not is_dq(dq):
+        return False
+    q = producer.get(dq.input[0])
+    return q is not None and q.op_type == "QuantizeLinear" and q.input[0] == target
+
+
+def _conv_silu_sigmoids(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto, onnx.NodeProto]]:
+    """Every Sigmoid of a SiLU (``x · Sigmoid(x)``) whose ``x`` is a Conv's output, both on 16-bit grids: (the
+    Sigmoid, the QuantizeLinear of its output)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    consts = constant_values(model)
+    for sig in model.graph.node:
+        if sig.op_type != "Sigmoid":
+            continue
+        dq = producer.get(sig.input[0])
+        q = producer.get(dq.input[0]) if dq is not None and is_dq(dq) else None
+        conv = producer.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+        grid = _grid(dq, consts) if dq is not None else None
+        if conv is None or conv.op_type != "Conv" or grid is None or grid[2] not in _SIXTEEN:
+            continue
+        q_out = next((c for c in consumers.get(sig.output[0], []) if c.op_type == "QuantizeLinear"), None)
+        out_grid = _grid(q_out, consts) if q_out is not None else None
+        if q_out is None or out_grid is None or out_grid[2] not in _SIXTEEN:
+            continue  # with the Sigmoid's output on 8 bits the HTP computes it right
+        muls = [m for d in consumers.get(q_out.output[0], []) if is_dq(d) for m in consumers.get(d.output[0], [])]
+        if any(m.op_type == "Mul" and any(_traces_to(i, conv.output[0], producer) for i in m.input) for m in muls):
+            yield sig, q_out
+
+
 def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
     """The known HTP behaviours present in a QDQ model, in graph order."""
     out = []
@@ -126,6 +174,8 @@ def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
                     f"input grid ends at {top:.4g}",
                 )
             )
+    for sig, _ in _conv_silu_sigmoids(model):
+        out.append(HtpFinding(HtpBehaviour.CONV_SILU_16BIT, sig.name or sig.output[0], sig.output[0], "16-bit SiLU"))
     return tuple(out)
 
 
@@ -150,13 +200,20 @@ def rewrite_qdq(
     """A copy of the QDQ model with the rewrite of each finding (default: every one :func:`find_behaviours`
     names) and the names of the nodes rewritten. The input model is not modified.
 
-    ``RECIPROCAL_INPUT_BELOW_ONE``: ``Reciprocal(x)`` becomes ``Div(DQ(1), x)``, its constant 1.0 quantized
-    exactly on the divisor's integer type; the output Q/DQ are kept, so the CPU computes the same values.
+    * ``RECIPROCAL_INPUT_BELOW_ONE``: ``Reciprocal(x)`` becomes ``Div(DQ(1), x)``, its constant 1.0 quantized
+      exactly on the divisor's integer type; the output Q/DQ are kept, so the CPU computes the same values.
+    * ``CONV_SILU_16BIT``: the Sigmoid's output Q and its DQs move to the uint8 grid ``[0, 1]``.
     """
     findings = find_behaviours(model) if behaviours is None else tuple(behaviours)
-    wanted = {f.node for f in findings if f.behaviour is HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE}
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    done = _reciprocals_to_div(m, {f.node for f in findings if f.behaviour is HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE})
+    done += _sigmoids_to_8bit(m, {f.node for f in findings if f.behaviour is HtpBehaviour.CONV_SILU_16BIT})
+    return m, done
+
+
+def _reciprocals_to_div(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ...]:
+    """Replace the named Reciprocals of ``m`` (in place) by ``Div(DQ(1), x)``; the names replaced."""
     # the constant's DequantizeLinear in the divisor's domain (ORT writes 16-bit Q/DQ as com.microsoft before opset 21)
     targets = {node.name or node.output[0]: (elem, dq.domain) for node, dq, _, elem in _reciprocal_inputs(m)}
     nodes: list[onnx.NodeProto] = []
@@ -175,4 +232,25 @@ def rewrite_qdq(
         done.append(key)
     del m.graph.node[:]
     m.graph.node.extend(nodes)
-    return m, tuple(done)
+    return tuple(done)
+
+
+def _sigmoids_to_8bit(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ...]:
+    """Put the output grid of the named SiLU Sigmoids of ``m`` (in place) on uint8 ``[0, 1]``; the names moved."""
+    done: list[str] = []
+    for sig, q in list(_conv_silu_sigmoids(m)):
+        key = sig.name or sig.output[0]
+        if key not in wanted:
+            continue
+        scale, zero = f"{sig.output[0]}_htp_u8_scale", f"{sig.output[0]}_htp_u8_zero_point"
+        m.graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.array(1.0 / 255.0, dtype=np.float32), scale),
+                numpy_helper.from_array(np.array(0, dtype=np.uint8), zero),
+            ]
+        )
+        for node in [q, *(n for n in m.graph.node if is_dq(n) and n.input[0] == q.output[0])]:
+            del node.input[1:]
+            node.input.extend([scale, zero])
+        done.append(key)
+    return tuple(done)
