@@ -154,3 +154,7 @@ def test_mcu_refusals_must_name_an_op_deeploy_does_not_map(monkeypatch: pytest.M
     status, reason, _ = judge_deeploy(Status.REFUSED, "qdebug: error: no samples", {}, {}, strict=True)
     assert status is Status.DEFECT and "without naming an op" in reason
     assert judge_deeploy(Status.DEFECT, "exit 1", {}, {}, strict=True)[:2] == (Status.DEFECT, "exit 1")
+    # Without Deeploy's environment the build refuses for that, and there is nothing to judge.
+    monkeypatch.setattr(gauntlet_deeploy, "deeploy_generic_ops", lambda: None)
+    env = "qdebug: error: no Deeploy environment at .venv-deeploy (create it with `make deeploy-env`)"
+    assert judge_deeploy(Status.REFUSED, env, {}, {}, strict=True)[:2] == (Status.REFUSED, env)
