@@ -156,3 +156,19 @@ def test_demo_copy_leaves_identical_files_and_refuses_a_different_one(tmp_path: 
     unused = run_cli("demo", "--copy", tmp_path / "t", "--max-samples", "4")
     assert unused.code == 2 and "--max-samples has no effect with --copy" in unused.stderr
     assert not (tmp_path / "t").exists()
+
+
+def test_the_notebooks_find_the_samples_wherever_they_run() -> None:
+    """Every walkthrough reads the samples through ``qdebug.samples`` (the wheel's copy when installed), never a
+    path relative to the repository, and tells no one to run make."""
+    import json
+
+    from qdebug.samples import NOTEBOOK_DIR, WALKTHROUGHS
+
+    for name in WALKTHROUGHS:
+        cells = json.loads((NOTEBOOK_DIR / name).read_text(encoding="utf-8"))["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        text = "\n".join("".join(c["source"]) for c in cells)
+        assert "from qdebug.samples import SAMPLE_DIR" in code, name
+        assert "sample_models" not in code and ".venv" not in text, name
+        assert not re.search(r"\bmake [a-z]", text), name
