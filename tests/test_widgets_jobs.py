@@ -41,6 +41,7 @@ def test_cancel_stops_a_promotion_and_leaves_nothing(app: DebuggerApp) -> None:
     busy: list[bool] = []
     app.busy_listeners.append(busy.append)
     files = set(app.debugger.workdir.rglob("*"))
+    plan_before = app.plan_view.value
     inside = threading.Event()
     _hold_apply(app, inside)
     app.selected = app.debugger.suggestions()[0].tensor_name
@@ -60,6 +61,7 @@ def test_cancel_stops_a_promotion_and_leaves_nothing(app: DebuggerApp) -> None:
     assert not app.promote_button.disabled and not app.search_button.disabled and busy == [True, False]
     assert app.promote_job.layout.display == "none"
     assert app.debugger.history == () and set(app.debugger.workdir.rglob("*")) == files
+    assert app.plan_view.value == plan_before  # the cancelled plan is not shown as if it were applied
     # the session is usable after a cancel: the same promotion goes through
     app.debugger.apply = type(app.debugger).apply.__get__(app.debugger)  # type: ignore[method-assign]
     app.promote_button.click()

@@ -197,10 +197,12 @@ class AppBase(w.VBox):  # type: ignore[misc]
         work: Callable[[], T],
         done: Callable[[T], None],
         failed: Callable[[BaseException], None],
+        cancelled: Callable[[], None] | None = None,
     ) -> None:
         """Run ``work`` with every control that starts work disabled and ``bar`` (next to its button) showing its
         progress and a Cancel; then ``done(result)``, or ``failed(exception)``; a Cancel says so in ``box`` and
-        changes nothing (the session keeps its current variant; workers are killed and their folders removed)."""
+        changes nothing (the session keeps its current variant; workers are killed and their folders removed;
+        ``cancelled()`` puts back what ``work`` showed on its way)."""
         if self._job_bar is not None:  # the controls are disabled meanwhile: a second job cannot be started
             return
         token = CancelToken()
@@ -217,6 +219,8 @@ class AppBase(w.VBox):  # type: ignore[misc]
             except Cancelled:
                 _remove_new(folder, before)  # a variant quantized before the cancel came is not kept
                 self._finish_job(bar, ok=False)
+                if cancelled is not None:
+                    cancelled()
                 self._say(box, f"{what} cancelled: nothing changed", "info")
                 return
             except Exception as exc:

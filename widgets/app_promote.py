@@ -144,6 +144,7 @@ class PromoteFlow(AppBase):
         for the result), and the current variant stays."""
         before = self.debugger.report
         before_ev = self.debugger.current
+        shown_plan = self.plan_view.value  # the plan shown again if this one is cancelled
 
         def work() -> tuple[PromotionPlan, Evaluation, RecompileResult | None, str]:
             self._busy(f"planning {what}")
@@ -156,7 +157,10 @@ class PromoteFlow(AppBase):
         def done(result: tuple[PromotionPlan, Evaluation, RecompileResult | None, str]) -> None:
             self._promoted(before, before_ev, *result)
 
-        self.run_job(self.promote_job, self.fix_message, what, work, done, lambda exc: self._failed(what, exc))
+        self.run_job(
+            self.promote_job, self.fix_message, what, work, done, lambda exc: self._failed(what, exc),
+            cancelled=lambda: setattr(self.plan_view, "value", shown_plan),
+        )  # fmt: skip
 
     def _promoted(
         self, before: Any, before_ev: Evaluation | None, plan: PromotionPlan, ev: Evaluation,

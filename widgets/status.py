@@ -34,7 +34,7 @@ class StepClock:
     """Turns ``progress(done, total, message)`` calls into "message — 12 s, about 40 s left".
 
     The estimate is the mean time per unit so far times the units left; it appears once one unit of a counted step
-    (``total > 1``) is done. ``clock`` is injectable for tests.
+    (``total > 1``) is done and a second has passed. ``clock`` is injectable for tests.
     """
 
     clock: Callable[[], float] = time.monotonic
@@ -50,7 +50,7 @@ class StepClock:
             self._stage, self._start = stage, now
         self._done = done
         elapsed = now - self._start
-        if total > 1 and 0 < done < total:
+        if total > 1 and 0 < done < total and elapsed >= 1:  # under a second, "about 0 s left" would be noise
             left = elapsed / done * (total - done)
             return f"{message} — {_duration(elapsed)}, about {_duration(left)} left"
         if elapsed >= 1 and done < total:
