@@ -582,7 +582,7 @@ def _brief(r: CellResult) -> str:
     f = r.figures
     if r.status is Status.REFUSED and f.get("refused_op"):
         maps = {True: "yes", False: "no", None: "unknown"}[f.get("deeploy_maps_op")]
-        return f"{r.reason} [Deeploy maps {f['refused_op']}: {maps}]"
+        return f"{r.reason} [Deeploy int8 mapping of {f['refused_op']}: {maps}]"
     if r.status is not Status.OK:
         return r.reason
     if r.cell is Cell.DEBUG:
@@ -679,6 +679,9 @@ def _cell_text(r: CellResult) -> str:
     """One table cell: ok, refused (exit N: why), blocked, or DEFECT (what kind)."""
     if r.status is Status.OK:
         return "ok"
+    if r.status is Status.REFUSED and r.figures.get("refused_op"):  # a Deeploy refusal: the op and Deeploy's verdict
+        maps = {True: "yes", False: "no", None: "?"}[r.figures.get("deeploy_maps_op")]
+        return f"refused (exit {r.exit_code}: {r.figures['refused_op']}; Deeploy int8 mapping: {maps})"
     if r.status is Status.REFUSED:
         return f"refused (exit {r.exit_code}: {_short(r.reason)})"
     if r.status is Status.BLOCKED:
