@@ -114,3 +114,37 @@ def test_download_of_a_model_qdebug_quantized_carries_its_ranges(tmp_path: Path,
             np.testing.assert_array_equal(a, b)
     finally:
         dbg.close()
+
+
+def test_a_fix_applied_from_the_ui_is_measured_before_after_and_downloadable(tmp_path: Path) -> None:
+    from qdebug.fix import FixOptions
+
+    cfg = QuantConfig(weight_type="int8", per_channel=False, num_samples=32)  # per-tensor: the fix has work to do
+    user = Path(quantize(FLOAT, CALIB, cfg, tmp_path / "user.qdq.onnx", check=False).model_path)
+    dbg = QuantDebugger(FLOAT, user, data=CALIB, debug_options=OPTIONS, workdir=tmp_path / "session")
+    try:
+        app = DebuggerApp(dbg, export_path=tmp_path / "run" / "overrides.json")
+        panel = app.fix_panel
+        assert panel.apply_button.disabled  # nothing to apply before a fix
+        panel.base_options = FixOptions(libraries=(), max_trials=8)
+        result = panel.on_fix_clicked()
+        assert result is not None and result.model_path is not None, panel.message.value
+        assert not panel.apply_button.disabled
+        theirs = dbg.report.min_output_sqnr_db
+        assert panel.on_apply_clicked(), panel.message.value
+        assert dbg.applied_fix and len(dbg.history) == 1
+        gain = dbg.last_gain
+        assert gain is not None and gain.before_db == theirs and gain.predicted_db is None
+        shown = html_unescape(app.before_after.value)
+        assert f"before: your model ({user.name})" in shown and "the Fix tab's fixed model" in shown
+        assert f"this step: measured {gain.measured_db:+.1f} dB" in shown
+        assert "fix applied to the debugger" in panel.message.value
+        with pytest.raises(Exception, match="undo the fix to promote"):
+            dbg.promote([dbg.report.activations[0].tensor_name])
+        saved = app.on_export_fix_clicked()
+        assert saved["model"].read_bytes() == Path(result.model_path).read_bytes()
+        assert json.loads(saved["recipe"].read_text())  # the fix's own recipe JSON
+        app.on_undo_clicked()
+        assert not dbg.applied_fix and dbg.report.min_output_sqnr_db == theirs
+    finally:
+        dbg.close()

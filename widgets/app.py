@@ -90,7 +90,7 @@ class DebuggerApp(TensorViews, PromoteFlow, SearchFlow, NetronOptIn):
         # qdebug fix on the debugger's models; its files go where the overrides JSON goes (the run's own folder)
         self.fix_panel = FixPanel(
             self.debugger, folder=self.export_path.parent / "fixed", set_busy=self.set_busy,
-            status=lambda text: setattr(self, "status", text),
+            status=lambda text: setattr(self, "status", text), applied=self.show_applied,
         )  # fmt: skip
 
     def _layout_children(self) -> list[w.Widget]:
@@ -131,6 +131,7 @@ class DebuggerApp(TensorViews, PromoteFlow, SearchFlow, NetronOptIn):
             self.promote_button,
             self.undo_button,
             self.export_button,
+            self.export_fix_button,
             self.search_button,
             self.netron_button,
             self.target_picker,

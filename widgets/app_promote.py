@@ -274,12 +274,28 @@ class PromoteFlow(AppBase):
             out += self._compile_html(compiled)
         return out
 
+    def show_applied(self) -> None:
+        """Show a variant another panel made current (the Fix tab's Apply): the views, the before/after, the message."""
+        hist = self.debugger.history
+        ev = hist[-1]
+        before_ev = hist[-2] if len(hist) > 1 else None
+        gain = self.debugger.last_gain
+        self.promotion = []
+        self.refresh()
+        self.plan_view.value = ""
+        self.before_after.value = self._before_after_html(None if gain is None else gain.before_db, before_ev, ev, None)
+        if ev.comparison is not None:
+            self.comparison_box.children = [figure("comparison_figure", ev.comparison, css="qd-comparison")]
+        self._say(self.fix_message, f"fix applied: output SQNR {db_text(ev.output_sqnr_db)} (Undo goes back)")
+
     def _changes_html(self) -> str:
         """What the current step changed, in words: the patched Q/DQ pairs (your model) or the re-quantization (a
         model qdebug quantized), and the estimate beside the measurement."""
         dbg = self.debugger
         patch = dbg.changes
-        if patch is not None:
+        if dbg.applied_fix:
+            what = "the Fix tab's fixed model (its remedies as the fix chose them; its recipe is the fix's)"
+        elif patch is not None:
             what = patch.describe()
         else:
             what = (

@@ -80,9 +80,11 @@ class FixPanel(w.VBox):  # type: ignore[misc]
         folder: str | Path,
         set_busy: Callable[[bool], None],
         status: Callable[[str], None],
+        applied: Callable[[], None] | None = None,
         **kwargs: Any,
     ) -> None:
         self.debugger = debugger
+        self.applied = applied
         self.folder = Path(folder)
         self.app_busy = set_busy
         self.status = status
@@ -115,6 +117,10 @@ class FixPanel(w.VBox):  # type: ignore[misc]
         self.save_button = w.Button(description="Save fixed model", icon="download", disabled=True,
                                     layout=w.Layout(width="auto", flex="0 0 auto"))  # fmt: skip
         self.links = w.HTML("")
+        self.apply_button = w.Button(description="Apply to the debugger", icon="check", disabled=True,
+                                     layout=w.Layout(width="auto", flex="0 0 auto"),
+                                     tooltip="Make the fixed model the debugger's current model: the views, the "
+                                     "before/after and Download fixed model then show it; Undo goes back.")  # fmt: skip
         for widget, cls in (
             (self.budget, "qd-fix-budget"),
             (self.goal, "qd-fix-goal"),
@@ -125,10 +131,12 @@ class FixPanel(w.VBox):  # type: ignore[misc]
             (self.result_view, "qd-fix-result"),
             (self.save_button, "qd-fix-save"),
             (self.links, "qd-fix-links"),
+            (self.apply_button, "qd-fix-apply"),
         ):
             widget.add_class(cls)
         self.fix_button.on_click(self.on_fix_clicked)
         self.save_button.on_click(self.on_save_clicked)
+        self.apply_button.on_click(self.on_apply_clicked)
 
     def _children(self) -> list[w.Widget]:
         intro = w.HTML(
@@ -142,7 +150,7 @@ class FixPanel(w.VBox):  # type: ignore[misc]
             w.HBox([self.progress, self.progress_line]),
             self.message,
             self.result_view,
-            self.save_button,
+            w.HBox([self.save_button, self.apply_button]),
             self.links,
         ]
 
@@ -151,6 +159,7 @@ class FixPanel(w.VBox):  # type: ignore[misc]
         """Disable (or enable again) the tab's buttons; Save only once there is a fix to save."""
         self.fix_button.disabled = busy
         self.save_button.disabled = busy or self.last_fix is None
+        self.apply_button.disabled = busy or self.last_fix is None or self.last_fix.model_path is None
 
     def _say(self, text: str, kind: str = "info", colour: str | None = None) -> None:
         """A message under the button and the same words in the app's status line."""
@@ -199,6 +208,7 @@ class FixPanel(w.VBox):  # type: ignore[misc]
             self.app_busy(False)
         self.last_fix, self.saved, self.links.value = result, {}, ""
         self.save_button.disabled = False
+        self.apply_button.disabled = result.model_path is None
         self.result_view.value = result_html(result)
         fixed = result.trial(result.chosen)
         v = verdict(fixed.db)
@@ -240,6 +250,30 @@ class FixPanel(w.VBox):  # type: ignore[misc]
         self.links.value = links_html(self.saved)
         self._say(f"fixed model, recipe and report written to {self.folder}", "ok")
         return self.saved
+
+    def on_apply_clicked(self, b: Any = None) -> bool:
+        """Make the last fix's model the debugger's current variant (:meth:`~widgets.session.QuantDebugger.adopt_fix`:
+        its remedies measured on the debug samples, before/after like a promotion) and let the app show it."""
+        if self.last_fix is None:
+            self._say("press Fix first: there is no fixed model to apply yet")
+            return False
+        self.app_busy(True)
+        try:
+            ev = self.debugger.adopt_fix(self.last_fix)
+        except Exception as exc:  # the fix kept your model, a debug pass failed: said; the current variant stays
+            self._say(f"applying the fix failed: {one_sentence(exc)}", "error")
+            return False
+        finally:
+            self.app_busy(False)
+        gain = self.debugger.last_gain
+        v = verdict(ev.output_sqnr_db)
+        said = f"fix applied to the debugger: {gain.text() if gain else ''} — worst output SQNR "
+        self._say(
+            f"{said}{fmt_db_text(ev.output_sqnr_db)} ({v.kind}); see Before/after, Undo to go back", colour=v.colour
+        )
+        if self.applied is not None:
+            self.applied()
+        return True
 
 
 def result_html(result: FixResult) -> str:

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,8 @@ from qdebug.model_io import file_sha256, load_model
 from qdebug.pairing import pair_models
 from qdebug.render.fmt import fmt_db_text
 from qdebug.tensor_values import TensorValues
+
+from .session_steps import StepGain, zip_folder
 
 if TYPE_CHECKING:
     from qdebug.findings import Diagnostics
@@ -41,39 +43,6 @@ ProgressCallback = Callable[[int, int, str], None]
 
 #: Targets every machine has (ORT's CPU provider validates the QDQ model); the others come from the registry.
 CPU_TARGET = "cpu"
-
-
-@dataclass(frozen=True)
-class StepGain:
-    """One applied step: the tensors it added, the worst output before and after it (dB) and what the calibrated
-    estimate predicted for them (:func:`qdebug.mixed.diagnosis.predicted_promotion_gain`)."""
-
-    tensors: tuple[str, ...]
-    before_db: float | None
-    after_db: float | None
-    predicted_db: float
-
-    @property
-    def measured_db(self) -> float | None:
-        """The worst output's change, measured (``None`` when either side is undefined)."""
-        if self.before_db is None or self.after_db is None:
-            return None
-        return self.after_db - self.before_db
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {"tensors": list(self.tensors), "before_db": self.before_db, "after_db": self.after_db,
-                "predicted_db": self.predicted_db}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> StepGain:
-        """Inverse of :meth:`to_dict`."""
-        return cls(tuple(d["tensors"]), d["before_db"], d["after_db"], float(d["predicted_db"]))
-
-    def text(self) -> str:
-        """ "predicted +0.5 dB, measured +1.4 dB" (what the estimate said beside what the promotion did)."""
-        m = self.measured_db
-        return f"predicted {self.predicted_db:+.1f} dB, measured " + ("n/a" if m is None else f"{m:+.1f} dB")
 
 
 class QuantDebugger:
@@ -136,7 +105,8 @@ class QuantDebugger:
         self.session.progress = self._step  # the engine's own steps (debugging sample k/N, re-quantizing, …)
         self._given: DebugReport | None = None
         self._history: list[Evaluation] = []
-        self._plans: list[PromotionPlan] = []
+        self._plans: list[PromotionPlan | None] = []  # None: the step applied a fix (adopt_fix)
+        self._fix_recipes: list[str | None] = []  # per step: the applied fix's recipe JSON (None: a promotion)
         self._patches: list[PatchResult | None] = []  # per applied step: what it changed in the given model
         self._gains: list[StepGain] = []  # per applied step: predicted and measured
         #: every measured step by tensor, kept through undo (a suggestion shown again says what it measured)
@@ -223,7 +193,8 @@ class QuantDebugger:
         if done is not None:
             others = f" with {len(done.tensors) - 1} other(s)" if len(done.tensors) > 1 else ""
             m = done.measured_db
-            text += f"; measured {'n/a' if m is None else f'{m:+.1f} dB'}{others} (predicted {done.predicted_db:+.1f})"
+            said = "" if done.predicted_db is None else f" (predicted {done.predicted_db:+.1f})"
+            text += f"; measured {'n/a' if m is None else f'{m:+.1f} dB'}{others}{said}"
         return text
 
     @property
@@ -252,6 +223,8 @@ class QuantDebugger:
         On top of what is promoted already, or instead of it with ``replace=True`` (applying a point of a
         search, which was measured from the base).
         """
+        if self._fix_recipes and self._fix_recipes[-1] is not None:
+            raise ConfigError("a fix is applied: promotions start from the model before it; undo the fix to promote")
         wanted = tuple(dict.fromkeys([*(() if replace else self._requested()), *tensors]))
         if not wanted:
             raise ConfigError("select at least one tensor to promote")
@@ -261,7 +234,8 @@ class QuantDebugger:
         return plan
 
     def _requested(self) -> tuple[str, ...]:
-        return self._plans[-1].requested if self._plans else ()
+        last = self._plans[-1] if self._plans else None
+        return () if last is None else last.requested
 
     def apply(self, plan: PromotionPlan) -> Evaluation:
         """Re-quantize with ``plan`` (no re-calibration), re-debug, compare with the base; becomes current. The
@@ -276,6 +250,7 @@ class QuantDebugger:
         self._history.append(ev)
         self._plans.append(plan)
         self._patches.append(self.session.last_patch)
+        self._fix_recipes.append(None)
         gain = StepGain(added, before.min_output_sqnr_db, ev.report.min_output_sqnr_db, predicted)
         self._gains.append(gain)
         self.measured.update(dict.fromkeys(added, gain))
@@ -283,12 +258,43 @@ class QuantDebugger:
         self._step(1, 1, f"applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
         return ev
 
+    def adopt_fix(self, result: FixResult) -> Evaluation:
+        """Make a fix's model (:meth:`fix`: its remedies — weights, ranges, sentinel clamps, float fallback, 16-bit
+        blocks — as it chose them) the current variant, debugged on the debug samples and compared with the base
+        like a promotion; undo returns to the variant before it. Its recipe is the fix's
+        (:func:`qdebug.fix.recipe.recipe_json`)."""
+        from qdebug.fix.recipe import recipe_json
+        from qdebug.io import atomic_write_bytes
+
+        if result.model_path is None:
+            raise ConfigError("this fix kept your model as it was: there is no fixed model to apply")
+        chosen = result.trial(result.chosen)
+        before = self.report
+        name = f"step{len(self._history) + 1}"
+        kept = self.workdir / f"{name}.fix.qdq.onnx"  # the fix's folder may be reused by the next fix
+        atomic_write_bytes(kept, Path(result.model_path).read_bytes())
+        ev = self.session.measure(kept, chosen.config or self.config, name)
+        self._history.append(ev)
+        self._plans.append(None)
+        self._patches.append(None)
+        self._fix_recipes.append(recipe_json(result, self.float_model))
+        self._gains.append(StepGain((), before.min_output_sqnr_db, ev.report.min_output_sqnr_db, None))
+        self._tensor_cache.clear()
+        self._step(1, 1, f"fix applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
+        return ev
+
+    @property
+    def applied_fix(self) -> bool:
+        """Whether the current variant is a fix's model (:meth:`adopt_fix`)."""
+        return bool(self._fix_recipes) and self._fix_recipes[-1] is not None
+
     def undo(self) -> Evaluation | None:
         """Drop the last applied promotion; returns it (None if there was nothing to undo)."""
         if not self._history:
             return None
         self._plans.pop()
         self._patches.pop()
+        self._fix_recipes.pop()
         self._gains.pop()
         self._tensor_cache.clear()
         return self._history.pop()
@@ -299,6 +305,7 @@ class QuantDebugger:
         self._history.clear()
         self._plans.clear()
         self._patches.clear()
+        self._fix_recipes.clear()
         self._gains.clear()
         self._tensor_cache.clear()
         return n
@@ -456,16 +463,17 @@ class QuantDebugger:
         compiled for ``target`` here (:meth:`recompile`), the compiled files zipped, into ``folder``, all or none, named
         ``<stem>.fixed.qdq.onnx``, ``<stem>.recipe.json``, ``<stem>.<target>.zip``. Returns ``{"model", "recipe"
         [, "compiled"]}`` → path."""
-        from qdebug.io import atomic_write_bytes
+        from qdebug.io import atomic_write_bytes, atomic_write_text
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         stem = self.float_model.name.removesuffix(".onnx")
-        recipe = self.recipe()
+        fixed = self._fix_recipes[-1] if self._fix_recipes else None
+        recipe = self.recipe().to_json() if fixed is None else fixed
         written: dict[str, Path] = {}
         try:
             written["model"] = atomic_write_bytes(out / f"{stem}.fixed.qdq.onnx", self.quant_model_path.read_bytes())
-            written["recipe"] = recipe.save(out / f"{stem}.recipe.json")
+            written["recipe"] = atomic_write_text(out / f"{stem}.recipe.json", recipe)
             compiled = None if target is None else self._compiled_zip(out, stem, target)
             if compiled is not None:
                 written["compiled"] = compiled
@@ -476,24 +484,11 @@ class QuantDebugger:
         return written
 
     def _compiled_zip(self, out: Path, stem: str, target: str) -> Path | None:
-        """The last compile of the current variant (EPContext model, Deeploy's C code, ...) zipped, if one is here."""
-        import io
-        import zipfile
-
-        from qdebug.io import atomic_write_bytes
-
+        """The last compile of the current variant for ``target`` (EPContext model, Deeploy's C code, ...) zipped."""
         ev = self.current
         name = "given" if ev is None else ev.name
-        where = self.workdir if ev is None else self.workdir / "mixed"
-        folder = where / f"{name}.{target}"
-        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
-            return None
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-            for p in sorted(folder.rglob("*")):
-                if p.is_file():
-                    z.write(p, p.relative_to(folder).as_posix())
-        return atomic_write_bytes(out / f"{stem}.{target}.zip", buf.getvalue())
+        folder = (self.workdir if ev is None else self.workdir / "mixed") / f"{name}.{target}"
+        return zip_folder(folder, out / f"{stem}.{target}.zip")
 
     def export_overrides(self, path: str | Path) -> Path:
         """Write the current config's overrides as an overrides JSON (loadable by ``OverridesFile.load``)."""

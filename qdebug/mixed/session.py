@@ -444,6 +444,19 @@ class MixedPrecisionSession:
             seconds=round(time.perf_counter() - t0, 4),
         )
 
+    def measure(self, model: str | Path, config: QuantConfig, name: str) -> Evaluation:
+        """A QDQ model made elsewhere (e.g. a fix's model, quantized with ``config``) debugged on the debug samples and
+        compared with the base, as :meth:`evaluate` does for a re-quantization; the file is only read."""
+        t0 = time.perf_counter()
+        self.base  # noqa: B018 — compared with the base
+        path = Path(model)
+        quantized, total, qdq = count_quantized_nodes(load_model(path, "quantized model"))
+        q = replace(
+            self.base.quantization, model_path=str(path), config=config, nodes_quantized=quantized, nodes_total=total,
+            qdq_nodes=qdq, calibration_seconds=0.0, qdq_seconds=0.0, warnings=(),
+        )  # fmt: skip
+        return self._evaluation(config, name, q, self._debug(path, name), t0)
+
     def apply(self, plan: PromotionPlan) -> Evaluation:
         """Quantize and measure a promotion plan."""
         return self.evaluate(plan)

@@ -1,0 +1,64 @@
+"""What :class:`~widgets.session.QuantDebugger` records per applied step beside the engine's results: the step's
+predicted and measured gain (:class:`StepGain`), and the compiled files of a step as one download (:func:`zip_folder`).
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qdebug.io import atomic_write_bytes
+
+
+@dataclass(frozen=True)
+class StepGain:
+    """One applied step: the tensors it added, the worst output before and after it (dB) and what the calibrated
+    estimate predicted for them (:func:`qdebug.mixed.diagnosis.predicted_promotion_gain`)."""
+
+    tensors: tuple[str, ...]
+    before_db: float | None
+    after_db: float | None
+    predicted_db: float | None
+
+    @property
+    def measured_db(self) -> float | None:
+        """The worst output's change, measured (``None`` when either side is undefined)."""
+        if self.before_db is None or self.after_db is None:
+            return None
+        return self.after_db - self.before_db
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"tensors": list(self.tensors), "before_db": self.before_db, "after_db": self.after_db,
+                "predicted_db": self.predicted_db}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepGain:
+        """Inverse of :meth:`to_dict`."""
+        p = d["predicted_db"]
+        return cls(tuple(d["tensors"]), d["before_db"], d["after_db"], None if p is None else float(p))
+
+    def text(self) -> str:
+        """ "predicted +0.5 dB, measured +1.4 dB" (what the estimate said beside what the promotion did)."""
+        m = self.measured_db
+        said = "measured " + ("n/a" if m is None else f"{m:+.1f} dB")
+        return said if self.predicted_db is None else f"predicted {self.predicted_db:+.1f} dB, {said}"
+
+
+def zip_folder(folder: Path, dest: Path) -> Path | None:
+    """Every file under ``folder`` in one zip at ``dest`` (written atomically); ``None`` when there is no file."""
+    if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+        return None
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                z.write(p, p.relative_to(folder).as_posix())
+    return atomic_write_bytes(dest, buf.getvalue())
+
+
+__all__ = ["StepGain", "zip_folder"]
