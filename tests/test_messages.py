@@ -97,3 +97,14 @@ def test_the_target_menu_never_cuts_a_reason(tmp_path: Path, monkeypatch: pytest
     import html
 
     assert html.escape(reason) in dash.target_note.value
+
+
+def test_the_debuggers_messages_in_the_dashboard_hide_the_pages_folder(tmp_path: Path) -> None:
+    dash = Dashboard(root=SAMPLE_MODELS, workdir=tmp_path / "work", debug_samples=4)
+    dash.sample_picker.value = "digits_cnn"
+    dash.run_button.click()
+    app = dash.app
+    assert app is not None and app.hidden_folders == (dash.workdir,)
+    app.export_button.click()  # "overrides written to <path in the page's folder>"
+    assert "overrides written to overrides.json" in app.fix_message.value
+    assert str(dash.workdir) not in app.fix_message.value and str(dash.workdir) not in app.status_line.value

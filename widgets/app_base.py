@@ -19,7 +19,7 @@ from qdebug.cancel import Cancelled, CancelToken, cancellable, check_cancelled
 from qdebug.render.bands import SQNR_LOW
 from qdebug.render.fmt import fmt_db_text, fmt_pct
 
-from .status import StepClock
+from .status import StepClock, hide_paths
 
 if TYPE_CHECKING:
     from .session import QuantDebugger
@@ -153,8 +153,12 @@ class AppBase(w.VBox):  # type: ignore[misc]
             bar.show(done, total, self.status)
         check_cancelled()  # every step the engine reports is a place a Cancel can stop it
 
+    #: the page's private folders on the server (the dashboard's): a path inside one is said by its file name only
+    hidden_folders: tuple[Path, ...] = ()
+
     def _say(self, box: w.HTML, text: str, kind: str = "info", colour: str | None = None) -> None:
         """A message in ``box`` (next to the button that caused it) and in the status line."""
+        text = hide_paths(text, self.hidden_folders)
         colour = colour or {"error": "#c92a2a", "ok": "#2b8a3e"}.get(kind, "#495057")
         box.value = f"<div class='qd-msg qd-msg-{kind}' style='color:{colour}'>{html.escape(text)}</div>"
         self.status = text
