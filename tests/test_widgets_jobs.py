@@ -77,3 +77,27 @@ def test_a_background_search_shows_its_progress_by_its_button(app: DebuggerApp) 
     assert app.wait(120) and app.last_search is not None
     assert any("search, point" in s for s in seen), seen[:5]
     assert app.search_job.layout.display == "none" and not app.search_button.disabled
+
+
+def test_cancel_stops_a_compile_and_keeps_the_last_report(app: DebuggerApp) -> None:
+    assert app.wait(60)
+    shown, last = app.compile_view.value, app.last_recompile
+    inside = threading.Event()
+    real = app.debugger.recompile
+
+    def recompile(target):  # type: ignore[no-untyped-def]
+        inside.set()
+        while not (app.promote_job.token and app.promote_job.token.cancelled):
+            time.sleep(0.02)
+        from qdebug.cancel import check_cancelled
+
+        check_cancelled()  # where a worker's poll or the next sample would see it
+        return real(target)
+
+    app.debugger.recompile = recompile  # type: ignore[method-assign]
+    app.compile_current()
+    assert inside.wait(30) and app.promote_job.layout.display == "flex"
+    app.promote_job.cancel_button.click()
+    assert app.wait(30)
+    assert "the compile for cpu cancelled: nothing changed" in app.fix_message.value
+    assert app.compile_view.value == shown and app.last_recompile is last and not app.promote_button.disabled

@@ -212,9 +212,15 @@ class PromoteFlow(AppBase):
         def failed(exc: BaseException) -> None:
             self._say(self.compile_view, f"compile for {self.target} failed: {type(exc).__name__}: {exc}", "error")
 
+        shown, last = self.compile_view.value, self.last_recompile  # kept when this compile is cancelled
+
+        def cancelled() -> None:
+            self.compile_view.value, self.last_recompile = shown, last
+
         self.run_job(
-            self.promote_job, self.compile_view, f"the compile for {self.target}", self._recompile, done, failed
-        )
+            self.promote_job, self.fix_message, f"the compile for {self.target}", self._recompile, done, failed,
+            cancelled=cancelled,
+        )  # fmt: skip
 
     def _recompile(self) -> tuple[RecompileResult | None, str]:
         ok, reason = self.targets_info.get(self.target, (False, "unknown target"))
