@@ -17,6 +17,7 @@ from conftest import SAMPLE_MODELS
 
 from qdebug.config import QuantConfig
 from qdebug.debugger import DebugOptions
+from qdebug.mixed.suggest import suggest
 from qdebug.model_io import file_sha256
 from qdebug.quantizer import quantize
 from widgets.app import DebuggerApp
@@ -53,6 +54,11 @@ def test_promotion_of_your_model_is_like_for_like_and_says_what_changed(
     texts = [c.children[1].value for c in app.suggestions_box.children]
     assert texts and all("est. +" in t and "dB at output" in t for t in texts)
     assert not any("+48.2" in t for t in texts)  # calibrated, not the saturated 8-bit × 6 dB
+    # the same numbers as qdebug suggest on the same report (one function)
+    cli = {s.tensor_name: s.estimated_output_gain_db for s in suggest(dbg.report, None)}
+    for t in texts:
+        name, est = re.search(r">(\S+) \(.*est\. ([+-]\d+\.\d) dB at output", html_unescape(t)).groups()  # type: ignore[union-attr]
+        assert est == f"{cli[name]:+.1f}"
     app.promotion = [first.tensor_name]  # ticked, then Promote
     app.on_promote_clicked()
     assert len(dbg.history) == 1, app.fix_message.value
