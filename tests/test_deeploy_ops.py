@@ -110,6 +110,56 @@ def test_the_movement_ops_build_and_run_bit_exact_on_the_host(
     assert run["equal_fraction_vs_qdq"] == 1.0, run
 
 
+def keras_bn_net() -> onnx.ModelProto:
+    """x → Conv → Relu → MaxPool → BatchNorm → padded Conv → Relu → GAP → Flatten → Gemm → Mul(vector) →
+    Add(vector): Keras' order, a BatchNorm with no Conv before it (and a negative γ), then a decomposed one."""
+    rng = np.random.default_rng(3)
+    gamma = np.array([1.5, -0.7, 0.2, 1.1], np.float32)
+    bn = [numpy_helper.from_array(v, n) for n, v in (("gamma", gamma), ("beta", np.array([0.1, -0.3, 0.5, 0.0],
+          np.float32)), ("mean", np.array([0.4, 0.2, 0.9, 0.1], np.float32)), ("var", np.array([0.5, 1.5, 0.3, 2.0],
+          np.float32)))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["p1", "gamma", "beta", "mean", "var"], ["n1"], name="bn"),
+        helper.make_node("Conv", ["n1", "w2", "b2"], ["c2"], name="conv2", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["h"], name="fc", transB=1),
+        helper.make_node("Mul", ["h", "scale"], ["hs"], name="bn_mul"),
+        helper.make_node("Add", ["hs", "shift"], ["y"], name="bn_add"),
+    ]
+    inits = [
+        _w(rng, "w1", (4, 3, 3, 3)), _w(rng, "b1", (4,)), *bn, _w(rng, "w2", (6, 4, 3, 3)), _w(rng, "b2", (6,)),
+        _w(rng, "w3", (5, 6)), _w(rng, "b3", (5,)),
+        numpy_helper.from_array(np.array([[0.5, -1.2, 2.0, 0.8, 1.0]], np.float32), "scale"),
+        numpy_helper.from_array(np.array([[0.1, 0.2, -0.4, 0.0, 0.3]], np.float32), "shift"),
+    ]  # fmt: skip
+    return _model(nodes, inits, [1, 5])
+
+
+def test_a_free_standing_batchnorm_and_a_vector_scale_build_bit_exact(
+    deeploy: Path,  # noqa: F811
+    gcc: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """BatchNorm after a MaxPool (nothing to fold into: one per-channel RequantShift) feeding a padded Conv (its
+    output quantized symmetric by the target's constraint), and a Mul by a vector: the integer network equals the
+    CPU QDQ model and the generated Generic code equals the integer network."""
+    onnx.save(keras_bn_net(), str(tmp_path / "bn.onnx"))
+    np.savez(tmp_path / "calib.npz", x=_calib())
+    out = tmp_path / "out"
+    build(tmp_path / "bn.onnx", out, BuildOptions(device="deeploy", precision="int8"), data=tmp_path / "calib.npz")
+    d = json.loads((out / "manifest.json").read_text())["deeploy"]
+    assert d["export"]["equal_fraction"] >= 0.999 and d["export"]["max_lsb_diff"] <= 1, d["export"]
+    ops = [n.op_type for n in onnx.load(str(out / d["codegen"]["Generic"]["network"])).graph.node]
+    assert "BatchNormalization" not in ops and "Mul" not in ops, ops
+    run = d["run"]["Generic"]
+    assert run["ran"] and run["bit_exact"] and run["equal_fraction_vs_integer_onnx"] == 1.0, run
+
+
 def _one_op(op: str, tmp_path: Path, extra: tuple[onnx.TensorProto, ...] = (), **attrs: object) -> Path:
     """x → Conv → ``op`` (its other inputs ``extra``) → Conv → GAP → Flatten (y): ``op`` between two quantized
     tensors."""

@@ -19,6 +19,7 @@ from qdebug.errors import TargetError
 from qdebug.graph_index import GraphIndex
 from qdebug.model_io import is_dq, is_q
 from qdebug.targets import deeploy_transformer as dt
+from qdebug.targets.deeploy_affine import integer_batchnorm
 from qdebug.targets.deeploy_gelu import gelu_chains
 from qdebug.targets.deeploy_graph import Activation, GraphState, _activation, _attrs, _label, _qparams
 from qdebug.targets.deeploy_movement import MOVEMENT_OPS, integer_movement
@@ -74,6 +75,8 @@ def _integer_node(
         done = dt.integer_transformer_node(state, node, ins, out, out_act, shapes)
         if done is not None:
             return done
+    if node.op_type == "BatchNormalization":  # a free-standing one (one after a Conv was folded before quantizing)
+        return integer_batchnorm(state, node, ins, out, out_act)
     if node.op_type == "GlobalAveragePool":
         conv, w_name = _gap_as_depthwise_conv(state, node, ins[0], shapes)
         return _integer_linear(state, conv, [ins[0], w_name], out, out_act)

@@ -23,14 +23,16 @@ from qdebug.targets.deeploy_fold import _PASS_THROUGH, fold_dequant_quant_to_req
 from qdebug.targets.deeploy_gelu import gelu_chains
 from qdebug.targets.deeploy_graph import GraphState, StatePass, _activation, _attrs, _label, _qparams, _replace_input
 from qdebug.targets.deeploy_movement import MOVEMENT_OPS
-from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node
+from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node, _rqs
 from qdebug.targets.deeploy_transformer import TRANSFORMER_OPS
 
 __all__ = ["DEEPLOY_GENERIC_OPS", "OPTIONAL_PASSES", "PASSES", "SUPPORTED_OPS", "pass_names"]
 
 #: Float ops with an integer form here (Relu/Clip only when absorbed by the following Q's clipping).
 SUPPORTED_OPS = frozenset(
-    {"Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "GlobalAveragePool"} | MOVEMENT_OPS | TRANSFORMER_OPS
+    {"Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "GlobalAveragePool", "BatchNormalization"}
+    | MOVEMENT_OPS
+    | TRANSFORMER_OPS
 )
 #: The op types Deeploy 0.2.1's Generic platform maps to a layer (its ``GenericMapping``, read in the installed
 #: package; docs/deeploy.md, "Op coverage"), with integer or float kernels alike.
@@ -41,18 +43,28 @@ DEEPLOY_GENERIC_OPS = frozenset(
      "ReduceMean", "ReduceSum", "Relu", "RequantizediGELU", "RequantShift", "Reshape", "RQIntegerDiv", "Slice",
      "Softmax", "Sqrt", "Squeeze", "Transpose", "Unsqueeze"}
 )  # fmt: skip
-_WHY_UNSUPPORTED = {
-    "BatchNormalization": "must be folded into the preceding Conv in the float model before quantizing",
-}
 
 
 # --------------------------------------------------------------------------- the passes
 
 
+def _after_conv(ix: GraphIndex, node: onnx.NodeProto) -> bool:
+    """Whether ``node`` reads a Conv's output (through its Q/DQ pair)."""
+    t = node.input[0]
+    for _ in range(3):
+        src = ix.producer.get(t)
+        if src is None:
+            return False
+        if src.op_type == "Conv":
+            return True
+        if not (is_q(src) or is_dq(src)):
+            return False
+        t = src.input[0]
+    return False
+
+
 def _why_unsupported(op: str) -> str:
-    """Why ``op`` is refused: a fix to make first, no Deeploy mapping at all, or no integer form here yet."""
-    if op in _WHY_UNSUPPORTED:
-        return f"{op} {_WHY_UNSUPPORTED[op]}"
+    """Why ``op`` is refused: no Deeploy mapping at all, or no integer form here yet."""
     if op not in DEEPLOY_GENERIC_OPS:
         return f"Deeploy 0.2.1 has no Generic mapping for {op}"
     return f"Deeploy 0.2.1 maps {op} on Generic, but qdebug's export has no integer form for it yet"
@@ -93,6 +105,11 @@ def check_supported(state: GraphState) -> int:
             raise TargetError(
                 f"{_label(node)} cannot be exported to Deeploy: {node.op_type} has an integer form only inside a "
                 "GELU (PyTorch's Erf or tanh form)"
+            )
+        if node.op_type == "BatchNormalization" and _after_conv(ix, node):
+            raise TargetError(
+                f"{_label(node)} cannot be exported to Deeploy: a BatchNormalization after a Conv must be folded into "
+                "it in the float model before quantizing (the batchnorm_folding fix)"
             )
         if node.op_type not in SUPPORTED_OPS or node.domain not in ("", "ai.onnx"):
             raise TargetError(
@@ -237,6 +254,34 @@ def strip_output_dequant(state: GraphState) -> int:
             state.outputs[o.name] = act
             o.type.tensor_type.elem_type = act.elem_type
             n += 1
+    return n
+
+
+def copy_aliased_outputs(state: GraphState) -> int:
+    """A graph output made by a Reshape/Flatten gets a copying RequantShift (``mul`` 1, ``div`` 1) after it.
+
+    Why: Deeploy's Reshape is no copy; its generated code re-points the output variable inside ``RunNetwork`` while
+    ``DeeployNetwork_outputs[]``, which a caller reads, still points at the buffer set up in ``InitNetwork``
+    (measured: a network ending in a Reshape returned that buffer's stale contents).
+    """
+    producer = {t: node for node in state.graph.node for t in node.output}
+    n = 0
+    for o in state.graph.output:
+        node = producer.get(o.name)
+        if node is None or node.op_type not in ("Reshape", "Flatten"):
+            continue
+        view = state.unique(f"{o.name}_view")
+        _rename_tensor(state, o.name, view)
+        act = state.acts[view] = state.acts[o.name]
+        one, zero = state.unique(f"{o.name}_copy_mul"), state.unique(f"{o.name}_copy_add")
+        state.set_const(one, np.array(1, np.int32))
+        state.set_const(zero, np.array(0, np.int32))
+        rq = _rqs(view, one, zero, o.name, state.unique(f"{o.name}_copy"), 1, 256, act.signed)
+        nodes = list(state.graph.node)
+        nodes.insert(nodes.index(node) + 1, rq)  # before any reader of the output: the graph stays in order
+        del state.graph.node[:]
+        state.graph.node.extend(nodes)
+        n += 1
     return n
 
 
@@ -466,6 +511,7 @@ PASSES: tuple[tuple[str, StatePass], ...] = (
     ("strip_input_quant", strip_input_quant),
     ("fold_dequant_quant_to_requantshift", fold_dequant_quant_to_requantshift),
     ("strip_output_dequant", strip_output_dequant),
+    ("copy_aliased_outputs", copy_aliased_outputs),
     ("fold_input_zero_point", fold_input_zero_point),
     ("fold_conv_bias", fold_conv_bias),
     ("tighten_requant_to_observed_range", tighten_requant_to_observed_range),

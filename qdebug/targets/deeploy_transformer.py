@@ -188,15 +188,49 @@ def _integer_scale_by_const(
     """Mul/Div by a scalar constant: one RequantShift with ``M = s_x·c / s_out``."""
     xi = 0 if ins[0] in state.acts else 1
     c = _const_real(state, ins[1 - xi])
-    if c is None or c.size != 1 or (node.op_type == "Div" and xi != 0):
-        raise TargetError(
-            f"{node.op_type} node {node.name!r}: only an activation times/over a scalar constant is supported"
-        )
+    if c is None or (node.op_type == "Div" and xi != 0) or (c.size != 1 and np.any(c == 0)):
+        raise TargetError(f"{node.op_type} node {node.name!r}: only an activation times/over a constant is supported")
+    if c.size != 1:
+        return _integer_scale_by_vector(state, node, ins[xi], 1.0 / c if node.op_type == "Div" else c, out, out_act,
+                                        shapes[node.output[0]])  # fmt: skip
     c_val = float(c.reshape(-1)[0])
     c_val = 1.0 / c_val if node.op_type == "Div" else c_val
     x = state.acts[ins[xi]]
     m = x.scale * c_val / out_act.scale
     return [_uniform_requant(state, ins[xi], out, m, 256.0, x.residual_zp, out_act, shapes[node.output[0]])]
+
+
+def _integer_scale_by_vector(
+    state: GraphState, node: onnx.NodeProto, x_name: str, c: np.ndarray, out: str, out_act: Activation, shape: Any
+) -> list[onnx.NodeProto]:
+    """Mul by a broadcast constant (a decomposed BatchNorm's scale): one RequantShift with a ``mul`` per element
+    (negative where the constant is), on the ``[1, N]`` view of :func:`_integer_add_const`."""
+    x = state.acts[x_name]
+    shape = list(shape)
+    size = int(np.prod(shape))
+    m = np.broadcast_to(np.asarray(c, np.float64), shape).reshape(-1) * x.scale / out_act.scale
+    worst = float(np.abs(m).max()) * (256.0 + abs(x.residual_zp)) + abs(out_act.residual_zp) + 1
+    k = min(30, int(np.floor(np.log2((_INT32 - 1) / worst))))
+    if k < 0:
+        raise TargetError(f"{node.op_type} node {node.name!r}: its factor cannot be represented in int32")
+    mul = np.rint(m * 2.0**k).astype(np.int64)
+    add = out_act.residual_zp * 2**k - mul * x.residual_zp
+    flat_in, flat_out = state.unique(f"{out}_flat_in"), state.unique(f"{out}_flat")
+    s_flat, s_back = state.unique(f"{out}_shape_flat"), state.unique(f"{out}_shape")
+    state.set_const(s_flat, np.array([1, size], np.int64))
+    state.set_const(s_back, np.array(shape, np.int64))
+    state.acts[flat_in] = x
+    state.acts[flat_out] = out_act
+    mul_name, add_name = state.unique(f"{out}_rq_mul"), state.unique(f"{out}_rq_add")
+    state.set_const(mul_name, mul.astype(np.int32))
+    state.set_const(add_name, add.astype(np.int32))
+    rq = _rqs(flat_in, mul_name, add_name, flat_out, state.unique(f"{out}_RequantShift"), 2**k, 256, out_act.signed)
+    state.requant_errors[rq.name] = float(np.max(np.abs(mul / 2.0**k - m) / np.abs(m)))
+    return [
+        helper.make_node("Reshape", [x_name, s_flat], [flat_in], name=state.unique(f"{node.name or out}_flatten")),
+        rq,
+        helper.make_node("Reshape", [flat_out, s_back], [out], name=node.name or out),
+    ]
 
 
 def _integer_add_const(
