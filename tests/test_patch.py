@@ -144,3 +144,38 @@ def test_session_promotion_is_a_patch_and_the_recipe_rebuilds_it(
     OverridesFile(ofile.overrides, ofile.model_sha256, ofile.base_config, quant_model_sha256="0" * 64).save(other)
     r = run_cli("quantize", "-m", FLOAT, "--quant-model", given, "--overrides", other, "-o", tmp_path / "x.onnx")
     assert r.code != 0 and "another quantized model" in r.stderr and not (tmp_path / "x.onnx").exists()
+
+
+def test_convert_range_round_trips_and_reaches_ort() -> None:
+    ofile = OverridesFile.from_dict({
+        "schema_version": 1,
+        "tensor_quant_overrides": {
+            "t": [{"quant_type": "QUInt16", "convert": {"quant_type": "QUInt8", "rmin": -1.0, "rmax": 2.5}}]
+        },
+    })  # fmt: skip
+    (entry,) = dict(ofile.overrides)["t"]
+    assert entry.convert is not None and (entry.convert.rmin, entry.convert.rmax) == (-1.0, 2.5)
+    assert OverridesFile.from_json(ofile.to_json()) == ofile
+    ort_conv = ofile.to_ort()["t"][0]["convert"]
+    assert float(ort_conv["rmin"]) == -1.0 and ort_conv["rmax"].dtype == np.float32
+    with pytest.raises(Exception, match="rmin and rmax must be given together"):
+        OverridesFile.from_dict({"schema_version": 1, "tensor_quant_overrides": {
+            "t": [{"quant_type": "QUInt16", "convert": {"quant_type": "QUInt8", "rmin": -1.0}}]}})  # fmt: skip
+
+
+def test_quant_model_needs_overrides(given: Path, tmp_path: Path, run_cli) -> None:
+    r = run_cli("quantize", "-f", FLOAT, "--quant-model", given, "-o", tmp_path / "x.onnx")
+    assert r.code != 0 and "--quant-model needs --overrides" in r.stderr and not (tmp_path / "x.onnx").exists()
+
+
+def test_compiled_files_zip(tmp_path: Path) -> None:
+    import zipfile
+
+    from widgets.session_steps import zip_folder
+
+    assert zip_folder(tmp_path / "none", tmp_path / "a.zip") is None
+    (tmp_path / "c" / "sub").mkdir(parents=True)
+    (tmp_path / "c" / "model_ctx.onnx").write_bytes(b"ctx")
+    (tmp_path / "c" / "sub" / "net.c").write_text("int main(){}")
+    z = zip_folder(tmp_path / "c", tmp_path / "c.zip")
+    assert z is not None and sorted(zipfile.ZipFile(z).namelist()) == ["model_ctx.onnx", "sub/net.c"]
