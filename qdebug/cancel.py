@@ -11,6 +11,7 @@ clean-up a Ctrl-C runs runs, and no ``except Exception`` mistakes it for a failu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -79,6 +80,19 @@ def _kill_group(proc: subprocess.Popen[Any]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+#: The workers :func:`run_process` is waiting for: in a group of their own, they would outlive an interpreter that
+#: exits while a thread waits for one (a dashboard kernel shut down mid-compile), so its exit kills them.
+_RUNNING: set[subprocess.Popen[Any]] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+@atexit.register
+def _kill_running() -> None:
+    with _RUNNING_LOCK:
+        for proc in list(_RUNNING):
+            _kill_group(proc)
+
+
 def run_process(cmd: Sequence[str], *, timeout: float | None = None, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     """``subprocess.run(cmd, check=False, **kwargs)`` for a worker process: it runs in its own process group, which
     is killed when the current token is cancelled (:class:`Cancelled` raised), past ``timeout``
@@ -87,6 +101,8 @@ def run_process(cmd: Sequence[str], *, timeout: float | None = None, **kwargs: A
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
     deadline = None if timeout is None else time.monotonic() + timeout
     with subprocess.Popen(list(cmd), start_new_session=True, **kwargs) as proc:
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         try:
             while True:
                 try:
@@ -102,4 +118,7 @@ def run_process(cmd: Sequence[str], *, timeout: float | None = None, **kwargs: A
         except BaseException:
             _kill_group(proc)
             raise
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

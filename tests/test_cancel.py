@@ -74,3 +74,25 @@ def test_a_cancelled_token_stops_debug_and_quantize(tiny_float: Path, tiny_quant
             quantize(tiny_float, None, QuantConfig(num_samples=4), tmp_path / "q.onnx")
     assert not list(tmp_path.iterdir())  # nothing half-written
     assert debug(tiny_float, tiny_quant("u8"), None, DebugOptions(num_samples=2)).activations  # the token is gone
+
+
+def test_an_interpreter_that_exits_mid_wait_kills_its_worker(tmp_path: Path) -> None:
+    """A dashboard kernel shut down while a job's thread waits for a worker: the worker (in a process group of its
+    own) must not outlive it."""
+    pid_file = tmp_path / "worker.pid"
+    code = (
+        "import sys, threading, time, subprocess\n"
+        "from qdebug.cancel import run_process\n"
+        "def job():\n"
+        f"    run_process([sys.executable, '-c', {_WORKER!r}, {str(pid_file)!r}], stdin=subprocess.DEVNULL)\n"
+        "threading.Thread(target=job, daemon=True).start()\n"
+        f"while not __import__('os').path.getsize({str(pid_file)!r}) if __import__('os').path.exists("
+        f"{str(pid_file)!r}) else True:\n"
+        "    time.sleep(0.05)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    assert not _alive(grandchild), "the worker's group outlived the interpreter"
