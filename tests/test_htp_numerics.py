@@ -16,6 +16,7 @@ from test_qnn import require_qnn
 from qdebug.build import BuildOptions, build
 from qdebug.metrics import sqnr_from_energies
 from qdebug.ort import make_session
+from qdebug.targets.base import get_target
 from qdebug.targets.htp_numerics import HtpBehaviour, HtpFinding, find_behaviours, rewrite_qdq
 from qdebug.targets.qnn_compile import compile_qnn
 from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, QnnDiagnosis, RemedyKind
@@ -257,3 +258,11 @@ def test_conv_then_silu_at_16_bits_is_wrong_in_a_block_on_the_htp(tmp_path: Path
     fixed, _ = rewrite_qdq(model)
     remaining = _db(ref, cpu) - _db(ref, _htp(fixed, x, tmp_path / "fixed", "y_dq"))
     assert remaining <= 0.2 * loss, (loss, remaining)
+
+
+def test_the_qnn_target_notes_the_behaviours_for_the_fix_engine() -> None:
+    notes = get_target("qnn").qdq_notes(_reciprocal_qdq("uint8"))
+    assert notes[0].startswith("on qnn, known HTP behaviour: reciprocal_input_below_one at recip")
+    assert "--remedies" in notes[-1]
+    assert get_target("qnn").qdq_notes(_reciprocal_qdq("uint8", x_top=2.0)) == []
+    assert get_target("cpu").qdq_notes(_reciprocal_qdq("uint8")) == []

@@ -126,8 +126,9 @@ def _holdout_note(st: FixState, holdout: dict[str, Measure]) -> None:
                         "not hold there — give more, representative data (--debug-samples, more samples)")  # fmt: skip
 
 
-def _target_notes(st: FixState, chosen: Trial) -> None:
-    """What the chosen point's remedies cost on the target (16-bit weights, nodes kept in float), in its words."""
+def _target_notes(st: FixState, chosen: Trial, model: Path) -> None:
+    """What the chosen point's remedies cost on the target (16-bit weights, nodes kept in float), and what the target
+    computes differently in its QDQ model ``model``, in the target's words."""
     from qdebug.target_registry import lookup
 
     cfg = chosen.config
@@ -142,6 +143,8 @@ def _target_notes(st: FixState, chosen: Trial) -> None:
     if cfg.nodes_to_exclude:
         st.notes.append(f"{len(cfg.nodes_to_exclude)} node(s) kept in float on {cfg.target}: "
                         f"{target.float_fallback_note()}")  # fmt: skip
+    if model.is_file():
+        st.notes.extend(target.qdq_notes(load_model(model, "QDQ model")))
 
 
 def _holdout(st: FixState, trials: dict[str, Trial | None], paths: dict[str, Path]) -> dict[str, Measure]:
@@ -259,7 +262,7 @@ def fix(
     for t in (best8, chosen8):
         if t.library_recipe is not None:
             paths[t.name] = st.work / f"{t.name}.qdq.onnx"
-    _target_notes(st, chosen)
+    _target_notes(st, chosen, paths.get(chosen.name, st.work / f"{chosen.name}.qdq.onnx"))
     search_s = time.perf_counter() - st.t0 - pass_s
     holdout = _holdout(st, {"base": base, "best_8bit": chosen8, "fixed": chosen}, paths)
     _holdout_note(st, holdout)

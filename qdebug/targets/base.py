@@ -524,6 +524,11 @@ class TargetBase:
         """What keeping nodes in float (``QuantConfig.nodes_to_exclude``) costs on this target (the CPU: nothing)."""
         return "float nodes run on the CPU at no extra cost"
 
+    def qdq_notes(self, qdq_model: onnx.ModelProto) -> list[str]:
+        """What this target is known to compute differently from ORT's CPU in a QDQ model, one line each (none by
+        default)."""
+        return []
+
     def option_problems(self, options: BuildOptions) -> list[str]:
         """No rules of its own by default."""
         return []

@@ -199,6 +199,15 @@ class DiagnosingQnnTarget(QnnTarget):
         files = dict(d.remedies.files) if d.remedies is not None else {}
         return Diagnosis(manifest={MANIFEST_KEY: d.to_dict()}, files=files, skipped=tuple(skipped))
 
+    def qdq_notes(self, qdq_model: onnx.ModelProto) -> list[str]:
+        """The known HTP numeric behaviours in the QDQ model (:mod:`qdebug.targets.htp_numerics`), and the remedy."""
+        found = find_behaviours(qdq_model)
+        if not found:
+            return []
+        lines = [f"on qnn, known HTP behaviour: {f.describe()}" for f in found[:3]]
+        more = f" ({len(found) - 3} more)" if len(found) > 3 else ""
+        return [*lines, f"qdebug build --target qnn --remedies measures their rewrite (htp_rewrite){more}"]
+
     def describe_manifest(self, manifest: Mapping[str, Any]) -> list[str]:
         """The diagnosis, when the build has one."""
         entry = manifest.get(MANIFEST_KEY)
