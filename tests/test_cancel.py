@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qdebug.cancel import POLL_S, CancelToken, Cancelled, cancellable, check_cancelled, run_process
+from qdebug.cancel import POLL_S, Cancelled, CancelToken, cancellable, check_cancelled, run_process
 from qdebug.config import QuantConfig
 from qdebug.debugger import DebugOptions, debug
 from qdebug.quantizer import quantize

@@ -86,6 +86,7 @@ def test_the_wheel_carries_the_samples_notebooks_and_ui(installed: dict[str, Any
         "qdebug/_data/sample_models/digits_cnn.onnx",
         "qdebug/_data/sample_models/registry.json",
         "qdebug/_data/notebooks/dashboard.ipynb",
+        "qdebug/_data/notebooks/share/voila_config/voila.py",  # the dashboard's close-time kernel shutdown needs it
         "qdebug/_data/notebooks/quickstart.ipynb",
         "qdebug_widgets/__init__.py",
         "qdebug_widgets/dashboard.py",
