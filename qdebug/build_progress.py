@@ -1,5 +1,5 @@
-"""How far a build is: one line per phase (quantize → compile → simulate N samples → remedies i/k → top-1), the
-elapsed time in front, and for a stretch of samples done/total, seconds per sample and the time left.
+"""How far a build is: one line per phase (quantize → compile → simulate N samples → remedies i/k → top-1), and for
+a stretch of samples done/total, seconds per sample and the time left (the CLI puts the elapsed time in front).
 
 :class:`BuildProgress` wraps the caller's :data:`~qdebug.targets.base.ProgressFn` (a line of text each call);
 :meth:`BuildProgress.counted` wraps a :class:`~qdebug.data.DataSource` so that whoever iterates it (the target's
@@ -28,15 +28,16 @@ def clock(seconds: float) -> str:
 
 
 class BuildProgress:
-    """The build's progress lines, each prefixed by the time since the build started."""
+    """The build's progress lines; :attr:`start` is when the build started (``now``'s clock: a time budget's
+    deadline is measured from it)."""
 
     def __init__(self, say: ProgressFn, *, every_s: float = 5.0, now: Callable[[], float] = time.monotonic) -> None:
         self.say, self.every_s, self.now = say, every_s, now
         self.start = now()
 
     def __call__(self, message: str) -> None:
-        """One line: ``[m:ss] message``."""
-        self.say(f"[{clock(self.now() - self.start)}] {message}")
+        """One line."""
+        self.say(message)
 
     def samples(self, what: str, done: int, total: int, seconds: float) -> None:
         """``what: done/total samples, s per sample, ETA m:ss`` (the rate of the samples done so far)."""

@@ -91,7 +91,7 @@ def test_a_time_budget_that_fits_runs_the_remedies(qnn: None, tmp_path: Path) ->
     m = build(CNN, tmp_path / "o", opts, data=CALIB, progress=said.append).manifest
     assert m.skipped == () and m.target_details[MANIFEST_KEY]["remedies"]["trials"]
     assert any("trying ~" in s and "remedies" in s for s in said) and any(
-        "] remedy 1/" in s and "ETA ~" in s for s in said
+        s.startswith("remedy 1/") and "ETA ~" in s for s in said
     )
 
 
@@ -131,7 +131,7 @@ def test_top1_comes_from_the_check_when_it_ran_the_labelled_set(qnn: None, small
     top1 = res.manifest.top1
     assert top1 is not None and top1.num_samples == 6 and res.manifest.num_debug_samples == 6
     assert not any("measuring top-1" in s for s in said)  # the set was not run a second time
-    assert any(s.endswith("target check: 6/6 samples" + s.split("6/6 samples")[1]) for s in said if "6/6" in s)
+    assert any(s.startswith("target check: 6/6 samples") for s in said)  # counted on its one run
     # the same figures as running each model over the set on its own
     assert top1.float_model == top1_accuracy(res.path("float_model"), small_eval)
     assert top1.qdq_model == top1_accuracy(res.path("qdq_model"), small_eval)
@@ -155,9 +155,9 @@ def test_progress_lines_count_samples_with_an_eta() -> None:
     for _ in source:
         t[0] += 2.0  # two seconds a sample
     assert lines == [
-        "[0:02] target check: 1/4 samples, 2.00 s/sample, ETA 0:06",
-        "[0:06] target check: 3/4 samples, 2.00 s/sample, ETA 0:02",
-        "[0:08] target check: 4/4 samples, 2.00 s/sample, 0:08 in all",
+        "target check: 1/4 samples, 2.00 s/sample, ETA 0:06",
+        "target check: 3/4 samples, 2.00 s/sample, ETA 0:02",
+        "target check: 4/4 samples, 2.00 s/sample, 0:08 in all",
     ]
     assert clock(3725) == "1:02:05" and clock(59.6) == "1:00"
 

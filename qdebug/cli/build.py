@@ -270,12 +270,18 @@ def _progress(args: argparse.Namespace, out: TextIO) -> Any:
     """Where the build's progress lines go: stderr on a terminal; else ``out`` as lines of the text output (a script's
     stderr holds only the one-line messages); nowhere with ``--quiet``, or ``--json`` off a terminal."""
     import sys
+    import time
 
+    from qdebug.build_progress import clock
+
+    start = time.monotonic()
     if getattr(args, "quiet", False):
         return None
     if sys.stderr.isatty():
-        return lambda msg: print(msg, file=sys.stderr, flush=True)
-    return None if args.json else (lambda msg: print(f"... {msg}", file=out, flush=True))
+        return lambda msg: print(f"[{clock(time.monotonic() - start)}] {msg}", file=sys.stderr, flush=True)
+    if args.json:
+        return None
+    return lambda msg: print(f"... [{clock(time.monotonic() - start)}] {msg}", file=out, flush=True)
 
 
 def rerun_command(argv: list[str], output: str) -> str:
