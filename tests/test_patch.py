@@ -179,3 +179,80 @@ def test_compiled_files_zip(tmp_path: Path) -> None:
     (tmp_path / "c" / "sub" / "net.c").write_text("int main(){}")
     z = zip_folder(tmp_path / "c", tmp_path / "c.zip")
     assert z is not None and sorted(zipfile.ZipFile(z).namelist()) == ["model_ctx.onnx", "sub/net.c"]
+
+
+def _weight_pairs(quant: Path) -> list:
+    from qdebug.pairing import pair_models
+
+    return [p for p in pair_models(onnx.load(str(FLOAT)), onnx.load(str(quant))).weights if p.kind == "weight"]
+
+
+@pytest.fixture(scope="module")
+def per_tensor(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user model with per-tensor int8 weights: a per-channel remedy has work to do."""
+    out = tmp_path_factory.mktemp("patch-pt") / "pt.qdq.onnx"
+    cfg = QuantConfig(weight_type="int8", per_channel=False, num_samples=32)
+    return Path(quantize(FLOAT, CALIB, cfg, out, check=False).model_path)
+
+
+def test_per_channel_remedy_patches_one_weight(per_tensor: Path) -> None:
+    from qdebug.mixed.patch_remedies import per_channel_weights
+
+    m, fm = onnx.load(str(per_tensor)), onnx.load(str(FLOAT))
+    pair = next(p for p in _weight_pairs(per_tensor) if p.consumer_op == "Conv")
+    r = per_channel_weights(m, fm, [pair.weight_name])
+    assert len(r.changes) == 1 and "per channel on axis 0" in r.changes[0]
+    old = {n.output[0]: n.SerializeToString() for n in m.graph.node}
+    new = {n.output[0]: n for n in r.model.graph.node}
+    changed = {k for k in old if new[k].SerializeToString() != old[k]}
+    assert changed == {next(n.output[0] for n in m.graph.node if n.name == pair.dq_node)}  # only its DQ
+    dq = new[next(iter(changed))]
+    w = numpy_helper.to_array(next(i for i in fm.graph.initializer if i.name == pair.weight_name))
+    inits = {i.name: numpy_helper.to_array(i) for i in r.model.graph.initializer}
+    scale, q = inits[dq.input[1]], inits[dq.input[0]]
+    assert scale.shape == (w.shape[0],) and q.dtype == np.int8
+    deq = (q.astype(np.float32) * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
+    old_inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    old_dq = next(n for n in m.graph.node if n.name == pair.dq_node)
+    old_deq = old_inits[old_dq.input[0]].astype(np.float32) * old_inits[old_dq.input[1]]
+    assert np.abs(deq - w).max() <= np.abs(old_deq - w).max()  # per channel is at least as close
+    assert per_channel_weights(r.model, fm, [pair.weight_name]).changes == ()  # per channel already: nothing to do
+    _outputs(r.model)
+
+
+def test_float_fallback_remedy_runs_the_node_in_float(per_tensor: Path) -> None:
+    from qdebug.mixed.patch_remedies import keep_in_float
+
+    m, fm = onnx.load(str(per_tensor)), onnx.load(str(FLOAT))
+    gemm = next(n for n in m.graph.node if n.op_type == "Gemm")  # feeds the graph output through its Q/DQ pair
+    r = keep_in_float(m, fm, [gemm.name])
+    node = next(n for n in r.model.graph.node if n.name == gemm.name)
+    floats = {i.name for i in fm.graph.initializer}
+    assert any(i in floats for i in node.input)  # its weight is the float model's again
+    assert node.output[0] == r.model.graph.output[0].name  # it writes the graph output itself, no Q/DQ after it
+    assert not any(n.input and n.input[0] == node.output[0] and is_q(n) for n in r.model.graph.node)
+    out_f = ort.InferenceSession(str(FLOAT)).run(None, {"input": np.load(CALIB)["input"][0]})[0]
+    a, b = _outputs(r.model, 1)[0], _outputs(m, 1)[0]
+    assert np.abs(a - out_f).mean() <= np.abs(b - out_f).mean()
+    with pytest.raises(ConfigError, match="no node of that name"):
+        keep_in_float(m, fm, ["nope"])
+
+
+def test_remedy_recipe_rebuilds_through_the_cli(per_tensor: Path, tmp_path: Path, run_cli) -> None:
+    from qdebug.mixed.given import read_recipe
+    from qdebug.mixed.patch_remedies import channel_axis, keep_in_float, per_channel_weights
+    from qdebug.mixed.recipe import patch_recipe
+
+    m, fm = onnx.load(str(per_tensor)), onnx.load(str(FLOAT))
+    w = next(p for p in _weight_pairs(per_tensor) if p.consumer_op == "Conv").weight_name
+    gemm = next(n.name for n in m.graph.node if n.op_type == "Gemm")
+    made = keep_in_float(per_channel_weights(m, fm, [w]).model, fm, [gemm]).model
+    ofile = patch_recipe((), read_recipe(m).config, per_channel={w: channel_axis(fm, w)}, float_nodes=[gemm],
+                         model_sha256=file_sha256(FLOAT), quant_model_sha256=file_sha256(per_tensor))  # fmt: skip
+    recipe = ofile.save(tmp_path / "r.json")
+    out = tmp_path / "rebuilt.onnx"
+    r = run_cli("quantize", "-f", FLOAT, "--quant-model", per_tensor, "--overrides", recipe, "-o", out)
+    assert r.code == 0, r.stderr
+    assert "per channel" in r.out + r.stdout and "runs in float" in r.out + r.stdout
+    for a, b in zip(_outputs(out), _outputs(made), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -145,12 +145,54 @@ def test_a_fix_applied_from_the_ui_is_measured_before_after_and_downloadable(tmp
         assert f"before: your model ({user.name})" in shown and "the Fix tab's fixed model" in shown
         assert f"this step: measured {gain.measured_db:+.1f} dB" in shown
         assert "fix applied to the debugger" in panel.message.value
-        with pytest.raises(Exception, match="undo the fix to promote"):
+        with pytest.raises(Exception, match="a fix is applied: .* undo it to promote"):
             dbg.promote([dbg.report.activations[0].tensor_name])
         saved = app.on_export_fix_clicked()
         assert saved["model"].read_bytes() == Path(result.model_path).read_bytes()
         assert json.loads(saved["recipe"].read_text())  # the fix's own recipe JSON
         app.on_undo_clicked()
         assert not dbg.applied_fix and dbg.report.min_output_sqnr_db == theirs
+    finally:
+        dbg.close()
+
+
+def test_a_diagnostics_remedy_applied_from_the_ui_patches_your_model(tmp_path: Path, run_cli) -> None:
+    import onnx
+    from diag_models import per_channel_weight
+
+    f, q = per_channel_weight()  # one int8 scale for a weight whose channel 0 is 1000× the others
+    fp, qp = tmp_path / "mm.onnx", tmp_path / "mm.qdq.onnx"
+    onnx.save(f, str(fp))
+    onnx.save(q, str(qp))
+    dbg = QuantDebugger(fp, qp, debug_options=OPTIONS, workdir=tmp_path / "session")
+    try:
+        app = DebuggerApp(dbg, export_path=tmp_path / "run" / "overrides.json")
+        panel = app.report_panel
+        panel.on_diagnose_clicked()
+        offered = [d.remedy.kind.value for d in panel.remedies]
+        assert "per_channel" in offered and not panel.apply_button.disabled
+        panel.remedy_picker.value = offered.index("per_channel")
+        theirs = dbg.report.min_output_sqnr_db
+        assert panel.on_apply_remedy_clicked(), panel.remedy_message.value
+        gain = dbg.last_gain
+        assert gain is not None and gain.before_db == theirs and gain.measured_db is not None
+        assert gain.after_db != gain.before_db  # measured (the worst output is channel 0's: not a gain to expect here)
+        shown = html_unescape(app.before_after.value)
+        assert "before: your model (mm.qdq.onnx)" in shown and "W: per-tensor" in shown and "per channel" in shown
+        assert "applied: quantize W per channel" in html_unescape(panel.remedy_message.value)
+        with pytest.raises(Exception, match="undo it to promote"):
+            dbg.promote(["x"])
+        saved = app.on_export_fix_clicked()
+        doc = json.loads(saved["recipe"].read_text())
+        assert doc["tensor_quant_overrides"]["W"] == [{"axis": 1}]
+        out = tmp_path / "rebuilt.qdq.onnx"
+        r = run_cli("quantize", "-f", fp, "--quant-model", qp, "--overrides", saved["recipe"], "-o", out)
+        assert r.code == 0, r.stderr
+        x = np.random.default_rng(1).uniform(0, 1, (4, 1, 8)).astype(np.float32)
+        run = lambda p: [ort.InferenceSession(str(p)).run(None, {"x": xi})[0] for xi in x]  # noqa: E731
+        for a, b in zip(run(out), run(saved["model"]), strict=True):
+            np.testing.assert_array_equal(a, b)
+        app.on_undo_clicked()
+        assert dbg.report.min_output_sqnr_db == theirs
     finally:
         dbg.close()

@@ -84,7 +84,7 @@ class DebuggerApp(TensorViews, PromoteFlow, SearchFlow, NetronOptIn):
 
     def _make_panels(self) -> None:
         """The report's buttons (Diagnose, Download HTML report) and the Fix tab."""
-        self.report_panel = ReportPanel(self.debugger)
+        self.report_panel = ReportPanel(self.debugger, applied=self.show_applied)
         from .fix_panel import FixPanel
 
         # qdebug fix on the debugger's models; its files go where the overrides JSON goes (the run's own folder)

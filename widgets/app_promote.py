@@ -281,7 +281,8 @@ class PromoteFlow(AppBase):
         return out
 
     def show_applied(self) -> None:
-        """Show a variant another panel made current (the Fix tab's Apply): the views, the before/after, the message."""
+        """Show a variant another panel made current (the Fix tab's Apply, a diagnostic's remedy): the views, the
+        before/after, the message."""
         hist = self.debugger.history
         ev = hist[-1]
         before_ev = hist[-2] if len(hist) > 1 else None
@@ -292,15 +293,19 @@ class PromoteFlow(AppBase):
         self.before_after.value = self._before_after_html(None if gain is None else gain.before_db, before_ev, ev, None)
         if ev.comparison is not None:
             self.comparison_box.children = [figure("comparison_figure", ev.comparison, css="qd-comparison")]
-        self._say(self.fix_message, f"fix applied: output SQNR {db_text(ev.output_sqnr_db)} (Undo goes back)")
+        what = "fix" if self.debugger.applied_fix else "remedy"
+        self._say(self.fix_message, f"{what} applied: output SQNR {db_text(ev.output_sqnr_db)} (Undo goes back)")
 
     def _changes_html(self) -> str:
         """What the current step changed, in words: the patched Q/DQ pairs (your model) or the re-quantization (a
         model qdebug quantized), and the estimate beside the measurement."""
         dbg = self.debugger
         patch = dbg.changes
+        step = dbg.step
         if dbg.applied_fix:
             what = "the Fix tab's fixed model (its remedies as the fix chose them; its recipe is the fix's)"
+        elif step is not None and step.remedy is not None:
+            what = step.remedy.describe()
         elif patch is not None:
             what = patch.describe()
         else:

@@ -22,10 +22,10 @@ from qdebug.pairing import pair_models
 from qdebug.render.fmt import fmt_db_text
 from qdebug.tensor_values import TensorValues
 
-from .session_steps import StepGain, zip_folder
+from .session_steps import Step, StepGain, suggestion_line, zip_folder
 
 if TYPE_CHECKING:
-    from qdebug.findings import Diagnostics
+    from qdebug.findings import Diagnostics, Remedy
     from qdebug.fix import FixOptions, FixResult
     from qdebug.mixed.overrides import OverridesFile
     from qdebug.mixed.patch import PatchResult
@@ -105,10 +105,7 @@ class QuantDebugger:
         self.session.progress = self._step  # the engine's own steps (debugging sample k/N, re-quantizing, …)
         self._given: DebugReport | None = None
         self._history: list[Evaluation] = []
-        self._plans: list[PromotionPlan | None] = []  # None: the step applied a fix (adopt_fix)
-        self._fix_recipes: list[str | None] = []  # per step: the applied fix's recipe JSON (None: a promotion)
-        self._patches: list[PatchResult | None] = []  # per applied step: what it changed in the given model
-        self._gains: list[StepGain] = []  # per applied step: predicted and measured
+        self._steps: list[Step] = []  # per applied step (beside _history): how it was made, predicted vs measured
         #: every measured step by tensor, kept through undo (a suggestion shown again says what it measured)
         self.measured: dict[str, StepGain] = {}
         self._tensor_cache: dict[tuple[str, int, str], TensorValues] = {}
@@ -179,23 +176,16 @@ class QuantDebugger:
     def changes(self) -> PatchResult | None:
         """What the current variant changed in the QDQ model you gave (``None``: no step applied, or the float
         model was quantized by qdebug)."""
-        return self._patches[-1] if self._patches else None
+        return self._steps[-1].patch if self._steps else None
 
     @property
     def last_gain(self) -> StepGain | None:
         """The current step's predicted and measured gain (``None``: no step applied)."""
-        return self._gains[-1] if self._gains else None
+        return self._steps[-1].gain if self._steps else None
 
     def suggestion_text(self, s: Suggestion) -> str:
         """A suggestion's line: the calibrated estimate, and once a promotion of it was measured, what it measured."""
-        text = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. {s.estimated_output_gain_db:+.1f} dB at output"
-        done = self.measured.get(s.tensor_name)
-        if done is not None:
-            others = f" with {len(done.tensors) - 1} other(s)" if len(done.tensors) > 1 else ""
-            m = done.measured_db
-            said = "" if done.predicted_db is None else f" (predicted {done.predicted_db:+.1f})"
-            text += f"; measured {'n/a' if m is None else f'{m:+.1f} dB'}{others}{said}"
-        return text
+        return suggestion_line(s, self.measured.get(s.tensor_name))
 
     @property
     def baseline(self) -> str:
@@ -223,8 +213,9 @@ class QuantDebugger:
         On top of what is promoted already, or instead of it with ``replace=True`` (applying a point of a
         search, which was measured from the base).
         """
-        if self._fix_recipes and self._fix_recipes[-1] is not None:
-            raise ConfigError("a fix is applied: promotions start from the model before it; undo the fix to promote")
+        if self._steps and self._steps[-1].plan is None:
+            what = "a fix is" if self._steps[-1].fix_recipe is not None else "a remedy is"
+            raise ConfigError(f"{what} applied: promotions start from the model before it; undo it to promote")
         wanted = tuple(dict.fromkeys([*(() if replace else self._requested()), *tensors]))
         if not wanted:
             raise ConfigError("select at least one tensor to promote")
@@ -234,8 +225,7 @@ class QuantDebugger:
         return plan
 
     def _requested(self) -> tuple[str, ...]:
-        last = self._plans[-1] if self._plans else None
-        return () if last is None else last.requested
+        return next((st.plan.requested for st in reversed(self._steps) if st.plan is not None), ())
 
     def apply(self, plan: PromotionPlan) -> Evaluation:
         """Re-quantize with ``plan`` (no re-calibration), re-debug, compare with the base; becomes current. The
@@ -248,11 +238,8 @@ class QuantDebugger:
         self.session.last_patch = None
         ev = self.session.evaluate(plan, name=f"step{len(self._history) + 1}")
         self._history.append(ev)
-        self._plans.append(plan)
-        self._patches.append(self.session.last_patch)
-        self._fix_recipes.append(None)
         gain = StepGain(added, before.min_output_sqnr_db, ev.report.min_output_sqnr_db, predicted)
-        self._gains.append(gain)
+        self._steps.append(Step(gain, plan=plan, patch=self.session.last_patch))
         self.measured.update(dict.fromkeys(added, gain))
         self._tensor_cache.clear()
         self._step(1, 1, f"applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
@@ -275,10 +262,8 @@ class QuantDebugger:
         atomic_write_bytes(kept, Path(result.model_path).read_bytes())
         ev = self.session.measure(kept, chosen.config or self.config, name)
         self._history.append(ev)
-        self._plans.append(None)
-        self._patches.append(None)
-        self._fix_recipes.append(recipe_json(result, self.float_model))
-        self._gains.append(StepGain((), before.min_output_sqnr_db, ev.report.min_output_sqnr_db, None))
+        gain = StepGain((), before.min_output_sqnr_db, ev.report.min_output_sqnr_db, None)
+        self._steps.append(Step(gain, fix_recipe=recipe_json(result, self.float_model)))
         self._tensor_cache.clear()
         self._step(1, 1, f"fix applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
         return ev
@@ -286,16 +271,58 @@ class QuantDebugger:
     @property
     def applied_fix(self) -> bool:
         """Whether the current variant is a fix's model (:meth:`adopt_fix`)."""
-        return bool(self._fix_recipes) and self._fix_recipes[-1] is not None
+        return bool(self._steps) and self._steps[-1].fix_recipe is not None
+
+    def apply_remedy(self, remedy: Remedy) -> Evaluation:
+        """Apply a diagnostic's remedy (:meth:`diagnostics`) to the current model and measure it like a promotion:
+        ``promote_16bit`` promotes its tensors; ``per_channel`` and ``float_fallback`` patch the current QDQ model
+        (:mod:`qdebug.mixed.patch_remedies`: the weight quantized per channel from the float weight, the nodes run in
+        float; every other byte kept). The remedies that change the whole quantization (percentile ranges, sentinel
+        clamps, parameters) are measured by the Fix tab: a :class:`ConfigError` says so."""
+        from qdebug.findings import RemedyKind
+        from qdebug.io import atomic_save_model
+        from qdebug.mixed.patch_remedies import keep_in_float, per_channel_weights
+
+        if remedy.kind == RemedyKind.PROMOTE_16BIT:
+            return self.apply(self.promote(remedy.tensors))
+        if remedy.kind not in (RemedyKind.PER_CHANNEL, RemedyKind.FLOAT_FALLBACK):
+            raise ConfigError(f"{remedy.kind.value.replace('_', ' ')} changes the whole quantization: the Fix tab "
+                              "measures it (Fix, then Apply to the debugger)")  # fmt: skip
+        if self.applied_fix:
+            raise ConfigError("a fix is applied: undo it to apply a remedy to the model before it")
+        before = self.report
+        qm, fm = load_model(self.quant_model_path, "quantized model"), self.session.float_proto
+        last = self._steps[-1] if self._steps else None
+        per_channel, nodes = (last.per_channel, last.float_nodes) if last is not None else ((), ())
+        if remedy.kind == RemedyKind.PER_CHANNEL:
+            patched = per_channel_weights(qm, fm, remedy.tensors)
+            per_channel = tuple(dict.fromkeys([*per_channel, *remedy.tensors]))
+        else:
+            patched = keep_in_float(qm, fm, remedy.nodes)
+            nodes = tuple(dict.fromkeys([*nodes, *remedy.nodes]))
+        if not patched.changes:
+            raise ConfigError(f"{remedy.text}: already so in the current model, nothing to change")
+        name = f"step{len(self._history) + 1}"
+        path = atomic_save_model(patched.model, self.workdir / f"{name}.remedy.qdq.onnx")
+        ev = self.session.measure(path, self.config, name)
+        self._history.append(ev)
+        gain = StepGain(remedy.tensors, before.min_output_sqnr_db, ev.report.min_output_sqnr_db, None)
+        patch = last.patch if last is not None else None  # the promotions under it stay in the recipe
+        self._steps.append(Step(gain, patch=patch, remedy=patched, per_channel=per_channel, float_nodes=nodes))
+        self._tensor_cache.clear()
+        self._step(1, 1, f"remedy applied: worst output SQNR {fmt_db_text(ev.output_sqnr_db)}")
+        return ev
+
+    @property
+    def step(self) -> Step | None:
+        """How the current variant was made (``None``: no step applied)."""
+        return self._steps[-1] if self._steps else None
 
     def undo(self) -> Evaluation | None:
         """Drop the last applied promotion; returns it (None if there was nothing to undo)."""
         if not self._history:
             return None
-        self._plans.pop()
-        self._patches.pop()
-        self._fix_recipes.pop()
-        self._gains.pop()
+        self._steps.pop()
         self._tensor_cache.clear()
         return self._history.pop()
 
@@ -303,10 +330,7 @@ class QuantDebugger:
         """Drop every applied promotion (back to the base); returns how many were dropped."""
         n = len(self._history)
         self._history.clear()
-        self._plans.clear()
-        self._patches.clear()
-        self._fix_recipes.clear()
-        self._gains.clear()
+        self._steps.clear()
         self._tensor_cache.clear()
         return n
 
@@ -445,13 +469,23 @@ class QuantDebugger:
 
         sha, fixes = self.session.overrides_origin()
         kw: dict[str, Any] = {"model_sha256": sha, "requested": self._requested(), "target_fixes": fixes}
+        st = self.step
         if self.quant_model is not None:
+            from qdebug.mixed.patch_remedies import channel_axis
+
             patch = self.changes
             note = "qdebug dashboard: apply with qdebug quantize -f FLOAT --quant-model YOUR.qdq.onnx --overrides THIS"
+            fm = self.session.float_proto
             return patch_recipe(
                 () if patch is None else patch.patches, self.config, quant_model_sha256=file_sha256(self.quant_model),
-                note=note, **kw,
+                per_channel={w: channel_axis(fm, w) for w in (st.per_channel if st else ())},
+                float_nodes=st.float_nodes if st else (), note=note, **kw,
             )  # fmt: skip
+        if st is not None and (st.per_channel or st.float_nodes):
+            raise ConfigError(
+                "a remedy patched qdebug's own quantization: its recipe is for a QDQ model you give (quantize the "
+                "float model with qdebug quantize, give that file as the quantized model, then apply the remedy)"
+            )
         cache = (self.current or self._base_eval()).quantization.calibration_cache
         note = (
             "qdebug dashboard: apply with qdebug quantize -f FLOAT --overrides THIS (the ranges are the calibration's)"
@@ -468,7 +502,7 @@ class QuantDebugger:
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         stem = self.float_model.name.removesuffix(".onnx")
-        fixed = self._fix_recipes[-1] if self._fix_recipes else None
+        fixed = self._steps[-1].fix_recipe if self._steps else None
         recipe = self.recipe().to_json() if fixed is None else fixed
         written: dict[str, Path] = {}
         try:

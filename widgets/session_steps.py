@@ -9,9 +9,15 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qdebug.io import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from qdebug.mixed.patch import PatchResult
+    from qdebug.mixed.patch_remedies import RemedyPatch
+    from qdebug.mixed.promote import PromotionPlan
+    from qdebug.mixed.suggest import Suggestion
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,34 @@ class StepGain:
         return said if self.predicted_db is None else f"predicted {self.predicted_db:+.1f} dB, {said}"
 
 
+@dataclass(frozen=True)
+class Step:
+    """How one applied step was made, beside its :class:`~qdebug.mixed.evaluation.Evaluation`: a promotion (its
+    ``plan``, and ``patch``: what it re-gridded in your model), a fix's model (``fix_recipe``: the fix's recipe JSON)
+    or a diagnostic's remedy (``remedy``: what it patched); ``per_channel`` and ``float_nodes`` are every weight and
+    node the remedies so far made per-channel or float (the recipe carries them), ``patch`` the promotions under
+    them."""
+
+    gain: StepGain
+    plan: PromotionPlan | None = None
+    patch: PatchResult | None = None
+    fix_recipe: str | None = None
+    remedy: RemedyPatch | None = None
+    per_channel: tuple[str, ...] = ()
+    float_nodes: tuple[str, ...] = ()
+
+
+def suggestion_line(s: Suggestion, done: StepGain | None) -> str:
+    """A suggestion's line: its calibrated estimate and, once a step promoted it (``done``), what that measured."""
+    text = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. {s.estimated_output_gain_db:+.1f} dB at output"
+    if done is not None:
+        others = f" with {len(done.tensors) - 1} other(s)" if len(done.tensors) > 1 else ""
+        m = done.measured_db
+        said = "" if done.predicted_db is None else f" (predicted {done.predicted_db:+.1f})"
+        text += f"; measured {'n/a' if m is None else f'{m:+.1f} dB'}{others}{said}"
+    return text
+
+
 def zip_folder(folder: Path, dest: Path) -> Path | None:
     """Every file under ``folder`` in one zip at ``dest`` (written atomically); ``None`` when there is no file."""
     if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
@@ -61,4 +95,4 @@ def zip_folder(folder: Path, dest: Path) -> Path | None:
     return atomic_write_bytes(dest, buf.getvalue())
 
 
-__all__ = ["StepGain", "zip_folder"]
+__all__ = ["Step", "StepGain", "suggestion_line", "zip_folder"]

@@ -164,21 +164,23 @@ def _patch(args: argparse.Namespace, ofile: Any, out: TextIO) -> int:
     """``--quant-model``: the overrides applied to that QDQ model's own Q/DQ pairs (:mod:`qdebug.mixed.patch`)."""
     from qdebug.errors import ConfigError
     from qdebug.io import atomic_save_model, atomic_write_bytes, read_input_bytes
-    from qdebug.mixed.patch import patch_model
+    from qdebug.mixed.recipe import apply_to_quant_model
     from qdebug.model_io import file_sha256, load_model
 
     sha = file_sha256(args.quant_model)
     if ofile.quant_model_sha256 is not None and ofile.quant_model_sha256 != sha:
         raise ConfigError(f"{args.overrides}: made for another quantized model than {args.quant_model}")
-    result = patch_model(load_model(args.quant_model, "quantized model"), ofile.overrides, skip_float=True)
-    if result.patches:
-        atomic_save_model(result.model, args.output)
+    given = load_model(args.quant_model, "quantized model")
+    model, changes = apply_to_quant_model(given, load_model(args.float_model, "float model"), ofile)
+    if model is not given:
+        atomic_save_model(model, args.output)
     else:  # nothing to change: the given file byte for byte
         atomic_write_bytes(args.output, read_input_bytes(args.quant_model, "quantized model"))
     if args.json:
-        print(json.dumps({"model_path": str(args.output), "patches": [p.to_dict() for p in result.patches]}), file=out)
+        print(json.dumps({"model_path": str(args.output), "changes": list(changes)}), file=out)
         return EXIT_OK
-    print(f"wrote {args.output}\n  " + result.describe().replace("\n", "\n  "), file=out)
+    said = "\n  ".join(changes) or "nothing changed: the model is the given one, byte for byte"
+    print(f"wrote {args.output}\n  {said}", file=out)
     return EXIT_OK
 
 

@@ -84,17 +84,24 @@ def patch_recipe(
     patches: Sequence[TensorPatch],
     config: QuantConfig,
     *,
+    per_channel: Mapping[str, int] | None = None,
+    float_nodes: Sequence[str] = (),
     model_sha256: str,
     quant_model_sha256: str,
     requested: Sequence[str] = (),
     note: str = "",
     target_fixes: tuple[str, Sequence[str]] | None = None,
 ) -> OverridesFile:
-    """The recipe of a patch of the user's QDQ model (module docstring, first kind)."""
+    """The recipe of a patch of the user's QDQ model (module docstring, first kind); ``per_channel`` (weight → axis)
+    and ``float_nodes`` are the diagnostics' remedies patched on top (:mod:`qdebug.mixed.patch_remedies`): an
+    ``axis`` entry per weight, the nodes in ``base_config.nodes_to_exclude``."""
+    entries: dict[str, list[TensorOverride]] = dict(recipe_overrides(tuple(patches)))
+    entries.update({w: [TensorOverride(axis=a)] for w, a in (per_channel or {}).items()})
+    base = config.replace(tensor_overrides=(), nodes_to_exclude=tuple(float_nodes) or config.nodes_to_exclude)
     return OverridesFile(
-        make_overrides(recipe_overrides(tuple(patches))),
+        make_overrides(entries),
         model_sha256=model_sha256,
-        base_config=config.replace(tensor_overrides=()),
+        base_config=base,
         requested=tuple(requested),
         note=note,
         target_fixes=None if target_fixes is None else (target_fixes[0], tuple(target_fixes[1])),
@@ -125,4 +132,32 @@ def ranges_recipe(
     )
 
 
-__all__ = ["calibration_ranges", "patch_recipe", "ranges_recipe", "with_ranges"]
+def apply_to_quant_model(
+    quant: onnx.ModelProto, float_model: onnx.ModelProto, ofile: OverridesFile
+) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """A patch recipe applied to the QDQ model ``quant`` (``qdebug quantize --quant-model``): its activation entries
+    re-grid ``quant``'s own Q/DQ pairs (:func:`~qdebug.mixed.patch.patch_model`), its ``axis`` entries quantize those
+    weights per channel and ``base_config.nodes_to_exclude`` run in float
+    (:mod:`qdebug.mixed.patch_remedies`), in that order, as the dashboard applies them. Returns the model and one
+    line per change."""
+    from qdebug.mixed.patch import patch_model
+    from qdebug.mixed.patch_remedies import keep_in_float, per_channel_weights
+
+    acts = tuple((t, es) for t, es in ofile.overrides if all(e.axis is None for e in es))
+    weights = [t for t, es in ofile.overrides if any(e.axis is not None for e in es)]
+    nodes = () if ofile.base_config is None else ofile.base_config.nodes_to_exclude
+    done = patch_model(quant, acts, skip_float=True)
+    lines = [p.describe() for p in done.patches] + [
+        f"{t}: not quantized in the model, left float" for t in done.skipped
+    ]
+    model = done.model
+    if weights:
+        w = per_channel_weights(model, float_model, weights)
+        model, lines = w.model, [*lines, *w.changes]
+    if nodes:
+        f = keep_in_float(model, float_model, nodes)
+        model, lines = f.model, [*lines, *f.changes]
+    return model, tuple(lines)
+
+
+__all__ = ["apply_to_quant_model", "calibration_ranges", "patch_recipe", "ranges_recipe", "with_ranges"]
