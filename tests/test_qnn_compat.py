@@ -219,7 +219,7 @@ def test_the_loop_is_bounded_and_its_record_round_trips() -> None:
     _, rep = compat_loop(model, stubborn, max_rounds=3)
     assert rep.stop is StopReason.NO_MATCH and seen == [1, 2]  # round 2: nothing left to rewrite
     assert rep.applied == ("graph_input_constants",)
-    assert rep.pass_report().warnings == ("QNN still rejects BatchNormalization x1: dynamic mean",)
+    assert rep.pass_report().warnings == ("QNN still rejects BatchNormalization (1 unit(s), 1 node(s)): dynamic mean",)
     assert CompatReport.from_dict(rep.to_dict()) == rep
     assert isinstance(rep.rounds[0].rewrites[0], AppliedRewrite)
     again = FallbackNode.from_dict({"op_type": "X", "nodes": 1, "reason": "r", "by_design": False})
@@ -270,6 +270,7 @@ def test_the_loop_on_qnn_sees_the_rejection_rewrites_and_gets_one_partition(
     assert first.cpu_nodes > 0 and any(reason in f.reason for f in first.rejected), first
     assert [r.name for r in first.rewrites if r.kept] == [rewrite]
     assert rep.stop is StopReason.CLEAN and len(rep.rounds) == 2
+    assert rep.seconds is not None and rep.nodes_before == len(model.graph.node) == rep.pass_report().nodes_before
     assert (last.partitions, last.cpu_nodes, last.rejected) == (1, 0, ())
     check, _, ok = check_rewrite(model, out, synthetic_feeds(model), Exactness.FLOAT_ROUNDING)
     assert ok, check

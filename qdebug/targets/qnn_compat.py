@@ -15,6 +15,7 @@ rejected and why and which rewrites ran; it becomes the ``qnn_compat`` fix of th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
@@ -106,7 +107,7 @@ class CompatRound:
         head = f"round {self.index}: QNN {self.partitions} partition(s), {self.cpu_nodes} CPU node(s)"
         if not self.compiled:
             head += " (the probe compile failed)"
-        rejected = [f"  QNN rejects {f.op_type} x{f.nodes}: {f.reason}" for f in _grouped(self.rejected)]
+        rejected = [f"  QNN rejects {line}" for line in _grouped(self.rejected)]
         return [head, *rejected, *(f"  {r.describe()}" for r in self.rewrites)]
 
 
@@ -117,6 +118,9 @@ class CompatReport:
     rounds: tuple[CompatRound, ...]
     stop: StopReason
     max_rounds: int = MAX_ROUNDS
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    seconds: float | None = None  # the whole loop: probes, rewrites and checks
 
     @property
     def applied(self) -> tuple[str, ...]:
@@ -133,7 +137,7 @@ class CompatReport:
         applied = list(dict.fromkeys(self.applied))
         detail = f"{', '.join(applied) if applied else 'no rewrite'} ({len(self.rounds)} probe(s)); {self.stop.value}"
         still = _grouped(self.still_rejected) if self.stop is not StopReason.CLEAN else []
-        warnings = tuple(f"QNN still rejects {f.op_type} x{f.nodes}: {f.reason}" for f in still)
+        warnings = tuple(f"QNN still rejects {line}" for line in still)
         return PassReport(
             COMPAT_FIX,
             changed=bool(applied),
@@ -141,6 +145,9 @@ class CompatReport:
             rewrites=len(self.applied),
             details=tuple(line for rnd in self.rounds for line in rnd.describe()),
             warnings=warnings,
+            nodes_before=self.nodes_before,
+            nodes_after=self.nodes_after,
+            seconds=self.seconds,
             skipped=self.stop is StopReason.SKIPPED,
         )
 
@@ -165,7 +172,14 @@ class CompatReport:
             )
             for r in d["rounds"]
         )
-        return cls(rounds, StopReason[d["stop"]], int(d.get("max_rounds", MAX_ROUNDS)))
+        return cls(
+            rounds,
+            StopReason[d["stop"]],
+            int(d.get("max_rounds", MAX_ROUNDS)),
+            d.get("nodes_before"),
+            d.get("nodes_after"),
+            d.get("seconds"),
+        )
 
 
 def _listing(names: Sequence[str], limit: int = 4) -> str:
@@ -173,16 +187,15 @@ def _listing(names: Sequence[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _grouped(rejected: Sequence[FallbackNode]) -> list[FallbackNode]:
-    """Rejections of the same op for the same reason as one entry (node counts added up)."""
-    out: dict[tuple[str, str], FallbackNode] = {}
+def _grouped(rejected: Sequence[FallbackNode]) -> list[str]:
+    """Rejections of the same op for the same reason as one line: units (QNN's node groups, e.g. DQ → op → Q),
+    nodes in them, the reason."""
+    out: dict[tuple[str, str], list[int]] = {}
     for f in rejected:
-        key = (f.op_type, f.reason)
-        old = out.get(key)
-        out[key] = (
-            f if old is None else replace(old, nodes=old.nodes + f.nodes, node_names=old.node_names + f.node_names)
-        )
-    return list(out.values())
+        counts = out.setdefault((f.op_type, f.reason), [0, 0])
+        counts[0] += 1
+        counts[1] += f.nodes
+    return [f"{op} ({units} unit(s), {nodes} node(s)): {reason}" for (op, reason), (units, nodes) in out.items()]
 
 
 # ------------------------------------------------------------------------------------------------ the check
@@ -361,5 +374,8 @@ def run_compat_loop(
     model: onnx.ModelProto, options: QnnOptions, ort_config: Callable[[Path, Any], Any] | None
 ) -> tuple[onnx.ModelProto, CompatReport]:
     """:func:`compat_loop` with :func:`qnn_probe` in a temporary folder (removed after)."""
+    t0 = time.perf_counter()
     with temp_dir(prefix="qdebug-qnn-compat-") as tmp:
-        return compat_loop(model, qnn_probe(options, ort_config, Path(tmp)))
+        out, report = compat_loop(model, qnn_probe(options, ort_config, Path(tmp)))
+    seconds = round(time.perf_counter() - t0, 4)
+    return out, replace(report, nodes_before=len(model.graph.node), nodes_after=len(out.graph.node), seconds=seconds)
