@@ -132,6 +132,7 @@ def run(name: str, precision: str, samples: int, remedies: bool) -> dict[str, An
     row["floor"]["process_s"] = wall
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         row["build"] = _build(name, precision, samples, Path(tmp) / "b", [])
+        print(json.dumps({"partial": True, **row}), file=sys.stderr, flush=True)  # the --remedies run may be long
         if remedies:
             row["remedies"] = _build(name, precision, samples, Path(tmp) / "r", ["--remedies"])
     row["load"] = os.getloadavg()
