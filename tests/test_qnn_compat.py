@@ -21,6 +21,7 @@ from qdebug.targets.qnn_compat import (
     StopReason,
     check_rewrite,
     compat_loop,
+    data_feeds,
     run_compat_loop,
     synthetic_feeds,
 )
@@ -224,6 +225,31 @@ def test_the_loop_is_bounded_and_its_record_round_trips() -> None:
     assert isinstance(rep.rounds[0].rewrites[0], AppliedRewrite)
     again = FallbackNode.from_dict({"op_type": "X", "nodes": 1, "reason": "r", "by_design": False})
     assert again.node_names == ()
+
+
+def test_a_probe_that_fails_stops_the_loop_and_keeps_what_passed_its_check() -> None:
+    model = bn_with_input_constants()
+
+    def probe(m: onnx.ModelProto, index: int) -> CompileReport:
+        if index == 2:
+            raise RuntimeError("calibration failed: Invalid input shape\nsecond line")
+        return _report([FallbackNode("BatchNormalization", 1, "dynamic mean", node_names=("bn",))])
+
+    out, rep = compat_loop(model, probe)
+    assert rep.stop is StopReason.PROBE_FAILED and rep.error == "RuntimeError: calibration failed: Invalid input shape"
+    assert [i.name for i in out.graph.input] == ["x"]  # round 1's checked rewrite stays
+    assert rep.pass_report().warnings[-1].startswith("the QNN probe failed in round 2: RuntimeError")
+    assert CompatReport.from_dict(rep.to_dict()) == rep
+
+
+def test_the_checks_use_the_builds_data_when_it_fits(tmp_path: Path) -> None:
+    model = bn_with_input_constants()
+    x = RNG.standard_normal((3, 1, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x, label=np.zeros(3))
+    feeds = data_feeds(model, tmp_path / "calib.npz")
+    assert len(feeds) == 2 and np.array_equal(feeds[0]["x"], x[0])
+    other = data_feeds(model, {"x": RNG.standard_normal((3, 1, 3, 4, 4)).astype(np.float32)})
+    assert other[0]["x"].shape == (1, 3, 8, 8)  # not the model's shape: synthetic samples instead
 
 
 # ------------------------------------------------------------------------------------------------ on real QNN

@@ -168,7 +168,8 @@ class QnnTarget(TargetBase):
         if COMPAT_FIX not in options.skip_fixes:
             cfg = fixed.config
             ort_config = None if cfg is None else (lambda path, reader: self.ort_config(cfg, path, reader))
-            fixed_model, loop = run_compat_loop(fixed.model, qnn_options(options), ort_config)
+            opts = qnn_options(options)
+            fixed_model, loop = run_compat_loop(fixed.model, opts, ort_config, shapes.data, shapes.label_key)
         return Prepared(fixed_model, fixed.config, (*fixes, loop.pass_report()))
 
     def compile(self, job: CompileJob) -> Compiled:

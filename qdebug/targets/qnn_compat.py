@@ -42,6 +42,7 @@ __all__ = [
     "StopReason",
     "check_rewrite",
     "compat_loop",
+    "data_feeds",
     "qnn_probe",
     "run_compat_loop",
     "synthetic_feeds",
@@ -66,6 +67,7 @@ class StopReason(StrEnum):
     NO_MATCH = "no catalogue rewrite answers what QNN rejects"
     NOTHING_APPLIED = "every matching rewrite was refused or failed its check"
     ROUNDS = "round limit reached"
+    PROBE_FAILED = "the probe could not quantize or compile the model (the build goes on without the loop's answer)"
     SKIPPED = "skipped on request"
 
 
@@ -121,6 +123,7 @@ class CompatReport:
     nodes_before: int | None = None
     nodes_after: int | None = None
     seconds: float | None = None  # the whole loop: probes, rewrites and checks
+    error: str | None = None  # why the probe failed (PROBE_FAILED)
 
     @property
     def applied(self) -> tuple[str, ...]:
@@ -138,6 +141,8 @@ class CompatReport:
         detail = f"{', '.join(applied) if applied else 'no rewrite'} ({len(self.rounds)} probe(s)); {self.stop.value}"
         still = _grouped(self.still_rejected) if self.stop is not StopReason.CLEAN else []
         warnings = tuple(f"QNN still rejects {line}" for line in still)
+        if self.error:
+            warnings += (f"the QNN probe failed in round {len(self.rounds) + 1}: {self.error}",)
         return PassReport(
             COMPAT_FIX,
             changed=bool(applied),
@@ -179,6 +184,7 @@ class CompatReport:
             d.get("nodes_before"),
             d.get("nodes_after"),
             d.get("seconds"),
+            d.get("error"),
         )
 
 
@@ -310,8 +316,13 @@ def compat_loop(
     feeds = synthetic_feeds(model) if feeds is None else feeds
     rounds: list[CompatRound] = []
     stop = StopReason.ROUNDS
+    error = None
     for index in range(1, max_rounds + 2):
-        report = probe(model, index)
+        try:
+            report = probe(model, index)
+        except Exception as exc:  # a model ORT's quantizer or QNN cannot take: the build itself will say why
+            stop, error = StopReason.PROBE_FAILED, (f"{type(exc).__name__}: {exc}".splitlines() or [""])[0][:400]
+            break
         rejected = tuple(f for f in report.fallback if not f.by_design)
         rnd = CompatRound(index, report.ok, report.accelerator_partitions, report.cpu_nodes, rejected)
         if not rejected:
@@ -326,7 +337,7 @@ def compat_loop(
         if not any(a.kept for a in applied):
             stop = StopReason.NOTHING_APPLIED if applied else StopReason.NO_MATCH
             break
-    return model, CompatReport(tuple(rounds), stop, max_rounds)
+    return model, CompatReport(tuple(rounds), stop, max_rounds, error=error)
 
 
 # ------------------------------------------------------------------------------------------------ the probe
@@ -370,12 +381,36 @@ def qnn_probe(
     return probe
 
 
+def data_feeds(model: onnx.ModelProto, data: Any, label_key: str = "label", n: int = 2) -> list[dict[str, np.ndarray]]:
+    """The first ``n`` samples of the build's data (a path, mapping or data source) when they fit the model's
+    static inputs; otherwise (no data, other shapes) ``n`` synthetic ones."""
+    if data is None:
+        return synthetic_feeds(model, n)
+    from qdebug.data import open_data
+    from qdebug.errors import DataError
+
+    specs = input_specs(model)
+    try:
+        feeds = [dict(s) for s in open_data(data, specs, num_samples=n, ignore=(label_key,))]
+    except DataError:  # the build's quantize step reads the same data and says what is wrong with it
+        return synthetic_feeds(model, n)
+    fits = all(tuple(f[s.name].shape) == tuple(s.shape) for f in feeds for s in specs if s.name in f)
+    return feeds if feeds and fits else synthetic_feeds(model, n)
+
+
 def run_compat_loop(
-    model: onnx.ModelProto, options: QnnOptions, ort_config: Callable[[Path, Any], Any] | None
+    model: onnx.ModelProto,
+    options: QnnOptions,
+    ort_config: Callable[[Path, Any], Any] | None,
+    data: Any = None,
+    label_key: str = "label",
 ) -> tuple[onnx.ModelProto, CompatReport]:
-    """:func:`compat_loop` with :func:`qnn_probe` in a temporary folder (removed after)."""
+    """:func:`compat_loop` with :func:`qnn_probe` in a temporary folder (removed after); the first samples of
+    ``data`` (:func:`data_feeds`; synthetic ones without it) calibrate the probes and feed the checks."""
     t0 = time.perf_counter()
+    needed = any(rw.present(model) for rw in CATALOGUE)
+    samples = data_feeds(model, data, label_key) if needed else []
     with temp_dir(prefix="qdebug-qnn-compat-") as tmp:
-        out, report = compat_loop(model, qnn_probe(options, ort_config, Path(tmp)))
+        out, report = compat_loop(model, qnn_probe(options, ort_config, Path(tmp), lambda m: samples), feeds=samples)
     seconds = round(time.perf_counter() - t0, 4)
     return out, replace(report, nodes_before=len(model.graph.node), nodes_after=len(out.graph.node), seconds=seconds)
