@@ -10,7 +10,7 @@ Models are given by path. A symbolic input dimension takes its size from the fir
 Usage::
 
     .venv/bin/python benchmarks/qnn_compat.py MODEL.onnx [MODEL.onnx ...] [--dim S=100] [--samples 8]
-                                             [--markdown PATH]
+                                             [--precision uint8|uint16|int8] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -61,15 +61,17 @@ def _shapes(model: onnx.ModelProto, data: Path | None, dims: Mapping[str, int]) 
     }
 
 
-def place(path: Path, work: Path, *, loop: bool, dims: Mapping[str, int], samples: int) -> Placement:
+def place(
+    path: Path, work: Path, *, loop: bool, dims: Mapping[str, int], samples: int, precision: str = "uint8"
+) -> Placement:
     """The QNN target's prepare → quantize → compile of ``path``, with or without the compatibility loop."""
     target = get_target("qnn")
     data = path.with_name("calib.npz") if path.with_name("calib.npz").is_file() else None
     model = onnx.load(str(path))
     shapes = _shapes(model, data, dims)
     skip = () if loop else (COMPAT_FIX,)
-    options = BuildOptions("qnn", "uint8", input_shapes=shapes, skip_fixes=skip)
-    cfg = QuantConfig(target="qnn", num_samples=samples)
+    options = BuildOptions("qnn", precision, input_shapes=shapes, skip_fixes=skip)
+    cfg = QuantConfig(target="qnn", num_samples=samples, **(target.precisions[precision].config or {}))
     t0 = time.perf_counter()
     prepared = target.prepare(model, cfg, options, ShapeSource(shapes, data))
     prep_s = time.perf_counter() - t0
@@ -90,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("models", nargs="+", type=Path)
     ap.add_argument("--dim", action="append", default=[], help="NAME=SIZE for a symbolic input dimension")
     ap.add_argument("--samples", type=int, default=8, help="calibration samples (default 8)")
+    ap.add_argument("--precision", choices=("uint8", "uint16", "int8"), default="uint8")
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args(argv)
     dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
@@ -99,8 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     for path in args.models:
         with tempfile.TemporaryDirectory(prefix="qnn-compat-bench-") as tmp:
-            before = place(path, Path(tmp), loop=False, dims=dims, samples=args.samples)
-            after = place(path, Path(tmp), loop=True, dims=dims, samples=args.samples)
+            kw = {"dims": dims, "samples": args.samples, "precision": args.precision}
+            before = place(path, Path(tmp), loop=False, **kw)  # type: ignore[arg-type]
+            after = place(path, Path(tmp), loop=True, **kw)  # type: ignore[arg-type]
         row = (
             f"| {path.stem} | {before.cell} | {after.cell} | {before.fallback or '-'} | {after.loop} | "
             f"{before.loop_s:.1f} → {after.loop_s:.1f} |"
