@@ -47,14 +47,16 @@ def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], out_shape
 
 
 def movement_net() -> onnx.ModelProto:
-    """x → Conv (signed c1) → {Pad → Conv, Relu → Pad → Conv, c1} → Concat → Slice → Relu → GAP → Squeeze →
-    Unsqueeze → Flatten → Gemm: Pad on a signed and on an unsigned grid, a three-input Concat of several grids,
-    a Slice with a negative start and an INT64_MAX end that ORT requantizes (its Relu fused), both reshape
-    forms."""
+    """x → Unsqueeze → Squeeze → Conv (signed c1) → {Pad → Conv, Relu → Pad → Conv, c1} → Concat → Slice → Relu
+    → {GAP, ReduceMax} → Concat → Squeeze → Unsqueeze → Flatten → Gemm: the graph input read by a Reshape, Pad on
+    a signed and on an unsigned grid, a three-input Concat of several grids, a Slice with a negative start and an
+    INT64_MAX end that ORT requantizes (its Relu fused), a ReduceMax (as a MaxPool), both reshape forms."""
     rng = np.random.default_rng(0)
     pads = [0, 0, 1, 1, 0, 0, 1, 1]
     nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", kernel_shape=[3, 3]),
+        helper.make_node("Unsqueeze", ["x", "uq5"], ["x5"], name="in_unsqueeze"),
+        helper.make_node("Squeeze", ["x5", "uq5"], ["x4"], name="in_squeeze"),
+        helper.make_node("Conv", ["x4", "w1", "b1"], ["c1"], name="conv1", kernel_shape=[3, 3]),
         helper.make_node("Pad", ["c1", "pads"], ["p1"], name="pad_signed", mode="constant"),
         helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], name="conv2", kernel_shape=[3, 3]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
@@ -63,7 +65,9 @@ def movement_net() -> onnx.ModelProto:
         helper.make_node("Concat", ["c2", "c3", "c1"], ["cat"], name="concat", axis=1),
         helper.make_node("Slice", ["cat", "st", "en", "ax"], ["s"], name="slice"),
         helper.make_node("Relu", ["s"], ["sr"], name="relu2"),
-        helper.make_node("GlobalAveragePool", ["sr"], ["g"], name="gap"),
+        helper.make_node("GlobalAveragePool", ["sr"], ["ga"], name="gap"),
+        helper.make_node("ReduceMax", ["sr"], ["gm"], name="max", axes=[2, 3], keepdims=1),
+        helper.make_node("Concat", ["ga", "gm"], ["g"], name="pools", axis=1),
         helper.make_node("Squeeze", ["g", "sq"], ["gs"], name="squeeze"),
         helper.make_node("Unsqueeze", ["gs", "uq"], ["gu"], name="unsqueeze"),
         helper.make_node("Flatten", ["gu"], ["f"], name="flatten", axis=1),
@@ -71,9 +75,9 @@ def movement_net() -> onnx.ModelProto:
     ]
     inits = [
         _w(rng, "w1", (4, 3, 3, 3)), _w(rng, "b1", (4,)), _w(rng, "w2", (4, 4, 3, 3)), _w(rng, "b2", (4,)),
-        _w(rng, "w3", (4, 4, 3, 3)), _w(rng, "b3", (4,)), _w(rng, "w4", (5, 12)), _w(rng, "b4", (5,)),
+        _w(rng, "w3", (4, 4, 3, 3)), _w(rng, "b3", (4,)), _w(rng, "w4", (5, 24)), _w(rng, "b4", (5,)),
         _i64("pads", pads), _i64("st", [-5, 1]), _i64("en", [_INT64_MAX, 5]), _i64("ax", [2, -1]),
-        _i64("sq", [2, 3]), _i64("uq", [1]),
+        _i64("sq", [2, 3]), _i64("uq", [1]), _i64("uq5", [4]),
     ]  # fmt: skip
     return _model(nodes, inits, [1, 5])
 
@@ -102,8 +106,10 @@ def test_the_movement_ops_build_and_run_bit_exact_on_the_host(
     generic = d["codegen"]["Generic"]
     assert generic["ok"] and generic["integer_only"] is True, generic
     ops = [n.op_type for n in onnx.load(str(out / generic["network"])).graph.node]
-    assert ops.count("Pad") == 2 and ops.count("Slice") == 1 and ops.count("Concat") == 2, ops  # two inputs each
-    assert "Squeeze" not in ops and "Unsqueeze" not in ops and ops.count("Reshape") == 3, ops  # + the Concat chain view
+    assert ops.count("Pad") == 2 and ops.count("Slice") == 1 and ops.count("Concat") == 3, ops  # two inputs each
+    assert ops.count("MaxPool") == 1 and "ReduceMax" not in ops, ops  # ReduceMax as a MaxPool
+    assert "Squeeze" not in ops and "Unsqueeze" not in ops, ops  # as Reshapes, Deeploy's own form
+    assert ops[:2] == ["RequantShift", "Reshape"], ops  # the input is copied before a Reshape aliases it
     run = d["run"]["Generic"]
     assert run["ran"] and run["bit_exact"] and run["num_samples"] == 32, run
     assert run["equal_fraction_vs_integer_onnx"] == 1.0 and run["max_diff_vs_integer_onnx"] == 0, run
@@ -111,7 +117,7 @@ def test_the_movement_ops_build_and_run_bit_exact_on_the_host(
 
 
 def keras_bn_net() -> onnx.ModelProto:
-    """x → Conv → Relu → MaxPool → BatchNorm → padded Conv → Relu → GAP → Flatten → Gemm → Mul(vector) →
+    """x → Conv → Relu → MaxPool → BatchNorm → padded Conv → Relu → GlobalMaxPool → Flatten → Gemm → Mul(vector) →
     Add(vector): Keras' order, a BatchNorm with no Conv before it (and a negative γ), then a decomposed one."""
     rng = np.random.default_rng(3)
     gamma = np.array([1.5, -0.7, 0.2, 1.1], np.float32)
@@ -125,7 +131,7 @@ def keras_bn_net() -> onnx.ModelProto:
         helper.make_node("BatchNormalization", ["p1", "gamma", "beta", "mean", "var"], ["n1"], name="bn"),
         helper.make_node("Conv", ["n1", "w2", "b2"], ["c2"], name="conv2", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+        helper.make_node("GlobalMaxPool", ["r2"], ["g"], name="gmp"),
         helper.make_node("Flatten", ["g"], ["f"], name="flatten", axis=1),
         helper.make_node("Gemm", ["f", "w3", "b3"], ["h"], name="fc", transB=1),
         helper.make_node("Mul", ["h", "scale"], ["hs"], name="bn_mul"),

@@ -23,8 +23,10 @@ from qdebug.targets.deeploy_transformer import _uniform_requant
 
 __all__ = ["MOVEMENT_OPS", "integer_movement"]
 
-#: Ops exported as data movement on the integers.
-MOVEMENT_OPS = frozenset({"MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad"})
+#: Ops exported as data movement on the integers (a max picks one of its inputs' integers).
+MOVEMENT_OPS = frozenset(
+    {"MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Pad", "ReduceMax", "GlobalMaxPool"}
+)
 
 
 def _const(state: GraphState, node: onnx.NodeProto, i: int) -> np.ndarray | None:
@@ -85,6 +87,34 @@ def _pad_attrs(node: onnx.NodeProto, state: GraphState, rank: int, act: Activati
     return {"mode": "constant", "pads": pads, "value": q - act.offset}
 
 
+def _max_as_maxpool(
+    state: GraphState, node: onnx.NodeProto, x: str, out: str, shapes: Mapping[str, list[int]]
+) -> list[onnx.NodeProto]:
+    """ReduceMax over two axes of a 4-D tensor (or GlobalMaxPool) as one MaxPool (Deeploy 0.2.1 maps MaxPool, not
+    ReduceMax): a Transpose puts the reduced axes last, the MaxPool's kernel covers them, a Reshape gives the
+    output's shape."""
+    shape = _shape(node, shapes, node.input[0])
+    a = _attrs(node)
+    axes_c = _const(state, node, 1)
+    axes = [2, 3] if node.op_type == "GlobalMaxPool" else list(axes_c if axes_c is not None else a.get("axes", []))
+    axes = sorted(int(ax) % len(shape) for ax in axes)
+    if len(shape) != 4 or len(axes) != 2 or 0 in axes or a.get("noop_with_empty_axes", 0):
+        raise TargetError(
+            f"{_label(node)}: only a max over two non-batch axes of a 4-D tensor is exported (as MaxPool)"
+        )
+    keep = [i for i in range(4) if i not in axes]
+    perm = keep + axes
+    name = node.name or out
+    moved, pooled, shape_name = (state.unique(f"{name}_{p}") for p in ("moved", "pooled", "shape"))
+    state.acts[moved] = state.acts[pooled] = state.acts[x]
+    state.set_const(shape_name, np.array(_shape(node, shapes, node.output[0]), np.int64))
+    kernel = [shape[axes[0]], shape[axes[1]]]
+    nodes = [] if perm == [0, 1, 2, 3] else [_node("Transpose", [x], [moved], state.unique(f"{name}_move"), perm=perm)]
+    pool = _node("MaxPool", [moved if nodes else x], [pooled], state.unique(f"{name}_pool"), kernel_shape=kernel,
+                 strides=kernel, pads=[0, 0, 0, 0], ceil_mode=0)  # fmt: skip
+    return [*nodes, pool, _node("Reshape", [pooled, shape_name], [out], name)]
+
+
 def integer_movement(
     state: GraphState,
     node: onnx.NodeProto,
@@ -132,6 +162,8 @@ def integer_movement(
         for k, v in zip(names, consts, strict=True):
             state.set_const(k, np.array(v, np.int64))
         return [*pre, _node("Slice", [x, *names], [out], name)]
+    if op in ("ReduceMax", "GlobalMaxPool"):
+        return [*pre, *_max_as_maxpool(state, node, x, out, shapes)]
     if op == "Pad":
         attrs = _pad_attrs(node, state, len(_shape(node, shapes, node.input[0])), src)
         return [*pre, _node("Pad", [x], [out], name, **attrs)]

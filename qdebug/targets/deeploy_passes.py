@@ -21,7 +21,16 @@ from qdebug.targets import deeploy_transformer as dt
 from qdebug.targets.deeploy_evaluate import _run, _tensor_attr
 from qdebug.targets.deeploy_fold import _PASS_THROUGH, fold_dequant_quant_to_requantshift
 from qdebug.targets.deeploy_gelu import gelu_chains
-from qdebug.targets.deeploy_graph import GraphState, StatePass, _activation, _attrs, _label, _qparams, _replace_input
+from qdebug.targets.deeploy_graph import (
+    Activation,
+    GraphState,
+    StatePass,
+    _activation,
+    _attrs,
+    _label,
+    _qparams,
+    _replace_input,
+)
 from qdebug.targets.deeploy_movement import MOVEMENT_OPS
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node, _rqs
 from qdebug.targets.deeploy_transformer import TRANSFORMER_OPS
@@ -257,32 +266,48 @@ def strip_output_dequant(state: GraphState) -> int:
     return n
 
 
-def copy_aliased_outputs(state: GraphState) -> int:
-    """A graph output made by a Reshape/Flatten gets a copying RequantShift (``mul`` 1, ``div`` 1) after it.
+def copy_aliased_io(state: GraphState) -> int:
+    """A copying RequantShift (``mul`` 1, ``div`` 1) after a graph input read by a Reshape/Flatten and before a
+    graph output made by one.
 
-    Why: Deeploy's Reshape is no copy; its generated code re-points the output variable inside ``RunNetwork`` while
-    ``DeeployNetwork_outputs[]``, which a caller reads, still points at the buffer set up in ``InitNetwork``
-    (measured: a network ending in a Reshape returned that buffer's stale contents).
+    Why: Deeploy's Reshape is no copy. Its generated code frees the aliased buffer after the last use, so a
+    Reshape of a graph input freed the input buffer (measured: the second sample's input was written into freed
+    memory), and it re-points an output variable inside ``RunNetwork`` while ``DeeployNetwork_outputs[]``, which a
+    caller reads, keeps the buffer set up in ``InitNetwork`` (measured: a stale output).
     """
-    producer = {t: node for node in state.graph.node for t in node.output}
     n = 0
+    alias_ops = ("Reshape", "Flatten")
+    for i in state.graph.input:
+        readers = [nd for nd in state.graph.node if i.name in nd.input]
+        act = state.inputs.get(i.name) or state.acts.get(i.name)
+        if act is not None and any(nd.op_type in alias_ops for nd in readers):
+            copy = state.unique(f"{i.name}_copy")
+            _rename_tensor(state, i.name, copy)
+            _insert_copy(state, i.name, copy, act, 0)
+            n += 1
+    producer = {t: node for node in state.graph.node for t in node.output}
     for o in state.graph.output:
         node = producer.get(o.name)
-        if node is None or node.op_type not in ("Reshape", "Flatten"):
+        if node is None or node.op_type not in alias_ops:
             continue
         view = state.unique(f"{o.name}_view")
         _rename_tensor(state, o.name, view)
-        act = state.acts[view] = state.acts[o.name]
-        one, zero = state.unique(f"{o.name}_copy_mul"), state.unique(f"{o.name}_copy_add")
-        state.set_const(one, np.array(1, np.int32))
-        state.set_const(zero, np.array(0, np.int32))
-        rq = _rqs(view, one, zero, o.name, state.unique(f"{o.name}_copy"), 1, 256, act.signed)
-        nodes = list(state.graph.node)
-        nodes.insert(nodes.index(node) + 1, rq)  # before any reader of the output: the graph stays in order
-        del state.graph.node[:]
-        state.graph.node.extend(nodes)
+        state.acts[view] = state.acts[o.name]
+        _insert_copy(state, view, o.name, state.acts[o.name], list(state.graph.node).index(node) + 1)
         n += 1
     return n
+
+
+def _insert_copy(state: GraphState, src: str, dst: str, act: Activation, at: int) -> None:
+    """``dst = RequantShift(src, 1, 0)`` (``div`` 1) inserted at position ``at``, so the graph stays in order."""
+    one, zero = state.unique(f"{dst}_copy_mul"), state.unique(f"{dst}_copy_add")
+    state.set_const(one, np.array(1, np.int32))
+    state.set_const(zero, np.array(0, np.int32))
+    nodes = list(state.graph.node)
+    nodes.insert(at, _rqs(src, one, zero, dst, state.unique(f"{dst}_copy"), 1, 256, act.signed))
+    del state.graph.node[:]
+    state.graph.node.extend(nodes)
+    state.acts[dst] = act
 
 
 def _rename_tensor(state: GraphState, old: str, new: str) -> None:
@@ -413,8 +438,11 @@ def explicit_attributes(state: GraphState) -> int:
             else:
                 kshape = list(a["kernel_shape"])
                 want = {"ceil_mode": 0}
-            if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            auto = a.get("auto_pad", b"NOTSET")
+            if auto not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
                 raise TargetError(f"{_label(node)}: auto_pad is not supported; export explicit pads")
+            if auto in (b"VALID", "VALID"):  # no padding: the explicit pads below say so
+                del node.attribute[[x.name for x in node.attribute].index("auto_pad")]
             want |= {"kernel_shape": kshape, "strides": [1] * len(kshape), "pads": [0] * (2 * len(kshape))}
         elif node.op_type == "Gemm":
             want = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
@@ -511,7 +539,7 @@ PASSES: tuple[tuple[str, StatePass], ...] = (
     ("strip_input_quant", strip_input_quant),
     ("fold_dequant_quant_to_requantshift", fold_dequant_quant_to_requantshift),
     ("strip_output_dequant", strip_output_dequant),
-    ("copy_aliased_outputs", copy_aliased_outputs),
+    ("copy_aliased_io", copy_aliased_io),
     ("fold_input_zero_point", fold_input_zero_point),
     ("fold_conv_bias", fold_conv_bias),
     ("tighten_requant_to_observed_range", tighten_requant_to_observed_range),
