@@ -183,6 +183,9 @@ class _Graph:
         self.names = {o for n in g.node for o in n.output} | set(self.inits) | {i.name for i in g.input}
 
     def params(self, q: onnx.NodeProto) -> QParams:
+        missing = [i for i in q.input[1:] if i and i not in self.inits]
+        if missing:
+            raise ConfigError(f"{q.input[0]}: its QuantizeLinear reads {missing[0]!r}, not an initializer: not patched")
         scale = numpy_helper.to_array(self.inits[q.input[1]]).reshape(-1)
         if scale.size != 1:
             raise ConfigError(f"{q.input[0]}: its QuantizeLinear is per-axis; only per-tensor activations are patched")
