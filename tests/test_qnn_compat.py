@@ -227,6 +227,28 @@ def test_the_loop_is_bounded_and_its_record_round_trips() -> None:
     assert again.node_names == ()
 
 
+def test_a_loop_that_always_finds_something_to_rewrite_stops_at_the_round_limit() -> None:
+    model = einsum_model("ij,jk->ik", [[4, 5], [5, 6]])
+
+    def renames(m: onnx.ModelProto, names: object) -> RewriteResult:  # always "fixes" something, never enough
+        out = onnx.ModelProto()
+        out.CopyFrom(m)
+        out.graph.node[0].name += "_again"
+        return RewriteResult(out, (out.graph.node[0].name,))
+
+    endless = Rewrite("endless", lambda f, m: True, renames, Exactness.BIT_IDENTICAL, "renames", lambda m: True)
+    probes: list[int] = []
+
+    def probe(m: onnx.ModelProto, index: int) -> CompileReport:
+        probes.append(index)
+        return _report([FallbackNode("Einsum", 1, "unsupported", node_names=(m.graph.node[0].name,))])
+
+    out, rep = compat_loop(model, probe, max_rounds=3, catalogue=(endless,))
+    assert rep.stop is StopReason.ROUNDS and probes == [1, 2, 3, 4]  # 3 rounds of rewrites, then one last look
+    assert rep.applied == ("endless",) * 3 and out.graph.node[0].name == "the_einsum_again_again_again"
+    assert rep.pass_report().warnings == ("QNN still rejects Einsum (1 unit(s), 1 node(s)): unsupported",)
+
+
 def test_a_probe_that_fails_stops_the_loop_and_keeps_what_passed_its_check() -> None:
     model = bn_with_input_constants()
 
