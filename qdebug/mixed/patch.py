@@ -34,7 +34,6 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "int16": (-32768, 32767),
 }
 _NP = {"uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16}
-_ONNX_OF = {np.dtype(v).name: k for k, v in _NP.items()}
 #: Opset from which ``ai.onnx`` Q/DQ take 16-bit types (below it ORT's ``com.microsoft`` Q/DQ do).
 WIDE_QDQ_OPSET = 21
 
@@ -349,17 +348,11 @@ def recipe_overrides(patches: tuple[TensorPatch, ...]) -> dict[str, list[TensorO
     return out
 
 
-def onnx_type(quant_type: str) -> int:
-    """The ONNX element type of a quantization type name."""
-    return helper.np_dtype_to_tensor_dtype(np.dtype(_NP[quant_type]))
-
-
 __all__ = [
     "BOUNDS",
     "PatchResult",
     "QParams",
     "TensorPatch",
-    "onnx_type",
     "patch_model",
     "recipe_overrides",
     "target_params",
