@@ -145,7 +145,7 @@ def test_a_fix_applied_from_the_ui_is_measured_before_after_and_downloadable(tmp
         assert f"before: your model ({user.name})" in shown and "the Fix tab's fixed model" in shown
         assert f"this step: measured {gain.measured_db:+.1f} dB" in shown
         assert "fix applied to the debugger" in panel.message.value
-        with pytest.raises(Exception, match="a fix is applied: .* undo it to promote"):
+        with pytest.raises(Exception, match=r"a fix is applied: .* undo it to promote"):
             dbg.promote([dbg.report.activations[0].tensor_name])
         saved = app.on_export_fix_clicked()
         assert saved["model"].read_bytes() == Path(result.model_path).read_bytes()
@@ -194,5 +194,34 @@ def test_a_diagnostics_remedy_applied_from_the_ui_patches_your_model(tmp_path: P
             np.testing.assert_array_equal(a, b)
         app.on_undo_clicked()
         assert dbg.report.min_output_sqnr_db == theirs
+    finally:
+        dbg.close()
+
+
+def test_download_carries_the_qnn_compile_of_the_patched_model(tmp_path: Path) -> None:
+    """A promotion of your model (16-bit pairs as ORT's com.microsoft Q/DQ) compiles for the HTP, and Download fixed
+    model zips the EPContext model with the QDQ model and its recipe."""
+    import os
+    import zipfile
+
+    from qdebug.targets.qnn_options import qnn_available
+
+    ok, why = qnn_available()
+    if not ok:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"onnxruntime-qnn unusable: {why} (CI=true: the QNN tests must run, not skip)")
+        pytest.skip(f"onnxruntime-qnn unusable: {why}")
+    cfg = QuantConfig(weight_type="int8", per_channel=True, num_samples=32)
+    user = Path(quantize(FLOAT, CALIB, cfg, tmp_path / "user.qdq.onnx", check=False).model_path)
+    dbg = QuantDebugger(FLOAT, user, data=CALIB, config=QuantConfig(target="qnn"), debug_options=OPTIONS,
+                        workdir=tmp_path / "session")  # fmt: skip
+    try:
+        dbg.apply(dbg.promote([dbg.suggestions(1)[0].tensor_name]))
+        assert dbg.changes is not None and dbg.changes.patches
+        assert dbg.recompile("qnn").ok
+        saved = dbg.export_fix(tmp_path / "out", "qnn")
+        assert set(saved) == {"model", "recipe", "compiled"}
+        names = zipfile.ZipFile(saved["compiled"]).namelist()
+        assert any(n.endswith("_ctx.onnx") for n in names), names
     finally:
         dbg.close()
