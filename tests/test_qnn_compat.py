@@ -70,6 +70,10 @@ EQUATIONS = [
     ("i,j->ij", [[4], [5]], False),  # outer product: nothing contracted
     ("ij->ji", [[4, 5]], False),  # one operand, a transpose
     ("bthd->bhtd", [[2, 3, 4, 5]], False),
+    ("ij->i", [[4, 5]], False),  # one-operand sums: ReduceSum
+    ("bij->jb", [[2, 4, 5]], False),
+    ("ij,jk->k", [[4, 5], [5, 6]], False),  # i summed within the first operand, then a product
+    ("bik,bkj->b", [[2, 3, 4], [2, 4, 5]], True),
 ]
 
 
@@ -81,7 +85,7 @@ def test_einsum_to_matmul_matches_einsum_on_ort_cpu(equation: str, shapes: list[
     assert model.SerializeToString() == before  # never the caller's model
     assert result.model is not None and result.rewritten == ("the_einsum",) and not result.refused
     assert not any(n.op_type == "Einsum" for n in result.model.graph.node)
-    assert {n.op_type for n in result.model.graph.node} <= {"MatMul", "Transpose", "Reshape"}
+    assert {n.op_type for n in result.model.graph.node} <= {"MatMul", "Transpose", "Reshape", "ReduceSum"}
     onnx.checker.check_model(result.model, full_check=True)
     check, diff, ok = check_rewrite(model, result.model, feeds_for(model), Exactness.FLOAT_ROUNDING)
     assert ok, check
@@ -104,8 +108,8 @@ def test_a_constant_operand_is_transposed_in_numpy_not_by_a_node() -> None:
     [
         ("ii->i", [[4, 4]], "repeated letter"),
         ("...ij,...jk->...ik", [[2, 4, 5], [2, 5, 6]], "ellipsis"),
-        ("ij->i", [[4, 5]], "sums over an axis"),
-        ("ij,jk->k", [[4, 5], [5, 6]], "summed within one operand"),
+        ("ij->ik", [[4, 5]], "an output letter is in no operand"),
+        ("ij,jk->ikl", [[4, 5], [5, 6]], "an output letter is in no operand"),
         ("bij,bjk->bik", [[1, 4, 5], [3, 5, 6]], "broadcasting"),
     ],
 )

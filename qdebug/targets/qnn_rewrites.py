@@ -4,11 +4,12 @@ read from the compile log) and rewrites the nodes QNN named, on a copy of the mo
 
 ``einsum_to_matmul``
     QNN takes few Einsum equations ("Einsum unsupported equation: btgi,gih->btgh" for a grouped linear layer). Any
-    two-operand equation without ellipsis, repeated letters or one-sided sums is a batched matrix product: each
-    operand transposed to (batch, free, contracted) order and reshaped to rank 3 (rank 2 without batch letters),
-    one MatMul, then a reshape and a transpose to the output's order; a one-operand equation that only permutes
-    is a Transpose. Constant operands are transposed and reshaped in numpy (a data move, exact). The rest is
-    refused with its reason.
+    one- or two-operand equation without ellipsis, repeated letters (diagonals) or broadcast dimensions is a
+    batched matrix product: letters summed within one operand are summed out first (ReduceSum), then each operand
+    is transposed to (batch, free, contracted) order and reshaped to rank 3 (without batch letters the left one
+    keeps its leading dimensions), one MatMul, then a reshape and a transpose to the output's order; a one-operand
+    equation is a ReduceSum and/or a Transpose. Constant operands are transposed and reshaped in numpy (a data
+    move, exact). The rest is refused with its reason.
 ``graph_input_constants``
     Exports made for IR < 4 list every initializer as a graph input too, which makes it an *overridable* input:
     ORT and QNN then treat it as a runtime tensor ("QNN BatchNorm doesn't support dynamic mean."). Removing those
@@ -171,7 +172,7 @@ def einsum_plan(equation: str, shape_a: Sequence[int], shape_b: Sequence[int]) -
     if set(out) - set(a) - set(b):
         raise ValueError("an output letter is in no operand")
     lonely = [c for c in a + b if c not in out and ((c in a) != (c in b))]
-    if lonely:
+    if lonely:  # _rewrite_einsum sums these out first (ReduceSum); a plan is for what is left
         raise ValueError(f"letter(s) {''.join(sorted(set(lonely)))!r} are summed within one operand")
     batch = "".join(c for c in out if c in a and c in b)
     left = "".join(c for c in out if c in a and c not in b)
@@ -235,6 +236,22 @@ class _Emitter:
         self.nodes.append(helper.make_node(op, inputs, [o], name=self.name(f"{what}_node"), **attrs))
         return o
 
+    def sum_out(self, name: str, term: str, dims: Sequence[int], keep: str, opset: int) -> tuple[str, str, list[int]]:
+        """The operand with the axes of its letters not in ``keep`` summed out (ReduceSum; numpy for a constant)."""
+        axes = [i for i, c in enumerate(term) if c not in keep]
+        if not axes:
+            return name, term, list(dims)
+        rest = "".join(c for c in term if c in keep)
+        kept = [d for i, d in enumerate(dims) if i not in axes]
+        if name in self.inits and name not in {i.name for i in self.g.input}:
+            arr = numpy_helper.to_array(self.inits[name])
+            return self.const(arr.sum(axis=tuple(axes), dtype=np.float64).astype(arr.dtype), "sum"), rest, kept
+        if opset >= 13:  # ReduceSum takes its axes as an input from opset 13 on
+            out = self.node("ReduceSum", [name, self.const(np.array(axes, np.int64), "sum_axes")], "sum", keepdims=0)
+        else:
+            out = self.node("ReduceSum", [name], "sum", axes=axes, keepdims=0)
+        return out, rest, kept
+
     def operand(
         self, name: str, dims: Sequence[int], perm: tuple[int, ...] | None, shape: tuple[int, ...], what: str
     ) -> str:
@@ -259,23 +276,30 @@ def _rewrite_einsum(model: onnx.ModelProto, node: onnx.NodeProto, shapes: Mappin
     if missing:
         return f"operand {missing[0]!r} has no static shape"
     em = _Emitter(model, _node_label(node))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     try:
-        if len(node.input) == 1:
-            (term,), out = _parse(eq, 1)
+        terms, out = _parse(eq, len(node.input))
+        # Letters summed within one operand (in neither the other operand nor the output) are summed out first.
+        ops = [
+            em.sum_out(x, t, shapes[x], "".join(terms[1 - k] if len(terms) == 2 else "") + out, opset)
+            for k, (x, t) in enumerate(zip(node.input, terms, strict=True))
+        ]
+        if len(ops) == 1:
+            (x, term, _), final = ops[0], node.output[0]
             if sorted(term) != sorted(out):
-                return f"equation {eq!r} sums over an axis (only permutations of one operand are supported)"
+                raise ValueError("an output letter is in no operand")
             perm = _perm(term, out)
-            em.node(
-                "Transpose" if perm else "Identity",
-                [node.input[0]],
-                "t",
-                out=node.output[0],
-                **({"perm": list(perm)} if perm else {}),
-            )
+            if perm:
+                em.node("Transpose", [x], "t", out=final, perm=list(perm))
+            elif em.nodes:  # the sum alone is the result
+                em.nodes[-1].output[0] = final
+            else:
+                em.node("Identity", [x], "t", out=final)
         else:
-            plan = einsum_plan(eq, shapes[node.input[0]], shapes[node.input[1]])
-            a = em.operand(node.input[0], shapes[node.input[0]], plan.perm_a, plan.shape_a, "a")
-            b = em.operand(node.input[1], shapes[node.input[1]], plan.perm_b, plan.shape_b, "b")
+            (xa, ta, da), (xb, tb, db) = ops
+            plan = einsum_plan(f"{ta},{tb}->{out}", da, db)
+            a = em.operand(xa, da, plan.perm_a, plan.shape_a, "a")
+            b = em.operand(xb, db, plan.perm_b, plan.shape_b, "b")
             final = node.output[0]
             flat = plan.shape_out != (*plan.shape_a[:-1], plan.shape_b[-1])
             y = em.node("MatMul", [a, b], "matmul", out=None if flat or plan.perm_out else final)
