@@ -47,6 +47,7 @@ from qdebug.quantize_choice import (
     weight_steps,
 )
 from qdebug.targets.base import to_ort_config
+from qdebug.targets.quant_constraints import constraint_note
 
 #: 2: ``checked_on`` and ``choice`` (version 1 results read with neither)
 SCHEMA_VERSION = 2
@@ -444,6 +445,7 @@ def quantize(
         )
         ort_cfg = to_ort_config(cfg, model_path, as_ort_reader(source))
         ort_cfg.nodes_to_exclude = [*(ort_cfg.nodes_to_exclude or []), *keep_float]
+        notes += [n for n in (constraint_note(cfg.target, cfg.ort_overrides(), ort_cfg),) if n]
         try:
             # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
             with np.errstate(all="ignore"), warnings.catch_warnings():

@@ -113,8 +113,12 @@ def test_quantize_for_deeploy_gives_the_padded_stem_a_zero_point_of_zero(tmp_pat
     model = tmp_path / "stem.onnx"
     onnx.save(padded_stem_cnn(), str(model))
     cfg = QuantConfig(activation_type="int8", weight_type="int8", target="deeploy")
-    signed = _zero_points(Path(quantize(model, {"x": _normalised()}, cfg, tmp_path / "s.onnx").model_path))
+    res = quantize(model, {"x": _normalised()}, cfg, tmp_path / "s.onnx")
+    signed = _zero_points(Path(res.model_path))
     assert signed["x"] == 0 and signed["r1"] == -128, signed  # symmetric input; the ReLU keeps its unsigned grid
+    assert "target 'deeploy': 1 tensor(s) quantized symmetric to meet its kernels' constraints" in " ".join(
+        res.warnings
+    ), res.warnings
     cpu = QuantConfig(activation_type="int8", weight_type="int8", target="cpu")
     assert _zero_points(Path(quantize(model, {"x": _normalised()}, cpu, tmp_path / "c.onnx").model_path))["x"] != 0
     # Non-negative data (images in [0, 1]) keeps ORT's zero point −128: stored unsigned, no bit lost.

@@ -298,7 +298,7 @@ def export(
     layernorm = layernorm or form
     if layernorm not in LAYERNORM_FORMS:
         raise TargetError(f"layernorm must be one of {LAYERNORM_FORMS}, got {layernorm!r}")
-    state = GraphState(model, layernorm=layernorm, int8_matmul=int8_matmul)
+    state = GraphState(model, layernorm=layernorm, int8_matmul=int8_matmul, platform=platform)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or set(os.listdir(out)) - set(_OUTPUT_FILES)):
         raise TargetError(f"{out}: exists and holds other files than a previous export; choose another folder")

@@ -76,6 +76,8 @@ class GraphState:
     layernorm: str = "iLayerNorm"
     #: MatMul operands must be int8 (PULPOpen/Siracusa): uint8 ones are re-encoded (``deeploy_transformer``)
     int8_matmul: bool = False
+    #: the Deeploy platform the network is for (``deeploy_export.PLATFORM_FORMS``)
+    platform: str = "Generic"
     #: static tensor shapes of the QDQ model as given (ONNX inference on the rewritten graph loses some)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     #: integer input samples (quantized values q by input name) for data-driven passes and the comparison

@@ -273,8 +273,11 @@ def copy_aliased_io(state: GraphState) -> int:
     Why: Deeploy's Reshape is no copy. Its generated code frees the aliased buffer after the last use, so a
     Reshape of a graph input freed the input buffer (measured: the second sample's input was written into freed
     memory), and it re-points an output variable inside ``RunNetwork`` while ``DeeployNetwork_outputs[]``, which a
-    caller reads, keeps the buffer set up in ``InitNetwork`` (measured: a stale output).
+    caller reads, keeps the buffer set up in ``InitNetwork`` (measured: a stale output). Generic only: the
+    untiled Siracusa deployer maps no RequantShift that follows no Conv/Gemm/MatMul, and its code is not run here.
     """
+    if state.platform != "Generic":
+        return 0
     n = 0
     alias_ops = ("Reshape", "Flatten")
     for i in state.graph.input:

@@ -26,6 +26,7 @@ __all__ = [
     "ZeroPoint",
     "constrained_overrides",
     "constrained_tensors",
+    "constraint_note",
 ]
 
 SCHEMA_VERSION = 1
@@ -214,3 +215,17 @@ def constrained_overrides(
     for c in tensors:
         merged[c.tensor] = _with_symmetric(merged.get(c.tensor, []))
     return merged or None
+
+
+def constraint_note(target: str, given: Mapping[str, Any], ort_config: Any) -> str | None:
+    """One line naming the tensors the target's constraints put on a symmetric grid in ``ort_config`` (ORT's
+    ``StaticQuantConfig``) beyond the user's own overrides ``given``; None when there are none."""
+    final = (getattr(ort_config, "extra_options", None) or {}).get("TensorQuantOverrides") or {}
+    added = [t for t, entries in final.items() if t not in given and any(e.get("symmetric") for e in entries)]
+    if not added:
+        return None
+    names = ", ".join(repr(t) for t in added[:4]) + (", …" if len(added) > 4 else "")
+    return (
+        f"target {target!r}: {len(added)} tensor(s) quantized symmetric to meet its kernels' constraints "
+        f"(Target.quant_constraints): {names}"
+    )
