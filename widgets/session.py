@@ -345,8 +345,9 @@ class QuantDebugger:
 
         return {name: (a.ok, a.reason) for name, a in available_targets().items()}
 
-    def recompile(self, target: str = CPU_TARGET) -> RecompileResult:
-        """Compile the current variant for a registered ``target`` (e.g. ``cpu``, ``qnn``, ``deeploy``)."""
+    def recompile(self, target: str = CPU_TARGET, options: Any = None) -> RecompileResult:
+        """Compile the current variant for a registered ``target`` (e.g. ``cpu``, ``qnn``, ``deeploy``); ``options``: a
+        ``BuildOptions`` (e.g. the SoC of an earlier compile, so that before and after run on one device)."""
         self._step(0, 1, f"compiling for {target}")
         ev = self.current
         if ev is None:  # a given pair: compile the given QDQ model
@@ -358,10 +359,11 @@ class QuantDebugger:
                 target,
                 float_model=self.float_model,
                 data=self.session.debug_data,
+                options=options,
                 progress=lambda msg: self._step(0, 1, msg),
             )
         else:
-            res = self.session.recompile(ev, target)
+            res = self.session.recompile(ev, target, options)
         self._step(1, 1, f"compiled for {target}: {'ok' if res.ok else 'failed'}")
         return res
 

@@ -33,6 +33,9 @@ class RecompileResult:
     qdq_model: str | None = None
     #: what the recompile did besides compiling (Deeploy: the scale snapping, the bit-exactness figures)
     notes: tuple[str, ...] = ()
+    #: the SoC compiled for (QNN); ``None``: the target's default device, or a target without SoCs. A caller that
+    #: compiles several variants passes it back (``soc=``) so that all run on one device
+    soc: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -49,6 +52,7 @@ class RecompileResult:
             "target_accuracy": None if self.target_accuracy is None else self.target_accuracy.to_dict(),
             "qdq_model": self.qdq_model,
             "notes": list(self.notes),
+            "soc": self.soc,
         }
 
     @classmethod
@@ -61,6 +65,7 @@ class RecompileResult:
             problems=tuple(d.get("problems", ())),
             qdq_model=d.get("qdq_model"),
             notes=tuple(d.get("notes", ())),
+            soc=d.get("soc"),
         )
 
 
@@ -159,4 +164,6 @@ def recompile(
     acc = None
     if not problems and float_model is not None and source is not None:
         acc = t.check(job, compiled)
-    return RecompileResult(compiled.report, acc, problems, qdq_out, (*compiled.notes, *compiled.warnings))
+    soc = compiled.manifest.get("compiled_soc")  # the SoC the target chose (QNN moves a 16-bit-weight model to v73)
+    notes = (*compiled.notes, *compiled.warnings)
+    return RecompileResult(compiled.report, acc, problems, qdq_out, notes, None if soc is None else str(soc))
