@@ -266,3 +266,40 @@ def test_the_qnn_target_notes_the_behaviours_for_the_fix_engine() -> None:
     assert "--remedies" in notes[-1]
     assert get_target("qnn").qdq_notes(_reciprocal_qdq("uint8", x_top=2.0)) == []
     assert get_target("cpu").qdq_notes(_reciprocal_qdq("uint8")) == []
+
+
+def _hardsigmoid_qdq(act: str, y_top: float) -> onnx.ModelProto:
+    """x → Q/DQ → HardSigmoid(0.2 x + 0.5) → Q/DQ, the grids of a squeeze-and-excitation gate of ppocr-cls."""
+    elem, qmax = _GRIDS[act]
+    nodes, inits = _act_qdq("x", -2.0907, 1.1858, elem, qmax)
+    nodes.append(helper.make_node("HardSigmoid", ["x_dq"], ["y"], name="gate", alpha=0.2, beta=0.5))
+    more_nodes, more_inits = _act_qdq("y", 0.0, y_top, elem, qmax)
+    graph = helper.make_graph(
+        nodes + more_nodes,
+        "hardsigmoid",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 1, 1])],
+        [helper.make_tensor_value_info("y_dq", TensorProto.FLOAT, [1, 64, 1, 1])],
+        inits + more_inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_hardsigmoid_with_a_16_bit_grid_below_one_is_scaled_by_its_top_on_the_htp(tmp_path: Path) -> None:
+    assert find_behaviours(_hardsigmoid_qdq("uint8", 0.7372)) == ()
+    assert find_behaviours(_hardsigmoid_qdq("uint16", 1.0)) == ()
+    model = _hardsigmoid_qdq("uint16", 0.7372)
+    assert [f.behaviour for f in find_behaviours(model)] == [HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE]
+    require_qnn()
+    x = np.random.default_rng(0).uniform(-2.09, 1.18, (1, 64, 1, 1)).astype(np.float32)
+    ref = np.clip(0.2 * x.astype(np.float64) + 0.5, 0.0, 1.0)
+    cpu, htp = _cpu(model, x, "y_dq"), _htp(model, x, tmp_path / "base", "y_dq")
+    assert abs(np.median(htp / ref) - 0.7372) < 0.01  # y · y_max
+    loss = _db(ref, cpu) - _db(ref, htp)
+    assert loss > 50.0, loss
+    fixed, done = rewrite_qdq(model)
+    assert done == ("gate",) and find_behaviours(fixed) == ()
+    remaining = _db(ref, cpu) - _db(ref, _htp(fixed, x, tmp_path / "fixed", "y_dq"))
+    assert remaining <= 0.2 * loss, (loss, remaining)

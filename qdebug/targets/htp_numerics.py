@@ -14,6 +14,10 @@ reproduction; the measurements are in docs/qnn.md, "Known HTP numeric behaviours
   the Conv, are right.
   Putting the Sigmoid's output on an 8-bit grid (``[0, 1]`` in 255 steps: a 16→8 boundary) avoids it at the
   cost of that grid's rounding.
+* :attr:`HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE` — a ``HardSigmoid`` with a 16-bit output grid that ends below
+  1.0 returns ``y · y_max`` instead of ``y`` (off by the top of its output grid; right at 8 bits, and at 16 bits
+  when the grid ends at 1.0). A squeeze-and-excitation gate (PP-LCNet's, in the corpus's text-direction
+  classifier) promoted to 16 bits hits it. The output grid ``[0, 1]`` on the same integer type avoids it.
 
 :func:`find_behaviours` names the behaviours present in a QDQ model; :func:`rewrite_qdq` applies their rewrites.
 """
@@ -49,6 +53,7 @@ class HtpBehaviour(StrEnum):
 
     RECIPROCAL_INPUT_BELOW_ONE = "reciprocal_input_below_one"
     CONV_SILU_16BIT = "conv_silu_16bit"
+    HARDSIGMOID_16BIT_BELOW_ONE = "hardsigmoid_16bit_below_one"
 
     @property
     def summary(self) -> str:
@@ -64,6 +69,10 @@ _SUMMARY = {
     HtpBehaviour.CONV_SILU_16BIT: (
         "the HTP computes a Conv followed by x·Sigmoid(x) at 16 bits wrong in whole blocks of rows for some output "
         "sizes; remedy: the Sigmoid's output on an 8-bit grid"
+    ),
+    HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE: (
+        "the HTP's 16-bit HardSigmoid returns y·y_max instead of y when its output grid ends below 1.0; "
+        "remedy: the output grid [0, 1] on the same type"
     ),
 }
 
@@ -161,6 +170,20 @@ def _conv_silu_sigmoids(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto
             yield sig, q_out
 
 
+def _hardsigmoid_outputs(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto, onnx.NodeProto, float, int]]:
+    """Every HardSigmoid whose output QuantizeLinear is on a 16-bit grid: (the node, that Q, its grid's top, type)."""
+    consts = constant_values(model)
+    for node in model.graph.node:
+        if node.op_type != "HardSigmoid":
+            continue
+        q = next((c for c in model.graph.node if c.op_type == "QuantizeLinear" and c.input[0] == node.output[0]), None)
+        grid = _grid(q, consts) if q is not None else None
+        if q is None or grid is None or grid[2] not in _SIXTEEN:
+            continue
+        scale, zp, elem = grid
+        yield node, q, scale * (_QRANGE[elem][1] - zp), elem
+
+
 def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
     """The known HTP behaviours present in a QDQ model, in graph order."""
     out = []
@@ -176,6 +199,12 @@ def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
             )
     for sig, _ in _conv_silu_sigmoids(model):
         out.append(HtpFinding(HtpBehaviour.CONV_SILU_16BIT, sig.name or sig.output[0], sig.output[0], "16-bit SiLU"))
+    for node, _, top, _ in _hardsigmoid_outputs(model):
+        # a grid a rounding step short of 1.0 is 1.0: only a grid that really ends below it is off
+        if top < 1.0 - 1e-4:
+            name = node.name or node.output[0]
+            detail = f"output grid ends at {top:.4g}"
+            out.append(HtpFinding(HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE, name, node.output[0], detail))
     return tuple(out)
 
 
@@ -203,12 +232,16 @@ def rewrite_qdq(
     * ``RECIPROCAL_INPUT_BELOW_ONE``: ``Reciprocal(x)`` becomes ``Div(DQ(1), x)``, its constant 1.0 quantized
       exactly on the divisor's integer type; the output Q/DQ are kept, so the CPU computes the same values.
     * ``CONV_SILU_16BIT``: the Sigmoid's output Q and its DQs move to the uint8 grid ``[0, 1]``.
+    * ``HARDSIGMOID_16BIT_BELOW_ONE``: the HardSigmoid's output Q and its DQs move to ``[0, 1]`` on their type.
     """
     findings = find_behaviours(model) if behaviours is None else tuple(behaviours)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     done = _reciprocals_to_div(m, {f.node for f in findings if f.behaviour is HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE})
     done += _sigmoids_to_8bit(m, {f.node for f in findings if f.behaviour is HtpBehaviour.CONV_SILU_16BIT})
+    done += _hardsigmoids_to_unit(
+        m, {f.node for f in findings if f.behaviour is HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE}
+    )
     return m, done
 
 
@@ -242,15 +275,32 @@ def _sigmoids_to_8bit(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ...]:
         key = sig.name or sig.output[0]
         if key not in wanted:
             continue
-        scale, zero = f"{sig.output[0]}_htp_u8_scale", f"{sig.output[0]}_htp_u8_zero_point"
-        m.graph.initializer.extend(
-            [
-                numpy_helper.from_array(np.array(1.0 / 255.0, dtype=np.float32), scale),
-                numpy_helper.from_array(np.array(0, dtype=np.uint8), zero),
-            ]
-        )
-        for node in [q, *(n for n in m.graph.node if is_dq(n) and n.input[0] == q.output[0])]:
-            del node.input[1:]
-            node.input.extend([scale, zero])
+        _regrid(m, q, f"{sig.output[0]}_htp_u8", 1.0 / 255.0, np.array(0, dtype=np.uint8))
         done.append(key)
+    return tuple(done)
+
+
+def _regrid(m: onnx.ModelProto, q: onnx.NodeProto, stem: str, scale: float, zero: np.ndarray) -> None:
+    """Point ``q`` and every DequantizeLinear of its output at new grid parameters ``<stem>_scale/_zero_point``."""
+    m.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(scale, dtype=np.float32), f"{stem}_scale"),
+            numpy_helper.from_array(zero, f"{stem}_zero_point"),
+        ]
+    )
+    for node in [q, *(n for n in m.graph.node if is_dq(n) and n.input[0] == q.output[0])]:
+        del node.input[1:]
+        node.input.extend([f"{stem}_scale", f"{stem}_zero_point"])
+
+
+def _hardsigmoids_to_unit(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ...]:
+    """Put the 16-bit output grid of the named HardSigmoids of ``m`` (in place) on ``[0, 1]``; the names moved."""
+    done: list[str] = []
+    for node, q, _, elem in list(_hardsigmoid_outputs(m)):
+        key = node.name or node.output[0]
+        if key in wanted:
+            qmax = _QRANGE[elem][1]
+            zero = np.array(0, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem))
+            _regrid(m, q, f"{node.output[0]}_htp_unit", 1.0 / qmax, zero)
+            done.append(key)
     return tuple(done)

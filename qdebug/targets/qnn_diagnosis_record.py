@@ -188,6 +188,19 @@ class QnnDiagnosis:
         return _describe(self)
 
 
+def _causes(causes: tuple[HtpFinding, ...]) -> list[str]:
+    """One line per known behaviour: where (the first few nodes), and what it is."""
+    lines = []
+    for kind in dict.fromkeys(c.behaviour for c in causes):
+        these = [c for c in causes if c.behaviour is kind]
+        if len(these) == 1:
+            lines.append(f"known HTP behaviour: {these[0].describe()}")
+            continue
+        where = ", ".join(c.node for c in these[:3]) + (", …" if len(these) > 3 else "")
+        lines.append(f"known HTP behaviour: {kind.value} at {len(these)} nodes ({where}): {kind.summary}")
+    return lines
+
+
 def _describe(d: QnnDiagnosis) -> list[str]:
     """Plain lines for the CLI."""
     lines: list[str] = []
@@ -207,7 +220,7 @@ def _describe(d: QnnDiagnosis) -> list[str]:
     if d.first_divergent is not None:
         ops = ", ".join(f"{op} {n}" for op, n in d.region_nodes) or "-"
         lines.append(f"divergent region ({d.located_by.value}): {ops}")
-    lines += [f"known HTP behaviour: {c.describe()}" for c in d.causes]
+    lines += _causes(d.causes)
     r = d.remedies
     if r is None:
         return lines
