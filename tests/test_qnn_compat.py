@@ -342,3 +342,4 @@ def test_qnn_build_runs_the_loop_and_says_so_in_the_manifest(tmp_path: Path) -> 
     skipped = build(path, tmp_path / "skip", BuildOptions("qnn", "uint8", debug_samples=2, skip_fixes=("qnn_compat",)))
     assert next(f for f in skipped.manifest.fixes if f.name == "qnn_compat").skipped
     assert not skipped.manifest.compile.single_partition
+    assert any("the skipped qnn_compat fix" in w for w in skipped.manifest.warnings)

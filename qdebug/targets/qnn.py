@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["FIX_FOR_OP", "QnnTarget", "compiled_options"]
 
 #: Fallback op type → the fix that removes it (QNN's own reason for these is vague, e.g. "error 3110").
-FIX_FOR_OP = {"Erf": "gelu_fusion", "LayerNormalization": "layernorm_gamma_unsigned"}
+FIX_FOR_OP = {"Erf": "gelu_fusion", "LayerNormalization": "layernorm_gamma_unsigned", "Einsum": COMPAT_FIX}
 
 
 def _usable() -> None:
