@@ -85,14 +85,14 @@ def test_cancel_stops_a_compile_and_keeps_the_last_report(app: DebuggerApp) -> N
     inside = threading.Event()
     real = app.debugger.recompile
 
-    def recompile(target):  # type: ignore[no-untyped-def]
+    def recompile(target, options=None):  # type: ignore[no-untyped-def]
         inside.set()
         while not (app.promote_job.token and app.promote_job.token.cancelled):
             time.sleep(0.02)
         from qdebug.cancel import check_cancelled
 
         check_cancelled()  # where a worker's poll or the next sample would see it
-        return real(target)
+        return real(target, options)
 
     app.debugger.recompile = recompile  # type: ignore[method-assign]
     app.compile_current()

@@ -37,6 +37,11 @@ class PromoteFlow(AppBase):
         """The target picker, the promote/undo/export buttons and what they show."""
         self.last_plan_text = ""
         self.last_recompile: RecompileResult | None = None
+        # each variant's last compile per target, by its step (0: the model the session started from): a step's
+        # "before" column is the compile already made, so no variant is compiled or simulated twice
+        self.compiled_by_step: dict[tuple[str, int], RecompileResult] = {}
+        # per target, the SoC of its first compile: every later one uses it, so that before and after share a chip
+        self.compile_soc: dict[str, str | None] = {}
         self.targets_info: dict[str, tuple[bool, str]] = {}
         self.target_picker = w.Dropdown(description="target")
         self.target_note = w.HTML("")
@@ -170,6 +175,12 @@ class PromoteFlow(AppBase):
         self.promotion = []
         self.refresh()
         self.before_after.value = self._before_after_html(before.min_output_sqnr_db, before_ev, ev, compiled)
+        if compiled is not None:  # the compile table is in the before/after, beside the compile before the step
+            state = "ok" if compiled.ok else "FAILED"
+            self.compile_view.value = (
+                f"<p class='qd-compile'>compiled for {html.escape(self.target)} {html.escape(compiled.compile.device)}:"
+                f" {state} — the before/after below compares it with the compile before this step</p>"
+            )
         if ev.comparison is not None:
             self.comparison_box.children = [figure("comparison_figure", ev.comparison, css="qd-comparison")]
         v = verdict(ev.output_sqnr_db)
@@ -227,26 +238,51 @@ class PromoteFlow(AppBase):
         self.last_recompile = None
         if not ok:
             return None, f"not compiled: {self.target} unavailable ({reason})"
-        self._busy(f"compiling for {self.target}")
-        try:
-            self.last_recompile = self.debugger.recompile(self.target)
-        except Exception as exc:
-            return None, f"compile for {self.target} failed: {type(exc).__name__}: {exc}"
-        self.compile_view.value = self._compile_html(self.last_recompile)
-        return self.last_recompile, ""
+        from qdebug.targets.recompile import build_options
 
-    @staticmethod
-    def _compile_html(compiled: RecompileResult) -> str:
-        c = compiled.compile
-        fallback = ", ".join(f"{op}×{n}" for op, n in c.fallback_by_op().items()) or "none"
-        out = (
-            f"<p class='qd-compile'>{html.escape(c.target)} {html.escape(c.device)}: "
-            f"{'ok' if compiled.ok else 'FAILED'}; {c.accelerator_partitions} accelerator partition(s), "
-            f"{c.accelerator_nodes} node(s) on it, {c.cpu_nodes} on the CPU; fallback: {html.escape(fallback)}</p>"
-        )
-        if compiled.problems:
-            out += "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in compiled.problems) + "</ul>"
-        return out
+        target, step = self.target, len(self.debugger.history)
+        pinned = self.compile_soc.get(target)
+        self._busy(f"compiling for {target}" + ("" if pinned is None else f" for {pinned}, as its first compile"))
+        try:
+            res = self.debugger.recompile(target, build_options(target, soc=pinned))
+        except Exception as exc:
+            return None, f"compile for {target} failed: {type(exc).__name__}: {exc}"
+        if res.ok:  # a later compile on the same SoC; one the target had to move (16-bit weights) moves it
+            self.compile_soc[target] = res.soc
+        self.compiled_by_step[(target, step)] = res
+        self.last_recompile = res
+        return res, ""
+
+    def _compile_html(self, compiled: RecompileResult) -> str:
+        """The compile table (:mod:`qdebug.render.target_table`): the current variant's compile beside the one of
+        the variant its step started from, when that was compiled for the same target."""
+        from qdebug.render.target_table import target_table_html
+
+        step = len(self.debugger.history)
+        before = self.compiled_by_step.get((self.target, step - 1)) if step else None
+        if before is None:
+            results, names = [compiled], [self._variant_name(step)]
+        else:
+            results, names = [before, compiled], [f"before: {self._variant_name(step - 1)}", "after"]
+        return f"<div class='qd-compile'>{target_table_html(results, names)}</div>"
+
+    def _forget_compiles(self, *, new_variant: bool) -> None:
+        """Drop the compiles of steps no longer in the history (an undo) or of the step a variant another panel made
+        current takes (``new_variant``: not compiled yet), and show the current variant's compile when there is one."""
+        step = len(self.debugger.history)
+        last = step - 1 if new_variant else step
+        self.compiled_by_step = {k: r for k, r in self.compiled_by_step.items() if k[1] <= last}
+        self.last_recompile = self.compiled_by_step.get((self.target, step))
+        if self.last_recompile is not None:
+            self.compile_view.value = self._compile_html(self.last_recompile)
+        else:
+            self.compile_view.value = ""
+
+    def _variant_name(self, step: int) -> str:
+        """A variant in the compile table's head: the model the session started from, or the step's."""
+        if step == 0:
+            return self.debugger.baseline
+        return "this variant" if step == len(self.debugger.history) else f"step {step}"
 
     def _before_after_html(
         self,
@@ -289,6 +325,7 @@ class PromoteFlow(AppBase):
         gain = self.debugger.last_gain
         self.promotion = []
         self.refresh()
+        self._forget_compiles(new_variant=True)
         self.plan_view.value = ""
         self.before_after.value = self._before_after_html(None if gain is None else gain.before_db, before_ev, ev, None)
         if ev.comparison is not None:
@@ -324,6 +361,7 @@ class PromoteFlow(AppBase):
             self._say(self.fix_message, "nothing to undo")
             return
         self.refresh()
+        self._forget_compiles(new_variant=False)
         self.before_after.value = ""
         self.plan_view.value = ""
         self.comparison_box.children = []
