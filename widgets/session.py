@@ -358,7 +358,7 @@ class QuantDebugger:
                 self.workdir / f"given.{target}",
                 target,
                 float_model=self.float_model,
-                data=self.session.debug_data,
+                data=self.session.target_data(),  # the samples a promoted variant is checked on: before = after
                 options=options,
                 progress=lambda msg: self._step(0, 1, msg),
             )
