@@ -345,16 +345,19 @@ class QuantDebugger:
 
         return {name: (a.ok, a.reason) for name, a in available_targets().items()}
 
-    def recompile(self, target: str = CPU_TARGET, options: Any = None) -> RecompileResult:
+    def recompile(self, target: str = CPU_TARGET, options: Any = None, step: int | None = None) -> RecompileResult:
         """Compile the current variant for a registered ``target`` (e.g. ``cpu``, ``qnn``, ``deeploy``); ``options``: a
-        ``BuildOptions`` (e.g. the SoC of an earlier compile, so that before and after run on one device)."""
+        ``BuildOptions`` (e.g. the SoC of an earlier compile, so that before and after run on one device); ``step``:
+        the variant of that step of the history instead (0: the model the session started from)."""
         self._step(0, 1, f"compiling for {target}")
-        ev = self.current
+        n = len(self._history) if step is None else step
+        ev = self._history[n - 1] if n else (None if self.quant_model is not None else self._base_eval())
         if ev is None:  # a given pair: compile the given QDQ model
             from qdebug.targets.recompile import recompile
 
+            assert self.quant_model is not None
             res = recompile(
-                self.quant_model_path,
+                self.quant_model,
                 self.workdir / f"given.{target}",
                 target,
                 float_model=self.float_model,
