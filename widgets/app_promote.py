@@ -249,9 +249,31 @@ class PromoteFlow(AppBase):
             return None, f"compile for {target} failed: {type(exc).__name__}: {exc}"
         if res.ok:  # a later compile on the same SoC; one the target had to move (16-bit weights) moves it
             self.compile_soc[target] = res.soc
+            self._same_device_before(target, step, res)
         self.compiled_by_step[(target, step)] = res
         self.last_recompile = res
         return res, ""
+
+    def _same_device_before(self, target: str, step: int, after: RecompileResult) -> None:
+        """When ``after`` had to be compiled for another SoC than the compile before its step (QNN: 16-bit weights
+        need HTP v73), compile the variant before it again for that SoC, so that the before/after compares one chip;
+        its compile for the old SoC stays if the new one fails (the table then says why they differ)."""
+        from dataclasses import replace
+
+        from qdebug.targets.recompile import build_options
+
+        before = self.compiled_by_step.get((target, step - 1)) if step else None
+        if before is None or before.soc == after.soc:
+            return
+        name = self._variant_name(step - 1)
+        self._busy(f"compiling {name} again for {after.compile.device}, the device after the step needed")
+        again = self.debugger.recompile(target, build_options(target, soc=after.soc), step=step - 1)
+        if again.ok:
+            note = (
+                f"compiled again for {again.compile.device} (first compiled for {before.compile.device}) so that "
+                "before and after run on one device"
+            )
+            self.compiled_by_step[(target, step - 1)] = replace(again, notes=(*again.notes, note))
 
     def _compile_html(self, compiled: RecompileResult) -> str:
         """The compile table (:mod:`qdebug.render.target_table`): the current variant's compile beside the one of
