@@ -301,7 +301,7 @@ def test_export_lists_and_disables_passes_by_name(
 ) -> None:
     res = de.export(conv_qdq, tmp_path / "a", disable=["explicit_attributes"], num_samples=2)
     printed = capsys.readouterr().out
-    assert "[5/12] fold_dequant_quant_to_requantshift … nodes" in printed  # 13 passes, one optional, one disabled
+    assert "[6/13] fold_dequant_quant_to_requantshift … nodes" in printed  # 14 passes, one optional, one disabled
     assert "explicit_attributes" not in [p.name for p in res.passes]
     conv = next(n for n in onnx.load(str(tmp_path / "a" / "network.onnx")).graph.node if n.op_type == "Conv")
     assert "dilations" not in {a.name for a in conv.attribute}

@@ -117,15 +117,17 @@ def test_the_movement_ops_build_and_run_bit_exact_on_the_host(
 
 
 def keras_bn_net() -> onnx.ModelProto:
-    """x → Conv → Relu → MaxPool → BatchNorm → padded Conv → Relu → GlobalMaxPool → Flatten → Gemm → Mul(vector) →
-    Add(vector): Keras' order, a BatchNorm with no Conv before it (and a negative γ), then a decomposed one."""
+    """x → Cast(float) → Conv → Relu → MaxPool → BatchNorm → padded Conv → Relu → GlobalMaxPool → Flatten → Gemm →
+    Mul(vector) → Add(vector): a Cast to the input's own type (a streaming model's cache input), Keras' order, a
+    BatchNorm with no Conv before it (and a negative γ), then a decomposed one."""
     rng = np.random.default_rng(3)
     gamma = np.array([1.5, -0.7, 0.2, 1.1], np.float32)
     bn = [numpy_helper.from_array(v, n) for n, v in (("gamma", gamma), ("beta", np.array([0.1, -0.3, 0.5, 0.0],
           np.float32)), ("mean", np.array([0.4, 0.2, 0.9, 0.1], np.float32)), ("var", np.array([0.5, 1.5, 0.3, 2.0],
           np.float32)))]  # fmt: skip
     nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["x"], ["xc"], name="same_type", to=TensorProto.FLOAT),
+        helper.make_node("Conv", ["xc", "w1", "b1"], ["c1"], name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("BatchNormalization", ["p1", "gamma", "beta", "mean", "var"], ["n1"], name="bn"),
@@ -161,7 +163,7 @@ def test_a_free_standing_batchnorm_and_a_vector_scale_build_bit_exact(
     d = json.loads((out / "manifest.json").read_text())["deeploy"]
     assert d["export"]["equal_fraction"] >= 0.999 and d["export"]["max_lsb_diff"] <= 1, d["export"]
     ops = [n.op_type for n in onnx.load(str(out / d["codegen"]["Generic"]["network"])).graph.node]
-    assert "BatchNormalization" not in ops and "Mul" not in ops, ops
+    assert "BatchNormalization" not in ops and "Mul" not in ops and "Cast" not in ops, ops
     run = d["run"]["Generic"]
     assert run["ran"] and run["bit_exact"] and run["equal_fraction_vs_integer_onnx"] == 1.0, run
 

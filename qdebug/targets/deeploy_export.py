@@ -54,6 +54,7 @@ from qdebug.passes import Pass, PassReport, run_passes
 from qdebug.targets.deeploy_evaluate import evaluate_integer
 from qdebug.targets.deeploy_fold import _static_shapes
 from qdebug.targets.deeploy_graph import Activation, GraphState, StatePass, _activation, _qparams
+from qdebug.targets.deeploy_movement import identity_casts
 from qdebug.targets.deeploy_passes import OPTIONAL_PASSES, PASSES, pass_names
 
 __all__ = [
@@ -161,11 +162,14 @@ def _input_activations(model: onnx.ModelProto) -> dict[str, Activation]:
     ix = GraphIndex(model)
     consts = {k: ix.value(k) for k in ix.consts}
     names = {i.name for i in model.graph.input}
+    same = identity_casts(model)  # a graph input cast to its own type, then quantized
+    cast_of = {n.output[0]: n.input[0] for n in ix.nodes if n.op_type == "Cast" and n.output[0] in same}
     out: dict[str, Activation] = {}
     for node in ix.nodes:
-        if is_q(node) and node.input[0] in names:
+        src = cast_of.get(node.input[0], node.input[0]) if node.input else ""
+        if is_q(node) and src in names:
             scale, zp = _qparams(node, consts)
-            out[node.input[0]] = _activation(float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]))
+            out[src] = _activation(float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]))
     return out
 
 

@@ -32,6 +32,7 @@ from qdebug.cancel import run_process
 from qdebug.errors import DataError, TargetError
 from qdebug.io import temp_dir
 from qdebug.targets.deeploy_env import DeeployBuffer
+from qdebug.targets.deeploy_movement import identity_casts
 
 __all__ = [
     "HOST_DIR",
@@ -221,7 +222,10 @@ def _q_params(qdq: onnx.ModelProto) -> tuple[dict[str, tuple[float, int]], dict[
 
     names_in = {i.name for i in qdq.graph.input}
     names_out = {o.name for o in qdq.graph.output}
-    ins = {n.input[0]: param(n) for n in qdq.graph.node if is_q(n) and n.input[0] in names_in}
+    same = identity_casts(qdq)  # a graph input cast to its own type, then quantized (the export drops the Cast)
+    cast_of = {n.output[0]: n.input[0] for n in qdq.graph.node if n.op_type == "Cast" and n.output[0] in same}
+    ins = {cast_of.get(n.input[0], n.input[0]): param(n) for n in qdq.graph.node
+           if is_q(n) and cast_of.get(n.input[0], n.input[0]) in names_in}  # fmt: skip
     outs = {n.output[0]: param(n) for n in qdq.graph.node if is_dq(n) and n.output[0] in names_out}
     return ins, outs
 

@@ -21,7 +21,7 @@ from qdebug.targets.deeploy_graph import Activation, GraphState, _attrs, _label
 from qdebug.targets.deeploy_rq import _node
 from qdebug.targets.deeploy_transformer import _uniform_requant
 
-__all__ = ["MOVEMENT_OPS", "integer_movement"]
+__all__ = ["MOVEMENT_OPS", "drop_identity_casts", "identity_casts", "integer_movement"]
 
 #: Ops exported as data movement on the integers (a max picks one of its inputs' integers).
 MOVEMENT_OPS = frozenset(
@@ -168,3 +168,32 @@ def integer_movement(
         attrs = _pad_attrs(node, state, len(_shape(node, shapes, node.input[0])), src)
         return [*pre, _node("Pad", [x], [out], name, **attrs)]
     return [*pre, _node(op, [x, *ins[1:]], [out], name, **_attrs(node))]
+
+
+def identity_casts(model: onnx.ModelProto) -> set[str]:
+    """Outputs of the Cast nodes that cast a tensor to its own type (a float cache input cast to float): they
+    change nothing, and Deeploy 0.2.1 has no Generic mapping for Cast."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.input)}
+    types |= {i.name: i.data_type for i in model.graph.initializer}
+    return {
+        n.output[0]
+        for n in model.graph.node
+        if n.op_type == "Cast" and types.get(n.input[0]) == int(_attrs(n).get("to", -1))
+    }
+
+
+def drop_identity_casts(state: GraphState) -> int:
+    """Remove every Cast of a tensor to its own type (:func:`identity_casts`): its readers read its input."""
+    dropped = identity_casts(state.model)
+    cast_of = {n.output[0]: n.input[0] for n in state.graph.node if n.op_type == "Cast" and n.output[0] in dropped}
+    outputs = {o.name for o in state.graph.output}
+    cast_of = {out: src for out, src in cast_of.items() if out not in outputs}  # a graph output keeps its producer
+    keep = [n for n in state.graph.node if not (n.op_type == "Cast" and n.output[0] in cast_of)]
+    for n in keep:
+        for i, t in enumerate(n.input):
+            if t in cast_of:
+                n.input[i] = cast_of[t]
+    del state.graph.node[:]
+    state.graph.node.extend(keep)
+    return len(cast_of)

@@ -31,7 +31,7 @@ from qdebug.targets.deeploy_graph import (
     _qparams,
     _replace_input,
 )
-from qdebug.targets.deeploy_movement import MOVEMENT_OPS
+from qdebug.targets.deeploy_movement import MOVEMENT_OPS, drop_identity_casts, identity_casts
 from qdebug.targets.deeploy_rq import _INT32_LIMIT, _channels, _choose_requant, _node, _rqs
 from qdebug.targets.deeploy_transformer import TRANSFORMER_OPS
 
@@ -105,10 +105,11 @@ def check_supported(state: GraphState) -> int:
             "activations/weights and int32 biases only (drop these 16-bit promotions for target 'deeploy')"
         )
     in_gelu = {m for _, members, _ in gelu_chains(ix, consts).values() for m in members}
+    same_type = identity_casts(state.model)  # dropped by the next pass
     for node in ix.nodes:
         if is_q(node) or is_dq(node):
             continue
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" or node.output[0] in same_type:
             continue
         if node.op_type in dt.GELU_ONLY_OPS and node.name not in in_gelu:
             raise TargetError(
@@ -537,6 +538,7 @@ def check_integer_only(state: GraphState) -> int:
 #: The export passes in order, by name.
 PASSES: tuple[tuple[str, StatePass], ...] = (
     ("check_supported", check_supported),
+    ("drop_identity_casts", drop_identity_casts),
     ("quantize_pass_through_outputs", quantize_pass_through_outputs),
     ("fold_weight_quantization", fold_weight_quantization),
     ("strip_input_quant", strip_input_quant),
