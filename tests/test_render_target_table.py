@@ -70,6 +70,19 @@ def test_different_devices_are_said_with_the_reason() -> None:
     assert f"<li>after: {html.escape(why)}</li>" in page
 
 
+def test_the_probe_flagged_tensors_and_where_it_starts() -> None:
+    from dataclasses import replace
+
+    from qdebug.report import TargetTensorDiff
+
+    r = _result("d", None)
+    assert r.target_accuracy is not None
+    tensors = tuple(TargetTensorDiff(f"t{i}", i, "uint8", 3, 0.5, 20.0, "Conv", flagged=i > 0) for i in range(3))
+    acc = replace(r.target_accuracy, tensors=tensors, first_divergent="t1")
+    cells = _cells(target_table_html([r, replace(r, target_accuracy=acc)], ["a", "b"]), "qd-t-diverge")
+    assert cells == ["-", "2 of 3; first: t1"]
+
+
 def test_uncompiled_accuracy_and_json_round_trip() -> None:
     r = RecompileResult(_result("d", None).compile, None, soc="SM8650")
     assert _cells(target_table_html([r], ["this variant"]), "qd-t-vs-float") == ["not measured"]

@@ -86,6 +86,7 @@ def test_before_and_after_on_the_page_with_the_htp_accuracy(qnn_app: tuple[Debug
         assert _cells(page, "qd-t-partitions")[col] == str(res.compile.accelerator_partitions)
         assert _cells(page, "qd-t-cpu")[col].split(" ")[0] == str(res.compile.cpu_nodes)
         assert _cells(page, "qd-t-samples")[col].startswith("4 (")  # before and after on the same samples
+        assert _cells(page, "qd-t-diverge")[col].startswith(f"{len(acc.flagged)} of {len(acc.tensors)}")
     devices = _cells(page, "qd-t-device")
     assert devices[0] == devices[1] and "HTP v" in devices[0]
     assert "before and after were compiled for the same device" in page

@@ -43,10 +43,21 @@ def _samples(r: RecompileResult) -> str:
     return "-" if acc is None else f"{acc.num_samples} ({acc.seconds_per_sample:.3f} s each on the target)"
 
 
+def _diverging(r: RecompileResult) -> str:
+    """The probe's per-tensor verdict: how many quantized activations the target moved beyond their own quantization
+    error, and where that starts (``-``: no probe)."""
+    acc = r.target_accuracy
+    if acc is None or not acc.tensors:
+        return "-"
+    flagged = len(acc.flagged)
+    first = "" if acc.first_divergent is None else f"; first: {acc.first_divergent}"
+    return f"{flagged} of {len(acc.tensors)}{first}"
+
+
 def target_rows(results: Sequence[RecompileResult]) -> list[Row]:
-    """The table's rows, one cell per compile: device, outcome, partitions, nodes, CPU nodes, and the worst output's
+    """The table's rows, one cell per compile: device, outcome, partitions, nodes, CPU nodes, the worst output's
     SQNR of target vs float, target vs CPU-QDQ and CPU-QDQ vs float (the three comparisons of
-    :class:`~qdebug.report.TargetAccuracy`)."""
+    :class:`~qdebug.report.TargetAccuracy`), the tensors the probe flagged and the samples."""
     rs = list(results)
     return [
         ("qd-t-device", "device", [f"{r.compile.target} {r.compile.device}".strip() for r in rs]),
@@ -63,6 +74,7 @@ def target_rows(results: Sequence[RecompileResult]) -> list[Row]:
         ("qd-t-cpu-vs-float", "CPU-QDQ vs float (worst output SQNR)", [
             _accuracy_cell(r, lambda o: o.cpu_vs_float_db) for r in rs
         ]),
+        ("qd-t-diverge", "tensors beyond their quantization error on the target", [_diverging(r) for r in rs]),
         ("qd-t-samples", "samples compared", [_samples(r) for r in rs]),
     ]  # fmt: skip
 
