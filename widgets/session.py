@@ -346,9 +346,8 @@ class QuantDebugger:
         return {name: (a.ok, a.reason) for name, a in available_targets().items()}
 
     def recompile(self, target: str = CPU_TARGET, options: Any = None, step: int | None = None) -> RecompileResult:
-        """Compile the current variant for a registered ``target`` (e.g. ``cpu``, ``qnn``, ``deeploy``); ``options``: a
-        ``BuildOptions`` (e.g. the SoC of an earlier compile, so that before and after run on one device); ``step``:
-        the variant of that step of the history instead (0: the model the session started from)."""
+        """Compile the current variant (``step``: that step's; 0 the first model) for a registered ``target``;
+        ``options``: a ``BuildOptions`` (e.g. an earlier compile's SoC, so that before and after share a device)."""
         self._step(0, 1, f"compiling for {target}")
         n = len(self._history) if step is None else step
         ev = self._history[n - 1] if n else (None if self.quant_model is not None else self._base_eval())
