@@ -79,11 +79,16 @@ def target_rows(results: Sequence[RecompileResult]) -> list[Row]:
     ]  # fmt: skip
 
 
+def _same_chip(a: RecompileResult, b: RecompileResult) -> bool:
+    """Both compiled for one device: the same label and the same SoC."""
+    return (a.compile.device, a.soc) == (b.compile.device, b.soc)
+
+
 def device_sentence(before: RecompileResult, after: RecompileResult) -> str:
     """One sentence on the devices of a before and an after compile: the same one, or which differ and why (the
     compile's own notes say why a target chose another SoC)."""
     b, a = before.compile.device, after.compile.device
-    if b == a and before.soc == after.soc:
+    if _same_chip(before, after):
         return f"before and after were compiled for the same device: {b or before.compile.target}"
     why = [n for n in (*after.notes, *before.notes) if "soc" in n.lower()]
     reason = "; ".join(why) if why else "they were compiled with different options"
@@ -108,8 +113,7 @@ def target_table_html(results: Sequence[RecompileResult], names: Sequence[str]) 
     )
     out = f"<table class='qd-target-table'><tr><th></th>{head}</tr>{body}</table>"
     if len(rs) == 2:
-        same = rs[0].compile.device == rs[1].compile.device and rs[0].soc == rs[1].soc
-        colour = "#495057" if same else "#c92a2a"
+        colour = "#495057" if _same_chip(rs[0], rs[1]) else "#c92a2a"
         sentence = html.escape(device_sentence(rs[0], rs[1]))
         out += f"<p class='qd-target-device' style='color:{colour}'>{sentence}</p>"
     items = [
