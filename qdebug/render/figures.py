@@ -140,35 +140,49 @@ def _grid_traces(
 def _group_axis(
     idx: list[int], names: list[str], groups: Mapping[str, str]
 ) -> tuple[list[float], list[str], list[float]]:
-    """(tick positions, group labels, boundaries) for a heatmap axis whose tensors are grouped (runs of the same
-    group in topological order are one tick; a boundary line separates runs)."""
-    ticks: list[float] = []
-    labels: list[str] = []
+    """(tick positions, group labels, boundaries) for a heatmap axis whose tensors are grouped: one tick per group
+    (as many as the graph's groups), at the middle of its longest run in topological order; a boundary line
+    wherever the group changes."""
+    runs: dict[str, tuple[int, int]] = {}
     bounds: list[float] = []
     start = 0
     for i in range(1, len(names) + 1):
         if i == len(names) or groups.get(names[i], names[i]) != groups.get(names[start], names[start]):
-            ticks.append((idx[start] + idx[i - 1]) / 2)
-            labels.append(short_name(groups.get(names[start], names[start]), 24))
+            g = groups.get(names[start], names[start])
+            if g not in runs or i - start > runs[g][1] - runs[g][0]:
+                runs[g] = (start, i)
             if i < len(names):
                 bounds.append((idx[i - 1] + idx[i]) / 2)
             start = i
-    return ticks, labels, bounds
+    ticks = [(idx[a] + idx[b - 1]) / 2 for a, b in runs.values()]
+    return ticks, [short_name(g, 28) for g in runs], bounds
+
+
+def _zoom_names(names: list[str], max_label_chars: int) -> dict[str, Any]:
+    """A tensor axis whose names follow the zoom: plotly picks the ticks (a few across the whole model, every
+    tensor once zoomed in) and ``labelalias`` writes each position's tensor name in place of the number."""
+    alias = {str(i): short_name(n, max_label_chars) for i, n in enumerate(names)}
+    alias.update({f"{i}.5": " " for i in range(len(names))})  # half steps, deep in a zoom: no number
+    return {"tickmode": "auto", "nticks": MAX_TICK_LABELS // 2, "labelalias": alias, "tickangle": -45,
+            "showgrid": False, "zeroline": False}  # fmt: skip
 
 
 def _tensor_axis(
     idx: list[int], names: list[str], max_label_chars: int, groups: Mapping[str, str] | None
-) -> tuple[dict[str, Any], list[float]]:
-    """The tensor axis: names when they fit, group names (and boundaries) when grouped, else none (hover)."""
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[float]]:
+    """The tensor axis (group labels when grouped, else names) and, when grouped, a second axis on the other side
+    with the tensor names that follow the zoom; and the boundaries between groups. Names all fit up to
+    :data:`MAX_TICK_LABELS` tensors; past that some are written, and zooming in writes the rest."""
     if groups:
         ticks, labels, bounds = _group_axis(idx, names, groups)
-        if len(ticks) > MAX_TICK_LABELS:
-            return {"showticklabels": False, "title": f"{len(ticks)} groups (names on hover)"}, bounds
-        return {"tickmode": "array", "tickvals": ticks, "ticktext": labels, "tickangle": -45, "title": "group"}, bounds
+        axis = {"tickmode": "array", "tickvals": ticks, "ticktext": labels, "tickangle": -45,
+                "title": f"{len(ticks)} groups (as in the graph); tensor names above follow the zoom"}  # fmt: skip
+        return axis, _zoom_names(names, max_label_chars), bounds
     if len(names) > MAX_TICK_LABELS:
-        return {"showticklabels": False, "title": f"{len(names)} tensors, topological order (names on hover)"}, []
+        title = f"{len(names)} tensors, topological order (drag to zoom: every name appears)"
+        return {**_zoom_names(names, max_label_chars), "title": title}, None, []
     labels = [short_name(n, max_label_chars) for n in names]
-    return {"tickmode": "array", "tickvals": idx, "ticktext": labels, "title": "tensor"}, []
+    return {"tickmode": "array", "tickvals": idx, "ticktext": labels, "title": "tensor"}, None, []
 
 
 def layer_heatmap(
@@ -190,10 +204,11 @@ def layer_heatmap(
     the hover shows the full tensor name,
     op, quantization type, all three values and the statuses.
 
-    Scaling to real models: tick labels only when at most :data:`MAX_TICK_LABELS` fit (else the names are in the
-    hover); ``groups`` (``{tensor: group}``, e.g. :func:`qdebug.render.graph_view.group_tensors`' ``of``) labels the
-    axis by group and draws a boundary between groups; the figure fills its container's width and zooms with
-    the mouse (double click resets).
+    Scaling to real models: every name is written up to :data:`MAX_TICK_LABELS` tensors; past that plotly writes
+    as many as fit and zooming in writes the others (``labelalias``). ``groups`` (``{tensor: group label}``, the
+    graph's :meth:`~qdebug.render.graph_view.Grouping.labels`) labels the axis with one tick per group, draws a
+    boundary between groups, puts the group in the hover and the tensor names on a second axis on the other
+    side; the figure fills its container's width and zooms with the mouse (double click resets).
     """
     d = in_graph_order(df)
     wmap = weight_sqnr_by_tensor(d, weights, owners)
@@ -222,12 +237,18 @@ def layer_heatmap(
     # Cells are addressed by position in topological order (0..n-1), not by topo_index: a model whose first
     # 420 nodes are Constants would otherwise give its first tensor a cell 420 columns wide.
     idx = list(range(len(d)))
-    axis, bounds = _tensor_axis(idx, [str(n) for n in d["tensor_name"]], max_label_chars, groups)
+    names = [str(n) for n in d["tensor_name"]]
+    if groups:  # the hover names the group too
+        hover = [[f"{h}<br>group: {groups.get(n, n)}" for h, n in zip(row, names, strict=True)] for row in hover]
+    axis, names_axis, bounds = _tensor_axis(idx, names, max_label_chars, groups)
     rows = list(metrics)
     line = {"color": "#343a40", "width": 1}
     if orientation == "h":
         fig = go.Figure(_grid_traces(z, st, hover, idx, rows))
         fig.update_layout(xaxis=axis, yaxis={"autorange": "reversed", "fixedrange": True})
+        if names_axis:  # an empty trace keeps the names' axis drawn, its range the x axis's
+            fig.add_trace(go.Scatter(x=[], y=[], xaxis="x2", name="names", showlegend=False, hoverinfo="skip"))
+            fig.update_layout(xaxis2={**names_axis, "overlaying": "x", "side": "top", "matches": "x"})
         for b in bounds:
             fig.add_vline(x=b, line=line)
     elif orientation == "v":
@@ -236,6 +257,9 @@ def layer_heatmap(
         th = [list(r) for r in zip(*hover, strict=True)]
         fig = go.Figure(_grid_traces(tz, ts, th, rows, idx))
         fig.update_layout(yaxis={**axis, "autorange": "reversed"}, xaxis={"fixedrange": True})
+        if names_axis:
+            fig.add_trace(go.Scatter(x=[], y=[], yaxis="y2", name="names", showlegend=False, hoverinfo="skip"))
+            fig.update_layout(yaxis2={**names_axis, "overlaying": "y", "side": "right", "matches": "y"})
         for b in bounds:
             fig.add_hline(y=b, line=line)
     else:
@@ -275,7 +299,7 @@ def samples_heatmap(per_sample_df: pd.DataFrame, max_label_chars: int = 40) -> g
         hover.append(hr)
     cols = list(range(len(names)))
     fig = go.Figure(_grid_traces(z, st, hover, cols, samples))
-    axis, _ = _tensor_axis(cols, names, max_label_chars, None)
+    axis, _, _ = _tensor_axis(cols, names, max_label_chars, None)
     fig.update_layout(
         title="Per-sample cumulative SQNR",
         autosize=True,

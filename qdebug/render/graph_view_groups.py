@@ -15,6 +15,7 @@ one: a transformer's layers, a stage's bottlenecks) become one ``×N`` group who
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter, defaultdict
@@ -83,16 +84,53 @@ class Grouping:
                     return p
         raise KeyError(key)
 
+    def labels(self) -> dict[str, str]:
+        """``{tensor: label of its group}`` (labels made unique): the grouped heatmap's axis, so that it names the
+        same groups as the collapsed graph, as many."""
+        seen: Counter[str] = Counter()
+        out: dict[str, str] = {}
+        for g in self.groups:
+            seen[g.label] += 1
+            label = g.label if seen[g.label] == 1 else f"{g.label} #{seen[g.label]}"
+            out.update(dict.fromkeys(g.members, label))
+        return out
+
     def finest(self) -> dict[str, str]:
         """``{tensor: key}`` of the smallest box holding each tensor (its part in a ×N group, else its group)."""
         return {**self.of, **self.part_of}
 
 
-def _by_scope(names: Sequence[str], max_groups: int) -> dict[tuple[str, ...], list[str]] | None:
-    """Scope prefix → tensors, refining the biggest group one level at a time while ≤ ``max_groups``."""
-    paths = {n: scope_path(n) for n in names}
+def _scope_paths(
+    names: Sequence[str], edges: Sequence[tuple[str, str]], scopes: Mapping[str, str]
+) -> dict[str, tuple[str, ...]] | None:
+    """Each tensor's scope: its name's, else its producer node's (torch names a Conv's output ``input.8`` but its
+    node ``/layer1/layer1.0/conv1/Conv``); ``None`` when fewer than half the tensors have one. A tensor inside the
+    graph with neither takes its consumer's scope (else its input's): a top-level catch-all group would sit before
+    and after every block and merge them all into one cycle."""
+    paths = {n: scope_path(n) or scope_path(scopes.get(n, "")) for n in names}
     if sum(1 for p in paths.values() if p) < 0.5 * len(names):
         return None
+    preds: dict[str, list[str]] = defaultdict(list)
+    succs: dict[str, list[str]] = defaultdict(list)
+    for a, b in edges:
+        preds[b].append(a)
+        succs[a].append(b)
+    for _ in range(3):  # a chain of unscoped tensors takes the scope one step per pass
+        for n in names:
+            if not paths[n] and preds[n]:
+                near = [paths[m] for m in succs[n] if paths[m]] or [paths[m] for m in preds[n] if paths[m]]
+                if near:
+                    paths[n] = near[0]
+    return paths
+
+
+def _by_scope(
+    names: Sequence[str], paths: Mapping[str, tuple[str, ...]], max_groups: int
+) -> dict[tuple[str, ...], list[str]] | None:
+    """Scope prefix → tensors, refining the biggest group one level at a time while it is big (more than a tenth
+    of the model at the default ``max_groups``) and the result stays ≤ ``max_groups``: a ResNet opens as its
+    bottleneck blocks, not as their single Convs."""
+    big = max(2 * MIN_REPEAT, len(names) // max(1, max_groups // 4))
     common = 0  # a prefix every scoped name shares (e.g. "model/model.0/auto_model") separates nothing
     scoped = [p for p in paths.values() if p]
     while all(len(p) > common and p[common] == scoped[0][common] for p in scoped):
@@ -105,6 +143,8 @@ def _by_scope(names: Sequence[str], max_groups: int) -> dict[tuple[str, ...], li
         if not open_:
             break
         key = max(open_, key=lambda k: len(groups[k]))
+        if len(groups[key]) <= big and len(groups) > 1:
+            break  # every open group is small enough: a block stays one box
         d = depth[key]
         split: dict[tuple[str, ...], list[str]] = defaultdict(list)
         for n in groups[key]:
@@ -128,7 +168,18 @@ def _by_scope(names: Sequence[str], max_groups: int) -> dict[tuple[str, ...], li
                 final.add(k)  # tensors directly in the parent scope
     if len(groups) < 2:
         return None
+    _fold_small_children(groups, max(3, len(names) // 20))
     return groups
+
+
+def _fold_small_children(groups: dict[tuple[str, ...], list[str]], small: int) -> None:
+    """A scope whose own tensors are many (YOLO's Detect: the decode after its heads) takes in its small
+    sub-scopes (``dfl``): interleaved with those own tensors, each would be cut into single-tensor pieces."""
+    for k in [k for k in groups if k and k[-1] == "" and len(groups[k]) > small]:
+        parent = k[:-1]
+        for c in [c for c in groups if len(c) == len(k) and c[:-1] == parent and c[-1]]:
+            if len(groups[c]) <= MIN_REPEAT + 1:
+                groups[k] += groups.pop(c)
 
 
 def _runs(
@@ -150,38 +201,105 @@ def _runs(
     return keys
 
 
-def _cut_widths(names: Sequence[str], edges: Sequence[tuple[str, str]]) -> list[int]:
-    """``w[i]``: edges crossing the cut between positions i-1 and i of the topological order."""
+def _liveness(names: Sequence[str], edges: Sequence[tuple[str, str]]) -> tuple[list[int], list[str | None]]:
+    """``live[i]``: distinct tensors made before position i of the topological order and read at or after it;
+    ``one[i]``: that tensor when there is exactly one (the residual stream between two blocks)."""
     at = {n: i for i, n in enumerate(names)}
-    diff = [0] * (len(names) + 1)
+    last: dict[str, int] = {}
     for a, b in edges:
-        i, j = at[a], at[b]
-        if i < j:
-            diff[i + 1] += 1
-            diff[j + 1] -= 1
-    out, run = [], 0
+        if at[a] < at[b]:
+            last[a] = max(last.get(a, at[a]), at[b])
+    diff = [0] * (len(names) + 1)
+    for t, j in last.items():
+        diff[at[t] + 1] += 1
+        diff[j + 1] -= 1
+    live, run = [], 0
     for d in diff[:-1]:
         run += d
-        out.append(run)
-    return out
+        live.append(run)
+    one: list[str | None] = [None] * len(names)
+    ends = sorted(last.items(), key=lambda kv: at[kv[0]])
+    for t, j in ends:  # a single live tensor is the last one made before the cut that is still read
+        for i in range(at[t] + 1, j + 1):
+            if live[i] == 1:
+                one[i] = t
+    return live, one
 
 
-def _by_structure(names: Sequence[str], edges: Sequence[tuple[str, str]], max_groups: int) -> list[list[str]]:
-    """Contiguous blocks of the topological order, cut where the fewest edges cross (block boundaries)."""
-    n = len(names)
-    size = max(4, math.ceil(n / max(2, max_groups - 4)))
-    widths = _cut_widths(names, edges)
-    blocks: list[list[str]] = []
-    start = 0
-    while start < n:
-        if n - start <= size * 3 // 2:
-            blocks.append(list(names[start:]))
-            break
-        lo, hi = start + max(1, size // 2), min(n - 1, start + size * 3 // 2)
-        cut = min(range(lo, hi + 1), key=lambda i: (widths[i], abs(i - start - size)))
-        blocks.append(list(names[start:cut]))
+def _split_long(lo: int, hi: int, live: Sequence[int], size: int) -> list[int]:
+    """Cut positions in ``[lo, hi)`` giving pieces of about ``size``, each where the fewest tensors are live."""
+    cuts, start = [], lo
+    while hi - start > size * 3 // 2:
+        a, b = start + max(1, size // 2), min(hi - 1, start + size * 3 // 2)
+        cut = min(range(a, b + 1), key=lambda i: (live[i], abs(i - start - size)))
+        cuts.append(cut)
         start = cut
-    return blocks
+    return cuts
+
+
+def _units(names: Sequence[str], edges: Sequence[tuple[str, str]], sizes: Mapping[str, int]) -> list[int]:
+    """Cut positions between the graph's blocks: where one tensor alone is live and it either feeds several
+    tensors (the residual stream entering the next block) or the tensor size changes (a stage boundary)."""
+    _, one = _liveness(names, edges)
+    fanout = Counter(a for a, _ in edges)
+    cuts = []
+    for i in range(1, len(names)):
+        t = one[i]
+        if t is None:
+            continue
+        resized = sizes.get(names[i - 1]) is not None and sizes.get(names[i - 1]) != sizes.get(names[i])
+        if fanout[t] >= 2 or resized:
+            cuts.append(i)
+    return cuts
+
+
+def _by_structure(
+    names: Sequence[str],
+    edges: Sequence[tuple[str, str]],
+    max_groups: int,
+    ops: Mapping[str, str],
+    sizes: Mapping[str, int],
+) -> list[list[str]]:
+    """Contiguous blocks of the topological order: the graph's own blocks (:func:`_units`: a ResNet's
+    bottlenecks, a transformer's halves), consecutive tiny ones joined (a stem, a head), long ones cut where the
+    fewest tensors are live, packed into runs when there are more than ``max_groups`` even with repeated blocks
+    folded."""
+    n = len(names)
+    live, _ = _liveness(names, edges)
+    bounds = [0, *_units(names, edges, sizes), n]
+    spans = [(a, b) for a, b in itertools.pairwise(bounds)]
+    joined: list[tuple[int, int]] = []
+    for a, b in spans:  # runs of tiny blocks (a stem's Conv, Relu, MaxPool) are one block
+        if joined and b - a < MIN_REPEAT and joined[-1][1] - joined[-1][0] < MIN_REPEAT:
+            joined[-1] = (joined[-1][0], b)
+        else:
+            joined.append((a, b))
+    big = max(2 * MIN_REPEAT, n // max(1, max_groups // 4))
+    cut: list[int] = []
+    for a, b in joined:
+        cut += [a, *(_split_long(a, b, live, big // 2) if b - a > big else [])]
+    cut.append(n)
+    spans = list(itertools.pairwise(cut))
+
+    def shown(spans: Sequence[tuple[int, int]]) -> int:  # boxes once repeated blocks are folded into ×N groups
+        return len(merge_repeats([Group(str(a), "", tuple(names[a:b])) for a, b in spans], edges, ops, sizes))
+
+    if len(spans) > max_groups and shown(spans) > max_groups:  # runs of k consecutive blocks
+        k = math.ceil(len(spans) / max_groups)
+        spans = [(spans[i][0], spans[min(i + k, len(spans)) - 1][1]) for i in range(0, len(spans), k)]
+    return [list(names[a:b]) for a, b in spans]
+
+
+def _stages(blocks: Sequence[Sequence[str]], sizes: Mapping[str, int]) -> list[int]:
+    """Each block's stage: a new one starts where the block's output size differs from the previous block's."""
+    out, stage, prev = [], 0, None
+    for b in blocks:
+        size = sizes.get(b[-1])
+        if size != prev:
+            stage += 1
+        out.append(stage)
+        prev = size
+    return out
 
 
 def _ops_label(members: Sequence[str], ops: Mapping[str, str]) -> str:
@@ -229,13 +347,7 @@ def _sccs(keys: Sequence[str], succ: Mapping[str, set[str]]) -> dict[str, int]:
     return comp
 
 
-def _condense(groups: list[Group], of: dict[str, str], edges: Sequence[tuple[str, str]]) -> list[Group]:
-    """Merge groups on a cycle of the group graph so the collapsed graph is a DAG."""
-    succ: dict[str, set[str]] = defaultdict(set)
-    for a, b in edges:
-        if of[a] != of[b]:
-            succ[of[a]].add(of[b])
-    comp = _sccs([g.key for g in groups], succ)
+def _merge_cycles(groups: list[Group], comp: Mapping[str, int]) -> list[Group]:
     merged: dict[int, list[Group]] = defaultdict(list)
     for g in groups:
         merged[comp[g.key]].append(g)
@@ -251,6 +363,48 @@ def _condense(groups: list[Group], of: dict[str, str], edges: Sequence[tuple[str
     return out
 
 
+def _group_sccs(groups: Sequence[Group], edges: Sequence[tuple[str, str]]) -> dict[str, int]:
+    of = {m: g.key for g in groups for m in g.members}
+    succ: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        if of[a] != of[b]:
+            succ[of[a]].add(of[b])
+    return _sccs([g.key for g in groups], succ)
+
+
+def _condense(
+    groups: list[Group], edges: Sequence[tuple[str, str]], order: Mapping[str, int], max_groups: int
+) -> list[Group]:
+    """Make the group graph a DAG. Groups on a cycle (a scope's own tensors before and after its sub-blocks, as
+    YOLO's Detect) are cut into runs that no other group of the cycle interrupts in topological order: runs of
+    one order cannot form a cycle. Only if that makes too many groups are the groups of a cycle merged."""
+    comp = _group_sccs(groups, edges)
+    size = Counter(comp.values())
+    cyclic = sorted((m for g in groups if size[comp[g.key]] > 1 for m in g.members), key=order.__getitem__)
+    if not cyclic:
+        return groups
+    of = {m: g.key for g in groups for m in g.members}
+    runs: dict[str, list[list[str]]] = defaultdict(list)
+    prev: dict[int, str] = {}
+    for m in cyclic:  # a new run where the previous tensor of the same cycle was in another group
+        c = comp[of[m]]
+        if prev.get(c) != of[m] or not runs[of[m]]:
+            runs[of[m]].append([])
+        runs[of[m]][-1].append(m)
+        prev[c] = of[m]
+    out: list[Group] = []
+    for g in groups:
+        parts = runs.get(g.key)
+        if not parts or len(parts) == 1:
+            out.append(g)
+            continue
+        k = len(parts)
+        out += [Group(f"{g.key} ({i + 1}/{k})", f"{g.label} ({i + 1}/{k})", tuple(p)) for i, p in enumerate(parts)]
+    if len(out) > max(max_groups + max_groups // 2, len(groups) + 8):
+        return _merge_cycles(groups, comp)
+    return _merge_cycles(out, _group_sccs(out, edges))  # a no-op: kept as the guarantee of a DAG
+
+
 def _signature(
     g: Group, preds: Mapping[str, Sequence[str]], ops: Mapping[str, str], sizes: Mapping[str, int]
 ) -> tuple[Any, ...]:
@@ -263,7 +417,13 @@ def _signature(
     )
 
 
+_BLOCK_LABEL = re.compile(r"^block (\d+)(?:–\d+)?( \(stage \d+\))?: (.*)$")
+
+
 def _repeat_label(run: Sequence[Group]) -> str:
+    a, b = _BLOCK_LABEL.match(run[0].label), _BLOCK_LABEL.match(run[-1].label)
+    if a and b:  # structural blocks: "block 6–8 ×3 (stage 2): Relu×3 Conv×1 Add×1"
+        return f"block {a.group(1)}–{b.group(1)} ×{len(run)}{a.group(2) or ''}: {a.group(3)}"
     first, last = run[0].label.split(" … ")[0], run[-1].label.split(" … ")[-1]
     return f"{first} … {last} ×{len(run)}"
 
@@ -308,21 +468,26 @@ def group_tensors(
     ops: Mapping[str, str] | None = None,
     max_groups: int = MAX_GROUPS,
     sizes: Mapping[str, int] | None = None,
+    scopes: Mapping[str, str] | None = None,
 ) -> Grouping:
     """Partition ``names`` (topological order) into at most about ``max_groups`` groups (module docstring).
 
     ``edges`` are ``(input, tensor)`` pairs between names; ``ops`` names each tensor's producer op (for the
     labels of structural blocks and for matching repeated blocks), ``sizes`` its element count (also for the
-    matching). Consecutive identical blocks become one ×N group (:func:`merge_repeats`). Graphs no bigger than
-    ``max_groups`` are not grouped (``method="none"``).
+    matching, and for the stages of structural blocks), ``scopes`` its producer node's name (its scope when the
+    tensor's own name has none). Consecutive identical blocks become one ×N group (:func:`merge_repeats`). Graphs
+    no bigger than ``max_groups`` are not grouped (``method="none"``). The graph view and the grouped heatmap both
+    show this partition (:meth:`Grouping.labels`).
     """
     names = list(names)
     ops = ops or {}
+    sizes = sizes or {}
     known = set(names)
     edges = [(a, b) for a, b in edges if a in known and b in known and a != b]
     if len(names) <= max_groups:
         return Grouping(tuple(Group(n, n, (n,)) for n in names), "none", {n: n for n in names})
-    scoped = _by_scope(names, max_groups)
+    paths = _scope_paths(names, edges, scopes or {})
+    scoped = _by_scope(names, paths, max_groups) if paths is not None else None
     groups: list[Group] = []
     if scoped is not None:
         method = "name scope"
@@ -330,18 +495,21 @@ def group_tensors(
             label = "/".join(p for p in key if p) or "(top level)"
             if (not key or key[-1] == "") and len(members) <= max(3, len(names) // 20):
                 # a scope's own few tensors (inputs, outputs, glue between blocks) stand alone: grouped, they
-                # would sit before and after the blocks at once and merge everything into one cycle
+                # would sit before and after the blocks at once
                 groups.extend(Group(m, m, (m,)) for m in members)
             else:
                 groups.append(Group(label, label, tuple(members)))
     else:
         method = "graph structure"
-        for i, block in enumerate(_by_structure(names, edges, max_groups)):
+        blocks = _by_structure(names, edges, max_groups, ops, sizes)
+        stages = _stages(blocks, sizes) if sizes else [0] * len(blocks)
+        staged = 1 < len(set(stages)) <= len(blocks) // 2  # a stage per block (a U-Net) says nothing
+        for i, (block, st) in enumerate(zip(blocks, stages, strict=True)):
             bkey = f"block {i + 1}"
-            groups.append(Group(bkey, f"{bkey}: {_ops_label(block, ops)}", tuple(block)))
-    of = {m: g.key for g in groups for m in g.members}
-    groups = _condense(groups, of, edges)
+            where = f" (stage {st})" if staged else ""
+            groups.append(Group(bkey, f"{bkey}{where}: {_ops_label(block, ops)}", tuple(block)))
     order = {n: i for i, n in enumerate(names)}
+    groups = _condense(groups, edges, order, max_groups)
     groups.sort(key=lambda g: min(order[m] for m in g.members))
     groups = [Group(g.key, g.label, tuple(sorted(g.members, key=order.__getitem__))) for g in groups]
     groups = merge_repeats(groups, edges, ops, sizes)
