@@ -248,8 +248,8 @@ class PromoteFlow(AppBase):
         except Exception as exc:
             return None, f"compile for {target} failed: {type(exc).__name__}: {exc}"
         if res.ok:  # a later compile on the same SoC; one the target had to move (16-bit weights) moves it
-            self.compile_soc[target] = res.soc
             self._same_device_before(target, step, res)
+            self.compile_soc[target] = res.soc  # after the before's compile: a cancel there leaves the pin as it was
         self.compiled_by_step[(target, step)] = res
         self.last_recompile = res
         return res, ""
