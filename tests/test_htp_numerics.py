@@ -161,7 +161,8 @@ def test_the_build_names_the_cause_and_chooses_the_rewrite(tmp_path: Path) -> No
     m = build(_layernorm_float(tmp_path / "rms.onnx"), tmp_path / "out", opts, data=calib).manifest
     d = QnnDiagnosis.from_dict(m.target_details[MANIFEST_KEY])
     assert [(c.behaviour, c.node) for c in d.causes] == [(HtpBehaviour.RECIPROCAL_INPUT_BELOW_ONE, "reciprocal")]
-    assert any("known HTP behaviour: reciprocal_input_below_one at reciprocal" in line for line in d.describe())
+    named = [line for line in d.describe() if line.startswith("known HTP behaviour")]
+    assert len(named) == 1 and "reciprocal_input_below_one at reciprocal" in named[0], d.describe()
     r = d.remedies
     assert r is not None and r.baseline_db is not None and r.cpu_vs_float_db is not None
     loss = r.cpu_vs_float_db - r.baseline_db

@@ -188,16 +188,18 @@ class QnnDiagnosis:
         return _describe(self)
 
 
-def _causes(causes: tuple[HtpFinding, ...]) -> list[str]:
-    """One line per known behaviour: where (the first few nodes), and what it is."""
+def _causes(d: QnnDiagnosis) -> list[str]:
+    """One line per known behaviour: where (the first few nodes), whether it is the located region, what it is."""
+    region = {n for _, n in d.region_nodes} | ({d.first_divergent} if d.first_divergent else set())
     lines = []
-    for kind in dict.fromkeys(c.behaviour for c in causes):
-        these = [c for c in causes if c.behaviour is kind]
+    for kind in dict.fromkeys(c.behaviour for c in d.causes):
+        these = [c for c in d.causes if c.behaviour is kind]
+        here = " (in the divergent region)" if any(c.node in region or c.tensor in region for c in these) else ""
         if len(these) == 1:
-            lines.append(f"known HTP behaviour: {these[0].describe()}")
+            lines.append(f"known HTP behaviour{here}: {these[0].describe()}")
             continue
         where = ", ".join(c.node for c in these[:3]) + (", …" if len(these) > 3 else "")
-        lines.append(f"known HTP behaviour: {kind.value} at {len(these)} nodes ({where}): {kind.summary}")
+        lines.append(f"known HTP behaviour{here}: {kind.value} at {len(these)} nodes ({where}): {kind.summary}")
     return lines
 
 
@@ -220,7 +222,7 @@ def _describe(d: QnnDiagnosis) -> list[str]:
     if d.first_divergent is not None:
         ops = ", ".join(f"{op} {n}" for op, n in d.region_nodes) or "-"
         lines.append(f"divergent region ({d.located_by.value}): {ops}")
-    lines += _causes(d.causes)
+    lines += _causes(d)
     r = d.remedies
     if r is None:
         return lines
