@@ -18,7 +18,7 @@ from qdebug.build import BuildOptions, build
 from qdebug.config import QuantConfig
 from qdebug.quantizer import quantize
 from qdebug.targets.base import get_target
-from qdebug.targets.deeploy import DEEPLOY_CONSTRAINTS
+from qdebug.targets.deeploy import DEEPLOY_CONSTRAINTS, compile_deeploy
 from qdebug.targets.quant_constraints import QuantConstraints, constrained_overrides, constrained_tensors
 
 
@@ -144,3 +144,27 @@ def test_a_normalised_cnn_with_a_padded_stem_builds_and_runs_bit_exact(
     assert run["equal_fraction_vs_integer_onnx"] == 1.0 and run["max_diff_vs_integer_onnx"] == 0, run
     assert d["export"]["max_lsb_diff"] <= 1, d["export"]
     assert _zero_points(out / "stem.qdq.onnx")["x"] == 0
+
+
+def test_a_qdq_model_quantized_elsewhere_pads_its_asymmetric_stem_explicitly(
+    deeploy: Path,  # noqa: F811
+    gcc: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A QDQ model not quantized by the target's rules (here ORT's asymmetric input grid, as another tool or
+    recompile would hand it over): the export writes the stem Conv's padding as a Pad whose value is the input's
+    zero point, and the generated Generic code equals the integer network."""
+    onnx.save(padded_stem_cnn(), str(tmp_path / "stem.onnx"))
+    cpu = QuantConfig(activation_type="int8", weight_type="int8", target="cpu")
+    qdq = Path(quantize(tmp_path / "stem.onnx", {"x": _normalised()}, cpu, tmp_path / "c.onnx", check=False).model_path)
+    zp = _zero_points(qdq)["x"]
+    assert zp != 0
+    samples = [{"x": s[None]} for s in _normalised(16)]
+    built = compile_deeploy(qdq, tmp_path / "deeploy", samples, platforms=("Generic",))
+    net = onnx.load(str(tmp_path / "deeploy" / "network.onnx"))
+    pads = [n for n in net.graph.node if n.op_type == "Pad"]
+    assert len(pads) == 1 and pads[0].input[0] == "x", [n.op_type for n in net.graph.node]
+    assert helper.get_attribute_value(next(a for a in pads[0].attribute if a.name == "value")) == zp
+    assert built.info["export"]["max_lsb_diff"] <= 1, built.info["export"]
+    run = built.info["run"]["Generic"]
+    assert run["ran"] and run["equal_fraction_vs_integer_onnx"] == 1.0 and run["max_diff_vs_integer_onnx"] == 0, run

@@ -199,9 +199,26 @@ def test_fold_input_zero_point_goes_into_the_requantshift_add() -> None:
 
 
 def test_fold_input_zero_point_refuses_a_padded_conv() -> None:
+    """Padding Deeploy's Pad cannot write (unequal at the two ends) on an input with a zero point is refused."""
     model, _ = qdq_linear("Conv", x_zp=7, pads=1)
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    pads = next(a for a in conv.attribute if a.name == "pads")
+    del pads.ints[:]
+    pads.ints.extend([1, 1, 0, 0])
     with pytest.raises(TargetError, match="input 'x' has zero point 7 and the Conv pads"):
         run_passes(model, "fold_input_zero_point")
+
+
+def test_fold_input_zero_point_pads_a_padded_conv_with_the_zero_point(tmp_path: Path) -> None:
+    """Padding equal at both ends: an explicit Pad whose value is the zero point, then the unpadded Conv; exact."""
+    model, _ = qdq_linear("Conv", x_zp=7, pads=1)
+    state = run_passes(model, "fold_input_zero_point")
+    pad, conv = state.graph.node[0], state.graph.node[1]
+    assert pad.op_type == "Pad" and conv.op_type == "Conv" and conv.input[0] == pad.output[0]
+    assert helper.get_attribute_value(next(a for a in pad.attribute if a.name == "value")) == 7
+    assert list(next(a for a in conv.attribute if a.name == "pads").ints) == [0, 0, 0, 0]
+    res = de.export(model, tmp_path / "out", num_samples=8, verbose=False)
+    assert res.max_lsb_diff <= 1 and res.equal_fraction >= 0.99, res
 
 
 def test_fold_conv_bias_moves_the_bias_into_add() -> None:

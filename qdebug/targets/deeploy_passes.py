@@ -327,22 +327,22 @@ def _rename_tensor(state: GraphState, old: str, new: str) -> None:
 def fold_input_zero_point(state: GraphState) -> int:
     """Fold a non-zero input zero point into the bias: conv(x − zp) = conv(x) − zp·Σw (per output channel).
 
-    This is exact only where no padding reads the zero point, so a padded Conv on such an input is refused
-    (shifted uint8 tensors, e.g. ReLU outputs and non-negative inputs, have zero point 0 and never get here).
+    This is exact only where no padding reads the zero point, so a padded Conv on such an input gets its padding
+    as an explicit Pad whose value is that zero point (Deeploy pads with 0 otherwise); the target's constraints
+    make the input symmetric instead when it quantizes, so this serves QDQ models quantized elsewhere. Shifted
+    uint8 tensors (ReLU outputs, non-negative inputs) have zero point 0 and never get here.
     """
     consts = state.consts()
     ix = state.index()
     n = 0
+    pads_before: dict[str, onnx.NodeProto] = {}  # inserted after the loop: the loop edits the graph's own nodes
     for node in ix.nodes:
         zp = state.pending_zp.pop(node.name, 0)
         if not zp:
             continue
         a = _attrs(node)
         if node.op_type == "Conv" and any(a.get("pads", [])):
-            raise TargetError(
-                f"{_label(node)}: input {node.input[0]!r} has zero point {zp} and the Conv pads; the padding "
-                "would not be the real 0 (quantize that tensor symmetrically or remove the padding)"
-            )
+            pads_before[node.name] = _explicit_pad(state, node, list(a["pads"]), zp)
         w = consts[node.input[1]].astype(np.int64)
         out_axis = 0 if node.op_type == "Conv" or (node.op_type == "Gemm" and a.get("transB", 0)) else 1
         corr = -zp * w.sum(axis=tuple(i for i in range(w.ndim) if i != out_axis))
@@ -355,7 +355,35 @@ def fold_input_zero_point(state: GraphState) -> int:
             mul, add = consts[rq.input[1]].astype(np.int64), consts[rq.input[2]].astype(np.int64)
             state.set_const(rq.input[2], (add + mul * np.resize(corr, add.shape)).astype(np.int32))
         n += 1
+    if pads_before:
+        nodes: list[onnx.NodeProto] = []
+        for node in state.graph.node:
+            nodes += [pads_before[node.name], node] if node.name in pads_before else [node]
+        del state.graph.node[:]
+        state.graph.node.extend(nodes)
     return n
+
+
+def _explicit_pad(state: GraphState, conv: onnx.NodeProto, pads: list[int], zp: int) -> onnx.NodeProto:
+    """``conv`` unpadded, and the Pad node to put before it, with value ``zp`` (the stored integer of the real 0):
+    Deeploy's Pad2D template pads each spatial axis equally at both ends."""
+    x = conv.input[0]
+    if len(pads) != 4 or pads[:2] != pads[2:]:
+        raise TargetError(
+            f"{_label(conv)}: input {x!r} has zero point {zp} and the Conv pads {pads}, which Deeploy's Pad cannot "
+            "write (only a 2-D Conv padded equally at both ends); quantize that tensor symmetrically"
+        )
+    padded = state.unique(f"{x}_padded")
+    if x in state.acts:
+        state.acts[padded] = state.acts[x]
+    pad = _node("Pad", [x], [padded], state.unique(f"{conv.name}_pad"), mode="constant",
+                pads=[0, 0, pads[0], pads[1], 0, 0, pads[0], pads[1]], value=zp)  # fmt: skip
+    conv.input[0] = padded
+    for attr in conv.attribute:
+        if attr.name == "pads":
+            del attr.ints[:]
+            attr.ints.extend([0, 0, 0, 0])
+    return pad
 
 
 def fold_conv_bias(state: GraphState) -> int:
