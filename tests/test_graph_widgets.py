@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import pandas as pd
 import pytest
 from builders import scoped_residual_mlp
 
@@ -94,6 +95,37 @@ def test_worst_path_is_drawn(app: DebuggerApp) -> None:
     assert trace.x and len(trace.x) >= 1
 
 
+def test_colouring_toggle_local_or_cumulative(app: DebuggerApp) -> None:
+    """The graph opens coloured by where the error is born (local SQNR); the toggle switches to the accumulated
+    error and back, the title and colour bar say which, and the app's metric follows the toggle."""
+    from qdebug.render.bands import sqnr_color
+
+    panel = app.graph_panel
+    assert app.metric == "local_sqnr_db" and panel.colour_picker.value == "local_sqnr_db"
+    assert app.metric_picker is panel.colour_picker
+
+    def shown() -> tuple[list[str], str, str]:
+        fig = app.graph_box.children[0]
+        nodes = next(t for t in fig.data if t.name == "nodes")
+        scale = next(t for t in fig.data if t.name == "scale")
+        return list(nodes.marker.color), fig.layout.title.text, scale.marker.colorbar.title.text
+
+    def worst(metric: str) -> list[str]:
+        rows = panel.rows
+        vals = [min((float(v) for m in panel.view.members[n] if not pd.isna(v := rows[m].get(metric))),
+                    default=None) for n in panel.view.nodes]  # fmt: skip
+        return [sqnr_color(v) for v in vals]
+
+    local, title, bar = shown()
+    assert "where the error is born" in title and "local SQNR" in bar and local == worst("local_sqnr_db")
+    panel.colour_picker.value = "cumulative_sqnr_db"
+    cum, title, bar = shown()
+    assert app.metric == "cumulative_sqnr_db" and "accumulated" in title and "cumulative SQNR" in bar
+    assert cum == worst("cumulative_sqnr_db") and cum != local
+    app.metric = "local_sqnr_db"  # the view state drives the toggle too
+    assert panel.colour_picker.value == "local_sqnr_db" and shown()[0] == local
+
+
 def test_colour_by_mse_is_mse(app: DebuggerApp) -> None:
     app.metric = "cumulative_sqnr_db"
     cum = list(_nodes(app).marker.color)
@@ -101,15 +133,18 @@ def test_colour_by_mse_is_mse(app: DebuggerApp) -> None:
     mse = list(_nodes(app).marker.color)
     assert mse != cum and all(isinstance(c, float) for c in mse)
     assert "mse" in app.graph_box.children[0].layout.title.text
-    app.metric = "cumulative_sqnr_db"
+    app.metric = "local_sqnr_db"
 
 
 def test_heatmap_groups_and_inspector(app: DebuggerApp) -> None:
     heat = app.heatmap_box.children[0]
-    assert heat.layout.xaxis.showticklabels is False  # 301 names would overlap
+    # 301 names would overlap: plotly writes as many as fit, and zooming in writes the others (labelalias)
+    assert heat.layout.xaxis.tickmode == "auto" and heat.layout.xaxis.labelalias["1"].endswith("MatMul_output_0")
     app.heatmap_groups.value = True
     grouped = app.heatmap_box.children[0]
-    assert 10 <= len(grouped.layout.xaxis.ticktext) <= gv.MAX_GROUPS
+    # one labelled tick per group of the graph, as many as the graph shows collapsed (issue 38: 127 against 41)
+    assert len(grouped.layout.xaxis.ticktext) == len(app.graph_panel.grouping.groups) <= gv.MAX_GROUPS
+    assert all(grouped.layout.xaxis.ticktext) and grouped.layout.xaxis2.labelalias["1"]
     app.heatmap_groups.value = False
     # The inspector of a MatMul output: grid statistics, histogram, scatter and the weight per channel.
     app.on_select("/model.5/fc1/MatMul_output_0")

@@ -121,7 +121,7 @@ class AppBase(w.VBox):  # type: ignore[misc]
 
     selected = tr.Unicode("", help="the inspected tensor").tag(sync=True)
     promotion = tr.List(tr.Unicode(), help="tensors ticked for promotion").tag(sync=True)
-    metric = tr.Enum(METRICS, default_value="cumulative_sqnr_db").tag(sync=True)
+    metric = tr.Enum(METRICS, default_value="local_sqnr_db").tag(sync=True)  # the graph: where the error is born
     threshold = tr.Float(SQNR_LOW, help="SQNR below this (dB) is highlighted").tag(sync=True)
     sort_key = tr.Enum(SORT_KEYS, default_value="topo_index").tag(sync=True)
     descending = tr.Bool(False).tag(sync=True)

@@ -16,7 +16,7 @@ from qdebug.render.bands import SQNR_HIGH
 from qdebug.render.fmt import fmt_task
 from qdebug.render.text import capture_line
 
-from .app_base import METRICS, SORT_KEYS, AppBase, db_text
+from .app_base import SORT_KEYS, AppBase, db_text
 from .app_figure import figure, on_click, placeholder
 
 if TYPE_CHECKING:
@@ -109,11 +109,9 @@ class TensorViews(AppBase):
         self.heatmap_groups.observe(lambda ch: self._render_heatmap(), names="value")
         from .graph_view import GraphPanel
 
-        self.graph_panel = GraphPanel(self.on_select)
+        self.graph_panel = GraphPanel(self.on_select, lambda m: setattr(self, "metric", m), self.metric)
         self.graph_box = self.graph_panel.box  # holds the live graph figure
-        self.metric_picker = w.Dropdown(
-            description="colour by", options=[(LABELS[k], k) for k in METRICS], value=self.metric
-        )
+        self.metric_picker = self.graph_panel.colour_picker  # local (where the error is born) / cumulative / …
         self.tensor_picker = w.Dropdown(description="tensor", options=[])
         from .inspector import InspectorPanel
 
@@ -229,7 +227,7 @@ class TensorViews(AppBase):
     def _render_heatmap(self) -> None:
         v = self.views()
         # The graph's groups (name scopes or blocks), so both views speak of the same regions.
-        groups = self.graph_panel.grouping.finest() if self.heatmap_groups.value else None  # blocks of a ×N group
+        groups = self.graph_panel.grouping.labels() if self.heatmap_groups.value else None  # as many as the graph
         heat = figure("layer_heatmap", v.df, v.weights, "h", 40, v.owners, groups, css="qd-heatmap")
         on_click(heat, self.on_heatmap_click)
         self.heatmap_box.children = [heat]

@@ -1,6 +1,10 @@
 """``GraphPanel``: the model graph tab. View state only (expanded groups, the metric, the selected tensor);
 the grouping, layout and figure come from :mod:`qdebug.render.graph_view`.
 
+Its colouring toggle (``colour_picker``) chooses what the nodes show: where the error is born (local SQNR, the
+default: a block is red where its own rounding hurts) or the error accumulated so far (cumulative SQNR: every block
+after the first loss is red), or an error metric. Whoever lays the tab out places the toggle.
+
 A click on a group expands it; a click on a tensor calls ``on_select(name)`` with the tensor under the pointer
 (the node trace's own ``customdata``, never an index into another list); the search box selects the first
 tensor whose name contains the text and expands its group; "worst path" draws the way from the worst tensor
@@ -17,12 +21,31 @@ import ipywidgets as w
 
 from qdebug.render import graph_view as gv
 
+#: The colouring toggle's choices: (label, report column); local SQNR first, the default.
+COLOUR_OPTIONS = (
+    ("where the error is born (local SQNR)", "local_sqnr_db"),
+    ("accumulated (cumulative SQNR)", "cumulative_sqnr_db"),
+    ("mean squared error", "mse"),
+    ("max abs error", "max_abs_error"),
+)
+
 
 class GraphPanel(w.VBox):  # type: ignore[misc]
     """The graph view of one report's tensors; call :meth:`show` with a new report's rows to redraw."""
 
-    def __init__(self, on_select: Callable[[str], None], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        on_select: Callable[[str], None],
+        on_colour: Callable[[str], None] | None = None,
+        metric: str = "local_sqnr_db",
+        **kwargs: Any,
+    ) -> None:
         self.on_select = on_select
+        self.on_colour = on_colour
+        self.colour_picker = w.ToggleButtons(options=COLOUR_OPTIONS, value=metric, description="colour",
+                                             style={"button_width": "auto"})  # fmt: skip
+        self.colour_picker.add_class("qd-graph-colour")
+        self.colour_picker.observe(lambda ch: self.colour(str(ch["new"])), names="value")
         self.search_box = w.Text(placeholder="tensor name", description="find", continuous_update=False)
         self.expand_all = w.Button(description="expand all", layout=w.Layout(width="auto"))
         self.collapse_all = w.Button(description="collapse all", layout=w.Layout(width="auto"))
@@ -42,7 +65,7 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         self.rows: Mapping[str, Mapping[str, Any]] = {}
         self.grouping: gv.Grouping = gv.Grouping((), "none", {})
         self.expanded: set[str] = set()
-        self.metric = "cumulative_sqnr_db"
+        self.metric = metric
         self.selected = ""
         self.view: gv.GraphView | None = None
         self.figure: Any = None
@@ -63,12 +86,26 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             self.edges = [(str(i), n) for n in names for i in (self.rows[n].get("inputs") or ()) if str(i) in known]
             ops = {n: str(self.rows[n].get("producer_op", "")) for n in names}
             sizes = {n: int(e) for n in names if isinstance(e := self.rows[n].get("elements"), int | float)}
-            self.grouping = gv.group_tensors(names, self.edges, ops, sizes=sizes)
+            nodes = {n: str(self.rows[n].get("producer_node") or "") for n in names}
+            self.grouping = gv.group_tensors(names, self.edges, ops, sizes=sizes, scopes=nodes)
             self.expanded = set()
             self.view = None
             self._views = {}
         self.metric = metric
+        if self.colour_picker.value != metric and metric in {v for _, v in COLOUR_OPTIONS}:
+            self.colour_picker.value = metric  # the observer sees the panel's metric already set: no redraw
         self.selected = selected
+        self.redraw()
+
+    def colour(self, metric: str) -> None:
+        """Colour the nodes by ``metric`` (the toggle's choice): ``on_colour`` decides when given (the app keeps
+        the metric as view state and redraws), else the panel redraws itself."""
+        if metric == self.metric:
+            return
+        if self.on_colour is not None:
+            self.on_colour(metric)
+            return
+        self.metric = metric
         self.redraw()
 
     def _values(self) -> dict[str, float | None]:
@@ -180,4 +217,4 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             self.on_select(str(node))
 
 
-__all__ = ["GraphPanel"]
+__all__ = ["COLOUR_OPTIONS", "GraphPanel"]

@@ -45,6 +45,14 @@ MAX_HEIGHT = 2400
 #: Metrics the view colours by; the SQNR ones use the anchored bands, the error ones a log scale.
 SQNR_METRICS = ("local_sqnr_db", "cumulative_sqnr_db")
 ERROR_METRICS = ("mse", "max_abs_error")
+#: What each colouring shows, for the title and the colour bar: local SQNR is where the error is born (the
+#: tensor's own rounding), cumulative SQNR the error that has reached the tensor (red from the first loss on).
+COLOURINGS = {
+    "local_sqnr_db": ("where the error is born", "local SQNR"),
+    "cumulative_sqnr_db": ("error accumulated so far", "cumulative SQNR"),
+    "mse": ("error accumulated so far", "mean squared error"),
+    "max_abs_error": ("error accumulated so far", "max abs error"),
+}
 _ERROR_SCALE: list[list[float | str]] = [[0.0, "#fff5f0"], [0.5, "#fb6a4a"], [1.0, "#67000d"]]
 
 
@@ -143,7 +151,8 @@ def graph_view_figure(
     """The figure of a :class:`GraphView`: ``rows`` maps each tensor to its report row (a dict of
     ``DebugReport.to_dataframe()`` columns). Top to bottom, one layer per rank; edges follow their routes.
 
-    Nodes are coloured by ``metric`` (a group by its worst member: lowest SQNR, highest error); SQNR metrics use
+    Nodes are coloured by ``metric`` (a group by its worst member: lowest SQNR, highest error), which the title
+    and the colour bar name (:data:`COLOURINGS`: local SQNR shows where the error is born); SQNR metrics use
     the anchored bands, ``mse`` / ``max_abs_error`` a log10 red scale. Every node's ``customdata`` is
     ``[kind, id]`` (:data:`GROUP` + group key, or :data:`TENSOR` + tensor name). Traces: ``edges``, ``path``
     (``path``, the worst tensor's way back to the inputs), ``nodes``, ``selected`` (a ring on the node showing
@@ -173,7 +182,8 @@ def graph_view_figure(
     if metric in SQNR_METRICS:
         marker["color"] = _colours(texts.values, metric)
         scale = {"color": [Z_MIN], "colorscale": SQNR_COLORSCALE, "cmin": Z_MIN, "cmax": Z_MAX, "showscale": True,
-                 "colorbar": {"title": {"text": "dB"}, "tickvals": [0, SQNR_LOW, SQNR_HIGH, Z_MAX]}}  # fmt: skip
+                 "colorbar": {"title": {"text": f"{COLOURINGS[metric][1]}<br>dB"},
+                              "tickvals": [0, SQNR_LOW, SQNR_HIGH, Z_MAX]}}  # fmt: skip
     else:
         logs = [v for v in _colours(texts.values, metric) if isinstance(v, float)]
         lo, hi = (min(logs), max(logs)) if logs else (0.0, 1.0)
@@ -208,8 +218,8 @@ def graph_view_figure(
         xaxis={"visible": False}, yaxis={"visible": False, "autorange": "reversed"},
         hovermode="closest", plot_bgcolor="white", dragmode="pan",
         height=height, margin={"l": 10, "r": 10, "t": 30, "b": 10},
-        title={"text": f"{len(view.nodes)} nodes ({view.grouping.method}); colour: worst {metric}",
-               "font": {"size": 13}},
+        title={"text": f"{len(view.nodes)} nodes ({view.grouping.method}); colour: {COLOURINGS[metric][0]} — "
+                       f"worst {COLOURINGS[metric][1]} of each node ({metric})", "font": {"size": 13}},
     )  # fmt: skip
     return fig
 
@@ -229,6 +239,7 @@ def ring_at(fig: go.Figure, view: GraphView, tensor: str) -> str | None:
 
 #: The grouping and the visible nodes are made in their own rooms; the view is one namespace for its widget.
 __all__ = [
+    "COLOURINGS",
     "GROUP",
     "MAX_GROUPS",
     "TENSOR",
