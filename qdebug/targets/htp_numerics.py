@@ -1,5 +1,6 @@
 """Known numeric behaviours of the QNN HTP that make it differ from ONNX Runtime's CPU QDQ, each found in a QDQ
-model by its pattern and each with an exact rewrite of the QDQ model that the HTP computes like the CPU.
+model by its pattern and each with a rewrite of the QDQ model that the HTP computes right (exact on the CPU for the
+Reciprocal; a changed grid for the other two).
 
 Every behaviour here was isolated on a single-op model on the HTP simulator (``tests/test_htp_numerics.py`` is the
 reproduction; the measurements are in docs/qnn.md, "Known HTP numeric behaviours"):
@@ -11,9 +12,8 @@ reproduction; the measurements are in docs/qnn.md, "Known HTP numeric behaviours
 * :attr:`HtpBehaviour.CONV_SILU_16BIT` — a Conv whose 16-bit output feeds ``x · Sigmoid(x)`` (SiLU, as YOLOv8
   exports it): for some output sizes (9×9, 10×10, 12×12 among those tried) the HTP writes whole blocks of the SiLU's
   output wrong (pairs of rows); the same Conv followed by Sigmoid alone, Tanh·x or Relu·x, and the SiLU without
-  the Conv, are right.
-  Putting the Sigmoid's output on an 8-bit grid (``[0, 1]`` in 255 steps: a 16→8 boundary) avoids it at the
-  cost of that grid's rounding.
+  the Conv, are right. Putting the Sigmoid's output on an 8-bit grid (``[0, 1]`` in 255 steps: a 16→8 boundary)
+  avoids it at the cost of that grid's rounding.
 * :attr:`HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE` — a ``HardSigmoid`` with a 16-bit output grid that ends below
   1.0 returns ``y · y_max`` instead of ``y`` (off by the top of its output grid; right at 8 bits, and at 16 bits
   when the grid ends at 1.0). A squeeze-and-excitation gate (PP-LCNet's, in the corpus's text-direction
