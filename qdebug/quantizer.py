@@ -398,6 +398,15 @@ def _cache_path(calibration_cache: str | Path | None, out: Path) -> tuple[Path, 
     return cache, True
 
 
+def _ort_config(cfg: QuantConfig, model_path: Path, source: DataSource, keep_float: list[str], notes: list[str]) -> Any:
+    """ORT's config by the target's recipe, the non-finite consumers kept in float; says in ``notes`` which tensors
+    the target's quantization constraints put on a symmetric grid."""
+    ort_cfg = to_ort_config(cfg, model_path, as_ort_reader(source))
+    ort_cfg.nodes_to_exclude = [*(ort_cfg.nodes_to_exclude or []), *keep_float]
+    notes += [n for n in (constraint_note(cfg.target, cfg.ort_overrides(), ort_cfg),) if n]
+    return ort_cfg
+
+
 def quantize(
     float_model: str | Path | onnx.ModelProto,
     data: str | Path | Mapping[str, Any] | DataSource | None,
@@ -443,9 +452,7 @@ def quantize(
             distribution=cfg.synthetic_distribution,
             input_shapes=input_shapes,
         )
-        ort_cfg = to_ort_config(cfg, model_path, as_ort_reader(source))
-        ort_cfg.nodes_to_exclude = [*(ort_cfg.nodes_to_exclude or []), *keep_float]
-        notes += [n for n in (constraint_note(cfg.target, cfg.ort_overrides(), ort_cfg),) if n]
+        ort_cfg = _ort_config(cfg, model_path, source, keep_float, notes)
         try:
             # Overflowing data is reported as one error, not as numpy's or ORT's warnings.
             with np.errstate(all="ignore"), warnings.catch_warnings():
