@@ -185,6 +185,43 @@ def _tensor_axis(
     return {"tickmode": "array", "tickvals": idx, "ticktext": labels, "title": "tensor"}, None, []
 
 
+def _oriented(
+    grid: Any,
+    cells: tuple[list[list[float | None]], list[list[str | None]], list[list[str]]],
+    idx: list[int],
+    orientation: str,
+    axes: tuple[dict[str, Any], dict[str, Any] | None, list[float]],
+) -> go.Figure:
+    """The heatmap with tensors on x (``"h"``) or y (``"v"``): its tensor axis, the names' axis on the other side
+    when grouped, and the boundaries between groups."""
+    z, st, hover = cells
+    axis, names_axis, bounds = axes
+    rows = ["local", "cumulative", "weight"]
+    line = {"color": "#343a40", "width": 1}
+    if orientation == "h":
+        fig = go.Figure(grid(z, st, hover, idx, rows))
+        fig.update_layout(xaxis=axis, yaxis={"autorange": "reversed", "fixedrange": True})
+        if names_axis:  # an empty trace keeps the names' axis drawn, its range the x axis's
+            fig.add_trace(go.Scatter(x=[], y=[], xaxis="x2", name="names", showlegend=False, hoverinfo="skip"))
+            fig.update_layout(xaxis2={**names_axis, "overlaying": "x", "side": "top", "matches": "x"})
+        for b in bounds:
+            fig.add_vline(x=b, line=line)
+        return fig
+    if orientation != "v":
+        raise ValueError(f"layer_heatmap: orientation must be 'h' or 'v', got {orientation!r}")
+    tz = [list(r) for r in zip(*z, strict=True)]
+    ts = [list(r) for r in zip(*st, strict=True)]
+    th = [list(r) for r in zip(*hover, strict=True)]
+    fig = go.Figure(grid(tz, ts, th, rows, idx))
+    fig.update_layout(yaxis={**axis, "autorange": "reversed"}, xaxis={"fixedrange": True})
+    if names_axis:
+        fig.add_trace(go.Scatter(x=[], y=[], yaxis="y2", name="names", showlegend=False, hoverinfo="skip"))
+        fig.update_layout(yaxis2={**names_axis, "overlaying": "y", "side": "right", "matches": "y"})
+    for b in bounds:
+        fig.add_hline(y=b, line=line)
+    return fig
+
+
 def layer_heatmap(
     df: pd.DataFrame,
     weights: pd.DataFrame | None = None,
@@ -241,29 +278,7 @@ def layer_heatmap(
     if groups:  # the hover names the group too
         hover = [[f"{h}<br>group: {groups.get(n, n)}" for h, n in zip(row, names, strict=True)] for row in hover]
     axis, names_axis, bounds = _tensor_axis(idx, names, max_label_chars, groups)
-    rows = list(metrics)
-    line = {"color": "#343a40", "width": 1}
-    if orientation == "h":
-        fig = go.Figure(_grid_traces(z, st, hover, idx, rows))
-        fig.update_layout(xaxis=axis, yaxis={"autorange": "reversed", "fixedrange": True})
-        if names_axis:  # an empty trace keeps the names' axis drawn, its range the x axis's
-            fig.add_trace(go.Scatter(x=[], y=[], xaxis="x2", name="names", showlegend=False, hoverinfo="skip"))
-            fig.update_layout(xaxis2={**names_axis, "overlaying": "x", "side": "top", "matches": "x"})
-        for b in bounds:
-            fig.add_vline(x=b, line=line)
-    elif orientation == "v":
-        tz = [list(r) for r in zip(*z, strict=True)]
-        ts = [list(r) for r in zip(*st, strict=True)]
-        th = [list(r) for r in zip(*hover, strict=True)]
-        fig = go.Figure(_grid_traces(tz, ts, th, rows, idx))
-        fig.update_layout(yaxis={**axis, "autorange": "reversed"}, xaxis={"fixedrange": True})
-        if names_axis:
-            fig.add_trace(go.Scatter(x=[], y=[], yaxis="y2", name="names", showlegend=False, hoverinfo="skip"))
-            fig.update_layout(yaxis2={**names_axis, "overlaying": "y", "side": "right", "matches": "y"})
-        for b in bounds:
-            fig.add_hline(y=b, line=line)
-    else:
-        raise ValueError(f"layer_heatmap: orientation must be 'h' or 'v', got {orientation!r}")
+    fig = _oriented(_grid_traces, (z, st, hover), idx, orientation, (axis, names_axis, bounds))
     fig.update_layout(
         # No width: the container's full width (a tab shown later gets it through a window resize, see
         # widgets.resize); a fixed width left two thirds of a wide page empty.

@@ -140,6 +140,25 @@ def _path_lines(view: GraphView, path: Sequence[str]) -> tuple[list[float | None
     return xs, ys
 
 
+def _colour_scale(marker: dict[str, Any], values: Sequence[float | None], metric: str) -> dict[str, Any]:
+    """Colour ``marker`` by ``values`` and return the marker of the trace that draws the colour bar."""
+    if metric in SQNR_METRICS:
+        marker["color"] = _colours(values, metric)
+        scale = {"color": [Z_MIN], "colorscale": SQNR_COLORSCALE, "cmin": Z_MIN, "cmax": Z_MAX, "showscale": True,
+                 "colorbar": {"title": {"text": f"{COLOURINGS[metric][1]}<br>dB"},
+                              "tickvals": [0, SQNR_LOW, SQNR_HIGH, Z_MAX]}}  # fmt: skip
+    else:
+        logs = [v for v in _colours(values, metric) if isinstance(v, float)]
+        lo, hi = (min(logs), max(logs)) if logs else (0.0, 1.0)
+        marker.update(color=[GREY if v is None else v for v in _colours(values, metric)])
+        marker.update(colorscale=_ERROR_SCALE, cmin=lo, cmax=hi if hi > lo else lo + 1)
+        if any(v is None for v in values):  # a mix of numbers and grey names is not allowed by plotly
+            marker["color"] = [lo if v is None else v for v in _colours(values, metric)]
+        scale = {"color": [lo], "colorscale": _ERROR_SCALE, "cmin": lo, "cmax": marker["cmax"], "showscale": True,
+                 "colorbar": {"title": {"text": f"log10 {metric}"}}}  # fmt: skip
+    return scale
+
+
 def graph_view_figure(
     view: GraphView,
     rows: Mapping[str, Mapping[str, Any]],
@@ -179,20 +198,7 @@ def graph_view_figure(
     symbols = ["circle" if view.kind[n] == TENSOR else "square" for n in view.nodes]
     show = len(view.nodes) <= label_limit
     marker: dict[str, Any] = {"size": sizes, "symbol": symbols, "line": {"width": 1, "color": "#495057"}}
-    if metric in SQNR_METRICS:
-        marker["color"] = _colours(texts.values, metric)
-        scale = {"color": [Z_MIN], "colorscale": SQNR_COLORSCALE, "cmin": Z_MIN, "cmax": Z_MAX, "showscale": True,
-                 "colorbar": {"title": {"text": f"{COLOURINGS[metric][1]}<br>dB"},
-                              "tickvals": [0, SQNR_LOW, SQNR_HIGH, Z_MAX]}}  # fmt: skip
-    else:
-        logs = [v for v in _colours(texts.values, metric) if isinstance(v, float)]
-        lo, hi = (min(logs), max(logs)) if logs else (0.0, 1.0)
-        marker.update(color=[GREY if v is None else v for v in _colours(texts.values, metric)])
-        marker.update(colorscale=_ERROR_SCALE, cmin=lo, cmax=hi if hi > lo else lo + 1)
-        if any(v is None for v in texts.values):  # a mix of numbers and grey names is not allowed by plotly
-            marker["color"] = [lo if v is None else v for v in _colours(texts.values, metric)]
-        scale = {"color": [lo], "colorscale": _ERROR_SCALE, "cmin": lo, "cmax": marker["cmax"], "showscale": True,
-                 "colorbar": {"title": {"text": f"log10 {metric}"}}}  # fmt: skip
+    scale = _colour_scale(marker, texts.values, metric)
     px, py = _path_lines(view, path)
     traces = [
         go.Scatter(x=exy[:, 0], y=exy[:, 1], mode="lines", name="edges", hoverinfo="skip", showlegend=False,

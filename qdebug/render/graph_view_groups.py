@@ -127,10 +127,10 @@ def _scope_paths(
 def _by_scope(
     names: Sequence[str], paths: Mapping[str, tuple[str, ...]], max_groups: int
 ) -> dict[tuple[str, ...], list[str]] | None:
-    """Scope prefix → tensors, refining the biggest group one level at a time while it is big (more than a tenth
+    """Scope prefix → tensors, refining the biggest group one level at a time while it is big (over an eighth
     of the model at the default ``max_groups``) and the result stays ≤ ``max_groups``: a ResNet opens as its
     bottleneck blocks, not as their single Convs."""
-    big = max(2 * MIN_REPEAT, len(names) // max(1, max_groups // 4))
+    big = max(2 * MIN_REPEAT, len(names) // max(1, max_groups // 5))
     common = 0  # a prefix every scoped name shares (e.g. "model/model.0/auto_model") separates nothing
     scoped = [p for p in paths.values() if p]
     while all(len(p) > common and p[common] == scoped[0][common] for p in scoped):
@@ -274,7 +274,7 @@ def _by_structure(
             joined[-1] = (joined[-1][0], b)
         else:
             joined.append((a, b))
-    big = max(2 * MIN_REPEAT, n // max(1, max_groups // 4))
+    big = max(2 * MIN_REPEAT, n // max(1, max_groups // 5))
     cut: list[int] = []
     for a, b in joined:
         cut += [a, *(_split_long(a, b, live, big // 2) if b - a > big else [])]
