@@ -53,7 +53,9 @@ def test_table_has_every_figure_per_column() -> None:
     assert _cells(page, "qd-t-vs-cpu") == ["19.50 dB"] * 2
     assert _cells(page, "qd-t-cpu-vs-float") == ["30.25 dB"] * 2
     assert _cells(page, "qd-t-samples")[0].startswith("8 (")
-    assert "same device: default SoC (HTP v68)" in page
+    assert "same device: default SoC (HTP v68)" in page and "<caption" not in page
+    captioned = target_table_html([before], ["x"], "qnn: onnxruntime-qnn (HTP simulator)")
+    assert "<caption class='qd-target-caption'>qnn: onnxruntime-qnn (HTP simulator)</caption>" in captioned
     assert [r[0] for r in target_rows([before])][:5] == [
         "qd-t-device", "qd-t-ok", "qd-t-partitions", "qd-t-nodes", "qd-t-cpu",
     ]  # fmt: skip

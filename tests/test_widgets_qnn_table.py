@@ -90,6 +90,7 @@ def test_before_and_after_on_the_page_with_the_htp_accuracy(qnn_app: tuple[Debug
     devices = _cells(page, "qd-t-device")
     assert devices[0] == devices[1] and "HTP v" in devices[0]
     assert "before and after were compiled for the same device" in page
+    assert "compiled for qnn — the target here: onnxruntime-qnn" in page and "HTP" in page
     assert "<th>before: your model (user.qdq.onnx)</th><th>after</th>" in html.unescape(page)
     # the before column is the compile Run made: your model was compiled (and simulated) once
     assert [c[2] for c in calls] == [None, None] and app.compiled_by_step[("qnn", 0)] is first

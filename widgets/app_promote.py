@@ -286,7 +286,9 @@ class PromoteFlow(AppBase):
             results, names = [compiled], [self._variant_name(step)]
         else:
             results, names = [before, compiled], [f"before: {self._variant_name(step - 1)}", "after"]
-        return f"<div class='qd-compile'>{target_table_html(results, names)}</div>"
+        where = self.targets_info.get(self.target, (True, ""))[1]  # e.g. "onnxruntime-qnn 1.23 (HTP simulator)"
+        caption = f"compiled for {self.target}" + (f" — the target here: {where}" if where else "")
+        return f"<div class='qd-compile'>{target_table_html(results, names, caption)}</div>"
 
     def _forget_compiles(self, *, new_variant: bool) -> None:
         """Drop the compiles of steps no longer in the history (an undo) or of the step a variant another panel made

@@ -98,9 +98,10 @@ def device_sentence(before: RecompileResult, after: RecompileResult) -> str:
     )
 
 
-def target_table_html(results: Sequence[RecompileResult], names: Sequence[str]) -> str:
-    """The compile table (class ``qd-target-table``), a column per compile named by ``names``, then each compile's
-    problems and notes; with two compiles (before, after) the sentence on their devices (``qd-target-device``)."""
+def target_table_html(results: Sequence[RecompileResult], names: Sequence[str], caption: str = "") -> str:
+    """The compile table (class ``qd-target-table``), a column per compile named by ``names``, under ``caption``
+    (e.g. where "the target" ran: ``qnn: onnxruntime-qnn 1.23 (HTP simulator)``), then each compile's problems and
+    notes; with two compiles (before, after) the sentence on their devices (``qd-target-device``)."""
     rs = list(results)
     if not rs:
         return ""
@@ -111,7 +112,8 @@ def target_table_html(results: Sequence[RecompileResult], names: Sequence[str]) 
         + "</tr>"
         for cls, label, cells in target_rows(rs)
     )
-    out = f"<table class='qd-target-table'><tr><th></th>{head}</tr>{body}</table>"
+    cap = f"<caption class='qd-target-caption'>{html.escape(caption)}</caption>" if caption else ""
+    out = f"<table class='qd-target-table'>{cap}<tr><th></th>{head}</tr>{body}</table>"
     if len(rs) == 2:
         colour = "#495057" if _same_chip(rs[0], rs[1]) else "#c92a2a"
         sentence = html.escape(device_sentence(rs[0], rs[1]))
