@@ -239,7 +239,7 @@ def _conv_silu(act: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
 
 def test_the_conv_silu_behaviour_is_found_only_at_16_bits() -> None:
     found = find_behaviours(_conv_silu("uint16")[0])
-    assert [(f.behaviour, f.node) for f in found] == [(HtpBehaviour.CONV_SILU_16BIT, "sigmoid")]
+    assert [(f.behaviour, f.node, f.tensor) for f in found] == [(HtpBehaviour.CONV_SILU_16BIT, "sigmoid", "y")]
     assert find_behaviours(_conv_silu("uint8")[0]) == ()
     fixed, done = rewrite_qdq(_conv_silu("uint16")[0])
     assert done == ("sigmoid",) and find_behaviours(fixed) == ()

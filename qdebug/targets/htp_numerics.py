@@ -79,7 +79,8 @@ _SUMMARY = {
 
 @dataclass(frozen=True)
 class HtpFinding:
-    """One occurrence of a known behaviour: the node of the QDQ model, the tensor it writes, and the numbers."""
+    """One occurrence of a known behaviour: the node of the QDQ model a rewrite changes, the tensor where the
+    difference shows, and the numbers."""
 
     behaviour: HtpBehaviour
     node: str
@@ -143,7 +144,7 @@ def _traces_to(name: str, target: str, producer: Mapping[str, onnx.NodeProto]) -
     return q is not None and q.op_type == "QuantizeLinear" and q.input[0] == target
 
 
-def _conv_silu_sigmoids(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto, onnx.NodeProto]]:
+def _conv_silu_sigmoids(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]]:
     """Every Sigmoid of a SiLU (``x · Sigmoid(x)``) whose ``x`` is a Conv's output, both on 16-bit grids: (the
     Sigmoid, the QuantizeLinear of its output)."""
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -166,8 +167,12 @@ def _conv_silu_sigmoids(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto
         if q_out is None or out_grid is None or out_grid[2] not in _SIXTEEN:
             continue  # with the Sigmoid's output on 8 bits the HTP computes it right
         muls = [m for d in consumers.get(q_out.output[0], []) if is_dq(d) for m in consumers.get(d.output[0], [])]
-        if any(m.op_type == "Mul" and any(_traces_to(i, conv.output[0], producer) for i in m.input) for m in muls):
-            yield sig, q_out
+        mul = next(
+            (m for m in muls if m.op_type == "Mul" and any(_traces_to(i, conv.output[0], producer) for i in m.input)),
+            None,
+        )
+        if mul is not None:
+            yield sig, q_out, mul
 
 
 def _hardsigmoid_outputs(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProto, onnx.NodeProto, float, int]]:
@@ -197,8 +202,10 @@ def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
                     f"input grid ends at {top:.4g}",
                 )
             )
-    for sig, _ in _conv_silu_sigmoids(model):
-        out.append(HtpFinding(HtpBehaviour.CONV_SILU_16BIT, sig.name or sig.output[0], sig.output[0], "16-bit SiLU"))
+    for sig, _, mul in _conv_silu_sigmoids(model):
+        # the node rewritten is the Sigmoid; the wrong values show at the SiLU's output, where a probe finds them
+        name = sig.name or sig.output[0]
+        out.append(HtpFinding(HtpBehaviour.CONV_SILU_16BIT, name, mul.output[0], "16-bit SiLU"))
     for node, _, top, _ in _hardsigmoid_outputs(model):
         # a grid a rounding step short of 1.0 is 1.0: only a grid that really ends below it is off
         if top < 1.0 - 1e-4:
@@ -271,7 +278,7 @@ def _reciprocals_to_div(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ...]
 def _sigmoids_to_8bit(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ...]:
     """Put the output grid of the named SiLU Sigmoids of ``m`` (in place) on uint8 ``[0, 1]``; the names moved."""
     done: list[str] = []
-    for sig, q in list(_conv_silu_sigmoids(m)):
+    for sig, q, _ in list(_conv_silu_sigmoids(m)):
         key = sig.name or sig.output[0]
         if key not in wanted:
             continue
