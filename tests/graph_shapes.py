@@ -127,3 +127,60 @@ def yolov8(depth: tuple[int, ...] = (1, 2, 2)) -> Shapes:
     cat = g.add("model.22", "Concat", tuple(outs[2::3]), 144 * 8400)
     g.add("", "Sigmoid", (cat,), 80 * 8400)
     return g.shapes()
+
+
+def tiny_resnet(blocks: tuple[int, ...] = (2, 2, 3, 2), seed: int = 0) -> object:
+    """A small ResNet as an ONNX model, named as torch 1.x exports it: Conv outputs ``input.N`` (no scope) under
+    scoped node names (``/layer2/layer2.0/conv1/Conv``), Relu and Add outputs ``/layer2/layer2.0/relu/Relu_output_0``;
+    bottlenecks with a downsampling Conv first in each stage; input ``input`` [1, 3, 32, 32]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    count = [0]
+
+    def conv(scope: str, x: str, cin: int, cout: int, k: int, stride: int = 1) -> str:
+        count[0] += 1
+        w = numpy_helper.from_array((rng.normal(0, (2 / (cin * k * k)) ** 0.5, (cout, cin, k, k))).astype(np.float32),
+                                    f"onnx::Conv_{1000 + count[0]}")  # fmt: skip
+        b = numpy_helper.from_array(rng.normal(0, 0.05, cout).astype(np.float32), f"onnx::Conv_{2000 + count[0]}")
+        inits.extend([w, b])
+        out = f"input.{4 * count[0]}"
+        nodes.append(helper.make_node("Conv", [x, w.name, b.name], [out], name=f"/{scope}/Conv",
+                                      kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4))  # fmt: skip
+        return out
+
+    def op(kind: str, scope: str, inputs: list[str], **attrs: object) -> str:
+        out = f"/{scope}/{kind}_output_0" if scope else f"/{kind}_output_0"
+        nodes.append(helper.make_node(kind, inputs, [out], name=f"/{scope}/{kind}" if scope else f"/{kind}", **attrs))
+        return out
+
+    x = op("Relu", "relu", [conv("conv1", "input", 3, 8, 3)])
+    x = op("MaxPool", "maxpool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    cin = 8
+    for s, n in enumerate(blocks, start=1):
+        width = 4 * 2 ** (s - 1)
+        for b in range(n):
+            sc, stride = f"layer{s}/layer{s}.{b}", (2 if s > 1 and b == 0 else 1)
+            a = op("Relu", f"{sc}/relu", [conv(f"{sc}/conv1", x, cin, width, 1)])
+            a = op("Relu", f"{sc}/relu_1", [conv(f"{sc}/conv2", a, width, width, 3, stride)])
+            a = conv(f"{sc}/conv3", a, width, 2 * width, 1)
+            skip = conv(f"{sc}/downsample/downsample.0", x, cin, 2 * width, 1, stride) if b == 0 else x
+            x = op("Relu", f"{sc}/relu_2", [op("Add", sc, [a, skip])])
+            cin = 2 * width
+    x = op("GlobalAveragePool", "avgpool", [x])
+    x = op("Flatten", "", [x], axis=1)
+    w = numpy_helper.from_array(rng.normal(0, 0.1, (10, cin)).astype(np.float32), "fc.weight")
+    bias = numpy_helper.from_array(np.zeros(10, np.float32), "fc.bias")
+    inits += [w, bias]
+    nodes.append(helper.make_node("Gemm", [x, w.name, bias.name], ["output"], name="/fc/Gemm", transB=1))
+    graph = helper.make_graph(nodes, "tiny_resnet", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                              [1, 3, 32, 32])], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 10])],
+                              inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model

@@ -155,14 +155,23 @@ def _group_axis(
                 bounds.append((idx[i - 1] + idx[i]) / 2)
             start = i
     ticks = [(idx[a] + idx[b - 1]) / 2 for a, b in runs.values()]
-    return ticks, [short_name(g, 28) for g in runs], bounds
+    return ticks, [_group_label(g) for g in runs], bounds
+
+
+def _group_label(label: str, n: int = 30) -> str:
+    """A group's label for a tick: a run of blocks ``a/b.1 … a/b.3 ×3`` shortened to ``b.1 … b.3 ×3`` first."""
+    if len(label) > n and " … " in label:
+        first, last = label.split(" … ", 1)
+        label = f"{first.rsplit('/', 1)[-1]} … {last.rsplit('/', 1)[-1]}"
+    return short_name(label, n)
 
 
 def _zoom_names(names: list[str], max_label_chars: int) -> dict[str, Any]:
     """A tensor axis whose names follow the zoom: plotly picks the ticks (a few across the whole model, every
     tensor once zoomed in) and ``labelalias`` writes each position's tensor name in place of the number."""
-    alias = {str(i): short_name(n, max_label_chars) for i, n in enumerate(names)}
-    alias.update({f"{i}.5": " " for i in range(len(names))})  # half steps, deep in a zoom: no number
+    alias = {str(i): short_name(n.removesuffix("_output_0"), max_label_chars) for i, n in enumerate(names)}
+    # deep in a zoom plotly ticks every 0.5 or 0.1: those positions are no tensor, and show nothing
+    alias.update({f"{i}.{d}": " " for i in range(len(names)) for d in range(1, 10)})
     return {"tickmode": "auto", "nticks": MAX_TICK_LABELS // 2, "labelalias": alias, "tickangle": -45,
             "showgrid": False, "zeroline": False}  # fmt: skip
 
@@ -177,7 +186,7 @@ def _tensor_axis(
         ticks, labels, bounds = _group_axis(idx, names, groups)
         axis = {"tickmode": "array", "tickvals": ticks, "ticktext": labels, "tickangle": -45,
                 "title": f"{len(ticks)} groups (as in the graph); tensor names above follow the zoom"}  # fmt: skip
-        return axis, _zoom_names(names, max_label_chars), bounds
+        return axis, _zoom_names(names, min(max_label_chars, 32)), bounds
     if len(names) > MAX_TICK_LABELS:
         title = f"{len(names)} tensors, topological order (drag to zoom: every name appears)"
         return {**_zoom_names(names, max_label_chars), "title": title}, None, []
@@ -197,7 +206,7 @@ def _oriented(
     z, st, hover = cells
     axis, names_axis, bounds = axes
     rows = ["local", "cumulative", "weight"]
-    line = {"color": "#343a40", "width": 1}
+    line = {"color": "#495057", "width": 0.6}  # thin: a scattered group (a head's glue) has many runs
     if orientation == "h":
         fig = go.Figure(grid(z, st, hover, idx, rows))
         fig.update_layout(xaxis=axis, yaxis={"autorange": "reversed", "fixedrange": True})
@@ -279,11 +288,14 @@ def layer_heatmap(
         hover = [[f"{h}<br>group: {groups.get(n, n)}" for h, n in zip(row, names, strict=True)] for row in hover]
     axis, names_axis, bounds = _tensor_axis(idx, names, max_label_chars, groups)
     fig = _oriented(_grid_traces, (z, st, hover), idx, orientation, (axis, names_axis, bounds))
+    top = bool(names_axis) and orientation == "h"  # room above the cells for the names, below the title
     fig.update_layout(
         # No width: the container's full width (a tab shown later gets it through a window resize, see
         # widgets.resize); a fixed width left two thirds of a wide page empty.
-        title="SQNR per tensor (topological order; drag to zoom, double click to reset)", autosize=True,
-        margin={"l": 10, "r": 10, "t": 40, "b": 10}, dragmode="zoom",
+        title={"text": "SQNR per tensor (topological order; drag to zoom, double click to reset)", "y": 1,
+               "yref": "container", "yanchor": "top", "pad": {"t": 8}, "automargin": True},  # above the names
+        autosize=True,
+        margin={"l": 10, "r": 10, "t": 200 if top else 40, "b": 10}, dragmode="zoom", height=560 if top else None,
     )  # fmt: skip
     return fig
 
