@@ -1,16 +1,19 @@
 """The graph view's groups (:mod:`qdebug.render.graph_view`): tensors partitioned into a few dozen groups by their
-name scopes or, when names carry no scope, by the graph's structure, cycles between groups merged, and repeated
-blocks folded into ``×N`` groups.
+name scopes or, when names carry no scope, by the graph's structure, groups on a cycle cut into runs, and repeated
+blocks folded into ``×N`` groups. The graph and the grouped heatmap show the same partition.
 
 **Groups.** :func:`group_tensors` first tries the names: ``/model.22/cv2.0/conv/Conv_output_0`` has the scope
-path ``model.22 / cv2.0 / conv``, ``encoder.layer.3.attention.output`` has ``encoder / layer.3 / attention``.
-The biggest group is split by its next scope level while that keeps at most ``max_groups`` groups, so a
-YOLO opens as its ``model.N`` blocks and a BERT as its ``layer.N`` blocks. Names without a scope (PaddleOCR's
-``p2o.Add.12``, ``swish_14.tmp_0``) fall back to the graph structure: the topological order is cut into
-contiguous blocks at the places where the fewest tensors cross (the residual block boundaries). Groups whose
-edges would form a cycle are merged, so the collapsed graph is a DAG and its layered drawing respects every edge.
-Then runs of consecutive groups that are the same block (same ops, sizes and wiring, each fed by the previous
-one: a transformer's layers, a stage's bottlenecks) become one ``×N`` group whose parts expand one by one.
+path ``model.22 / cv2.0 / conv``, ``encoder.layer.3.attention.output`` has ``encoder / layer.3 / attention``; a
+tensor whose name has none takes its producer node's (torch's ``input.8`` under ``/layer1/layer1.0/conv1/Conv``)
+or a neighbour's. The biggest group is split by its next scope level while it is big and that keeps at most
+``max_groups`` groups, so a YOLO opens as its ``model.N`` modules, a ResNet as its bottleneck blocks, a BERT as
+its ``layer.N`` blocks. Names without a scope (PaddleOCR's ``p2o.Add.12``, ``onnx::Conv_412``) fall back to the
+graph structure: the topological order is cut where one tensor alone is live and either feeds several tensors
+(the residual stream between blocks) or changes size (a stage boundary). Groups whose edges would form a cycle
+are cut into runs of the topological order (runs cannot form a cycle), so the collapsed graph is a DAG and its
+layered drawing respects every edge. Then runs of consecutive groups that are the same block (same ops, sizes
+and wiring, each fed by the previous one: a transformer's layers, a stage's bottlenecks) become one ``×N`` group
+whose parts expand one by one.
 """
 
 from __future__ import annotations
