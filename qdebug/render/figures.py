@@ -137,6 +137,10 @@ def _grid_traces(
     return [main, missing]
 
 
+#: Group labels that fit side by side across a heatmap (slanted 12 px text on a page-wide figure).
+GROUP_LABELS = 70
+
+
 def _group_axis(
     idx: list[int], names: list[str], groups: Mapping[str, str]
 ) -> tuple[list[float], list[str], list[float]]:
@@ -155,7 +159,16 @@ def _group_axis(
                 bounds.append((idx[i - 1] + idx[i]) / 2)
             start = i
     ticks = [(idx[a] + idx[b - 1]) / 2 for a, b in runs.values()]
-    return ticks, [_group_label(g) for g in runs], bounds
+    # Labels closer than a label's height would overlap: the bigger group keeps its label, a small neighbour's
+    # stays blank (its tick, hover and the names above still tell it); a group as wide as the gap always fits.
+    gap = len(names) / GROUP_LABELS
+    kept: list[float] = []
+    labels = [""] * len(ticks)
+    for i in sorted(range(len(ticks)), key=lambda i: -(list(runs.values())[i][1] - list(runs.values())[i][0])):
+        if all(abs(ticks[i] - t) >= gap for t in kept):
+            kept.append(ticks[i])
+            labels[i] = _group_label(list(runs)[i])
+    return ticks, labels, bounds
 
 
 def _group_label(label: str, n: int = 30) -> str:
