@@ -596,6 +596,9 @@ def _brief(r: CellResult) -> str:
         text += f", worst output on the target {target:.1f} dB" if target is not None else ""
         if f.get("host_bit_exact"):
             text += f", Generic code bit-exact on the host ({f.get('host_samples')} samples)"
+        eq, lsb = f.get("export_equal_fraction"), f.get("export_max_lsb")
+        if isinstance(eq, float) and eq < 1.0:  # the export's own check (its target: ≥ 99.9 %, ≤ 1 LSB)
+            text += f"; integer network vs CPU QDQ {eq:.2%} equal, max {lsb} LSB"
         return text
     if r.cell is Cell.SUGGEST:
         return f"promoted {f.get('promoted')}"
