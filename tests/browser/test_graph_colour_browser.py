@@ -89,10 +89,10 @@ def test_local_colouring_and_labelled_grouped_heatmap(
     assert any("×2" in t for t in labels)  # layer3's identical blocks, one box in the graph too
     names = _texts(page, f"{HEAT} .x2tick text")
     assert names and all(n and not re.fullmatch(r"[\d.]+", n) for n in names)  # names, not positions
+    _fills_width(page)
     page.screenshot(path=str(screenshot_dir / "heatmap_grouped_resnet.png"), full_page=True)
 
     # Zoom into a few columns (a drag on the cells): every tensor there is named.
-    _fills_width(page)
     box = page.locator(f"{HEAT} .nsewdrag").first.bounding_box()
     y = box["y"] + box["height"] * 0.8
     page.mouse.move(box["x"] + 0.30 * box["width"], y)
