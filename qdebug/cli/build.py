@@ -91,6 +91,14 @@ class Build(Tool):
         )
         parser.add_argument("--no-tensor-probe", action="store_true", help="skip the per-tensor HTP vs CPU comparison")
         parser.add_argument(
+            "--probe-samples",
+            type=int,
+            default=4,
+            metavar="N",
+            help="qnn: run the per-tensor probe on the first N debug samples (default 4; the outputs are compared "
+            "on all of them; a probe run costs more than the compiled model's on the simulator)",
+        )
+        parser.add_argument(
             "--bisect",
             choices=("auto", "always", "never"),
             default="auto",
@@ -219,6 +227,7 @@ class Build(Tool):
 TARGET_OPTIONS = {"soc": "soc", "fail_on_fallback": "fail_on_fallback", "skip_fix": "skip_fixes",
                   "no_tensor_probe": "probe_tensors", "bisect": "bisect", "remedies": "remedies",
                   "no_remedies": "remedies", "time_budget": "time_budget_s",
+                  "probe_samples": "probe_samples",
                   "no_snap_scales": "snap_scales", "snap_grid": "snap_scales"}  # fmt: skip
 
 
@@ -256,6 +265,7 @@ def build_options(args: argparse.Namespace) -> Any:
         label_key=args.label_key,
         skip_fixes=tuple(args.skip_fix),
         probe_tensors=not args.no_tensor_probe,
+        probe_samples=args.probe_samples,
         bisect=args.bisect,
         remedies=args.remedies,
         time_budget_s=args.time_budget,

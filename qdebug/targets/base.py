@@ -106,6 +106,7 @@ OPTION_FLAGS: dict[str, str] = {
     "bisect": "--bisect",
     "remedies": "--remedies",
     "time_budget_s": "--time-budget",
+    "probe_samples": "--probe-samples",
 }
 
 
@@ -144,6 +145,9 @@ class BuildOptions:
     label_key: str = "label"
     skip_fixes: tuple[str, ...] = ()
     probe_tensors: bool = True
+    #: QNN: the per-tensor probe runs on the first this many of the debug samples (``None``: all): its figures are
+    #: per-tensor error ratios, and on the simulator a probe run costs more than the compiled model's
+    probe_samples: int | None = 4
     timeout_s: float = 600.0
     snap_scales: bool = True
     snap_grid: str = "tie_free"
@@ -199,6 +203,10 @@ class BuildOptions:
             p.append(f"unknown fix name(s) {unknown}; known: {known}")
         if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
             p.append(f"timeout_s must be positive, got {self.timeout_s!r}")
+        if self.probe_samples is not None and (
+            isinstance(self.probe_samples, bool) or not isinstance(self.probe_samples, int) or self.probe_samples < 1
+        ):
+            p.append(f"probe_samples must be a positive integer, got {self.probe_samples!r}")
         budget = self.time_budget_s
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or not budget >= 0):
             p.append(f"time_budget_s must be a number of seconds >= 0, got {budget!r}")

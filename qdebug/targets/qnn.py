@@ -86,7 +86,16 @@ class QnnTarget(TargetBase):
     }
     activation_types = frozenset({"uint8", "uint16"})
     options = frozenset(
-        {"soc", "fail_on_fallback", "skip_fixes", "probe_tensors", "bisect", "remedies", "time_budget_s"}
+        {
+            "soc",
+            "fail_on_fallback",
+            "skip_fixes",
+            "probe_tensors",
+            "bisect",
+            "remedies",
+            "time_budget_s",
+            "probe_samples",
+        }
     )
     fix_names = (*FIX_NAMES, COMPAT_FIX)
 
@@ -223,6 +232,7 @@ class QnnTarget(TargetBase):
                 probe_tensors=job.options.probe_tensors,
                 cpu_sqnr_db=job.cpu_sqnr_db or None,
                 outputs_sink=job.outputs_sink,
+                probe_samples=job.options.probe_samples,
             )
 
     def compiled_top1(

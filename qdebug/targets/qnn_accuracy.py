@@ -354,9 +354,10 @@ def _measure(
     data: DataSource,
     sums: tuple[_OutputSums, _TensorSums],
     sink: OutputsSink | None = None,
+    probe_limit: int | None = None,
 ) -> tuple[int, float]:
-    """Run float (CPU), QDQ (CPU), compiled (HTP) and probe (HTP) on every sample into the sums, each model's outputs
-    also to ``sink``; (samples, HTP seconds)."""
+    """Run float (CPU), QDQ (CPU), compiled (HTP) on every sample and the probe (HTP) on the first ``probe_limit``
+    (``None``: every one) into the sums, each model's outputs also to ``sink``; (samples, HTP seconds)."""
     outs, tensors = sums
     f_sess, c_sess, htp, probe_sess = sessions
     f_names, q_names, t_names = names.outputs, names.quant_outputs, names.probed
@@ -375,12 +376,25 @@ def _measure(
                 ("compiled", h_vals),
             ):
                 sink(role, f_names, vals)
-        if probe_sess is not None:
+        if probe_sess is not None and (probe_limit is None or i < probe_limit):
             p_vals = _run(probe_sess, t_names + q_names, sample, i, "the probe model on the HTP", TargetError)
             cpu_t, probe_t = c_vals[len(q_names) :], p_vals[: len(t_names)]
             tensors.add(cpu_t, probe_t, p_vals[len(t_names) :], h_vals, f_vals[len(f_names) :])
         n += 1
     return n, htp_seconds
+
+
+def _probe_notes(probe_vs_compiled: float, probed: int, n: int) -> list[str]:
+    """What to know about the probe's figures: over fewer samples than the outputs', or from a changed graph."""
+    notes = []
+    if probed < n:
+        notes.append(f"probe: per-tensor figures over the first {probed} of the {n} samples (--probe-samples)")
+    if probe_vs_compiled > 0.0:
+        notes.append(
+            f"probe: its model outputs differ from the compiled model's by up to {probe_vs_compiled:.3g} "
+            "(exposing tensors changed the HTP graph); per-tensor values are indicative"
+        )
+    return notes
 
 
 def _check_thresholds(lsb_threshold: object, excess_threshold: object) -> None:
@@ -405,6 +419,7 @@ def htp_accuracy(
     cpu_sqnr_db: Mapping[str, float | None] | None = None,
     excess_threshold: float = EXCESS_NOISE_THRESHOLD,
     outputs_sink: OutputsSink | None = None,
+    probe_samples: int | None = None,
 ) -> TargetAccuracy:
     """How the compiled model's numbers on the HTP differ from the float and the CPU-QDQ model's.
 
@@ -421,6 +436,7 @@ def htp_accuracy(
     flagged and whose error reaches a flagged consumer (``divergence_starts`` has every start, ``isolated_starts``
     those whose consumers are all unflagged). Tensors carry the float model's names (they join the debug report's
     activations); ``probe_single_partition``: the probe kept the compiled partitioning; ``outputs_sink``: top-1's.
+    ``probe_samples``: the probe runs on the first that many samples only (``None``: all).
     """
     _check_thresholds(lsb_threshold, excess_threshold)
     cpath, out = Path(compiled_model), Path(out_dir)
@@ -445,15 +461,13 @@ def htp_accuracy(
     probe_sess = qnn_session(probe.compiled, options) if probe.compiled is not None else None
     outs = _OutputSums(names.outputs)
     tensors = _TensorSums(probe.tensors)
-    n, htp_seconds = _measure((f_sess, c_sess, htp, probe_sess), names, data, (outs, tensors), outputs_sink)
+    sessions = (f_sess, c_sess, htp, probe_sess)
+    n, htp_seconds = _measure(sessions, names, data, (outs, tensors), outputs_sink, probe_samples)
     if n == 0:
         raise DataError(f"{data.description}: no samples")
     diffs, where = _localise(tensors, graph, cpu_sqnr_db, float(excess_threshold))
-    if probe_sess is not None and tensors.probe_vs_compiled > 0.0:
-        notes.append(
-            f"probe: its model outputs differ from the compiled model's by up to {tensors.probe_vs_compiled:.3g} "
-            "(exposing tensors changed the HTP graph); per-tensor values are indicative"
-        )
+    if probe_sess is not None:
+        notes += _probe_notes(tensors.probe_vs_compiled, n if probe_samples is None else min(probe_samples, n), n)
     return TargetAccuracy(
         target="qnn",
         device=options.device_label(),
