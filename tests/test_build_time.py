@@ -9,6 +9,7 @@ divergence the probe locates, so remedies would apply. QNN tests fail under CI=t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from qdebug.build_manifest import BuildManifest
 from qdebug.build_progress import BuildProgress, clock
 from qdebug.cli.build import rerun_command
 from qdebug.data import ArrayData
-from qdebug.errors import EXIT_DATA, DataError
+from qdebug.errors import EXIT_DATA, ConfigError, DataError
 from qdebug.evaluate import top1_accuracy
 from qdebug.model_io import input_specs, load_model
 from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY
@@ -132,6 +133,9 @@ def test_top1_comes_from_the_check_when_it_ran_the_labelled_set(qnn: None, small
     assert top1 is not None and top1.num_samples == 6 and res.manifest.num_debug_samples == 6
     assert not any("measuring top-1" in s for s in said)  # the set was not run a second time
     assert any(s.startswith("target check: 6/6 samples") for s in said)  # counted on its one run
+    acc = res.manifest.target_accuracy
+    assert acc is not None and acc.num_samples == 6  # the outputs on every sample, the probe on the first 4
+    assert "probe: per-tensor figures over the first 4 of the 6 samples (--probe-samples)" in acc.notes
     # the same figures as running each model over the set on its own
     assert top1.float_model == top1_accuracy(res.path("float_model"), small_eval)
     assert top1.qdq_model == top1_accuracy(res.path("qdq_model"), small_eval)
@@ -142,6 +146,19 @@ def test_top1_comes_from_the_check_when_it_ran_the_labelled_set(qnn: None, small
     assert top1.compiled_model == compiled_top1(
         res.path("compiled_model"), small_eval, "label", fmodel, DEFAULT_OPTIONS
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"time_budget_s": -1}, "time_budget_s must be a number of seconds >= 0"),
+        ({"probe_samples": 0}, "probe_samples must be a positive integer"),
+        ({"device": "cpu", "precision": "uint8", "time_budget_s": 60}, "--time-budget applies to --target qnn"),
+    ],
+)
+def test_the_new_options_are_validated(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        BuildOptions(**{"device": "qnn", "precision": "uint8", **kwargs})
 
 
 def test_progress_lines_count_samples_with_an_eta() -> None:
