@@ -10,8 +10,10 @@ divergence the probe locates, so remedies would apply. QNN tests fail under CI=t
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -26,7 +28,10 @@ from qdebug.data import ArrayData
 from qdebug.errors import EXIT_DATA, ConfigError, DataError
 from qdebug.evaluate import top1_accuracy
 from qdebug.model_io import input_specs, load_model
-from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY
+from qdebug.targets.base import CompileJob, DiagnosisBudget
+from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, RemedyKind
+from qdebug.targets.qnn_options import QnnOptions
+from qdebug.targets.qnn_remedies import _Ctx, _measure
 
 CNN = SAMPLE_MODELS / "digits_cnn.onnx"
 CALIB = SAMPLE_MODELS / "digits_calib.npz"
@@ -186,3 +191,14 @@ def test_the_rerun_command_asks_for_the_remedies_in_a_new_folder() -> None:
         rerun_command(["build", "-f", "a b.onnx", "--output=x"], "x")
         == "qdebug build -f 'a b.onnx' --remedies -o x-remedies"
     )
+
+
+def test_a_remedy_trial_that_no_longer_fits_the_budget_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    """Each trial is checked against the budget before it compiles: one past the deadline is not run, and why is
+    recorded (the trials before it keep their results)."""
+    spent = DiagnosisBudget(asked=True, deadline=time.monotonic() - 1.0, trial_s=5.0)
+    ctx = _Ctx(cast(CompileJob, None), QnnOptions(), 10.0, tmp_path, spent)
+    trial, compiled = _measure(ctx, RemedyKind.SOC, "SM8550", tmp_path / "never-read.onnx", QnnOptions())
+    assert trial is None and compiled is None and list(tmp_path.iterdir()) == []
+    [(kind, why)] = ctx.over_budget
+    assert kind is RemedyKind.SOC and "remedy soc (SM8550)" in why and "--time-budget left" in why

@@ -144,7 +144,8 @@ def _diagnose(
     remedies = None
     if first is not None:
         trials = _trial_count(job, opts, qmodel, nodes)
-        refusal = budget.refusal("remedies", trials)
+        # The first trial must fit; each later one is checked before it starts (try_remedies skips what no longer fits).
+        refusal = budget.refusal("remedies", 1)
         if refusal is not None:
             skipped.append(refusal)
         else:
@@ -153,7 +154,7 @@ def _diagnose(
             htp, cpu = _worst(acc)
             counted = replace(job, progress=_Numbered(job.progress, trials, budget.trial_s))
             with temp_dir(prefix="qdebug-remedy-") as tmp:
-                remedies = try_remedies(_Ctx(counted, opts, htp, Path(tmp)), nodes, tensors, cpu)
+                remedies = try_remedies(_Ctx(counted, opts, htp, Path(tmp), budget), nodes, tensors, cpu)
     secs = time.perf_counter() - t0
     causes = find_behaviours(qmodel)
     return QnnDiagnosis(by, first, nodes, tensors, reason, bis, acc.first_divergent, remedies, secs, causes)

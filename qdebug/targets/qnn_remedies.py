@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from qdebug.graph_index import constant_values, decode_constant
 from qdebug.model_io import is_dq, is_q, load_model
 from qdebug.qdq_values import dequantize
 from qdebug.report import TargetAccuracy
-from qdebug.targets.base import CompileJob
+from qdebug.targets.base import CompileJob, DiagnosisBudget
 from qdebug.targets.htp_numerics import find_behaviours, rewrite_qdq
 from qdebug.targets.qnn_accuracy import htp_accuracy
 from qdebug.targets.qnn_compile import compile_qnn, has_16bit_weights
@@ -154,12 +154,19 @@ class _Ctx:
     options: QnnOptions  # what the build compiled with
     baseline: float | None
     work: Path
+    budget: DiagnosisBudget | None = None  # checked before each trial: the ones that no longer fit are skipped
+    over_budget: list[tuple[RemedyKind, str]] = field(default_factory=list)
 
 
 def _measure(
     ctx: _Ctx, kind: RemedyKind, label: str, qdq: Path, options: QnnOptions
-) -> tuple[RemedyTrial, Path | None]:
-    """Compile ``qdq`` with ``options`` and run it on the build's debug samples: the trial and its compiled model."""
+) -> tuple[RemedyTrial | None, Path | None]:
+    """Compile ``qdq`` with ``options`` and run it on the build's debug samples: the trial and its compiled model
+    (``None, None`` when the budget has no room left for it; the reason is in ``ctx.over_budget``)."""
+    refusal = ctx.budget.refusal(f"remedy {kind.value} ({label})", 1) if ctx.budget is not None else None
+    if refusal is not None:
+        ctx.over_budget.append((kind, refusal))
+        return None, None
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix=f"{kind.value}-", dir=ctx.work))
     rep = compile_qnn(qdq, work, replace(options, fail_on_fallback=False), name=kind.value)
@@ -229,7 +236,8 @@ def _quant_trials(
         if opts.soc is None and has_16bit_weights(load_model(qdq, "QDQ model")):
             opts = replace(opts, soc=V73_SOC)
         trial, compiled = _measure(ctx, kind, label, qdq, opts)
-        out.append((trial, qdq, compiled, new_cfg))
+        if trial is not None:
+            out.append((trial, qdq, compiled, new_cfg))
     return out, skipped
 
 
@@ -253,7 +261,8 @@ def _graph_trials(ctx: _Ctx, nodes: Sequence[str]) -> list[tuple[RemedyTrial, Pa
         opts = replace(ctx.options, soc=soc)
         job.progress(f"remedy: the same model on {opts.device_label()}")
         trial, compiled = _measure(ctx, RemedyKind.SOC, opts.device_label(), job.qdq_model, opts)
-        out.append((trial, job.qdq_model, compiled, soc))
+        if trial is not None:
+            out.append((trial, job.qdq_model, compiled, soc))
     if nodes:
         # HTP v68 has no float unit: fp16 needs a newer SoC.
         soc = ctx.options.soc if ctx.options.htp_arch != DEFAULT_HTP_ARCH and ctx.options.soc else V73_SOC
@@ -264,7 +273,8 @@ def _graph_trials(ctx: _Ctx, nodes: Sequence[str]) -> list[tuple[RemedyTrial, Pa
         label = f"{len(nodes)} region node(s) in fp16 on {opts.device_label()}"
         job.progress(f"remedy: {label}")
         trial, compiled = _measure(ctx, RemedyKind.FP16_REGION, label, path, opts)
-        out.append((trial, path, compiled, soc))
+        if trial is not None:
+            out.append((trial, path, compiled, soc))
     return out
 
 
@@ -282,7 +292,7 @@ def _rewrite_trials(ctx: _Ctx) -> list[tuple[RemedyTrial, Path, Path | None, Any
     label = f"{len(done)} node(s) rewritten ({kinds})"
     ctx.job.progress(f"remedy: {label}")
     trial, compiled = _measure(ctx, RemedyKind.HTP_REWRITE, label, path, ctx.options)
-    return [(trial, path, compiled, None)]
+    return [] if trial is None else [(trial, path, compiled, None)]
 
 
 def _choose(trials: Sequence[RemedyTrial]) -> int | None:
@@ -330,4 +340,4 @@ def try_remedies(ctx: _Ctx, nodes: Sequence[tuple[str, str]], tensors: Sequence[
         trial, qdq, compiled, extra = every[chosen]
         assert compiled is not None
         files = _export(ctx, trial, qdq, compiled, extra, tensors)
-    return Remedies(ctx.baseline, cpu_db, trials, tuple(skipped), chosen, files)
+    return Remedies(ctx.baseline, cpu_db, trials, tuple(skipped + ctx.over_budget), chosen, files)
