@@ -426,7 +426,8 @@ class PromoteFlow(AppBase):
             else "qdebug quantize -f FLOAT --overrides RECIPE -o OUT"
         )
         self.download.value = (
-            links_html(saved) + f"<p class='qd-rebuild'>rebuild it: <code>{html.escape(how)}</code></p>"
+            links_html(saved, self.hidden_folders)
+            + f"<p class='qd-rebuild'>rebuild it: <code>{html.escape(how)}</code></p>"
         )
         self._say(self.fix_message, f"fixed model and recipe written to {folder}", "ok")
         return saved

@@ -22,7 +22,7 @@ import ipywidgets as w
 from qdebug.errors import ConfigError, QDebugError
 from qdebug.render.fmt import fmt_db_text
 
-from .status import StepClock, verdict
+from .status import StepClock, hide_paths, verdict
 
 if TYPE_CHECKING:
     from qdebug.fix import FixOptions, FixResult
@@ -299,16 +299,17 @@ def result_html(result: FixResult) -> str:
     return f"{table}<div class='qd-fix-details' style='white-space:pre-wrap'>{details}</div>"
 
 
-def links_html(saved: dict[str, Path]) -> str:
+def links_html(saved: dict[str, Path], hidden: tuple[Path, ...] = ()) -> str:
     """A download link per saved file (a data: link: Voila serves no files of the kernel's) and its path; a file
-    above :data:`LINK_MAX_BYTES` only its path."""
+    above :data:`LINK_MAX_BYTES` only its path. A path inside one of ``hidden`` (the dashboard's private folders) is
+    written by its file name (:func:`~widgets.status.hide_paths`)."""
     items = []
     for key, label in _FILES:
         path = saved.get(key)
         if path is None:
             continue
         size = path.stat().st_size
-        where = f"<span class='qd-fix-path'>{html.escape(str(path))}</span>"
+        where = f"<span class='qd-fix-path'>{html.escape(hide_paths(str(path), hidden))}</span>"
         if size > LINK_MAX_BYTES:
             items.append(f"<li>{html.escape(label)}: {where} ({size / 1e6:.0f} MB: too large for a download link; "
                          "copy it from the server)</li>")  # fmt: skip
