@@ -174,6 +174,7 @@ class PromoteFlow(AppBase):
         """Show a promotion that went through: the table, the before/after, the comparison, the message."""
         self.promotion = []
         self.refresh()
+        self.download.value = ""  # links written before this step offer another variant's files
         self.before_after.value = self._before_after_html(before.min_output_sqnr_db, before_ev, ev, compiled)
         if compiled is not None:  # the compile table is in the before/after, beside the compile before the step
             state = "ok" if compiled.ok else "FAILED"
@@ -350,6 +351,7 @@ class PromoteFlow(AppBase):
         self.promotion = []
         self.refresh()
         self._forget_compiles(new_variant=True)
+        self.download.value = ""  # links written before this step offer another variant's files
         self.plan_view.value = ""
         self.before_after.value = self._before_after_html(None if gain is None else gain.before_db, before_ev, ev, None)
         if ev.comparison is not None:
@@ -386,6 +388,7 @@ class PromoteFlow(AppBase):
             return
         self.refresh()
         self._forget_compiles(new_variant=False)
+        self.download.value = ""  # the links offered the undone variant's files
         self.before_after.value = ""
         self.plan_view.value = ""
         self.comparison_box.children = []

@@ -37,6 +37,12 @@ CALIB = 8
 DB_TOL = 0.01
 HEAT = ".qd-heatmap:not([data-old])"
 
+#: The grouped heatmap is drawn as wide as its column (its group labels are thinned for that width).
+_HEAT_FILLS = (
+    f"() => {{ const el = document.querySelector('{HEAT}'); const svg = el && el.querySelector('.main-svg');"
+    " return svg && Math.abs(+svg.getAttribute('width') - el.parentElement.clientWidth) <= 2; }"
+)
+
 #: Records, from the page itself, whether Run and Promote were both disabled at some moment (a promotion of this
 #: model may be over before a poll from the test would see it).
 _WATCH_BUSY = """() => {
@@ -173,6 +179,7 @@ def test_corpus_model_promote_download_views_close(
         changes = box.locator(".qd-changes").inner_text()
         assert top in changes, f"what changed does not name the promoted tensor {top!r}: {changes!r}"
         assert all(e < 40.0 for e in _estimates(app.locator(".qd-suggestion-text").all_inner_texts()))
+        expect(app.locator("a.qd-fix-download-model")).to_have_count(0)  # no link to the model before the step
         box.scroll_into_view_if_needed()
         page.screenshot(path=str(shot).format("3_promoted"), full_page=True)
 
@@ -201,6 +208,7 @@ def test_corpus_model_promote_download_views_close(
         page.evaluate("() => document.querySelectorAll('.qd-heatmap').forEach(e => e.dataset.old = 1)")
         app.locator(".qd-heatmap-groups input").click()
         page.locator(f"{HEAT} .xtick text").first.wait_for()
+        page.wait_for_function(_HEAT_FILLS)  # a hidden tab's figure is resized once shown
         page.screenshot(path=str(shot).format("6_heatmap_grouped"), full_page=True)
         # one tick per graph group; a small group next to a bigger one keeps its tick but not its label (they would
         # overlap: qdebug.render.figures._group_axis), so the labels written are the bigger groups' names
