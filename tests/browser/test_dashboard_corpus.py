@@ -115,6 +115,57 @@ def _estimates(texts: list[str]) -> list[float]:
     return found
 
 
+def _upload_and_run(page: Any, files: tuple[Path, Path, Path], shot: str) -> Any:
+    """Upload float model, the user's QDQ model and the data, as a user without access to the server's disk gives
+    them; Run; wait until it is over. Returns the Run button."""
+    from playwright.sync_api import expect
+
+    float_model, user, data = files
+    run = page.locator(".qd-dash-run")
+    expect(run).to_be_visible()
+    # the three files uploaded, as a user without access to the server's disk gives them
+    page.locator(".qd-dash-source button", has_text="upload").click()
+    _upload(page, ".qd-dash-upload", float_model)
+    _upload(page, ".qd-dash-quant-upload", user)
+    page.locator(".qd-dash-data-choice select").select_option(label="upload (.npz)")
+    _upload(page, ".qd-dash-data-upload", data)
+    page.screenshot(path=shot.format("1_form"), full_page=True)
+    run.click()
+    expect(page.locator(".qd-dash-ok")).to_contain_text("worst output SQNR", timeout=180_000)
+    return run
+
+
+def _check_graph_and_heatmap(page: Any, app: Any, shot: str) -> None:
+    """(6) the graph opens coloured by where the error is born; the grouped heatmap labels the graph's groups."""
+    from playwright.sync_api import expect
+
+    page.locator(".lm-TabBar-tab", has_text="Graph").first.click()
+    expect(app.locator(".qd-graph-colour button.mod-active")).to_have_text(re.compile("where the error is born"))
+    expect(app.locator(".qd-graph .gtitle")).to_contain_text("where the error is born")
+    note = app.locator(".qd-graph-note")
+    expect(note).to_contain_text(re.compile(r"\d+ tensors in \d+ groups"))
+    groups = int(re.search(r"tensors in (\d+) groups", note.inner_text()).group(1))  # type: ignore[union-attr]
+    page.screenshot(path=shot.format("5_graph"), full_page=True)
+    page.locator(".lm-TabBar-tab", has_text="Heatmap").first.click()
+    page.locator(f"{HEAT} .main-svg").first.wait_for()
+    page.evaluate("() => document.querySelectorAll('.qd-heatmap').forEach(e => e.dataset.old = 1)")
+    app.locator(".qd-heatmap-groups input").click()
+    page.locator(f"{HEAT} .xtick text").first.wait_for()
+    page.wait_for_function(_HEAT_FILLS)  # a hidden tab's figure is resized once shown
+    page.screenshot(path=shot.format("6_heatmap_grouped"), full_page=True)
+    # one tick per graph group; a small group next to a bigger one keeps its tick but not its label (they would
+    # overlap: qdebug.render.figures._group_axis), so the labels written are the bigger groups' names
+    expect(page.locator(f"{HEAT} .xtitle")).to_contain_text(f"{groups} groups (as in the graph)")
+    labels = [t.strip() for t in page.locator(f"{HEAT} .xtick text").all_text_contents()]
+    assert all(labels) and len(set(labels)) == len(labels), f"blank or repeated group labels: {labels}"
+    assert len(labels) >= groups // 2, f"{groups} graph groups, only {len(labels)} labelled: {labels}"
+    assert not any(re.fullmatch(r"[\d.]+", t) for t in labels), f"positions, not names: {labels}"
+    graph_names = {
+        re.sub(r" \(\d+\)$", "", t.strip()) for t in app.locator(".qd-graph .textpoint text").all_text_contents()
+    }
+    assert {"model.4", "model.6", "model.22"} <= set(labels) & graph_names, (labels, graph_names)
+
+
 def test_corpus_model_promote_download_views_close(
     page: Any, page_errors: list[str], screenshot_dir: Path, tmp_path: Path
 ) -> None:
@@ -133,21 +184,11 @@ def test_corpus_model_promote_download_views_close(
     work.mkdir()
     port = free_port()
     env = {**checkout_env(tmp_path), "QDEBUG_DASHBOARD_WORKDIR": str(work), "QDEBUG_DASHBOARD_ROOT": str(tmp_path)}
-    shot = screenshot_dir / "dashboard_corpus_{}.png"
+    shot = str(screenshot_dir / "dashboard_corpus_{}.png")
     with serve(start_voila(nbdir / "dashboard.ipynb", port), port, cwd=nbdir, env=env) as server:
         page.set_viewport_size({"width": 1600, "height": 4000})  # Voila scrolls inside: a tall window shows it all
         page.goto(f"http://127.0.0.1:{port}/")
-        run = page.locator(".qd-dash-run")
-        expect(run).to_be_visible()
-        # the three files uploaded, as a user without access to the server's disk gives them
-        page.locator(".qd-dash-source button", has_text="upload").click()
-        _upload(page, ".qd-dash-upload", float_model)
-        _upload(page, ".qd-dash-quant-upload", user)
-        page.locator(".qd-dash-data-choice select").select_option(label="upload (.npz)")
-        _upload(page, ".qd-dash-data-upload", data)
-        page.screenshot(path=str(shot).format("1_form"), full_page=True)
-        run.click()
-        expect(page.locator(".qd-dash-ok")).to_contain_text("worst output SQNR", timeout=180_000)
+        run = _upload_and_run(page, (float_model, user, data), shot)
         app = page.locator(".qd-app")
         promote = app.locator(".qd-promote")
         expect(promote).to_be_enabled()  # the compile Run ends with is over
@@ -158,7 +199,7 @@ def test_corpus_model_promote_download_views_close(
         assert texts, "no suggestion on the page"
         assert all(e < 40.0 for e in _estimates(texts)), texts
         top = texts[0].split(" (", 1)[0]
-        page.screenshot(path=str(shot).format("2_run"), full_page=True)
+        page.screenshot(path=shot.format("2_run"), full_page=True)
 
         # (2) promoting nothing: the downloaded model is the user's model (same outputs)
         nothing = _download(app, tmp_path, "nothing.qdq.onnx")
@@ -181,46 +222,21 @@ def test_corpus_model_promote_download_views_close(
         assert all(e < 40.0 for e in _estimates(app.locator(".qd-suggestion-text").all_inner_texts()))
         expect(app.locator("a.qd-fix-download-model")).to_have_count(0)  # no link to the model before the step
         box.scroll_into_view_if_needed()
-        page.screenshot(path=str(shot).format("3_promoted"), full_page=True)
+        page.screenshot(path=shot.format("3_promoted"), full_page=True)
 
         # (2) after a promotion: the downloaded model loads in onnxruntime and its outputs differ from the user's
         fixed = _download(app, tmp_path, "fixed.qdq.onnx", previous=nothing.read_bytes())
         assert not _same(_outputs(str(fixed), data), user_out), "the fixed model answers as the user's model does"
         assert str(work) not in app.inner_text(), "the page shows the server's temporary folder"
-        page.screenshot(path=str(shot).format("4_download"), full_page=True)
+        page.screenshot(path=shot.format("4_download"), full_page=True)
 
         # (3) the promoted tensor leaves the suggestions (it is 16-bit now); Undo shows it again with its measurement
         app.locator(".qd-undo").click()
         first = app.locator(".qd-suggestion-text", has_text=top).first
         expect(first).to_contain_text(re.compile(r"measured [+-]\d+\.\d dB.*\(predicted [+-]\d+\.\d\)"))
-        page.screenshot(path=str(shot).format("4b_undone"), full_page=True)
+        page.screenshot(path=shot.format("4b_undone"), full_page=True)
 
-        # (6) the graph opens coloured by where the error is born; the grouped heatmap labels its groups
-        page.locator(".lm-TabBar-tab", has_text="Graph").first.click()
-        expect(app.locator(".qd-graph-colour button.mod-active")).to_have_text(re.compile("where the error is born"))
-        expect(app.locator(".qd-graph .gtitle")).to_contain_text("where the error is born")
-        note = app.locator(".qd-graph-note")
-        expect(note).to_contain_text(re.compile(r"\d+ tensors in \d+ groups"))
-        groups = int(re.search(r"tensors in (\d+) groups", note.inner_text()).group(1))  # type: ignore[union-attr]
-        page.screenshot(path=str(shot).format("5_graph"), full_page=True)
-        page.locator(".lm-TabBar-tab", has_text="Heatmap").first.click()
-        page.locator(f"{HEAT} .main-svg").first.wait_for()
-        page.evaluate("() => document.querySelectorAll('.qd-heatmap').forEach(e => e.dataset.old = 1)")
-        app.locator(".qd-heatmap-groups input").click()
-        page.locator(f"{HEAT} .xtick text").first.wait_for()
-        page.wait_for_function(_HEAT_FILLS)  # a hidden tab's figure is resized once shown
-        page.screenshot(path=str(shot).format("6_heatmap_grouped"), full_page=True)
-        # one tick per graph group; a small group next to a bigger one keeps its tick but not its label (they would
-        # overlap: qdebug.render.figures._group_axis), so the labels written are the bigger groups' names
-        expect(page.locator(f"{HEAT} .xtitle")).to_contain_text(f"{groups} groups (as in the graph)")
-        labels = [t.strip() for t in page.locator(f"{HEAT} .xtick text").all_text_contents()]
-        assert all(labels) and len(set(labels)) == len(labels), f"blank or repeated group labels: {labels}"
-        assert len(labels) >= groups // 2, f"{groups} graph groups, only {len(labels)} labelled: {labels}"
-        assert not any(re.fullmatch(r"[\d.]+", t) for t in labels), f"positions, not names: {labels}"
-        graph_names = {
-            re.sub(r" \(\d+\)$", "", t.strip()) for t in app.locator(".qd-graph .textpoint text").all_text_contents()
-        }
-        assert {"model.4", "model.6", "model.22"} <= set(labels) & graph_names, (labels, graph_names)
+        _check_graph_and_heatmap(page, app, shot)
         assert_no_page_errors(page_errors, allowed=[r"\[anywidget\] Failed to initialize model"])
 
         # (7) closing the page releases its kernel
