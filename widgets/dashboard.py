@@ -498,6 +498,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             )
             app.busy_listeners.append(self._app_busy)
             app.hidden_folders = (self.workdir,)  # its messages name the page's files by name, not server paths
+            app.fix_panel.hidden_folders = app.hidden_folders  # the Fix tab's messages and links too
         except Exception as exc:  # a bug too gets a sentence in the page; its traceback goes to the run's error.log
             if not isinstance(exc, QDebugError):
                 (run_dir / "error.log").write_text(traceback.format_exc(), encoding="utf-8")

@@ -161,8 +161,12 @@ class FixPanel(w.VBox):  # type: ignore[misc]
         self.save_button.disabled = busy or self.last_fix is None
         self.apply_button.disabled = busy or self.last_fix is None or self.last_fix.model_path is None
 
+    #: the page's private folders on the server (the dashboard's): a path inside one is said by its file name only
+    hidden_folders: tuple[Path, ...] = ()
+
     def _say(self, text: str, kind: str = "info", colour: str | None = None) -> None:
         """A message under the button and the same words in the app's status line."""
+        text = hide_paths(text, self.hidden_folders)
         colour = colour or {"error": "#c92a2a", "ok": "#2b8a3e"}.get(kind, "#495057")
         self.message.value = f"<div class='qd-msg qd-msg-{kind}' style='color:{colour}'>{html.escape(text)}</div>"
         self.status(text)
@@ -247,7 +251,7 @@ class FixPanel(w.VBox):  # type: ignore[misc]
         except Exception as exc:  # a full disk, an unwritable folder: said, nothing half-written (all or none)
             self._say(f"saving the fix failed: {one_sentence(exc)}", "error")
             return {}
-        self.links.value = links_html(self.saved)
+        self.links.value = links_html(self.saved, self.hidden_folders)
         self._say(f"fixed model, recipe and report written to {self.folder}", "ok")
         return self.saved
 
