@@ -365,3 +365,13 @@ except MissingExtraError as exc:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 2 and all("pip install 'qdebug[ui]'" in line for line in lines), out.stdout
+
+
+def test_a_signed_db_change_that_rounds_to_zero_has_no_minus_sign() -> None:
+    """fmt_db_delta: a change rounding to zero prints '+0.0 dB' (a '-0.0 dB' read as a loss), others keep their sign."""
+    from qdebug.render.fmt import fmt_db_delta
+
+    assert fmt_db_delta(-0.04) == "+0.0 dB" and fmt_db_delta(-0.0) == "+0.0 dB" and fmt_db_delta(0.0) == "+0.0 dB"
+    assert fmt_db_delta(-0.004, 2) == "+0.00 dB"
+    assert fmt_db_delta(-0.06) == "-0.1 dB" and fmt_db_delta(1.44) == "+1.4 dB"
+    assert fmt_db_delta(None) == "n/a" and fmt_db_delta(None, missing="-") == "-"

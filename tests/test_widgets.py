@@ -173,7 +173,7 @@ def test_app_promote_undo_export(dbg: QuantDebugger, tmp_path: Path) -> None:
 
     app.on_undo_clicked()
     assert dbg.history == () and dbg.report.min_output_sqnr_db == base_db
-    assert "undone" in app.status
+    assert app.status.startswith("undone step 1: "), app.status  # the step's name as prose, not 'step1'
     app.on_undo_clicked()
     assert app.status == "nothing to undo"
 
@@ -519,3 +519,10 @@ def test_report_panel_diagnoses_and_offers_the_html_report(dbg: QuantDebugger, t
     assert "data:text/html;base64," in panel.link.value and "download report.html" in panel.link.value
     page = (dbg.workdir / "report.html").read_text(encoding="utf-8")
     assert "Promotions applied and measured" in page and first in page
+
+
+def test_a_step_that_changed_nothing_says_plus_zero() -> None:
+    """A step whose measured change rounds to zero says '+0.0 dB', not '-0.0 dB' (read as a loss)."""
+    from widgets.session_steps import StepGain
+
+    assert StepGain(("t",), 20.0, 19.97, -0.01).text() == "predicted +0.0 dB, measured +0.0 dB"

@@ -15,6 +15,7 @@ import traitlets as tr
 
 from .app_base import AppBase, JobBar, button_layout, db_text, pct_text
 from .app_figure import figure
+from .session_steps import step_label
 from .status import verdict
 
 if TYPE_CHECKING:
@@ -394,7 +395,7 @@ class PromoteFlow(AppBase):
         self.comparison_box.children = []
         self._say(
             self.fix_message,
-            f"undone {undone.name}: output SQNR back to {db_text(self.debugger.report.min_output_sqnr_db)}",
+            f"undone {step_label(undone.name)}: output SQNR back to {db_text(self.debugger.report.min_output_sqnr_db)}",
         )
 
     def on_export_clicked(self, b: Any = None) -> None:

@@ -5,6 +5,7 @@ predicted and measured gain (:class:`StepGain`), and the compiled files of a ste
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.io import atomic_write_bytes
+from qdebug.render.fmt import fmt_db_delta
 
 if TYPE_CHECKING:
     from qdebug.mixed.patch import PatchResult
@@ -51,8 +53,8 @@ class StepGain:
     def text(self) -> str:
         """ "predicted +0.5 dB, measured +1.4 dB" (what the estimate said beside what the promotion did)."""
         m = self.measured_db
-        said = "measured " + ("n/a" if m is None else f"{m:+.1f} dB")
-        return said if self.predicted_db is None else f"predicted {self.predicted_db:+.1f} dB, {said}"
+        said = "measured " + fmt_db_delta(m)
+        return said if self.predicted_db is None else f"predicted {fmt_db_delta(self.predicted_db)}, {said}"
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,20 @@ class Step:
     float_nodes: tuple[str, ...] = ()
 
 
+def step_label(name: str) -> str:
+    """A step's variant name as prose: ``"step1"`` is ``"step 1"`` (the name stays space-free for files)."""
+    m = re.fullmatch(r"step(\d+)", name)
+    return name if m is None else f"step {m.group(1)}"
+
+
 def suggestion_line(s: Suggestion, done: StepGain | None) -> str:
     """A suggestion's line: its calibrated estimate and, once a step promoted it (``done``), what that measured."""
-    text = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. {s.estimated_output_gain_db:+.1f} dB at output"
+    text = f"{s.tensor_name} ({s.producer_op}, {s.role}): est. {fmt_db_delta(s.estimated_output_gain_db)} at output"
     if done is not None:
         others = f" with {len(done.tensors) - 1} other(s)" if len(done.tensors) > 1 else ""
         m = done.measured_db
-        said = "" if done.predicted_db is None else f" (predicted {done.predicted_db:+.1f})"
-        text += f"; measured {'n/a' if m is None else f'{m:+.1f} dB'}{others}{said}"
+        said = "" if done.predicted_db is None else f" (predicted {fmt_db_delta(done.predicted_db)})"
+        text += f"; measured {fmt_db_delta(m)}{others}{said}"
     return text
 
 
@@ -95,4 +103,4 @@ def zip_folder(folder: Path, dest: Path) -> Path | None:
     return atomic_write_bytes(dest, buf.getvalue())
 
 
-__all__ = ["Step", "StepGain", "suggestion_line", "zip_folder"]
+__all__ = ["Step", "StepGain", "step_label", "suggestion_line", "zip_folder"]

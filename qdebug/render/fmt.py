@@ -7,7 +7,7 @@ import math
 from qdebug.render.bands import ANSI, ANSI_RESET, band_of
 from qdebug.task_score import TaskScore
 
-__all__ = ["fmt_bytes", "fmt_db", "fmt_db_text", "fmt_pct", "fmt_task", "fmt_task_detail"]
+__all__ = ["fmt_bytes", "fmt_db", "fmt_db_delta", "fmt_db_text", "fmt_pct", "fmt_task", "fmt_task_detail"]
 
 
 def fmt_db(v: float | None, status: str = "ok", color: bool = False) -> str:
@@ -33,6 +33,18 @@ def fmt_db_text(v: float | None, status: str | None = None, missing: str = "n/a"
     if math.isinf(v):
         return "identical (inf)" if v > 0 else "-inf"
     return f"{v:.2f} dB"
+
+
+def fmt_db_delta(v: float | None, digits: int = 1, missing: str = "n/a") -> str:
+    """A change in dB with its sign: ``"+1.4 dB"``, ``"-0.3 dB"``; a change that rounds to zero is ``"+0.0 dB"``
+    (never ``"-0.0 dB"``, which reads as a loss), ``None`` or NaN is ``missing``."""
+    if v is None or math.isnan(v):
+        return missing
+    if math.isinf(v):
+        return "+inf dB" if v > 0 else "-inf dB"
+    if round(v, digits) == 0:
+        v = 0.0  # -0.04 rounds to -0.0, which prints with a minus sign
+    return f"{v:+.{digits}f} dB"
 
 
 def fmt_pct(v: float | None, digits: int = 2, missing: str = "-") -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdebug.mixed.gains import MeasuredGains
 from qdebug.render.bands import SQNR_HIGH, SQNR_LOW, Band, band_of, sqnr_color
-from qdebug.render.fmt import fmt_db_text, fmt_task
+from qdebug.render.fmt import fmt_db_delta, fmt_db_text, fmt_task
 from qdebug.report import DebugReport, SqnrKind
 
 if TYPE_CHECKING:
@@ -75,10 +75,11 @@ def _first_fix(suggestions: Sequence[Suggestion] | None, measured: Mapping[str, 
         return ""  # nothing worth promoting (the noise is spread thin): the diagnostics say more
     s = suggestions[0]
     flat = measured.per_tensor() if isinstance(measured, MeasuredGains) else (measured or {})
-    got = f", measured {flat[s.tensor_name]:+.2f} dB" if s.tensor_name in flat else ""
+    got = f", measured {fmt_db_delta(flat[s.tensor_name], 2)}" if s.tensor_name in flat else ""
     return (
         f"First fix to try: store <code>{esc(s.tensor_name)}</code> ({esc(s.producer_op)}) in 16 bits — predicted "
-        f'{s.estimated_output_gain_db:+.2f} dB at the worst output{got} (<a href="#suggestions">suggestions</a>).'
+        f"{fmt_db_delta(s.estimated_output_gain_db, 2)} at the worst output{got} "
+        '(<a href="#suggestions">suggestions</a>).'
     )
 
 
@@ -191,7 +192,7 @@ def _applied(suggestions: Sequence[Suggestion], measured: Mapping[str, float] | 
     """Promotions already applied and measured (their tensors are 16-bit now, so no longer suggested)."""
     listed = {s.tensor_name for s in suggestions}
     rows = [
-        [f"<td><code>{esc(t)}</code></td>", _td(f"{gain:+.2f} dB")]
+        [f"<td><code>{esc(t)}</code></td>", _td(fmt_db_delta(gain, 2))]
         for t, gain in (measured or {}).items()
         if t not in listed
     ]
@@ -201,7 +202,7 @@ def _applied(suggestions: Sequence[Suggestion], measured: Mapping[str, float] | 
 
 
 def _gain(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.2f} dB"
+    return fmt_db_delta(v, 2, missing="-")
 
 
 def _measured_cell(name: str, measured: Mapping[str, float] | None, gains: MeasuredGains | None) -> str:
@@ -209,9 +210,9 @@ def _measured_cell(name: str, measured: Mapping[str, float] | None, gains: Measu
     tg = None if gains is None else next((t for t in gains.tensors if t.tensor == name), None)
     if tg is not None and tg.measured_gain_db is not None:
         alone = "alone" if tg.group_size == 1 else f"with its group of {tg.group_size} ({tg.candidate})"
-        return _td(f"{tg.measured_gain_db:+.2f} dB ({alone})")
+        return _td(f"{fmt_db_delta(tg.measured_gain_db, 2)} ({alone})")
     if measured is not None and name in measured:
-        return _td(f"{measured[name]:+.2f} dB")
+        return _td(fmt_db_delta(measured[name], 2))
     return _td("not measured")
 
 
