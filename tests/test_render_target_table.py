@@ -90,3 +90,15 @@ def test_uncompiled_accuracy_and_json_round_trip() -> None:
     assert _cells(target_table_html([r], ["this variant"]), "qd-t-vs-float") == ["not measured"]
     assert RecompileResult.from_dict(r.to_dict()) == r
     assert target_table_html([], []) == ""
+
+
+def test_the_cpu_target_has_no_accelerator_rows() -> None:
+    """The CPU target runs the whole graph: its table says 'nodes (all on the CPU)', no accelerator partitions or
+    fallback; an accelerator's table keeps them."""
+    report = CompileReport("cpu", True, "m.qdq.onnx", 0.1, 1, 40, 0, 0, device="x86_64", accelerator=False)
+    page = target_table_html([RecompileResult(report, None), RecompileResult(report, None)], ["before", "after"])
+    assert "accelerator" not in page and "fallback" not in page
+    assert _cells(page, "qd-t-nodes") == ["40", "40"] and "<th>nodes (all on the CPU)</th>" in page
+    assert "qd-t-partitions" not in page and "qd-t-cpu'" not in page
+    assert CompileReport.from_dict(report.to_dict()).accelerator is False
+    assert "accelerator partitions" in target_table_html([_result("default SoC (HTP v68)", None)], ["x"])

@@ -55,16 +55,23 @@ def _diverging(r: RecompileResult) -> str:
 
 
 def target_rows(results: Sequence[RecompileResult]) -> list[Row]:
-    """The table's rows, one cell per compile: device, outcome, partitions, nodes, CPU nodes, the worst output's
+    """The table's rows, one cell per compile: device, outcome, partitions, nodes, CPU nodes (for the CPU target,
+    which has no accelerator: its nodes only), the worst output's
     SQNR of target vs float, target vs CPU-QDQ and CPU-QDQ vs float (the three comparisons of
     :class:`~qdebug.report.TargetAccuracy`), the tensors the probe flagged and the samples."""
     rs = list(results)
+    if any(r.compile.accelerator for r in rs):
+        where: list[Row] = [
+            ("qd-t-partitions", "accelerator partitions", [str(r.compile.accelerator_partitions) for r in rs]),
+            ("qd-t-nodes", "nodes on the accelerator", [str(r.compile.accelerator_nodes) for r in rs]),
+            ("qd-t-cpu", "nodes on the CPU (fallback)", [_fallback(r) for r in rs]),
+        ]
+    else:  # the CPU target runs the whole graph: no partitions, no fallback, just its nodes
+        where = [("qd-t-nodes", "nodes (all on the CPU)", [str(r.compile.accelerator_nodes) for r in rs])]
     return [
         ("qd-t-device", "device", [f"{r.compile.target} {r.compile.device}".strip() for r in rs]),
         ("qd-t-ok", "compiled", ["ok" if r.ok else "FAILED" for r in rs]),
-        ("qd-t-partitions", "accelerator partitions", [str(r.compile.accelerator_partitions) for r in rs]),
-        ("qd-t-nodes", "nodes on the accelerator", [str(r.compile.accelerator_nodes) for r in rs]),
-        ("qd-t-cpu", "nodes on the CPU (fallback)", [_fallback(r) for r in rs]),
+        *where,
         ("qd-t-vs-float", "target vs float (worst output SQNR)", [
             _accuracy_cell(r, lambda o: o.target_vs_float_db) for r in rs
         ]),

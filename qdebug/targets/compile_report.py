@@ -61,6 +61,7 @@ class CompileReport:
     log_path: str | None = None
     error: str | None = None
     warnings: tuple[str, ...] = ()
+    accelerator: bool = True  # False: the target is the CPU itself, so partitions and fallback mean nothing there
 
     @property
     def single_partition(self) -> bool:

@@ -73,6 +73,7 @@ def validate_cpu(qdq_model: str | Path, data: DataSource | None = None) -> Compi
         graph_io_qdq_on_cpu=0,
         device=device,
         warnings=warnings,
+        accelerator=False,
     )
 
 
