@@ -88,7 +88,7 @@ def test_promotion_of_your_model_is_like_for_like_and_says_what_changed(
     # undone, the suggestion is listed again with what it measured beside what was predicted
     app.on_undo_clicked()
     again = next(c.children[1].value for c in app.suggestions_box.children if first.tensor_name in c.children[1].value)
-    assert f"measured {gain.measured_db:+.1f} dB (predicted {gain.predicted_db:+.1f})" in html_unescape(again)
+    assert f"measured {gain.measured_db:+.1f} dB (predicted {gain.predicted_db:+.1f} dB)" in html_unescape(again)
 
 
 def html_unescape(text: str) -> str:
