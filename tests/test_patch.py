@@ -146,6 +146,25 @@ def test_session_promotion_is_a_patch_and_the_recipe_rebuilds_it(
     assert r.code != 0 and "another quantized model" in r.stderr and not (tmp_path / "x.onnx").exists()
 
 
+def test_the_plan_leaves_out_what_your_model_keeps_in_float(session: MixedPrecisionSession) -> None:
+    """A tensor the fixer adds that the user's model keeps in float is left out of the plan with a sentence, so the
+    plan shown (and the suggestions) claim only what the patch does: it then skips nothing."""
+    quantized = session.given_quantized
+    assert all(s.tensor_name in quantized for s in session.suggest(None))
+    plans = [session.promote([a.tensor_name]) for a in session.base.report.activations if a.tensor_name in quantized]
+    plan = next(p for p in plans if p.float_in_model)  # digits: a BatchNormalization's or Add's output is float
+    assert not set(plan.float_in_model) & quantized
+    claimed = {*plan.promoted, *(c.tensor for c in plan.converts), *(t for t, _ in plan.overrides)}
+    assert claimed <= quantized and not claimed & set(plan.float_in_model)
+    text = plan.describe()
+    assert f"left out: {plan.float_in_model[0]}" in text and "float in your model" in text
+    assert plan.to_dict()["float_in_model"] == list(plan.float_in_model)
+    session.evaluate(plan, name="float_left_out")
+    done = session.last_patch
+    assert done is not None and done.skipped == () and "not quantized in your model" not in done.describe()
+    assert {p.tensor for p in done.patches} == {*plan.promoted, *(c.tensor for c in plan.converts)}
+
+
 def test_convert_range_round_trips_and_reaches_ort() -> None:
     ofile = OverridesFile.from_dict({
         "schema_version": 1,

@@ -282,6 +282,12 @@ def _insert(model: onnx.ModelProto, after: Mapping[str, list[onnx.NodeProto]]) -
     model.graph.node.extend(nodes)
 
 
+def quantized_tensors(model: onnx.ModelProto) -> frozenset[str]:
+    """The activation tensors ``model`` quantizes (a ``QuantizeLinear`` on them): the only ones a patch can promote;
+    any other is kept in float by the model and :func:`patch_model` leaves it as it is."""
+    return frozenset(_Graph(model).q_of)
+
+
 def patch_model(model: onnx.ModelProto, overrides: Overrides, *, skip_float: bool = False) -> PatchResult:
     """``model`` (a QDQ model) with the activation ``overrides`` applied to its own Q/DQ pairs (module docstring).
 
@@ -354,6 +360,7 @@ __all__ = [
     "QParams",
     "TensorPatch",
     "patch_model",
+    "quantized_tensors",
     "recipe_overrides",
     "target_params",
     "widened",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,6 +56,24 @@ class PromotionPlan:
     config: QuantConfig
     promoted: tuple[str, ...]  # every tensor produced in the new type (requested + region)
     converts: tuple[ConvertBoundary, ...]
+    #: tensors the fixer added that the QDQ model being patched keeps in float, left out (:meth:`without`)
+    float_in_model: tuple[str, ...] = ()
+
+    def without(self, float_tensors: Iterable[str]) -> PromotionPlan:
+        """This plan with ``float_tensors`` (tensors a given QDQ model keeps in float, which a patch cannot promote)
+        dropped from the promoted tensors, the converts and the config's overrides, and named in
+        :attr:`float_in_model`; the plan itself when none of them is in it."""
+        drop = set(float_tensors) & ({*self.promoted} | {c.tensor for c in self.converts})
+        if not drop:
+            return self
+        kept = tuple((t, es) for t, es in self.overrides if t not in drop)
+        return replace(
+            self,
+            config=self.config.replace(tensor_overrides=kept),
+            promoted=tuple(t for t in self.promoted if t not in drop),
+            converts=tuple(c for c in self.converts if c.tensor not in drop),
+            float_in_model=tuple(sorted(drop)),
+        )
 
     @property
     def overrides(self) -> Overrides:
@@ -76,6 +94,11 @@ class PromotionPlan:
         for c in self.converts:
             who = ", ".join(c.recv_nodes) if c.recv_nodes else "all consumers"
             lines.append(f"  convert {c.tensor}: {c.from_type} -> {c.to_type} for {who}")
+        if self.float_in_model:
+            lines.append(
+                f"  left out: {', '.join(self.float_in_model)} — float in your model (not quantized there), so "
+                "there is nothing to promote or convert"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,6 +116,7 @@ class PromotionPlan:
                 }
                 for c in self.converts
             ],
+            "float_in_model": list(self.float_in_model),
             "config": self.config.to_dict(),
             "base_config": self.base_config.to_dict(),
         }

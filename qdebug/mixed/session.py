@@ -8,6 +8,7 @@ every operation returns a typed result. It is what the notebook views drive.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import shutil
 import tempfile
@@ -295,12 +296,31 @@ class MixedPrecisionSession:
 
     # ------------------------------------------------------------------ operations
     def suggest(self, top: int | None = 10, report: DebugReport | None = None) -> tuple[Suggestion, ...]:
-        """Ranked promotion candidates (from the base report unless another is given)."""
-        return suggest(report or self.base.report, top)
+        """Ranked promotion candidates (from the base report unless another is given); with a given QDQ model, only
+        tensors it quantizes (one it keeps in float cannot be promoted by patching it)."""
+        ranked = suggest(report or self.base.report, None if self.given_path is not None else top)
+        if self.given_path is not None:
+            ranked = tuple(s for s in ranked if s.tensor_name in self.given_quantized)[:top]
+        return ranked
 
     def promote(self, tensors: Iterable[str], to: str = "uint16") -> PromotionPlan:
-        """Plan a promotion (fixed overrides, shown before anything is re-quantized)."""
-        return promote(self, tensors, to, config=self.base_config)
+        """Plan a promotion (fixed overrides, shown before anything is re-quantized); with a given QDQ model, the
+        tensors the fixer added that it keeps in float are left out of the plan (:meth:`PromotionPlan.without`): the
+        patch leaves them as they are, so the plan shown is what the patch does."""
+        plan = promote(self, tensors, to, config=self.base_config)
+        if self.given_path is None:
+            return plan
+        touched = {*plan.promoted, *(c.tensor for c in plan.converts)}
+        return plan.without(t for t in touched if t not in self.given_quantized)
+
+    @functools.cached_property
+    def given_quantized(self) -> frozenset[str]:
+        """The activation tensors the given QDQ model quantizes (empty without one)."""
+        from qdebug.mixed.patch import quantized_tensors
+
+        if self.given_path is None:
+            return frozenset()
+        return quantized_tensors(load_model(self.given_path, "quantized model"))
 
     def requantize(self, config: QuantConfig, name: str | None = None) -> QuantizeResult:
         """Quantize with ``config`` reusing the base calibration ranges (one QDQ insertion, no calibration); one of
