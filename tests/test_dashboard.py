@@ -282,3 +282,16 @@ def _refused(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_your_own_qdq_model_disables_the_precision_picker(dash: Dashboard) -> None:
+    """A quantized model of the user's brings its own grids: the precision picker is disabled and says so."""
+    dash.source.value = "server"
+    assert not dash.precision_picker.disabled and dash.precision_note.value == ""
+    dash.quant_path.value = "digits_cnn.qdq.onnx"
+    assert dash.precision_picker.disabled and "your model's own grids" in dash.precision_note.value
+    dash.source.value = "sample"  # the quantized path is the server's field: not given with a sample
+    assert not dash.precision_picker.disabled and dash.precision_note.value == ""
+    dash.source.value = "server"
+    dash.quant_path.value = " "
+    assert not dash.precision_picker.disabled

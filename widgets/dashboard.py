@@ -243,6 +243,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.data_upload = w.FileUpload(accept=".npz", multiple=False, description="data (.npz)")
         self.target_picker = w.Dropdown(description="target")
         self.precision_picker = w.Dropdown(description="precision")
+        self.precision_note = w.HTML("")
         self.target_note = w.HTML("")
         self.run_button = w.Button(description="Run", button_style="success", icon="play")
         self.message = w.HTML("")
@@ -260,6 +261,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
             (self.data_upload, "qd-dash-data-upload"),
             (self.target_picker, "qd-dash-target"),
             (self.precision_picker, "qd-dash-precision"),
+            (self.precision_note, "qd-dash-precision-note"),
             (self.target_note, "qd-dash-target-note"),
             (self.run_button, "qd-dash-run"),
             (self.message, "qd-dash-message"),
@@ -276,6 +278,8 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.data_choice.observe(lambda ch: self._layout_form(), names="value")
         self.sample_picker.observe(lambda ch: self._layout_form(), names="value")
         self.target_picker.observe(self._target_changed, names="value")
+        self.quant_path.observe(lambda ch: self._sync_precision(), names="value")
+        self.quant_upload.observe(lambda ch: self._sync_precision(), names="value")
         self.run_button.on_click(self.on_run_clicked)
         for upload, what in (
             (self.model_upload, "the float model"),
@@ -319,6 +323,7 @@ class Dashboard(w.VBox):  # type: ignore[misc]
                 self.data_panel,
                 w.HTML("<b>Target</b>"),
                 w.HBox([self.target_picker, self.precision_picker]),
+                self.precision_note,
                 self.target_note,
                 w.HBox([self.run_button, self.progress, self.progress_text]),
                 self.message,
@@ -354,8 +359,25 @@ class Dashboard(w.VBox):  # type: ignore[misc]
         self.precision_picker.options = opts
         self.precision_picker.value = opts[0]
 
+    def gives_quant_model(self) -> bool:
+        """Whether the form names a quantized model of the user's (typed on the server, or uploaded)."""
+        if self.source.value == "server":
+            return bool(self.quant_path.value.strip())
+        return self.source.value == "upload" and _upload_item(self.quant_upload.value) is not None
+
+    def _sync_precision(self) -> None:
+        """With your own QDQ model its own grids are used, so the precision picker is disabled and says so."""
+        given = self.gives_quant_model()
+        self.precision_picker.disabled = given
+        self.precision_note.value = (
+            "<i>precision: your model's own grids (the types and scales of your quantized model are used)</i>"
+            if given
+            else ""
+        )
+
     def _layout_form(self) -> None:
         src = self.source.value
+        self._sync_precision()
         if src == "sample":
             s = self.samples.get(str(self.sample_picker.value))
             self.sample_note.value = f"<i>{html.escape(s.description)}</i>" if s else ""
