@@ -630,3 +630,17 @@ def test_quantizer_view_is_made_once_per_model_and_each_caller_gets_its_own_copy
     assert qz.quantizer_view(model, "uint8", ["uint8"]) is None
     assert not qz._wants_16bit({"c1": [{"quant_type": QuantType.QUInt8, "convert": {"quant_type": QuantType.QUInt8}}]})
     assert qz._wants_16bit({"c1": [{"quant_type": QuantType.QUInt8, "convert": {"quant_type": QuantType.QInt16}}]})
+
+
+def test_an_originators_16_bit_figure_is_a_signed_gain_and_the_tensors_figure_is_a_ceiling() -> None:
+    """The reason's 16-bit figures are gains with their sign: the calibrated one at the output first, the saturated
+    one at the tensor itself (share 1: 8 bits × 6.02 dB) named an uncalibrated ceiling, never as an SQNR."""
+    from qdebug.mixed.suggest import classify
+    from qdebug.report import ActivationResult, SqnrStatus
+
+    a = ActivationResult("t", "Conv", "conv", 0, True, "uint8", 0.1, 0, 20.0, SqnrStatus.OK, 20.0, SqnrStatus.OK)
+    s = classify(a, {"t": a}, 18.0, budget=10 ** (-2.0) * 4, ceiling_db=19.0)  # 4 tensors as noisy; 1 dB headroom
+    assert s is not None and s.role == Role.ORIGINATOR.value
+    assert f"est. +{s.estimated_output_gain_db:.2f} dB at the output" in s.reason
+    assert 0 < s.estimated_output_gain_db <= 1.0
+    assert "at most +48.2 dB at this tensor, an uncalibrated ceiling" in s.reason and "~48.2" not in s.reason

@@ -172,7 +172,8 @@ def classify(
         where = "first quantized tensor" if drop is None else f"cumulative {cum:.1f} dB, {drop:.1f} dB below its inputs"
         reason = (
             f"originator: local {local:.1f} dB, {where}; own rounding is {share:.0%} of the noise here and "
-            f"~{out_share:.0%} of the output's (16-bit: ~{gain:.1f} dB here, ~{out_gain:.2f} dB at the output){caveat}"
+            f"~{out_share:.0%} of the output's (if this tensor were 16-bit: est. {out_gain:+.2f} dB at the output; "
+            f"at most {gain:+.1f} dB at this tensor, an uncalibrated ceiling){caveat}"
         )
     elif dropped:
         role = Role.AMPLIFIER
