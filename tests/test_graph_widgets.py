@@ -3,6 +3,7 @@ Python without a browser: real ONNX Runtime, handlers called with the points a c
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +85,52 @@ def test_search_selects_and_expands(app: DebuggerApp) -> None:
 
 
 def test_worst_path_is_drawn(app: DebuggerApp) -> None:
+    """The orange path starts at the colouring's worst tensor — by local SQNR where the error is born (the default;
+    +inf, exact, left out), by cumulative SQNR for the accumulated error — and walks back to the input."""
+    acts = app.debugger.report.activations
+    assert app.metric == "local_sqnr_db"
+    app.graph_panel.redraw()  # the note may still hold an earlier test's search
     path = app.graph_panel.path
     assert path[0] == "x"
-    worst = min(
-        (a for a in app.debugger.report.activations if a.cumulative_sqnr_db is not None),
-        key=lambda a: a.cumulative_sqnr_db or 0.0,
-    )
-    assert path[-1] == worst.tensor_name
+    born = min((a for a in acts if a.local_sqnr_db is not None and a.local_sqnr_db < math.inf),
+               key=lambda a: a.local_sqnr_db or 0.0)  # fmt: skip
+    assert path[-1] == born.tensor_name and "where the most error is born" in app.graph_panel.note.value
     trace = next(t for t in app.graph_box.children[0].data if t.name == "path")
     assert trace.x and len(trace.x) >= 1
+    worst = min((a for a in acts if a.cumulative_sqnr_db is not None), key=lambda a: a.cumulative_sqnr_db or 0.0)
+    assert worst.tensor_name != born.tensor_name  # the two colourings start from different tensors here
+    app.metric = "cumulative_sqnr_db"
+    try:
+        path = app.graph_panel.path
+        assert path[0] == "x" and path[-1] == worst.tensor_name
+        assert "where the most error is born" not in app.graph_panel.note.value
+    finally:
+        app.metric = "local_sqnr_db"
+
+
+def test_local_colouring_path_skips_exact_tensors() -> None:
+    """Where the error is born, a tensor with +inf local SQNR (exact: a Reshape) is never the path's start, and
+    the walk back goes by cumulative SQNR."""
+    from widgets.graph_view import GraphPanel
+
+    rows = [
+        {"tensor_name": "x", "producer_op": "", "inputs": (), "local_sqnr_db": 50.0, "cumulative_sqnr_db": 50.0},
+        {"tensor_name": "a", "producer_op": "Conv", "inputs": ("x",), "local_sqnr_db": 20.0,
+         "cumulative_sqnr_db": 20.0},
+        {"tensor_name": "r", "producer_op": "Reshape", "inputs": ("a",), "local_sqnr_db": math.inf,
+         "cumulative_sqnr_db": 19.0},
+        {"tensor_name": "b", "producer_op": "Relu", "inputs": ("r",), "local_sqnr_db": 30.0,
+         "cumulative_sqnr_db": 15.0},
+    ]  # fmt: skip
+    panel = GraphPanel(lambda t: None)
+    panel.show(rows, "local_sqnr_db")
+    assert panel.path == ["x", "a"]
+    panel.colour("cumulative_sqnr_db")
+    assert panel.path == ["x", "a", "r", "b"]
+    rows[1]["local_sqnr_db"] = math.inf  # every tensor exact but x: the path starts at x
+    rows[3]["local_sqnr_db"] = math.inf
+    panel.show(rows, "local_sqnr_db")
+    assert panel.path == ["x"]
 
 
 def test_colouring_toggle_local_or_cumulative(app: DebuggerApp) -> None:

@@ -14,6 +14,7 @@ back to the inputs.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -108,12 +109,24 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
         self.metric = metric
         self.redraw()
 
-    def _values(self) -> dict[str, float | None]:
+    def _values(self, key: str = "cumulative_sqnr_db") -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         for n, r in self.rows.items():
-            v = r.get("cumulative_sqnr_db")
+            v = r.get(key)
             out[n] = None if v is None or isinstance(v, str) else float(v)
         return out
+
+    def _worst_path(self) -> list[str]:
+        """The orange path, walked back by cumulative SQNR (the damage carried); it starts at the worst tensor of the
+        colouring: by local SQNR where the error is born (+inf, exact, and undefined left out), else cumulative."""
+        cumulative = self._values()
+        start = None
+        if self.metric == "local_sqnr_db":
+            local = {n: v for n, v in self._values("local_sqnr_db").items() if v is not None and v < math.inf}
+            if not local:
+                return []
+            start = min(local, key=lambda n: local[n])
+        return gv.worst_path(self.names, self.edges, cumulative, start)
 
     # ------------------------------------------------------------------ drawing
     def redraw(self) -> None:
@@ -134,7 +147,7 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             if key not in self._views:
                 self._views[key] = gv.graph_view(self.names, self.edges, self.grouping, self.expanded)
             self.view = self._views[key]
-        self.path = gv.worst_path(self.names, self.edges, self._values())
+        self.path = self._worst_path()
         fig = gv.graph_view_figure(self.view, self.rows, self.metric, self.selected or None, self.path)
         self._new_widget(fig)
         worst = self.path[-1] if self.path else None
@@ -144,7 +157,9 @@ class GraphPanel(w.VBox):  # type: ignore[misc]
             + "); "
             "click a square to expand it, a circle to inspect the tensor. "
             + (
-                f"Orange: the path from the worst tensor <b>{html.escape(worst)}</b> back to the input."
+                f"Orange: the path from the worst tensor <b>{html.escape(worst)}</b>"
+                + (" (lowest local SQNR: where the most error is born)" if self.metric == "local_sqnr_db" else "")
+                + " back to the input."
                 if worst
                 else ""
             )
