@@ -161,7 +161,8 @@ def test_app_promote_undo_export(dbg: QuantDebugger, tmp_path: Path) -> None:
     assert _types(dbg)[first] == "uint16"
     assert after_db is not None and f"{after_db:.2f} dB" in app.status
     assert "cpu: ok" in app.status
-    assert "before" in app.before_after.value and "partition" in app.before_after.value
+    # the compile table beside the step (the CPU target runs every node: no accelerator partitions to count)
+    assert "before" in app.before_after.value and "<th>nodes (all on the CPU)</th>" in app.before_after.value
     assert first in app.plan_view.value
     assert app.progress.value == app.progress.max
     assert base_db != after_db
@@ -170,6 +171,12 @@ def test_app_promote_undo_export(dbg: QuantDebugger, tmp_path: Path) -> None:
     written = tmp_path / "out" / "overrides.json"
     assert first in OverridesFile.load(written).tensors
     assert "data:application/json;base64," in app.download.value
+    assert str(written) in app.download.value  # outside the dashboard the whole path is useful
+    app.hidden_folders = (tmp_path,)  # the dashboard's page: its files by name, never the server's folders
+    app.on_export_clicked()
+    assert "<span class='qd-export-path'>overrides.json</span>" in app.download.value
+    assert str(tmp_path) not in app.download.value and str(tmp_path) not in app.status
+    app.hidden_folders = ()
 
     app.on_undo_clicked()
     assert dbg.history == () and dbg.report.min_output_sqnr_db == base_db

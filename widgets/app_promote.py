@@ -16,7 +16,7 @@ import traitlets as tr
 from .app_base import AppBase, JobBar, button_layout, db_text, pct_text
 from .app_figure import figure
 from .session_steps import step_label
-from .status import verdict
+from .status import hide_paths, verdict
 
 if TYPE_CHECKING:
     from qdebug.mixed.promote import PromotionPlan
@@ -409,7 +409,7 @@ class PromoteFlow(AppBase):
         self.download.value = (
             f"<a class='qd-download' download='{html.escape(path.name)}' "
             f"href='data:application/json;base64,{data}'>download {html.escape(path.name)}</a>"
-            f" <span class='qd-export-path'>{html.escape(str(path))}</span>"
+            f" <span class='qd-export-path'>{html.escape(hide_paths(str(path), self.hidden_folders))}</span>"
         )
         self._say(self.fix_message, f"overrides written to {path}", "ok")
 

@@ -8,6 +8,7 @@ request leaves 127.0.0.1 (the ``page`` fixture fails the test otherwise). Screen
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 from typing import Any
@@ -178,8 +179,15 @@ def test_dashboard_debug_promote_export(
         exported = app.locator(".qd-export-path")
         expect(exported).to_be_visible()
         expect(app.locator("a.qd-download")).to_have_attribute("href", re.compile("^data:application/json;base64,"))
-        path = Path(exported.inner_text().strip())
+        shown = exported.inner_text().strip()
+        assert shown == "overrides.json" and str(work) not in app.inner_text()  # by name, not the server's folder
+        # the file the link offers is the one written in the page's folder, byte for byte
+        href = app.locator("a.qd-download").get_attribute("href") or ""
+        found = list(work.rglob(shown))
+        assert len(found) == 1, found
+        path = found[0]
         assert path.is_file() and work in path.parents
+        assert base64.b64decode(href.split(",", 1)[1]) == path.read_bytes()
         assert name in OverridesFile.load(path).tensors
     assert_no_page_errors(page_errors)
 
