@@ -121,6 +121,20 @@ def _member(npz: Any, name: str, where: str) -> np.ndarray:
     return value
 
 
+def _npz_problem(exc: BaseException) -> str:
+    """What went wrong reading an ``.npz``, in words a user acts on (zipfile's and numpy's own texts name their
+    internals: 'File is not a zip file', 'Bad CRC-32')."""
+    if isinstance(exc, zipfile.BadZipFile):
+        return "not a zip archive, or a damaged one; save it with np.savez"
+    if isinstance(exc, EOFError):
+        return "the file ends early: it was cut short"
+    if isinstance(exc, (NotImplementedError, RuntimeError)):  # encrypted or deflate64 members zipfile cannot read
+        return "compressed or encrypted in a way numpy cannot read; save it with np.savez or np.savez_compressed"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return "it cannot be read"
+
+
 def _read_npz(path: Path, specs: Sequence[InputSpec], ignore: Sequence[str]) -> dict[str, np.ndarray]:
     where = str(path)
     try:
@@ -153,10 +167,9 @@ def _read_npz(path: Path, specs: Sequence[InputSpec], ignore: Sequence[str]) -> 
     except ValueError as exc:
         if "pickle" in str(exc).lower():
             raise DataError(f"{where}: holds pickled objects, which qdebug never loads; save plain arrays") from exc
-        raise InputFileError(f"{where}: not a readable .npz file ({exc})") from exc
+        raise InputFileError(f"{where}: not a readable .npz file (an array in it is damaged)") from exc
     except (OSError, zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
-        # RuntimeError/NotImplementedError: encrypted or deflate64 members, which zipfile cannot read
-        raise InputFileError(f"{where}: not a readable .npz file ({exc})") from exc
+        raise InputFileError(f"{where}: not a readable .npz file ({_npz_problem(exc)})") from exc
     except MemoryError as exc:  # a member header that claims an absurd shape
         raise InputFileError(f"{where}: an array in it claims more memory than this machine has") from exc
     counts = {n: a.shape[0] for n, a in arrays.items()}

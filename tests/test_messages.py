@@ -108,3 +108,24 @@ def test_the_debuggers_messages_in_the_dashboard_hide_the_pages_folder(tmp_path:
     app.export_button.click()  # "overrides written to <path in the page's folder>"
     assert "overrides written to overrides.json" in app.fix_message.value
     assert str(dash.workdir) not in app.fix_message.value and str(dash.workdir) not in app.status_line.value
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"PK\x03\x04" + bytes(range(200)), "not a zip archive, or a damaged one"),  # a damaged zip
+        (bytes(range(256)) * 2, "not an .npz file"),  # neither zip nor .npy
+    ],
+)
+def test_an_unreadable_npz_is_said_in_words_not_zipfile_s(tmp_path: Path, content: bytes, says: str) -> None:
+    """numpy's and zipfile's own words ('File is not a zip file', 'Bad CRC-32') never reach the user."""
+    from qdebug.data import NpzData
+    from qdebug.model_io import input_specs
+
+    bad = tmp_path / "data.npz"
+    bad.write_bytes(content)
+    with pytest.raises(InputFileError) as info:
+        NpzData(bad, input_specs(load_model(SAMPLE_MODELS / "digits_cnn.onnx")))
+    message = str(info.value)
+    assert message.startswith(f"{bad}: ") and says in message, message
+    assert "File is not a zip file" not in message and "CRC" not in message, message
