@@ -23,6 +23,7 @@ from qdebug.data import DataSource
 from qdebug.errors import DataError, TargetError
 from qdebug.io import atomic_save_model
 from qdebug.model_io import load_model
+from qdebug.report import TargetAccuracy
 from qdebug.targets.base import (
     Availability,
     BuildOptions,
@@ -61,6 +62,8 @@ DEEPLOY_FIXES = ("static_shapes", "batchnorm_folding")
 #: Deeploy platforms a build generates code for: the first must succeed, the others are tried ("where the ops
 #: allow") and a failure there is a warning.
 DEEPLOY_PLATFORMS = ("Generic", "Siracusa")
+#: How the accuracy table names the target when the Generic code ran on the host (no MCU is run).
+HOST_TARGET_LABEL = "Deeploy Generic code on the host"
 
 
 #: What Deeploy 0.2.1's integer kernels need of the quantization (docs/deeploy.md, "Quantizing for Deeploy"): the
@@ -184,7 +187,11 @@ def _pulp_network(
 
 
 def _host_run(
-    out: Path, entry: Mapping[str, Any], qdq_model: str | Path, data: Sequence[Mapping[str, np.ndarray]]
+    out: Path,
+    entry: Mapping[str, Any],
+    qdq_model: str | Path,
+    data: Sequence[Mapping[str, np.ndarray]],
+    float_model: str | Path | None = None,
 ) -> tuple[dict[str, Any], str | None]:
     """Run the Generic code on the debug samples (:mod:`qdebug.targets.deeploy_host`): the manifest's
     ``deeploy.run.Generic`` entry and a warning, if any (no C compiler, or outputs that differ)."""
@@ -194,7 +201,7 @@ def _host_run(
     label = {"label": deeploy_host.HOST_RUN_LABEL}
     try:
         io = [DeeployBuffer.from_dict(b) for b in entry["io"]]
-        run = deeploy_host.check_generated(out, out / "generic", io, qdq_model, data)
+        run = deeploy_host.check_generated(out, out / "generic", io, qdq_model, data, float_model=float_model)
     except (TargetError, DataError) as exc:  # no compiler, a kernel the host library lacks, a sample it cannot take
         return {**label, "ran": False, "error": str(exc)}, f"the generated Generic code was not run: {exc}"
     warning = None
@@ -261,13 +268,15 @@ def compile_deeploy(
     *,
     platforms: Sequence[str] = DEEPLOY_PLATFORMS,
     progress: ProgressFn | None = None,
+    float_model: str | Path | None = None,
 ) -> DeeployBuild:
     """Export the int8 QDQ model to Deeploy's integer network in ``out_dir`` (``network.onnx``, ``inputs.npz``,
     ``outputs.npz``) and generate ``Network.c``/``Network.h`` per platform into ``out_dir/<platform lower>/``.
 
     The first platform must succeed with an integer-only network; the others are tried and their failure is a
     warning. An unsupported op (the export names the node), a Deeploy rejection or a float buffer in the
-    generated code raise :class:`~qdebug.errors.TargetError` with the reason.
+    generated code raise :class:`~qdebug.errors.TargetError` with the reason. With ``float_model``, the host run
+    of the Generic code also measures each output's SQNR vs float and vs CPU-QDQ (:meth:`DeeployTarget.check`).
     """
     from qdebug.targets import deeploy_env, deeploy_export
 
@@ -308,7 +317,7 @@ def compile_deeploy(
     generic = info["codegen"].get("Generic")
     if generic is not None and generic["ok"] and data:
         say("running the generated Generic code (gcc + qdebug's host kernels)")
-        run, warning = _host_run(out, generic, qdq_model, data)
+        run, warning = _host_run(out, generic, qdq_model, data, float_model)
         info["run"] = {"Generic": run}
         warnings += [warning] if warning else []
     if "Siracusa" in info["codegen"]:
@@ -442,7 +451,7 @@ class DeeployTarget(TargetBase):
         dest = job.out_dir / "deeploy"
         if dest.exists():
             shutil.rmtree(dest)  # a previous recompile's output in this qdebug-owned folder
-        dbuild = compile_deeploy(job.model, dest, job.samples, progress=job.progress)
+        dbuild = compile_deeploy(job.model, dest, job.samples, progress=job.progress, float_model=job.float_model)
         files = {
             "compiled_model": str(Path(dbuild.compile.compiled_model or "").relative_to(job.out_dir)),
             "deeploy_network": "deeploy/network.onnx",
@@ -457,6 +466,24 @@ class DeeployTarget(TargetBase):
         info = {**dbuild.info, **job.after}
         return Compiled(
             dbuild.compile, files=files, manifest={"deeploy": info}, warnings=dbuild.warnings, notes=_notes(job, info)
+        )
+
+    def check(self, job: CompileJob, compiled: Compiled) -> TargetAccuracy | None:
+        """The host run's per-output SQNR (the Generic code's outputs dequantized with the output grids) vs float and
+        vs CPU-QDQ, measured during :meth:`compile` on the same samples; ``None`` when the code was not run."""
+        run = ((compiled.manifest.get("deeploy") or {}).get("run") or {}).get("Generic") or {}
+        if not run.get("ran") or not run.get("outputs"):
+            return None
+        from qdebug.targets.deeploy_host import HostRun
+
+        host = HostRun.from_dict(run)
+        return TargetAccuracy(
+            target="deeploy",
+            device=HOST_TARGET_LABEL,
+            num_samples=host.num_samples,
+            seconds_per_sample=round(host.run_seconds / max(host.num_samples, 1), 6),
+            outputs=host.outputs,
+            notes=(f"{host.label} (compiled with {host.compiler}); the MCU itself was not run",),
         )
 
     def compiled_top1(

@@ -31,6 +31,7 @@ from qdebug._cc import c_compiler
 from qdebug.cancel import run_process
 from qdebug.errors import DataError, TargetError
 from qdebug.io import temp_dir
+from qdebug.report import TargetOutputAccuracy
 from qdebug.targets.deeploy_env import DeeployBuffer
 from qdebug.targets.deeploy_movement import identity_casts
 
@@ -278,6 +279,9 @@ class HostRun:
     compile_seconds: float
     run_seconds: float
     compiler_warnings: tuple[str, ...] = ()
+    #: per output, the run's outputs dequantized with the output grids vs the float model and the CPU-QDQ model
+    #: (empty: no float model was given)
+    outputs: tuple[TargetOutputAccuracy, ...] = ()
 
     @property
     def bit_exact(self) -> bool:
@@ -295,13 +299,15 @@ class HostRun:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> HostRun:
         """Inverse of :meth:`to_dict`."""
-        kw = {k: v for k, v in d.items() if k not in ("schema_version", "bit_exact")}
+        kw = {k: v for k, v in d.items() if k not in ("schema_version", "bit_exact", "ran")}
         kw["compiler_warnings"] = tuple(kw.get("compiler_warnings", ()))
+        kw["outputs"] = tuple(TargetOutputAccuracy(**o) for o in kw.get("outputs", ()))
         return cls(**kw)
 
 
 def _qdq_reference(qdq: onnx.ModelProto, network: onnx.ModelProto, stored: Sequence[Mapping[str, np.ndarray]]) -> Any:
-    """Per sample, the QDQ model's outputs on ORT CPU (optimizations off) on the output grid ``q`` (int64)."""
+    """Per sample, the QDQ model's outputs on ORT CPU (optimizations off): on the output grid ``q`` (int64), and
+    as ORT gave them (float)."""
     from qdebug.ort import make_session
 
     ins, outs = _q_params(qdq)
@@ -313,7 +319,7 @@ def _qdq_reference(qdq: onnx.ModelProto, network: onnx.ModelProto, stored: Seque
             feeds[k] = (scale * (sample[k] - _stored_offset(network, k) - zp)).astype(np.float32)
         ref = dict(zip(names, sess.run(None, feeds), strict=True))
         yield {k: np.clip(np.rint(ref[k].astype(np.float64) / s) + z, -128, 127).astype(np.int64)
-               for k, (s, z) in outs.items()}  # fmt: skip
+               for k, (s, z) in outs.items()}, ref  # fmt: skip
 
 
 def _tally(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[float, int]:
@@ -333,9 +339,11 @@ def check_generated(
     qdq_model: str | Path | onnx.ModelProto,
     samples: Sequence[Mapping[str, np.ndarray]],
     platform: str = "Generic",
+    float_model: str | Path | None = None,
 ) -> HostRun:
     """Compile and run the generated code of ``codegen_dir`` on the float ``samples`` and compare its outputs with
-    the integer network ``network_dir/network.onnx`` (exact integer evaluation) and with the QDQ model on ORT."""
+    the integer network ``network_dir/network.onnx`` (exact integer evaluation) and with the QDQ model on ORT;
+    with ``float_model``, also each output's SQNR vs float and vs CPU-QDQ (:attr:`HostRun.outputs`)."""
     from qdebug.model_io import load_model
     from qdebug.targets.deeploy_evaluate import evaluate_integer
 
@@ -354,8 +362,11 @@ def check_generated(
     exact = [evaluate_integer(network, s) for s in stored]
     eq_int, worst_int = _tally((g[k], e[k]) for g, e in zip(got, exact, strict=True) for k in names)
     offsets = {k: _stored_offset(network, k) for k in names}
-    refs = _qdq_reference(qdq, network, stored)
-    eq_q, worst_q = _tally((g[k] - offsets[k], r[k]) for g, r in zip(got, refs, strict=True) for k in names)
+    refs = list(_qdq_reference(qdq, network, stored))
+    eq_q, worst_q = _tally((g[k] - offsets[k], r[k]) for g, (r, _) in zip(got, refs, strict=True) for k in names)
+    grids = {k: (s, z + offsets[k]) for k, (s, z) in _q_params(qdq)[1].items()}
+    real = [{k: grids[k][0] * (g[k] - grids[k][1]) for k in names} for g in got]
+    outputs = () if float_model is None else _output_sqnr(float_model, samples, real, [f for _, f in refs])
     return HostRun(
         label=HOST_RUN_LABEL,
         platform=platform,
@@ -368,7 +379,37 @@ def check_generated(
         compile_seconds=round(build.seconds, 4),
         run_seconds=round(run_s, 4),
         compiler_warnings=build.warnings,
+        outputs=outputs,
     )
+
+
+def _output_sqnr(
+    float_model: str | Path,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    target: Sequence[Mapping[str, np.ndarray]],
+    cpu: Sequence[Mapping[str, np.ndarray]],
+) -> tuple[TargetOutputAccuracy, ...]:
+    """Per output over all samples (streaming sums, the one SQNR rule of :class:`~qdebug.metrics.ErrorSums`): the
+    target's dequantized outputs vs the float model's and vs the CPU-QDQ model's, and CPU-QDQ vs float."""
+    from qdebug.metrics import ErrorSums, reduce_pair
+    from qdebug.model_io import load_model
+    from qdebug.ort import make_session
+
+    sess: Any = make_session(load_model(float_model, "float model"), ("CPUExecutionProvider",))
+    feeds = [i.name for i in sess.get_inputs()]
+    names = list(target[0]) if target else []
+    sums = {k: [ErrorSums(), ErrorSums(), ErrorSums()] for k in names}
+    for sample, t, c in zip(samples, target, cpu, strict=True):
+        ref = dict(
+            zip([o.name for o in sess.get_outputs()], sess.run(None, {k: sample[k] for k in feeds}), strict=True)
+        )
+        for k in names:
+            if k not in ref:
+                raise TargetError(f"the float model has no output {k!r} (the integer network's output)")
+            f, tk, ck = np.asarray(ref[k]), np.asarray(t[k], np.float64).reshape(np.shape(ref[k])), np.asarray(c[k])
+            pairs = ((f, tk), (f, ck), (ck, tk))
+            sums[k] = [s.merge(reduce_pair(a, b)) for s, (a, b) in zip(sums[k], pairs, strict=True)]
+    return tuple(TargetOutputAccuracy(k, s[0].sqnr[0], s[1].sqnr[0], s[2].sqnr[0]) for k, s in sums.items())
 
 
 def run_top1(
