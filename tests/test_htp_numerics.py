@@ -304,3 +304,62 @@ def test_hardsigmoid_with_a_16_bit_grid_below_one_is_scaled_by_its_top_on_the_ht
     assert done == ("gate",) and find_behaviours(fixed) == ()
     remaining = _db(ref, cpu) - _db(ref, _htp(fixed, x, tmp_path / "fixed", "y_dq"))
     assert remaining <= 0.2 * loss, (loss, remaining)
+
+
+#: the grids of openWakeWord's mel front end's ``log(power)`` at uint16 (oww-melspec's Log_17)
+_LOG_X_TOP, _LOG_Y_TOP = 9.149e9, 22.937
+
+
+def _log_qdq(act: str, x_top: float = _LOG_X_TOP) -> onnx.ModelProto:
+    """x → Q/DQ → Log → Q/DQ, both grids from 0."""
+    elem, qmax = _GRIDS[act]
+    nodes, inits = _act_qdq("x", 0.0, x_top, elem, qmax)
+    nodes.append(helper.make_node("Log", ["x_dq"], ["y"], name="log"))
+    more_nodes, more_inits = _act_qdq("y", 0.0, _LOG_Y_TOP, elem, qmax)
+    graph = helper.make_graph(
+        nodes + more_nodes,
+        "log",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("y_dq", TensorProto.FLOAT, [1, 256])],
+        inits + more_inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def _log_x() -> np.ndarray:
+    """Mel powers, log-uniform over the upper five decades of the grid (all above its first step)."""
+    rng = np.random.default_rng(0)
+    return np.exp(rng.uniform(np.log(_LOG_X_TOP * 1e-5), np.log(_LOG_X_TOP), (1, 256))).astype(np.float32)
+
+
+def test_the_log_rewrite_is_found_only_above_fp16_and_keeps_the_cpu_result() -> None:
+    assert find_behaviours(_log_qdq("uint8")) == ()
+    assert find_behaviours(_log_qdq("uint16", x_top=65000.0)) == ()
+    model = _log_qdq("uint16")
+    found = find_behaviours(model)
+    assert [(f.behaviour, f.node, f.tensor) for f in found] == [(HtpBehaviour.LOG_16BIT_INPUT_ABOVE_FP16, "log", "y")]
+    before = model.SerializeToString()
+    fixed, done = rewrite_qdq(model)
+    assert done == ("log",) and model.SerializeToString() == before and find_behaviours(fixed) == ()
+    onnx.checker.check_model(fixed)
+    # the same integers on the CPU, but for a rounding tie now and then (log(x/c) + log c is not bit-exact)
+    step = _LOG_Y_TOP / 65535
+    diff = np.abs(_cpu(fixed, _log_x(), "y_dq") - _cpu(model, _log_x(), "y_dq"))
+    assert diff.max() <= 1.01 * step and np.mean(diff > 0) < 0.05
+
+
+def test_log_with_a_16_bit_input_grid_above_fp16_is_wrong_on_the_htp(tmp_path: Path) -> None:
+    require_qnn()
+    model, x = _log_qdq("uint16"), _log_x()
+    ref = np.log(x.astype(np.float64))
+    cpu, htp = _cpu(model, x, "y_dq"), _htp(model, x, tmp_path / "base", "y_dq")
+    loss = _db(ref, cpu) - _db(ref, htp)
+    assert loss > 40.0, loss
+    fixed, _ = rewrite_qdq(model)
+    htp_fixed = _htp(fixed, x, tmp_path / "fixed", "y_dq")
+    remaining = _db(ref, cpu) - _db(ref, htp_fixed)
+    assert remaining <= 0.2 * loss, (loss, remaining)
+    assert _db(cpu, htp_fixed) > 60.0

@@ -18,6 +18,10 @@ reproduction; the measurements are in docs/qnn.md, "Known HTP numeric behaviours
   1.0 returns ``y · y_max`` instead of ``y`` (off by the top of its output grid; right at 8 bits, and at 16 bits
   when the grid ends at 1.0). A squeeze-and-excitation gate (PP-LCNet's, in the corpus's text-direction
   classifier) promoted to 16 bits hits it. The output grid ``[0, 1]`` on the same integer type avoids it.
+* :attr:`HtpBehaviour.LOG_16BIT_INPUT_ABOVE_FP16` — a 16-bit ``Log`` whose input grid ends above the fp16 range
+  (a mel front end's ``log(power)``, grid top ~1e10) saturates, then wraps, for inputs above a few ten thousand:
+  right at 8 bits and for grids ending at 65 504 or below. ``Log(x) = Log(x / c) + log c`` with ``x / c`` on the
+  input's integers (scale ``/ c``) and ``log c`` a whole number of output steps keeps every grid the CPU sees.
 
 :func:`find_behaviours` names the behaviours present in a QDQ model; :func:`rewrite_qdq` applies their rewrites.
 """
@@ -54,6 +58,7 @@ class HtpBehaviour(StrEnum):
     RECIPROCAL_INPUT_BELOW_ONE = "reciprocal_input_below_one"
     CONV_SILU_16BIT = "conv_silu_16bit"
     HARDSIGMOID_16BIT_BELOW_ONE = "hardsigmoid_16bit_below_one"
+    LOG_16BIT_INPUT_ABOVE_FP16 = "log_16bit_input_above_fp16"
 
     @property
     def summary(self) -> str:
@@ -74,7 +79,17 @@ _SUMMARY = {
         "the HTP's 16-bit HardSigmoid returns y·y_max instead of y when its output grid ends below 1.0; "
         "remedy: the output grid [0, 1] on the same type"
     ),
+    HtpBehaviour.LOG_16BIT_INPUT_ABOVE_FP16: (
+        "the HTP's 16-bit Log is wrong (saturates, then wraps) for inputs above the fp16 range; "
+        "remedy: Log(x/c) + log(c) with x/c on the same integers"
+    ),
 }
+
+#: fp16's largest value: a 16-bit Log's input grid ending above it is computed wrong on the HTP (a grid ending at
+#: 65 500 is right, one ending at 66 000 is not)
+_LOG_SAFE_TOP = 65504.0
+#: where the remedy puts the top of the Log's input grid: well inside fp16, where the HTP's Log matches the CPU
+_LOG_TARGET_TOP = 100.0
 
 
 @dataclass(frozen=True)
@@ -189,6 +204,47 @@ def _hardsigmoid_outputs(model: onnx.ModelProto) -> Iterable[tuple[onnx.NodeProt
         yield node, q, scale * (_QRANGE[elem][1] - zp), elem
 
 
+@dataclass(frozen=True)
+class _LogSite:
+    """A 16-bit Log between a DequantizeLinear and a QuantizeLinear, with both grids."""
+
+    node: onnx.NodeProto
+    dq: onnx.NodeProto
+    q: onnx.NodeProto
+    in_grid: tuple[float, float, int]
+    out_grid: tuple[float, float, int]
+
+    @property
+    def top(self) -> float:
+        """The largest value of the input grid."""
+        scale, zp, elem = self.in_grid
+        return scale * (_QRANGE[elem][1] - zp)
+
+    def shift(self) -> int | None:
+        """The whole number of output steps ``k`` with ``log c = k · scale_out`` that brings the input grid's top to
+        :data:`_LOG_TARGET_TOP` or below, or None when the shifted output grid's zero point would leave its range."""
+        scale, zp, elem = self.out_grid
+        k = int(np.ceil((np.log(self.top) - np.log(_LOG_TARGET_TOP)) / scale))
+        return k if k > 0 and _QRANGE[elem][0] <= int(zp) + k <= _QRANGE[elem][1] else None
+
+
+def _log_sites(model: onnx.ModelProto) -> Iterable[_LogSite]:
+    """Every Log reading a DequantizeLinear on a 16-bit grid and feeding a QuantizeLinear."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consts = constant_values(model)
+    for node in model.graph.node:
+        if node.op_type != "Log" or node.domain not in ("", "ai.onnx"):
+            continue
+        dq = producer.get(node.input[0])
+        q = next((c for c in model.graph.node if c.op_type == "QuantizeLinear" and c.input[0] == node.output[0]), None)
+        if dq is None or not is_dq(dq) or q is None:
+            continue
+        in_grid, out_grid = _grid(dq, consts), _grid(q, consts)
+        if in_grid is None or out_grid is None or in_grid[2] not in _SIXTEEN or out_grid[2] not in _QRANGE:
+            continue
+        yield _LogSite(node, dq, q, in_grid, out_grid)
+
+
 def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
     """The known HTP behaviours present in a QDQ model, in graph order."""
     out = []
@@ -212,6 +268,11 @@ def find_behaviours(model: onnx.ModelProto) -> tuple[HtpFinding, ...]:
             name = node.name or node.output[0]
             detail = f"output grid ends at {top:.4g}"
             out.append(HtpFinding(HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE, name, node.output[0], detail))
+    for site in _log_sites(model):
+        if site.top > _LOG_SAFE_TOP:
+            name = site.node.name or site.node.output[0]
+            detail = f"input grid ends at {site.top:.4g}"
+            out.append(HtpFinding(HtpBehaviour.LOG_16BIT_INPUT_ABOVE_FP16, name, site.node.output[0], detail))
     return tuple(out)
 
 
@@ -240,6 +301,9 @@ def rewrite_qdq(
       exactly on the divisor's integer type; the output Q/DQ are kept, so the CPU computes the same values.
     * ``CONV_SILU_16BIT``: the Sigmoid's output Q and its DQs move to the uint8 grid ``[0, 1]``.
     * ``HARDSIGMOID_16BIT_BELOW_ONE``: the HardSigmoid's output Q and its DQs move to ``[0, 1]`` on their type.
+    * ``LOG_16BIT_INPUT_ABOVE_FP16``: ``Log(x)`` becomes ``Log(x · 1/c) + log c``: ``x / c`` on the input's integers
+      (its scale over ``c``), the Log's output on its grid shifted down by ``log c``, a whole number ``k`` of its
+      steps, and ``log c`` the integer ``zero_point + k`` of that grid, so the Add lands on the original grid.
     """
     findings = find_behaviours(model) if behaviours is None else tuple(behaviours)
     m = onnx.ModelProto()
@@ -249,6 +313,7 @@ def rewrite_qdq(
     done += _hardsigmoids_to_unit(
         m, {f.node for f in findings if f.behaviour is HtpBehaviour.HARDSIGMOID_16BIT_BELOW_ONE}
     )
+    done += _logs_rescaled(m, {f.node for f in findings if f.behaviour is HtpBehaviour.LOG_16BIT_INPUT_ABOVE_FP16})
     return m, done
 
 
@@ -310,4 +375,75 @@ def _hardsigmoids_to_unit(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ..
             zero = np.array(0, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem))
             _regrid(m, q, f"{node.output[0]}_htp_unit", 1.0 / qmax, zero)
             done.append(key)
+    return tuple(done)
+
+
+def _const(g: onnx.GraphProto, stem: str, q: int, scale: float, zero: int, elem: int, domain: str) -> onnx.NodeProto:
+    """The initializers of the quantized constant ``(q − zero) · scale`` and its DequantizeLinear (output ``stem``)."""
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(q, dtype=np_type), f"{stem}_q"),
+            numpy_helper.from_array(np.array(scale, dtype=np.float32), f"{stem}_scale"),
+            numpy_helper.from_array(np.array(zero, dtype=np_type), f"{stem}_zero_point"),
+        ]
+    )
+    inputs = [f"{stem}_q", f"{stem}_scale", f"{stem}_zero_point"]
+    return helper.make_node("DequantizeLinear", inputs, [stem], name=f"{stem}_dq", domain=domain)
+
+
+def _qdq_pair(stem: str, x: str, scale: str, zero: str, q: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """Q → DQ of ``x`` on the given grid parameters, in the domain of ``q``; the DQ's output is ``<stem>_dq``."""
+    return [
+        helper.make_node("QuantizeLinear", [x, scale, zero], [f"{stem}_q"], name=f"{stem}_quantize", domain=q.domain),
+        helper.make_node(
+            "DequantizeLinear", [f"{stem}_q", scale, zero], [f"{stem}_dq"], name=f"{stem}_dq_node", domain=q.domain
+        ),
+    ]
+
+
+def _log_rewrite(g: onnx.GraphProto, site: _LogSite, k: int) -> list[onnx.NodeProto]:
+    """The nodes replacing ``site``'s Log by ``Log(x · 1/c) + log c`` with ``log c = k · scale_out``."""
+    (s_in, zf_in, e_in), (s_out, zf_out, e_out) = site.in_grid, site.out_grid
+    z_in, z_out, log_c = int(zf_in), int(zf_out), k * s_out
+    stem = f"{site.node.output[0]}_htp_log"
+    qmax = _QRANGE[e_in][1]
+    inv_c = _const(g, f"{stem}_inv_c", qmax, float(np.exp(-log_c)) / qmax, 0, e_in, site.dq.domain)
+    plus = _const(g, f"{stem}_log_c", z_out + k, s_out, z_out, e_out, site.q.domain)
+    in_t, out_t = onnx.helper.tensor_dtype_to_np_dtype(e_in), onnx.helper.tensor_dtype_to_np_dtype(e_out)
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(s_in * np.exp(-log_c), dtype=np.float32), f"{stem}_x_scale"),
+            numpy_helper.from_array(np.array(z_in, dtype=in_t), f"{stem}_x_zero_point"),
+            numpy_helper.from_array(np.array(z_out + k, dtype=out_t), f"{stem}_y_zero_point"),
+        ]
+    )
+    name = site.node.name or site.node.output[0]
+    return [
+        inv_c,
+        helper.make_node("Mul", [site.node.input[0], inv_c.output[0]], [f"{stem}_x"], name=f"{stem}_scale_down"),
+        *_qdq_pair(f"{stem}_x", f"{stem}_x", f"{stem}_x_scale", f"{stem}_x_zero_point", site.dq),
+        helper.make_node("Log", [f"{stem}_x_dq"], [f"{stem}_y"], name=name),
+        *_qdq_pair(f"{stem}_y", f"{stem}_y", site.q.input[1], f"{stem}_y_zero_point", site.q),
+        plus,
+        helper.make_node("Add", [f"{stem}_y_dq", plus.output[0]], list(site.node.output), name=f"{stem}_add_log_c"),
+    ]
+
+
+def _logs_rescaled(m: onnx.ModelProto, wanted: set[str]) -> tuple[str, ...]:
+    """Replace the named 16-bit Logs of ``m`` (in place) by ``Log(x / c) + log c``; the names replaced."""
+    sites = {s.node.name or s.node.output[0]: s for s in _log_sites(m)}
+    nodes: list[onnx.NodeProto] = []
+    done: list[str] = []
+    for node in m.graph.node:
+        key = node.name or node.output[0]
+        site = sites.get(key) if node.op_type == "Log" and key in wanted else None
+        k = site.shift() if site is not None else None
+        if site is None or k is None:
+            nodes.append(node)
+            continue
+        nodes.extend(_log_rewrite(m.graph, site, k))
+        done.append(key)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
     return tuple(done)
