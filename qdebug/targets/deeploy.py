@@ -182,8 +182,24 @@ def _pulp_network(
         "equal_fraction": exp.equal_fraction,
         "max_lsb_diff": exp.max_lsb_diff,
         "bit_exact_ok": exp.bit_exact_ok,
+        "mismatch_warning": _mismatch_warning(f"the {plat} network ({out.name}/{dest.name})", exp),
     }
     return dest, 0, figures
+
+
+def _mismatch_warning(what: str, exp: Any) -> str:
+    """The warning for an export that misses the bit-exact target: the reason when the export can tell (only outputs
+    after an approximating integer kernel differ, :meth:`~qdebug.targets.deeploy_export.ExportResult.mismatch_reason`),
+    else the target it misses."""
+    head = (
+        f"{what} matches the CPU QDQ model on {exp.equal_fraction:.2%} of the output elements "
+        f"(max {exp.max_lsb_diff} LSB, {exp.num_samples} samples)"
+    )
+    reason = exp.mismatch_reason()
+    if exp.approximation_only:
+        return f"{head}: {reason}"
+    tail = f"; {reason}" if reason else ""
+    return f"{head}; the target is ≥ 99.9 % and ≤ 1 LSB (docs/deeploy.md, Bit-exactness){tail}"
 
 
 def _host_run(
@@ -292,21 +308,15 @@ def compile_deeploy(
     info: dict[str, Any] = {"export": _export_info(out, exp, nodes), "codegen": {}}
     warnings: list[str] = []
     if not exp.bit_exact_ok:
-        warnings.append(
-            f"the integer network matches the CPU QDQ model on {exp.equal_fraction:.2%} of the output elements "
-            f"(max {exp.max_lsb_diff} LSB, {exp.num_samples} samples); the target is ≥ 99.9 % and ≤ 1 LSB "
-            "(docs/deeploy.md, Bit-exactness)"
-        )
+        warnings.append(_mismatch_warning("the integer network", exp))
     compiled: str | None = None
     for i, plat in enumerate(platforms):
         say(f"generating Deeploy code for {plat}")
         entry, problem, dest = _codegen(out, plat, qdq_model, data)
         pe = entry["platform_export"]
-        if pe is not None and not pe["bit_exact_ok"]:
-            warnings.append(
-                f"the {plat} network ({entry['network']}) matches the CPU QDQ model on {pe['equal_fraction']:.2%} of "
-                f"the output elements (max {pe['max_lsb_diff']} LSB, {pe['num_samples']} samples)"
-            )
+        mismatch = None if pe is None else pe.pop("mismatch_warning")  # a warning, not a manifest entry
+        if mismatch is not None and not pe["bit_exact_ok"]:
+            warnings.append(mismatch)
         info["codegen"][plat] = entry
         if problem is None:
             compiled = compiled or str(dest / "Network.c")

@@ -118,3 +118,8 @@ def evaluate_integer(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -
     """Run an exported integer graph in numpy (int64, exact) and return its outputs by name."""
     vals = _run(model, inputs)
     return {o.name: vals[o.name] for o in model.graph.output}
+
+
+def evaluate_tensors(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Like :func:`evaluate_integer`, but every tensor the graph computes (for comparing intermediates)."""
+    return _run(model, inputs)

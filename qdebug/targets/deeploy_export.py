@@ -51,7 +51,7 @@ from qdebug.graph_index import GraphIndex
 from qdebug.io import new_temp_dir
 from qdebug.model_io import ModelKind, is_q, model_kind
 from qdebug.passes import Pass, PassReport, run_passes
-from qdebug.targets.deeploy_evaluate import evaluate_integer
+from qdebug.targets.deeploy_evaluate import evaluate_integer, evaluate_tensors
 from qdebug.targets.deeploy_fold import _static_shapes
 from qdebug.targets.deeploy_graph import Activation, GraphState, StatePass, _activation, _qparams
 from qdebug.targets.deeploy_movement import identity_casts
@@ -87,6 +87,26 @@ PassResult = PassReport
 
 # --------------------------------------------------------------------------- export
 
+#: Deeploy's integer kernels that approximate a float function (I-BERT style): an output computed through one
+#: may differ from the QDQ model's by a few LSB although every tensor before it is equal.
+APPROXIMATING_KERNELS = {
+    "iSoftmax": ("Softmax", "exp"),
+    "RequantizediGELU": ("GELU", "erf"),
+    "iLayerNorm": ("LayerNorm", "the square root"),
+    "iRMSNorm": ("RMSNorm", "the square root"),
+}
+
+
+@dataclass(frozen=True)
+class OutputEquality:
+    """One graph output of the integer network vs the QDQ model on ORT, on the output's grid; the approximating
+    kernels (:data:`APPROXIMATING_KERNELS`) it is computed through, as (op type, node name)."""
+
+    output_name: str
+    equal_fraction: float
+    max_lsb_diff: int
+    approximated_by: tuple[tuple[str, str], ...] = ()
+
 
 @dataclass(frozen=True)
 class ExportResult:
@@ -98,6 +118,11 @@ class ExportResult:
     equal_fraction: float
     max_lsb_diff: int
     worst_requant_rel_error: float
+    outputs: tuple[OutputEquality, ...] = ()
+    #: the inputs of the approximating kernels the differing outputs go through vs the QDQ model's tensors, on
+    #: their grids: equal fraction and max LSB (``None``: nothing differs, or the tensors could not be matched)
+    before_approx_equal: float | None = None
+    before_approx_max_lsb: int | None = None
 
     @property
     def bit_exact_ok(self) -> bool:
@@ -118,7 +143,44 @@ class ExportResult:
         """Inverse of :meth:`to_dict`."""
         kw = {k: v for k, v in d.items() if k != "schema_version"}
         kw["passes"] = tuple(PassReport.from_dict(p) for p in kw["passes"])
+        kw["outputs"] = tuple(
+            OutputEquality(**{**o, "approximated_by": tuple(tuple(a) for a in o.get("approximated_by", ()))})
+            for o in kw.get("outputs", ())
+        )
         return cls(**kw)
+
+    def mismatch_reason(self) -> str:
+        """Why the outputs differ from the QDQ model's, when the export can tell ("" when it cannot, or nothing
+        differs): the outputs computed through an approximating integer kernel, and whether the tensors before it
+        are equal (then the kernel's approximation is the whole mismatch)."""
+        differ = [o for o in self.outputs if o.equal_fraction < 1.0 or o.max_lsb_diff > 0]
+        if not differ or any(not o.approximated_by for o in differ):
+            return ""
+        kernels = dict.fromkeys(op for o in differ for op, _ in o.approximated_by)
+        what = " and ".join(
+            f"Deeploy's integer {APPROXIMATING_KERNELS[k][0]} ({k}, which approximates {APPROXIMATING_KERNELS[k][1]})"
+            for k in kernels
+        )
+        names = ", ".join(
+            f"{o.output_name} {o.equal_fraction:.2%} equal, max {o.max_lsb_diff} LSB "
+            f"(after {', '.join(n for _, n in o.approximated_by)})"
+            for o in differ
+        )
+        if self.before_approx_equal is None:
+            return f"the outputs that differ come after {what}: {names}; the tensors before it were not compared"
+        before = (
+            f"the tensors before it are {self.before_approx_equal:.2%} equal (max {self.before_approx_max_lsb} LSB)"
+        )
+        return f"only outputs after {what} differ: {names}; {before}"
+
+    @property
+    def approximation_only(self) -> bool:
+        """The mismatch is confined to outputs after approximating kernels whose inputs meet the bit-exact target."""
+        return (
+            bool(self.mismatch_reason())
+            and self.before_approx_equal is not None
+            and (self.before_approx_equal >= 0.999 and (self.before_approx_max_lsb or 0) <= 1)
+        )
 
     def to_json(self) -> str:
         """JSON text."""
@@ -206,15 +268,71 @@ def _samples(
     return out
 
 
+class _Tally:
+    """Equal elements, total elements and the largest difference of integer tensors on one grid."""
+
+    def __init__(self) -> None:
+        self.equal = self.total = self.worst = 0
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        diff = np.abs(np.asarray(a, np.int64) - np.asarray(b, np.int64))
+        self.equal += int((diff == 0).sum())
+        self.total += diff.size
+        self.worst = max(self.worst, int(diff.max(initial=0)))
+
+    def merge(self, other: _Tally) -> None:
+        self.equal += other.equal
+        self.total += other.total
+        self.worst = max(self.worst, other.worst)
+
+    @property
+    def fraction(self) -> float:
+        return self.equal / self.total if self.total else 1.0
+
+
+def _approximated_by(exported: onnx.ModelProto) -> dict[str, tuple[onnx.NodeProto, ...]]:
+    """Per graph output, the approximating kernels (:data:`APPROXIMATING_KERNELS`) it is computed through."""
+    producer = {o: n for n in exported.graph.node for o in n.output}
+    found: dict[str, tuple[onnx.NodeProto, ...]] = {}
+    for out in exported.graph.output:
+        seen: set[str] = set()
+        todo, hits = [out.name], []
+        while todo:
+            node = producer.get(todo.pop())
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            hits += [node] if node.op_type in APPROXIMATING_KERNELS else []
+            todo += [t for t in node.input if t]
+        found[out.name] = tuple(reversed(hits))
+    return found
+
+
+def _qdq_twins(qdq: onnx.ModelProto, state: GraphState, tensors: Sequence[str]) -> dict[str, str]:
+    """Integer-network tensor → the QDQ model's float tensor it quantizes (the QuantizeLinear's input, or the
+    tensor itself), for the ones both graphs name."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    twins = {}
+    for t in tensors:
+        node = producer.get(t)
+        if t in state.acts and node is not None:
+            twins[t] = node.input[0] if is_q(node) else t
+    return twins
+
+
 def _compare(
     qdq: onnx.ModelProto, state: GraphState, exported: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
-) -> tuple[float, int, dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Run ORT CPU (optimizations off) on the dequantized inputs and the integer graph; compare on the q grid."""
-    from qdebug.ort import make_session
+) -> tuple[list[tuple[OutputEquality, _Tally]], tuple[float, int] | None, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Run ORT CPU (optimizations off) on the dequantized inputs and the integer graph; compare on the q grid: per
+    output, and the inputs of the approximating kernels the outputs go through (where the QDQ model names them)."""
+    from qdebug.ort import expose_outputs, make_session
 
-    sess: Any = make_session(qdq, ("CPUExecutionProvider",))  # the engine's own CPU-QDQ session (optimizations off)
-    equal = total = 0
-    worst = 0
+    approx = _approximated_by(exported)
+    twins = _qdq_twins(qdq, state, [n.input[0] for nodes in approx.values() for n in nodes])
+    # The engine's own CPU-QDQ session (optimizations off), also giving the approximating kernels' inputs.
+    sess: Any = make_session(expose_outputs(qdq, list(twins.values())), ("CPUExecutionProvider",))
+    per_out = {name: _Tally() for name in state.outputs}
+    before = _Tally()
     first_in: dict[str, np.ndarray] = {}
     first_out: dict[str, np.ndarray] = {}
     for i, q_in in enumerate(samples):
@@ -223,18 +341,23 @@ def _compare(
         }
         stored_in = {k: v - state.inputs[k].offset for k, v in q_in.items()}
         ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
-        got = evaluate_integer(exported, stored_in)
+        vals = evaluate_tensors(exported, stored_in)
+        got = {o.name: vals[o.name] for o in exported.graph.output}
         for name, act in state.outputs.items():
             ref_q = np.clip(np.rint(ref[name].astype(np.float64) / act.scale) + act.zero_point, -128, 127)
-            got_q = got[name] + act.offset
-            diff = np.abs(ref_q.astype(np.int64) - got_q)
-            equal += int((diff == 0).sum())
-            total += diff.size
-            worst = max(worst, int(diff.max(initial=0)))
+            per_out[name].add(ref_q, got[name] + act.offset)
+        for t, f in twins.items():
+            act = state.acts[t]
+            before.add(np.clip(np.rint(ref[f].astype(np.float64) / act.scale) + act.zero_point, -128, 127),
+                       vals[t] + act.offset)  # fmt: skip
         if i == 0:
             first_in = {k: v.astype(np.uint8 if state.inputs[k].offset else np.int8) for k, v in stored_in.items()}
             first_out = {k: v.astype(np.uint8 if state.outputs[k].offset else np.int8) for k, v in got.items()}
-    return (equal / total if total else 1.0), worst, first_in, first_out
+    outputs = [
+        (OutputEquality(k, t.fraction, t.worst, tuple((n.op_type, n.name) for n in approx.get(k, ()))), t)
+        for k, t in per_out.items()
+    ]
+    return outputs, ((before.fraction, before.worst) if twins else None), first_in, first_out
 
 
 def _write_export(
@@ -320,16 +443,22 @@ def export(
             "the exported graph has no quantized input or output (were strip_input_quant/strip_output_dequant "
             "disabled?); nothing to write"
         )
-    eq, worst, first_in, first_out = _compare(src, state, model, samples)
+    outputs, before, first_in, first_out = _compare(src, state, model, samples)
+    eq = _Tally()
+    for _, t in outputs:
+        eq.merge(t)
     _write_export(out, model, first_in, first_out)
     result = ExportResult(
         out_dir=str(out),
         passes=results,
         num_samples=len(samples),
-        equal_fraction=eq,
-        max_lsb_diff=worst,
+        equal_fraction=eq.fraction,
+        max_lsb_diff=eq.worst,
         worst_requant_rel_error=max(state.requant_errors.values(), default=0.0),
+        outputs=tuple(o for o, _ in outputs),
+        before_approx_equal=None if before is None else before[0],
+        before_approx_max_lsb=None if before is None else before[1],
     )
     if verbose:
-        print(f"bit-exactness vs ORT QDQ on {len(samples)} samples: {eq:.4%} equal, max {worst} LSB")
+        print(f"bit-exactness vs ORT QDQ on {len(samples)} samples: {eq.fraction:.4%} equal, max {eq.worst} LSB")
     return result

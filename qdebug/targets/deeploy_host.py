@@ -31,7 +31,7 @@ from qdebug._cc import c_compiler
 from qdebug.cancel import run_process
 from qdebug.errors import DataError, TargetError
 from qdebug.io import temp_dir
-from qdebug.report import TargetOutputAccuracy
+from qdebug.report import TargetOutputAccuracy, decode_number, encode_number
 from qdebug.targets.deeploy_env import DeeployBuffer
 from qdebug.targets.deeploy_movement import identity_casts
 
@@ -292,6 +292,8 @@ class HostRun:
         """JSON-ready dict with ``schema_version``."""
         d = asdict(self)
         d["compiler_warnings"] = list(self.compiler_warnings)
+        # +inf (an output equal to the CPU-QDQ model's) as the string "inf", as the debug report writes it
+        d["outputs"] = [{k: v if k == "output_name" else encode_number(v) for k, v in o.items()} for o in d["outputs"]]
         d["bit_exact"] = self.bit_exact
         d["schema_version"] = SCHEMA_VERSION
         return d
@@ -301,7 +303,13 @@ class HostRun:
         """Inverse of :meth:`to_dict`."""
         kw = {k: v for k, v in d.items() if k not in ("schema_version", "bit_exact", "ran")}
         kw["compiler_warnings"] = tuple(kw.get("compiler_warnings", ()))
-        kw["outputs"] = tuple(TargetOutputAccuracy(**o) for o in kw.get("outputs", ()))
+        kw["outputs"] = tuple(
+            TargetOutputAccuracy(
+                str(o["output_name"]),
+                *(decode_number(o[k]) for k in ("target_vs_float_db", "cpu_vs_float_db", "target_vs_cpu_db")),
+            )
+            for o in kw.get("outputs", ())
+        )
         return cls(**kw)
 
 
