@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from conftest import CliResult
 from test_deeploy_env import FAILS_GENERIC, MIXED, NETWORKS, _fail_or_skip, deeploy, deeploy_env  # noqa: F401
 
 from qdebug.errors import DataError, TargetError
@@ -314,3 +317,39 @@ def test_generic_form_fixes_what_generic_miscompiles(
     assert results["generic"] == (True, ())
     assert results["as_is"][0] is False and any("overflow in conversion" in w for w in results["as_is"][1])
     assert generic_form(fixed)[1] == 0  # idempotent: nothing left to rewrite
+
+
+def test_a_build_fills_the_output_sqnr_table_from_the_host_run(
+    deeploy: Path,  # noqa: F811
+    gcc: str,
+    run_cli: Callable[..., CliResult],
+    tmp_path: Path,
+) -> None:
+    """The Generic code ran on the debug samples: its outputs, dequantized with the output grids, fill 'target vs
+    float' and 'target vs CPU-QDQ' (the table says the target is the Generic code on the host), in the manifest as
+    the target's accuracy; a manifest without a host run gives no target accuracy (the columns stay '-')."""
+    from conftest import SAMPLE_MODELS
+
+    from qdebug.build_manifest import BuildManifest
+    from qdebug.targets.base import Compiled
+    from qdebug.targets.deeploy import HOST_TARGET_LABEL, DeeployTarget
+
+    out = tmp_path / "out"
+    res = run_cli(
+        "build", "--float-model", SAMPLE_MODELS / "digits_cnn.onnx", "--target", "deeploy", "--precision", "int8",
+        "--calib", SAMPLE_MODELS / "digits_calib.npz", "-o", out,
+    )  # fmt: skip
+    assert res.code == 0, res.stderr
+    assert f"Output SQNR (dB) on 32 samples (target: {HOST_TARGET_LABEL})" in res.out, res.out
+    m = BuildManifest.load(out / "manifest.json")
+    acc = m.target_accuracy
+    assert acc is not None and acc.target == "deeploy" and acc.device == HOST_TARGET_LABEL and acc.num_samples == 32
+    [o] = acc.outputs
+    [cpu] = m.cpu_qdq_vs_float
+    # The generated code is bit-exact to the integer network, which is bit-exact to the CPU QDQ model here.
+    assert o.target_vs_cpu_db == math.inf and o.target_vs_float_db is not None and cpu.sqnr_db is not None
+    assert o.target_vs_float_db == pytest.approx(cpu.sqnr_db, abs=0.01) and o.cpu_vs_float_db == o.target_vs_float_db
+    row = next(line for line in res.out.splitlines() if line.startswith("logits"))
+    assert row.split()[1:] == [f"{cpu.sqnr_db:.2f}", f"{o.target_vs_float_db:.2f}", "inf"], row
+    not_run = Compiled(m.compile, manifest={"deeploy": {"run": {"Generic": {"ran": False, "error": "no gcc"}}}})
+    assert DeeployTarget().check(None, not_run) is None  # type: ignore[arg-type]

@@ -282,3 +282,28 @@ def test_broadcast_add_is_expanded_and_the_generated_code_runs(
     assert built.info["export"]["equal_fraction"] == 1.0
     run = built.info["run"]["Generic"]
     assert run["ran"] and run["equal_fraction_vs_integer_onnx"] == 1.0, run
+
+
+def test_a_softmax_only_mismatch_is_named_in_the_warning(tmp_path: Path) -> None:
+    """Only the output after iSoftmax differs from the QDQ model (its exp polynomial); the tensor before it is equal,
+    so the warning says so instead of only quoting the bit-exact target; a real mismatch keeps the target line."""
+    from dataclasses import replace
+
+    from qdebug.targets.deeploy import _mismatch_warning
+
+    res, _, _ = _export("softmax", tmp_path)
+    assert not res.bit_exact_ok, (res.equal_fraction, res.max_lsb_diff)  # iSoftmax's exp is an approximation
+    [out] = res.outputs
+    assert out.approximated_by == (("iSoftmax", "softmax"),) and out.equal_fraction == res.equal_fraction
+    assert (res.before_approx_equal, res.before_approx_max_lsb) == (1.0, 0)
+    assert res.approximation_only and de.ExportResult.from_dict(res.to_dict()) == res
+    warning = _mismatch_warning("the integer network", res)
+    assert "only outputs after Deeploy's integer Softmax (iSoftmax, which approximates exp) differ: y " in warning
+    assert "(after softmax); the tensors before it are 100.00% equal (max 0 LSB)" in warning
+    assert "the target is" not in warning, warning
+    # The tensor before the Softmax differs too: a real mismatch, the target stays and the Softmax is still named.
+    real = _mismatch_warning("the integer network", replace(res, before_approx_equal=0.9, before_approx_max_lsb=3))
+    assert "the target is ≥ 99.9 % and ≤ 1 LSB" in real and "before it are 90.00% equal (max 3 LSB)" in real
+    # An output that differs without any approximating kernel: nothing is explained.
+    bare = replace(res, outputs=(replace(out, approximated_by=()),))
+    assert not bare.approximation_only and "Softmax" not in _mismatch_warning("the integer network", bare)
