@@ -7,13 +7,15 @@
   3…16, before and after the rewrite (the Sigmoid's output on uint8 ``[0, 1]``).
 * ``hardsigmoid``: ``HardSigmoid(0.2x + 0.5)`` at uint8/uint16 for output grids ``[0, y_top]``, before and after
   the rewrite (the output grid ``[0, 1]``).
+* ``log``: ``Log`` at uint8/uint16 for input grids ``[0, x_top]`` (x_top 1 … 9.15e9, oww-melspec's mel power),
+  inputs log-uniform over the grid's top two decades; before and after the rewrite (``Log(x/c) + log c``).
 
 Every row: SQNR (dB) of CPU-QDQ vs float, HTP vs float, HTP vs CPU-QDQ. A measurement report, not a test (the
 assertions are in ``tests/test_htp_numerics.py``).
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_htp_numerics.py [--only reciprocal,conv_silu,hardsigmoid] [--soc SM8550]
+    .venv/bin/python benchmarks/bench_htp_numerics.py [--only reciprocal,conv_silu,hardsigmoid,log] [--soc SM8550]
 """
 
 from __future__ import annotations
@@ -149,10 +151,24 @@ def hardsigmoid() -> Iterator[tuple[str, onnx.ModelProto, np.ndarray, np.ndarray
             yield f"HardSigmoid {act} y_top={top}", _model(nodes + more[0], inits + more[1], x, [1, 64, 1, 1]), x, ref
 
 
+def log() -> Iterator[tuple[str, onnx.ModelProto, np.ndarray, np.ndarray]]:
+    """Log for input grids [0, x_top]."""
+    rng = np.random.default_rng(0)
+    for act in GRIDS:
+        for top in (1.0, 100.0, 6e4, 6.55e4, 6.6e4, 7e4, 1e5, 1e6, 1e8, 9.15e9):
+            x = np.exp(rng.uniform(np.log(top * 0.01), np.log(top), size=(1, 256))).astype(np.float32)
+            ref = np.log(x)
+            nodes, inits = _qdq("x", 0.0, top, act)
+            nodes.append(helper.make_node("Log", ["x_dq"], ["y"], name="log"))
+            more = _qdq("y", float(ref.min()) - 0.1, float(ref.max()) + 0.1, act)
+            yield f"Log {act} x_top={top:g}", _model(nodes + more[0], inits + more[1], x, [1, 256]), x, ref
+
+
 SWEEPS: dict[str, Callable[[], Iterator[tuple[str, onnx.ModelProto, np.ndarray, np.ndarray]]]] = {
     "reciprocal": reciprocal,
     "conv_silu": conv_silu,
     "hardsigmoid": hardsigmoid,
+    "log": log,
 }
 
 
