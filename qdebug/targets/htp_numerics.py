@@ -1,6 +1,6 @@
 """Known numeric behaviours of the QNN HTP that make it differ from ONNX Runtime's CPU QDQ, each found in a QDQ
 model by its pattern and each with a rewrite of the QDQ model that the HTP computes right (exact on the CPU for the
-Reciprocal; a changed grid for the other two).
+Reciprocal, the same integers but for rare rounding ties for the Log; a changed grid for the other two).
 
 Every behaviour here was isolated on a single-op model on the HTP simulator (``tests/test_htp_numerics.py`` is the
 reproduction; the measurements are in docs/qnn.md, "Known HTP numeric behaviours"):
