@@ -29,9 +29,9 @@ from qdebug.errors import EXIT_DATA, ConfigError, DataError
 from qdebug.evaluate import top1_accuracy
 from qdebug.model_io import input_specs, load_model
 from qdebug.targets.base import CompileJob, DiagnosisBudget
-from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, RemedyKind
+from qdebug.targets.qnn_diagnosis_record import MANIFEST_KEY, RemedyKind, RemedyTrial
 from qdebug.targets.qnn_options import QnnOptions
-from qdebug.targets.qnn_remedies import _Ctx, _measure
+from qdebug.targets.qnn_remedies import _choose, _Ctx, _measure
 
 CNN = SAMPLE_MODELS / "digits_cnn.onnx"
 CALIB = SAMPLE_MODELS / "digits_calib.npz"
@@ -197,8 +197,20 @@ def test_a_remedy_trial_that_no_longer_fits_the_budget_is_skipped_with_its_reaso
     """Each trial is checked against the budget before it compiles: one past the deadline is not run, and why is
     recorded (the trials before it keep their results)."""
     spent = DiagnosisBudget(asked=True, deadline=time.monotonic() - 1.0, trial_s=5.0)
-    ctx = _Ctx(cast(CompileJob, None), QnnOptions(), 10.0, tmp_path, spent)
+    ctx = _Ctx(cast(CompileJob, None), QnnOptions(), 10.0, tmp_path, budget=spent)
     trial, compiled = _measure(ctx, RemedyKind.SOC, "SM8550", tmp_path / "never-read.onnx", QnnOptions())
     assert trial is None and compiled is None and list(tmp_path.iterdir()) == []
     [(kind, why)] = ctx.over_budget
     assert kind is RemedyKind.SOC and "remedy soc (SM8550)" in why and "--time-budget left" in why
+
+
+def test_a_remedy_is_chosen_when_it_keeps_the_builds_own_placement() -> None:
+    """A model with a node QNN never takes keeps that CPU node in every trial: a remedy that gains is still chosen
+    then, but one that adds a partition or a CPU node never is."""
+    rewrite = RemedyTrial(RemedyKind.HTP_REWRITE, "Log", True, partitions=1, cpu_nodes=1, gain_db=22.5)
+    split = RemedyTrial(RemedyKind.SOC, "SM8650", True, partitions=2, cpu_nodes=1, gain_db=30.0)
+    more_cpu = RemedyTrial(RemedyKind.PER_CHANNEL, "pc", True, partitions=1, cpu_nodes=3, gain_db=40.0)
+    assert _choose([rewrite, split, more_cpu], partitions=1, cpu_nodes=1) == 0
+    assert _choose([rewrite, split, more_cpu], partitions=1, cpu_nodes=0) is None  # the build itself was clean
+    small = RemedyTrial(RemedyKind.HTP_REWRITE, "Log", True, partitions=1, cpu_nodes=0, gain_db=0.5)
+    assert _choose([small]) is None  # below MIN_GAIN_DB

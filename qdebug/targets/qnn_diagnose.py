@@ -13,7 +13,7 @@
    (the mixed-precision overrides, through the build's :class:`~qdebug.targets.base.Requantizer`), per-channel
    weights, the same QDQ model on other SoCs (HTP architectures), and the region in fp16 (its Q/DQ removed, the
    HTP's fp16 precision on). The best one that gains at least
-   :data:`~qdebug.targets.qnn_diagnosis_record.MIN_GAIN_DB` and compiles to one partition is
+   :data:`~qdebug.targets.qnn_diagnosis_record.MIN_GAIN_DB` without more partitions or CPU nodes than the build is
    chosen and written next to the build (``<stem>.remedy.*``: its QDQ model, compiled model and, when the remedy
    is a quantization one, its overrides JSON).
 
@@ -154,7 +154,9 @@ def _diagnose(
             htp, cpu = _worst(acc)
             counted = replace(job, progress=_Numbered(job.progress, trials, budget.trial_s))
             with temp_dir(prefix="qdebug-remedy-") as tmp:
-                remedies = try_remedies(_Ctx(counted, opts, htp, Path(tmp), budget), nodes, tensors, cpu)
+                rep = compiled.report
+                ctx = _Ctx(counted, opts, htp, Path(tmp), rep.accelerator_partitions, rep.cpu_nodes, budget)
+                remedies = try_remedies(ctx, nodes, tensors, cpu)
     secs = time.perf_counter() - t0
     causes = find_behaviours(qmodel)
     return QnnDiagnosis(by, first, nodes, tensors, reason, bis, acc.first_divergent, remedies, secs, causes)

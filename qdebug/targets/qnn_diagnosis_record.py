@@ -105,7 +105,8 @@ class Remedies:
 
     @property
     def best(self) -> RemedyTrial | None:
-        """The chosen trial, ``None`` when no remedy gained :data:`MIN_GAIN_DB` in one partition."""
+        """The chosen trial, ``None`` when no remedy gained :data:`MIN_GAIN_DB` without adding partitions or CPU
+        nodes."""
         return None if self.chosen is None else self.trials[self.chosen]
 
     def to_dict(self) -> dict[str, Any]:
@@ -244,7 +245,7 @@ def _describe(d: QnnDiagnosis) -> list[str]:
         lines.append(f"   {kind.value:13s} not tried: {why}")
     best = r.best
     if best is None:
-        lines.append(f"no remedy gained {MIN_GAIN_DB:g} dB in one partition")
+        lines.append(f"no remedy gained {MIN_GAIN_DB:g} dB without adding partitions or CPU nodes")
     else:
         lines.append(
             f"chosen: {best.kind.value} ({best.label}), {best.partitions} partition(s); "

@@ -4,7 +4,8 @@ For a region of the float model (:mod:`qdebug.targets.qnn_diagnose` locates it),
 activations in 16 bits and per-channel weights (through the build's :class:`~qdebug.targets.base.Requantizer`),
 the same QDQ model on other SoCs, the region in fp16 (:func:`float_region`) and, when the QDQ model holds a known
 HTP behaviour (:mod:`qdebug.targets.htp_numerics`), its rewrite on the same grids; the best one that gains at least
-:data:`~qdebug.targets.qnn_diagnosis_record.MIN_GAIN_DB` in one partition is written next to the build.
+:data:`~qdebug.targets.qnn_diagnosis_record.MIN_GAIN_DB` without more partitions or CPU nodes than the build
+itself is written next to the build.
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ class _Ctx:
     options: QnnOptions  # what the build compiled with
     baseline: float | None
     work: Path
+    #: the build's own placement: a remedy may not add partitions or CPU nodes (a model with a node QNN never
+    #: takes, such as a Clip with a dynamic bound, keeps that CPU node in every trial)
+    partitions: int = 1
+    cpu_nodes: int = 0
     budget: DiagnosisBudget | None = None  # checked before each trial: the ones that no longer fit are skipped
     over_budget: list[tuple[RemedyKind, str]] = field(default_factory=list)
 
@@ -295,12 +300,17 @@ def _rewrite_trials(ctx: _Ctx) -> list[tuple[RemedyTrial, Path, Path | None, Any
     return [] if trial is None else [(trial, path, compiled, None)]
 
 
-def _choose(trials: Sequence[RemedyTrial]) -> int | None:
-    """The trial with the largest gain ≥ :data:`MIN_GAIN_DB` that compiled to one partition without CPU nodes."""
+def _choose(trials: Sequence[RemedyTrial], partitions: int = 1, cpu_nodes: int = 0) -> int | None:
+    """The trial with the largest gain ≥ :data:`MIN_GAIN_DB` whose compile has no more partitions (at least one
+    allowed) and no more CPU nodes than the build's (``partitions``, ``cpu_nodes``)."""
     ok = [
         (t.gain_db, k)
         for k, t in enumerate(trials)
-        if t.ok and t.partitions == 1 and t.cpu_nodes == 0 and t.gain_db is not None and t.gain_db >= MIN_GAIN_DB
+        if t.ok
+        and 1 <= t.partitions <= max(1, partitions)
+        and t.cpu_nodes <= cpu_nodes
+        and t.gain_db is not None
+        and t.gain_db >= MIN_GAIN_DB
     ]
     return max(ok)[1] if ok else None
 
@@ -334,7 +344,7 @@ def try_remedies(ctx: _Ctx, nodes: Sequence[tuple[str, str]], tensors: Sequence[
     quant, skipped = _quant_trials(ctx, tensors)
     every = _rewrite_trials(ctx) + quant + _graph_trials(ctx, [n for _, n in nodes])
     trials = tuple(t for t, *_ in every)
-    chosen = _choose(trials)
+    chosen = _choose(trials, ctx.partitions, ctx.cpu_nodes)
     files: dict[str, str] = {}
     if chosen is not None:
         trial, qdq, compiled, extra = every[chosen]
