@@ -236,6 +236,45 @@ def checkout_env(tmp: Path) -> dict[str, str]:
     }
 
 
+@contextlib.contextmanager
+def dashboard_on_your_model(page: Any, tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """The dashboard served (Voila, this checkout) with the sample CNN typed as a file on the server, *your* QDQ
+    model beside it (qdebug's int8 per-channel recipe, as a user's own) and the calibration data: the form filled,
+    not yet Run. Yields ``(float model, your QDQ model, data)``."""
+    from playwright.sync_api import expect
+
+    from qdebug.config import QuantConfig
+    from qdebug.quantizer import quantize
+
+    models = tmp_path / "models"
+    models.mkdir()
+    float_model = Path(shutil.copy(SAMPLE_MODELS / "digits_cnn.onnx", models / "digits_cnn.onnx"))
+    calib = Path(shutil.copy(SAMPLE_MODELS / "digits_calib.npz", models / "digits_calib.npz"))
+    user = models / "mine.qdq.onnx"
+    quantize(float_model, calib, QuantConfig(weight_type="int8", per_channel=True, num_samples=32), user, check=False)
+    nbdir = notebook_copy(tmp_path, "dashboard.ipynb")
+    port = free_port()
+    (tmp_path / "work").mkdir()
+    env = {
+        **checkout_env(tmp_path),
+        "QDEBUG_DASHBOARD_WORKDIR": str(tmp_path / "work"),
+        "QDEBUG_DASHBOARD_ROOT": str(tmp_path),
+    }
+    with serve(start_voila(nbdir / "dashboard.ipynb", port), port, cwd=nbdir, env=env):
+        page.goto(f"http://127.0.0.1:{port}/")
+        expect(page.locator(".qd-dash-run")).to_be_visible()
+        page.locator(".qd-dash-source button", has_text="file on the server").click()
+        path_box = page.locator(".qd-dash-model-path input")
+        path_box.fill(str(float_model))
+        path_box.press("Enter")
+        page.locator(".qd-dash-quant input").fill(str(user))
+        page.locator(".qd-dash-data-choice select").select_option(label="file on the server (.npz)")
+        data_box = page.locator(".qd-dash-data input").first
+        data_box.fill(str(calib))
+        data_box.press("Enter")
+        yield float_model, user, calib
+
+
 # ---------------------------------------------------------------------------------------------- page errors
 #: Known harmless page errors, to pass explicitly to :func:`assert_no_page_errors` where they apply: a static
 #: ``fig.show()`` inside Voila makes plotly's renderer raise this (FigureWidgets do not).

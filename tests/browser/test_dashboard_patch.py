@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +16,9 @@ import onnxruntime as ort
 import pytest
 
 from browser.conftest import (
-    SAMPLE_MODELS,
     assert_no_page_errors,
-    checkout_env,
-    free_port,
-    notebook_copy,
-    serve,
-    start_voila,
+    dashboard_on_your_model,
 )
-from qdebug.config import QuantConfig
-from qdebug.quantizer import quantize
 
 pytestmark = pytest.mark.slow
 
@@ -43,32 +35,7 @@ def test_promote_your_model_then_download_it(
 
     from qdebug.cli import main
 
-    models = tmp_path / "models"
-    models.mkdir()
-    float_model = Path(shutil.copy(SAMPLE_MODELS / "digits_cnn.onnx", models / "digits_cnn.onnx"))
-    calib = Path(shutil.copy(SAMPLE_MODELS / "digits_calib.npz", models / "digits_calib.npz"))
-    user = models / "mine.qdq.onnx"  # the user's own recipe: int8 per-channel weights
-    quantize(float_model, calib, QuantConfig(weight_type="int8", per_channel=True, num_samples=32), user, check=False)
-    nbdir = notebook_copy(tmp_path, "dashboard.ipynb")
-    port = free_port()
-    env = {
-        **checkout_env(tmp_path),
-        "QDEBUG_DASHBOARD_WORKDIR": str(tmp_path / "work"),
-        "QDEBUG_DASHBOARD_ROOT": str(tmp_path),
-    }
-    (tmp_path / "work").mkdir()
-    with serve(start_voila(nbdir / "dashboard.ipynb", port), port, cwd=nbdir, env=env):
-        page.goto(f"http://127.0.0.1:{port}/")
-        expect(page.locator(".qd-dash-run")).to_be_visible()
-        page.locator(".qd-dash-source button", has_text="file on the server").click()
-        path_box = page.locator(".qd-dash-model-path input")
-        path_box.fill(str(float_model))
-        path_box.press("Enter")
-        page.locator(".qd-dash-quant input").fill(str(user))
-        page.locator(".qd-dash-data-choice select").select_option(label="file on the server (.npz)")
-        data_box = page.locator(".qd-dash-data input").first
-        data_box.fill(str(calib))
-        data_box.press("Enter")
+    with dashboard_on_your_model(page, tmp_path) as (float_model, user, calib):
         page.locator(".qd-dash-run").click()
         expect(page.locator(".qd-dash-ok")).to_contain_text("worst output SQNR")
         app = page.locator(".qd-app")

@@ -7,23 +7,15 @@ Screenshot: ``test-output/screenshots/dashboard_qnn.png``."""
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from browser.conftest import (
-    SAMPLE_MODELS,
     assert_no_page_errors,
-    checkout_env,
-    free_port,
-    notebook_copy,
-    serve,
-    start_voila,
+    dashboard_on_your_model,
 )
-from qdebug.config import QuantConfig
-from qdebug.quantizer import quantize
 
 pytestmark = pytest.mark.slow
 DB = re.compile(r"^-?\d+\.\d\d dB$")
@@ -36,32 +28,7 @@ def test_qnn_table_before_and_after_on_one_soc(
     from test_qnn_fixes import require_qnn
 
     require_qnn()
-    models = tmp_path / "models"
-    models.mkdir()
-    float_model = Path(shutil.copy(SAMPLE_MODELS / "digits_cnn.onnx", models / "digits_cnn.onnx"))
-    calib = Path(shutil.copy(SAMPLE_MODELS / "digits_calib.npz", models / "digits_calib.npz"))
-    user = models / "mine.qdq.onnx"
-    quantize(float_model, calib, QuantConfig(weight_type="int8", per_channel=True, num_samples=32), user, check=False)
-    nbdir = notebook_copy(tmp_path, "dashboard.ipynb")
-    port = free_port()
-    env = {
-        **checkout_env(tmp_path),
-        "QDEBUG_DASHBOARD_WORKDIR": str(tmp_path / "work"),
-        "QDEBUG_DASHBOARD_ROOT": str(tmp_path),
-    }
-    (tmp_path / "work").mkdir()
-    with serve(start_voila(nbdir / "dashboard.ipynb", port), port, cwd=nbdir, env=env):
-        page.goto(f"http://127.0.0.1:{port}/")
-        expect(page.locator(".qd-dash-run")).to_be_visible()
-        page.locator(".qd-dash-source button", has_text="file on the server").click()
-        path_box = page.locator(".qd-dash-model-path input")
-        path_box.fill(str(float_model))
-        path_box.press("Enter")
-        page.locator(".qd-dash-quant input").fill(str(user))
-        page.locator(".qd-dash-data-choice select").select_option(label="file on the server (.npz)")
-        data_box = page.locator(".qd-dash-data input").first
-        data_box.fill(str(calib))
-        data_box.press("Enter")
+    with dashboard_on_your_model(page, tmp_path):
         page.locator(".qd-dash-target select").select_option(label="qnn")
         page.locator(".qd-dash-run").click()
         expect(page.locator(".qd-dash-ok")).to_contain_text("worst output SQNR")
