@@ -233,7 +233,7 @@ def test_corpus_model_promote_download_views_close(
         # (3) the promoted tensor leaves the suggestions (it is 16-bit now); Undo shows it again with its measurement
         app.locator(".qd-undo").click()
         first = app.locator(".qd-suggestion-text", has_text=top).first
-        expect(first).to_contain_text(re.compile(r"measured [+-]\d+\.\d dB.*\(predicted [+-]\d+\.\d\)"))
+        expect(first).to_contain_text(re.compile(r"measured [+-]\d+\.\d dB.*\(predicted [+-]\d+\.\d dB\)"))
         expect(app.locator(".qd-fix-message")).to_contain_text("undone")
         expect(app.locator("a.qd-fix-download-model")).to_have_count(0)  # it offered the undone variant
         page.screenshot(path=shot.format("4b_undone"), full_page=True)
