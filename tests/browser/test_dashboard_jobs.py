@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 CANCEL_S = 10.0
 
 
-def _slow_model(path: Path, channels: int = 32, side: int = 64, depth: int = 6) -> Path:
+def _slow_model(path: Path, channels: int = 32, side: int = 160, depth: int = 8) -> Path:
+    """A CNN whose debug pass takes seconds per promotion (64 samples), so a counted step outlasts the one second
+    before the page shows its estimate of the time left, on an idle machine too (patching a promotion is fast)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
