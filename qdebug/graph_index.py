@@ -46,6 +46,16 @@ def topological_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return order
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, … — the first not in ``taken``, which it joins (names of tensors and
+    initializers a rewrite adds must not clash with the graph's)."""
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
 def constant_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto | onnx.NodeProto]:
     """Where each constant tensor lives: initializers and ``Constant`` node outputs (decoded lazily)."""
     out: dict[str, onnx.TensorProto | onnx.NodeProto] = {i.name: i for i in model.graph.initializer}

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug.graph_index import GraphIndex, decode_constant
+from qdebug.graph_index import GraphIndex, decode_constant, unique_name
 from qdebug.model_io import is_dq, is_q
 from qdebug.passes import PassReport
 from qdebug.qdq_values import quantize_array
@@ -70,11 +70,7 @@ class _Ctx:
         return self.index.sole_consumer(tensor)
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.names:
-            name, k = f"{base}_{k}", k + 1
-        self.names.add(name)
-        return name
+        return unique_name(base, self.names)
 
     def add_init(self, base: str, value: np.ndarray) -> str:
         name = self.fresh(base)

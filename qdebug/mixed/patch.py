@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from qdebug.config import Overrides, TensorOverride
 from qdebug.errors import ConfigError
+from qdebug.graph_index import unique_name
 from qdebug.mixed.given import ORT_OUTPUT_SUFFIX
 from qdebug.model_io import is_dq, is_q
 
@@ -194,11 +195,7 @@ class _Graph:
         return QParams(float(scale[0]), 0, "uint8")  # ONNX's default zero point is a uint8 0
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.names:
-            name, k = f"{base}_{k}", k + 1
-        self.names.add(name)
-        return name
+        return unique_name(base, self.names)
 
     def constants(self, tensor: str, p: QParams, scale_dtype: np.dtype[Any]) -> tuple[str, str]:
         """New scale and zero-point initializers for ``p`` (the old ones may be shared: they are never edited)."""

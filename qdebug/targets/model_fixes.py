@@ -43,7 +43,7 @@ import onnx
 
 from qdebug.config import QuantConfig, TensorOverride, make_overrides
 from qdebug.errors import ConfigError, DataError, ModelError
-from qdebug.graph_index import GraphIndex, constants_to_initializers, topological_nodes
+from qdebug.graph_index import GraphIndex, constants_to_initializers, topological_nodes, unique_name
 from qdebug.model_io import InputSpec, input_specs
 from qdebug.passes import Pass, PassReport, run_passes
 
@@ -221,14 +221,6 @@ def _const_array(inits: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray
     return None if t is None else onnx.numpy_helper.to_array(t)
 
 
-def _unique(name: str, taken: set[str]) -> str:
-    out, k = name, 1
-    while out in taken:
-        out, k = f"{name}_{k}", k + 1
-    taken.add(out)
-    return out
-
-
 def _drop_dead_tensors(g: onnx.GraphProto) -> None:
     """Initializers nothing reads (and their old-IR graph-input entries) and value_info of vanished tensors."""
     used = {i for n in g.node for i in n.input}
@@ -303,9 +295,9 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]
         w_new = (weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         b_new = ((bias.astype(np.float64) - mean) * scale + beta).astype(weight.dtype)
         # A weight shared with another node keeps its value there: the folded copy gets a new name.
-        w_name = conv.input[1] if _read_once(ix, conv.input[1]) else _unique(f"{conv.input[1]}_bn_folded", taken)
+        w_name = conv.input[1] if _read_once(ix, conv.input[1]) else unique_name(f"{conv.input[1]}_bn_folded", taken)
         b_default = f"{conv.name or conv.output[0]}_bias"
-        b_name = conv.input[2] if has_bias and _read_once(ix, conv.input[2]) else _unique(b_default, taken)
+        b_name = conv.input[2] if has_bias and _read_once(ix, conv.input[2]) else unique_name(b_default, taken)
         for name, value in ((w_name, w_new), (b_name, b_new)):
             t = onnx.numpy_helper.from_array(value, name)
             if name in inits:
