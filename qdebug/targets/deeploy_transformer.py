@@ -207,7 +207,6 @@ def _integer_scale_by_vector(
     (negative where the constant is), on the ``[1, N]`` view of :func:`_integer_add_const`."""
     x = state.acts[x_name]
     shape = list(shape)
-    size = int(np.prod(shape))
     m = np.broadcast_to(np.asarray(c, np.float64), shape).reshape(-1) * x.scale / out_act.scale
     worst = float(np.abs(m).max()) * (256.0 + abs(x.residual_zp)) + abs(out_act.residual_zp) + 1
     k = min(30, int(np.floor(np.log2((_INT32 - 1) / worst))))
@@ -215,21 +214,39 @@ def _integer_scale_by_vector(
         raise TargetError(f"{node.op_type} node {node.name!r}: its factor cannot be represented in int32")
     mul = np.rint(m * 2.0**k).astype(np.int64)
     add = out_act.residual_zp * 2**k - mul * x.residual_zp
+    nodes = _flat_requant(state, x_name, out, out_act, shape, mul, add, k, node.name or out)
+    state.requant_errors[nodes[1].name] = float(np.max(np.abs(mul / 2.0**k - m) / np.abs(m)))
+    return nodes
+
+
+def _flat_requant(
+    state: GraphState,
+    x_name: str,
+    out: str,
+    out_act: Activation,
+    shape: list[int],
+    mul: np.ndarray,
+    add: np.ndarray,
+    k: int,
+    name: str,
+) -> list[onnx.NodeProto]:
+    """Reshape to ``[1, N]`` → RequantShift with per-element int32 ``mul``/``add`` (1-D, see
+    :func:`_integer_add_const`) and shift ``2^k`` → Reshape back to ``shape``; ``name`` names the nodes."""
+    size = int(np.prod(shape))
     flat_in, flat_out = state.unique(f"{out}_flat_in"), state.unique(f"{out}_flat")
     s_flat, s_back = state.unique(f"{out}_shape_flat"), state.unique(f"{out}_shape")
     state.set_const(s_flat, np.array([1, size], np.int64))
     state.set_const(s_back, np.array(shape, np.int64))
-    state.acts[flat_in] = x
+    state.acts[flat_in] = state.acts[x_name]
     state.acts[flat_out] = out_act
     mul_name, add_name = state.unique(f"{out}_rq_mul"), state.unique(f"{out}_rq_add")
-    state.set_const(mul_name, mul.astype(np.int32))
-    state.set_const(add_name, add.astype(np.int32))
+    state.set_const(mul_name, mul.reshape(size).astype(np.int32))
+    state.set_const(add_name, add.reshape(size).astype(np.int32))
     rq = _rqs(flat_in, mul_name, add_name, flat_out, state.unique(f"{out}_RequantShift"), 2**k, 256, out_act.signed)
-    state.requant_errors[rq.name] = float(np.max(np.abs(mul / 2.0**k - m) / np.abs(m)))
     return [
-        helper.make_node("Reshape", [x_name, s_flat], [flat_in], name=state.unique(f"{node.name or out}_flatten")),
+        helper.make_node("Reshape", [x_name, s_flat], [flat_in], name=state.unique(f"{name}_flatten")),
         rq,
-        helper.make_node("Reshape", [flat_out, s_back], [out], name=node.name or out),
+        helper.make_node("Reshape", [flat_out, s_back], [out], name=name),
     ]
 
 
@@ -250,24 +267,11 @@ def _integer_add_const(
     mul, k = _choose_requant(np.array([m]), acc_max, out_act.residual_zp)
     mul_i = int(mul[0])
     add = np.rint(cb * 2.0**k).astype(np.int64) + out_act.residual_zp * 2**k - mul_i * x.residual_zp
-    flat_in, flat_out = state.unique(f"{out}_flat_in"), state.unique(f"{out}_flat")
-    s_flat, s_back = state.unique(f"{out}_shape_flat"), state.unique(f"{out}_shape")
-    state.set_const(s_flat, np.array([1, size], np.int64))
-    state.set_const(s_back, np.array(shape, np.int64))
-    state.acts[flat_in] = x
-    state.acts[flat_out] = out_act
-    mul_name, add_name = state.unique(f"{out}_rq_mul"), state.unique(f"{out}_rq_add")
     # 1-D constants: Deeploy's RequantShift layer reshapes mul/add to [batch, channels] + shape[1:], so a [1, N]
     # constant on a [1, N] input would become [1, N, N], quadratic in the sequence length
-    state.set_const(mul_name, np.full((size,), mul_i, np.int32))
-    state.set_const(add_name, add.reshape(size).astype(np.int32))
-    rq = _rqs(flat_in, mul_name, add_name, flat_out, state.unique(f"{out}_RequantShift"), 2**k, 256, out_act.signed)
-    state.requant_errors[rq.name] = float(abs(mul_i / 2.0**k - m) / m)
-    return [
-        helper.make_node("Reshape", [ins[xi], s_flat], [flat_in], name=state.unique(f"{node.name}_flatten")),
-        rq,
-        helper.make_node("Reshape", [flat_out, s_back], [out], name=node.name),
-    ]
+    nodes = _flat_requant(state, ins[xi], out, out_act, shape, np.full((size,), mul_i, np.int64), add, k, node.name)
+    state.requant_errors[nodes[1].name] = float(abs(mul_i / 2.0**k - m) / m)
+    return nodes
 
 
 def _integer_layernorm(
